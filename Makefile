@@ -1,0 +1,36 @@
+# Everything runs inside .venv, which these targets create and fill themselves.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Distributions of this repository, installed editable, in dependency order.
+PACKAGES := -e ./core -e ./backends/heap -e ".[test]"
+HYPOTHESIS_PROFILE ?= ci
+
+.PHONY: install test lint typecheck pytest bench demo clean
+
+$(VENV)/.installed: pyproject.toml core/pyproject.toml backends/heap/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(PACKAGES)
+	touch $@
+
+install: $(VENV)/.installed
+
+## The whole test suite: lint, types, then every test.
+test: lint typecheck pytest
+
+lint: install
+	$(VENV)/bin/ruff check core/src backends/heap/src core/tests backends/heap/tests tests bench
+
+typecheck: install
+	$(VENV)/bin/mypy --strict core/src/statekit
+
+pytest: install
+	$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=$(HYPOTHESIS_PROFILE)
+
+## Benchmarks print ratios against a baseline measured in the same run.
+bench: install
+	$(PY) bench/bench_heap_value_state.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,556 @@
+"""The heap keyed state backend: Python dicts per state, namespace and key group.
+
+Layout: for each state, for each namespace, a list indexed by key group whose
+items are ``dict[key, stored value]``. A snapshot pins every key group; the
+first write (or read of a mutable value) to a pinned key group replaces its
+dicts by copies, so the snapshot keeps the dicts as they were at the snapshot
+point while processing goes on: copy-on-write at key-group granularity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from statekit import (
+    VOID_NAMESPACE,
+    KeyGroupRange,
+    StateAccessError,
+    TypeSerializer,
+)
+from statekit.backend_api import (
+    Clock,
+    KeyedBackendBase,
+    OperatorStateBackendImpl,
+    RegisteredState,
+    StateEntries,
+    StateKind,
+    merge_list_namespaces,
+    purge_expired,
+)
+from statekit.serializers import DictSerializer, ListSerializer
+
+__all__ = ["HeapKeyedStateBackend", "HeapStateBackend"]
+
+_Dicts = list[dict[Any, Any] | None]
+
+
+def _copier(reg: RegisteredState) -> Callable[[Any], Any] | None:
+    """How to copy a stored value so that in-place changes leave snapshots alone."""
+    ser = reg.serializer
+    if ser.immutable:
+        return None
+    if isinstance(ser, ListSerializer) and ser.element.immutable:
+        return list
+    if isinstance(ser, DictSerializer) and ser.key.immutable and ser.value.immutable:
+        return dict
+    return ser.copy
+
+
+class _Table:
+    """The entries of one state."""
+
+    __slots__ = (
+        "cleanup_kg",
+        "cleanup_todo",
+        "copy",
+        "deep",
+        "kgr",
+        "ns",
+        "pins",
+        "void",
+    )
+
+    def __init__(self, kgr: KeyGroupRange, copy: Callable[[Any], Any] | None, deep: bool) -> None:
+        n = kgr.end + 1
+        self.kgr = kgr
+        self.void: _Dicts = [None] * n
+        for kg in kgr:
+            self.void[kg] = {}
+        self.ns: dict[Any, _Dicts] = {VOID_NAMESPACE: self.void}
+        # Per key group, the tokens of the snapshots still sharing its dicts.
+        # unshare() replaces the set rather than emptying it, so a snapshot
+        # released concurrently from a writer thread only ever discards its
+        # own token from a set nobody else relies on: no lost update.
+        self.pins: list[set[object] | tuple[()]] = [()] * n
+        self.copy = copy
+        # True when values may change in place, so even reads must unshare them.
+        self.deep = deep
+        self.cleanup_kg = kgr.start
+        self.cleanup_todo: list[tuple[Any, int, Any]] = []
+
+    def dicts(self, namespace: Any) -> _Dicts:
+        d = self.ns.get(namespace)
+        if d is None:
+            d = self.ns[namespace] = [None] * (self.kgr.end + 1)
+        return d
+
+    def unshare(self, kg: int) -> None:
+        """Copy key group ``kg``'s dicts (and mutable values) away from snapshots."""
+        cp = self.copy
+        for lst in self.ns.values():
+            d = lst[kg]
+            if d is not None:
+                lst[kg] = d.copy() if cp is None else {k: cp(v) for k, v in d.items()}
+        self.pins[kg] = ()
+
+    def size(self) -> int:
+        return sum(len(d) for lst in self.ns.values() for d in lst if d)
+
+
+class _Handle:
+    """What heap handles share: the current key and namespace."""
+
+    __slots__ = ("_b", "_maps", "_ns", "_reg", "_t")
+
+    def __init__(self, backend: HeapKeyedStateBackend, table: _Table, reg: RegisteredState) -> None:
+        self._b = backend
+        self._t = table
+        self._reg = reg
+        self._maps = table.void
+        self._ns = VOID_NAMESPACE
+
+    @property
+    def current_namespace(self) -> Any:
+        return self._ns
+
+    def set_current_namespace(self, namespace: Any) -> None:
+        if namespace is not VOID_NAMESPACE and self._reg.namespace_serializer is None:
+            raise StateAccessError(
+                f"state {self._reg.name!r} has no namespace serializer; pass "
+                "namespace_serializer= to get_state to use namespaces"
+            )
+        self._maps = self._t.dicts(namespace)
+        self._ns = namespace
+
+    def _kg(self) -> int:
+        kg = self._b._kg
+        if kg is None:
+            raise self._b._no_key()
+        return kg  # type: ignore[no-any-return]
+
+    def _write_dict(self) -> dict[Any, Any]:
+        """The current key group's dict, unshared and created if needed."""
+        kg = self._kg()
+        t = self._t
+        if t.pins[kg]:
+            t.unshare(kg)
+        d = self._maps[kg]
+        if d is None:
+            d = self._maps[kg] = {}
+        return d
+
+    def _read_dict(self) -> dict[Any, Any] | None:
+        kg = self._kg()
+        t = self._t
+        if t.deep and t.pins[kg]:
+            t.unshare(kg)
+        return self._maps[kg]
+
+    def clear(self) -> None:
+        d = self._write_dict()
+        d.pop(self._b._key, None)
+
+
+class HeapValueState(_Handle):
+    """Value state for immutable values (ints, strs, frozen dataclasses...)."""
+
+    __slots__ = ("_copy_default", "_default")
+
+    def __init__(self, backend: HeapKeyedStateBackend, table: _Table, reg: RegisteredState) -> None:
+        super().__init__(backend, table, reg)
+        self._default = reg.default_value()
+        self._copy_default = self._default is not None and not reg.serializer.immutable
+
+    def value(self) -> Any:
+        b = self._b
+        try:
+            d = self._maps[b._kg]
+        except TypeError:
+            raise b._no_key() from None
+        v = None if d is None else d.get(b._key)
+        if v is None:
+            return self._reg.default_value() if self._copy_default else self._default
+        return v
+
+    def update(self, value: Any) -> None:
+        if value is None:
+            self.clear()
+            return
+        b = self._b
+        kg = b._kg
+        try:
+            if self._t.pins[kg]:
+                self._t.unshare(kg)
+        except TypeError:
+            raise b._no_key() from None
+        d = self._maps[kg]
+        if d is None:
+            d = self._maps[kg] = {}
+        d[b._key] = value
+
+    def update_batch(self, keys: Iterable[Any], fn: Callable[[Any], Any]) -> list[Any]:
+        """For each key in order, store ``fn(value)``; returns the stored values.
+
+        The batched form of ``set_current_key(k); s.update(fn(s.value()))``: one
+        Python frame for the whole batch. Leaves the last key current. Like
+        every handle, it must be called from the thread that drives the backend.
+        """
+        b = self._b
+        t = self._t
+        maps = self._maps
+        cache = b._kg_cache
+        out: list[Any] = []
+        append = out.append
+        key: Any = None
+        kg: Any = None
+        fast = not self._copy_default and not any(t.pins)
+        if fast and all(maps[g] is not None for g in t.kgr):
+            # No snapshot shares a dict, every dict exists, the default is a
+            # shared immutable value, fn never returns None: nothing to check per key.
+            dflt = self._default
+            for key in keys:
+                kg = cache.get(key)
+                if kg is None:
+                    kg = b._assign(key)
+                d = maps[kg]
+                new = fn(d.get(key, dflt))
+                if new is None:
+                    d.pop(key, None)
+                else:
+                    d[key] = new
+                append(new)
+        else:
+            for key in keys:
+                kg = cache.get(key)
+                if kg is None:
+                    kg = b._assign(key)
+                b._key, b._kg = key, kg
+                new = fn(self.value())
+                self.update(new)
+                append(new)
+        if kg is not None:
+            b._key, b._kg = key, kg
+        return out
+
+
+class HeapMutableValueState(HeapValueState):
+    """Value state whose values may change in place: reads unshare pinned key groups."""
+
+    __slots__ = ()
+
+    def value(self) -> Any:
+        d = self._read_dict()
+        v = None if d is None else d.get(self._b._key)
+        if v is None:
+            return self._reg.default_value() if self._copy_default else self._default
+        return v
+
+
+def _checked(values: Iterable[Any], what: str) -> list[Any]:
+    out = list(values)
+    for v in out:
+        if v is None:
+            raise ValueError(f"{what}: list state elements cannot be None")
+    return out
+
+
+class HeapListState(_Handle):
+    """List state; elements are appended in place to unshared lists."""
+
+    __slots__ = ()
+
+    def get(self) -> list[Any]:
+        d = self._read_dict()
+        v = None if d is None else d.get(self._b._key)
+        return list(v) if v else []
+
+    def add(self, value: Any) -> None:
+        if value is None:
+            raise ValueError("ListState.add(None): list state elements cannot be None")
+        d = self._write_dict()
+        key = self._b._key
+        lst = d.get(key)
+        if lst is None:
+            d[key] = [value]
+        else:
+            lst.append(value)
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        vals = _checked(values, "ListState.add_all")
+        if not vals:
+            return
+        d = self._write_dict()
+        key = self._b._key
+        lst = d.get(key)
+        if lst is None:
+            d[key] = vals
+        else:
+            lst.extend(vals)
+
+    def update(self, values: Iterable[Any]) -> None:
+        vals = _checked(values, "ListState.update")
+        d = self._write_dict()
+        if vals:
+            d[self._b._key] = vals
+        else:
+            d.pop(self._b._key, None)
+
+    def merge_namespaces(self, target: Any, sources: Sequence[Any]) -> None:
+        merge_list_namespaces(self, target, sources)
+
+
+class HeapMapState(_Handle):
+    """Map state; one dict of user keys per key and namespace."""
+
+    __slots__ = ()
+
+    def _map(self) -> dict[Any, Any] | None:
+        d = self._read_dict()
+        return None if d is None else d.get(self._b._key)
+
+    def get(self, key: Any) -> Any:
+        m = self._map()
+        return None if m is None else m.get(key)
+
+    def contains(self, key: Any) -> bool:
+        m = self._map()
+        return m is not None and key in m
+
+    def put(self, key: Any, value: Any) -> None:
+        d = self._write_dict()
+        k = self._b._key
+        m = d.get(k)
+        if m is None:
+            d[k] = {key: value}
+        else:
+            m[key] = value
+
+    def put_all(self, entries: dict[Any, Any]) -> None:
+        if not entries:
+            return
+        d = self._write_dict()
+        k = self._b._key
+        m = d.get(k)
+        if m is None:
+            d[k] = dict(entries)
+        else:
+            m.update(entries)
+
+    def remove(self, key: Any) -> None:
+        d = self._write_dict()
+        k = self._b._key
+        m = d.get(k)
+        if m is not None:
+            m.pop(key, None)
+            if not m:
+                del d[k]
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        m = self._map()
+        return iter(list(m.items()) if m else [])
+
+    def keys(self) -> Iterator[Any]:
+        m = self._map()
+        return iter(list(m) if m else [])
+
+    def values(self) -> Iterator[Any]:
+        m = self._map()
+        return iter(list(m.values()) if m else [])
+
+    def is_empty(self) -> bool:
+        return not self._map()
+
+
+class HeapKeyedStateBackend(KeyedBackendBase):
+    """Keyed state in Python dicts, per key group; see the module docstring."""
+
+    backend_name = "heap"
+
+    def __init__(
+        self,
+        *,
+        key_serializer: TypeSerializer,
+        key_group_range: KeyGroupRange,
+        max_parallelism: int,
+        clock: Clock | None = None,
+        key_cache_size: int = 131072,
+    ) -> None:
+        super().__init__(
+            key_serializer=key_serializer,
+            key_group_range=key_group_range,
+            max_parallelism=max_parallelism,
+            clock=clock,
+            key_cache_size=key_cache_size,
+        )
+        self._tables: dict[str, _Table] = {}
+
+    def _table(self, reg: RegisteredState) -> _Table:
+        cp = _copier(reg)
+        # Value handles hand out the stored object itself, so a mutable value
+        # must be unshared even on reads; list and map handles only hand out copies.
+        deep = cp is not None and (reg.storage_kind is StateKind.VALUE or cp not in (list, dict))
+        t = _Table(self.key_group_range, cp, deep=deep)
+        self._tables[reg.name] = t
+        return t
+
+    def _create_value(self, reg: RegisteredState) -> HeapValueState:
+        t = self._table(reg)
+        cls = HeapValueState if reg.serializer.immutable else HeapMutableValueState
+        return cls(self, t, reg)
+
+    def _create_list(self, reg: RegisteredState) -> HeapListState:
+        return HeapListState(self, self._table(reg), reg)
+
+    def _create_map(self, reg: RegisteredState) -> HeapMapState:
+        return HeapMapState(self, self._table(reg), reg)
+
+    def _ttl_hook(self, reg: RegisteredState) -> Callable[[], None] | None:
+        assert reg.ttl is not None
+        n = reg.ttl.cleanup_incremental_size
+        if not n:
+            return None
+        t = self._tables[reg.name]
+        ttl_ms = reg.ttl.ttl_ms
+        kind = reg.storage_kind
+        clock = self.clock
+
+        def cleanup() -> None:
+            _cleanup_incremental(t, n, clock(), ttl_ms, kind)
+
+        return cleanup
+
+    def _snapshot_entries(self) -> Callable[[str, int], StateEntries]:
+        token = object()
+        frozen: dict[str, dict[Any, list[Any]]] = {}
+        for name, t in self._tables.items():
+            frozen[name] = {ns: list(lst) for ns, lst in t.ns.items()}
+            pins = t.pins
+            for kg in t.kgr:
+                held = pins[kg]
+                if not held:
+                    held = pins[kg] = set()
+                held.add(token)  # type: ignore[union-attr]
+
+        def read(name: str, kg: int) -> StateEntries:
+            nsl = frozen[name]
+            if len(nsl) == 1:
+                d = nsl[VOID_NAMESPACE][kg]
+                if not d:
+                    return [], [], []
+                return list(d), [VOID_NAMESPACE] * len(d), list(d.values())
+            keys: list[Any] = []
+            nss: list[Any] = []
+            vals: list[Any] = []
+            for ns, lst in nsl.items():
+                d = lst[kg]
+                if d:
+                    keys.extend(d)
+                    vals.extend(d.values())
+                    nss.extend([ns] * len(d))
+            return keys, nss, vals
+
+        read.token = token  # type: ignore[attr-defined]
+        read.tables = [self._tables[n] for n in frozen]  # type: ignore[attr-defined]
+        return read
+
+    def _release_snapshot(self, reader: Callable[[str, int], StateEntries]) -> None:
+        token = reader.token  # type: ignore[attr-defined]
+        for t in reader.tables:  # type: ignore[attr-defined]
+            pins = t.pins
+            for kg in t.kgr:
+                held = pins[kg]
+                if held:
+                    held.discard(token)  # type: ignore[union-attr]
+
+    def _load_entries(
+        self, reg: RegisteredState, key_group: int, keys: list[Any], namespaces: list[Any], values: list[Any]
+    ) -> None:
+        t = self._tables[reg.name]
+        if t.pins[key_group]:
+            t.unshare(key_group)
+        if namespaces.count(VOID_NAMESPACE) == len(namespaces):
+            d = t.void[key_group]
+            assert d is not None
+            d.update(zip(keys, values))
+            return
+        for k, ns, v in zip(keys, namespaces, values):
+            lst = t.dicts(ns)
+            d = lst[key_group]
+            if d is None:
+                d = lst[key_group] = {}
+            d[k] = v
+
+    def _state_keys(self, reg: RegisteredState, namespace: Any) -> Iterator[Any]:
+        lst = self._tables[reg.name].ns.get(namespace)
+        if lst is None:
+            return iter(())
+        return (k for d in list(lst) if d for k in list(d))
+
+    def _state_size(self, reg: RegisteredState) -> int:
+        return self._tables[reg.name].size()
+
+
+def _cleanup_incremental(t: _Table, n: int, now: int, ttl_ms: int, kind: StateKind) -> None:
+    """Check up to ``n`` entries for expiry, resuming where the last call stopped."""
+    todo = t.cleanup_todo
+    kgr = t.kgr
+    refills = 0
+    while n > 0:
+        if not todo:
+            if refills > len(kgr):
+                return  # a full round found nothing to check
+            refills += 1
+            kg = t.cleanup_kg
+            t.cleanup_kg = kg + 1 if kg < kgr.end else kgr.start
+            todo.extend((ns, kg, k) for ns, lst in t.ns.items() if lst[kg] for k in lst[kg])  # type: ignore[union-attr]
+            continue
+        ns, kg, key = todo.pop()
+        n -= 1
+        d = t.ns[ns][kg]
+        v = None if d is None else d.get(key)
+        if v is None:
+            continue
+        live = purge_expired(kind, v, now, ttl_ms)
+        if live is v:
+            continue
+        if t.pins[kg]:
+            t.unshare(kg)
+            d = t.ns[ns][kg]
+            assert d is not None
+        if live is None:
+            del d[key]
+        else:
+            d[key] = live
+
+
+class HeapStateBackend:
+    """The ``heap`` state backend: creates heap keyed backends and operator backends."""
+
+    name = "heap"
+
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
+        self.options = dict(options or {})
+
+    def create_keyed_backend(
+        self,
+        *,
+        key_serializer: TypeSerializer,
+        key_group_range: KeyGroupRange,
+        max_parallelism: int,
+        clock: Clock | None = None,
+        key_cache_size: int = 131072,
+        local_dir: str | None = None,
+    ) -> HeapKeyedStateBackend:
+        """A keyed backend for ``key_group_range`` (``local_dir`` is not used: all in memory)."""
+        return HeapKeyedStateBackend(
+            key_serializer=key_serializer,
+            key_group_range=key_group_range,
+            max_parallelism=max_parallelism,
+            clock=clock,
+            key_cache_size=key_cache_size,
+        )
+
+    def create_operator_backend(self) -> OperatorStateBackendImpl:
+        """Operator state is kept in memory by core's default implementation."""
+        return OperatorStateBackendImpl()

@@ -1,0 +1,21 @@
+"""Registers the ``heap`` backend. Kept light: the backend module loads on first use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from statekit import BackendSpec, hookimpl
+
+
+@hookimpl
+def statekit_register_backends(register: Callable[[Any], None]) -> None:
+    """Register ``heap``."""
+    register(
+        BackendSpec(
+            name="heap",
+            factory="statekit_heap._backend:HeapStateBackend",
+            options=(),
+            description="Keyed state in Python dicts per key group; copy-on-write snapshots.",
+        )
+    )

@@ -1,0 +1,880 @@
+"""Canonical snapshots of the heap backend: round trips, refused restores, corruption,
+copy-on-write while a snapshot is pending, and rescaling by key groups."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import linecache
+import operator
+import queue
+import sys
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from statekit import (
+    VOID_NAMESPACE,
+    AggregateFunction,
+    AggregatingStateDescriptor,
+    CorruptSnapshotError,
+    IncompatibleSerializerError,
+    KeyGroupRange,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    MaxParallelismMismatchError,
+    ReducingStateDescriptor,
+    StateMigrationError,
+    StateTtlConfig,
+    ValueStateDescriptor,
+    key_group_for_bytes,
+    key_group_range_for_operator,
+    operator_index_for_key_group,
+    serializer_for,
+)
+from statekit.backend_api import BytesStreamHandle, KeyedStateHandle
+from statekit.serializers import IntSerializer, StrSerializer
+
+MAXP = 128
+INT_NS = serializer_for(int)
+NAMESPACES = [VOID_NAMESPACE, 1, 2, 3, 4]
+HOUR = StateTtlConfig(timedelta(hours=1))
+KINDS = ["value", "list", "reducing", "aggregating", "map"]
+
+
+class Mean(AggregateFunction[int, tuple[int, int], float]):
+    def create_accumulator(self) -> tuple[int, int]:
+        return (0, 0)
+
+    def add(self, value: int, acc: tuple[int, int]) -> tuple[int, int]:
+        return (acc[0] + value, acc[1] + 1)
+
+    def get_result(self, acc: tuple[int, int]) -> float:
+        return acc[0] / acc[1]
+
+    def merge(self, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+        return (a[0] + b[0], a[1] + b[1])
+
+
+class Collect(AggregateFunction[int, list[int], list[int]]):
+    """Collects added ints into a list accumulator that it changes in place."""
+
+    def create_accumulator(self) -> list[int]:
+        return []
+
+    def add(self, value: int, acc: list[int]) -> list[int]:
+        acc.append(value)
+        return acc
+
+    def get_result(self, acc: list[int]) -> list[int]:
+        return list(acc)
+
+    def merge(self, a: list[int], b: list[int]) -> list[int]:
+        return a + b
+
+
+def descriptors(ttl: StateTtlConfig | None = None) -> dict[str, Any]:
+    """One state of each kind, named after its kind."""
+    return {
+        "value": ValueStateDescriptor("value", int, ttl=ttl),
+        "list": ListStateDescriptor("list", int, ttl=ttl),
+        "reducing": ReducingStateDescriptor("reducing", operator.add, int, ttl=ttl),
+        "aggregating": AggregatingStateDescriptor("aggregating", Mean(), tuple[int, int], ttl=ttl),
+        "map": MapStateDescriptor("map", str, int, ttl=ttl),
+    }
+
+
+def declare(backend, ttl: StateTtlConfig | None = None) -> dict[str, Any]:
+    return {n: backend.get_state(d, namespace_serializer=INT_NS) for n, d in descriptors(ttl).items()}
+
+
+def write_key(states: dict[str, Any], i: int) -> None:
+    """Write key number ``i``'s state, in the void namespace and, for some keys, another one."""
+    for ns in (VOID_NAMESPACE, i % 4 + 1) if i % 2 == 0 else (VOID_NAMESPACE,):
+        for s in states.values():
+            s.set_current_namespace(ns)
+        x = i if ns is VOID_NAMESPACE else -i
+        states["value"].update(x)
+        states["list"].add_all([x, x + 1])
+        states["reducing"].add(x)
+        states["reducing"].add(1)
+        states["aggregating"].add(x)
+        states["map"].put_all({"a": x, "none": None})
+    for s in states.values():
+        s.set_current_namespace(VOID_NAMESPACE)
+
+
+def populate(backend, keys, ttl: StateTtlConfig | None = None) -> dict[str, Any]:
+    states = declare(backend, ttl)
+    for i, k in enumerate(keys):
+        backend.set_current_key(k)
+        write_key(states, i)
+    return states
+
+
+def read(kind: str, s: Any) -> Any:
+    if kind == "value":
+        return s.value()
+    if kind == "map":
+        return dict(s.items())
+    return s.get()
+
+
+def dump(backend, states: dict[str, Any]) -> dict[tuple[str, Any, Any], Any]:
+    """Everything ``backend`` holds in ``states``: (state, namespace, key) -> what a read returns."""
+    out = {}
+    for kind, s in states.items():
+        for ns in NAMESPACES:
+            for key in backend.keys(kind, ns):
+                backend.set_current_key(key)
+                s.set_current_namespace(ns)
+                out[(kind, ns, key)] = read(kind, s)
+        s.set_current_namespace(VOID_NAMESPACE)
+    return out
+
+
+def keys_of(n: int) -> list[str]:
+    return [f"key-{i}" for i in range(n)]
+
+
+def key_group(key: str) -> int:
+    return key_group_for_bytes(StrSerializer().serialize(key), MAXP)
+
+
+# --- round trips ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("declare_first", [True, False], ids=["declared-before", "declared-after"])
+@pytest.mark.parametrize("ttl", [None, HOUR], ids=["plain", "ttl"])
+def test_round_trip_of_all_kinds(make_backend, backend, declare_first, ttl):
+    states = populate(backend, keys_of(200), ttl)
+    expected = dump(backend, states)
+    assert len(expected) == 5 * (200 + 100)
+    handle = backend.snapshot().to_handle()
+    assert handle.entries == backend.num_entries()
+
+    target = make_backend()
+    if declare_first:
+        restored = declare(target, ttl)
+        target.restore([handle])
+    else:
+        target.restore([handle])
+        assert sorted(target.state_names) == sorted(KINDS)
+        assert target.num_entries() == backend.num_entries()
+        restored = declare(target, ttl)
+    assert dump(target, restored) == expected
+    for kind in KINDS:
+        assert target.num_entries(kind) == backend.num_entries(kind)
+    assert dump(backend, states) == expected  # the source is unchanged
+
+
+def test_round_trip_keeps_ttl_timestamps(make_backend, backend, clock):
+    cfg = StateTtlConfig(timedelta(milliseconds=100))
+    populate(backend, keys_of(20), cfg)
+    handle = backend.snapshot().to_handle()
+    clock.advance(99)
+    target = make_backend()
+    restored = declare(target, cfg)
+    target.restore([handle])
+    before = dump(target, restored)  # reads do not refresh (on create and write)
+    assert len(before) == 5 * 30
+    assert all(v not in (None, [], {}) for v in before.values())
+    clock.advance(1)
+    after = dump(target, restored)  # each read finds its entry expired
+    assert len(after) == 5 * 30
+    assert all(v in (None, [], {}) for v in after.values())
+    assert target.num_entries() == 0
+
+
+def test_restored_state_stays_usable(make_backend, backend):
+    populate(backend, keys_of(10))
+    target = make_backend()
+    target.restore([backend.snapshot().to_handle()])
+    s = declare(target)
+    target.set_current_key("key-1")
+    s["list"].add(100)
+    s["reducing"].add(100)
+    s["map"].put("b", 2)
+    assert s["list"].get() == [1, 2, 100]
+    assert s["reducing"].get() == 102
+    assert dict(s["map"].items()) == {"a": 1, "none": None, "b": 2}
+
+
+def test_undeclared_restored_state_survives_another_snapshot(make_backend, backend):
+    states = populate(backend, keys_of(50))
+    expected = dump(backend, states)
+    middle = make_backend()
+    middle.restore([backend.snapshot().to_handle()])
+    handle = middle.snapshot().to_handle()  # nothing declared: the states are only pending
+    target = make_backend()
+    target.restore([handle])
+    assert dump(target, declare(target)) == expected
+
+
+def test_empty_snapshot_restores_to_empty(make_backend, backend):
+    handle = backend.snapshot().to_handle()
+    assert handle.entries == 0
+    assert dict(handle.offsets) == {}
+    target = make_backend()
+    target.restore([handle])
+    assert target.num_entries() == 0
+    assert target.state_names == []
+
+
+def test_declared_but_empty_states_restore_to_empty(make_backend, backend):
+    declare(backend)
+    handle = backend.snapshot().to_handle()
+    assert dict(handle.offsets) == {}
+    target = make_backend()
+    restored = declare(target)
+    target.restore([handle])
+    assert target.num_entries() == 0
+    assert dump(target, restored) == {}
+
+
+def test_cleared_states_are_not_written(make_backend, backend):
+    states = populate(backend, keys_of(10))
+    for k in keys_of(10):
+        backend.set_current_key(k)
+        for s in states.values():
+            for ns in NAMESPACES:
+                s.set_current_namespace(ns)
+                s.clear()
+            s.set_current_namespace(VOID_NAMESPACE)
+    handle = backend.snapshot().to_handle()
+    assert handle.entries == 0
+    target = make_backend()
+    target.restore([handle])
+    assert target.num_entries() == 0
+
+
+# --- refused restores ----------------------------------------------------------------------
+
+CHANGED_TYPES = {
+    "value": lambda: ValueStateDescriptor("value", str),
+    "list": lambda: ListStateDescriptor("list", str),
+    "reducing": lambda: ReducingStateDescriptor("reducing", operator.add, str),
+    "aggregating": lambda: AggregatingStateDescriptor("aggregating", Mean(), tuple[int, str]),
+    "map": lambda: MapStateDescriptor("map", str, str),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_wrong_value_serializer_declared_before_restore(make_backend, backend, kind):
+    populate(backend, keys_of(30))
+    handle = backend.snapshot().to_handle()
+    target = make_backend()
+    others = {
+        n: target.get_state(d, namespace_serializer=INT_NS) for n, d in descriptors().items() if n != kind
+    }
+    target.get_state(CHANGED_TYPES[kind](), namespace_serializer=INT_NS)
+    with pytest.raises(IncompatibleSerializerError) as e:
+        target.restore([handle])
+    assert isinstance(e.value, StateMigrationError)
+    assert target.num_entries() == 0  # not even the other, compatible states
+    assert dump(target, others) == {}
+    assert sorted(target.state_names) == sorted(KINDS)  # nothing left pending
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_wrong_value_serializer_declared_after_restore(make_backend, backend, kind):
+    populate(backend, keys_of(30))
+    count = backend.num_entries(kind)
+    handle = backend.snapshot().to_handle()
+    target = make_backend()
+    target.restore([handle])
+    with pytest.raises(IncompatibleSerializerError):
+        target.get_state(CHANGED_TYPES[kind](), namespace_serializer=INT_NS)
+    assert target.num_entries(kind) == count
+    # The right declaration still reads the untouched entries.
+    s = target.get_state(descriptors()[kind], namespace_serializer=INT_NS)
+    target.set_current_key("key-3")
+    assert (
+        read(kind, s)
+        == {
+            "value": 3,
+            "list": [3, 4],
+            "reducing": 4,
+            "aggregating": 3.0,
+            "map": {"a": 3, "none": None},
+        }[kind]
+    )
+
+
+def test_wrong_key_serializer_raises(make_backend, backend):
+    populate(backend, keys_of(30))
+    handle = backend.snapshot().to_handle()
+    target = make_backend(key_serializer=IntSerializer())
+    declare(target)
+    with pytest.raises(IncompatibleSerializerError):
+        target.restore([handle])
+    assert target.num_entries() == 0
+
+
+def test_wrong_key_serializer_raises_without_declared_states(make_backend, backend):
+    populate(backend, keys_of(30))
+    handle = backend.snapshot().to_handle()
+    target = make_backend(key_serializer=IntSerializer())
+    with pytest.raises(StateMigrationError):
+        target.restore([handle])
+    assert target.num_entries() == 0
+    assert target.state_names == []
+
+
+def test_wrong_namespace_serializer_raises(make_backend, backend):
+    populate(backend, keys_of(30))
+    handle = backend.snapshot().to_handle()
+    target = make_backend()
+    target.get_state(descriptors()["list"], namespace_serializer=serializer_for(str))
+    with pytest.raises(StateMigrationError):
+        target.restore([handle])
+    assert target.num_entries() == 0
+
+
+@pytest.mark.parametrize("maxp", [64, 256])
+def test_changed_max_parallelism_raises(make_backend, backend, maxp):
+    populate(backend, keys_of(30))
+    handle = backend.snapshot().to_handle()
+    target = make_backend(max_parallelism=maxp, key_group_range=KeyGroupRange.of(0, maxp - 1))
+    with pytest.raises(MaxParallelismMismatchError):
+        target.restore([handle])
+    assert target.num_entries() == 0
+    assert target.state_names == []
+
+
+# --- corruption ---------------------------------------------------------------------------
+
+
+def flipped(handle: KeyedStateHandle, pos: int) -> KeyedStateHandle:
+    data = bytearray(handle.stream.read())
+    data[pos] ^= 0xFF
+    return dataclasses.replace(handle, stream=BytesStreamHandle(bytes(data)))
+
+
+def _corrupt_positions(make_backend, handle, positions, declare_first):
+    """The positions whose flip is not refused with CorruptSnapshotError, or leaves state behind."""
+    bad = []
+    for pos in positions:
+        target = make_backend()
+        if declare_first:
+            declare(target)
+        try:
+            target.restore([flipped(handle, pos)])
+        except CorruptSnapshotError:
+            if target.num_entries() or len(target.state_names) != (5 if declare_first else 0):
+                bad.append((pos, "state left behind"))
+        except Exception as e:  # noqa: BLE001 - reported below
+            bad.append((pos, f"{type(e).__name__}: {e}"))
+        else:
+            bad.append((pos, "no error"))
+    return bad
+
+
+@pytest.fixture
+def small_snapshot(backend) -> KeyedStateHandle:
+    populate(backend, keys_of(6))
+    return backend.snapshot().to_handle()
+
+
+@pytest.mark.parametrize("declare_first", [True, False], ids=["declared-before", "declared-after"])
+def test_flipped_byte_in_header_raises_corrupt(make_backend, small_snapshot, declare_first):
+    bad = _corrupt_positions(make_backend, small_snapshot, range(small_snapshot.header_length), declare_first)
+    assert bad == []
+
+
+@pytest.mark.parametrize("declare_first", [True, False], ids=["declared-before", "declared-after"])
+def test_flipped_byte_in_any_block_raises_corrupt(make_backend, small_snapshot, declare_first):
+    assert len(small_snapshot.offsets) >= 3
+    positions = [p for off, ln in small_snapshot.offsets.values() for p in range(off, off + ln)]
+    assert _corrupt_positions(make_backend, small_snapshot, positions, declare_first) == []
+
+
+def test_truncated_snapshot_raises_corrupt(make_backend, small_snapshot):
+    data = small_snapshot.stream.read()
+    last_off, last_len = max(small_snapshot.offsets.values())
+    for cut in (0, 5, small_snapshot.header_length - 1, last_off + last_len // 2):
+        target = make_backend()
+        declare(target)
+        handle = dataclasses.replace(small_snapshot, stream=BytesStreamHandle(data[:cut]))
+        with pytest.raises(CorruptSnapshotError):
+            target.restore([handle])
+        assert target.num_entries() == 0, cut
+
+
+def test_corrupt_second_handle_restores_nothing_of_the_first(make_backend):
+    halves = []
+    for i in range(2):
+        src = make_backend(key_group_range=key_group_range_for_operator(MAXP, 2, i))
+        states = declare(src)
+        for j, k in enumerate(keys_of(200)):
+            if key_group(k) in src.key_group_range:
+                src.set_current_key(k)
+                write_key(states, j)
+        halves.append(src.snapshot().to_handle())
+    last_block = max(halves[1].offsets.values())
+    target = make_backend()
+    declare(target)
+    with pytest.raises(CorruptSnapshotError):
+        target.restore([halves[0], flipped(halves[1], last_block[0] + 10)])
+    assert target.num_entries() == 0
+
+
+# --- copy-on-write ----------------------------------------------------------------------------
+
+
+def cow_descriptors() -> dict[str, Any]:
+    return {
+        "int": ValueStateDescriptor("int", int),
+        "dict": ValueStateDescriptor("dict", dict[str, int]),
+        "ints": ValueStateDescriptor("ints", list[int]),
+        "list": ListStateDescriptor("list", int),
+        "map": MapStateDescriptor("map", str, int),
+        "collect": AggregatingStateDescriptor("collect", Collect(), list[int]),
+        "sum": ReducingStateDescriptor("sum", operator.add, int),
+    }
+
+
+def cow_read(name: str, s: Any) -> Any:
+    if name in ("int", "dict", "ints"):
+        return s.value()
+    if name == "map":
+        return dict(s.items())
+    return s.get()
+
+
+def cow_write(states: dict[str, Any], i: int) -> None:
+    states["int"].update(i)
+    states["dict"].update({"n": i})
+    states["ints"].update([i])
+    states["list"].add(i)
+    states["map"].put("n", i)
+    states["collect"].add(i)
+    states["sum"].add(i)
+
+
+def cow_mutate(states: dict[str, Any], i: int, in_place_only: bool = False) -> None:
+    """Change key ``i``'s state of every kind, the way user code does."""
+    d = states["dict"].value()
+    d["n"] += 1000
+    d["new"] = 1
+    xs = states["ints"].value()
+    xs.append(1000)
+    if not in_place_only:
+        states["dict"].update(d)
+        states["ints"].update(xs)
+    states["int"].update(i + 1000)
+    states["list"].add(1000)
+    states["map"].put("n", i + 1000)
+    states["map"].put("new", 1)
+    states["collect"].add(1000)
+    states["sum"].add(1000)
+
+
+def cow_expected(i: int, mutated: bool) -> dict[str, Any]:
+    if not mutated:
+        return {
+            "int": i,
+            "dict": {"n": i},
+            "ints": [i],
+            "list": [i],
+            "map": {"n": i},
+            "collect": [i],
+            "sum": i,
+        }
+    return {
+        "int": i + 1000,
+        "dict": {"n": i + 1000, "new": 1},
+        "ints": [i, 1000],
+        "list": [i, 1000],
+        "map": {"n": i + 1000, "new": 1},
+        "collect": [i, 1000],
+        "sum": i + 1000,
+    }
+
+
+def cow_state(backend, states, keys) -> dict[str, dict[str, Any]]:
+    out = {}
+    for k in keys:
+        backend.set_current_key(k)
+        out[k] = {n: cow_read(n, s) for n, s in states.items()}
+    return out
+
+
+def restored_cow_state(make_backend, handle, keys):
+    target = make_backend()
+    states = {n: target.get_state(d) for n, d in cow_descriptors().items()}
+    target.restore([handle])
+    return cow_state(target, states, keys)
+
+
+def _cow_setup(backend, n):
+    keys = keys_of(n)
+    states = {name: backend.get_state(d) for name, d in cow_descriptors().items()}
+    for i, k in enumerate(keys):
+        backend.set_current_key(k)
+        cow_write(states, i)
+    return keys, states
+
+
+def test_snapshot_is_unaffected_by_later_writes(make_backend, backend):
+    keys, states = _cow_setup(backend, 40)
+    snap = backend.snapshot()
+    for i, k in enumerate(keys):
+        backend.set_current_key(k)
+        cow_mutate(states, i)
+    handle = snap.to_handle()
+
+    restored = restored_cow_state(make_backend, handle, keys)
+    live = cow_state(backend, states, keys)
+    for i, k in enumerate(keys):
+        assert restored[k] == cow_expected(i, mutated=False), k
+        assert live[k] == cow_expected(i, mutated=True), k
+
+
+@pytest.mark.parametrize("name", ["dict", "ints"])
+def test_snapshot_is_unaffected_by_in_place_change_of_a_read_value(make_backend, backend, name):
+    keys, states = _cow_setup(backend, 40)
+    snap = backend.snapshot()
+    for k in keys:
+        backend.set_current_key(k)
+        v = states[name].value()
+        if name == "dict":
+            v["n"] = -1
+        else:
+            v.append(-1)
+    handle = snap.to_handle()
+    restored = restored_cow_state(make_backend, handle, keys)
+    assert [restored[k][name] for k in keys] == [cow_expected(i, False)[name] for i in range(len(keys))]
+
+
+def test_snapshot_is_unaffected_by_an_in_place_accumulator(make_backend, backend):
+    keys, states = _cow_setup(backend, 40)
+    snap = backend.snapshot()
+    for k in keys:
+        backend.set_current_key(k)
+        states["collect"].add(-1)
+    handle = snap.to_handle()
+    restored = restored_cow_state(make_backend, handle, keys)
+    assert [restored[k]["collect"] for k in keys] == [[i] for i in range(len(keys))]
+    assert [cow_state(backend, states, [k])[k]["collect"] for k in keys] == [
+        [i, -1] for i in range(len(keys))
+    ]
+
+
+def test_two_pending_snapshots_each_keep_their_point(make_backend, backend):
+    keys, states = _cow_setup(backend, 30)
+    first = backend.snapshot()
+    for i, k in enumerate(keys):
+        backend.set_current_key(k)
+        states["int"].update(i + 1000)
+        states["list"].add(1000)
+    second = backend.snapshot()
+    for k in keys:
+        backend.set_current_key(k)
+        states["int"].update(-1)
+        states["list"].add(-1)
+    h2 = second.to_handle()
+    h1 = first.to_handle()
+    r1 = restored_cow_state(make_backend, h1, keys)
+    r2 = restored_cow_state(make_backend, h2, keys)
+    for i, k in enumerate(keys):
+        assert (r1[k]["int"], r1[k]["list"]) == (i, [i])
+        assert (r2[k]["int"], r2[k]["list"]) == (i + 1000, [i, 1000])
+
+
+def test_writes_after_a_written_snapshot_still_protect_the_next(make_backend, backend):
+    keys, states = _cow_setup(backend, 30)
+    backend.snapshot().to_handle()
+    for i, k in enumerate(keys):
+        backend.set_current_key(k)
+        states["int"].update(i + 1000)
+    snap = backend.snapshot()
+    for k in keys:
+        backend.set_current_key(k)
+        states["int"].update(-1)
+        states["list"].add(-1)
+    restored = restored_cow_state(make_backend, snap.to_handle(), keys)
+    assert [restored[k]["int"] for k in keys] == [i + 1000 for i in range(len(keys))]
+    assert [restored[k]["list"] for k in keys] == [[i] for i in range(len(keys))]
+
+
+def test_update_batch_does_not_touch_a_pending_snapshot(make_backend, backend):
+    keys, states = _cow_setup(backend, 40)
+    snap = backend.snapshot()
+    states["int"].update_batch(keys, lambda v: v + 1000)
+    states["ints"].update_batch(keys, lambda v: (v.append(1000), v)[1])
+    restored = restored_cow_state(make_backend, snap.to_handle(), keys)
+    live = cow_state(backend, states, keys)
+    for i, k in enumerate(keys):
+        assert (restored[k]["int"], restored[k]["ints"]) == (i, [i]), k
+        assert (live[k]["int"], live[k]["ints"]) == (i + 1000, [i, 1000]), k
+
+
+def _write_in_thread(snap, progress=None):
+    result: dict[str, Any] = {}
+
+    def run():
+        try:
+            buf = io.BytesIO()
+            written = snap.write(buf, progress=progress)
+            result["handle"] = KeyedStateHandle(
+                BytesStreamHandle(buf.getvalue()),
+                snap.header.key_group_range,
+                written.offsets,
+                written.header_length,
+            )
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            result["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, result
+
+
+def _join(t, result):
+    t.join(timeout=60)
+    assert not t.is_alive(), "the writer thread hung"
+    if "error" in result:
+        raise result["error"]
+    return result["handle"]
+
+
+def test_snapshot_written_by_another_thread_in_lock_step(make_backend, backend):
+    """After each key group the writer writes, the main thread changes a slice of the keys."""
+    keys, states = _cow_setup(backend, 600)
+    snap = backend.snapshot()
+    turn: queue.Queue[int] = queue.Queue()
+    ack: queue.Queue[None] = queue.Queue()
+
+    def progress(done, total):
+        turn.put(done)
+        ack.get(timeout=30)
+
+    t, result = _write_in_thread(snap, progress)
+    mutated = set()
+    total = len(backend.key_group_range)
+    for _ in range(total):
+        done = turn.get(timeout=30)
+        # A slice of the keys, in written and not yet written key groups alike.
+        for i in range(done - 1, len(keys), total):
+            backend.set_current_key(keys[i])
+            cow_mutate(states, i)
+            mutated.add(i)
+        ack.put(None)
+    handle = _join(t, result)
+
+    assert len(mutated) == len(keys)
+    restored = restored_cow_state(make_backend, handle, keys)
+    live = cow_state(backend, states, keys)
+    for i, k in enumerate(keys):
+        assert restored[k] == cow_expected(i, mutated=False), k
+        assert live[k] == cow_expected(i, mutated=i in mutated), k
+
+
+def test_snapshot_written_by_another_thread_while_processing_goes_on(make_backend, backend):
+    keys, states = _cow_setup(backend, 2000)
+    snap = backend.snapshot()
+    t, result = _write_in_thread(snap)
+    for i, k in enumerate(keys):
+        backend.set_current_key(k)
+        cow_mutate(states, i)
+    handle = _join(t, result)
+    restored = restored_cow_state(make_backend, handle, keys)
+    live = cow_state(backend, states, keys)
+    for i, k in enumerate(keys):
+        assert restored[k] == cow_expected(i, mutated=False), k
+        assert live[k] == cow_expected(i, mutated=True), k
+
+
+def test_release_racing_a_write_does_not_unprotect_the_next_snapshot(make_backend, backend):
+    """The writer thread releases snapshot A while the main thread writes the same key group.
+
+    The writer is paused (by a trace hook, no sleeping) on the line of
+    ``_release_snapshot`` that decrements a key group's pin count, after its check
+    passed; the main thread's write then unshares that key group. A later
+    snapshot B must still be protected from writes made while it is pending.
+    """
+    s = backend.get_state(ValueStateDescriptor("v", int))
+    backend.set_current_key("key-0")
+    s.update(0)
+    kg = backend.current_key_group
+    snap_a = backend.snapshot()
+    events: queue.Queue[str] = queue.Queue()
+    resume = threading.Event()
+
+    def local_trace(frame, event, arg):
+        if (
+            event == "line"
+            and not resume.is_set()
+            and frame.f_locals.get("kg") == kg
+            and "-= 1" in linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+        ):
+            events.put("paused")
+            resume.wait(timeout=30)
+        return local_trace
+
+    def trace(frame, event, arg):
+        return local_trace if frame.f_code.co_name == "_release_snapshot" else None
+
+    def run():
+        sys.settrace(trace)
+        try:
+            snap_a.to_handle()
+        finally:
+            sys.settrace(None)
+            events.put("done")
+
+    t = threading.Thread(target=run)
+    t.start()
+    first = events.get(timeout=30)
+    s.update(1)  # while A's release is paused (or after it finished, if it never pauses)
+    resume.set()
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert first in ("paused", "done")
+
+    snap_b = backend.snapshot()
+    s.update(2)
+    restored = make_backend()
+    rs = restored.get_state(ValueStateDescriptor("v", int))
+    restored.restore([snap_b.to_handle()])
+    restored.set_current_key("key-0")
+    assert rs.value() == 1
+    assert s.value() == 2
+
+
+# --- rescaling ------------------------------------------------------------------------------
+
+RESCALE_KEYS = keys_of(2000)
+
+
+def subtask_backends(make_backend, p):
+    return [make_backend(key_group_range=key_group_range_for_operator(MAXP, p, i)) for i in range(p)]
+
+
+def owner(key: str, p: int) -> int:
+    return operator_index_for_key_group(MAXP, p, key_group(key))
+
+
+def expected_of(i: int) -> dict[tuple[str, Any], Any]:
+    """What key number ``i`` holds after :func:`write_key`: (state, namespace) -> read."""
+    out = {}
+    for ns in (VOID_NAMESPACE, i % 4 + 1) if i % 2 == 0 else (VOID_NAMESPACE,):
+        x = i if ns is VOID_NAMESPACE else -i
+        out.update(
+            {
+                ("value", ns): x,
+                ("list", ns): [x, x + 1],
+                ("reducing", ns): x + 1,
+                ("aggregating", ns): float(x),
+                ("map", ns): {"a": x, "none": None},
+            }
+        )
+    return out
+
+
+def write_spread(make_backend, p, keys):
+    """``keys`` written over ``p`` subtasks, each key at its owner; returns their snapshots."""
+    subtasks = subtask_backends(make_backend, p)
+    states = [declare(b) for b in subtasks]
+    for i, k in enumerate(keys):
+        j = owner(k, p)
+        subtasks[j].set_current_key(k)
+        write_key(states[j], i)
+    assert sum(b.num_entries() for b in subtasks) == sum(len(expected_of(i)) for i in range(len(keys)))
+    return [b.snapshot().to_handle() for b in subtasks]
+
+
+@pytest.mark.parametrize(("p", "p2"), [(1, 4), (1, 77), (4, 2), (2, 4), (15, 77), (77, 15)])
+def test_rescale_moves_every_key_to_its_new_owner_only(make_backend, p, p2):
+    keys = RESCALE_KEYS
+    handles = write_spread(make_backend, p, keys)
+    index = {k: i for i, k in enumerate(keys)}
+
+    seen: dict[str, int] = {}
+    for j, target in enumerate(subtask_backends(make_backend, p2)):
+        target.restore(handles)
+        states = declare(target)
+        got = dump(target, states)
+        owned = {k for k in keys if owner(k, p2) == j}
+        assert {k for (_, _, k) in got} == owned
+        for k in owned:
+            assert {(kind, ns): v for (kind, ns, kk), v in got.items() if kk == k} == expected_of(index[k]), k
+        assert target.num_entries() == len(got)
+        for k in owned:
+            assert k not in seen, f"{k} restored at subtasks {seen[k]} and {j}"
+            seen[k] = j
+    assert len(seen) == len(keys)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RecordingStream:
+    """A stream handle that records the byte ranges read from it."""
+
+    inner: BytesStreamHandle
+    reads: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return self.inner.size
+
+    def read(self, offset: int = 0, length: int | None = None) -> bytes:
+        data = self.inner.read(offset, length)
+        self.reads.append((offset, len(data)))
+        return data
+
+    def discard(self) -> None:
+        self.inner.discard()
+
+    def to_json(self) -> dict[str, Any]:
+        return self.inner.to_json()
+
+
+def recording(handle: KeyedStateHandle) -> tuple[KeyedStateHandle, RecordingStream]:
+    assert isinstance(handle.stream, BytesStreamHandle)
+    rec = RecordingStream(handle.stream)
+    return dataclasses.replace(handle, stream=rec), rec
+
+
+def _check_reads(rec: RecordingStream, handle: KeyedStateHandle, owned: KeyGroupRange) -> None:
+    blocks = {o: kg for kg, o in handle.offsets.items()}
+    block_reads = set()
+    for off, ln in rec.reads:
+        if off + ln <= handle.header_length:
+            continue  # the header
+        assert (off, ln) in blocks, f"read of [{off}, {off + ln}) is neither the header nor a block"
+        kg = blocks[(off, ln)]
+        assert kg in owned, f"read the block of key group {kg}, which {owned} does not own"
+        block_reads.add(kg)
+    assert block_reads == {kg for kg in handle.offsets if kg in owned}
+    assert len(rec.reads) - len(block_reads) <= 2  # the header is read in at most two pieces
+
+
+@pytest.mark.parametrize("i", [0, 1, 2])
+def test_restoring_some_key_groups_reads_only_the_header_and_their_blocks(make_backend, i):
+    (full,) = write_spread(make_backend, 1, RESCALE_KEYS)
+    assert len(full.offsets) == MAXP
+    handle, rec = recording(full)
+    owned = key_group_range_for_operator(MAXP, 3, i)
+    target = make_backend(key_group_range=owned)
+    declare(target)
+    target.restore([handle])
+    assert target.num_entries() > 0
+    _check_reads(rec, full, owned)
+
+
+def test_rescale_does_not_read_handles_it_does_not_need(make_backend):
+    handles = write_spread(make_backend, 4, RESCALE_KEYS)
+    recorded = [recording(h) for h in handles]
+    owned = key_group_range_for_operator(MAXP, 8, 3)  # inside the old subtask 1's range
+    target = make_backend(key_group_range=owned)
+    target.restore([h for h, _ in recorded])
+    for j, (h, rec) in enumerate(recorded):
+        if j == 1:
+            _check_reads(rec, handles[j], owned)
+        else:
+            assert rec.reads == [], f"read old subtask {j}'s snapshot, which holds none of {owned}"
+    states = declare(target)
+    assert {k for (_, _, k) in dump(target, states)} == {k for k in RESCALE_KEYS if key_group(k) in owned}

@@ -1,0 +1,152 @@
+"""statekit: pluggable keyed and operator state for Python stream processing.
+
+The user-facing API: state descriptors and handles, TTL, key groups,
+serializers, the backend and storage contracts, the plugin registry and its
+configuration. Backend authors also use :mod:`statekit.backend_api`;
+:mod:`statekit.serializers` holds every built-in serializer.
+"""
+
+from __future__ import annotations
+
+from ._checkpoint import CheckpointMetadata, CompletedCheckpoint, load_checkpoint
+from ._config import CORE_OPTIONS, ConfigOption, Configuration
+from ._contracts import (
+    CheckpointOutputStream,
+    CheckpointStorage,
+    CheckpointWriter,
+    KeyedStateBackend,
+    OperatorStateBackend,
+    StateBackend,
+    SupportsBatchUpdate,
+)
+from ._errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    ConfigurationError,
+    CorruptSnapshotError,
+    IncompatibleSerializerError,
+    MaxParallelismMismatchError,
+    PluginConflictError,
+    PluginError,
+    SerializationError,
+    SnapshotError,
+    StateAccessError,
+    StateError,
+    StateMigrationError,
+    StateSizeLimitError,
+    UnknownPluginError,
+)
+from ._function import KeyedProcessFunction, ProcessContext, RuntimeContext
+from ._keygroups import (
+    KeyGroupRange,
+    compute_default_max_parallelism,
+    key_group_for_bytes,
+    key_group_range_for_operator,
+    operator_index_for_key_group,
+)
+from ._registry import (
+    BackendSpec,
+    PluginLoadWarning,
+    PluginRegistry,
+    RegisteredPlugin,
+    StorageSpec,
+    default_registry,
+    hookimpl,
+    hookspec,
+)
+from ._runner import FileSource, LocalRunner, RecordSource, ReplayableSource, RunResult
+from ._serializers import PickleSerializer, TypeSerializer, serializer_for
+from ._state import (
+    VOID_NAMESPACE,
+    AggregateFunction,
+    AggregatingState,
+    AggregatingStateDescriptor,
+    ListState,
+    ListStateDescriptor,
+    MapState,
+    MapStateDescriptor,
+    ReducingState,
+    ReducingStateDescriptor,
+    State,
+    StateDescriptor,
+    StateTtlConfig,
+    TtlUpdateType,
+    TtlVisibility,
+    ValueState,
+    ValueStateDescriptor,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CORE_OPTIONS",
+    "VOID_NAMESPACE",
+    "BackendSpec",
+    "CheckpointMetadata",
+    "CompletedCheckpoint",
+    "FileSource",
+    "KeyedProcessFunction",
+    "LocalRunner",
+    "ProcessContext",
+    "RecordSource",
+    "ReplayableSource",
+    "RunResult",
+    "RuntimeContext",
+    "load_checkpoint",
+    "ConfigOption",
+    "Configuration",
+    "PluginLoadWarning",
+    "PluginRegistry",
+    "RegisteredPlugin",
+    "StorageSpec",
+    "default_registry",
+    "hookimpl",
+    "hookspec",
+    "AggregateFunction",
+    "AggregatingState",
+    "AggregatingStateDescriptor",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "CheckpointOutputStream",
+    "CheckpointStorage",
+    "CheckpointWriter",
+    "ConfigurationError",
+    "CorruptSnapshotError",
+    "IncompatibleSerializerError",
+    "KeyGroupRange",
+    "KeyedStateBackend",
+    "ListState",
+    "ListStateDescriptor",
+    "MapState",
+    "MapStateDescriptor",
+    "MaxParallelismMismatchError",
+    "OperatorStateBackend",
+    "PickleSerializer",
+    "PluginConflictError",
+    "PluginError",
+    "ReducingState",
+    "ReducingStateDescriptor",
+    "SerializationError",
+    "SnapshotError",
+    "State",
+    "StateAccessError",
+    "StateBackend",
+    "StateDescriptor",
+    "StateError",
+    "StateMigrationError",
+    "StateSizeLimitError",
+    "StateTtlConfig",
+    "SupportsBatchUpdate",
+    "TtlUpdateType",
+    "TtlVisibility",
+    "TypeSerializer",
+    "UnknownPluginError",
+    "ValueState",
+    "ValueStateDescriptor",
+    "__version__",
+    "compute_default_max_parallelism",
+    "key_group_for_bytes",
+    "key_group_range_for_operator",
+    "operator_index_for_key_group",
+    "serializer_for",
+]

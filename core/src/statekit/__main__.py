@@ -1,0 +1,7 @@
+"""Runs the statekit command line: ``python -m statekit``."""
+
+from ._cli import main
+
+__all__: list[str] = []
+
+raise SystemExit(main())

@@ -1,0 +1,415 @@
+"""Checkpoints and savepoints: what subtasks write, what completes them, and restore plans.
+
+A checkpoint of a job with ``p`` subtasks per operator is complete once its
+metadata is stored (last, atomically, by the storage). The metadata names,
+per operator and subtask, the key-group range, where the keyed snapshot lies
+(with the offset of every key group's block) and where the operator state
+lies. A restore at any parallelism ``p' <= max parallelism`` gives each new
+subtask exactly the blocks of the key groups it now owns, and redistributes
+operator state by mode. Every check runs before any state is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._contracts import CheckpointStorage, CheckpointWriter, KeyedStateBackend, OperatorStateBackend
+from ._errors import (
+    CheckpointError,
+    CorruptSnapshotError,
+    MaxParallelismMismatchError,
+    StateMigrationError,
+    StateSizeLimitError,
+)
+from ._keygroups import KeyGroupRange, key_group_range_for_operator, validate_parallelism
+from ._operator import (
+    OperatorSnapshot,
+    decode_operator_snapshot,
+    encode_operator_snapshot,
+    redistribute_operator_state,
+)
+from ._snapshot import CANONICAL_FORMAT, KeyedStateHandle, ProgressCallback
+
+__all__ = [
+    "CheckpointMetadata",
+    "CompletedCheckpoint",
+    "SubtaskState",
+    "apply_retention",
+    "complete_checkpoint",
+    "load_checkpoint",
+    "write_subtask_state",
+]
+
+_MAGIC = b"STKMETA1"
+_U32 = struct.Struct("<I")
+METADATA_VERSION = 1
+
+
+@dataclass
+class SubtaskState:
+    """What one subtask of one operator contributes to a checkpoint (JSON-able)."""
+
+    operator_id: str
+    subtask_index: int
+    key_group_range: KeyGroupRange
+    keyed: dict[str, Any] | None = None
+    operator: dict[str, Any] | None = None
+    states: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The subtask's entry in the metadata."""
+        return {
+            "operator_id": self.operator_id,
+            "subtask_index": self.subtask_index,
+            "key_group_range": [self.key_group_range.start, self.key_group_range.end],
+            "keyed": self.keyed,
+            "operator": self.operator,
+            "states": self.states,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> SubtaskState:
+        """Parse :meth:`to_json` output."""
+        s, e = obj["key_group_range"]
+        return cls(
+            str(obj["operator_id"]),
+            int(obj["subtask_index"]),
+            KeyGroupRange.of(int(s), int(e)),
+            obj.get("keyed"),
+            obj.get("operator"),
+            list(obj.get("states") or []),
+        )
+
+
+def write_subtask_state(
+    writer: CheckpointWriter,
+    operator_id: str,
+    subtask_index: int,
+    keyed: KeyedStateBackend | None,
+    operator: OperatorStateBackend | None,
+    *,
+    max_state_size: int | None = None,
+    progress: ProgressCallback | None = None,
+) -> SubtaskState:
+    """Snapshot a subtask's keyed and operator state into ``writer``'s streams.
+
+    Raises :class:`StateSizeLimitError` (and writes nothing that stays) when a
+    state is larger than ``max_state_size``.
+    """
+    prefix = f"{operator_id}-{subtask_index}"
+    kgr = keyed.key_group_range if keyed is not None else KeyGroupRange.empty()
+    result = SubtaskState(operator_id, subtask_index, kgr)
+    if keyed is not None:
+        snap = keyed.snapshot()
+        stream = writer.create_stream(f"{prefix}.keyed")
+        try:
+            r = snap.write(stream, progress=progress)
+            _check_sizes(r.state_sizes, operator_id, subtask_index, max_state_size)
+            handle = stream.close_and_get_handle()
+        except BaseException:
+            stream.discard()
+            raise
+        result.states = list(snap.header.states)
+        result.keyed = {
+            "handle": handle.to_json(),
+            "format": CANONICAL_FORMAT,
+            "backend": snap.header.backend,
+            "header_length": r.header_length,
+            "offsets": {str(kg): [o, n] for kg, (o, n) in r.offsets.items()},
+            "size": r.size,
+            "entries": r.entries,
+            "state_sizes": r.state_sizes,
+        }
+    if operator is not None:
+        ops = operator.snapshot()
+        if ops:
+            sizes = {n: sum(len(e) for e in d.elements) for n, d in ops.items()}
+            _check_sizes(sizes, operator_id, subtask_index, max_state_size)
+            data = encode_operator_snapshot(ops)
+            stream = writer.create_stream(f"{prefix}.operator")
+            try:
+                stream.write(data)
+                oh = stream.close_and_get_handle()
+            except BaseException:
+                stream.discard()
+                raise
+            result.operator = {"handle": oh.to_json(), "size": len(data), "states": sorted(ops)}
+    return result
+
+
+def _check_sizes(sizes: Mapping[str, int], op: str, subtask: int, limit: int | None) -> None:
+    if limit is None:
+        return
+    for name, size in sizes.items():
+        if size > limit:
+            raise StateSizeLimitError(
+                f"state {name!r} of operator {op!r} subtask {subtask} is {size:,} bytes, over the "
+                f"{limit:,}-byte limit of the checkpoint storage; this checkpoint fails and the "
+                "previous one stays. Use statekit.checkpoint.storage=filesystem for large state, "
+                "or raise statekit.checkpoint.storage.jobmanager.max-state-size"
+            )
+
+
+@dataclass
+class CheckpointMetadata:
+    """The ``_metadata`` of a checkpoint or savepoint."""
+
+    job_id: str
+    checkpoint_id: int
+    max_parallelism: int
+    operators: dict[str, list[SubtaskState]]
+    kind: str = "checkpoint"
+    backend: str = ""
+    timestamp_ms: int = 0
+    properties: dict[str, Any] = field(default_factory=dict)
+
+    def parallelism(self, operator_id: str) -> int:
+        """The number of subtasks ``operator_id`` had."""
+        return len(self.operators[operator_id])
+
+    def shared_handles(self) -> list[dict[str, Any]]:
+        """Descriptions of the shared files this checkpoint references."""
+        out = []
+        for subtasks in self.operators.values():
+            for st in subtasks:
+                for part in (st.keyed, st.operator):
+                    if part:
+                        out.extend(part.get("shared", []))
+        return out
+
+    def to_bytes(self) -> bytes:
+        """The metadata file: magic, JSON, CRC-32."""
+        body = json.dumps(
+            {
+                "version": METADATA_VERSION,
+                "job_id": self.job_id,
+                "checkpoint_id": self.checkpoint_id,
+                "kind": self.kind,
+                "max_parallelism": self.max_parallelism,
+                "backend": self.backend,
+                "timestamp_ms": self.timestamp_ms,
+                "properties": self.properties,
+                "operators": {op: [st.to_json() for st in sts] for op, sts in self.operators.items()},
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        ).encode()
+        return _MAGIC + body + _U32.pack(zlib.crc32(body))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str = "_metadata") -> CheckpointMetadata:
+        """Parse and check metadata bytes."""
+        if len(data) < len(_MAGIC) + 4 or data[: len(_MAGIC)] != _MAGIC:
+            raise CorruptSnapshotError(f"{where}: not a statekit checkpoint metadata file")
+        body = data[len(_MAGIC) : -4]
+        if zlib.crc32(body) != _U32.unpack(data[-4:])[0]:
+            raise CorruptSnapshotError(f"{where}: checksum mismatch; the metadata file is corrupt")
+        obj = json.loads(body)
+        if obj.get("version") != METADATA_VERSION:
+            raise CheckpointError(f"{where}: metadata version {obj.get('version')} is not supported")
+        return cls(
+            job_id=obj["job_id"],
+            checkpoint_id=int(obj["checkpoint_id"]),
+            max_parallelism=int(obj["max_parallelism"]),
+            operators={
+                op: sorted((SubtaskState.from_json(s) for s in sts), key=lambda s: s.subtask_index)
+                for op, sts in obj["operators"].items()
+            },
+            kind=obj.get("kind", "checkpoint"),
+            backend=obj.get("backend", ""),
+            timestamp_ms=int(obj.get("timestamp_ms", 0)),
+            properties=dict(obj.get("properties") or {}),
+        )
+
+
+def complete_checkpoint(
+    writer: CheckpointWriter,
+    *,
+    job_id: str,
+    checkpoint_id: int,
+    max_parallelism: int,
+    subtasks: Iterable[SubtaskState],
+    kind: str = "checkpoint",
+    properties: Mapping[str, Any] | None = None,
+) -> str:
+    """Write the metadata of a checkpoint whose subtask states are all written."""
+    ops: dict[str, list[SubtaskState]] = {}
+    for st in subtasks:
+        ops.setdefault(st.operator_id, []).append(st)
+    backends = {st.keyed["backend"] for sts in ops.values() for st in sts if st.keyed}
+    for op, sts in ops.items():
+        idx = sorted(s.subtask_index for s in sts)
+        if idx != list(range(len(sts))):
+            raise CheckpointError(f"operator {op!r}: subtask states {idx} are not 0..{len(sts) - 1}")
+        sts.sort(key=lambda s: s.subtask_index)
+    meta = CheckpointMetadata(
+        job_id,
+        checkpoint_id,
+        max_parallelism,
+        ops,
+        kind=kind,
+        backend=",".join(sorted(backends)),
+        timestamp_ms=time.time_ns() // 1_000_000,
+        properties=dict(properties or {}),
+    )
+    return writer.complete(meta.to_bytes())
+
+
+def apply_retention(storage: CheckpointStorage, job_id: str, retained: int) -> list[str]:
+    """Discard all but the newest ``retained`` checkpoints and unreferenced shared files.
+
+    Returns the discarded locations. Call it when no checkpoint is in flight.
+    """
+    locations = storage.list_checkpoints(job_id)
+    if retained < 1 or len(locations) <= retained:
+        return []
+    drop, keep = locations[:-retained], locations[-retained:]
+
+    def shared_of(loc: str) -> dict[str, dict[str, Any]]:
+        try:
+            meta = CheckpointMetadata.from_bytes(storage.read_metadata(loc), loc)
+        except (CheckpointError, CorruptSnapshotError):
+            return {}
+        return {json.dumps(d, sort_keys=True): d for d in meta.shared_handles()}
+
+    kept: set[str] = set()
+    for loc in keep:
+        kept |= set(shared_of(loc))
+    for loc in drop:
+        for key, desc in shared_of(loc).items():
+            if key not in kept:
+                storage.discard_shared(loc, desc)
+                kept.add(key)  # discard once even if several dropped checkpoints share it
+        storage.discard_checkpoint(loc)
+    return drop
+
+
+class CompletedCheckpoint:
+    """A loaded checkpoint or savepoint, from which subtasks are restored."""
+
+    def __init__(self, storage: CheckpointStorage, location: str, metadata: CheckpointMetadata) -> None:
+        self.storage = storage
+        self.location = location
+        self.metadata = metadata
+
+    @property
+    def checkpoint_id(self) -> int:
+        """The checkpoint's id (savepoints carry the id of the checkpoint they follow)."""
+        return self.metadata.checkpoint_id
+
+    def validate(
+        self,
+        *,
+        max_parallelism: int,
+        operators: Mapping[str, int],
+        allow_non_restored_state: bool = False,
+    ) -> None:
+        """Refuse, before any state is touched, a restore that cannot be exact.
+
+        ``operators`` maps each operator id of the new job to its new parallelism.
+        """
+        meta = self.metadata
+        if meta.max_parallelism != max_parallelism:
+            raise MaxParallelismMismatchError(
+                f"{self.location} was taken with max parallelism {meta.max_parallelism}; this job "
+                f"has {max_parallelism}. Max parallelism cannot change across a restore: set "
+                f"statekit.max-parallelism={meta.max_parallelism}"
+            )
+        for p in operators.values():
+            validate_parallelism(p, max_parallelism)
+        unclaimed = [op for op, sts in meta.operators.items() if op not in operators and _has_state(sts)]
+        if unclaimed and not allow_non_restored_state:
+            raise StateMigrationError(
+                f"{self.location} holds state of operators {unclaimed} that no operator of this job "
+                f"claims (this job has {sorted(operators)}); pass allow_non_restored_state=True "
+                "to drop it, as Flink's --allowNonRestoredState"
+            )
+
+    def keyed_handles(self, operator_id: str, key_groups: KeyGroupRange) -> list[KeyedStateHandle]:
+        """The keyed snapshot handles of ``operator_id`` that hold any of ``key_groups``."""
+        out = []
+        for st in self.metadata.operators.get(operator_id, []):
+            k = st.keyed
+            if not k or not len(st.key_group_range.intersection(key_groups)):
+                continue
+            if k.get("format", CANONICAL_FORMAT) != CANONICAL_FORMAT:
+                raise CheckpointError(
+                    f"{self.location}: operator {operator_id!r} subtask {st.subtask_index} is in "
+                    f"{k['format']!r} format, which this restore path does not read"
+                )
+            stream = self.storage.resolve_handle(self.location, k["handle"])
+            offsets = {int(kg): (int(o), int(n)) for kg, (o, n) in k["offsets"].items()}
+            h = KeyedStateHandle(
+                stream,
+                st.key_group_range,
+                offsets,
+                int(k["header_length"]),
+                k.get("format", CANONICAL_FORMAT),
+                k.get("backend", ""),
+                int(k.get("size", 0)),
+                int(k.get("entries", 0)),
+            )
+            part = h.intersect(key_groups)
+            if part is not None:
+                out.append(part)
+        return out
+
+    def operator_states(self, operator_id: str, new_parallelism: int) -> list[OperatorSnapshot]:
+        """Operator state of ``operator_id`` redistributed over ``new_parallelism`` subtasks."""
+        old: list[OperatorSnapshot | None] = []
+        for st in self.metadata.operators.get(operator_id, []):
+            if st.operator:
+                h = self.storage.resolve_handle(self.location, st.operator["handle"])
+                old.append(decode_operator_snapshot(h.read(), _describe(h)))
+            else:
+                old.append(None)
+        return redistribute_operator_state(old, new_parallelism)
+
+    def restore_subtask(
+        self,
+        operator_id: str,
+        subtask_index: int,
+        parallelism: int,
+        keyed: KeyedStateBackend | None,
+        operator: OperatorStateBackend | None,
+        *,
+        operator_states: Sequence[OperatorSnapshot] | None = None,
+    ) -> None:
+        """Restore one new subtask's keyed and operator state."""
+        if keyed is not None:
+            expected = key_group_range_for_operator(self.metadata.max_parallelism, parallelism, subtask_index)
+            if keyed.key_group_range != expected:
+                raise CheckpointError(
+                    f"subtask {subtask_index} of {parallelism} must own {expected}, its backend owns "
+                    f"{keyed.key_group_range}"
+                )
+            keyed.restore(self.keyed_handles(operator_id, keyed.key_group_range))
+        if operator is not None:
+            states = operator_states or self.operator_states(operator_id, parallelism)
+            operator.restore(states[subtask_index])
+
+
+def _has_state(sts: Sequence[SubtaskState]) -> bool:
+    return any((st.keyed and st.keyed.get("entries")) or st.operator for st in sts)
+
+
+def _describe(h: Any) -> str:
+    try:
+        j = h.to_json()
+        return str(j.get("path") or j.get("name") or j.get("type"))
+    except Exception:  # noqa: BLE001 - only for messages
+        return repr(h)
+
+
+def load_checkpoint(storage: CheckpointStorage, location: str) -> CompletedCheckpoint:
+    """Read and check the metadata at ``location``."""
+    data = storage.read_metadata(location)
+    return CompletedCheckpoint(
+        storage, location, CheckpointMetadata.from_bytes(data, f"{location}/_metadata")
+    )

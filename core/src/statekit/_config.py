@@ -1,0 +1,331 @@
+"""Configuration by name: typed options, the core keys, and plugin options.
+
+One set of keys serves everywhere; inside Spark they carry a ``spark.`` prefix,
+which :class:`Configuration` strips. Plugins declare their own options as
+:class:`ConfigOption` records; their keys are ``statekit.backend.<name>.<option>``
+and ``statekit.checkpoint.storage.<name>.<option>``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal
+
+from ._errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from ._registry import PluginRegistry
+
+__all__ = [
+    "CORE_OPTIONS",
+    "PLUGIN_KEY_PREFIXES",
+    "ConfigOption",
+    "Configuration",
+    "PluginKind",
+    "parse_plugin_options",
+]
+
+PluginKind = Literal["backend", "storage"]
+
+#: Where the options of each kind of plugin live; the plugin name follows.
+PLUGIN_KEY_PREFIXES: Mapping[PluginKind, str] = MappingProxyType(
+    {"backend": "statekit.backend.", "storage": "statekit.checkpoint.storage."}
+)
+
+_SIZE = re.compile(r"([+-]?\d+)\s*(?:([kmgt])(?:i?b)?|b)?", re.IGNORECASE)
+_MULTIPLES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off"})
+_EXPECTED: Mapping[type, str] = {
+    int: "an integer, optionally with a size suffix such as 64mb or 5MiB",
+    float: "a number",
+    bool: "a boolean (true or false)",
+    str: "a string",
+}
+
+
+@dataclass(frozen=True)
+class ConfigOption:
+    """Declares one typed configuration option: its name, type, default and meaning.
+
+    Core options use their full key as ``name``; plugin options use a short name
+    (``"block-cache-size"``) that the plugin's key prefix completes.
+
+    Example::
+
+        ConfigOption("block-cache-size", int, 8 << 20, "Bytes of RocksDB block cache.")
+        ConfigOption("compression", str, "lz4", "Block compression.", choices=("none", "lz4"))
+
+    Attributes:
+        name: The short (plugin) or full (core) name.
+        type: ``int``, ``float``, ``bool`` or ``str``.
+        default: The value when unset; may be ``None``.
+        doc: One or two sentences for users, shown by ``statekit plugins``.
+        choices: For ``str`` options, the allowed values, if restricted.
+    """
+
+    name: str
+    type: type[int | float | bool | str]
+    default: Any = None
+    doc: str = ""
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def type_name(self) -> str:
+        """Describes the accepted values in a few words, for messages and listings."""
+        return " | ".join(self.choices) if self.choices is not None else self.type.__name__
+
+    def parse(self, raw: object, key: str) -> Any:
+        """Converts a raw value (often a string from Spark's conf) to the option's type.
+
+        ``int`` options also accept binary size suffixes: ``"64mb"``, ``"5 MiB"``,
+        ``"1k"`` (multiples of 1024). Booleans accept true/false, 1/0, yes/no, on/off.
+
+        Args:
+            raw: The value as given; ``None`` means unset and yields the default.
+            key: The full key, named in the error message.
+
+        Raises:
+            ConfigurationError: If ``raw`` does not fit the option's type or choices.
+        """
+        if raw is None:
+            return self.default
+        value = self._convert(raw)
+        if value is None:
+            expected = f"one of {', '.join(self.choices)}" if self.choices else _EXPECTED[self.type]
+            raise ConfigurationError(f"invalid value {raw!r} for {key}: expected {expected}")
+        return value
+
+    def _convert(self, raw: object) -> Any:
+        # None signals a bad value; no option type has None as a valid parsed value.
+        text = raw.strip() if isinstance(raw, str) else None
+        if self.type is bool:
+            if isinstance(raw, bool):
+                return raw
+            lowered = (text or "").lower()
+            return True if lowered in _TRUE else False if lowered in _FALSE else None
+        if isinstance(raw, bool):  # bool is an int subclass, but True is no size
+            return None
+        if self.type is int:
+            if isinstance(raw, int):
+                return raw
+            match = _SIZE.fullmatch(text or "")
+            if match is None:
+                return None
+            return int(match[1]) * _MULTIPLES.get((match[2] or "").lower(), 1)
+        if self.type is float:
+            if isinstance(raw, int | float):
+                return float(raw)
+            try:
+                return float(text) if text else None
+            except ValueError:
+                return None
+        value = os.fspath(raw) if isinstance(raw, os.PathLike) else raw
+        if not isinstance(value, str) or (self.choices is not None and value not in self.choices):
+            return None
+        return value
+
+
+CORE_OPTIONS: tuple[ConfigOption, ...] = (
+    ConfigOption("statekit.backend", str, "heap",
+        "Keyed state backend by name: heap, rocksdb, lmdb or a third-party name."),
+    ConfigOption("statekit.checkpoint.storage", str, None,
+        "Checkpoint storage by name: jobmanager or filesystem. Unset: filesystem "
+        "if statekit.checkpoints.dir is set, else jobmanager."),
+    ConfigOption("statekit.checkpoints.dir", str, None,
+        "URL or path under which checkpoints are written (fsspec URLs allowed)."),
+    ConfigOption("statekit.savepoints.dir", str, None,
+        "Default URL or path for savepoints."),
+    ConfigOption("statekit.checkpoints.retained", int, 1,
+        "Number of completed checkpoints kept; older ones are deleted."),
+    ConfigOption("statekit.checkpoint.interval-records", int, 0,
+        "Embedded runner: records between checkpoints; 0 turns periodic checkpoints off."),
+    ConfigOption("statekit.parallelism", int, None,
+        "Number of parallel subtasks; unset: the runner decides."),
+    ConfigOption("statekit.max-parallelism", int, None,
+        "Number of key groups, the upper bound for rescaling; unset: computed from the parallelism."),
+    ConfigOption("statekit.key-cache-size", int, 131072,
+        "Entries in the cache of serialized keys and their key groups."),
+    ConfigOption("statekit.plugins.strict", bool, False,
+        "Fail instead of warning when an installed plugin cannot be loaded."),
+)  # fmt: skip
+_CORE_BY_KEY = {option.name: option for option in CORE_OPTIONS}
+
+
+def _core_option(key: str) -> ConfigOption:
+    option = _CORE_BY_KEY.get(key)
+    if option is None:
+        close = difflib.get_close_matches(key, _CORE_BY_KEY, n=1)
+        hint = f" Did you mean {close[0]}?" if close else ""
+        patterns = [p + "<name>.<option>" for p in PLUGIN_KEY_PREFIXES.values()]
+        raise ConfigurationError(
+            f"unknown option {key};{hint} valid options: {', '.join([*_CORE_BY_KEY, *patterns])}"
+        )
+    return option
+
+
+def parse_plugin_options(
+    options: Sequence[ConfigOption], raw: Mapping[str, object], where: str, *, key_prefix: str = ""
+) -> dict[str, Any]:
+    """Validates a plugin's raw options and fills in defaults.
+
+    Args:
+        options: The options the plugin declares.
+        raw: Given values by short option name.
+        where: The plugin as named in messages, e.g. ``"backend 'rocksdb'"``.
+        key_prefix: Completes short names to full keys in messages.
+
+    Returns:
+        Every declared option by short name, parsed or defaulted.
+
+    Raises:
+        ConfigurationError: On an undeclared name (listing the declared ones) or an
+            ill-typed value.
+    """
+    declared = {option.name: option for option in options}
+    unknown = sorted(set(raw) - set(declared))
+    if unknown:
+        valid = ", ".join(f"{o.name} ({o.type_name}, default {o.default!r})" for o in options)
+        raise ConfigurationError(
+            f"unknown option{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(key_prefix + name for name in unknown)}; valid options of {where}: {valid or 'none'}"
+        )
+    return {o.name: o.parse(raw.get(o.name), key_prefix + o.name) for o in options}
+
+
+class Configuration:
+    """An immutable set of ``statekit.*`` keys and their raw values.
+
+    Values stay raw (as given, often strings) until read through :meth:`get` or a
+    plugin's factory, so one configuration can carry options of plugins that are
+    not installed here until :meth:`validate` is asked.
+
+    Example::
+
+        conf = Configuration.from_mapping(dict(spark.sparkContext.getConf().getAll()))
+        conf.validate(default_registry())
+        conf.get("statekit.checkpoints.retained")  # -> 1
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, object] | None = None) -> None:
+        """Builds a configuration; see :meth:`from_mapping` for how keys are read."""
+        normalized: dict[str, object] = {}
+        for key, value in (values or {}).items():
+            full = key.removeprefix("spark.")
+            if not full.startswith("statekit."):
+                continue
+            if full in normalized and normalized[full] != value:
+                raise ConfigurationError(
+                    f"{full} is set twice, with and without 'spark.', to different values"
+                )
+            normalized[full] = value
+        self._values: Mapping[str, object] = MappingProxyType(normalized)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, object]) -> Configuration:
+        """Reads ``statekit.*`` keys, with or without a ``spark.`` prefix, ignoring others.
+
+        Raises:
+            ConfigurationError: If a key is given with and without the prefix, differently.
+        """
+        return cls(values)
+
+    def with_options(self, values: Mapping[str, object]) -> Configuration:
+        """Returns a copy in which ``values`` override this configuration's."""
+        return Configuration({**self._values, **Configuration(values)._values})
+
+    def __getitem__(self, key: str) -> object:
+        """Returns the raw value of a set full key."""
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        """Iterates over the set full keys."""
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        """Counts the set keys."""
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        """Shows the raw values."""
+        return f"Configuration({dict(self._values)!r})"
+
+    def __reduce__(self) -> tuple[type[Configuration], tuple[dict[str, object]]]:
+        """Pickles as a dict: Spark ships configurations to executors; a mappingproxy does not pickle."""
+        return (Configuration, (self.as_dict(),))
+
+    def as_dict(self) -> dict[str, object]:
+        """Returns the raw values by full key, as a new dict."""
+        return dict(self._values)
+
+    def get(self, option: ConfigOption | str) -> Any:
+        """Returns the parsed value of a core option (or an option with a full key), or its default.
+
+        Plugin options have short names; read them with :meth:`plugin_options`.
+
+        Raises:
+            ConfigurationError: If the key is no core option or its value is ill-typed.
+        """
+        if isinstance(option, str):
+            option = _core_option(option)
+        elif not option.name.startswith("statekit."):  # a short name would silently read as unset
+            raise ConfigurationError(
+                f"{option.name!r} is no full key; read plugin options with plugin_options()"
+            )
+        return option.parse(self._values.get(option.name), option.name)
+
+    @property
+    def backend_name(self) -> str:
+        """The selected keyed state backend."""
+        return str(self.get("statekit.backend"))
+
+    @property
+    def storage_name(self) -> str:
+        """The selected checkpoint storage: explicit, else by whether a checkpoints dir is set."""
+        explicit = self.get("statekit.checkpoint.storage")
+        return str(explicit or ("filesystem" if self.get("statekit.checkpoints.dir") else "jobmanager"))
+
+    def plugin_options(self, kind: PluginKind, name: str) -> dict[str, object]:
+        """Returns the raw options set for one plugin, by short option name."""
+        prefix = f"{PLUGIN_KEY_PREFIXES[kind]}{name}."
+        return {key[len(prefix) :]: value for key, value in self._values.items() if key.startswith(prefix)}
+
+    def validate(self, registry: PluginRegistry) -> None:
+        """Checks every key and value against the core options and the installed plugins.
+
+        The selected backend and storage must be installed, and so must every plugin
+        that has options set, selected or not, so a typo fails here and not later.
+
+        Raises:
+            UnknownPluginError: If a named plugin is not installed.
+            ConfigurationError: On an unknown key (listing the valid ones) or an
+                ill-typed value.
+        """
+        plugins: set[tuple[PluginKind, str]] = {
+            ("backend", self.backend_name),
+            ("storage", self.storage_name),
+        }
+        for key in self._values:
+            if key in _CORE_BY_KEY:
+                self.get(key)
+                continue
+            for kind, prefix in PLUGIN_KEY_PREFIXES.items():
+                name, dot, _ = key.removeprefix(prefix).partition(".")
+                if key.startswith(prefix) and dot:
+                    plugins.add((kind, name))
+                    break
+            else:
+                _core_option(key)
+        for kind, name in sorted(plugins):
+            spec = registry.backend_spec(name) if kind == "backend" else registry.storage_spec(name)
+            prefix = f"{PLUGIN_KEY_PREFIXES[kind]}{name}."
+            parse_plugin_options(
+                spec.options, self.plugin_options(kind, name), f"{kind} '{name}'", key_prefix=prefix
+            )

@@ -1,0 +1,212 @@
+"""The contracts a state backend and a checkpoint storage fulfil.
+
+They are :class:`typing.Protocol` classes: a third-party backend satisfies
+them by shape and need not inherit anything (though
+:class:`statekit.backend_api.KeyedBackendBase` saves most of the work).
+Optional abilities are small protocols of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from ._keygroups import KeyGroupRange
+from ._operator import BroadcastState, OperatorListState, OperatorSnapshot
+from ._serializers import TypeSerializer
+from ._snapshot import KeyedStateHandle, StreamStateHandle
+from ._state import ListStateDescriptor, MapStateDescriptor, StateDescriptor
+
+__all__ = [
+    "CheckpointOutputStream",
+    "CheckpointWriter",
+    "CheckpointStorage",
+    "KeyedStateBackend",
+    "OperatorStateBackend",
+    "StateBackend",
+    "SupportsBatchUpdate",
+]
+
+
+@runtime_checkable
+class KeyedStateBackend(Protocol):
+    """Keyed state of one subtask: the key groups of ``key_group_range``.
+
+    Every state handle reads and writes the entry of the *current key*; the
+    key is serialized and assigned to its key group once per
+    :meth:`set_current_key`.
+    """
+
+    key_group_range: KeyGroupRange
+    max_parallelism: int
+    key_serializer: TypeSerializer
+
+    def set_current_key(self, key: Any) -> None:
+        """Make ``key`` current; raises StateAccessError if its key group is not owned here."""
+
+    def get_current_key(self) -> Any:
+        """The current key."""
+
+    @property
+    def current_key_group(self) -> int:
+        """The key group of the current key."""
+
+    def get_state(
+        self, descriptor: StateDescriptor, *, namespace_serializer: TypeSerializer | None = None
+    ) -> Any:
+        """The (created on first use) handle of a state, bound to the current key."""
+
+    def keys(self, state_name: str, namespace: Any = ...) -> Iterator[Any]:
+        """The keys that have an entry of ``state_name`` in ``namespace``."""
+
+    def num_entries(self, state_name: str | None = None) -> int:
+        """The number of (key, namespace) entries of one state, or of all states."""
+
+    def snapshot(self) -> Any:
+        """Freeze the state now; the result's ``write(out)`` writes a canonical snapshot later."""
+
+    def restore(self, handles: Sequence[KeyedStateHandle]) -> None:
+        """Restore the owned key groups of ``handles``; all checks pass before anything changes."""
+
+    def close(self) -> None:
+        """Release resources."""
+
+
+@runtime_checkable
+class OperatorStateBackend(Protocol):
+    """Non-keyed state of one subtask."""
+
+    def get_list_state(self, descriptor: ListStateDescriptor[Any]) -> OperatorListState:
+        """A list redistributed by even split on rescale."""
+
+    def get_union_list_state(self, descriptor: ListStateDescriptor[Any]) -> OperatorListState:
+        """A list every subtask receives whole on restore."""
+
+    def get_broadcast_state(self, descriptor: MapStateDescriptor[Any, Any]) -> BroadcastState:
+        """A map identical on every subtask."""
+
+    def snapshot(self) -> OperatorSnapshot:
+        """Serialize the operator state now."""
+
+    def restore(self, snapshot: OperatorSnapshot) -> None:
+        """Take redistributed operator state."""
+
+    def close(self) -> None:
+        """Release resources."""
+
+
+@runtime_checkable
+class StateBackend(Protocol):
+    """A named state backend: a factory of keyed and operator backends.
+
+    A plugin registers a factory ``factory(options) -> StateBackend`` under a name.
+    """
+
+    name: str
+
+    def create_keyed_backend(
+        self,
+        *,
+        key_serializer: TypeSerializer,
+        key_group_range: KeyGroupRange,
+        max_parallelism: int,
+        clock: Callable[[], int] | None = None,
+        key_cache_size: int = 131072,
+        local_dir: str | None = None,
+    ) -> KeyedStateBackend:
+        """A keyed backend for one subtask; ``local_dir`` is where on-disk backends keep files."""
+
+    def create_operator_backend(self) -> OperatorStateBackend:
+        """An operator backend for one subtask."""
+
+
+@runtime_checkable
+class SupportsBatchUpdate(Protocol):
+    """A value state handle that updates many keys in one call."""
+
+    def update_batch(self, keys: Iterable[Any], fn: Callable[[Any], Any]) -> list[Any]:
+        """For each key in order: store ``fn(value or default)``; return what was stored."""
+
+
+@runtime_checkable
+class CheckpointOutputStream(Protocol):
+    """A stream one snapshot file is written into; it becomes a state handle.
+
+    Storages may keep small streams in memory and return an inline handle
+    (embedded in the checkpoint's metadata) instead of writing a file.
+    """
+
+    def write(self, data: bytes) -> int:
+        """Append bytes; returns how many."""
+
+    def tell(self) -> int:
+        """Bytes written so far."""
+
+    def close_and_get_handle(self) -> StreamStateHandle:
+        """Finish the stream; the handle reads back what was written."""
+
+    def discard(self) -> None:
+        """Abandon the stream and delete what was written."""
+
+
+@runtime_checkable
+class CheckpointWriter(Protocol):
+    """Writes the files of one checkpoint or savepoint, then completes it.
+
+    A writer holds no state a process must keep: on Spark, executors call
+    ``storage.begin_checkpoint(job, n).create_stream(...)`` and the driver later
+    calls ``storage.begin_checkpoint(job, n).complete(metadata)``.
+    """
+
+    @property
+    def location(self) -> str:
+        """Where the checkpoint or savepoint lives (``restore`` takes this)."""
+
+    def create_stream(self, name: str, *, shared: bool = False) -> CheckpointOutputStream:
+        """A stream for file ``name``; ``shared`` files may be referenced by later checkpoints."""
+
+    def complete(self, metadata: bytes) -> str:
+        """Write the metadata last and atomically; returns :attr:`location`."""
+
+    def abort(self) -> None:
+        """Delete what this unfinished checkpoint wrote (never shared files)."""
+
+
+@runtime_checkable
+class CheckpointStorage(Protocol):
+    """Where checkpoints and savepoints of a job are kept.
+
+    A checkpoint exists once its metadata is stored: :meth:`CheckpointWriter.complete`
+    writes it last and atomically, so a crash before that leaves no checkpoint
+    that could be selected. Handle descriptions in metadata are made by the
+    storage (``StreamStateHandle.to_json``) and read back by
+    :meth:`resolve_handle`.
+    """
+
+    name: str
+    max_state_size: int | None
+    """The largest snapshot of one state the storage accepts, or None."""
+
+    def begin_checkpoint(self, job_id: str, checkpoint_id: int) -> CheckpointWriter:
+        """A writer for checkpoint ``checkpoint_id`` of ``job_id``."""
+
+    def begin_savepoint(self, job_id: str, target_dir: str | None = None) -> CheckpointWriter:
+        """A writer for a new self-contained savepoint (in ``target_dir`` or the savepoints dir)."""
+
+    def list_checkpoints(self, job_id: str) -> list[str]:
+        """Locations of the completed checkpoints of ``job_id``, oldest first."""
+
+    def latest_checkpoint(self, job_id: str) -> str | None:
+        """The location of the newest completed checkpoint of ``job_id``, if any."""
+
+    def read_metadata(self, location: str) -> bytes:
+        """The metadata bytes of the checkpoint or savepoint at ``location``."""
+
+    def resolve_handle(self, location: str, description: Mapping[str, Any]) -> StreamStateHandle:
+        """The state handle a metadata entry of the checkpoint at ``location`` describes."""
+
+    def discard_checkpoint(self, location: str) -> None:
+        """Delete a completed checkpoint's metadata and exclusive files (not shared ones)."""
+
+    def discard_shared(self, location: str, description: Mapping[str, Any]) -> None:
+        """Delete a shared file no retained checkpoint references any more."""

@@ -1,0 +1,603 @@
+"""The shared machinery of keyed state backends.
+
+:class:`KeyedBackendBase` does what every keyed backend needs, so that a
+backend only stores entries: the current key (serialized and assigned to a key
+group once per key switch, with a cache), state registration and
+re-declaration checks, TTL, reducing and aggregating state (built on value
+state), and canonical snapshots and restores. A backend supplies value, list
+and map handles for a :class:`RegisteredState`, and per key group the entries
+of each state for snapshots.
+"""
+
+from __future__ import annotations
+
+import io
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ._errors import (
+    MaxParallelismMismatchError,
+    StateAccessError,
+    StateMigrationError,
+)
+from ._keygroups import KeyGroupRange, key_group_for_bytes
+from ._serializers import TypeSerializer
+from ._snapshot import (
+    BytesStreamHandle,
+    KeyedStateHandle,
+    ProgressCallback,
+    Section,
+    SnapshotHeader,
+    SnapshotWriteResult,
+    decode_namespaces,
+    encode_namespaces,
+    iter_blocks,
+    read_header,
+    write_canonical,
+)
+from ._state import (
+    VOID_NAMESPACE,
+    AggregateFunction,
+    AggregatingStateDescriptor,
+    ListState,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    StateKind,
+    StateTtlConfig,
+    ValueState,
+)
+from ._ttl import Clock, TtlListState, TtlMapState, TtlValueState, purge_expired, system_clock, ttl_serializer
+
+__all__ = [
+    "AggregatingStateImpl",
+    "KeyedBackendBase",
+    "KeyedSnapshot",
+    "ReducingStateImpl",
+    "RegisteredState",
+    "StateEntries",
+    "merge_list_namespaces",
+]
+
+StateEntries = tuple[list[Any], list[Any], list[Any]]
+"""Keys, namespaces and stored values of one state in one key group."""
+
+_STORAGE_KIND = {
+    StateKind.VALUE: StateKind.VALUE,
+    StateKind.REDUCING: StateKind.VALUE,
+    StateKind.AGGREGATING: StateKind.VALUE,
+    StateKind.LIST: StateKind.LIST,
+    StateKind.MAP: StateKind.MAP,
+}
+
+
+@dataclass(frozen=True)
+class RegisteredState:
+    """A state as a backend stores it.
+
+    ``storage_kind`` is value, list or map (reducing and aggregating state are
+    stored as values); ``serializer`` is what one (key, namespace) entry
+    stores, TTL timestamps included; ``default`` is None for TTL states, whose
+    default is applied by the TTL layer.
+    """
+
+    name: str
+    kind: StateKind
+    storage_kind: StateKind
+    serializer: TypeSerializer
+    namespace_serializer: TypeSerializer | None
+    ttl: StateTtlConfig | None
+    descriptor: StateDescriptor
+
+    @classmethod
+    def of(cls, d: StateDescriptor, namespace_serializer: TypeSerializer | None) -> RegisteredState:
+        """Registration of descriptor ``d``."""
+        skind = _STORAGE_KIND[d.kind]
+        ser = d.serializer if d.ttl is None else ttl_serializer(skind, d.serializer)
+        return cls(d.name, d.kind, skind, ser, namespace_serializer, d.ttl, d)
+
+    def default_value(self) -> Any:
+        """The value a plain value handle returns when absent."""
+        return self.descriptor.default_value() if self.ttl is None and self.kind is StateKind.VALUE else None
+
+    def meta(self) -> dict[str, Any]:
+        """The state's entry in snapshot headers."""
+        m = self.descriptor.meta()
+        m["stored_serializer"] = self.serializer.config()
+        m["namespace_serializer"] = self.namespace_serializer.config() if self.namespace_serializer else None
+        return m
+
+    def check_restorable(self, meta: dict[str, Any]) -> None:
+        """Raise :class:`StateMigrationError` unless ``meta``'s entries can be read."""
+        if meta["kind"] != self.kind.value:
+            raise StateMigrationError(
+                f"state {self.name!r} was written as {meta['kind']} state and is now declared as "
+                f"{self.kind.value} state; use a new name for the new state"
+            )
+        was, now = meta.get("ttl") is not None, self.ttl is not None
+        if was != now:
+            raise StateMigrationError(
+                f"state {self.name!r} was written with TTL {'enabled' if was else 'disabled'} and is "
+                f"now declared with TTL {'enabled' if now else 'disabled'}; TTL cannot be switched on "
+                "or off across a restore: keep the old setting, or copy the state into a new state "
+                "name in a job that declares both"
+            )
+        self.serializer.check_compatibility(meta["stored_serializer"], f"state {self.name!r}")
+        ns = meta.get("namespace_serializer")
+        if ns is not None and self.namespace_serializer is not None:
+            self.namespace_serializer.check_compatibility(ns, f"the namespaces of state {self.name!r}")
+
+
+def merge_list_namespaces(handle: Any, target: Any, sources: Sequence[Any]) -> None:
+    """Merge list state namespaces through the handle's public methods."""
+    prev = handle.current_namespace
+    merged: list[Any] = []
+    for ns in sources:
+        handle.set_current_namespace(ns)
+        items = handle.get()
+        if items:
+            merged.extend(items)
+            handle.clear()
+    handle.set_current_namespace(target)
+    if merged:
+        handle.add_all(merged)
+    handle.set_current_namespace(prev)
+
+
+class ReducingStateImpl:
+    """Reducing state on top of a value handle (plain or TTL)."""
+
+    __slots__ = ("_fn", "_v")
+
+    def __init__(self, value: Any, fn: Callable[[Any, Any], Any]) -> None:
+        self._v = value
+        self._fn = fn
+
+    def set_current_namespace(self, namespace: Any) -> None:
+        self._v.set_current_namespace(namespace)
+
+    def clear(self) -> None:
+        self._v.clear()
+
+    def get(self) -> Any:
+        return self._v.value()
+
+    def add(self, value: Any) -> None:
+        if value is None:
+            raise ValueError("ReducingState.add(None): cannot add None")
+        cur = self._v.value()
+        self._v.update(value if cur is None else self._fn(cur, value))
+
+    def _combine(self, a: Any, b: Any) -> Any:
+        return self._fn(a, b)
+
+    def merge_namespaces(self, target: Any, sources: Sequence[Any]) -> None:
+        if not sources:
+            return
+        v = self._v
+        prev = v.current_namespace
+        acc = None
+        for ns in sources:
+            v.set_current_namespace(ns)
+            x = v.value()
+            if x is not None:
+                v.clear()
+                acc = x if acc is None else self._combine(acc, x)
+        if acc is not None:
+            v.set_current_namespace(target)
+            cur = v.value()
+            v.update(acc if cur is None else self._combine(cur, acc))
+        v.set_current_namespace(prev)
+
+    @property
+    def current_namespace(self) -> Any:
+        return self._v.current_namespace
+
+
+class AggregatingStateImpl(ReducingStateImpl):
+    """Aggregating state on top of a value handle storing the accumulator."""
+
+    __slots__ = ("_agg",)
+
+    def __init__(self, value: Any, agg: AggregateFunction[Any, Any, Any]) -> None:
+        super().__init__(value, agg.merge)
+        self._agg = agg
+
+    def get(self) -> Any:
+        acc = self._v.value()
+        return None if acc is None else self._agg.get_result(acc)
+
+    def add(self, value: Any) -> None:
+        if value is None:
+            raise ValueError("AggregatingState.add(None): cannot add None")
+        acc = self._v.value()
+        if acc is None:
+            acc = self._agg.create_accumulator()
+        self._v.update(self._agg.add(value, acc))
+
+
+class _TtlValueNs(TtlValueState):
+    """TTL value state that also exposes the namespace (for merging)."""
+
+    __slots__ = ()
+
+    @property
+    def current_namespace(self) -> Any:
+        return self._raw.current_namespace
+
+
+class KeyedBackendBase(ABC):
+    """Base class of keyed state backends; see the module docstring.
+
+    Subclasses implement :meth:`_create_value`, :meth:`_create_list`,
+    :meth:`_create_map`, :meth:`_snapshot_entries`, :meth:`_load_entries`,
+    :meth:`_state_keys` and :meth:`_state_size`.
+    """
+
+    backend_name: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        *,
+        key_serializer: TypeSerializer,
+        key_group_range: KeyGroupRange,
+        max_parallelism: int,
+        clock: Clock | None = None,
+        key_cache_size: int = 131072,
+    ) -> None:
+        self.key_serializer = key_serializer
+        self.key_group_range = key_group_range
+        self.max_parallelism = max_parallelism
+        self.clock: Clock = clock or system_clock
+        self._key: Any = None
+        self._kg: Any = None  # None until a key is set: indexing with it fails loudly
+        self._kg_cache: dict[Any, int] = {}
+        self._key_cache_size = max(1, key_cache_size)
+        self._states: dict[str, RegisteredState] = {}
+        self._handles: dict[str, Any] = {}
+        self._pending: dict[str, tuple[dict[str, Any], list[tuple[int, Section]]]] = {}
+        self._closed = False
+
+    # --- the current key ----------------------------------------------------------
+
+    def set_current_key(self, key: Any) -> None:
+        """Make ``key`` the key every state handle reads and writes."""
+        try:
+            kg = self._kg_cache.get(key)
+        except TypeError:
+            raise StateAccessError(f"keys must be hashable; got {type(key).__name__}") from None
+        if kg is None:
+            kg = self._assign(key)
+        self._key = key
+        self._kg = kg
+
+    def _assign(self, key: Any) -> int:
+        if self._closed:
+            raise StateAccessError("the backend is closed")
+        kg = key_group_for_bytes(self.key_serializer.serialize(key), self.max_parallelism)
+        if kg not in self.key_group_range:
+            raise StateAccessError(
+                f"key {key!r} belongs to key group {kg}, which this backend "
+                f"({self.key_group_range}) does not own; route records by key group"
+            )
+        if len(self._kg_cache) >= self._key_cache_size:
+            self._kg_cache.clear()  # cheap, amortized; hot keys come back at once
+        self._kg_cache[key] = kg
+        return kg
+
+    def get_current_key(self) -> Any:
+        """The current key (None before the first :meth:`set_current_key`)."""
+        return self._key
+
+    @property
+    def current_key_group(self) -> int:
+        """The key group of the current key."""
+        if self._kg is None:
+            raise StateAccessError("no current key: call set_current_key first")
+        return int(self._kg)
+
+    def _no_key(self) -> StateAccessError:
+        return StateAccessError("no current key: call set_current_key before using keyed state")
+
+    # --- states -------------------------------------------------------------------
+
+    def get_state(
+        self, descriptor: StateDescriptor, *, namespace_serializer: TypeSerializer | None = None
+    ) -> Any:
+        """The handle of ``descriptor``'s state, created on first use.
+
+        Restored entries of the state are checked against the descriptor here,
+        before the state is touched: a mismatch raises StateMigrationError.
+        """
+        name = descriptor.name
+        h = self._handles.get(name)
+        if h is not None:
+            reg = self._states[name]
+            if (
+                reg.meta()
+                != RegisteredState.of(descriptor, namespace_serializer or reg.namespace_serializer).meta()
+            ):
+                raise StateMigrationError(
+                    f"state {name!r} is already declared as {reg.descriptor!r}; "
+                    f"it cannot be declared again as {descriptor!r}"
+                )
+            return h
+        reg = RegisteredState.of(descriptor, namespace_serializer)
+        pending = self._pending.get(name)
+        decoded = None
+        if pending is not None:
+            meta, sections = pending
+            reg.check_restorable(meta)
+            decoded = [(kg, self._decode(reg, s)) for kg, s in sections]
+        self._states[name] = reg
+        h = self._wrap(reg)
+        if decoded is not None:
+            for kg, entries in decoded:
+                self._load_entries(reg, kg, *entries)
+            del self._pending[name]
+        self._handles[name] = h
+        return h
+
+    def _decode(self, reg: RegisteredState, s: Section) -> StateEntries:
+        keys = self.key_serializer.decode_column(s.keys, s.count)
+        nss = decode_namespaces(s.namespaces, s.count, reg.namespace_serializer, VOID_NAMESPACE, reg.name)
+        vals = reg.serializer.decode_column(s.values, s.count)
+        return keys, nss, vals
+
+    def _wrap(self, reg: RegisteredState) -> Any:
+        ttl = reg.ttl
+        if reg.storage_kind is StateKind.LIST:
+            raw_list = self._create_list(reg)
+            if ttl is None:
+                return raw_list
+            return TtlListState(raw_list, ttl, self.clock, self._ttl_hook(reg))
+        if reg.storage_kind is StateKind.MAP:
+            raw_map = self._create_map(reg)
+            if ttl is None:
+                return raw_map
+            return TtlMapState(raw_map, ttl, self.clock, self._ttl_hook(reg))
+        value: Any = self._create_value(reg)
+        if ttl is not None:
+            value = _TtlValueNs(value, ttl, self.clock, self._ttl_hook(reg), reg.descriptor.default_value)
+        d = reg.descriptor
+        if isinstance(d, ReducingStateDescriptor):
+            return ReducingStateImpl(value, d.reduce_function)
+        if isinstance(d, AggregatingStateDescriptor):
+            return AggregatingStateImpl(value, d.aggregate_function)
+        return value
+
+    def _ttl_hook(self, reg: RegisteredState) -> Callable[[], None] | None:
+        """Called on every access of a TTL state; backends may clean up incrementally."""
+        return None
+
+    @abstractmethod
+    def _create_value(self, reg: RegisteredState) -> ValueState[Any]:
+        """A value handle storing ``reg.serializer`` values (with ``reg.default_value()``)."""
+
+    @abstractmethod
+    def _create_list(self, reg: RegisteredState) -> ListState[Any]:
+        """A list handle; its merge_namespaces may use :func:`merge_list_namespaces`."""
+
+    @abstractmethod
+    def _create_map(self, reg: RegisteredState) -> Any:
+        """A map handle."""
+
+    @abstractmethod
+    def _snapshot_entries(self) -> Callable[[str, int], StateEntries]:
+        """Freeze the state for a snapshot; return a reader of (state, key group) entries.
+
+        Called synchronously at the snapshot point. The reader is called later,
+        possibly while processing goes on, and must return the state as it was
+        at the snapshot point (copy now, or copy on write).
+        """
+
+    def _release_snapshot(self, reader: Callable[[str, int], StateEntries]) -> None:  # noqa: B027
+        """The snapshot ``reader`` is done; copy-on-write backends may stop copying."""
+
+    @abstractmethod
+    def _load_entries(
+        self, reg: RegisteredState, key_group: int, keys: list[Any], namespaces: list[Any], values: list[Any]
+    ) -> None:
+        """Insert restored entries of one state and key group."""
+
+    @abstractmethod
+    def _state_keys(self, reg: RegisteredState, namespace: Any) -> Iterator[Any]:
+        """The keys having an entry of ``reg`` in ``namespace``."""
+
+    @abstractmethod
+    def _state_size(self, reg: RegisteredState) -> int:
+        """The number of (key, namespace) entries of ``reg``."""
+
+    def keys(self, state_name: str, namespace: Any = VOID_NAMESPACE) -> Iterator[Any]:
+        """The keys that have state ``state_name`` in ``namespace``."""
+        reg = self._states.get(state_name)
+        if reg is None:
+            raise StateAccessError(
+                f"state {state_name!r} is not declared; call get_state with its descriptor first"
+            )
+        return self._state_keys(reg, namespace)
+
+    def num_entries(self, state_name: str | None = None) -> int:
+        """Entries of one state, or of all (restored but undeclared states included)."""
+        if state_name is not None:
+            if state_name in self._pending:
+                return sum(s.count for _, s in self._pending[state_name][1])
+            reg = self._states.get(state_name)
+            return 0 if reg is None else self._state_size(reg)
+        return sum(self._state_size(r) for r in self._states.values()) + sum(
+            s.count for _, secs in self._pending.values() for _, s in secs
+        )
+
+    @property
+    def state_names(self) -> list[str]:
+        """Declared states and restored states not yet declared."""
+        return [*self._states, *self._pending]
+
+    # --- snapshots ----------------------------------------------------------------
+
+    def snapshot(self) -> KeyedSnapshot:
+        """Take a snapshot of all keyed state at this point.
+
+        The returned snapshot is written later (:meth:`KeyedSnapshot.write`),
+        and is unaffected by writes made in between.
+        """
+        if self._closed:
+            raise StateAccessError("the backend is closed")
+        regs = list(self._states.values())
+        metas = [r.meta() for r in regs] + [m for m, _ in self._pending.values()]
+        header = SnapshotHeader(
+            self.max_parallelism,
+            self.key_group_range,
+            self.key_serializer.config(),
+            metas,
+            backend=self.backend_name,
+        )
+        pending: dict[int, list[tuple[int, Section]]] = {}
+        for i, (_, secs) in enumerate(self._pending.values(), start=len(regs)):
+            for kg, s in secs:
+                pending.setdefault(kg, []).append((i, s))
+        reader = self._snapshot_entries()
+        return KeyedSnapshot(self, header, regs, reader, pending, self.clock())
+
+    def restore(self, handles: Sequence[KeyedStateHandle]) -> None:
+        """Restore from snapshots, keeping the key groups this backend owns.
+
+        Every check (max parallelism, key serializer, declared states' types and
+        every checksum) passes before anything is restored; on error nothing is.
+        Must be called on a backend without state.
+        """
+        if self.num_entries():
+            raise StateAccessError("restore into a backend that already holds state")
+        staged: dict[str, tuple[dict[str, Any], list[tuple[int, Section]]]] = {}
+        for h in handles:
+            part = h.intersect(self.key_group_range)
+            if part is None:
+                continue
+            header, _ = read_header(h.stream)
+            if header.max_parallelism != self.max_parallelism:
+                raise MaxParallelismMismatchError(
+                    f"the snapshot was taken with max parallelism {header.max_parallelism}, this "
+                    f"job has {self.max_parallelism}; max parallelism cannot change across a "
+                    f"restore: set statekit.max-parallelism={header.max_parallelism}"
+                )
+            self.key_serializer.check_compatibility(header.key_serializer, "the key")
+            for meta in header.states:
+                name = meta["name"]
+                reg = self._states.get(name)
+                if reg is not None:
+                    reg.check_restorable(meta)
+                prev = staged.setdefault(name, (meta, []))[0]
+                if prev != meta:
+                    raise StateMigrationError(
+                        f"state {name!r} has different declarations in the snapshots being restored"
+                    )
+            for kg, sections in iter_blocks(part, header):
+                for s in sections:
+                    staged[s.state][1].append((kg, s))
+        decoded = {
+            name: [(kg, self._decode(self._states[name], s)) for kg, s in secs]
+            for name, (_, secs) in staged.items()
+            if name in self._states
+        }
+        for name, entries in decoded.items():
+            reg = self._states[name]
+            for kg, (keys, nss, vals) in entries:
+                self._load_entries(reg, kg, keys, nss, vals)
+        for name, item in staged.items():
+            if name not in self._states:
+                self._pending[name] = item
+
+    def close(self) -> None:
+        """Release resources; the backend cannot be used afterwards."""
+        self._closed = True
+        self._kg_cache.clear()
+
+    def __enter__(self) -> KeyedBackendBase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class KeyedSnapshot:
+    """A keyed snapshot taken but not yet written; see :meth:`KeyedBackendBase.snapshot`."""
+
+    def __init__(
+        self,
+        backend: KeyedBackendBase,
+        header: SnapshotHeader,
+        regs: list[RegisteredState],
+        reader: Callable[[str, int], StateEntries],
+        pending: dict[int, list[tuple[int, Section]]],
+        now: int,
+    ) -> None:
+        self._backend = backend
+        self.header = header
+        self._regs = regs
+        self._reader: Callable[[str, int], StateEntries] | None = reader
+        self._pending = pending
+        self._now = now
+
+    def _blocks(self, kg: int) -> Iterable[tuple[int, int, bytes, bytes, bytes]]:
+        reader = self._reader
+        assert reader is not None
+        ks = self._backend.key_serializer
+        for i, reg in enumerate(self._regs):
+            keys, nss, vals = reader(reg.name, kg)
+            if reg.ttl is not None and reg.ttl.cleanup_full_snapshot and keys:
+                keys, nss, vals = _drop_expired(reg, keys, nss, vals, self._now)
+            if keys:
+                yield (
+                    i,
+                    len(keys),
+                    ks.encode_column(keys),
+                    encode_namespaces(nss, reg.namespace_serializer, VOID_NAMESPACE, reg.name),
+                    reg.serializer.encode_column(vals),
+                )
+        for i, s in self._pending.get(kg, ()):
+            yield i, s.count, s.keys, s.namespaces, s.values
+
+    def write(self, out: Any, *, progress: ProgressCallback | None = None) -> SnapshotWriteResult:
+        """Write the snapshot to the binary stream ``out`` (anything with ``write``) and release it."""
+        if self._reader is None:
+            raise StateAccessError("this snapshot was already written or released")
+        try:
+            return write_canonical(out, self.header, self._blocks, progress=progress)
+        finally:
+            self.release()
+
+    def to_handle(self, *, name: str = "<memory>") -> KeyedStateHandle:
+        """Write the snapshot into memory and return its handle."""
+        buf = io.BytesIO()
+        r = self.write(buf)
+        return KeyedStateHandle(
+            BytesStreamHandle(buf.getvalue(), name),
+            self.header.key_group_range,
+            r.offsets,
+            r.header_length,
+            backend=self.header.backend,
+            size=r.size,
+            entries=r.entries,
+        )
+
+    def release(self) -> None:
+        """Give up the snapshot without writing it (stops copy-on-write)."""
+        if self._reader is not None:
+            self._backend._release_snapshot(self._reader)
+            self._reader = None
+
+
+def _drop_expired(
+    reg: RegisteredState, keys: list[Any], nss: list[Any], vals: list[Any], now: int
+) -> StateEntries:
+    assert reg.ttl is not None
+    ttl = reg.ttl.ttl_ms
+    k2, n2, v2 = [], [], []
+    for k, n, v in zip(keys, nss, vals):
+        live = purge_expired(reg.storage_kind, v, now, ttl)
+        if live is not None:
+            k2.append(k)
+            n2.append(n)
+            v2.append(live)
+    return k2, n2, v2

@@ -1,0 +1,393 @@
+"""The canonical keyed-state snapshot format (version 1).
+
+One backend-independent format, which every backend writes and reads, so a
+snapshot taken on one backend restores into any other. The byte layout is
+documented in ``docs/snapshot-format.md``; in short::
+
+    header  = "STKCANON" u16:version u32:len json:header u32:crc32
+    block*  = u32:key_group u32:sections section* u32:crc32   (ascending key group)
+    section = u16:state u32:entries u32:len keys u32:len namespaces u32:len values
+    index   = u32:blocks (u32:key_group u64:offset u64:length)* u32:crc32
+    trailer = u64:index_offset "STKINDEX"
+
+All integers are little-endian. A restore of some key groups reads the header
+and those key groups' blocks only, at offsets the state handle carries.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Protocol, runtime_checkable
+
+from ._errors import CorruptSnapshotError, SnapshotError
+from ._keygroups import KeyGroupRange
+from ._serializers import TypeSerializer
+
+__all__ = [
+    "CANONICAL_FORMAT",
+    "FORMAT_VERSION",
+    "BytesStreamHandle",
+    "KeyedStateHandle",
+    "Section",
+    "SnapshotHeader",
+    "SnapshotWriteResult",
+    "StreamStateHandle",
+    "iter_blocks",
+    "read_block",
+    "read_header",
+    "read_index",
+    "write_canonical",
+]
+
+CANONICAL_FORMAT = "statekit-canonical"
+FORMAT_VERSION = 1
+_MAGIC = b"STKCANON"
+_INDEX_MAGIC = b"STKINDEX"
+_HDR = struct.Struct("<8sHI")
+_U32 = struct.Struct("<I")
+_BLOCK_HEAD = struct.Struct("<II")
+_SECTION_HEAD = struct.Struct("<HI")
+_INDEX_ENTRY = struct.Struct("<IQQ")
+_TRAILER = struct.Struct("<Q8s")
+
+ProgressCallback = Callable[[int, int], None]
+"""Called as ``progress(done, total)`` while long work runs."""
+
+
+@runtime_checkable
+class StreamStateHandle(Protocol):
+    """Bytes written by a checkpoint storage, readable by range.
+
+    Storages return their own handles; :class:`BytesStreamHandle` keeps the
+    bytes in memory.
+    """
+
+    @property
+    def size(self) -> int:
+        """The number of bytes."""
+
+    def read(self, offset: int = 0, length: int | None = None) -> bytes:
+        """``length`` bytes from ``offset`` (to the end when None)."""
+
+    def discard(self) -> None:
+        """Delete the bytes; a no-op where they are not owned."""
+
+    def to_json(self) -> dict[str, Any]:
+        """What a storage needs to find these bytes again."""
+
+
+@dataclass(frozen=True, eq=False)
+class BytesStreamHandle:
+    """A :class:`StreamStateHandle` over bytes held in memory."""
+
+    data: bytes
+    name: str = "<memory>"
+
+    @property
+    def size(self) -> int:
+        """The number of bytes."""
+        return len(self.data)
+
+    def read(self, offset: int = 0, length: int | None = None) -> bytes:
+        """A slice of the bytes."""
+        end = len(self.data) if length is None else offset + length
+        if offset < 0 or end > len(self.data):
+            raise CorruptSnapshotError(
+                f"{self.name}: range [{offset}, {end}) is outside its {len(self.data)} bytes"
+            )
+        return self.data[offset:end]
+
+    def discard(self) -> None:
+        """Nothing to delete."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Inline bytes are described by the storage that embeds them."""
+        return {"type": "bytes", "name": self.name, "size": len(self.data)}
+
+
+@dataclass(frozen=True)
+class KeyedStateHandle:
+    """Where one subtask's snapshot of keyed state lives, and where each key group starts.
+
+    ``offsets`` maps a key group to ``(offset, length)`` of its block in
+    ``stream``; key groups without state have no block.
+    """
+
+    stream: StreamStateHandle
+    key_group_range: KeyGroupRange
+    offsets: Mapping[int, tuple[int, int]]
+    header_length: int
+    format: str = CANONICAL_FORMAT
+    backend: str = ""
+    size: int = 0
+    entries: int = 0
+
+    def intersect(self, key_groups: KeyGroupRange) -> KeyedStateHandle | None:
+        """The same handle limited to ``key_groups``; None if they share none."""
+        r = self.key_group_range.intersection(key_groups)
+        if not len(r):
+            return None
+        offs = {kg: o for kg, o in self.offsets.items() if kg in r}
+        return KeyedStateHandle(
+            self.stream, r, offs, self.header_length, self.format, self.backend, self.size, self.entries
+        )
+
+
+@dataclass
+class Section:
+    """One state's entries in one key group, still as column bytes."""
+
+    state: str
+    count: int
+    keys: bytes
+    namespaces: bytes
+    values: bytes
+
+
+@dataclass
+class SnapshotHeader:
+    """The header of a canonical snapshot."""
+
+    max_parallelism: int
+    key_group_range: KeyGroupRange
+    key_serializer: dict[str, Any]
+    states: list[dict[str, Any]]
+    backend: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object stored in the snapshot."""
+        return {
+            "max_parallelism": self.max_parallelism,
+            "key_group_range": [self.key_group_range.start, self.key_group_range.end],
+            "key_serializer": self.key_serializer,
+            "states": self.states,
+            "backend": self.backend,
+            **self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> SnapshotHeader:
+        """Parse the JSON object stored in a snapshot."""
+        obj = dict(obj)
+        start, end = obj.pop("key_group_range")
+        return cls(
+            max_parallelism=int(obj.pop("max_parallelism")),
+            key_group_range=KeyGroupRange.of(int(start), int(end)),
+            key_serializer=obj.pop("key_serializer"),
+            states=list(obj.pop("states")),
+            backend=str(obj.pop("backend", "")),
+            extra=obj,
+        )
+
+
+# --- namespace column: one byte of mode, then the encoded namespaces ------------
+
+
+def encode_namespaces(
+    namespaces: Sequence[Any], serializer: TypeSerializer | None, void: Any, state: str
+) -> bytes:
+    """Encode a namespace column; all-void columns take one byte."""
+    if all(ns is void for ns in namespaces):
+        return b"\x00"
+    if serializer is None:
+        raise SnapshotError(
+            f"state {state!r} holds namespaces other than VOID_NAMESPACE but declares no "
+            "namespace serializer; pass namespace_serializer= to get_state"
+        )
+    mask = bytes(0 if ns is void else 1 for ns in namespaces)
+    body = serializer.encode_column([ns for ns in namespaces if ns is not void])
+    return b"\x01" + _U32.pack(len(mask)) + mask + body
+
+
+def decode_namespaces(
+    data: bytes | memoryview, count: int, serializer: TypeSerializer | None, void: Any, state: str
+) -> list[Any]:
+    """Decode a namespace column."""
+    mv = memoryview(data)
+    if mv[:1].tobytes() == b"\x00":
+        return [void] * count
+    if serializer is None:
+        raise SnapshotError(f"state {state!r} was written with namespaces; declare its namespace_serializer")
+    (n,) = _U32.unpack_from(mv, 1)
+    mask = bytes(mv[5 : 5 + n])
+    present = iter(serializer.decode_column(mv[5 + n :], sum(mask)))
+    return [next(present) if m else void for m in mask]
+
+
+# --- writing ---------------------------------------------------------------------
+
+BlockSource = Callable[[int], Iterable[tuple[int, int, bytes, bytes, bytes]]]
+"""For a key group: ``(state index, count, keys, namespaces, values)`` per non-empty state."""
+
+
+@dataclass
+class SnapshotWriteResult:
+    """What writing a canonical snapshot produced."""
+
+    offsets: dict[int, tuple[int, int]]
+    """``(offset, length)`` of each non-empty key group's block."""
+    header_length: int
+    entries: int
+    size: int
+    state_sizes: dict[str, int]
+    """Bytes of each state's sections, for storages that limit state size."""
+
+
+def write_canonical(
+    out: BinaryIO,
+    header: SnapshotHeader,
+    blocks: BlockSource,
+    *,
+    progress: ProgressCallback | None = None,
+) -> SnapshotWriteResult:
+    """Write a canonical snapshot to ``out``, key group after key group."""
+    hjson = json.dumps(header.to_json(), separators=(",", ":"), sort_keys=True).encode()
+    head = _HDR.pack(_MAGIC, FORMAT_VERSION, len(hjson)) + hjson
+    head += _U32.pack(zlib.crc32(head))
+    out.write(head)
+    pos = len(head)
+    offsets: dict[int, tuple[int, int]] = {}
+    entries = 0
+    names = [st["name"] for st in header.states]
+    state_sizes = dict.fromkeys(names, 0)
+    kgr = header.key_group_range
+    total = len(kgr)
+    for i, kg in enumerate(kgr):
+        sections = list(blocks(kg))
+        if sections:
+            parts = [_BLOCK_HEAD.pack(kg, len(sections))]
+            for idx, count, keys, nss, vals in sections:
+                entries += count
+                state_sizes[names[idx]] += len(keys) + len(nss) + len(vals)
+                parts.append(_SECTION_HEAD.pack(idx, count))
+                for col in (keys, nss, vals):
+                    parts.append(_U32.pack(len(col)))
+                    parts.append(col)
+            block = b"".join(parts)
+            block += _U32.pack(zlib.crc32(block))
+            out.write(block)
+            offsets[kg] = (pos, len(block))
+            pos += len(block)
+        if progress is not None:
+            progress(i + 1, total)
+    index = [_U32.pack(len(offsets))]
+    index += [_INDEX_ENTRY.pack(kg, off, ln) for kg, (off, ln) in offsets.items()]
+    ib = b"".join(index)
+    tail = ib + _U32.pack(zlib.crc32(ib)) + _TRAILER.pack(pos, _INDEX_MAGIC)
+    out.write(tail)
+    return SnapshotWriteResult(offsets, len(head), entries, pos + len(tail), state_sizes)
+
+
+# --- reading ---------------------------------------------------------------------
+
+
+def _where(stream: StreamStateHandle) -> str:
+    try:
+        j = stream.to_json()
+        return str(j.get("path") or j.get("name") or stream)
+    except Exception:  # noqa: BLE001 - only for the message
+        return repr(stream)
+
+
+def read_header(stream: StreamStateHandle) -> tuple[SnapshotHeader, int]:
+    """Read and check the header; returns it and its length in bytes."""
+    where = _where(stream)
+    raw = stream.read(0, _HDR.size)
+    try:
+        magic, version, hlen = _HDR.unpack(raw)
+    except struct.error:
+        raise CorruptSnapshotError(f"{where}: too short to be a statekit snapshot") from None
+    if magic != _MAGIC:
+        raise CorruptSnapshotError(f"{where}: not a canonical statekit snapshot (bad magic)")
+    if hlen > stream.size - _HDR.size - 4:
+        raise CorruptSnapshotError(f"{where}: header length {hlen} exceeds the file; the file is corrupt")
+    body = stream.read(0, _HDR.size + hlen + 4)
+    (crc,) = _U32.unpack_from(body, _HDR.size + hlen)
+    # The checksum first: a flipped version byte is corruption, not a new version.
+    if zlib.crc32(body[: _HDR.size + hlen]) != crc:
+        raise CorruptSnapshotError(f"{where}: header checksum mismatch; the file is corrupt")
+    if version != FORMAT_VERSION:
+        raise SnapshotError(
+            f"{where}: canonical format version {version} is not supported by this statekit "
+            f"(reads version {FORMAT_VERSION}); upgrade statekit"
+        )
+    try:
+        obj = json.loads(body[_HDR.size : _HDR.size + hlen])
+        return SnapshotHeader.from_json(obj), len(body)
+    except (ValueError, KeyError, TypeError) as e:
+        raise CorruptSnapshotError(f"{where}: malformed header: {e}") from None
+
+
+def read_index(stream: StreamStateHandle) -> dict[int, tuple[int, int]]:
+    """Read the block index from the end of a snapshot file."""
+    where = _where(stream)
+    size = stream.size
+    if size < _TRAILER.size:
+        raise CorruptSnapshotError(f"{where}: truncated (no index)")
+    ioff, magic = _TRAILER.unpack(stream.read(size - _TRAILER.size, _TRAILER.size))
+    if magic != _INDEX_MAGIC or ioff > size - _TRAILER.size - 8:
+        raise CorruptSnapshotError(f"{where}: truncated or corrupt index")
+    ib = stream.read(ioff, size - _TRAILER.size - ioff)
+    body, (crc,) = ib[:-4], _U32.unpack(ib[-4:])
+    if zlib.crc32(body) != crc:
+        raise CorruptSnapshotError(f"{where}: index checksum mismatch; the file is corrupt")
+    (n,) = _U32.unpack_from(body, 0)
+    out = {}
+    for i in range(n):
+        kg, off, ln = _INDEX_ENTRY.unpack_from(body, 4 + i * _INDEX_ENTRY.size)
+        out[kg] = (off, ln)
+    return out
+
+
+def read_block(
+    stream: StreamStateHandle,
+    key_group: int,
+    offset: int,
+    length: int,
+    state_names: Sequence[str],
+) -> list[Section]:
+    """Read and check one key group's block; returns its sections."""
+    where = _where(stream)
+    raw = stream.read(offset, length)
+    if len(raw) != length or length < _BLOCK_HEAD.size + 4:
+        raise CorruptSnapshotError(f"{where}: key group {key_group} block is truncated")
+    (crc,) = _U32.unpack_from(raw, length - 4)
+    if zlib.crc32(memoryview(raw)[:-4]) != crc:
+        raise CorruptSnapshotError(
+            f"{where}: checksum mismatch in the block of key group {key_group}; the file is corrupt"
+        )
+    try:
+        kg, nsec = _BLOCK_HEAD.unpack_from(raw, 0)
+        if kg != key_group:
+            raise CorruptSnapshotError(
+                f"{where}: block at offset {offset} holds key group {kg}, expected {key_group}"
+            )
+        pos = _BLOCK_HEAD.size
+        out = []
+        for _ in range(nsec):
+            idx, count = _SECTION_HEAD.unpack_from(raw, pos)
+            pos += _SECTION_HEAD.size
+            cols = []
+            for _c in range(3):
+                (ln,) = _U32.unpack_from(raw, pos)
+                pos += 4
+                cols.append(raw[pos : pos + ln])
+                pos += ln
+            out.append(Section(state_names[idx], count, cols[0], cols[1], cols[2]))
+    except (struct.error, IndexError) as e:
+        raise CorruptSnapshotError(f"{where}: malformed block of key group {key_group}: {e}") from None
+    return out
+
+
+def iter_blocks(handle: KeyedStateHandle, header: SnapshotHeader) -> Iterable[tuple[int, list[Section]]]:
+    """Each key group of ``handle`` with its sections, in key-group order."""
+    names = [s["name"] for s in header.states]
+    for kg in sorted(handle.offsets):
+        if kg in handle.key_group_range:
+            off, ln = handle.offsets[kg]
+            yield kg, read_block(handle.stream, kg, off, ln, names)

@@ -1,0 +1,79 @@
+"""What backend authors build on: the keyed backend base and its helpers.
+
+Read ``docs/writing-a-backend.md`` first. A minimal backend subclasses
+:class:`KeyedBackendBase` and stores what it is given; core adds the current
+key, TTL, reducing and aggregating state and canonical snapshots.
+"""
+
+from __future__ import annotations
+
+from ._keyed import (
+    AggregatingStateImpl,
+    KeyedBackendBase,
+    KeyedSnapshot,
+    ReducingStateImpl,
+    RegisteredState,
+    StateEntries,
+    merge_list_namespaces,
+)
+from ._operator import (
+    BroadcastState,
+    OperatorListState,
+    OperatorStateBackendImpl,
+    OperatorStateData,
+    OperatorStateMode,
+    decode_operator_snapshot,
+    encode_operator_snapshot,
+    redistribute_operator_state,
+)
+from ._snapshot import (
+    CANONICAL_FORMAT,
+    BytesStreamHandle,
+    KeyedStateHandle,
+    Section,
+    SnapshotHeader,
+    SnapshotWriteResult,
+    StreamStateHandle,
+    iter_blocks,
+    read_block,
+    read_header,
+    read_index,
+    write_canonical,
+)
+from ._state import StateKind
+from ._ttl import Clock, purge_expired, system_clock, ttl_serializer
+
+__all__ = [
+    "CANONICAL_FORMAT",
+    "AggregatingStateImpl",
+    "BroadcastState",
+    "BytesStreamHandle",
+    "Clock",
+    "KeyedBackendBase",
+    "KeyedSnapshot",
+    "KeyedStateHandle",
+    "OperatorListState",
+    "OperatorStateBackendImpl",
+    "OperatorStateData",
+    "OperatorStateMode",
+    "ReducingStateImpl",
+    "RegisteredState",
+    "Section",
+    "SnapshotHeader",
+    "SnapshotWriteResult",
+    "StateEntries",
+    "StateKind",
+    "StreamStateHandle",
+    "decode_operator_snapshot",
+    "encode_operator_snapshot",
+    "iter_blocks",
+    "merge_list_namespaces",
+    "purge_expired",
+    "read_block",
+    "read_header",
+    "read_index",
+    "redistribute_operator_state",
+    "system_clock",
+    "ttl_serializer",
+    "write_canonical",
+]
