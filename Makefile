@@ -3,12 +3,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Distributions of this repository, installed editable, in dependency order.
-PACKAGES := -e ./core -e ./backends/heap -e ".[test]"
+PACKAGES := -e ./core -e ./backends/heap -e "./storage[s3]" -e ".[test]"
 HYPOTHESIS_PROFILE ?= ci
 
 .PHONY: install test lint typecheck pytest bench demo clean
 
-$(VENV)/.installed: pyproject.toml core/pyproject.toml backends/heap/pyproject.toml
+$(VENV)/.installed: pyproject.toml core/pyproject.toml backends/heap/pyproject.toml storage/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(PACKAGES)
@@ -20,10 +20,10 @@ install: $(VENV)/.installed
 test: lint typecheck pytest
 
 lint: install
-	$(VENV)/bin/ruff check core/src backends/heap/src core/tests backends/heap/tests tests bench
+	$(VENV)/bin/ruff check core backends storage tests bench conftest.py
 
 typecheck: install
-	$(VENV)/bin/mypy --strict core/src/statekit
+	$(VENV)/bin/mypy --strict core/src/statekit backends/heap/src/statekit_heap storage/src/statekit_storage
 
 pytest: install
 	$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=$(HYPOTHESIS_PROFILE)

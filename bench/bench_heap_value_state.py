@@ -34,7 +34,9 @@ def zipf_keys(n_ops: int, n_keys: int, s: float = 1.1, seed: int = 42) -> list[s
     return rng.choices(names, cum_weights=cum, k=n_ops)
 
 
-def best_of(repeats: int, setup: Callable[[], object], run: Callable[[object], object]) -> tuple[float, object]:
+def best_of(
+    repeats: int, setup: Callable[[], object], run: Callable[[object], object]
+) -> tuple[float, object]:
     best = float("inf")
     result: object = None
     for _ in range(repeats):
@@ -100,7 +102,10 @@ def main() -> None:
         assert b.num_entries() == len(expected)
         rows.append((name, t))
 
-    print(f"{args.ops:,} read-modify-write ops over {len(expected):,} distinct keys (Zipf s=1.1), best of {args.repeats}")
+    print(
+        f"{args.ops:,} read-modify-write ops over {len(expected):,} distinct keys "
+        f"(Zipf s=1.1, key space {args.keys:,}), best of {args.repeats}"
+    )
     print(f"{'path':<24}{'seconds':>10}{'ops/s':>14}{'x baseline':>12}")
     for name, t in rows:
         print(f"{name:<24}{t:>10.3f}{args.ops / t:>14,.0f}{t / t_dict:>12.2f}")

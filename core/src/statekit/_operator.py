@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._errors import CorruptSnapshotError, StateMigrationError
+from ._errors import CorruptSnapshotError, SerializationError, StateMigrationError
 from ._serializers import TypeSerializer, pack_parts, unpack_parts
 from ._state import ListStateDescriptor, MapStateDescriptor
 
@@ -82,12 +82,21 @@ def decode_operator_snapshot(data: bytes, where: str = "operator state") -> Oper
     body = data[8:-4]
     if zlib.crc32(body) != _U32.unpack(data[-4:])[0]:
         raise CorruptSnapshotError(f"{where}: checksum mismatch; the file is corrupt")
-    parts = unpack_parts(body)
-    meta = json.loads(bytes(parts[0]))
-    out: OperatorSnapshot = {}
-    for m, p in zip(meta, parts[1:]):
-        elems = [bytes(e) for e in unpack_parts(p)]
-        out[m["name"]] = OperatorStateData(m["name"], OperatorStateMode(m["mode"]), m["serializers"], elems)
+    try:
+        parts = unpack_parts(body)
+        meta = json.loads(bytes(parts[0])) if parts else None
+        if not isinstance(meta, list) or len(parts) != len(meta) + 1:
+            raise ValueError("state list and parts do not match")
+        out: OperatorSnapshot = {}
+        for m, p in zip(meta, parts[1:]):
+            elems = [bytes(e) for e in unpack_parts(p)]
+            if len(elems) != m["count"]:
+                raise ValueError(f"state {m['name']!r} has {len(elems)} elements, expected {m['count']}")
+            out[m["name"]] = OperatorStateData(
+                m["name"], OperatorStateMode(m["mode"]), list(m["serializers"]), elems
+            )
+    except (SerializationError, ValueError, KeyError, TypeError) as e:
+        raise CorruptSnapshotError(f"{where}: malformed operator state: {e}") from None
     return out
 
 
@@ -232,9 +241,18 @@ class OperatorStateBackendImpl:
         del self._restored[name]
         return d.elements
 
+    def _check_free(self, name: str, kind: str) -> None:
+        other = self._maps if kind == "list" else self._lists
+        if name in other:
+            raise StateMigrationError(
+                f"operator state {name!r} is already declared as "
+                f"{'broadcast' if kind == 'list' else 'list'} state; use another name"
+            )
+
     def _list(self, d: ListStateDescriptor[Any], mode: OperatorStateMode) -> OperatorListState:
         if d.ttl is not None:
             raise ValueError("operator state does not support TTL")
+        self._check_free(d.name, "list")
         have = self._lists.get(d.name)
         if have is not None:
             if have[0] is not mode or have[1] != d.element_serializer:
@@ -258,6 +276,7 @@ class OperatorStateBackendImpl:
         """A map every subtask holds a copy of."""
         if descriptor.ttl is not None:
             raise ValueError("operator state does not support TTL")
+        self._check_free(descriptor.name, "map")
         ks, vs = descriptor.user_key_serializer, descriptor.user_value_serializer
         have = self._maps.get(descriptor.name)
         if have is not None:

@@ -14,6 +14,8 @@ Python.
 from __future__ import annotations
 
 import dataclasses
+import io
+import operator
 import pickle
 import struct
 import sys
@@ -83,6 +85,24 @@ def unpack_parts(data: bytes | memoryview) -> list[memoryview]:
     if pos != len(mv):
         raise SerializationError(f"malformed framed bytes: {len(mv) - pos} bytes left over")
     return out
+
+
+def _frames(data: bytes | memoryview, n: int, what: str) -> list[memoryview]:
+    """Exactly ``n`` framed parts, or SerializationError."""
+    parts = unpack_parts(data)
+    if len(parts) != n:
+        raise SerializationError(f"malformed {what} column: {len(parts)} parts, expected {n}")
+    return parts
+
+
+def _array(typecode: str, data: bytes | memoryview, what: str) -> array[Any]:
+    """A little-endian array from bytes, or SerializationError."""
+    arr = array(typecode)
+    try:
+        arr.frombytes(data)
+    except ValueError as e:
+        raise SerializationError(f"malformed {what} column: {e}") from None
+    return _le(arr)
 
 
 class TypeSerializer(ABC):
@@ -189,7 +209,8 @@ class IntSerializer(TypeSerializer):
 
     def serialize(self, value: Any) -> bytes:
         try:
-            v = int(value) if not isinstance(value, int) else value
+            # operator.index refuses floats: 3.7 must not silently become key 3.
+            v = operator.index(value)
             if self._MIN <= v <= self._MAX:
                 return v.to_bytes(8, "little", signed=True)
             return v.to_bytes(max(9, (v.bit_length() + 8) // 8), "little", signed=True)
@@ -211,11 +232,12 @@ class IntSerializer(TypeSerializer):
         mv = memoryview(data)
         if mv[:1].tobytes() == b"\x01":
             return super().decode_column(mv[1:], count)
-        arr = array("q")
-        arr.frombytes(mv[1:])
+        if mv[:1].tobytes() != b"\x00":
+            raise SerializationError("malformed int column: unknown mode byte")
+        arr = _array("q", mv[1:], "int")
         if len(arr) != count:
             raise SerializationError(f"expected {count} ints, found {len(arr)}")
-        return _le(arr).tolist()
+        return arr.tolist()
 
     def config(self) -> SerializerConfig:
         return {"id": "int", "v": 1}
@@ -243,11 +265,10 @@ class FloatSerializer(TypeSerializer):
             raise SerializationError(f"float serializer cannot serialize a value: {e}") from None
 
     def decode_column(self, data: bytes | memoryview, count: int) -> list[Any]:
-        arr = array("d")
-        arr.frombytes(data)
+        arr = _array("d", data, "float")
         if len(arr) != count:
             raise SerializationError(f"expected {count} floats, found {len(arr)}")
-        return _le(arr).tolist()
+        return arr.tolist()
 
     def config(self) -> SerializerConfig:
         return {"id": "float", "v": 1}
@@ -262,7 +283,10 @@ class BoolSerializer(TypeSerializer):
         return b"\x01" if value else b"\x00"
 
     def deserialize(self, data: bytes | memoryview) -> bool:
-        return bytes(data) != b"\x00"
+        b = bytes(data)
+        if b not in (b"\x00", b"\x01"):
+            raise SerializationError(f"malformed bool: {b!r}")
+        return b == b"\x01"
 
     def encode_column(self, values: Sequence[Any]) -> bytes:
         return bytes(1 if v else 0 for v in values)
@@ -302,14 +326,17 @@ class StrSerializer(TypeSerializer):
         return pack_parts([lengths.tobytes(), joined.encode("utf-8", "surrogatepass")])
 
     def decode_column(self, data: bytes | memoryview, count: int) -> list[Any]:
-        raw_lengths, blob = unpack_parts(data)
-        lengths = array("I")
-        lengths.frombytes(raw_lengths)
-        _le(lengths)
+        raw_lengths, blob = _frames(data, 2, "str")
+        lengths = _array("I", raw_lengths, "str")
         if len(lengths) != count:
             raise SerializationError(f"expected {count} strings, found {len(lengths)}")
-        text = str(blob, "utf-8", "surrogatepass")
+        try:
+            text = str(blob, "utf-8", "surrogatepass")
+        except UnicodeDecodeError as e:
+            raise SerializationError(f"malformed str column: {e}") from None
         ends = list(accumulate(lengths))
+        if (ends[-1] if ends else 0) != len(text):
+            raise SerializationError("malformed str column: lengths do not add up to the text")
         return [text[e - n : e] for e, n in zip(ends, lengths)]
 
     def config(self) -> SerializerConfig:
@@ -345,7 +372,12 @@ class NullableSerializer(TypeSerializer):
 
     def deserialize(self, data: bytes | memoryview) -> Any:
         mv = memoryview(data)
-        return None if mv[:1].tobytes() == b"\x00" else self.inner.deserialize(mv[1:])
+        flag = mv[:1].tobytes()
+        if flag == b"\x00" and len(mv) == 1:
+            return None
+        if flag != b"\x01":
+            raise SerializationError("malformed optional value")
+        return self.inner.deserialize(mv[1:])
 
     def encode_column(self, values: Sequence[Any]) -> bytes:
         mask = bytes(0 if v is None else 1 for v in values)
@@ -353,9 +385,12 @@ class NullableSerializer(TypeSerializer):
         return pack_parts([mask, self.inner.encode_column(present)])
 
     def decode_column(self, data: bytes | memoryview, count: int) -> list[Any]:
-        mask, inner = unpack_parts(data)
-        present = iter(self.inner.decode_column(inner, sum(mask)))
-        return [next(present) if m else None for m in bytes(mask)]
+        mask, inner = _frames(data, 2, "optional")
+        flags = bytes(mask)
+        if len(flags) != count or flags.strip(b"\x00\x01"):
+            raise SerializationError(f"malformed optional column: expected {count} mask bytes of 0/1")
+        present = iter(self.inner.decode_column(inner, sum(flags)))
+        return [next(present) if m else None for m in flags]
 
     def copy(self, value: Any) -> Any:
         return None if value is None else self.inner.copy(value)
@@ -373,10 +408,8 @@ def _flatten_column(elem: TypeSerializer, groups: Sequence[Sequence[Any]]) -> by
 def _unflatten_column(
     elem: TypeSerializer, data: bytes | memoryview, count: int
 ) -> tuple[array[int], list[Any]]:
-    raw_counts, payload = unpack_parts(data)
-    counts = array("I")
-    counts.frombytes(raw_counts)
-    _le(counts)
+    raw_counts, payload = _frames(data, 2, "collection")
+    counts = _array("I", raw_counts, "collection")
     if len(counts) != count:
         raise SerializationError(f"expected {count} collections, found {len(counts)}")
     return counts, elem.decode_column(payload, sum(counts))
@@ -457,10 +490,10 @@ class DictSerializer(TypeSerializer):
         return pack_parts([counts.tobytes(), self.key.encode_column(keys), self.value.encode_column(vals)])
 
     def decode_column(self, data: bytes | memoryview, count: int) -> list[Any]:
-        raw_counts, raw_keys, raw_vals = unpack_parts(data)
-        counts = array("I")
-        counts.frombytes(raw_counts)
-        _le(counts)
+        raw_counts, raw_keys, raw_vals = _frames(data, 3, "dict")
+        counts = _array("I", raw_counts, "dict")
+        if len(counts) != count:
+            raise SerializationError(f"expected {count} dicts, found {len(counts)}")
         total = sum(counts)
         keys = self.key.decode_column(raw_keys, total)
         vals = self.value.decode_column(raw_vals, total)
@@ -491,9 +524,7 @@ class TupleSerializer(TypeSerializer):
         self.immutable = all(f.immutable for f in self.fields)  # type: ignore[misc]
 
     def _rows(self, data: bytes | memoryview, count: int) -> list[list[Any]]:
-        parts = unpack_parts(data)
-        if len(parts) != len(self.fields):
-            raise SerializationError(f"expected {len(self.fields)} fields, found {len(parts)}")
+        parts = _frames(data, len(self.fields), "tuple")
         return [f.decode_column(p, count) for f, p in zip(self.fields, parts)]
 
     def _check(self, v: Any) -> Any:
@@ -514,7 +545,8 @@ class TupleSerializer(TypeSerializer):
         return pack_parts([f.encode_column([r[i] for r in rows]) for i, f in enumerate(self.fields)])
 
     def decode_column(self, data: bytes | memoryview, count: int) -> list[Any]:
-        return list(zip(*self._rows(data, count))) if count else []
+        rows = self._rows(data, count)
+        return list(zip(*rows)) if rows else [()] * count
 
     def copy(self, value: Any) -> Any:
         return value if self.immutable else tuple(f.copy(v) for f, v in zip(self.fields, value))
@@ -587,14 +619,21 @@ class PickleSerializer(TypeSerializer):
             raise SerializationError(f"cannot pickle {type(value).__name__}: {e}") from e
 
     def deserialize(self, data: bytes | memoryview) -> Any:
-        return pickle.loads(data)
+        buf = io.BytesIO(data)
+        try:
+            value = pickle.Unpickler(buf).load()
+        except Exception as e:  # noqa: BLE001 - unpickling raises many kinds
+            raise SerializationError(f"malformed pickle: {e}") from None
+        if buf.tell() != len(buf.getbuffer()):
+            raise SerializationError("malformed pickle: bytes left after the value")
+        return value
 
     def encode_column(self, values: Sequence[Any]) -> bytes:
         # One pickle of the whole list is far faster than one per value.
         return self.serialize(list(values))
 
     def decode_column(self, data: bytes | memoryview, count: int) -> list[Any]:
-        out = pickle.loads(data)
+        out = self.deserialize(data)
         if not isinstance(out, list) or len(out) != count:
             raise SerializationError(f"expected a pickled list of {count} values")
         return out
@@ -689,9 +728,14 @@ def serializer_from_config(cfg: SerializerConfig) -> TypeSerializer:
         import importlib
 
         mod, _, qual = str(cfg["class"]).partition(":")
-        obj: Any = importlib.import_module(mod)
-        for part in qual.split("."):
-            obj = getattr(obj, part)
+        try:
+            obj: Any = importlib.import_module(mod)
+            for part in qual.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as e:
+            raise SerializationError(
+                f"dataclass {cfg['class']} of a snapshot cannot be imported here: {e}"
+            ) from None
         return DataclassSerializer(obj)
     raise SerializationError(
         f"serializer {ident!r} is not built in; it can only be read by the job that declared it"

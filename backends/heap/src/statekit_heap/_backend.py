@@ -430,7 +430,7 @@ class HeapKeyedStateBackend(KeyedBackendBase):
                 held = pins[kg]
                 if not held:
                     held = pins[kg] = set()
-                held.add(token)  # type: ignore[union-attr]
+                held.add(token)
 
         def read(name: str, kg: int) -> StateEntries:
             nsl = frozen[name]
@@ -461,7 +461,7 @@ class HeapKeyedStateBackend(KeyedBackendBase):
             for kg in t.kgr:
                 held = pins[kg]
                 if held:
-                    held.discard(token)  # type: ignore[union-attr]
+                    held.discard(token)
 
     def _load_entries(
         self, reg: RegisteredState, key_group: int, keys: list[Any], namespaces: list[Any], values: list[Any]
@@ -516,8 +516,8 @@ def _cleanup_incremental(t: _Table, n: int, now: int, ttl_ms: int, kind: StateKi
             continue
         if t.pins[kg]:
             t.unshare(kg)
-            d = t.ns[ns][kg]
-            assert d is not None
+        d = t.ns[ns][kg]
+        assert d is not None
         if live is None:
             del d[key]
         else:

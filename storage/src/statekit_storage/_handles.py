@@ -1,0 +1,107 @@
+"""State handles of the storages: bytes inlined into ``_metadata``, and files read by range."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from statekit import CheckpointError, CorruptSnapshotError
+from statekit.backend_api import BytesStreamHandle
+
+__all__ = ["FileStreamHandle", "InlineStreamHandle"]
+
+
+@dataclass(frozen=True, eq=False)
+class InlineStreamHandle(BytesStreamHandle):
+    """Bytes small enough to live inside the checkpoint's ``_metadata``.
+
+    :meth:`to_json` embeds them (base64), so the description alone brings them
+    back: it can travel from a Spark executor to the driver in a task result.
+    """
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"type": "inline", "name": ..., "size": n, "data": <base64>}``."""
+        encoded = base64.b64encode(self.data).decode("ascii")
+        return {"type": "inline", "name": self.name, "size": len(self.data), "data": encoded}
+
+    @classmethod
+    def from_json(cls, description: Mapping[str, Any]) -> InlineStreamHandle:
+        """Rebuilds a handle from :meth:`to_json`'s output.
+
+        Raises:
+            CheckpointError: If the description is malformed or its size does not match.
+        """
+        name = str(description.get("name", "<inline>"))
+        try:
+            data = base64.b64decode(description["data"], validate=True)
+        except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+            raise CheckpointError(f"inline state {name!r}: malformed description ({exc!r})") from None
+        if "size" in description and description["size"] != len(data):
+            raise CheckpointError(
+                f"inline state {name!r}: holds {len(data)} bytes, its description says {description['size']}"
+            )
+        return cls(data, name)
+
+
+@dataclass(frozen=True, eq=False)
+class FileStreamHandle:
+    """A file of a checkpoint or savepoint, read by byte range.
+
+    Attributes:
+        fs: The fsspec filesystem holding the file.
+        path: The file's path on ``fs``.
+        relative_path: The path relative to the directory holding ``_metadata``
+            (``"op-0.bin"``, ``"../shared/abc"``): what :meth:`to_json` records, so
+            a savepoint folder can be moved.
+        size: The number of bytes.
+    """
+
+    fs: Any
+    path: str
+    relative_path: str
+    size: int
+
+    @property
+    def url(self) -> str:
+        """The file's URL, for messages."""
+        return str(self.fs.unstrip_protocol(self.path))
+
+    def read(self, offset: int = 0, length: int | None = None) -> bytes:
+        """Reads ``length`` bytes from ``offset`` (to the end when None), in one range request.
+
+        Raises:
+            CorruptSnapshotError: If the range lies outside the file, or the file is shorter.
+            CheckpointError: If the file is missing or cannot be read.
+        """
+        end = self.size if length is None else offset + length
+        if offset < 0 or end < offset or end > self.size:
+            raise CorruptSnapshotError(
+                f"{self.url}: range [{offset}, {end}) is outside its {self.size} bytes"
+            )
+        if end == offset:  # an empty HTTP range is invalid
+            return b""
+        try:
+            data: bytes = self.fs.cat_file(self.path, start=offset, end=end)
+        except FileNotFoundError:
+            raise CheckpointError(f"state file {self.url} is missing") from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot read state file {self.url}: {exc}") from exc
+        if len(data) != end - offset:
+            raise CorruptSnapshotError(
+                f"{self.url}: expected {end - offset} bytes at offset {offset}, got {len(data)}; "
+                "the file is truncated"
+            )
+        return data
+
+    def discard(self) -> None:
+        """Deletes the file; a missing file is no error."""
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self.path)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"type": "file", "path": <relative path>, "size": n}``."""
+        return {"type": "file", "path": self.relative_path, "size": self.size}

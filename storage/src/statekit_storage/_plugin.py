@@ -1,0 +1,87 @@
+"""Registers the ``jobmanager`` and ``filesystem`` checkpoint storages.
+
+Kept light: it imports neither fsspec nor the storage modules, which load when a
+storage is created. Each storage has its own plugin object, named by its own
+entry point (pluggy registers an object once only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from statekit import ConfigOption, StorageSpec, hookimpl
+
+__all__ = [
+    "DEFAULT_INLINE_THRESHOLD",
+    "DEFAULT_MAX_STATE_SIZE",
+    "FILESYSTEM",
+    "JOBMANAGER",
+    "filesystem",
+    "jobmanager",
+]
+
+#: Streams of at most this many bytes are inlined into ``_metadata``.
+DEFAULT_INLINE_THRESHOLD = 20 * 1024
+#: The jobmanager storage's default limit on the snapshot of one state.
+DEFAULT_MAX_STATE_SIZE = 5 * 1024 * 1024
+
+_SAVEPOINTS_DIR = ConfigOption(
+    "savepoints-dir", str, None, "Default URL or path for savepoints (set by statekit.savepoints.dir)."
+)
+_STORAGE_OPTIONS = ConfigOption(
+    "storage-options",
+    str,
+    None,
+    'fsspec storage options as a JSON object, e.g. {"client_kwargs": {"endpoint_url": "http://host:9000"}}; '
+    "applied to URLs of the protocol of the configured directories.",
+)
+
+FILESYSTEM = StorageSpec(
+    name="filesystem",
+    factory="statekit_storage._filesystem:FileSystemCheckpointStorage.from_options",
+    options=(
+        ConfigOption(
+            "checkpoints-dir", str, None,
+            "URL or path under which checkpoints are written (set by statekit.checkpoints.dir); required.",
+        ),
+        _SAVEPOINTS_DIR,
+        ConfigOption(
+            "inline-threshold", int, DEFAULT_INLINE_THRESHOLD,
+            "Streams of at most this many bytes are stored inside _metadata instead of as files.",
+        ),
+        _STORAGE_OPTIONS,
+    ),
+    description="Checkpoints as files under any fsspec URL: local, file://, memory://, s3://, hdfs://.",
+)  # fmt: skip
+
+JOBMANAGER = StorageSpec(
+    name="jobmanager",
+    factory="statekit_storage._jobmanager:JobManagerCheckpointStorage.from_options",
+    options=(
+        ConfigOption(
+            "max-state-size", int, DEFAULT_MAX_STATE_SIZE,
+            "Largest snapshot of one state, in bytes; a larger one fails the checkpoint.",
+        ),
+        _SAVEPOINTS_DIR,
+        _STORAGE_OPTIONS,
+    ),
+    description="Checkpoints in the memory of the coordinating process (tests, small state); "
+    "savepoints as files.",
+)  # fmt: skip
+
+
+class _StoragePlugin:
+    """A pluggy plugin that registers one storage spec."""
+
+    def __init__(self, spec: StorageSpec) -> None:
+        self._spec = spec
+
+    @hookimpl
+    def statekit_register_storages(self, register: Callable[[StorageSpec], None]) -> None:
+        """Registers this plugin's storage."""
+        register(self._spec)
+
+
+#: The plugin objects the entry points name.
+filesystem = _StoragePlugin(FILESYSTEM)
+jobmanager = _StoragePlugin(JOBMANAGER)

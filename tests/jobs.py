@@ -1,0 +1,100 @@
+"""Jobs and data shared by the integration tests."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from statekit import (
+    KeyedProcessFunction,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ProcessContext,
+    ReducingStateDescriptor,
+    RuntimeContext,
+    ValueStateDescriptor,
+)
+
+COUNT = ValueStateDescriptor("count", int, default=0)
+LAST = ListStateDescriptor("last_methods", str)
+BYTES = ReducingStateDescriptor("bytes", lambda a, b: a + b, int)
+SEEN = ListStateDescriptor("seen_by_subtask", int)
+RULES = MapStateDescriptor("rules", str, str)
+
+
+class CountUrls(KeyedProcessFunction):
+    """Counts requests per URL; also keeps a list, a reducing state and operator state."""
+
+    def open(self, ctx: RuntimeContext) -> None:
+        self.count = ctx.get_state(COUNT)
+        self.methods = ctx.get_state(LAST)
+        self.bytes = ctx.get_state(BYTES)
+        self.seen = ctx.get_list_state(SEEN)
+        self.rules = ctx.get_broadcast_state(RULES)
+        if self.rules.is_empty():
+            self.rules.put("version", "1")
+        self.index = ctx.subtask_index
+
+    def process(self, record: dict[str, Any], ctx: ProcessContext) -> Iterable[Any]:
+        n = self.count.value() + 1
+        self.count.update(n)
+        self.methods.add(record["request"])
+        self.bytes.add(record["bytes"])
+        if n == 1:
+            self.seen.add(self.index)
+        yield (ctx.current_key, n)
+
+
+def make_records(n: int, *, urls: int = 50, seed: int = 7) -> list[dict[str, Any]]:
+    """Deterministic access-log records with Zipf-like URLs."""
+    rng = random.Random(seed)
+    names = [f"/api/{i}" for i in range(urls)]
+    weights = [1.0 / (i + 1) for i in range(urls)]
+    out = []
+    for i in range(n):
+        out.append(
+            {
+                "@timestamp": f"18/Apr/2019:00:{i // 60 % 60:02d}:{i % 60:02d}",
+                "remote_addr": "127.0.0.1",
+                "request": rng.choice(["GET", "POST"]),
+                "url": rng.choices(names, weights)[0],
+                "bytes": rng.randint(1, 1000),
+            }
+        )
+    return out
+
+
+def expected_counts(records: Iterable[dict[str, Any]]) -> Counter[str]:
+    return Counter(r["url"] for r in records)
+
+
+def state_of_runner(runner: Any) -> dict[str, tuple[int, int, int]]:
+    """Per key: (count, len(methods), bytes), read from whichever subtask owns it.
+
+    Asserts every key lives on exactly one subtask, the one owning its key group.
+    """
+    from statekit import key_group_for_bytes
+
+    out: dict[str, tuple[int, int, int]] = {}
+    for ctx in runner.subtasks:
+        kb = ctx.keyed_backend
+        count = kb.get_state(COUNT)
+        methods = kb.get_state(LAST)
+        total = kb.get_state(BYTES)
+        for key in list(kb.keys("count")):
+            kg = key_group_for_bytes(kb.key_serializer.serialize(key), ctx.max_parallelism)
+            assert kg in kb.key_group_range, (key, kg, kb.key_group_range)
+            assert key not in out, f"{key} is on two subtasks"
+            kb.set_current_key(key)
+            out[key] = (count.value(), len(methods.get()), total.get())
+    return out
+
+
+def model_state(records: Iterable[dict[str, Any]]) -> dict[str, tuple[int, int, int]]:
+    out: dict[str, tuple[int, int, int]] = {}
+    for r in records:
+        c, m, b = out.get(r["url"], (0, 0, 0))
+        out[r["url"]] = (c + 1, m + 1, b + r["bytes"])
+    return out
