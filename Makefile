@@ -23,7 +23,7 @@ lint: install
 	$(VENV)/bin/ruff check core backends storage tests bench conftest.py
 
 typecheck: install
-	$(VENV)/bin/mypy --strict core/src/statekit backends/heap/src/statekit_heap storage/src/statekit_storage
+	$(VENV)/bin/mypy --strict -p statekit -p statekit_heap -p statekit_storage
 
 pytest: install
 	$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=$(HYPOTHESIS_PROFILE)

@@ -242,7 +242,7 @@ def complete_checkpoint(
     ops: dict[str, list[SubtaskState]] = {}
     for st in subtasks:
         ops.setdefault(st.operator_id, []).append(st)
-    backends = {st.keyed["backend"] for sts in ops.values() for st in sts if st.keyed}
+    backends = {st.keyed.get("backend", "") for sts in ops.values() for st in sts if st.keyed} - {""}
     for op, sts in ops.items():
         idx = sorted(s.subtask_index for s in sts)
         if idx != list(range(len(sts))):

@@ -161,3 +161,7 @@ def _plugins(args: argparse.Namespace, ctx: CommandContext) -> int:
         table.add_row(*map(escape, cells))  # "statekit[rocksdb]" is no markup
     ctx.console.print(table)
     return 0
+
+
+# Commands that work on stored checkpoints live in their own module; importing it registers them.
+from . import _cli_checkpoints as _cli_checkpoints  # noqa: E402

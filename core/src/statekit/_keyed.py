@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ._errors import (
+    CorruptSnapshotError,
     MaxParallelismMismatchError,
     StateAccessError,
     StateMigrationError,
@@ -31,10 +32,12 @@ from ._snapshot import (
     Section,
     SnapshotHeader,
     SnapshotWriteResult,
+    _where,
     decode_namespaces,
     encode_namespaces,
     iter_blocks,
     read_header,
+    read_index,
     write_canonical,
 )
 from ._state import (
@@ -475,6 +478,13 @@ class KeyedBackendBase(ABC):
             if part is None:
                 continue
             header, _ = read_header(h.stream)
+            # The index is small; checking it means a flipped byte anywhere in the
+            # file is caught by some subtask's restore, not only in the blocks read.
+            index = read_index(h.stream)
+            if any(index.get(kg) != tuple(o) for kg, o in h.offsets.items()):
+                raise CorruptSnapshotError(
+                    f"{_where(h.stream)}: the block index disagrees with the checkpoint metadata"
+                )
             if header.max_parallelism != self.max_parallelism:
                 raise MaxParallelismMismatchError(
                     f"the snapshot was taken with max parallelism {header.max_parallelism}, this "

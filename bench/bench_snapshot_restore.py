@@ -1,0 +1,122 @@
+"""Heap full snapshot and restore to a local directory vs pickle, in one run.
+
+1M entries of ``ValueState[int]`` under string keys. statekit writes a
+checkpoint through the filesystem storage (canonical format, checksums,
+metadata) and restores it into a fresh backend (restore + declaring the state,
+which is when restored entries are decoded). The baseline, measured in the same
+run: ``pickle.dumps`` of an equal plain dict written to a file, and
+``pickle.loads`` of it. Best of N; ratios are statekit time / pickle time.
+
+Run: ``python bench/bench_snapshot_restore.py [--keys N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import pickle
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from statekit import KeyGroupRange, ValueStateDescriptor, load_checkpoint
+from statekit.checkpointing import complete_checkpoint, write_subtask_state
+from statekit.serializers import StrSerializer
+from statekit_heap import HeapKeyedStateBackend
+from statekit_storage import FileSystemCheckpointStorage
+
+DESC = ValueStateDescriptor("count", int, default=0)
+RANGE = KeyGroupRange(0, 127)
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        gc.collect()
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def new_backend() -> HeapKeyedStateBackend:
+    return HeapKeyedStateBackend(key_serializer=StrSerializer(), key_group_range=RANGE, max_parallelism=128)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    keys = [f"/api/v1/resource/{i}" for i in range(args.keys)]
+    plain = {k: i for i, k in enumerate(keys)}
+    backend = new_backend()
+    counts = iter(range(args.keys))
+    backend.get_state(DESC).update_batch(keys, lambda _: next(counts))
+    assert backend.num_entries() == args.keys
+    root = tempfile.mkdtemp(prefix="statekit-bench-")
+    try:
+        pkl = os.path.join(root, "state.pkl")
+
+        def pickle_write() -> int:
+            with open(pkl, "wb") as f:
+                f.write(data := pickle.dumps(plain, protocol=pickle.HIGHEST_PROTOCOL))
+            return len(data)
+
+        def pickle_read() -> dict[str, int]:
+            with open(pkl, "rb") as f:
+                return pickle.loads(f.read())  # type: ignore[no-any-return]
+
+        storage = FileSystemCheckpointStorage(os.path.join(root, "ckpt"))
+        ids = iter(range(1, 1000))
+        locations: list[str] = []
+
+        def statekit_write() -> int:
+            cid = next(ids)
+            writer = storage.begin_checkpoint("bench", cid)
+            st = write_subtask_state(writer, "op", 0, backend, None)
+            locations.append(
+                complete_checkpoint(
+                    writer, job_id="bench", checkpoint_id=cid, max_parallelism=128, subtasks=[st]
+                )
+            )
+            assert st.keyed is not None
+            return int(st.keyed["size"])
+
+        def statekit_read() -> HeapKeyedStateBackend:
+            b = new_backend()
+            cp = load_checkpoint(storage, locations[-1])
+            cp.restore_subtask("op", 0, 1, b, None)
+            b.get_state(DESC)  # restored entries are decoded when the state is declared
+            return b
+
+        t_pw, psize = timed(pickle_write, args.repeats)
+        t_pr, restored_plain = timed(pickle_read, args.repeats)
+        t_sw, ssize = timed(statekit_write, args.repeats)
+        t_sr, restored = timed(statekit_read, args.repeats)
+        assert restored_plain == plain
+        s = restored.get_state(DESC)
+        for k in keys[:: max(1, args.keys // 1000)]:
+            restored.set_current_key(k)
+            assert s.value() == plain[k]
+        assert restored.num_entries() == args.keys
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    n = args.keys
+    print(f"{n:,} entries of ValueState[int] under str keys, local directory, best of {args.repeats}")
+    print(f"{'path':<28}{'seconds':>9}{'entries/s':>14}{'MB/s':>9}{'MB':>8}{'x pickle':>10}")
+    for name, t, size, base in (
+        ("pickle.dumps + write", t_pw, psize, t_pw),
+        ("statekit snapshot", t_sw, ssize, t_pw),
+        ("read + pickle.loads", t_pr, psize, t_pr),
+        ("statekit restore", t_sr, ssize, t_pr),
+    ):
+        print(f"{name:<28}{t:>9.3f}{n / t:>14,.0f}{size / t / 1e6:>9.1f}{size / 1e6:>8.1f}{t / base:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()

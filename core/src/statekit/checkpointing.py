@@ -1,0 +1,31 @@
+"""The checkpoint coordinator's building blocks, for runner authors.
+
+A runner snapshots each subtask with :func:`write_subtask_state` into the
+streams of a :class:`~statekit.CheckpointWriter`, completes the checkpoint
+with :func:`complete_checkpoint` once every subtask (and the sink) is done,
+and trims old checkpoints with :func:`apply_retention`. To restore, it loads
+a :class:`CompletedCheckpoint` and calls its ``validate`` and
+``restore_subtask``. :class:`statekit.LocalRunner` is the reference runner.
+"""
+
+from __future__ import annotations
+
+from ._checkpoint import (
+    CheckpointMetadata,
+    CompletedCheckpoint,
+    SubtaskState,
+    apply_retention,
+    complete_checkpoint,
+    load_checkpoint,
+    write_subtask_state,
+)
+
+__all__ = [
+    "CheckpointMetadata",
+    "CompletedCheckpoint",
+    "SubtaskState",
+    "apply_retention",
+    "complete_checkpoint",
+    "load_checkpoint",
+    "write_subtask_state",
+]
