@@ -31,6 +31,7 @@ pytest: install
 ## Benchmarks print ratios against a baseline measured in the same run.
 bench: install
 	$(PY) bench/bench_heap_value_state.py
+	$(PY) bench/bench_snapshot_restore.py
 
 clean:
 	rm -rf $(VENV)
