@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Distributions of this repository, installed editable, in dependency order.
-PACKAGES := -e ./core -e ./backends/heap -e "./storage[s3]" -e ".[test]"
+PACKAGES := -e ./core -e ./backends/heap -e "./storage[s3,hdfs]" -e ".[test]"
 HYPOTHESIS_PROFILE ?= ci
 
 .PHONY: install test lint typecheck pytest bench demo clean

@@ -72,8 +72,21 @@ def test_checkpoint_restore_resume_gives_exact_state(storage_config: dict[str, A
     r2.close()
 
 
-@pytest.mark.parametrize(("p", "p2"), [(1, 2), (2, 1), (2, 3), (3, 7), (7, 3), (7, 1), (1, 7), (3, 2)])
+ALL_PAIRS = [(p, q) for p in (1, 2, 3, 7) for q in (1, 2, 3, 7) if p != q]
+
+
+@pytest.mark.parametrize(("p", "p2"), ALL_PAIRS)
+def test_rescale_every_pair_on_local_storage(tmp_path: Any, p: int, p2: int) -> None:
+    conf = {"statekit.checkpoints.dir": str(tmp_path / "ckpt")}
+    check_rescale(conf, p, p2)
+
+
+@pytest.mark.parametrize(("p", "p2"), [(1, 7), (7, 3), (2, 3), (3, 1)])
 def test_rescale_moves_every_key_to_its_new_owner(storage_config: dict[str, Any], p: int, p2: int) -> None:
+    check_rescale(storage_config, p, p2)
+
+
+def check_rescale(storage_config: dict[str, Any], p: int, p2: int) -> None:
     src = RecordSource(RECORDS)
     r1 = runner(storage_config, p)
     r1.run(src, max_records=2000)
@@ -211,3 +224,19 @@ def test_metadata_records_the_layout(storage_config: dict[str, Any]) -> None:
     assert {s["name"] for s in meta.operators["process"][0].states} >= {COUNT.name}
     position = cp.operator_states("__source__", 1)[0]["position"].elements
     assert [json.loads(StrSerializer().deserialize(e)) for e in position] == [500]
+
+
+def test_end_of_input_takes_a_final_checkpoint_and_a_later_run_continues(tmp_path: Any) -> None:
+    conf = {
+        "statekit.checkpoints.dir": str(tmp_path / "ckpt"),
+        "statekit.checkpoint.interval-records": 400,
+        "statekit.parallelism": 2,
+    }
+    first = runner(conf, 2)
+    res = first.run(RecordSource(RECORDS[:1000]))
+    assert len(res.checkpoints) == 3  # at 400, 800, and the end of the input at 1000
+    first.close()
+    second = runner(conf, 3)
+    res2 = second.run(RecordSource(RECORDS), restore="latest")  # the same source, grown
+    assert res2.restored_from == res.checkpoints[-1] and res2.records == len(RECORDS) - 1000
+    assert state_of_runner(second) == model_state(RECORDS)

@@ -356,7 +356,8 @@ class LocalRunner:
 
         ``restore`` is a checkpoint or savepoint location, or ``"latest"``.
         ``max_records`` stops early (the position is kept, so a later ``run``
-        continues). Plain iterables are not replayable: wrap a sequence in
+        continues). With periodic checkpoints configured, reaching the end of the
+        source takes a final checkpoint. Plain iterables are not replayable: wrap a sequence in
         :class:`RecordSource` to resume after a crash.
         """
         result = RunResult()
@@ -368,6 +369,7 @@ class LocalRunner:
         interval = self.checkpoint_interval
         sink = self.sink
         since = 0
+        exhausted = True
         for record, position in src.read(self._position):
             outputs = self.process(record)
             self._position = position
@@ -381,7 +383,12 @@ class LocalRunner:
                 since = 0
                 self._periodic_checkpoint(result)
             if max_records is not None and result.records >= max_records:
+                exhausted = False
                 break
+        if exhausted and interval and since:
+            # As Flink does when bounded input ends: a final checkpoint, so a later run
+            # over a grown source continues exactly where this one stopped.
+            self._periodic_checkpoint(result)
         return result
 
     def _periodic_checkpoint(self, result: RunResult) -> None:
