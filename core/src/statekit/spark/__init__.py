@@ -1,0 +1,41 @@
+"""statekit on Apache Spark: keyed state for PySpark streaming and batch DataFrames.
+
+Install with ``pip install "statekit[spark]"``. A job is a
+:class:`~statekit.KeyedProcessFunction`, written once against the core API and
+run unchanged here or on the embedded :class:`~statekit.LocalRunner`::
+
+    from statekit.spark import keyed
+
+    query = (
+        keyed(spark.readStream.json("logs/"), "url")          # like df.groupBy("url")
+        .process(CountPerUrl, "url string, count long", job_id="url-count")
+        .write_files("/data/url-counts")                       # idempotent per batch id
+        .start(checkpoint_location="/data/spark-checkpoints/url-count")
+    )
+
+Backend, checkpoint storage and their options come from Spark's configuration
+(``spark.statekit.backend``, ``spark.statekit.checkpoints.dir``, …). Checkpoint
+``n`` holds the state after the ``n``-th completed micro-batch; it completes
+after the sink has the batch's outputs, so state reflects every input record
+exactly once, whatever Spark retries. Restarting a query with another
+``spark.statekit.parallelism`` redistributes the state by key group. See
+``docs/spark.md``.
+"""
+
+from __future__ import annotations
+
+try:
+    import pyarrow  # type: ignore[import-untyped]  # noqa: F401
+    import pyspark  # noqa: F401
+except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installation
+    raise ModuleNotFoundError(
+        f"statekit.spark needs {exc.name}, which is not installed. Install it with: "
+        'pip install "statekit[spark]"',
+        name=exc.name,
+    ) from exc
+
+from ._api import KeyedDataFrame, ProcessedStream, keyed
+from ._driver import BatchInfo
+from ._sparkconf import spark_configuration
+
+__all__ = ["BatchInfo", "KeyedDataFrame", "ProcessedStream", "keyed", "spark_configuration"]

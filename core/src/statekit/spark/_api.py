@@ -1,0 +1,282 @@
+"""The user-facing Spark API: ``keyed(df, key).process(...)``, sinks, ``start`` and ``run``."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import types as T
+from pyspark.sql.streaming.query import StreamingQuery
+
+from .._config import Configuration
+from .._contracts import CheckpointStorage
+from .._errors import CheckpointError, ConfigurationError
+from .._function import KeyedProcessFunction
+from .._registry import default_registry
+from .._serializers import serializer_for
+from ._driver import (
+    BATCH_PROPERTY,
+    QUERY_PROPERTY,
+    STATIC_QUERY,
+    BatchInfo,
+    Coordinator,
+    JobSpec,
+    Sink,
+    check_columns,
+    check_key_type,
+    driver_storage,
+)
+from ._shipping import ship_by_value
+from ._sparkconf import spark_configuration
+
+__all__ = ["KeyedDataFrame", "ProcessedStream", "keyed"]
+
+
+def keyed(df: DataFrame, key: str, *, key_type: Any = str) -> KeyedDataFrame:
+    """Key a DataFrame (streaming or static) by one of its columns, as ``df.groupBy(key)`` would.
+
+    Args:
+        df: The input; each row reaches the function as a ``dict`` of its columns.
+        key: The key column. Rows with a null key are an error.
+        key_type: The key's Python type (``str``, ``int``, ``bytes``, a tuple or
+            dataclass type…) or a :class:`~statekit.TypeSerializer`; it fixes the
+            key's canonical bytes, hence its key group. ``str`` and ``int`` keys
+            are routed by Spark SQL alone; others by a Python pass.
+
+    Example::
+
+        from statekit.spark import keyed
+
+        query = (
+            keyed(spark.readStream.json("logs/"), "url")
+            .process(CountPerUrl, "url string, count long", job_id="url-count")
+            .write_files("s3a://bucket/url-counts")
+            .start(checkpoint_location="s3a://bucket/spark-checkpoints/url-count")
+        )
+    """
+    return KeyedDataFrame(df, key, key_type=key_type)
+
+
+class KeyedDataFrame:
+    """A DataFrame keyed by a column: what :func:`keyed` returns."""
+
+    def __init__(self, df: DataFrame, key: str, *, key_type: Any = str) -> None:
+        """See :func:`keyed`."""
+        check_columns(df, key)
+        self.df = df
+        self.key = key
+        self.key_serializer = serializer_for(key_type)
+        check_key_type(self.key_serializer, df.schema[key].dataType, key)
+
+    def process(
+        self,
+        function: Callable[[], KeyedProcessFunction],
+        output_schema: T.StructType | str,
+        *,
+        job_id: str,
+        operator_id: str = "process",
+        config: Mapping[str, object] | Configuration | None = None,
+        allow_non_restored_state: bool = False,
+        on_batch: Callable[[BatchInfo], None] | None = None,
+    ) -> ProcessedStream:
+        """Run ``function`` over the keyed rows, with keyed and operator state.
+
+        Args:
+            function: Makes one :class:`~statekit.KeyedProcessFunction` per subtask
+                (a class, or any callable without arguments); it is pickled to the
+                executors.
+            output_schema: The schema of the records ``process`` yields, as a
+                ``StructType`` or a DDL string (``"url string, count long"``).
+                Records are tuples, lists or Rows in that order, or dicts by name.
+            job_id: Names the job's state: its checkpoints live under this id.
+            operator_id: Names this operator's state inside the job's checkpoints.
+            config: ``statekit.*`` keys that override Spark's ``spark.statekit.*``.
+            allow_non_restored_state: Start even if the checkpoint holds state of
+                operators this job does not have (that state is dropped).
+            on_batch: Called on the driver with a :class:`BatchInfo` after every batch.
+        """
+        schema = (
+            output_schema if isinstance(output_schema, T.StructType) else T.StructType.fromDDL(output_schema)
+        )
+        if not isinstance(schema, T.StructType):
+            raise ConfigurationError(f"output schema {output_schema!r} is not a struct type")
+        reserved = [name for name in schema.names if name.startswith("__statekit_")]
+        if reserved:
+            raise ConfigurationError(f"output column names {reserved} are reserved by statekit.spark")
+        spec = JobSpec(
+            df=self.df,
+            key_column=self.key,
+            key_serializer=self.key_serializer,
+            function_factory=function,
+            output_schema=schema,
+            job_id=job_id,
+            operator_id=operator_id,
+            config=None if config is None else (
+                config if isinstance(config, Configuration) else Configuration.from_mapping(config)
+            ),
+            allow_non_restored_state=allow_non_restored_state,
+            on_batch=on_batch,
+            sink=None,
+        )  # fmt: skip
+        return ProcessedStream(spec)
+
+
+class ProcessedStream:
+    """The output of :meth:`KeyedDataFrame.process`: choose a sink, then ``start`` or ``run``.
+
+    **Sink contract.** A batch's outputs are handed to the sink *before* its
+    checkpoint completes, and a batch is processed again (from the previous
+    checkpoint, with the same input and batch id) if anything fails before the
+    checkpoint completes. So the sink must be idempotent per batch id: writing
+    batch ``b`` twice must leave what writing it once leaves. :meth:`write_files`
+    is; a :meth:`foreach_batch` callback must be.
+    """
+
+    def __init__(self, spec: JobSpec) -> None:
+        """Made by :meth:`KeyedDataFrame.process`."""
+        self._spec = spec
+
+    @property
+    def output_schema(self) -> T.StructType:
+        """The schema of the output records."""
+        return self._spec.output_schema
+
+    @property
+    def job_id(self) -> str:
+        """The job whose state this stream keeps."""
+        return self._spec.job_id
+
+    def write_files(
+        self,
+        path: str,
+        format: str = "parquet",  # noqa: A002 - named as in DataFrameWriter.format
+        *,
+        options: Mapping[str, str] | None = None,
+    ) -> ProcessedStream:
+        """Write each batch's outputs to ``<path>/batch_id=<b>/``, replacing what a previous attempt wrote.
+
+        Readers see one partition column, ``batch_id``. A batch directory is
+        complete once it holds Spark's ``_SUCCESS`` file.
+        """
+        opts = dict(options or {})
+        base = path.rstrip("/")
+
+        def sink(df: DataFrame, batch_id: int) -> None:
+            df.write.mode("overwrite").format(format).options(**opts).save(f"{base}/batch_id={batch_id}")
+
+        return self._with_sink(sink)
+
+    def foreach_batch(self, callback: Callable[[DataFrame, int], None]) -> ProcessedStream:
+        """Hand each batch's outputs to ``callback(df, batch_id)`` on the driver, as ``foreachBatch``.
+
+        ``df`` is cached: several actions on it compute nothing again. The
+        callback may be called more than once for one batch id and must then
+        leave the same result (e.g. overwrite, or MERGE on a key plus batch id).
+        """
+        return self._with_sink(callback)
+
+    def _with_sink(self, sink: Sink) -> ProcessedStream:
+        self._spec = dataclasses.replace(self._spec, sink=sink)
+        return self
+
+    def configuration(self) -> Configuration:
+        """statekit's configuration for this stream: Spark's ``spark.statekit.*`` keys and ``config``."""
+        return spark_configuration(self._spec.df.sparkSession, self._spec.config)
+
+    def checkpoint_storage(self) -> CheckpointStorage:
+        """The driver's checkpoint storage (for ``jobmanager``, the one holding its checkpoints)."""
+        return driver_storage(self.configuration(), default_registry())
+
+    def start(
+        self,
+        checkpoint_location: str | None = None,
+        trigger: str | Mapping[str, Any] | None = None,
+        query_name: str | None = None,
+        *,
+        restore: str | None = None,
+    ) -> StreamingQuery:
+        """Start the streaming query; it runs until stopped, like ``writeStream.start()``.
+
+        Args:
+            checkpoint_location: Spark's checkpoint location (source offsets and
+                batch ids). Restarting with the same location continues the query;
+                statekit then restores the state of its last completed checkpoint.
+                None: Spark's ``spark.sql.streaming.checkpointLocation``.
+            trigger: A processing-time interval (``"10 seconds"``) or the keyword
+                arguments of ``DataStreamWriter.trigger`` (``{"availableNow": True}``).
+            query_name: The query's name.
+            restore: Only for a query whose checkpoint location is new while the
+                job already has state (or has lost it): ``"latest"`` starts from
+                the job's latest checkpoint (or from empty state), a location from
+                that checkpoint or savepoint. Ignored once the query has
+                completed a batch.
+
+        Raises:
+            TypeError: If the DataFrame is not streaming.
+            ConfigurationError: On a bad configuration, before the query starts.
+        """
+        spec = self._spec
+        if not spec.df.isStreaming:
+            raise TypeError("start() needs a streaming DataFrame; use run() for a static one")
+        ship_by_value(spec.function_factory)
+        coordinator = Coordinator(spec, spec.df.sparkSession, restore=restore)
+        started = threading.Event()
+        query_ids: list[str] = []
+
+        def on_micro_batch(batch_df: DataFrame, batch_id: int) -> None:
+            # The query's id survives restarts from its checkpoint location; start() returns it
+            # right after the query thread starts, so the first batch waits a moment for it.
+            started.wait(timeout=120)
+            query_id = query_ids[0] if query_ids else None
+            if query_id is None:
+                query_id = batch_df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+            if query_id is None:
+                raise CheckpointError("cannot tell which streaming query runs this micro-batch")
+            coordinator.process_batch(batch_df, batch_id, query_id)
+
+        writer = spec.df.writeStream.foreachBatch(on_micro_batch)
+        if checkpoint_location is not None:
+            writer = writer.option("checkpointLocation", checkpoint_location)
+        if isinstance(trigger, str):
+            writer = writer.trigger(processingTime=trigger)
+        elif trigger is not None:
+            writer = writer.trigger(**trigger)
+        if query_name is not None:
+            writer = writer.queryName(query_name)
+        query = writer.start()
+        query_ids.append(str(query.id))
+        started.set()
+        return query
+
+    def run(self, *, batch_id: int | None = None, restore: str | None = "latest") -> BatchInfo:
+        """Process a static DataFrame as one batch: the next checkpoint of the job.
+
+        Each ``run`` continues from the job's latest checkpoint, so a job can be
+        fed batch after batch (``restore=None`` starts from empty state; a
+        location, from that checkpoint or savepoint).
+
+        Args:
+            batch_id: Makes a re-run idempotent: a ``run`` whose ``batch_id`` is
+                not above the last batch id a ``run`` completed does nothing (it
+                returns ``skipped=True``). Batch ids must grow; gaps are fine.
+                None: one more than the last.
+            restore: Where the state comes from; see above.
+
+        Raises:
+            TypeError: If the DataFrame is streaming.
+        """
+        spec = self._spec
+        if spec.df.isStreaming:
+            raise TypeError("run() needs a static DataFrame; use start() for a streaming one")
+        if batch_id is not None and batch_id < 0:
+            raise ValueError(f"batch_id must be >= 0, not {batch_id}")
+        ship_by_value(spec.function_factory)
+        coordinator = Coordinator(spec, spec.df.sparkSession, restore=restore)
+        if batch_id is None:
+            latest = coordinator.latest()
+            props = latest.metadata.properties if latest is not None else {}
+            batch_id = int(props[BATCH_PROPERTY]) + 1 if props.get(QUERY_PROPERTY) == STATIC_QUERY else 0
+        return coordinator.process_batch(spec.df, batch_id, STATIC_QUERY)

@@ -1,0 +1,416 @@
+"""The driver side: one statekit checkpoint per Spark micro-batch, completed after the sink.
+
+For micro-batch ``b`` of query ``q`` the driver reads the latest completed
+checkpoint ``C`` of the job; its properties record the query and batch that
+made it. Then:
+
+- ``C`` is from ``q`` and ``b <= C.batch``: the batch was done (the driver died
+  after completing the checkpoint, before Spark committed the batch). Skip it:
+  its outputs were written before ``C`` was completed.
+- ``C`` is from ``q`` and ``b == C.batch + 1``: process ``b`` from ``C``.
+- anything else is an error, unless ``restore`` says where a new query starts.
+
+Processing: every task restores (or reuses) its subtasks at exactly ``C``,
+processes its rows, writes a snapshot into checkpoint ``n`` and reports it;
+the driver writes the outputs to the sink, then completes ``n`` (writing its
+metadata last and atomically). Whatever fails before that leaves ``C`` the
+latest checkpoint, and the batch is processed again from ``C``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from .._checkpoint import (
+    CompletedCheckpoint,
+    SubtaskState,
+    apply_retention,
+    complete_checkpoint,
+    load_checkpoint,
+)
+from .._config import Configuration
+from .._contracts import CheckpointStorage
+from .._errors import CheckpointError, ConfigurationError
+from .._function import KeyedProcessFunction
+from .._keygroups import compute_default_max_parallelism, validate_parallelism
+from .._registry import PluginRegistry, default_registry
+from .._runner import checkpoint_storage_from_config, state_backend_from_config
+from .._serializers import TypeSerializer
+from ._routing import route, routing_values
+from ._sparkconf import spark_configuration
+from ._task import HANDLE_COLUMN, TaskPlan, internal_schema, make_task
+
+__all__ = [
+    "ATTEMPTS_PROPERTY",
+    "BATCH_PROPERTY",
+    "QUERY_PROPERTY",
+    "STATIC_QUERY",
+    "TOKEN_PROPERTY",
+    "BatchInfo",
+    "Coordinator",
+    "JobSpec",
+    "check_columns",
+    "check_key_type",
+    "driver_storage",
+]
+
+#: Checkpoint metadata properties written by the Spark runner.
+QUERY_PROPERTY = "spark_query_id"
+BATCH_PROPERTY = "spark_batch_id"
+TOKEN_PROPERTY = "spark_state_token"
+ATTEMPTS_PROPERTY = "spark_subtask_attempts"
+#: The query id recorded by :meth:`ProcessedStream.run` (static DataFrames).
+STATIC_QUERY = "static"
+
+Sink = Callable[[DataFrame, int], None]
+
+_DRIVER_STORAGES: dict[str, CheckpointStorage] = {}
+_DRIVER_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """What happened to one micro-batch (or one :meth:`~statekit.spark.ProcessedStream.run`).
+
+    Attributes:
+        batch_id: Spark's batch id (for ``run``, the batch id it was given or chose).
+        checkpoint_id: The checkpoint that holds the state after this batch.
+        location: Where that checkpoint lives.
+        skipped: True if the batch had been completed before (a replay after a
+            driver failure); nothing was processed or written.
+        restored_from: The checkpoint the subtasks started from, None for a fresh start.
+        parallelism: The number of subtasks.
+        records: Records processed.
+        outputs: Output records written to the sink.
+        reused_subtasks: Subtasks whose open state an executor kept from the previous batch.
+        restored_subtasks: Subtasks restored from the checkpoint storage (or started empty).
+        executor_pids: The process ids of the Python workers that ran the subtasks.
+    """
+
+    batch_id: int
+    checkpoint_id: int | None
+    location: str | None
+    skipped: bool
+    restored_from: str | None
+    parallelism: int
+    records: int = 0
+    outputs: int = 0
+    reused_subtasks: int = 0
+    restored_subtasks: int = 0
+    executor_pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything :class:`ProcessedStream` knows about the job (driver side)."""
+
+    df: DataFrame
+    key_column: str
+    key_serializer: TypeSerializer
+    function_factory: Callable[[], KeyedProcessFunction]
+    output_schema: T.StructType
+    job_id: str
+    operator_id: str
+    config: Configuration | None
+    allow_non_restored_state: bool
+    on_batch: Callable[[BatchInfo], None] | None
+    sink: Sink | None
+
+
+def _storage_key(conf: Configuration) -> str:
+    name = conf.storage_name
+    return json.dumps(
+        [
+            name,
+            conf.plugin_options("storage", name),
+            conf.get("statekit.checkpoints.dir"),
+            conf.get("statekit.savepoints.dir"),
+        ],
+        sort_keys=True,
+        default=str,
+    )
+
+
+def driver_storage(conf: Configuration, registry: PluginRegistry | None = None) -> CheckpointStorage:
+    """The driver's checkpoint storage for ``conf``: one object per storage configuration and process.
+
+    The ``jobmanager`` storage keeps completed checkpoints in this object, so a
+    query restarted in the same driver process finds them, as a Flink job finds
+    its checkpoints in the JobManager.
+    """
+    key = _storage_key(conf)
+    with _DRIVER_LOCK:
+        storage = _DRIVER_STORAGES.get(key)
+        if storage is None:
+            storage = _DRIVER_STORAGES[key] = checkpoint_storage_from_config(conf, registry)
+        return storage
+
+
+def _parallelism_of(cp: CompletedCheckpoint, operator_id: str) -> int | None:
+    subtasks = cp.metadata.operators.get(operator_id)
+    return len(subtasks) if subtasks else None
+
+
+class Coordinator:
+    """Runs the micro-batches of one query run (one ``start`` or ``run``) on the driver."""
+
+    def __init__(self, spec: JobSpec, session: SparkSession, *, restore: str | None) -> None:
+        """Reads and validates the configuration, picks parallelism and max parallelism.
+
+        Raises:
+            ConfigurationError, UnknownPluginError, PluginError: On a bad configuration.
+            CheckpointError: If the checkpoint to start from cannot be restored here.
+        """
+        self.spec = spec
+        self.session = session
+        self.registry = default_registry()
+        conf = spark_configuration(session, spec.config)
+        conf.validate(self.registry)
+        state_backend_from_config(conf, self.registry)  # fail on the driver, not in every task
+        self.config = conf
+        self.storage = driver_storage(conf, self.registry)
+        self.restore = restore
+        self.retained = int(conf.get("statekit.checkpoints.retained") or 1)
+        self.run_id = uuid.uuid4().hex
+        latest = self.latest()
+        base = latest if restore in (None, "latest") else load_checkpoint(self.storage, restore)
+        p = conf.get("statekit.parallelism")
+        if p is None and base is not None:
+            p = _parallelism_of(base, spec.operator_id)
+        self.parallelism = int(p or session.sparkContext.defaultParallelism)
+        maxp = conf.get("statekit.max-parallelism")
+        if maxp is None and base is not None:
+            maxp = base.metadata.max_parallelism  # as Flink: unset, it comes from the restored state
+        self.max_parallelism = int(maxp or compute_default_max_parallelism(self.parallelism))
+        validate_parallelism(self.parallelism, self.max_parallelism)
+        if base is not None:
+            self._validate(base)
+        self.route_values = routing_values(session, self.parallelism)
+        self.timezone = session.conf.get("spark.sql.session.timeZone")
+
+    def _validate(self, cp: CompletedCheckpoint) -> None:
+        cp.validate(
+            max_parallelism=self.max_parallelism,
+            operators={self.spec.operator_id: self.parallelism},
+            allow_non_restored_state=self.spec.allow_non_restored_state,
+        )
+
+    def latest(self) -> CompletedCheckpoint | None:
+        """The job's latest completed checkpoint, if any."""
+        location = self.storage.latest_checkpoint(self.spec.job_id)
+        return None if location is None else load_checkpoint(self.storage, location)
+
+    # --- deciding what a batch is ------------------------------------------------------
+
+    def _source(
+        self, latest: CompletedCheckpoint | None, batch_id: int, query: str
+    ) -> tuple[bool, CompletedCheckpoint | None]:
+        """``(skip, checkpoint to start from)`` for batch ``batch_id`` of ``query``."""
+        job = self.spec.job_id
+        props = latest.metadata.properties if latest is not None else {}
+        if query == STATIC_QUERY:
+            # A static run: skip a batch id already done; otherwise start where ``restore`` says.
+            if (
+                latest is not None
+                and props.get(QUERY_PROPERTY) == query
+                and batch_id <= props[BATCH_PROPERTY]
+            ):
+                return True, latest
+            if self.restore is None:
+                return False, None
+            return False, latest if self.restore == "latest" else load_checkpoint(self.storage, self.restore)
+        if latest is not None and props.get(QUERY_PROPERTY) == query:
+            last = int(props[BATCH_PROPERTY])
+            if batch_id <= last:
+                return True, latest
+            if batch_id != last + 1:
+                raise CheckpointError(
+                    f"statekit job {job!r}: its latest checkpoint {latest.location} holds the state after "
+                    f"micro-batch {last} of this query, but Spark runs micro-batch {batch_id}: the "
+                    f"checkpoints of batches {last + 1}..{batch_id - 1} are missing (deleted, or kept by a "
+                    "jobmanager storage in the memory of a driver that is gone). Restart the query from a "
+                    "Spark checkpoint location that matches the statekit checkpoints"
+                )
+            return False, latest
+        if self.restore is None:
+            if latest is not None:
+                raise CheckpointError(
+                    f"statekit job {job!r} already has state: {latest.location}, made by "
+                    f"{_origin(props)}, not by this query ({query}). A new query (a new Spark checkpoint "
+                    "location) must say where its state comes from: pass restore='latest' to start(), "
+                    "or use another job_id"
+                )
+            if batch_id > 0:
+                raise CheckpointError(
+                    f"Spark has completed micro-batches 0..{batch_id - 1} of query {query}, but statekit job "
+                    f"{job!r} has no checkpoint: its state is lost (the jobmanager storage keeps checkpoints "
+                    "only in the memory of the driver that completed them; use "
+                    "statekit.checkpoints.dir for state that outlives the driver). Pass restore='latest' "
+                    "to go on from empty state"
+                )
+            return False, None
+        if self.restore == "latest":
+            return False, latest
+        return False, load_checkpoint(self.storage, self.restore)
+
+    # --- one batch ------------------------------------------------------------------
+
+    def process_batch(self, df: DataFrame, batch_id: int, query: str) -> BatchInfo:
+        """Process one micro-batch exactly once, or skip it if it was done; see the module doc."""
+        spec = self.spec
+        latest = self.latest()
+        skip, source = self._source(latest, batch_id, query)
+        if skip:
+            assert latest is not None
+            info = BatchInfo(batch_id, latest.checkpoint_id, latest.location, True, None, self.parallelism)
+            self._notify(info)
+            return info
+        if source is not None:
+            self._validate(source)
+        n = max(latest.checkpoint_id if latest else 0, source.checkpoint_id if source else 0) + 1
+        # Files of an attempt at checkpoint n that never completed (a driver that died mid-batch).
+        with contextlib.suppress(CheckpointError):
+            self.storage.begin_checkpoint(spec.job_id, n).abort()
+        token = uuid.uuid4().hex
+        sc = self.session.sparkContext
+        metadata = sc.broadcast(self.storage.read_metadata(source.location) if source else b"")
+        plan = TaskPlan(
+            job_id=spec.job_id,
+            operator_id=spec.operator_id,
+            run_id=self.run_id,
+            checkpoint_id=n,
+            token=token,
+            restore_location=source.location if source else None,
+            restore_token=source.metadata.properties.get(TOKEN_PROPERTY) if source else None,
+            restore_attempts=_attempts(source),
+            parallelism=self.parallelism,
+            max_parallelism=self.max_parallelism,
+            config=self.config,
+            function_factory=spec.function_factory,
+            key_column=spec.key_column,
+            key_serializer=spec.key_serializer,
+            input_columns=tuple(df.columns),
+            output_schema=spec.output_schema,
+            timezone=self.timezone,
+        )
+        routed = route(
+            df,
+            key_column=spec.key_column,
+            serializer=spec.key_serializer,
+            parallelism=self.parallelism,
+            max_parallelism=self.max_parallelism,
+            route_values=self.route_values,
+        )
+        processed = routed.mapInArrow(make_task(plan, metadata), internal_schema(spec.output_schema))
+        processed = processed.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            # One pass computes (and caches) every partition; the sink then reads the cache.
+            rows = processed.where(F.col(HANDLE_COLUMN).isNotNull()).select(HANDLE_COLUMN).collect()
+            reports = self._reports([r[0] for r in rows])
+            if spec.sink is not None:
+                outputs = processed.where(F.col(HANDLE_COLUMN).isNull()).select(*spec.output_schema.names)
+                spec.sink(outputs, batch_id)
+            location = complete_checkpoint(
+                self.storage.begin_checkpoint(spec.job_id, n),
+                job_id=spec.job_id,
+                checkpoint_id=n,
+                max_parallelism=self.max_parallelism,
+                subtasks=[SubtaskState.from_json(r["state"]) for r in reports],
+                properties={
+                    QUERY_PROPERTY: query,
+                    BATCH_PROPERTY: batch_id,
+                    TOKEN_PROPERTY: token,
+                    ATTEMPTS_PROPERTY: {str(r["subtask"]): r["attempt"] for r in reports},
+                },
+            )
+        finally:
+            processed.unpersist()
+            with contextlib.suppress(Exception):
+                metadata.destroy()
+        self.registry.hook.statekit_checkpoint_completed(
+            job_id=spec.job_id, checkpoint_id=n, location=location
+        )
+        apply_retention(self.storage, spec.job_id, self.retained)
+        reused = sum(1 for r in reports if r["reused"])
+        info = BatchInfo(
+            batch_id,
+            n,
+            location,
+            False,
+            source.location if source else None,
+            self.parallelism,
+            records=sum(int(r["records"]) for r in reports),
+            outputs=sum(int(r["outputs"]) for r in reports),
+            reused_subtasks=reused,
+            restored_subtasks=len(reports) - reused,
+            executor_pids=tuple(sorted({int(r["pid"]) for r in reports})),
+        )
+        self._notify(info)
+        return info
+
+    def _reports(self, descriptions: list[str]) -> list[dict[str, Any]]:
+        reports = sorted((json.loads(d) for d in descriptions), key=lambda r: int(r["subtask"]))
+        seen = [int(r["subtask"]) for r in reports]
+        if seen != list(range(self.parallelism)):
+            raise CheckpointError(
+                f"expected one snapshot from each of subtasks 0..{self.parallelism - 1}, got subtasks "
+                f"{seen}; the micro-batch was not routed as planned and is not committed"
+            )
+        return reports
+
+    def _notify(self, info: BatchInfo) -> None:
+        if self.spec.on_batch is not None:
+            self.spec.on_batch(info)
+
+
+def _attempts(source: CompletedCheckpoint | None) -> dict[int, str]:
+    """Which task attempt wrote each subtask's snapshot in ``source`` (none if not made here)."""
+    if source is None:
+        return {}
+    attempts = source.metadata.properties.get(ATTEMPTS_PROPERTY) or {}
+    return {int(i): str(a) for i, a in attempts.items()}
+
+
+def _origin(props: dict[str, Any]) -> str:
+    query = props.get(QUERY_PROPERTY)
+    if query is None:
+        return "another runner"
+    if query == STATIC_QUERY:
+        return f"a static run (batch {props.get(BATCH_PROPERTY)})"
+    return f"Spark query {query} (micro-batch {props.get(BATCH_PROPERTY)})"
+
+
+def check_columns(df: DataFrame, key_column: str) -> None:
+    """Raise a clear error if the key column is missing or a reserved column name is taken."""
+    from ._routing import RESERVED_COLUMNS
+
+    if key_column not in df.columns:
+        raise ConfigurationError(f"key column {key_column!r} is not a column of the DataFrame: {df.columns}")
+    taken = [c for c in df.columns if c in RESERVED_COLUMNS or c.startswith("__statekit_")]
+    if taken:
+        raise ConfigurationError(f"column names {taken} are reserved by statekit.spark; rename them")
+
+
+def check_key_type(serializer: TypeSerializer, data_type: T.DataType, key_column: str) -> None:
+    """Refuse, before anything runs, a ``str`` or ``int`` key type over a column of another type."""
+    from .._serializers import IntSerializer, StrSerializer
+    from ._routing import supports_sql_routing
+
+    if type(serializer) in (StrSerializer, IntSerializer) and not supports_sql_routing(serializer, data_type):
+        kind = "str" if type(serializer) is StrSerializer else "int"
+        raise ConfigurationError(
+            f"key column {key_column!r} is {data_type.simpleString()}, not a {kind} column: pass the "
+            "key_type that matches its values (str for string columns, int for integer columns, "
+            "bytes for binary ones)"
+        )

@@ -1,0 +1,182 @@
+"""Routing: every record of a micro-batch to the Spark partition of the subtask that owns its key.
+
+Spark's ``repartition(n, col)`` places a row in partition ``pmod(murmur3(col), n)``.
+statekit's owner of a key is ``operator_index(murmur(crc32(key bytes)) % max_parallelism)``
+(Flink's formulas, see :mod:`statekit._keygroups`). The two meet exactly:
+
+1. each row gets its subtask index ``i``: a Spark SQL expression for ``str`` and
+   ``int`` keys (CRC-32 and Flink's 32-bit murmur in 64-bit arithmetic that never
+   overflows, so it is exact under ANSI mode), a vectorized Python pass otherwise;
+2. ``i`` becomes a routing value ``x_i`` chosen once, by asking Spark itself, so
+   that ``pmod(hash(x_i), p) == i``; ``repartition(p, x)`` then puts subtask ``i``'s
+   rows, and only them, in partition ``i``.
+
+One *marker* row per subtask joins the batch, so that every subtask runs (and
+snapshots) even when it receives no record. Tasks never trust the partition id:
+they serve every subtask whose rows they receive, and the driver checks that
+each subtask reported exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from .._keygroups import key_group_for_bytes, operator_index_for_key_group
+from .._serializers import IntSerializer, StrSerializer, TypeSerializer
+
+__all__ = [
+    "MARKER_COLUMN",
+    "RESERVED_COLUMNS",
+    "ROUTE_COLUMN",
+    "SUBTASK_COLUMN",
+    "route",
+    "routing_values",
+    "sql_key_group",
+    "supports_sql_routing",
+]
+
+SUBTASK_COLUMN = "__statekit_subtask"
+MARKER_COLUMN = "__statekit_marker"
+ROUTE_COLUMN = "__statekit_route"
+RESERVED_COLUMNS = (SUBTASK_COLUMN, MARKER_COLUMN, ROUTE_COLUMN)
+
+_M32 = 0xFFFFFFFF
+_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+
+
+def _mul32(c: Column, m: int) -> Column:
+    """``(c * m) mod 2**32`` for ``0 <= c < 2**32``, in 16-bit halves: no product reaches 2**49."""
+    low = c.bitwiseAND(0xFFFF) * F.lit(m)
+    high = F.shiftleft((F.shiftright(c, 16) * F.lit(m)).bitwiseAND(0xFFFF), 16)
+    return (low + high).bitwiseAND(_M32)
+
+
+def _rotl(c: Column, r: int) -> Column:
+    return F.shiftleft(c, r).bitwiseAND(_M32).bitwiseOR(F.shiftright(c, 32 - r))
+
+
+# Flink's MathUtils.murmurHash(int), one step per column so no expression is duplicated.
+_MURMUR_STEPS: tuple[Callable[[Column], Column], ...] = (
+    lambda c: _mul32(c, 0xCC9E2D51),
+    lambda c: _rotl(c, 15),
+    lambda c: _mul32(c, 0x1B873593),
+    lambda c: _rotl(c, 13),
+    lambda c: (c * F.lit(5) + F.lit(0xE6546B64)).bitwiseAND(_M32).bitwiseXOR(F.lit(4)),
+    lambda c: c.bitwiseXOR(F.shiftright(c, 16)),
+    lambda c: _mul32(c, 0x85EBCA6B),
+    lambda c: c.bitwiseXOR(F.shiftright(c, 13)),
+    lambda c: _mul32(c, 0xC2B2AE35),
+    lambda c: c.bitwiseXOR(F.shiftright(c, 16)),
+    # Java's Math.abs of the int; abs(MIN_VALUE) is MIN_VALUE, which Flink maps to 0.
+    lambda c: F.when(c >= F.lit(0x80000000), F.lit(0x100000000) - c).otherwise(c).bitwiseAND(0x7FFFFFFF),
+)
+
+
+def supports_sql_routing(serializer: TypeSerializer, data_type: T.DataType) -> bool:
+    """Whether the key's canonical bytes can be computed in Spark SQL (``str`` and ``int`` keys)."""
+    if type(serializer) is StrSerializer:
+        return isinstance(data_type, T.StringType)
+    if type(serializer) is IntSerializer:
+        return isinstance(data_type, _INTEGRAL)
+    return False
+
+
+def _key_bytes(key: Column, serializer: TypeSerializer) -> Column:
+    if type(serializer) is StrSerializer:
+        return key.cast("binary")  # Spark strings are UTF-8: the serializer's bytes
+    # IntSerializer: 8 bytes, little-endian two's complement. hex() of a negative
+    # long is its two's complement; swap the byte pairs of the padded hex.
+    h = F.lpad(F.hex(key.cast("bigint")), 16, "0")
+    return F.unhex(F.concat(*(F.substring(h, 15 - 2 * i, 2) for i in range(8))))
+
+
+def sql_key_group(df: DataFrame, key_column: str, serializer: TypeSerializer, max_parallelism: int,
+                  out: str) -> DataFrame:  # fmt: skip
+    """``df`` with column ``out``: the key group of ``key_column``, computed by Spark."""
+    tmp = f"{out}__h"
+    df = df.withColumn(tmp, F.crc32(_key_bytes(F.col(key_column), serializer)))
+    for step in _MURMUR_STEPS:
+        df = df.withColumn(tmp, step(F.col(tmp)))
+    return df.withColumn(out, F.pmod(F.col(tmp), F.lit(max_parallelism)).cast("int")).drop(tmp)
+
+
+class _PythonSubtasks:
+    """Adds the subtask column in Python, for keys Spark SQL cannot serialize (a module-level class,
+    so that tasks unpickle it by reference)."""
+
+    def __init__(self, key_column: str, serializer: TypeSerializer, max_parallelism: int, parallelism: int):
+        self.key_column = key_column
+        self.serializer = serializer
+        self.max_parallelism = max_parallelism
+        self.parallelism = parallelism
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        cache: dict[Any, int] = {}
+        maxp, p = self.max_parallelism, self.parallelism
+        for batch in batches:
+            out = []
+            for key in batch.column(self.key_column).to_pylist():
+                i = cache.get(key)
+                if i is None:
+                    if key is None:
+                        raise ValueError(f"null key in column {self.key_column!r}: every record needs a key")
+                    kg = key_group_for_bytes(self.serializer.serialize(key), maxp)
+                    i = operator_index_for_key_group(maxp, p, kg)
+                    if len(cache) > 65536:
+                        cache.clear()
+                    cache[key] = i
+                out.append(i)
+            yield batch.append_column(SUBTASK_COLUMN, pa.array(out, type=pa.int32()))
+
+
+def routing_values(session: SparkSession, parallelism: int) -> list[int]:
+    """``x_i`` for each subtask ``i`` such that Spark's ``pmod(hash(x_i), p) == i``, asked of Spark."""
+    found: dict[int, int] = {}
+    start, size = 0, max(256, parallelism * 32)
+    while len(found) < parallelism:
+        rows = session.range(start, start + size, numPartitions=1).select(
+            "id", F.pmod(F.hash("id"), F.lit(parallelism)).alias("part")
+        )
+        for row in rows.collect():
+            found.setdefault(int(row["part"]), int(row["id"]))
+        start, size = start + size, size * 2
+    return [found[i] for i in range(parallelism)]
+
+
+def route(
+    df: DataFrame,
+    *,
+    key_column: str,
+    serializer: TypeSerializer,
+    parallelism: int,
+    max_parallelism: int,
+    route_values: list[int],
+) -> DataFrame:
+    """``df`` plus one marker row per subtask, partitioned so that partition ``i`` holds subtask ``i``."""
+    key_type = df.schema[key_column].dataType
+    if supports_sql_routing(serializer, key_type):
+        kg = "__statekit_kg"
+        with_kg = sql_key_group(df, key_column, serializer, max_parallelism, kg)
+        # Flink's operator index kg * p // maxp, in integer arithmetic.
+        index = F.expr(f"CAST(CAST({kg} AS BIGINT) * {parallelism} DIV {max_parallelism} AS INT)")
+        rows = with_kg.withColumn(SUBTASK_COLUMN, index).drop(kg)
+    else:
+        schema = T.StructType([*df.schema.fields, T.StructField(SUBTASK_COLUMN, T.IntegerType(), False)])
+        rows = df.mapInArrow(_PythonSubtasks(key_column, serializer, max_parallelism, parallelism), schema)
+    rows = rows.withColumn(MARKER_COLUMN, F.lit(False))
+    markers = df.sparkSession.range(parallelism).select(
+        F.col("id").cast("int").alias(SUBTASK_COLUMN), F.lit(True).alias(MARKER_COLUMN)
+    )
+    # bigint, as in routing_values: Spark hashes an int and a bigint of one value differently.
+    values = F.array(*(F.lit(v).cast("bigint") for v in route_values))
+    return (
+        rows.unionByName(markers, allowMissingColumns=True)
+        .withColumn(ROUTE_COLUMN, F.element_at(values, F.col(SUBTASK_COLUMN) + F.lit(1)))
+        .repartition(parallelism, ROUTE_COLUMN)
+    )

@@ -1,0 +1,426 @@
+"""The executor side: one Spark task serves the subtasks whose rows it receives.
+
+A Python worker keeps the subtasks it served in a process-wide cache between
+micro-batches. An entry is reused only when it holds *exactly* the state of the
+checkpoint the driver says to start from. Entries are taken out of the cache
+while a task works on them and put back only after the task processed every
+row and wrote its snapshot, marked with the id of that task attempt (unique,
+and random per batch run); the driver records in each checkpoint which attempt
+wrote each subtask's snapshot, and a later task reuses an entry only if it was
+made by that very attempt. A failed or killed task therefore leaves nothing
+behind, a retried task restores from the checkpoint storage, and stale local
+state is never used."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from pyspark.sql import types as T
+
+from .._checkpoint import CheckpointMetadata, CompletedCheckpoint, write_subtask_state
+from .._config import Configuration
+from .._contracts import (
+    CheckpointOutputStream,
+    CheckpointStorage,
+    CheckpointWriter,
+    KeyedStateBackend,
+    OperatorStateBackend,
+    StateBackend,
+)
+from .._errors import CheckpointError
+from .._function import KeyedProcessFunction, ProcessContext, RuntimeContext
+from .._keygroups import key_group_range_for_operator
+from .._operator import OperatorSnapshot
+from .._registry import default_registry
+from .._runner import checkpoint_storage_from_config, state_backend_from_config
+from .._serializers import TypeSerializer
+from .._ttl import system_clock
+from ._routing import MARKER_COLUMN, SUBTASK_COLUMN
+
+__all__ = ["HANDLE_COLUMN", "TaskPlan", "internal_schema", "make_task", "reset_cache"]
+
+#: The column of the internal output that carries each subtask's snapshot description.
+HANDLE_COLUMN = "__statekit_handle"
+_FLUSH_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """What the driver tells every task of one micro-batch (pickled into the task)."""
+
+    job_id: str
+    operator_id: str
+    run_id: str
+    checkpoint_id: int
+    token: str
+    restore_location: str | None
+    restore_token: str | None
+    restore_attempts: Mapping[int, str]
+    parallelism: int
+    max_parallelism: int
+    config: Configuration
+    function_factory: Callable[[], KeyedProcessFunction]
+    key_column: str
+    key_serializer: TypeSerializer
+    input_columns: tuple[str, ...]
+    output_schema: T.StructType
+    timezone: str | None = None
+
+
+def internal_schema(output_schema: T.StructType) -> T.StructType:
+    """The user's output columns (made nullable) plus the handle column."""
+    fields = [T.StructField(f.name, f.dataType, True, f.metadata) for f in output_schema.fields]
+    return T.StructType([*fields, T.StructField(HANDLE_COLUMN, T.StringType(), True)])
+
+
+@dataclass(eq=False)
+class _Subtask:
+    run_id: str
+    index: int
+    keyed: KeyedStateBackend
+    operator: OperatorStateBackend
+    function: KeyedProcessFunction
+    ctx: RuntimeContext
+    pctx: ProcessContext
+    token: str | None = None  # the batch whose state this is
+    attempt: str | None = None  # the task attempt that made it (and wrote its snapshot)
+    opened: bool = False
+    records: int = 0
+    outputs: int = 0
+
+    def close(self) -> None:
+        # Best effort: the subtask is being dropped, an error here must not hide the real one.
+        if self.opened:
+            with contextlib.suppress(Exception):
+                self.function.close()
+        with contextlib.suppress(Exception):
+            self.keyed.close()
+        with contextlib.suppress(Exception):
+            self.operator.close()
+
+
+_LOCK = threading.Lock()
+_CACHE: dict[tuple[str, str, int], _Subtask] = {}
+_STORAGES: dict[str, CheckpointStorage] = {}
+_BACKENDS: dict[str, StateBackend] = {}
+_LOCAL_ATTEMPTS = itertools.count()  # attempt ids outside Spark (tests)
+
+
+def reset_cache() -> None:
+    """Close and forget every cached subtask of this process (tests, and shutdown)."""
+    with _LOCK:
+        entries = list(_CACHE.values())
+        _CACHE.clear()
+    for entry in entries:
+        entry.close()
+
+
+def _config_key(config: Configuration) -> str:
+    return json.dumps(config.as_dict(), sort_keys=True, default=str)
+
+
+def _storage(config: Configuration) -> CheckpointStorage:
+    key = _config_key(config)
+    with _LOCK:
+        storage = _STORAGES.get(key)
+    if storage is None:
+        storage = checkpoint_storage_from_config(config)
+        with _LOCK:
+            storage = _STORAGES.setdefault(key, storage)
+    return storage
+
+
+def _backend(config: Configuration) -> StateBackend:
+    key = _config_key(config)
+    with _LOCK:
+        backend = _BACKENDS.get(key)
+    if backend is None:
+        backend = state_backend_from_config(config)
+        with _LOCK:
+            backend = _BACKENDS.setdefault(key, backend)
+    return backend
+
+
+class _AttemptWriter:
+    """Names every stream after the task attempt, so that retried or speculative attempts never clash.
+
+    Tasks only create streams; the driver completes the checkpoint.
+    """
+
+    def __init__(self, inner: CheckpointWriter, suffix: str) -> None:
+        self._inner = inner
+        self._suffix = suffix
+
+    @property
+    def location(self) -> str:
+        """The checkpoint's location."""
+        return self._inner.location
+
+    def create_stream(self, name: str, *, shared: bool = False) -> CheckpointOutputStream:
+        """A stream named ``<name>.<attempt>``."""
+        return self._inner.create_stream(f"{name}.{self._suffix}", shared=shared)
+
+    def complete(self, metadata: bytes) -> str:
+        """Tasks never complete a checkpoint."""
+        raise CheckpointError("a Spark task cannot complete a checkpoint; the driver does")
+
+    def abort(self) -> None:
+        """Nothing to do: the driver cleans up unfinished checkpoints."""
+
+
+@dataclass
+class _RestoreSource:
+    """The checkpoint a task's subtasks start from, read lazily from the driver's metadata."""
+
+    plan: TaskPlan
+    metadata: Any  # a Broadcast of the metadata bytes, or None
+    _checkpoint: CompletedCheckpoint | None = None
+    _operator_states: list[OperatorSnapshot] | None = field(default=None)
+
+    def checkpoint(self) -> CompletedCheckpoint | None:
+        if self.plan.restore_location is None:
+            return None
+        if self._checkpoint is None:
+            data = self.metadata.value
+            meta = CheckpointMetadata.from_bytes(data, f"{self.plan.restore_location}/_metadata")
+            self._checkpoint = CompletedCheckpoint(
+                _storage(self.plan.config), self.plan.restore_location, meta
+            )
+        return self._checkpoint
+
+    def operator_states(self) -> list[OperatorSnapshot]:
+        cp = self.checkpoint()
+        assert cp is not None
+        if self._operator_states is None:
+            self._operator_states = cp.operator_states(self.plan.operator_id, self.plan.parallelism)
+        return self._operator_states
+
+
+def _evict_stale(plan: TaskPlan) -> None:
+    """Drop cached subtasks of this job that can never be reused: older runs, older states."""
+    stale = []
+    with _LOCK:
+        for key, entry in list(_CACHE.items()):
+            if key[:2] != (plan.job_id, plan.operator_id):
+                continue
+            if entry.run_id != plan.run_id or entry.token not in (plan.restore_token, plan.token):
+                stale.append(_CACHE.pop(key))
+    for entry in stale:
+        entry.close()
+
+
+def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subtask, bool]:
+    """The subtask ``index`` holding the state of the restore source; True if reused from the cache."""
+    if not 0 <= index < plan.parallelism:
+        raise CheckpointError(f"row routed to subtask {index}, outside 0..{plan.parallelism - 1}")
+    _evict_stale(plan)
+    with _LOCK:
+        entry = _CACHE.pop((plan.job_id, plan.operator_id, index), None)
+    if entry is not None:
+        # The very state whose snapshot the checkpoint holds: same batch and same task attempt
+        # (two attempts of one task may both succeed, over records in another order).
+        wanted = plan.restore_attempts.get(index)
+        if entry.run_id == plan.run_id and wanted is not None and entry.attempt == wanted:
+            return entry, True
+        entry.close()
+    backend = _backend(plan.config)
+    keyed = backend.create_keyed_backend(
+        key_serializer=plan.key_serializer,
+        key_group_range=key_group_range_for_operator(plan.max_parallelism, plan.parallelism, index),
+        max_parallelism=plan.max_parallelism,
+        clock=system_clock,
+        key_cache_size=int(plan.config.get("statekit.key-cache-size")),
+    )
+    operator = backend.create_operator_backend()
+    ctx = RuntimeContext(
+        keyed,
+        operator,
+        job_id=plan.job_id,
+        subtask_index=index,
+        parallelism=plan.parallelism,
+        max_parallelism=plan.max_parallelism,
+        clock=system_clock,
+    )
+    st = _Subtask(plan.run_id, index, keyed, operator, plan.function_factory(), ctx, ProcessContext(ctx))
+    try:
+        cp = source.checkpoint()
+        if cp is not None:
+            cp.restore_subtask(
+                plan.operator_id,
+                index,
+                plan.parallelism,
+                keyed,
+                operator,
+                operator_states=source.operator_states(),
+            )
+        st.function.open(ctx)
+        st.opened = True
+    except BaseException:
+        st.close()
+        raise
+    default_registry().hook.statekit_restore_done(
+        job_id=plan.job_id,
+        checkpoint_id=None if cp is None else cp.checkpoint_id,
+        subtask_index=index,
+        parallelism=plan.parallelism,
+    )
+    return st, False
+
+
+class _Output:
+    """Collects the user's output records and turns them into Arrow batches of the internal schema."""
+
+    def __init__(self, plan: TaskPlan) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.names = [f.name for f in plan.output_schema.fields]
+        self.schema = to_arrow_schema(internal_schema(plan.output_schema), timezone=plan.timezone)
+        self.rows: list[tuple[Any, ...]] = []
+        self._width = len(self.names)
+        self._known = frozenset(self.names)
+
+    def add(self, record: Any) -> None:
+        if isinstance(record, dict):
+            if not self._known.issuperset(record):
+                unknown = sorted(set(record) - self._known)
+                raise ValueError(f"output record has fields {unknown} that the output schema lacks")
+            self.rows.append(tuple(record.get(n) for n in self.names))
+        elif isinstance(record, (tuple, list)):
+            if len(record) != self._width:
+                raise ValueError(
+                    f"output record {record!r} has {len(record)} fields, the output schema {self._width}: "
+                    f"{', '.join(self.names)}"
+                )
+            self.rows.append(tuple(record))
+        elif self._width == 1:
+            self.rows.append((record,))
+        else:
+            raise TypeError(
+                f"output records must be tuples, lists, Rows or dicts of {', '.join(self.names)}; "
+                f"got {type(record).__name__}"
+            )
+
+    def flush(self) -> Any:
+        rows, self.rows = self.rows, []
+        columns = list(zip(*rows)) if rows else [() for _ in self.names]
+        arrays = []
+        for name, values, typ in zip(self.names, columns, self.schema.types):
+            try:
+                arrays.append(pa.array(list(values), type=typ))
+            except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+                raise TypeError(f"output column {name!r} ({typ}): {exc}") from exc
+        arrays.append(pa.nulls(len(rows), pa.string()))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def handles(self, descriptions: Sequence[str]) -> Any:
+        n = len(descriptions)
+        arrays = [pa.nulls(n, typ) for typ in self.schema.types[:-1]]
+        arrays.append(pa.array(list(descriptions), type=pa.string()))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+def make_task(plan: TaskPlan, metadata: Any) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The ``mapInArrow`` function that processes one partition of a routed micro-batch.
+
+    It yields the output records, then one row per served subtask whose handle
+    column describes the subtask's snapshot (written into checkpoint
+    ``plan.checkpoint_id`` under stream names unique to this task attempt).
+    """
+    return _PartitionTask(plan, metadata)
+
+
+class _PartitionTask:
+    """A module-level class, so that tasks unpickle it by reference and share this module's cache."""
+
+    def __init__(self, plan: TaskPlan, metadata: Any) -> None:
+        self.plan = plan
+        self.metadata = metadata
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+
+        plan = self.plan
+        tc = TaskContext.get()
+        attempt_id = tc.taskAttemptId() if tc is not None else f"local{next(_LOCAL_ATTEMPTS)}"
+        attempt = f"{plan.token[:12]}-{attempt_id}"
+        source = _RestoreSource(plan, self.metadata)
+        out = _Output(plan)
+        active: dict[int, _Subtask] = {}
+        reused: set[int] = set()
+        done = False
+        try:
+            for batch in batches:
+                subtasks = batch.column(SUBTASK_COLUMN).to_pylist()
+                markers = batch.column(MARKER_COLUMN).to_pylist()
+                records = batch.select(list(plan.input_columns)).to_pylist()
+                for index, marker, record in zip(subtasks, markers, records):
+                    st = active.get(index)
+                    if st is None:
+                        if index is None:
+                            raise ValueError(
+                                f"null key in column {plan.key_column!r}: every record needs a key"
+                            )
+                        st, hit = _acquire(plan, index, source)
+                        active[index] = st
+                        if hit:
+                            reused.add(index)
+                    if marker:
+                        continue
+                    key = record[plan.key_column]
+                    st.keyed.set_current_key(key)
+                    st.pctx.current_key = key
+                    st.records += 1
+                    result = st.function.process(record, st.pctx)
+                    if result is not None:
+                        for o in result:
+                            out.add(o)
+                            st.outputs += 1
+                    if len(out.rows) >= _FLUSH_ROWS:
+                        yield out.flush()
+            if out.rows:
+                yield out.flush()
+            storage = _storage(plan.config)
+            writer = _AttemptWriter(storage.begin_checkpoint(plan.job_id, plan.checkpoint_id), attempt)
+            descriptions = []
+            for index, st in sorted(active.items()):
+                state = write_subtask_state(
+                    writer,
+                    plan.operator_id,
+                    index,
+                    st.keyed,
+                    st.operator,
+                    max_state_size=storage.max_state_size,
+                )
+                descriptions.append(
+                    json.dumps(
+                        {
+                            "subtask": index,
+                            "state": state.to_json(),
+                            "records": st.records,
+                            "outputs": st.outputs,
+                            "reused": index in reused,
+                            "pid": os.getpid(),
+                            "attempt": attempt,
+                            "attempt_number": tc.attemptNumber() if tc is not None else 0,
+                        },
+                        separators=(",", ":"),
+                    )
+                )
+            with _LOCK:
+                for index, st in active.items():
+                    st.token, st.attempt, st.records, st.outputs = plan.token, attempt, 0, 0
+                    _CACHE[(plan.job_id, plan.operator_id, index)] = st
+            done = True
+            yield out.handles(descriptions)
+        finally:
+            if not done:
+                for st in active.values():
+                    st.close()

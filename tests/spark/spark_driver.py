@@ -1,0 +1,121 @@
+"""A Spark driver for the tests that need their own process: a driver to kill, a standalone cluster.
+
+Counts URLs of the JSON files in ``--input`` with statekit, one file per
+micro-batch (availableNow), writing outputs to ``--out/batch_id=<b>/``. Prints
+one JSON line per completed batch and a summary line at the end, into ``--report``.
+
+``--kill-in-sink B`` SIGKILLs the driver's process group right after the sink
+wrote batch ``B``, before its checkpoint completes: the worst moment to die.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--master", default="local[2,4]")
+    parser.add_argument("--input", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--spark-checkpoint", required=True)
+    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--parallelism", type=int, nargs="+", default=[2])
+    parser.add_argument("--checkpoints-dir", help="filesystem storage here; default: jobmanager")
+    parser.add_argument("--kill-in-sink", type=int, default=None)
+    parser.add_argument("--report", required=True, help="JSON lines: one per batch, then a summary")
+    args = parser.parse_args()
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(args.master)
+        .appName("statekit-test-driver")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.executor.memory", "512m")
+        .config("spark.executor.cores", "1")
+        .config("spark.cores.max", "2")
+        .config("spark.pyspark.python", sys.executable)
+        # Short-lived JVMs: start fast rather than run fast.
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        .config("spark.executor.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+    )
+    if args.checkpoints_dir:
+        builder = builder.config("spark.statekit.checkpoints.dir", args.checkpoints_dir)
+    else:
+        builder = builder.config("spark.statekit.checkpoint.storage", "jobmanager")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+
+    from sparkutil import OUTPUT, stream_of
+
+    from jobs import CountUrls, make_records, model_state, state_of_runner
+    from statekit import LocalRunner
+    from statekit.spark import BatchInfo, keyed
+
+    report_file = open(args.report, "a")  # noqa: SIM115 - open for the life of the process
+
+    def emit(obj: object) -> None:
+        report_file.write(json.dumps(obj) + "\n")
+        report_file.flush()
+
+    def sink(df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+        df.write.mode("overwrite").parquet(f"{args.out}/batch_id={batch_id}")
+        if batch_id == args.kill_in_sink:
+            emit({"killing_in_sink": batch_id})
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    def report(info: BatchInfo) -> None:
+        emit({"batch": info.__dict__})
+
+    batches = []
+    for p in args.parallelism:  # several: the same query restarted in this driver, rescaled
+        spark.conf.set("spark.statekit.parallelism", str(p))
+        processed = (
+            keyed(stream_of(spark, Path(args.input)), "url")
+            .process(CountUrls, OUTPUT, job_id=args.job_id, on_batch=lambda i: (batches.append(i), report(i)))
+            .foreach_batch(sink)
+        )
+        query = processed.start(checkpoint_location=args.spark_checkpoint, trigger={"availableNow": True})
+        query.awaitTermination()
+        if len(args.parallelism) > 1 and p == args.parallelism[0]:
+            # Feed the next run: more files, as a live source would.
+            from sparkutil import write_inputs
+
+            write_inputs(Path(args.input), make_records(600, seed=11), 2, start=100)
+
+    storage = processed.checkpoint_storage()
+    runner = LocalRunner(CountUrls, key_selector=lambda r: r["url"], storage=storage, job_id=args.job_id,
+                         config={"statekit.parallelism": 2})  # fmt: skip
+    runner.restore("latest")
+    records = []
+    for path in sorted(Path(args.input).glob("part-*.json")):
+        records += [json.loads(line) for line in path.read_text().splitlines()]
+    summary = {
+        "state_ok": state_of_runner(runner) == model_state(records),
+        "records": len(records),
+        "driver_pid": os.getpid(),
+        "executor_pids": sorted({pid for b in batches for pid in b.executor_pids}),
+        "reused": sum(b.reused_subtasks for b in batches),
+        "parallelisms": [b.parallelism for b in batches],
+    }
+    emit({"summary": summary})
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

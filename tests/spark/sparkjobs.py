@@ -1,0 +1,47 @@
+"""Keyed functions for the Spark tests (statekit.spark ships them to the executors by value)."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterable
+from typing import Any
+
+from jobs import CountUrls
+from statekit import ProcessContext, RuntimeContext
+
+
+class FlakyCountUrls(CountUrls):
+    """CountUrls whose tasks fail midway on their first attempt, about every other task at random.
+
+    The failure comes after the task changed state for a few records, so a runner
+    that kept or reused that state would count those records twice. Each
+    injected failure leaves a file in ``marker_dir``.
+    """
+
+    FAIL_AT = 5
+
+    def __init__(self, marker_dir: str, seed: str = "") -> None:
+        self.marker_dir = marker_dir
+        self.seed = seed
+        self._attempt = -1
+        self._n = 0
+
+    def open(self, ctx: RuntimeContext) -> None:
+        super().open(ctx)
+
+    def process(self, record: dict[str, Any], ctx: ProcessContext) -> Iterable[Any]:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        if tc is not None and tc.attemptNumber() == 0:
+            if tc.taskAttemptId() != self._attempt:
+                self._attempt, self._n = tc.taskAttemptId(), 0
+            self._n += 1
+            pick = random.Random(f"{self.seed}/{tc.stageId()}/{tc.partitionId()}").random() < 0.5
+            if self._n == self.FAIL_AT and pick:
+                name = f"stage{tc.stageId()}-part{tc.partitionId()}-{tc.taskAttemptId()}"
+                with open(os.path.join(self.marker_dir, name), "w"):
+                    pass
+                raise RuntimeError(f"injected failure in {name}")
+        return super().process(record, ctx)

@@ -1,0 +1,199 @@
+"""statekit on Spark drivers of their own: one killed mid-run, one on a standalone cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sparkutil import assert_exact_outputs, assert_exact_state, write_inputs
+
+from jobs import make_records
+
+HERE = Path(__file__).resolve().parent
+DRIVER = HERE / "spark_driver.py"
+
+
+def _env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+
+
+def start_driver(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """The test driver in a process group of its own (so that all of it can be killed at once).
+
+    It reports into ``<log>.jsonl``; its output goes to ``log``.
+    """
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, str(DRIVER), *args, "--report", f"{log}.jsonl"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+            start_new_session=True,
+        )
+
+
+def finish(proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> list[dict[str, Any]]:
+    """Wait for the driver; what it reported."""
+    proc.wait(timeout=timeout)
+    assert proc.returncode == 0, f"driver failed ({proc.returncode}); see {log}:\n{log.read_text()[-3000:]}"
+    return [json.loads(line) for line in Path(f"{log}.jsonl").read_text().splitlines()]
+
+
+def latest_id(checkpoints: Path, job_id: str) -> int:
+    done = [int(p.parent.name[4:]) for p in (checkpoints / job_id).glob("chk-*/_metadata")]
+    return max(done, default=0)
+
+
+def test_driver_killed_mid_run_then_restarted_counts_exactly(tmp_path: Path) -> None:
+    records = make_records(2400, seed=3)
+    write_inputs(tmp_path / "in", records, 8)
+    checkpoints = tmp_path / "statekit"
+    args = [
+        "--input", str(tmp_path / "in"), "--out", str(tmp_path / "out"),
+        "--spark-checkpoint", str(tmp_path / "spark"), "--job-id", "killed",
+        "--checkpoints-dir", str(checkpoints), "--parallelism", "2",
+    ]  # fmt: skip
+
+    # 1. The driver dies right after the sink wrote batch 1, before checkpoint 2 completes.
+    first = start_driver([*args, "--kill-in-sink", "1"], tmp_path / "driver-1.log")
+    first.wait(timeout=300)
+    assert first.returncode == -signal.SIGKILL
+    assert latest_id(checkpoints, "killed") == 1
+    assert (tmp_path / "out" / "batch_id=1" / "_SUCCESS").exists()
+
+    # 2. The restarted driver is killed from outside, at a random moment in a later batch.
+    second = start_driver(args, tmp_path / "driver-2.log")
+    while latest_id(checkpoints, "killed") < 3 and second.poll() is None:
+        time.sleep(0.1)
+    time.sleep(random.uniform(0, 1.0))
+    os.killpg(second.pid, signal.SIGKILL)
+    second.wait(timeout=60)
+    assert second.returncode == -signal.SIGKILL, "the driver finished before it could be killed"
+    killed_at = latest_id(checkpoints, "killed")
+    assert 3 <= killed_at < 8
+
+    # 3. Restarted again, it runs to the end.
+    log = tmp_path / "driver-3.log"
+    lines = finish(start_driver(args, log), log)
+    summary = lines[-1]["summary"]
+    assert summary["state_ok"] and summary["records"] == len(records)
+    batches = [line["batch"] for line in lines if "batch" in line]
+    # Checkpoint n holds batch n - 1: the first batch is the one after the last completed
+    # checkpoint, or the replay of that one if Spark had not committed it (then skipped).
+    assert batches[0]["batch_id"] in (killed_at - 1, killed_at)
+    assert batches[0]["skipped"] == (batches[0]["batch_id"] == killed_at - 1)
+
+    from statekit_storage import FileSystemCheckpointStorage
+
+    assert_exact_state(FileSystemCheckpointStorage(str(checkpoints)), "killed", records)
+    assert_exact_outputs(tmp_path / "out", records)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for(path: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} never appeared in {path}:\n{path.read_text(errors='replace')[-3000:]}")
+
+
+def test_standalone_cluster_state_lives_in_executors(tmp_path: Path) -> None:
+    """A master and two workers on 127.0.0.1; the driver's jobmanager storage gets the snapshots."""
+    import pyspark
+
+    spark_home = Path(pyspark.__file__).resolve().parent
+    spark_class = str(spark_home / "bin" / "spark-class")
+    env = {**_env(), "SPARK_HOME": str(spark_home), "SPARK_NO_DAEMONIZE": "1"}
+    port = _free_port()
+    master_url = f"spark://127.0.0.1:{port}"
+    started: list[subprocess.Popen[bytes]] = []
+
+    def launch(name: str, cmd: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
+        log = tmp_path / f"{name}.log"
+        proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+        started.append(proc)
+        return proc, log
+
+    try:
+        master, master_log = launch("master", [
+            spark_class, "org.apache.spark.deploy.master.Master",
+            "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(_free_port()),
+        ])  # fmt: skip
+        _wait_for(master_log, "I have been elected leader", master)
+        workers = [
+            launch(
+                f"worker{i}",
+                [
+                    spark_class,
+                    "org.apache.spark.deploy.worker.Worker",
+                    master_url,
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    "1",
+                    "--memory",
+                    "1g",
+                    "--webui-port",
+                    str(_free_port()),
+                    "--work-dir",
+                    str(tmp_path / f"work{i}"),
+                ],
+            )  # fmt: skip
+            for i in range(2)
+        ]
+        for worker, worker_log in workers:
+            _wait_for(worker_log, "Successfully registered with master", worker)
+
+        records = make_records(1600, seed=5)
+        write_inputs(tmp_path / "in", records, 2)
+        log = tmp_path / "driver.log"
+        driver = start_driver(
+            [
+                "--master", master_url, "--input", str(tmp_path / "in"), "--out", str(tmp_path / "out"),
+                "--spark-checkpoint", str(tmp_path / "spark"), "--job-id", "cluster",
+                "--parallelism", "3", "2",  # jobmanager storage; the restarted query rescales 3 -> 2
+            ],
+            log,
+        )  # fmt: skip
+        lines = finish(driver, log, timeout=400)
+    finally:
+        for proc in reversed(started):
+            proc.terminate()
+        for proc in reversed(started):
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    summary = lines[-1]["summary"]
+    assert summary["state_ok"], summary
+    assert summary["parallelisms"] == [3, 3, 2, 2]  # two files, then two more
+    assert summary["driver_pid"] not in summary["executor_pids"]
+    assert len(summary["executor_pids"]) >= 2  # Python workers of both executors held subtasks
+    all_records = records + make_records(600, seed=11)
+    assert summary["records"] == len(all_records)
+    assert_exact_outputs(tmp_path / "out", all_records)

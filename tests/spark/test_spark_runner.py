@@ -1,0 +1,401 @@
+"""statekit on a real local Spark: exact state and outputs per backend and storage, rescale, failures."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sparkutil import (
+    OUTPUT,
+    SCHEMA,
+    assert_exact_outputs,
+    assert_exact_state,
+    read_outputs,
+    restored_state,
+    run_to_end,
+    stream_of,
+    write_inputs,
+)
+
+from jobs import SEEN, CountUrls, make_records, model_state
+from statekit import (
+    ConfigurationError,
+    LocalRunner,
+    UnknownPluginError,
+    default_registry,
+    load_checkpoint,
+)
+from statekit.spark import BatchInfo, keyed
+
+RECORDS = make_records(2400)
+BACKENDS = sorted(default_registry().backends())
+
+
+def configure(session: Any, values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        session.conf.set(key, str(value))
+
+
+@pytest.fixture(params=["jobmanager", "filesystem", "s3"])
+def storage_conf(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """Spark configuration selecting one checkpoint storage, by name."""
+    if request.param == "jobmanager":
+        return {"spark.statekit.checkpoint.storage": "jobmanager"}
+    if request.param == "filesystem":
+        return {"spark.statekit.checkpoints.dir": str(tmp_path / "statekit")}
+    s3 = request.getfixturevalue("s3_endpoint")
+    # Python workers do not share the driver's environment: everything s3fs needs travels
+    # in the storage options, which the runner ships to the tasks with the configuration.
+    options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3["endpoint_url"]}}
+    return {
+        "spark.statekit.checkpoint.storage": "filesystem",
+        "spark.statekit.checkpoints.dir": f"s3://{s3['bucket']}/{uuid.uuid4().hex}",
+        "spark.statekit.checkpoint.storage.filesystem.storage-options": json.dumps(options),
+    }
+
+
+def counting(
+    session: Any, tmp_path: Path, job_id: str, infos: list[BatchInfo], function: Any = CountUrls
+) -> Any:
+    return (
+        keyed(stream_of(session, tmp_path / "in"), "url")
+        .process(function, OUTPUT, job_id=job_id, on_batch=infos.append)
+        .write_files(str(tmp_path / "out"))
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_backend_and_storage_counts_exactly(
+    session: Any, storage_conf: dict[str, str], backend: str, tmp_path: Path, job_id: str
+) -> None:
+    configure(session, {**storage_conf, "spark.statekit.backend": backend, "spark.statekit.parallelism": 2})
+    write_inputs(tmp_path / "in", RECORDS, 3)
+    infos: list[BatchInfo] = []
+    processed = counting(session, tmp_path, job_id, infos)
+    run_to_end(processed, tmp_path / "spark")
+
+    assert [(i.batch_id, i.checkpoint_id, i.skipped) for i in infos] == [(b, b + 1, False) for b in range(3)]
+    assert sum(i.records for i in infos) == sum(i.outputs for i in infos) == len(RECORDS)
+    storage = processed.checkpoint_storage()
+    assert storage.name == ("jobmanager" if "jobmanager" in storage_conf.values() else "filesystem")
+    meta = load_checkpoint(storage, storage.latest_checkpoint(job_id)).metadata
+    assert meta.backend == backend and meta.checkpoint_id == 3 and meta.parallelism("process") == 2
+    assert meta.properties["spark_batch_id"] == 2
+    assert_exact_state(storage, job_id, RECORDS)
+    assert_exact_outputs(tmp_path / "out", RECORDS)
+
+
+def test_rescale_2_3_1_redistributes_state_by_key_group(session: Any, tmp_path: Path, job_id: str) -> None:
+    configure(session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit"})
+    infos: list[BatchInfo] = []
+    done = 0
+    for run, (p, size) in enumerate([(2, 800), (3, 900), (1, 700)]):
+        session.conf.set("spark.statekit.parallelism", str(p))
+        write_inputs(tmp_path / "in", RECORDS[done : done + size], 2, start=2 * run)
+        done += size
+        processed = counting(session, tmp_path, job_id, infos)
+        run_to_end(processed, tmp_path / "spark")  # the same query, restarted
+        storage = processed.checkpoint_storage()
+        meta = load_checkpoint(storage, storage.latest_checkpoint(job_id)).metadata
+        assert meta.parallelism("process") == p
+        assert infos[-1].parallelism == p and infos[-1].batch_id == 2 * run + 1
+        assert restored_state(storage, job_id, parallelism=p) == model_state(RECORDS[:done])
+        # Operator state moved too: each URL's first sighting, split over the new subtasks.
+        runner = LocalRunner(CountUrls, key_selector=lambda r: r["url"], storage=storage, job_id=job_id,
+                             config={"statekit.parallelism": p, "statekit.max-parallelism": 128})  # fmt: skip
+        runner.restore("latest")
+        assert sum(len(ctx.get_list_state(SEEN).get()) for ctx in runner.subtasks) == len(
+            {r["url"] for r in RECORDS[:done]}
+        )
+        runner.close()
+    assert done == len(RECORDS)
+    assert_exact_outputs(tmp_path / "out", RECORDS)
+
+
+def test_spark_own_state_store_keeps_its_partition_count(session: Any, tmp_path: Path) -> None:
+    """What statekit's rescale does that Spark's state stores cannot: they keep the first run's partitions."""
+    sink_calls: list[int] = []
+
+    def start(partitions: int) -> None:
+        session.conf.set("spark.sql.shuffle.partitions", str(partitions))
+        counts = stream_of(session, tmp_path / "in").groupBy("url").count()
+        query = (
+            counts.writeStream.outputMode("update")
+            .foreachBatch(lambda df, b: sink_calls.append(b) if df.count() >= 0 else None)
+            .option("checkpointLocation", str(tmp_path / "spark"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+
+    write_inputs(tmp_path / "in", RECORDS[:400], 1)
+    start(2)
+    write_inputs(tmp_path / "in", RECORDS[400:800], 1, start=1)
+    start(3)  # asks for three partitions...
+    state_partitions = sorted(
+        p.name for p in (tmp_path / "spark" / "state" / "0").iterdir() if p.name.isdigit()
+    )
+    assert sink_calls == [0, 1]
+    assert state_partitions == ["0", "1"]  # ...and still has two: the checkpoint fixed them
+
+
+def test_injected_task_failures_leave_state_and_outputs_exact(
+    session: Any, tmp_path: Path, job_id: str
+) -> None:
+    configure(
+        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 3}
+    )
+    markers = tmp_path / "failures"
+    markers.mkdir()
+    write_inputs(tmp_path / "in", RECORDS, 4)
+    infos: list[BatchInfo] = []
+    flaky = functools.partial(sparkjobs_flaky(), str(markers), uuid.uuid4().hex)
+    processed = counting(session, tmp_path, job_id, infos, function=flaky)
+    run_to_end(processed, tmp_path / "spark")
+    assert len(list(markers.iterdir())) >= 1, "no failure was injected: the test proves nothing"
+    assert [i.batch_id for i in infos] == [0, 1, 2, 3]
+    assert_exact_state(processed.checkpoint_storage(), job_id, RECORDS)
+    assert_exact_outputs(tmp_path / "out", RECORDS)
+
+
+def sparkjobs_flaky() -> Any:
+    from sparkjobs import FlakyCountUrls
+
+    return FlakyCountUrls
+
+
+def test_a_batch_that_failed_after_its_sink_wrote_runs_again_exactly(
+    session: Any, tmp_path: Path, job_id: str
+) -> None:
+    """The same batch twice: outputs written, then a failure before the checkpoint completes."""
+    configure(
+        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 2}
+    )
+    write_inputs(tmp_path / "in", RECORDS, 4)
+    calls: list[int] = []
+
+    def sink(df: Any, batch_id: int) -> None:
+        df.write.mode("overwrite").parquet(str(tmp_path / "out" / f"batch_id={batch_id}"))
+        calls.append(batch_id)
+        if batch_id == 1 and calls.count(1) == 1:
+            raise RuntimeError("the driver fails after the sink wrote batch 1")
+
+    infos: list[BatchInfo] = []
+
+    def processed() -> Any:
+        return (
+            keyed(stream_of(session, tmp_path / "in"), "url")
+            .process(CountUrls, OUTPUT, job_id=job_id, on_batch=infos.append)
+            .foreach_batch(sink)
+        )
+
+    with pytest.raises(Exception, match="after the sink wrote batch 1"):
+        run_to_end(processed(), tmp_path / "spark")
+    storage = processed().checkpoint_storage()
+    assert (
+        load_checkpoint(storage, storage.latest_checkpoint(job_id)).metadata.properties["spark_batch_id"] == 0
+    )
+    run_to_end(processed(), tmp_path / "spark")
+    assert calls == [0, 1, 1, 2, 3]
+    assert [i.batch_id for i in infos] == [0, 1, 2, 3]
+    assert_exact_state(storage, job_id, RECORDS)
+    assert_exact_outputs(tmp_path / "out", RECORDS)
+
+
+def test_a_replayed_batch_that_was_completed_is_skipped(session: Any, tmp_path: Path, job_id: str) -> None:
+    """The driver died after completing checkpoint n, before Spark committed the batch."""
+    configure(
+        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 2}
+    )
+    write_inputs(tmp_path / "in", RECORDS, 2)
+    infos: list[BatchInfo] = []
+    run_to_end(counting(session, tmp_path, job_id, infos), tmp_path / "spark")
+    for name in ("1", ".1.crc"):  # Spark forgets it finished batch 1
+        (tmp_path / "spark" / "commits" / name).unlink()
+    processed = counting(session, tmp_path, job_id, infos)
+    run_to_end(processed, tmp_path / "spark")
+    assert [(i.batch_id, i.skipped, i.checkpoint_id) for i in infos] == [
+        (0, False, 1),
+        (1, False, 2),
+        (1, True, 2),
+    ]
+    assert_exact_state(processed.checkpoint_storage(), job_id, RECORDS)
+    assert_exact_outputs(tmp_path / "out", RECORDS)
+
+
+def test_lost_jobmanager_checkpoints_stop_the_query_with_a_clear_error(
+    session: Any, tmp_path: Path, job_id: str
+) -> None:
+    configure(session, {"spark.statekit.checkpoint.storage": "jobmanager", "spark.statekit.parallelism": 2})
+    write_inputs(tmp_path / "in", RECORDS[:600], 1)
+    processed = counting(session, tmp_path, job_id, [])
+    run_to_end(processed, tmp_path / "spark")
+    processed.checkpoint_storage().forget_job(job_id)  # as if the driver had been replaced
+    write_inputs(tmp_path / "in", RECORDS[600:1200], 1, start=1)
+    with pytest.raises(Exception, match="has no checkpoint: its state is lost"):
+        run_to_end(counting(session, tmp_path, job_id, []), tmp_path / "spark")
+
+
+def test_a_new_query_must_say_where_its_state_comes_from(session: Any, tmp_path: Path, job_id: str) -> None:
+    configure(
+        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 2}
+    )
+    write_inputs(tmp_path / "in", RECORDS[:1000], 1)
+    run_to_end(counting(session, tmp_path, job_id, []), tmp_path / "spark")
+
+    write_inputs(tmp_path / "in2", RECORDS[1000:], 2)
+    second = (
+        keyed(stream_of(session, tmp_path / "in2"), "url")
+        .process(CountUrls, OUTPUT, job_id=job_id)
+        .write_files(str(tmp_path / "out"))
+    )
+    with pytest.raises(Exception, match="already has state"):
+        run_to_end(second, tmp_path / "spark2")
+    shutil.rmtree(tmp_path / "spark2")
+    run_to_end(second, tmp_path / "spark2", restore="latest")
+    assert_exact_state(second.checkpoint_storage(), job_id, RECORDS)
+
+
+def test_static_dataframe_runs_as_resumable_batches(session: Any, tmp_path: Path, job_id: str) -> None:
+    configure(
+        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 3}
+    )
+
+    def run(records: list[dict[str, Any]], batch_id: int | None) -> BatchInfo:
+        df = session.createDataFrame(records, SCHEMA)
+        return (
+            keyed(df, "url")
+            .process(CountUrls, OUTPUT, job_id=job_id)
+            .write_files(str(tmp_path / "out"))
+            .run(batch_id=batch_id)
+        )
+
+    first = run(RECORDS[:1000], 0)
+    assert (first.checkpoint_id, first.skipped, first.records) == (1, False, 1000)
+    again = run(RECORDS[:1000], 0)  # a re-run of a batch that completed: nothing happens
+    assert (again.checkpoint_id, again.skipped) == (1, True)
+    second = run(RECORDS[1000:], None)  # the next batch id
+    assert (second.batch_id, second.checkpoint_id, second.restored_from) == (1, 2, first.location)
+    from statekit_storage import FileSystemCheckpointStorage
+
+    storage = FileSystemCheckpointStorage(str(tmp_path / "statekit"))
+    assert_exact_state(storage, job_id, RECORDS)
+    assert sorted({b for _, _, b in read_outputs(tmp_path / "out")}) == [0, 1]
+    assert_exact_outputs(tmp_path / "out", RECORDS)
+
+
+def test_static_run_of_a_streaming_dataframe_is_refused(session: Any, tmp_path: Path) -> None:
+    write_inputs(tmp_path / "in", RECORDS[:10], 1)
+    processed = keyed(stream_of(session, tmp_path / "in"), "url").process(CountUrls, OUTPUT, job_id="x")
+    with pytest.raises(TypeError, match="use start"):
+        processed.run()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "error", "message"),
+    [
+        ("spark.statekit.backend", "nosuch", UnknownPluginError, "backend 'nosuch' is not installed"),
+        (
+            "spark.statekit.backend.heap.cache",
+            "1",
+            ConfigurationError,
+            "unknown option statekit.backend.heap.cache",
+        ),
+        (
+            "spark.statekit.checkpoints.dirr",
+            "/tmp/x",
+            ConfigurationError,
+            "Did you mean statekit.checkpoints.dir",
+        ),
+        (
+            "spark.statekit.parallelism",
+            "lots",
+            ConfigurationError,
+            "invalid value 'lots' for statekit.parallelism",
+        ),
+        (
+            "spark.statekit.checkpoint.storage",
+            "nosuch",
+            UnknownPluginError,
+            "storage 'nosuch' is not installed",
+        ),
+    ],
+)
+def test_configuration_errors_are_those_outside_spark(
+    session: Any, key: str, value: str, error: type[Exception], message: str
+) -> None:
+    session.conf.set(key, value)
+    df = session.createDataFrame(RECORDS[:10], SCHEMA)
+    processed = keyed(df, "url").process(CountUrls, OUTPUT, job_id="config")
+    with pytest.raises(error, match=message) as on_spark:
+        processed.run()
+    from statekit import Configuration
+
+    with pytest.raises(error) as outside:
+        Configuration.from_mapping({key: value}).validate(default_registry())
+    assert str(on_spark.value) == str(outside.value)
+
+
+def test_jobmanager_size_limit_fails_the_batch(session: Any, job_id: str) -> None:
+    configure(session, {"spark.statekit.checkpoint.storage": "jobmanager",
+                        "spark.statekit.checkpoint.storage.jobmanager.max-state-size": "1k"})  # fmt: skip
+    df = session.createDataFrame(RECORDS, SCHEMA)
+    processed = keyed(df, "url").process(CountUrls, OUTPUT, job_id=job_id)
+    with pytest.raises(Exception, match="over the 1,024-byte limit"):
+        processed.run()
+    assert processed.checkpoint_storage().latest_checkpoint(job_id) is None
+
+
+def test_executors_reuse_open_state_between_batches(session: Any, tmp_path: Path, job_id: str) -> None:
+    """With one subtask, one Python worker serves every batch and keeps its backend open."""
+    configure(
+        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 1}
+    )
+    write_inputs(tmp_path / "in", RECORDS[:1200], 3)
+    infos: list[BatchInfo] = []
+    processed = counting(session, tmp_path, job_id, infos)
+    run_to_end(processed, tmp_path / "spark")
+    assert infos[0].restored_subtasks == 1
+    assert sum(i.reused_subtasks for i in infos[1:]) >= 1
+    assert_exact_state(processed.checkpoint_storage(), job_id, RECORDS[:1200])
+
+
+def test_state_moves_between_spark_and_the_embedded_runner(session: Any, tmp_path: Path, job_id: str) -> None:
+    """A Spark checkpoint restores into LocalRunner; its savepoint starts a Spark job at a new parallelism."""
+    configure(
+        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 2}
+    )
+    first = keyed(session.createDataFrame(RECORDS[:1200], SCHEMA), "url").process(
+        CountUrls, OUTPUT, job_id=job_id
+    )
+    first.run()
+    runner = LocalRunner(CountUrls, key_selector=lambda r: r["url"], storage=first.checkpoint_storage(),
+                         job_id=job_id, config={"statekit.parallelism": 3})  # fmt: skip
+    runner.restore("latest")
+    savepoint = runner.savepoint(str(tmp_path / "savepoints"))
+    runner.close()
+
+    session.conf.set("spark.statekit.parallelism", "4")
+    second = keyed(session.createDataFrame(RECORDS[1200:], SCHEMA), "url").process(
+        CountUrls, OUTPUT, job_id=f"{job_id}-2", allow_non_restored_state=True
+    )
+    info = second.run(restore=savepoint)
+    assert (info.restored_from, info.parallelism) == (savepoint, 4)
+    assert restored_state(second.checkpoint_storage(), f"{job_id}-2") == model_state(RECORDS)
+
+
+def test_keys_and_columns_are_checked_before_anything_runs(session: Any) -> None:
+    df = session.createDataFrame([(1, "GET")], "url bigint, request string")
+    with pytest.raises(ConfigurationError, match="'url' is bigint, not a str column"):
+        keyed(df, "url")
+    with pytest.raises(ConfigurationError, match="not a column"):
+        keyed(df, "path", key_type=int)
+    with pytest.raises(ConfigurationError, match="reserved"):
+        keyed(df.withColumnRenamed("request", "__statekit_x"), "url", key_type=int)
+    with pytest.raises(ConfigurationError, match="reserved"):
+        keyed(df, "url", key_type=int).process(CountUrls, "__statekit_handle string", job_id="x")

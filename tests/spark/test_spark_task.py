@@ -1,0 +1,209 @@
+"""The executor side without Spark: a task reuses cached state only when it is exactly the checkpoint's."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import types as T
+
+from jobs import CountUrls, make_records, model_state, state_of_runner
+from statekit import Configuration, LocalRunner, ProcessContext
+from statekit._checkpoint import SubtaskState, complete_checkpoint
+from statekit.serializers import StrSerializer
+from statekit.spark._driver import ATTEMPTS_PROPERTY, TOKEN_PROPERTY
+from statekit.spark._routing import MARKER_COLUMN, SUBTASK_COLUMN
+from statekit.spark._task import HANDLE_COLUMN, TaskPlan, _Output, make_task, reset_cache
+from statekit_storage import FileSystemCheckpointStorage
+
+RECORDS = make_records(600)
+COLUMNS = ("url", "request", "bytes")
+INPUT = pa.schema([("url", pa.string()), ("request", pa.string()), ("bytes", pa.int64()),
+                   (SUBTASK_COLUMN, pa.int32()), (MARKER_COLUMN, pa.bool_())])  # fmt: skip
+OUTPUT = T.StructType([T.StructField("url", T.StringType()), T.StructField("n", T.LongType())])
+
+
+class _Broadcast:
+    def __init__(self, value: bytes) -> None:
+        self.value = value
+
+
+class FailOnce(CountUrls):
+    """Once armed, fails at the third record it sees: after it changed the state of two."""
+
+    countdown = 0
+
+    def process(self, record: dict[str, Any], ctx: ProcessContext) -> Iterable[Any]:
+        if FailOnce.countdown > 0:
+            FailOnce.countdown -= 1
+            if FailOnce.countdown == 0:
+                raise RuntimeError("injected")
+        return super().process(record, ctx)
+
+
+class Driver:
+    """Plays the driver of one subtask: plans tasks, completes checkpoints."""
+
+    def __init__(self, tmp_path: Path, function: Any = CountUrls) -> None:
+        self.dir = str(tmp_path / "ckpt")
+        self.storage = FileSystemCheckpointStorage(self.dir)
+        self.function = function
+        self.latest: tuple[str, str, dict[int, str]] | None = None  # location, token, attempts
+        self.next_id = 1
+
+    def plan(self, *, run_id: str = "run-1") -> TaskPlan:
+        return TaskPlan(
+            job_id="unit", operator_id="process", run_id=run_id, checkpoint_id=self.next_id,
+            token=uuid.uuid4().hex, restore_location=self.latest[0] if self.latest else None,
+            restore_token=self.latest[1] if self.latest else None,
+            restore_attempts=self.latest[2] if self.latest else {}, parallelism=1, max_parallelism=128,
+            config=Configuration({"statekit.checkpoints.dir": self.dir}), function_factory=self.function,
+            key_column="url", key_serializer=StrSerializer(), input_columns=COLUMNS, output_schema=OUTPUT,
+        )  # fmt: skip
+
+    def run_task(self, plan: TaskPlan, records: list[dict[str, Any]]) -> tuple[list[Any], dict[str, Any]]:
+        rows = [{**{c: r[c] for c in COLUMNS}, SUBTASK_COLUMN: 0, MARKER_COLUMN: False} for r in records]
+        rows.append({"url": None, "request": None, "bytes": None, SUBTASK_COLUMN: 0, MARKER_COLUMN: True})
+        metadata = _Broadcast(
+            self.storage.read_metadata(plan.restore_location) if plan.restore_location else b""
+        )
+        out = list(make_task(plan, metadata)(iter([pa.RecordBatch.from_pylist(rows, schema=INPUT)])))
+        table = pa.Table.from_batches(out)
+        handles = [json.loads(h) for h in table.column(HANDLE_COLUMN).to_pylist() if h is not None]
+        outputs = [
+            (u, n) for u, n, h in zip(*(table.column(c).to_pylist() for c in table.column_names)) if h is None
+        ]
+        assert len(handles) == 1
+        return outputs, handles[0]
+
+    def complete(self, plan: TaskPlan, report: dict[str, Any]) -> None:
+        location = complete_checkpoint(
+            self.storage.begin_checkpoint("unit", plan.checkpoint_id), job_id="unit",
+            checkpoint_id=plan.checkpoint_id, max_parallelism=128,
+            subtasks=[SubtaskState.from_json(report["state"])],
+            properties={TOKEN_PROPERTY: plan.token, ATTEMPTS_PROPERTY: {"0": report["attempt"]}},
+        )  # fmt: skip
+        self.latest = (location, plan.token, {0: report["attempt"]})
+        self.next_id += 1
+
+    def batch(self, records: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
+        plan = self.plan(**kw)
+        outputs, report = self.run_task(plan, records)
+        assert len(outputs) == len(records) == report["records"]
+        self.complete(plan, report)
+        return report
+
+    def state(self) -> dict[str, Any]:
+        runner = LocalRunner(CountUrls, key_selector=lambda r: r["url"], storage=self.storage, job_id="unit")
+        runner.restore(self.latest[0] if self.latest else "latest")
+        return state_of_runner(runner)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> Any:
+    reset_cache()
+    FailOnce.countdown = 0
+    yield
+    reset_cache()
+
+
+def test_the_next_batch_reuses_state_that_is_exactly_the_checkpoint(tmp_path: Path) -> None:
+    driver = Driver(tmp_path)
+    assert driver.batch(RECORDS[:300])["reused"] is False
+    assert driver.batch(RECORDS[300:])["reused"] is True
+    assert driver.state() == model_state(RECORDS)
+
+
+def test_state_of_a_batch_that_did_not_complete_is_never_reused(tmp_path: Path) -> None:
+    driver = Driver(tmp_path)
+    driver.batch(RECORDS[:300])
+    # The task succeeds and caches its state, but the batch does not complete (say the sink failed).
+    driver.run_task(driver.plan(), RECORDS[300:])
+    report = driver.batch(RECORDS[300:])  # the batch again, from the last completed checkpoint
+    assert report["reused"] is False
+    assert driver.state() == model_state(RECORDS)
+
+
+def test_a_task_that_fails_midway_leaves_nothing_behind(tmp_path: Path) -> None:
+    driver = Driver(tmp_path, function=FailOnce)
+    driver.batch(RECORDS[:300])
+    FailOnce.countdown = 3
+    plan = driver.plan()
+    with pytest.raises(RuntimeError, match="injected"):
+        driver.run_task(plan, RECORDS[300:])
+    outputs, report = driver.run_task(plan, RECORDS[300:])  # the retried attempt
+    assert report["reused"] is False and len(outputs) == 300
+    driver.complete(plan, report)
+    assert driver.state() == model_state(RECORDS)
+
+
+def test_only_the_attempt_whose_snapshot_completed_is_reused(tmp_path: Path) -> None:
+    """Two attempts of one task may both succeed (speculation, zombie tasks): one of them is checkpointed."""
+    driver = Driver(tmp_path)
+    driver.batch(RECORDS[:300])
+    plan = driver.plan()
+    _, checkpointed = driver.run_task(plan, RECORDS[300:])
+    driver.run_task(plan, RECORDS[300:])  # the other attempt: its state is what this worker keeps
+    driver.complete(plan, checkpointed)
+    assert driver.batch([])["reused"] is False
+    assert driver.state() == model_state(RECORDS)
+
+
+def test_another_query_run_never_reuses(tmp_path: Path) -> None:
+    driver = Driver(tmp_path)
+    driver.batch(RECORDS[:300], run_id="run-1")
+    assert driver.batch(RECORDS[300:], run_id="run-2")["reused"] is False
+    assert driver.state() == model_state(RECORDS)
+
+
+def test_output_records_are_tuples_rows_dicts_or_single_values() -> None:
+    from pyspark.sql import Row
+
+    plan = Driver(Path("/nonexistent")).plan()
+    out = _Output(plan)
+    for record in [("a", 1), ["b", 2], Row(url="c", n=3), {"url": "d", "n": 4}, {"n": 5}]:
+        out.add(record)
+    batch = out.flush()
+    assert batch.column("url").to_pylist() == ["a", "b", "c", "d", None]
+    assert batch.column("n").to_pylist() == [1, 2, 3, 4, 5]
+    with pytest.raises(ValueError, match="3 fields"):
+        out.add(("a", 1, 2))
+    with pytest.raises(ValueError, match="lacks"):
+        out.add({"url": "a", "count": 1})
+    with pytest.raises(TypeError, match="tuples"):
+        out.add("just a string")
+    out.add(("a", "not a number"))
+    with pytest.raises(TypeError, match="output column 'n'"):
+        out.flush()
+
+
+def test_modules_executors_cannot_import_are_shipped_by_value(tmp_path: Path) -> None:
+    import functools
+    import importlib.util
+    import sys
+
+    from pyspark import cloudpickle
+
+    from statekit.spark._shipping import ship_by_value
+    from statekit_heap import HeapStateBackend
+
+    source = tmp_path / "my_local_job.py"
+    source.write_text("from jobs import CountUrls\n\nclass MyJob(CountUrls):\n    pass\n")
+    spec = importlib.util.spec_from_file_location("my_local_job", source)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["my_local_job"] = module
+    spec.loader.exec_module(module)
+    try:
+        shipped = ship_by_value(functools.partial(module.MyJob))
+        assert shipped == ["my_local_job", "jobs"]  # the class and its base class, not statekit's
+        assert ship_by_value(HeapStateBackend) == []  # installed: imported by the executors
+        payload = cloudpickle.dumps(module.MyJob)
+        del sys.modules["my_local_job"]
+        assert cloudpickle.loads(payload).__mro__[1].__name__ == "CountUrls"
+    finally:
+        sys.modules.pop("my_local_job", None)
