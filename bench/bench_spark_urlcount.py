@@ -1,0 +1,415 @@
+"""statekit's URL count on Spark against Spark's own stateful operators, in one run.
+
+One access log (``--records``, default 1M lines, Zipf-like URLs, no malformed
+lines) is generated once, outside every timing; one SparkSession ``local[2]``
+is started once, outside every timing, and warmed up on a small log. Then, on
+the same directory:
+
+- statekit: ``keyed(df, key="url").process(CountPerUrl)`` through
+  :mod:`statekit.spark`, heap backend, filesystem checkpoints;
+- ``applyInPandasWithState`` with a counting function (Spark's default HDFS
+  state store provider);
+- ``transformWithStateInPandas`` with a ``ValueState``, RocksDB state store
+  provider;
+- the ceiling: Spark's stateless batch ``read.json(dir).groupBy("url").count()``.
+
+The three stateful jobs are streaming queries over the same file source with
+``maxFilesPerTrigger`` (same files, same micro-batches) and the
+``availableNow`` trigger, writing through the same ``foreachBatch`` sink. Each
+emits what the URL-count job emits: for every request, its URL's count so
+far (``--baseline-output per-key`` lets the Spark baselines emit only the last
+count per URL and micro-batch, which is less work for them). Every run is
+checked against the generator's per-URL counts before its rate is reported.
+
+Parallelism is the same everywhere: two cores, ``spark.sql.shuffle.partitions=2``
+for Spark's operators, ``spark.statekit.parallelism=2`` for statekit
+(``--shuffle-partitions 2,200`` also runs Spark's jobs with Spark's default).
+``--repeats N`` keeps the best of N runs of each (a shared machine is noisy).
+
+Run: ``python bench/bench_spark_urlcount.py [--records N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from statekit_urlcount import generate_logs, local_spark_session
+
+SCHEMA = "`@timestamp` string, remote_addr string, request string, url string"
+OUTPUT_SCHEMA = "url string, count long"
+
+
+@dataclass
+class Outcome:
+    """What one timed run produced: its seconds, rows emitted and what they add up to.
+
+    ``counts`` is the final count per URL (when the sink keeps it); ``checksum``
+    is ``(sum of counts, sum of squared counts, highest count)`` over every row
+    emitted, which for a count-per-request output is fixed by the final counts.
+    """
+
+    seconds: float
+    counts: dict[str, int] = field(default_factory=dict)
+    rows: int = 0
+    batches: int = 0
+    checksum: tuple[int, int, int] | None = None
+
+
+def expected_checksum(truth: dict[str, int]) -> tuple[int, int, int]:
+    """The checksum of a count-per-request output: URL ``u`` emits 1, 2, ..., ``truth[u]``."""
+    return (
+        sum(n * (n + 1) // 2 for n in truth.values()),
+        sum(n * (n + 1) * (2 * n + 1) // 6 for n in truth.values()),
+        max(truth.values(), default=0),
+    )
+
+
+def _partial_max(batches: Iterator[Any]) -> Iterator[Any]:
+    """Per URL, the highest count and the number of rows in one partition (vectorized, no shuffle)."""
+    import pyarrow as pa
+
+    tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
+    if not tables:
+        return
+    agg = pa.concat_tables(tables).group_by("url").aggregate([("count", "max"), ("count", "count")])
+    yield from agg.rename_columns(["url", "c", "n"]).to_batches()
+
+
+class CountingSink:
+    """The ``foreachBatch`` sink every method writes to: one Spark action per batch, no shuffle.
+
+    For count-per-request output it adds up rows, counts, squared counts and
+    the highest count in the JVM (a global aggregate; enough to check every
+    URL's final count, see :func:`expected_checksum`). With ``per_url`` (the
+    baselines' ``per-key`` output) it keeps each URL's highest count instead,
+    from partial aggregates per partition merged here.
+    """
+
+    def __init__(self, per_url: bool = False) -> None:
+        self.per_url = per_url
+        self.counts: dict[str, int] = {}
+        self.rows = 0
+        self.batches = 0
+        self.sums = [0, 0, 0]
+
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        self.batches += 1
+        if self.per_url:
+            for url, c, n in batch_df.mapInArrow(_partial_max, "url string, c long, n long").collect():
+                self.rows += n
+                if c > self.counts.get(url, 0):
+                    self.counts[url] = c
+            return
+        count = F.col("count").cast("decimal(38,0)")
+        r = batch_df.agg(
+            F.count(F.lit(1)).alias("n"), F.sum(count).alias("s"), F.sum(count * count).alias("q"),
+            F.max("count").alias("m"),
+        ).first()  # fmt: skip
+        if r is not None and r["n"]:
+            self.rows += int(r["n"])
+            self.sums[0] += int(r["s"])
+            self.sums[1] += int(r["q"])
+            self.sums[2] = max(self.sums[2], int(r["m"]))
+
+    def outcome(self, seconds: float) -> Outcome:
+        """What the sink saw, with the run's duration."""
+        checksum = None if self.per_url else (self.sums[0], self.sums[1], self.sums[2])
+        return Outcome(seconds, self.counts, self.rows, self.batches, checksum)
+
+
+# --- the stateful jobs ---------------------------------------------------------------------
+
+
+def _stream(spark: Any, logs: str, files_per_trigger: int) -> Any:
+    return (
+        spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", files_per_trigger)
+        .json(logs)
+        .select("url")
+    )
+
+
+def _run_query(writer_start: Callable[[], Any], sink: CountingSink) -> Outcome:
+    t0 = time.perf_counter()
+    query = writer_start()
+    query.awaitTermination()
+    seconds = time.perf_counter() - t0
+    if query.exception() is not None:
+        raise RuntimeError(f"query failed: {query.exception()}")
+    return sink.outcome(seconds)
+
+
+def run_statekit(spark: Any, logs: str, work: str, files_per_trigger: int) -> Outcome:
+    """statekit's CountPerUrl through statekit.spark: heap backend, filesystem checkpoints."""
+    from statekit.spark import keyed
+    from statekit_urlcount import CountPerUrl
+
+    spark.conf.set("spark.statekit.backend", "heap")
+    spark.conf.set("spark.statekit.checkpoint.storage", "filesystem")
+    spark.conf.set("spark.statekit.checkpoints.dir", os.path.join(work, "statekit-checkpoints"))
+    sink = CountingSink()
+    stream = keyed(_stream(spark, logs, files_per_trigger), key="url", key_type=str).process(
+        CountPerUrl, output_schema=OUTPUT_SCHEMA, job_id="bench-urlcount"
+    )
+    return _run_query(
+        lambda: stream.foreach_batch(sink).start(
+            checkpoint_location=os.path.join(work, "spark-checkpoint"), trigger={"availableNow": True}
+        ),
+        sink,
+    )
+
+
+def run_apply_in_pandas_with_state(
+    spark: Any, logs: str, work: str, files_per_trigger: int, per_record: bool
+) -> Outcome:
+    """``applyInPandasWithState``: the count is the group state, a one-field tuple."""
+    import numpy as np
+    import pandas as pd
+    from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+
+    def count(key: tuple[str], pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+        (n,) = state.get if state.exists else (0,)
+        for pdf in pdfs:
+            m = len(pdf)
+            if per_record:
+                yield pd.DataFrame({"url": key[0], "count": np.arange(n + 1, n + m + 1, dtype="int64")})
+            n += m
+        state.update((n,))
+        if not per_record:
+            yield pd.DataFrame({"url": [key[0]], "count": [n]})
+
+    sink = CountingSink(per_url=not per_record)
+    out = (
+        _stream(spark, logs, files_per_trigger)
+        .groupBy("url")
+        .applyInPandasWithState(count, OUTPUT_SCHEMA, "count long", "append", GroupStateTimeout.NoTimeout)
+    )
+    return _run_query(
+        lambda: (
+            out.writeStream.foreachBatch(sink)
+            .option("checkpointLocation", os.path.join(work, "apply-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        ),
+        sink,
+    )
+
+
+def run_transform_with_state_in_pandas(
+    spark: Any, logs: str, work: str, files_per_trigger: int, per_record: bool
+) -> Outcome:
+    """``transformWithStateInPandas`` with a ``ValueState`` on the RocksDB state store provider."""
+    import numpy as np
+    import pandas as pd
+    from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+
+    class Count(StatefulProcessor):
+        def init(self, handle: StatefulProcessorHandle) -> None:
+            self.count = handle.getValueState("count", "value long")
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[pd.DataFrame]:
+            n = self.count.get()[0] if self.count.exists() else 0
+            for pdf in rows:
+                m = len(pdf)
+                if per_record:
+                    yield pd.DataFrame({"url": key[0], "count": np.arange(n + 1, n + m + 1, dtype="int64")})
+                n += m
+            self.count.update((n,))
+            if not per_record:
+                yield pd.DataFrame({"url": [key[0]], "count": [n]})
+
+        def close(self) -> None:
+            pass
+
+    sink = CountingSink(per_url=not per_record)
+    out = (
+        _stream(spark, logs, files_per_trigger)
+        .groupBy("url")
+        .transformWithStateInPandas(Count(), OUTPUT_SCHEMA, "Update", "None")
+    )
+    return _run_query(
+        lambda: (
+            out.writeStream.foreachBatch(sink)
+            .option("checkpointLocation", os.path.join(work, "tws-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        ),
+        sink,
+    )
+
+
+def run_stateless(spark: Any, logs: str) -> Outcome:
+    """Spark's stateless batch count over the same files: the ceiling."""
+    t0 = time.perf_counter()
+    rows = spark.read.schema(SCHEMA).json(logs).groupBy("url").count().collect()
+    seconds = time.perf_counter() - t0
+    counts = {r["url"]: r["count"] for r in rows}
+    return Outcome(seconds, counts, len(rows), 1)
+
+
+# --- the run -------------------------------------------------------------------------------
+
+
+def _check(name: str, outcome: Outcome, truth: dict[str, int], rows: int | None) -> None:
+    """Exits with a message unless ``outcome`` holds exactly the counts of ``truth``."""
+    if outcome.checksum is not None:
+        if outcome.checksum != expected_checksum(truth):
+            raise SystemExit(
+                f"{name}: wrong counts: checksum {outcome.checksum}, expected {expected_checksum(truth)}"
+            )
+    elif outcome.counts != truth:
+        wrong = sorted(u for u in set(truth) | set(outcome.counts) if outcome.counts.get(u) != truth.get(u))
+        raise SystemExit(f"{name}: wrong counts for {len(wrong)} URLs, e.g. {wrong[:3]}")
+    if rows is not None and outcome.rows != rows:
+        raise SystemExit(f"{name}: emitted {outcome.rows} rows, expected {rows}")
+
+
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+LABELS = {
+    "statekit": "statekit CountPerUrl (statekit.spark, heap backend)",
+    "apply": "applyInPandasWithState (HDFS state store)",
+    "tws": "transformWithStateInPandas + ValueState (RocksDB state store)",
+    "stateless": "stateless read.json().groupBy('url').count() (ceiling)",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=1_000_000, help="log lines (default 1M)")
+    ap.add_argument("--files", type=int, default=10, help="files the log is split into (default 10)")
+    ap.add_argument("--files-per-trigger", type=int, default=1, help="maxFilesPerTrigger of the streams")
+    ap.add_argument(
+        "--urls",
+        type=int,
+        default=100_000,
+        help="URL space (default 100k, the setting that reproduces the reference baselines of "
+        "14k and 8k records/s; with few URLs Spark's per-key costs shrink: try --urls 1000)",
+    )
+    ap.add_argument(
+        "--shuffle-partitions",
+        default="2",
+        help="comma-separated spark.sql.shuffle.partitions to run the Spark jobs with (default 2: as "
+        "many as statekit's subtasks and the cores; 2,200 adds Spark's default, which is far slower here)",
+    )
+    ap.add_argument("--statekit-parallelism", type=int, default=2, help="spark.statekit.parallelism")
+    ap.add_argument(
+        "--baseline-output",
+        choices=("per-record", "per-key"),
+        default="per-record",
+        help="what the Spark baselines emit: a count per request (as statekit) or per URL and batch",
+    )
+    ap.add_argument("--only", action="append", choices=tuple(LABELS))
+    ap.add_argument("--repeats", type=int, default=1, help="time each job N times, keep the best")
+    ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
+    ap.add_argument("--workdir", help="where logs and checkpoints go (default: a temporary directory)")
+    args = ap.parse_args(argv)
+    only = set(args.only or LABELS)
+    per_record = args.baseline_output == "per-record"
+    partitions = [int(p) for p in args.shuffle_partitions.split(",")]
+
+    work = args.workdir or tempfile.mkdtemp(prefix="statekit-bench-")
+    logs, warm_logs = os.path.join(work, "logs"), os.path.join(work, "warmup-logs")
+    for d in (logs, warm_logs):
+        shutil.rmtree(d, ignore_errors=True)
+    print(f"generating {args.records:,} records in {args.files} files under {logs} ...", flush=True)
+    gen = generate_logs(
+        logs, records=args.records, files=args.files, n_urls=args.urls, malformed_fraction=0.0, seed=7
+    )
+    truth = dict(gen.counts)
+    generate_logs(warm_logs, records=20_000, files=2, n_urls=args.urls, malformed_fraction=0.0, seed=8)
+
+    spark = local_spark_session(
+        "statekit-bench",
+        conf={"spark.statekit.parallelism": str(args.statekit_parallelism), "spark.driver.memory": "4g"},
+    )
+    print(
+        f"Spark {spark.version}, {spark.sparkContext.master}; {args.files} files, maxFilesPerTrigger "
+        f"{args.files_per_trigger}; statekit parallelism {args.statekit_parallelism}; baselines emit "
+        f"{args.baseline_output}",
+        flush=True,
+    )
+
+    def run(name: str, logs_dir: str, tag: str, shuffle: int) -> Outcome:
+        d = os.path.join(work, f"{name}-{shuffle}-{tag}")
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        spark.conf.set("spark.sql.shuffle.partitions", str(shuffle))
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB if name == "tws" else HDFS)
+        fpt = args.files_per_trigger
+        if name == "statekit":
+            return run_statekit(spark, logs_dir, d, fpt)
+        if name == "apply":
+            return run_apply_in_pandas_with_state(spark, logs_dir, d, fpt, per_record)
+        if name == "tws":
+            return run_transform_with_state_in_pandas(spark, logs_dir, d, fpt, per_record)
+        return run_stateless(spark, logs_dir)
+
+    # statekit routes by key group to spark.statekit.parallelism partitions: the shuffle setting
+    # does not apply to it, so it runs once.
+    plan = [(n, p) for p in partitions for n in ("stateless", "apply", "tws") if n in only]
+    if "statekit" in only:
+        plan.append(("statekit", partitions[0]))
+    if not args.no_warmup:
+        for name in dict.fromkeys(n for n, _ in plan):
+            print(f"warm-up: {LABELS[name]} ...", flush=True)
+            run(name, warm_logs, "warmup", partitions[0])
+    rates: dict[tuple[str, int], float] = {}
+    for name, shuffle in plan:
+        print(f"timing: {LABELS[name]}, shuffle partitions {shuffle} ...", flush=True)
+        rows = (
+            len(truth) if name == "stateless" else args.records if name == "statekit" or per_record else None
+        )
+        for i in range(args.repeats):
+            outcome = run(name, logs, f"run{i}", shuffle)
+            _check(name, outcome, truth, rows)
+            rate = args.records / outcome.seconds
+            rates[(name, shuffle)] = max(rate, rates.get((name, shuffle), 0.0))
+            print(
+                f"  {outcome.seconds:8.2f} s  {rate:>12,.0f} records/s  "
+                f"({outcome.batches} batches, {outcome.rows:,} rows out, counts exact)",
+                flush=True,
+            )
+    spark.stop()
+
+    print()
+    best_of = f", best of {args.repeats}" if args.repeats > 1 else ""
+    print(
+        f"{args.records:,} records, {len(truth)} URLs, one SparkSession local[2], start-up excluded{best_of}:"
+    )
+    for (name, shuffle), rate in rates.items():
+        where = "" if name == "statekit" else f" [shuffle partitions {shuffle}]"
+        print(f"  {LABELS[name] + where:<88} {rate:>10,.0f} records/s")
+    statekit = [r for (n, _), r in rates.items() if n == "statekit"]
+    if statekit:
+        sk = statekit[0]
+        for shuffle in partitions:
+            base = {n: rates[(n, shuffle)] for n in ("apply", "tws") if (n, shuffle) in rates}
+            if base:
+                best = max(base, key=base.__getitem__)
+                print(
+                    f"  statekit / faster stateful baseline at shuffle partitions {shuffle} ({best}): "
+                    f"{sk / base[best]:.1f}x  (target >= 5x)"
+                )
+            if ("stateless", shuffle) in rates:
+                print(
+                    f"  statekit / stateless ceiling at shuffle partitions {shuffle}: "
+                    f"{sk / rates[('stateless', shuffle)]:.2f}x"
+                )
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""The ``statekit-urlcount`` command: ``generate``, ``run`` and ``demo``.
+
+::
+
+    statekit-urlcount generate --out logs --records 100000
+    statekit-urlcount run --logs logs --state state
+    statekit-urlcount demo                 # generate, run, add logs, resume, check
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rich.console import Console
+
+from ._generate import GenerateResult, generate_logs
+from ._job import JobSettings, RunReport, run_job
+from ._progress import ProgressDisplay, top_urls_table
+from ._session import local_spark_session
+
+__all__ = ["DemoReport", "build_parser", "demo", "main", "next_file_index"]
+
+_DEMO_MARKER = ".statekit-urlcount-demo"
+
+
+def next_file_index(logs_dir: str) -> int:
+    """The index after the highest ``access-NNNNN.log`` in ``logs_dir`` (0 when there is none)."""
+    if not os.path.isdir(logs_dir):
+        return 0
+    indexes = [
+        int(name[7:12])
+        for name in os.listdir(logs_dir)
+        if name.startswith("access-") and name.endswith(".log") and name[7:12].isdigit()
+    ]
+    return max(indexes, default=-1) + 1
+
+
+def _add_generate_options(p: argparse.ArgumentParser, *, records: int, files: int) -> None:
+    p.add_argument("--records", type=int, default=records, help=f"log lines to write (default {records:,})")
+    p.add_argument("--files", type=int, default=files, help=f"files to spread them over (default {files})")
+    p.add_argument("--urls", type=int, default=1000, help="distinct URLs (default 1000)")
+    p.add_argument(
+        "--malformed", type=float, default=0.001, help="fraction of malformed lines (default 0.001)"
+    )
+    p.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--files-per-trigger", type=int, default=1, help="log files per micro-batch (default 1)")
+    p.add_argument("--parallelism", type=int, default=2, help="statekit subtasks (default 2)")
+    p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    p.add_argument("--top", type=int, default=10, help="URLs in the final table (default 10)")
+    p.add_argument("--no-progress", action="store_true", help="no live display")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``statekit-urlcount``."""
+    parser = argparse.ArgumentParser(
+        prog="statekit-urlcount",
+        description="Count nginx access-log requests per URL on Spark, with statekit state.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    g = sub.add_parser("generate", help="write deterministic access logs (JSON lines)")
+    g.add_argument("--out", default="logs", help="directory to write into (default ./logs)")
+    g.add_argument(
+        "--first-file",
+        type=int,
+        default=None,
+        help="index of the first file (default: after the files already there, so new files are added)",
+    )
+    _add_generate_options(g, records=100_000, files=4)
+
+    r = sub.add_parser("run", help="count requests per URL over a directory of logs, resuming if possible")
+    r.add_argument("--logs", default="logs", help="directory of log files (default ./logs)")
+    r.add_argument(
+        "--state", default="urlcount-state", help="checkpoints and output (default ./urlcount-state)"
+    )
+    r.add_argument("--output", default=None, help="counts and dead letters (default <state>/output)")
+    _add_run_options(r)
+
+    d = sub.add_parser("demo", help="generate logs, run, add more logs, resume from the checkpoint, check")
+    d.add_argument(
+        "--workdir", default="urlcount-demo", help="the demo's directory (default ./urlcount-demo)"
+    )
+    d.add_argument("--more-records", type=int, default=50_000, help="lines added before the second run")
+    d.add_argument("--more-files", type=int, default=2, help="files added before the second run")
+    _add_generate_options(d, records=200_000, files=4)
+    _add_run_options(d)
+    return parser
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}{'es' if word.endswith('ch') else 's'}"
+
+
+def _print_generated(console: Console, result: GenerateResult, where: str) -> None:
+    console.print(
+        f"wrote {_plural(result.lines, 'line')} in {_plural(len(result.paths), 'file')} to {where} "
+        f"({result.malformed_total:,} malformed, {len(result.counts):,} URLs)",
+        highlight=False,
+    )
+
+
+def _generate(args: argparse.Namespace, console: Console) -> int:
+    first = next_file_index(args.out) if args.first_file is None else args.first_file
+    result = generate_logs(
+        args.out,
+        records=args.records,
+        files=args.files,
+        first_file=first,
+        n_urls=args.urls,
+        malformed_fraction=args.malformed,
+        seed=args.seed,
+    )
+    _print_generated(console, result, args.out)
+    return 0
+
+
+def _settings(args: argparse.Namespace, logs: str, state: str, output: str | None = None) -> JobSettings:
+    return JobSettings(
+        logs_dir=logs,
+        state_dir=state,
+        output_dir=output,
+        files_per_trigger=args.files_per_trigger,
+        parallelism=args.parallelism,
+    )
+
+
+def _run_once(args: argparse.Namespace, console: Console, settings: JobSettings, title: str) -> RunReport:
+    spark = local_spark_session(master=args.master)
+    try:
+        with ProgressDisplay(console, settings, title=title, enabled=not args.no_progress) as display:
+            report = run_job(spark, settings, on_batch=display.on_batch, on_poll=display.on_poll)
+    finally:
+        spark.stop()
+    verb = "resumed from its checkpoint and read" if report.resumed else "read"
+    console.print(
+        f"{title}: {verb} {_plural(report.records, 'new line')} in {_plural(len(report.batches), 'batch')}, "
+        f"{report.seconds:.1f} s; {report.malformed:,} malformed lines written to "
+        f"{settings.dead_letter_dir}",
+        highlight=False,
+    )
+    return report
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    if not os.path.isdir(args.logs):
+        console.print(f"statekit-urlcount: no log directory {args.logs!r}; try `statekit-urlcount generate`")
+        return 2
+    settings = _settings(args, args.logs, args.state, args.output)
+    report = _run_once(args, console, settings, "run")
+    console.print(top_urls_table(report.state, args.top))
+    return 0
+
+
+@dataclass
+class DemoReport:
+    """The demo's two runs, what the generator wrote for each, and the checks."""
+
+    first: RunReport
+    second: RunReport
+    generated_first: GenerateResult
+    generated_more: GenerateResult
+    checks: list[tuple[str, bool, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether every check passed."""
+        return all(ok for _, ok, _ in self.checks)
+
+
+def _count_json_lines(directory: str) -> int:
+    n = 0
+    for root, _, names in os.walk(directory):
+        for name in names:
+            if name.endswith(".json"):
+                with open(os.path.join(root, name), "rb") as f:
+                    n += sum(1 for _ in f)
+    return n
+
+
+def _diff(expected: Counter[str], actual: dict[str, int]) -> str:
+    wrong = sorted(u for u in set(expected) | set(actual) if expected.get(u, 0) != actual.get(u, 0))
+    if not wrong:
+        return f"{len(expected):,} URLs, {sum(expected.values()):,} requests"
+    u = wrong[0]
+    return f"{len(wrong)} URLs differ, e.g. {u}: expected {expected.get(u, 0)}, got {actual.get(u, 0)}"
+
+
+def demo(args: argparse.Namespace, console: Console) -> DemoReport:
+    """Generates logs, runs, adds logs, runs again from the checkpoint, and checks every count.
+
+    The second run is a new SparkSession (a restart): statekit restores the
+    counts from its checkpoint and Spark's file source reads only the new
+    files, so the final counts must equal the generator's counts over all
+    files exactly, and the second run must read exactly the added lines.
+    """
+    work = args.workdir
+    if os.path.isdir(work) and os.listdir(work):
+        if not os.path.exists(os.path.join(work, _DEMO_MARKER)):
+            raise SystemExit(
+                f"statekit-urlcount: {work!r} is not empty and not a demo directory; choose another"
+            )
+        shutil.rmtree(work)
+    os.makedirs(work, exist_ok=True)
+    open(os.path.join(work, _DEMO_MARKER), "w").close()
+    logs, state = os.path.join(work, "logs"), os.path.join(work, "state")
+    settings = _settings(args, logs, state)
+
+    def gen(records: int, files: int, first_file: int) -> GenerateResult:
+        return generate_logs(
+            logs,
+            records=records,
+            files=files,
+            first_file=first_file,
+            n_urls=args.urls,
+            malformed_fraction=args.malformed,
+            seed=args.seed,
+        )
+
+    console.rule("1. generate logs and count them")
+    first_gen = gen(args.records, args.files, 0)
+    _print_generated(console, first_gen, logs)
+    first = _run_once(args, console, settings, "first run")
+    console.print(top_urls_table(first.state, args.top))
+
+    console.rule("2. more logs arrive; a new Spark session resumes from the checkpoint")
+    more = gen(args.more_records, args.more_files, args.files)
+    _print_generated(console, more, logs)
+    second = _run_once(args, console, settings, "second run")
+    console.print(top_urls_table(second.state, args.top))
+
+    both = first_gen.merge(more)
+    report = DemoReport(first, second, first_gen, more)
+    checks = report.checks
+    checks.append(
+        (
+            "first run: counts equal the generator's",
+            first.state.counts == dict(first_gen.counts),
+            _diff(first_gen.counts, first.state.counts),
+        )
+    )
+    checks.append(
+        (
+            "first run: malformed lines counted",
+            first.state.malformed == first_gen.malformed_total,
+            f"{first.state.malformed:,} in state, {first_gen.malformed_total:,} generated",
+        )
+    )
+    checks.append(
+        (
+            "second run resumed from the checkpoint",
+            not first.resumed and second.restored_from == first.state.location,
+            f"the first run started empty, the second from {second.restored_from}",
+        )
+    )
+    checks.append(
+        (
+            "second run read only the new lines",
+            second.records == more.lines,
+            f"{second.records:,} read, {more.lines:,} added",
+        )
+    )
+    checks.append(
+        (
+            "counts continue exactly",
+            second.state.counts == dict(both.counts),
+            _diff(both.counts, second.state.counts),
+        )
+    )
+    checks.append(
+        (
+            "malformed total continues exactly",
+            second.state.malformed == both.malformed_total,
+            f"{second.state.malformed:,} in state, {both.malformed_total:,} generated",
+        )
+    )
+    dead = _count_json_lines(settings.dead_letter_dir)
+    checks.append(
+        (
+            "every malformed line is in the dead-letter output",
+            dead == both.malformed_total,
+            f"{dead:,} dead letters under {settings.dead_letter_dir}",
+        )
+    )
+
+    console.rule("3. check")
+    for name, ok, detail in checks:
+        mark = "[green]✔[/green]" if ok else "[red]✘[/red]"
+        console.print(f"{mark} {name}: {detail}", highlight=False)
+    console.print("[bold green]all checks passed[/]" if report.ok else "[bold red]a check failed[/]")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs ``statekit-urlcount`` and returns its exit status."""
+    args = build_parser().parse_args(argv)
+    console = Console()
+    if args.command == "generate":
+        return _generate(args, console)
+    if args.command == "run":
+        return _run(args, console)
+    return 0 if demo(args, console).ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,406 @@
+"""The URL-count job on Spark: text files in, counts and dead letters out, state in statekit.
+
+The pipeline, one streaming query::
+
+    readStream.text(logs)                       one row per line
+      .mapInArrow(parse_batches)                url | reason | line   (malformed -> MALFORMED_KEY)
+      keyed(key="url").process(CountPerUrlWithDeadLetters)   statekit state, checkpointed per batch
+      .foreach_batch(sink)                      output/counts/batch=N, output/dead-letter/batch=N
+
+Everything a run needs lives under one state directory: Spark's checkpoint
+(the file source's progress), statekit's checkpoints (the counts), and the
+output. A second run with the same directory resumes where the first stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from statekit import (
+    CheckpointStorage,
+    KeyGroupRange,
+    default_registry,
+    load_checkpoint,
+    serializer_for,
+)
+
+from ._function import COUNT_STATE, JOB_OUTPUT_SCHEMA, CountPerUrlWithDeadLetters
+from ._parse import MALFORMED_KEY, AccessRecord, parse_line
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
+    from pyspark.sql import DataFrame, SparkSession
+
+    from statekit.spark import BatchInfo, ProcessedStream
+
+__all__ = [
+    "PARSED_SCHEMA",
+    "BatchStats",
+    "JobSettings",
+    "RunReport",
+    "StateSummary",
+    "build_stream",
+    "checkpoint_info",
+    "parse_batches",
+    "read_state",
+    "run_job",
+    "statekit_conf",
+]
+
+#: The schema :func:`parse_batches` produces from Spark's text source.
+PARSED_SCHEMA = "url string, reason string, line string"
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """Where a run reads and writes, and how statekit is configured.
+
+    The defaults are the embedded ones: the heap backend and filesystem
+    checkpoints in a local directory.
+
+    Attributes:
+        logs_dir: The directory of log files the stream reads (new files are picked up).
+        state_dir: Holds Spark's checkpoint, statekit's checkpoints and, unless
+            ``output_dir`` says otherwise, the output.
+        output_dir: Where counts and dead letters go; default ``<state_dir>/output``.
+        job_id: statekit's job id (its checkpoints' folder name).
+        files_per_trigger: Log files per micro-batch (Spark's ``maxFilesPerTrigger``).
+        parallelism: statekit subtasks (``spark.statekit.parallelism``).
+        backend: ``spark.statekit.backend``.
+    """
+
+    logs_dir: str
+    state_dir: str
+    output_dir: str | None = None
+    job_id: str = "urlcount"
+    files_per_trigger: int = 1
+    parallelism: int = 2
+    backend: str = "heap"
+
+    @property
+    def spark_checkpoint(self) -> str:
+        """Spark's checkpoint of the query: which files were read, which batch is next."""
+        return os.path.join(self.state_dir, "spark-checkpoint")
+
+    @property
+    def statekit_checkpoints(self) -> str:
+        """statekit's checkpoints directory (``spark.statekit.checkpoints.dir``)."""
+        return os.path.join(self.state_dir, "statekit-checkpoints")
+
+    @property
+    def counts_dir(self) -> str:
+        """Per micro-batch, the latest count of every URL the batch touched (JSON lines)."""
+        return os.path.join(self.output_dir or os.path.join(self.state_dir, "output"), "counts")
+
+    @property
+    def dead_letter_dir(self) -> str:
+        """Per micro-batch, every malformed line with its reason (JSON lines)."""
+        return os.path.join(self.output_dir or os.path.join(self.state_dir, "output"), "dead-letter")
+
+
+def statekit_conf(settings: JobSettings) -> dict[str, str]:
+    """The Spark configuration that gives statekit its backend, storage and parallelism."""
+    return {
+        "spark.statekit.backend": settings.backend,
+        "spark.statekit.checkpoint.storage": "filesystem",
+        "spark.statekit.checkpoints.dir": os.path.abspath(settings.statekit_checkpoints),
+        "spark.statekit.parallelism": str(settings.parallelism),
+    }
+
+
+def parse_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: Spark text rows (``value``) to :data:`PARSED_SCHEMA` rows.
+
+    A request becomes ``(url, None, None)``; a malformed line becomes
+    ``(MALFORMED_KEY, reason, line)``, so it is counted and dead-lettered by
+    the keyed function rather than dropped. Never raises on bad input.
+    """
+    import pyarrow as pa
+
+    for batch in batches:
+        urls: list[str] = []
+        reasons: list[str | None] = []
+        lines: list[str | None] = []
+        for value in batch.column(0).to_pylist():
+            parsed = parse_line(value or "")
+            if isinstance(parsed, AccessRecord):
+                urls.append(parsed.url)
+                reasons.append(None)
+                lines.append(None)
+            else:
+                urls.append(MALFORMED_KEY)
+                reasons.append(parsed.reason)
+                lines.append(parsed.line)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(urls, pa.string()), pa.array(reasons, pa.string()), pa.array(lines, pa.string())],
+            names=["url", "reason", "line"],
+        )
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What one micro-batch did: its lines, as the sink saw them, and the checkpoint it completed.
+
+    Attributes:
+        batch_id: Spark's micro-batch id.
+        records: Lines in the batch.
+        requests: Valid requests among them.
+        malformed: Malformed lines among them (all written to the dead-letter output).
+        urls_touched: Distinct URLs in the batch.
+        seconds: Wall time since the previous batch completed (or the run started).
+        checkpoint_id: The statekit checkpoint holding the state after this batch.
+        checkpoint_location: Where it is.
+        restored_from: The checkpoint statekit's subtasks started this batch from,
+            if they were restored from storage rather than kept in memory.
+        skipped: The batch had been completed before a restart (nothing was redone).
+    """
+
+    batch_id: int
+    records: int
+    requests: int
+    malformed: int
+    urls_touched: int
+    seconds: float
+    checkpoint_id: int | None = None
+    checkpoint_location: str | None = None
+    restored_from: str | None = None
+    skipped: bool = False
+
+
+@dataclass
+class StateSummary:
+    """The job's statekit state, read back from its latest checkpoint.
+
+    Attributes:
+        location: The checkpoint read (None when there is none yet).
+        checkpoint_id: Its id.
+        counts: Requests per URL so far.
+        malformed: Malformed lines so far (the reserved key's count).
+        entries: Keyed state entries, as the checkpoint's metadata records them.
+        timestamp_ms: When the checkpoint was taken.
+    """
+
+    location: str | None = None
+    checkpoint_id: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    malformed: int = 0
+    entries: int = 0
+    timestamp_ms: int = 0
+
+    def top(self, n: int) -> list[tuple[str, int]]:
+        """The ``n`` most requested URLs, most first (ties by URL)."""
+        return sorted(self.counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+
+@dataclass
+class RunReport:
+    """What :func:`run_job` did."""
+
+    batches: list[BatchStats] = field(default_factory=list)
+    seconds: float = 0.0
+    state: StateSummary = field(default_factory=StateSummary)
+
+    @property
+    def restored_from(self) -> str | None:
+        """The statekit checkpoint this run's first batch started from (None: empty state)."""
+        for b in self.batches:
+            if not b.skipped:
+                return b.restored_from
+        return None
+
+    @property
+    def resumed(self) -> bool:
+        """Whether this run continued from the state of a previous one."""
+        return self.restored_from is not None
+
+    @property
+    def records(self) -> int:
+        """Lines read in this run."""
+        return sum(b.records for b in self.batches)
+
+    @property
+    def malformed(self) -> int:
+        """Malformed lines met in this run."""
+        return sum(b.malformed for b in self.batches)
+
+
+def checkpoint_storage(settings: JobSettings) -> CheckpointStorage:
+    """The filesystem checkpoint storage the job's statekit checkpoints are in."""
+    storage: CheckpointStorage = default_registry().create_storage(
+        "filesystem", {"checkpoints-dir": os.path.abspath(settings.statekit_checkpoints)}
+    )
+    return storage
+
+
+def checkpoint_info(settings: JobSettings, storage: CheckpointStorage | None = None) -> StateSummary:
+    """The latest checkpoint's location, id, time and entry count, without reading the state itself."""
+    storage = storage or checkpoint_storage(settings)
+    location = storage.latest_checkpoint(settings.job_id)
+    if location is None:
+        return StateSummary()
+    meta = load_checkpoint(storage, location).metadata
+    entries = sum(int((st.keyed or {}).get("entries", 0)) for sts in meta.operators.values() for st in sts)
+    return StateSummary(location, meta.checkpoint_id, entries=entries, timestamp_ms=meta.timestamp_ms)
+
+
+def read_state(settings: JobSettings) -> StateSummary:
+    """Every URL's count and the malformed total, from the latest statekit checkpoint.
+
+    The checkpoint written by the Spark subtasks is restored whole into one
+    in-memory heap backend here in the driver: state is portable between
+    runners, and this reads exactly what the next run will resume from.
+    """
+    storage = checkpoint_storage(settings)
+    summary = checkpoint_info(settings, storage)
+    if summary.location is None:
+        return summary
+    cp = load_checkpoint(storage, summary.location)
+    maxp = cp.metadata.max_parallelism
+    full = KeyGroupRange.of(0, maxp - 1)
+    registry = default_registry()
+    counts: dict[str, int] = {}
+    for operator_id in cp.metadata.operators:
+        handles = cp.keyed_handles(operator_id, full)
+        if not handles:
+            continue
+        keyed = registry.create_backend("heap", {}).create_keyed_backend(
+            key_serializer=serializer_for(str), key_group_range=full, max_parallelism=maxp
+        )
+        try:
+            keyed.restore(handles)
+            count = keyed.get_state(COUNT_STATE)
+            for key in list(keyed.keys(COUNT_STATE.name)):
+                keyed.set_current_key(key)
+                counts[key] = count.value()
+        finally:
+            keyed.close()
+    summary.malformed = counts.pop(MALFORMED_KEY, 0)
+    summary.counts = counts
+    return summary
+
+
+class _Sink:
+    """The ``foreach_batch`` callback and ``on_batch`` listener of one run.
+
+    The sink writes counts and dead letters, idempotently per batch id;
+    statekit then completes the batch's checkpoint and reports it, and the
+    batch's :class:`BatchStats` go to ``on_batch``.
+    """
+
+    def __init__(self, settings: JobSettings, on_batch: Callable[[BatchStats], None]) -> None:
+        self.settings = settings
+        self.on_batch = on_batch
+        self.batches: list[BatchStats] = []
+        self._pending: dict[int, tuple[int, int, int]] = {}
+        self._last = time.perf_counter()
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        """Writes one batch's outputs."""
+        from pyspark.sql import functions as F
+
+        # statekit.spark hands the sink a cached batch (its processing ran once, before the sink),
+        # so the actions below read the cache and never process a record twice.
+        # A retried batch id overwrites its own folders: the output is exactly once per batch.
+        name = f"batch={batch_id:06d}"
+        per_url = (
+            batch_df.where(F.col("url").isNotNull())
+            .groupBy("url")
+            .agg(F.max("count").alias("count"), F.count(F.lit(1)).alias("requests"))
+        )
+        per_url.write.mode("overwrite").json(os.path.join(self.settings.counts_dir, name))
+        dead = batch_df.where(F.col("url").isNull()).select(
+            F.lit(batch_id).alias("batch"), "reason", "line", F.col("count").alias("malformed_so_far")
+        )
+        dead.write.mode("overwrite").json(os.path.join(self.settings.dead_letter_dir, name))
+        row = batch_df.agg(
+            F.count(F.lit(1)).alias("records"),
+            F.count("url").alias("requests"),
+            F.countDistinct("url").alias("urls"),
+        ).first()
+        if row is not None:
+            self._pending[batch_id] = (int(row["records"]), int(row["requests"]), int(row["urls"]))
+
+    def checkpointed(self, info: BatchInfo) -> None:
+        """statekit's report that the batch's checkpoint is complete."""
+        now = time.perf_counter()
+        records, requests, urls = self._pending.pop(info.batch_id, (0, 0, 0))
+        stats = BatchStats(
+            batch_id=info.batch_id,
+            records=records,
+            requests=requests,
+            malformed=records - requests,
+            urls_touched=urls,
+            seconds=now - self._last,
+            checkpoint_id=info.checkpoint_id,
+            checkpoint_location=info.location,
+            restored_from=info.restored_from if info.restored_subtasks else None,
+            skipped=info.skipped,
+        )
+        self._last = now
+        self.batches.append(stats)
+        self.on_batch(stats)
+
+
+def build_stream(spark: SparkSession, settings: JobSettings, sink: _Sink) -> ProcessedStream:
+    """Defines the streaming job (not started): text files -> parse -> statekit -> sink."""
+    from statekit.spark import keyed
+
+    lines = spark.readStream.option("maxFilesPerTrigger", settings.files_per_trigger).text(settings.logs_dir)
+    parsed = lines.mapInArrow(parse_batches, PARSED_SCHEMA)
+    stream = keyed(parsed, key="url", key_type=str).process(
+        CountPerUrlWithDeadLetters,
+        output_schema=JOB_OUTPUT_SCHEMA,
+        job_id=settings.job_id,
+        on_batch=sink.checkpointed,
+    )
+    return stream.foreach_batch(sink)
+
+
+def run_job(
+    spark: SparkSession,
+    settings: JobSettings,
+    *,
+    on_batch: Callable[[BatchStats], None] = lambda stats: None,
+    on_poll: Callable[[Any], None] = lambda query: None,
+    poll_seconds: int = 1,
+) -> RunReport:
+    """Runs the job over every log file not yet read, then stops (``availableNow``).
+
+    ``on_batch`` is called after each micro-batch's output is written and its
+    checkpoint completed; ``on_poll`` every ``poll_seconds`` with the running
+    query (for a live display). A run whose state directory holds checkpoints
+    resumes from them: Spark's file source skips the files it read, statekit
+    restores the state of its last completed checkpoint.
+
+    Raises:
+        RuntimeError: If the query fails (malformed lines never make it fail).
+    """
+    for key, value in statekit_conf(settings).items():
+        spark.conf.set(key, value)
+    os.makedirs(settings.state_dir, exist_ok=True)
+    lock = threading.Lock()
+
+    def guarded(stats: BatchStats) -> None:
+        with lock:
+            on_batch(stats)
+
+    sink = _Sink(settings, guarded)
+    t0 = time.perf_counter()
+    query = build_stream(spark, settings, sink).start(
+        checkpoint_location=os.path.abspath(settings.spark_checkpoint), trigger={"availableNow": True}
+    )
+    try:
+        while not query.awaitTermination(poll_seconds):
+            with lock:
+                on_poll(query)
+    except Exception as exc:  # StreamingQueryException: say which job, keep Spark's message
+        raise RuntimeError(f"the URL-count query failed: {exc}") from exc
+    finally:
+        if query.isActive:
+            query.stop()
+    return RunReport(sink.batches, time.perf_counter() - t0, read_state(settings))

@@ -1,0 +1,70 @@
+"""The command line and the progress display, without Spark."""
+
+from __future__ import annotations
+
+import io
+import os
+
+from rich.console import Console
+
+from statekit_urlcount import BatchStats, JobSettings, StateSummary, generate_logs
+from statekit_urlcount._cli import main, next_file_index
+from statekit_urlcount._progress import ProgressDisplay, top_urls_table
+
+
+def test_generate_appends_new_files(tmp_path, capsys):
+    out = tmp_path / "logs"
+    assert main(["generate", "--out", str(out), "--records", "1000", "--files", "2"]) == 0
+    assert main(["generate", "--out", str(out), "--records", "500", "--files", "1"]) == 0
+    assert sorted(os.listdir(out)) == ["access-00000.log", "access-00001.log", "access-00002.log"]
+    assert next_file_index(str(out)) == 3
+    # Appending is the same as generating everything at once.
+    whole = generate_logs(tmp_path / "whole", records=1000, files=2)
+    assert open(whole.paths[1], "rb").read() == open(out / "access-00001.log", "rb").read()
+    assert "wrote 1,000 lines in 2 files" in capsys.readouterr().out
+
+
+def test_next_file_index_of_a_missing_or_foreign_directory(tmp_path):
+    assert next_file_index(str(tmp_path / "nope")) == 0
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "access-00007.log").write_text("")
+    assert next_file_index(str(tmp_path)) == 8
+
+
+def test_run_without_logs_fails_with_a_hint(tmp_path, capsys):
+    assert main(["run", "--logs", str(tmp_path / "missing"), "--state", str(tmp_path / "s")]) == 2
+    assert "statekit-urlcount generate" in capsys.readouterr().out
+
+
+def test_demo_refuses_a_foreign_directory(tmp_path):
+    (tmp_path / "precious.txt").write_text("keep me")
+    try:
+        main(["demo", "--workdir", str(tmp_path), "--no-progress"])
+    except SystemExit as exc:
+        assert "not a demo directory" in str(exc)
+    else:
+        raise AssertionError("demo overwrote a foreign directory")
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_progress_prints_a_line_per_batch_off_a_terminal(tmp_path):
+    out = io.StringIO()
+    settings = JobSettings(logs_dir=str(tmp_path), state_dir=str(tmp_path / "state"))
+    with ProgressDisplay(Console(file=out, width=200), settings) as display:
+        display.on_batch(BatchStats(0, 1000, 990, 10, 50, 0.5, 1, "/x/chk-1"))
+        display.on_batch(BatchStats(1, 500, 500, 0, 40, 0.25, 2, "/x/chk-2"))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[1].startswith("batch 1: 1,500 records (10 malformed)")
+    assert "last batch 2,000" in lines[1]
+    assert display.render() is not None  # the terminal picture renders too
+
+
+def test_top_urls_table():
+    state = StateSummary("/x/chk-3", 3, {"/a": 5, "/b": 7, "/c": 7, "/d": 1}, malformed=2)
+    assert state.top(3) == [("/b", 7), ("/c", 7), ("/a", 5)]
+    out = io.StringIO()
+    Console(file=out, width=200).print(top_urls_table(state, 2))
+    text = out.getvalue()
+    assert "/b" in text and "/c" in text and "/a" not in text
+    assert "20 requests over 4 URLs; 2 malformed lines" in text
