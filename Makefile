@@ -3,12 +3,18 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Distributions of this repository, installed editable, in dependency order.
-PACKAGES := -e ./core -e ./backends/heap -e "./storage[s3,hdfs]" -e ".[test]"
+PACKAGES := -e ./core -e ./backends/heap -e "./storage[s3,hdfs]" \
+	-e ./examples/urlcount -e ".[test]"
 HYPOTHESIS_PROFILE ?= ci
 
 .PHONY: install test lint typecheck pytest bench demo clean
+# Spark's Python workers must run this environment's interpreter.
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+export SPARK_LOCAL_IP := 127.0.0.1
 
-$(VENV)/.installed: pyproject.toml core/pyproject.toml backends/heap/pyproject.toml storage/pyproject.toml
+$(VENV)/.installed: pyproject.toml core/pyproject.toml backends/heap/pyproject.toml storage/pyproject.toml \
+		examples/urlcount/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(PACKAGES)
@@ -20,10 +26,10 @@ install: $(VENV)/.installed
 test: lint typecheck pytest
 
 lint: install
-	$(VENV)/bin/ruff check core backends storage tests bench conftest.py
+	$(VENV)/bin/ruff check core backends storage examples tests bench conftest.py
 
 typecheck: install
-	$(VENV)/bin/mypy --strict -p statekit -p statekit_heap -p statekit_storage
+	$(VENV)/bin/mypy --strict -p statekit -p statekit_heap -p statekit_storage -p statekit_urlcount
 
 pytest: install
 	$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=$(HYPOTHESIS_PROFILE)
@@ -32,6 +38,11 @@ pytest: install
 bench: install
 	$(PY) bench/bench_heap_value_state.py
 	$(PY) bench/bench_snapshot_restore.py
+	$(PY) bench/bench_spark_urlcount.py
+
+## The main job: the URL-count demo on Spark with the embedded defaults.
+demo: install
+	$(VENV)/bin/statekit-urlcount demo
 
 clean:
 	rm -rf $(VENV)
