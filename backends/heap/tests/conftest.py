@@ -9,24 +9,11 @@ import pytest
 
 from statekit import KeyGroupRange
 from statekit.serializers import StrSerializer, TypeSerializer
+from statekit.testing import ManualClock
 from statekit_heap import HeapKeyedStateBackend
 
 MAX_PARALLELISM = 128
 FULL_RANGE = KeyGroupRange.of(0, MAX_PARALLELISM - 1)
-
-
-class ManualClock:
-    """A processing-time clock the test moves by hand; the backend calls it for ``now``."""
-
-    def __init__(self, now: int = 1_000) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        """Move time forward by ``ms`` milliseconds."""
-        self.now += ms
 
 
 BackendFactory = Callable[..., HeapKeyedStateBackend]

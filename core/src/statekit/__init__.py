@@ -18,6 +18,7 @@ from ._contracts import (
     OperatorStateBackend,
     StateBackend,
     SupportsBatchUpdate,
+    SupportsNativeSnapshot,
 )
 from ._errors import (
     CheckpointError,
@@ -137,6 +138,7 @@ __all__ = [
     "StateSizeLimitError",
     "StateTtlConfig",
     "SupportsBatchUpdate",
+    "SupportsNativeSnapshot",
     "TtlUpdateType",
     "TtlVisibility",
     "TypeSerializer",

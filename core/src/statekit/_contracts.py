@@ -25,6 +25,7 @@ __all__ = [
     "OperatorStateBackend",
     "StateBackend",
     "SupportsBatchUpdate",
+    "SupportsNativeSnapshot",
 ]
 
 
@@ -126,6 +127,30 @@ class SupportsBatchUpdate(Protocol):
 
     def update_batch(self, keys: Iterable[Any], fn: Callable[[Any], Any]) -> list[Any]:
         """For each key in order: store ``fn(value or default)``; return what was stored."""
+
+
+@runtime_checkable
+class SupportsNativeSnapshot(Protocol):
+    """A keyed backend that also snapshots in a format of its own.
+
+    A native snapshot is the backend's own (an engine's files, say): faster to
+    take, but only the same backend restores it. The canonical format stays
+    required, and savepoints always use it. The guarantees are those of
+    :meth:`KeyedStateBackend.snapshot` and :meth:`KeyedStateBackend.restore`:
+    the snapshot is unaffected by writes made after it was taken, a restore
+    keeps the owned key groups of handles written at any parallelism, and every
+    check passes before anything changes. ``statekit.testing`` exercises both
+    formats of a backend that satisfies this protocol.
+    """
+
+    native_format: str
+    """The name of the format; restores compare it with ``KeyedStateHandle.format``."""
+
+    def native_snapshot(self) -> Any:
+        """Freeze the state now; the result's ``write(out)`` writes it later (a ``SnapshotWriteResult``)."""
+
+    def restore_native(self, handles: Sequence[KeyedStateHandle]) -> None:
+        """Restore the owned key groups of native snapshots whose ``format`` is :attr:`native_format`."""
 
 
 @runtime_checkable

@@ -26,6 +26,7 @@ from ._operator import (
     encode_operator_snapshot,
     redistribute_operator_state,
 )
+from ._slots import SlotListState, SlotMapState, SlotState, SlotValueState
 from ._snapshot import (
     CANONICAL_FORMAT,
     BytesStreamHandle,
@@ -59,6 +60,10 @@ __all__ = [
     "ReducingStateImpl",
     "RegisteredState",
     "Section",
+    "SlotListState",
+    "SlotMapState",
+    "SlotState",
+    "SlotValueState",
     "SnapshotHeader",
     "SnapshotWriteResult",
     "StateEntries",

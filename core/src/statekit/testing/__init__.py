@@ -1,0 +1,47 @@
+"""statekit's conformance kit: the tests every state backend and checkpoint storage must pass.
+
+Install it with ``pip install "statekit-core[testing]"`` (pytest and Hypothesis),
+then subclass a test class in your plugin's tests and give it a factory::
+
+    import pytest
+    from statekit.testing import StateBackendTests
+
+    class TestMyBackend(StateBackendTests):
+        @pytest.fixture
+        def backend_factory(self):
+            return lambda: MyStateBackend({})
+
+That runs every semantic test of keyed state and TTL against your backend, and
+one Hypothesis state machine per named property (:data:`PROPERTIES`), which
+drives random operations against a plain Python model and reports a violation
+(:class:`PropertyViolation`) with the shortest sequence of steps it found.
+:class:`CheckpointStorageTests` does the same for a checkpoint storage. See
+``docs/writing-a-backend.md``.
+"""
+
+from __future__ import annotations
+
+from ._clock import ManualClock
+from ._properties import PROPERTIES, PropertyViolation
+from ._reference import ReferenceCheckpointStorage, ReferenceKeyedStateBackend, ReferenceStateBackend
+from ._stateful import MACHINES, ConformanceMachine, ConformanceTarget, MachineConfig, machine_configs
+from ._suite import CheckpointStorageTests, StateBackendTests, kit_settings, kit_tests, run_property
+
+__all__ = [
+    "MACHINES",
+    "PROPERTIES",
+    "CheckpointStorageTests",
+    "ConformanceMachine",
+    "ConformanceTarget",
+    "MachineConfig",
+    "ManualClock",
+    "PropertyViolation",
+    "ReferenceCheckpointStorage",
+    "ReferenceKeyedStateBackend",
+    "ReferenceStateBackend",
+    "StateBackendTests",
+    "kit_settings",
+    "kit_tests",
+    "machine_configs",
+    "run_property",
+]

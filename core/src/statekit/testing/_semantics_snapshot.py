@@ -1,0 +1,650 @@
+"""Kit tests of snapshots and restores on any backend: round trips, refused restores,
+corruption, isolation from later writes (also from another thread), rescaling."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import operator
+import queue
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, ClassVar
+
+import pytest
+
+from .._contracts import SupportsNativeSnapshot
+from .._errors import (
+    CorruptSnapshotError,
+    IncompatibleSerializerError,
+    MaxParallelismMismatchError,
+    StateAccessError,
+    StateMigrationError,
+)
+from .._keygroups import (
+    KeyGroupRange,
+    key_group_for_bytes,
+    key_group_range_for_operator,
+    operator_index_for_key_group,
+)
+from .._serializers import IntSerializer, StrSerializer, serializer_for
+from .._snapshot import BytesStreamHandle, KeyedStateHandle
+from .._state import (
+    VOID_NAMESPACE,
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    StateTtlConfig,
+    ValueStateDescriptor,
+)
+from ._job import snapshot_handle, write_snapshot
+from ._model import SumCount
+from ._semantics_state import Mean
+
+__all__ = ["SnapshotSemantics"]
+
+MAXP = 128
+INT_NS = serializer_for(int)
+NAMESPACES = [VOID_NAMESPACE, 1, 2, 3, 4]
+HOUR = StateTtlConfig(timedelta(hours=1))
+KINDS = ["value", "list", "reducing", "aggregating", "map"]
+
+
+def descriptors(ttl: StateTtlConfig | None = None) -> dict[str, StateDescriptor]:
+    """One state of each kind, named after its kind."""
+    return {
+        "value": ValueStateDescriptor("value", int, ttl=ttl),
+        "list": ListStateDescriptor("list", int, ttl=ttl),
+        "reducing": ReducingStateDescriptor("reducing", operator.add, int, ttl=ttl),
+        "aggregating": AggregatingStateDescriptor("aggregating", Mean(), tuple[int, int], ttl=ttl),
+        "map": MapStateDescriptor("map", str, int, ttl=ttl),
+    }
+
+
+def declare(backend: Any, ttl: StateTtlConfig | None = None) -> dict[str, Any]:
+    """Declare every state of :func:`descriptors` with int namespaces."""
+    return {n: backend.get_state(d, namespace_serializer=INT_NS) for n, d in descriptors(ttl).items()}
+
+
+def write_key(states: dict[str, Any], i: int) -> None:
+    """Write key number ``i``'s state, in the void namespace and, for even keys, another one."""
+    for ns in (VOID_NAMESPACE, i % 4 + 1) if i % 2 == 0 else (VOID_NAMESPACE,):
+        for s in states.values():
+            s.set_current_namespace(ns)
+        x = i if ns is VOID_NAMESPACE else -i
+        states["value"].update(x)
+        states["list"].add_all([x, x + 1])
+        states["reducing"].add(x)
+        states["reducing"].add(1)
+        states["aggregating"].add(x)
+        states["map"].put_all({"a": x, "none": None})
+    for s in states.values():
+        s.set_current_namespace(VOID_NAMESPACE)
+
+
+def expected_of(i: int) -> dict[tuple[str, Any], Any]:
+    """What key number ``i`` holds after :func:`write_key`: (state, namespace) -> read."""
+    out: dict[tuple[str, Any], Any] = {}
+    for ns in (VOID_NAMESPACE, i % 4 + 1) if i % 2 == 0 else (VOID_NAMESPACE,):
+        x = i if ns is VOID_NAMESPACE else -i
+        out.update(
+            {
+                ("value", ns): x,
+                ("list", ns): [x, x + 1],
+                ("reducing", ns): x + 1,
+                ("aggregating", ns): float(x),
+                ("map", ns): {"a": x, "none": None},
+            }
+        )
+    return out
+
+
+def populate(backend: Any, keys: list[str], ttl: StateTtlConfig | None = None) -> dict[str, Any]:
+    """Declare every state and write every key."""
+    states = declare(backend, ttl)
+    for i, k in enumerate(keys):
+        backend.set_current_key(k)
+        write_key(states, i)
+    return states
+
+
+def read(kind: str, s: Any) -> Any:
+    """What a state holds for the current key and namespace."""
+    if kind == "value":
+        return s.value()
+    if kind == "map":
+        return dict(s.items())
+    return s.get()
+
+
+def dump(backend: Any, states: dict[str, Any]) -> dict[tuple[str, Any, Any], Any]:
+    """Everything ``backend`` holds in ``states``: (state, namespace, key) -> what a read returns."""
+    out = {}
+    for kind, s in states.items():
+        for ns in NAMESPACES:
+            for key in list(backend.keys(kind, ns)):
+                backend.set_current_key(key)
+                s.set_current_namespace(ns)
+                out[(kind, ns, key)] = read(kind, s)
+        s.set_current_namespace(VOID_NAMESPACE)
+    return out
+
+
+def keys_of(n: int) -> list[str]:
+    """``key-0`` .. ``key-<n-1>``."""
+    return [f"key-{i}" for i in range(n)]
+
+
+def key_group(key: str) -> int:
+    """The key group of a ``str`` key at max parallelism 128."""
+    return key_group_for_bytes(StrSerializer().serialize(key), MAXP)
+
+
+def flipped(handle: KeyedStateHandle, pos: int) -> KeyedStateHandle:
+    """``handle`` with byte ``pos`` inverted."""
+    data = bytearray(handle.stream.read())
+    data[pos] ^= 0xFF
+    return dataclasses.replace(handle, stream=BytesStreamHandle(bytes(data)))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RecordingStream:
+    """A stream handle that records the byte ranges read from it."""
+
+    inner: Any
+    reads: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        """The inner size."""
+        return int(self.inner.size)
+
+    def read(self, offset: int = 0, length: int | None = None) -> bytes:
+        """Reads and records."""
+        data: bytes = self.inner.read(offset, length)
+        self.reads.append((offset, len(data)))
+        return data
+
+    def discard(self) -> None:
+        """Nothing."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The inner description."""
+        out: dict[str, Any] = self.inner.to_json()
+        return out
+
+
+# Copy-on-write cases: states whose values or accumulators user code may change in place.
+def cow_descriptors() -> dict[str, StateDescriptor]:
+    """States of mutable and immutable values, changed by later writes and in place."""
+    return {
+        "int": ValueStateDescriptor("int", int),
+        "dict": ValueStateDescriptor("dict", dict[str, int]),
+        "ints": ValueStateDescriptor("ints", list[int]),
+        "list": ListStateDescriptor("list", int),
+        "map": MapStateDescriptor("map", str, int),
+        "sumcount": AggregatingStateDescriptor("sumcount", SumCount(), list[int]),
+        "sum": ReducingStateDescriptor("sum", operator.add, int),
+    }
+
+
+def cow_read(name: str, s: Any) -> Any:
+    """What state ``name`` holds."""
+    if name in ("int", "dict", "ints"):
+        return s.value()
+    if name == "map":
+        return dict(s.items())
+    return s.get()
+
+
+def cow_write(states: dict[str, Any], i: int) -> None:
+    """Initial values of key ``i``."""
+    states["int"].update(i)
+    states["dict"].update({"n": i})
+    states["ints"].update([i])
+    states["list"].add(i)
+    states["map"].put("n", i)
+    states["sumcount"].add(i)
+    states["sum"].add(i)
+
+
+def cow_mutate(states: dict[str, Any], i: int) -> None:
+    """Change key ``i``'s state of every kind the way user code does (read, change, write back)."""
+    d = states["dict"].value()
+    d["n"] += 1000
+    d["new"] = 1
+    states["dict"].update(d)
+    xs = states["ints"].value()
+    xs.append(1000)
+    states["ints"].update(xs)
+    states["int"].update(i + 1000)
+    states["list"].add(1000)
+    states["map"].put("n", i + 1000)
+    states["map"].put("new", 1)
+    states["sumcount"].add(1000)
+    states["sum"].add(1000)
+
+
+def cow_expected(i: int, mutated: bool) -> dict[str, Any]:
+    """What key ``i`` holds before and after :func:`cow_mutate`."""
+    if not mutated:
+        return {
+            "int": i,
+            "dict": {"n": i},
+            "ints": [i],
+            "list": [i],
+            "map": {"n": i},
+            "sumcount": (i, 1),
+            "sum": i,
+        }
+    return {
+        "int": i + 1000,
+        "dict": {"n": i + 1000, "new": 1},
+        "ints": [i, 1000],
+        "list": [i, 1000],
+        "map": {"n": i + 1000, "new": 1},
+        "sumcount": (i + 1000, 2),
+        "sum": i + 1000,
+    }
+
+
+class SnapshotSemantics:
+    """Canonical (and native) snapshots: exact round trips, refused restores, isolation, rescaling."""
+
+    # --- round trips ------------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("declare_first", [True, False], ids=["declared-before", "declared-after"])
+    @pytest.mark.parametrize("ttl", [None, HOUR], ids=["plain", "ttl"])
+    def test_round_trip_of_all_kinds(
+        self, make_backend: Any, backend: Any, declare_first: bool, ttl: StateTtlConfig | None
+    ) -> None:
+        states = populate(backend, keys_of(120), ttl)
+        expected = dump(backend, states)
+        assert len(expected) == 5 * (120 + 60)
+        handle = snapshot_handle(backend)
+        assert handle.entries == backend.num_entries()
+        target = make_backend()
+        if declare_first:
+            restored = declare(target, ttl)
+            target.restore([handle])
+        else:
+            target.restore([handle])
+            assert target.num_entries() == backend.num_entries()  # restored, not yet declared
+            restored = declare(target, ttl)
+        assert dump(target, restored) == expected
+        for kind in KINDS:
+            assert target.num_entries(kind) == backend.num_entries(kind)
+        assert dump(backend, states) == expected  # the source is unchanged
+
+    def test_native_round_trip(self, make_backend: Any, backend: Any) -> None:
+        if not isinstance(backend, SupportsNativeSnapshot):
+            pytest.skip("this backend has no native snapshot format (SupportsNativeSnapshot)")
+        keyed: Any = backend
+        states = populate(keyed, keys_of(60), HOUR)
+        expected = dump(keyed, states)
+        handle = snapshot_handle(keyed, native=True)
+        assert handle.format == backend.native_format
+        target = make_backend()
+        assert isinstance(target, SupportsNativeSnapshot)
+        target.restore_native([handle])
+        assert dump(target, declare(target, HOUR)) == expected
+
+    def test_restored_state_stays_usable(self, make_backend: Any, backend: Any) -> None:
+        populate(backend, keys_of(10))
+        target = make_backend()
+        target.restore([snapshot_handle(backend)])
+        s = declare(target)
+        target.set_current_key("key-1")
+        s["list"].add(100)
+        s["reducing"].add(100)
+        s["map"].put("b", 2)
+        assert s["list"].get() == [1, 2, 100]
+        assert s["reducing"].get() == 102
+        assert dict(s["map"].items()) == {"a": 1, "none": None, "b": 2}
+
+    def test_undeclared_restored_state_survives_another_snapshot(
+        self, make_backend: Any, backend: Any
+    ) -> None:
+        states = populate(backend, keys_of(50))
+        expected = dump(backend, states)
+        middle = make_backend()
+        middle.restore([snapshot_handle(backend)])
+        handle = snapshot_handle(middle)  # nothing declared: the states are only pending
+        target = make_backend()
+        target.restore([handle])
+        assert dump(target, declare(target)) == expected
+
+    def test_empty_snapshot_restores_to_empty(self, make_backend: Any, backend: Any) -> None:
+        handle = snapshot_handle(backend)
+        assert handle.entries == 0
+        assert dict(handle.offsets) == {}
+        target = make_backend()
+        target.restore([handle])
+        assert target.num_entries() == 0
+
+    def test_cleared_states_are_not_written(self, make_backend: Any, backend: Any) -> None:
+        states = populate(backend, keys_of(10))
+        for k in keys_of(10):
+            backend.set_current_key(k)
+            for s in states.values():
+                for ns in NAMESPACES:
+                    s.set_current_namespace(ns)
+                    s.clear()
+                s.set_current_namespace(VOID_NAMESPACE)
+        assert backend.num_entries() == 0
+        handle = snapshot_handle(backend)
+        assert handle.entries == 0
+        target = make_backend()
+        target.restore([handle])
+        assert target.num_entries() == 0
+
+    def test_restore_into_a_backend_holding_state_raises(self, make_backend: Any, backend: Any) -> None:
+        populate(backend, keys_of(5))
+        target = make_backend()
+        populate(target, keys_of(1))
+        with pytest.raises(StateAccessError):
+            target.restore([snapshot_handle(backend)])
+
+    # --- refused restores -------------------------------------------------------------------------
+
+    CHANGED_TYPES: ClassVar[dict[str, Callable[[], StateDescriptor]]] = {
+        "value": lambda: ValueStateDescriptor("value", str),
+        "list": lambda: ListStateDescriptor("list", str),
+        "reducing": lambda: ReducingStateDescriptor("reducing", operator.add, str),
+        "aggregating": lambda: AggregatingStateDescriptor("aggregating", Mean(), tuple[int, str]),
+        "map": lambda: MapStateDescriptor("map", str, str),
+    }
+
+    @pytest.mark.parametrize("kind", KINDS)
+    def test_wrong_value_serializer_declared_before_restore(
+        self, make_backend: Any, backend: Any, kind: str
+    ) -> None:
+        populate(backend, keys_of(30))
+        handle = snapshot_handle(backend)
+        target = make_backend()
+        others = {
+            n: target.get_state(d, namespace_serializer=INT_NS) for n, d in descriptors().items() if n != kind
+        }
+        target.get_state(self.CHANGED_TYPES[kind](), namespace_serializer=INT_NS)
+        with pytest.raises(IncompatibleSerializerError) as e:
+            target.restore([handle])
+        assert isinstance(e.value, StateMigrationError)
+        assert target.num_entries() == 0  # not even the other, compatible states
+        assert dump(target, others) == {}
+
+    @pytest.mark.parametrize("kind", KINDS)
+    def test_wrong_value_serializer_declared_after_restore(
+        self, make_backend: Any, backend: Any, kind: str
+    ) -> None:
+        populate(backend, keys_of(30))
+        count = backend.num_entries(kind)
+        target = make_backend()
+        target.restore([snapshot_handle(backend)])
+        with pytest.raises(IncompatibleSerializerError):
+            target.get_state(self.CHANGED_TYPES[kind](), namespace_serializer=INT_NS)
+        assert target.num_entries(kind) == count
+        s = target.get_state(descriptors()[kind], namespace_serializer=INT_NS)
+        target.set_current_key("key-3")
+        assert read(kind, s) == expected_of(3)[(kind, VOID_NAMESPACE)]
+
+    def test_wrong_key_serializer_raises(self, make_backend: Any, backend: Any) -> None:
+        populate(backend, keys_of(30))
+        handle = snapshot_handle(backend)
+        for declare_first in (True, False):
+            target = make_backend(key_serializer=IntSerializer())
+            if declare_first:
+                declare(target)
+            with pytest.raises(IncompatibleSerializerError):
+                target.restore([handle])
+            assert target.num_entries() == 0
+
+    def test_wrong_namespace_serializer_raises(self, make_backend: Any, backend: Any) -> None:
+        populate(backend, keys_of(30))
+        handle = snapshot_handle(backend)
+        target = make_backend()
+        target.get_state(descriptors()["list"], namespace_serializer=serializer_for(str))
+        with pytest.raises(StateMigrationError):
+            target.restore([handle])
+        assert target.num_entries() == 0
+
+    @pytest.mark.parametrize("maxp", [64, 256])
+    def test_changed_max_parallelism_raises(self, make_backend: Any, backend: Any, maxp: int) -> None:
+        populate(backend, keys_of(30))
+        handle = snapshot_handle(backend)
+        target = make_backend(max_parallelism=maxp, key_group_range=KeyGroupRange.of(0, maxp - 1))
+        with pytest.raises(MaxParallelismMismatchError):
+            target.restore([handle])
+        assert target.num_entries() == 0
+
+    # --- corruption -------------------------------------------------------------------------------
+
+    def _corrupt_positions(self, make_backend: Any, handle: KeyedStateHandle, positions: Any) -> list[Any]:
+        bad = []
+        for pos in positions:
+            target = make_backend()
+            declare(target)
+            try:
+                target.restore([flipped(handle, pos)])
+            except CorruptSnapshotError:
+                if target.num_entries():
+                    bad.append((pos, "state left behind"))
+            except Exception as e:  # noqa: BLE001 - reported
+                bad.append((pos, f"{type(e).__name__}: {e}"))
+            else:
+                bad.append((pos, "no error"))
+            target.close()
+        return bad
+
+    def test_flipped_bytes_raise_corrupt_and_restore_nothing(self, make_backend: Any, backend: Any) -> None:
+        populate(backend, keys_of(6))
+        handle = snapshot_handle(backend)
+        assert len(handle.offsets) >= 3
+        header = range(0, handle.header_length, 7)
+        blocks = [p for off, ln in handle.offsets.values() for p in range(off, off + ln, 5)]
+        assert self._corrupt_positions(make_backend, handle, [*header, *blocks]) == []
+
+    def test_truncated_snapshot_raises_corrupt(self, make_backend: Any, backend: Any) -> None:
+        populate(backend, keys_of(6))
+        handle = snapshot_handle(backend)
+        data = handle.stream.read()
+        last_off, last_len = max(handle.offsets.values())
+        for cut in (0, 5, handle.header_length - 1, last_off + last_len // 2):
+            target = make_backend()
+            declare(target)
+            with pytest.raises(CorruptSnapshotError):
+                target.restore([dataclasses.replace(handle, stream=BytesStreamHandle(data[:cut]))])
+            assert target.num_entries() == 0, cut
+
+    def test_corrupt_second_handle_restores_nothing_of_the_first(self, make_backend: Any) -> None:
+        halves = []
+        for i in range(2):
+            src = make_backend(key_group_range=key_group_range_for_operator(MAXP, 2, i))
+            states = declare(src)
+            for j, k in enumerate(keys_of(200)):
+                if key_group(k) in src.key_group_range:
+                    src.set_current_key(k)
+                    write_key(states, j)
+            halves.append(snapshot_handle(src))
+        last_block = max(halves[1].offsets.values())
+        target = make_backend()
+        declare(target)
+        with pytest.raises(CorruptSnapshotError):
+            target.restore([halves[0], flipped(halves[1], last_block[0] + 10)])
+        assert target.num_entries() == 0
+
+    # --- isolation from later writes --------------------------------------------------------------
+
+    def _cow_setup(self, backend: Any, n: int) -> tuple[list[str], dict[str, Any]]:
+        keys = keys_of(n)
+        states = {name: backend.get_state(d) for name, d in cow_descriptors().items()}
+        for i, k in enumerate(keys):
+            backend.set_current_key(k)
+            cow_write(states, i)
+        return keys, states
+
+    def _cow_state(self, backend: Any, states: dict[str, Any], keys: list[str]) -> dict[str, dict[str, Any]]:
+        out = {}
+        for k in keys:
+            backend.set_current_key(k)
+            out[k] = {n: cow_read(n, s) for n, s in states.items()}
+        return out
+
+    def _restored_cow_state(
+        self, make_backend: Any, handle: KeyedStateHandle, keys: list[str]
+    ) -> dict[str, Any]:
+        target = make_backend()
+        states = {n: target.get_state(d) for n, d in cow_descriptors().items()}
+        target.restore([handle])
+        return self._cow_state(target, states, keys)
+
+    def test_snapshot_is_unaffected_by_later_writes(self, make_backend: Any, backend: Any) -> None:
+        keys, states = self._cow_setup(backend, 40)
+        snap = backend.snapshot()
+        for i, k in enumerate(keys):
+            backend.set_current_key(k)
+            cow_mutate(states, i)
+        restored = self._restored_cow_state(make_backend, write_snapshot(snap, backend), keys)
+        live = self._cow_state(backend, states, keys)
+        for i, k in enumerate(keys):
+            assert restored[k] == cow_expected(i, mutated=False), k
+            assert live[k] == cow_expected(i, mutated=True), k
+
+    def test_two_pending_snapshots_each_keep_their_point(self, make_backend: Any, backend: Any) -> None:
+        keys, states = self._cow_setup(backend, 30)
+        first = backend.snapshot()
+        for i, k in enumerate(keys):
+            backend.set_current_key(k)
+            states["int"].update(i + 1000)
+            states["list"].add(1000)
+        second = backend.snapshot()
+        for k in keys:
+            backend.set_current_key(k)
+            states["int"].update(-1)
+            states["list"].add(-1)
+        h2 = write_snapshot(second, backend)
+        h1 = write_snapshot(first, backend)
+        r1 = self._restored_cow_state(make_backend, h1, keys)
+        r2 = self._restored_cow_state(make_backend, h2, keys)
+        for i, k in enumerate(keys):
+            assert (r1[k]["int"], r1[k]["list"]) == (i, [i])
+            assert (r2[k]["int"], r2[k]["list"]) == (i + 1000, [i, 1000])
+
+    def test_writes_after_a_written_snapshot_still_protect_the_next(
+        self, make_backend: Any, backend: Any
+    ) -> None:
+        keys, states = self._cow_setup(backend, 30)
+        snapshot_handle(backend)
+        for i, k in enumerate(keys):
+            backend.set_current_key(k)
+            states["int"].update(i + 1000)
+        snap = backend.snapshot()
+        for k in keys:
+            backend.set_current_key(k)
+            states["int"].update(-1)
+            states["list"].add(-1)
+        restored = self._restored_cow_state(make_backend, write_snapshot(snap, backend), keys)
+        assert [restored[k]["int"] for k in keys] == [i + 1000 for i in range(len(keys))]
+        assert [restored[k]["list"] for k in keys] == [[i] for i in range(len(keys))]
+
+    def test_snapshot_written_by_another_thread_in_lock_step(self, make_backend: Any, backend: Any) -> None:
+        """After each key group the writer thread writes, the task thread changes a slice of the keys."""
+        keys, states = self._cow_setup(backend, 300)
+        snap = backend.snapshot()
+        turn: queue.Queue[int] = queue.Queue()
+        ack: queue.Queue[None] = queue.Queue()
+        result: dict[str, Any] = {}
+
+        def progress(done: int, total: int) -> None:
+            turn.put(done)
+            ack.get(timeout=60)
+
+        def run() -> None:
+            try:
+                buf = io.BytesIO()
+                w = snap.write(buf, progress=progress)
+                result["handle"] = KeyedStateHandle(
+                    BytesStreamHandle(buf.getvalue()), backend.key_group_range, w.offsets, w.header_length
+                )
+            except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+                result["error"] = e
+                turn.put(-1)
+
+        t = threading.Thread(target=run)
+        t.start()
+        total = len(backend.key_group_range)
+        mutated: set[int] = set()
+        for _ in range(total):
+            done = turn.get(timeout=60)
+            if done < 0:
+                break
+            for i in range(done - 1, len(keys), total):  # written and unwritten key groups alike
+                backend.set_current_key(keys[i])
+                cow_mutate(states, i)
+                mutated.add(i)
+            ack.put(None)
+        t.join(timeout=60)
+        assert not t.is_alive(), "the writer thread hung"
+        if "error" in result:
+            raise result["error"]
+        restored = self._restored_cow_state(make_backend, result["handle"], keys)
+        live = self._cow_state(backend, states, keys)
+        for i, k in enumerate(keys):
+            assert restored[k] == cow_expected(i, mutated=False), k
+            assert live[k] == cow_expected(i, mutated=i in mutated), k
+
+    # --- rescaling --------------------------------------------------------------------------------
+
+    @pytest.mark.parametrize(("p", "p2"), [(1, 4), (1, 77), (4, 2), (3, 128), (77, 15)])
+    def test_rescale_moves_every_key_to_its_new_owner_only(self, make_backend: Any, p: int, p2: int) -> None:
+        keys = keys_of(600)
+        index = {k: i for i, k in enumerate(keys)}
+        subtasks = [make_backend(key_group_range=key_group_range_for_operator(MAXP, p, i)) for i in range(p)]
+        states = [declare(b) for b in subtasks]
+        for i, k in enumerate(keys):
+            j = operator_index_for_key_group(MAXP, p, key_group(k))
+            subtasks[j].set_current_key(k)
+            write_key(states[j], i)
+        handles = [snapshot_handle(b) for b in subtasks]
+        seen: dict[str, int] = {}
+        for j in range(p2):
+            target = make_backend(key_group_range=key_group_range_for_operator(MAXP, p2, j))
+            target.restore(handles)
+            got = dump(target, declare(target))
+            owned = {k for k in keys if operator_index_for_key_group(MAXP, p2, key_group(k)) == j}
+            assert {k for (_, _, k) in got} == owned
+            for k in owned:
+                assert {(kind, ns): v for (kind, ns, kk), v in got.items() if kk == k} == expected_of(
+                    index[k]
+                ), k
+            assert target.num_entries() == len(got)
+            for k in owned:
+                assert k not in seen, f"{k} restored at subtasks {seen[k]} and {j}"
+                seen[k] = j
+            target.close()
+        assert len(seen) == len(keys)
+
+    @pytest.mark.parametrize("i", [0, 1, 2])
+    def test_restoring_some_key_groups_reads_no_other_block(self, make_backend: Any, i: int) -> None:
+        src = make_backend()
+        states = declare(src)
+        for j, k in enumerate(keys_of(1000)):
+            src.set_current_key(k)
+            write_key(states, j)
+        full = snapshot_handle(src)
+        assert len(full.offsets) == MAXP
+        rec = RecordingStream(full.stream)
+        owned = key_group_range_for_operator(MAXP, 3, i)
+        target = make_backend(key_group_range=owned)
+        declare(target)
+        target.restore([dataclasses.replace(full, stream=rec)])
+        assert target.num_entries() > 0
+        for kg, (off, ln) in full.offsets.items():
+            if kg in owned:
+                continue
+            touched = [(o, n) for o, n in rec.reads if o < off + ln and off < o + n]
+            assert not touched, (
+                f"read {touched}, which overlaps the block of key group {kg} ({owned} is owned)"
+            )

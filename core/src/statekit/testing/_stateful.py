@@ -1,0 +1,937 @@
+"""Hypothesis state machines that drive a backend (and a storage) against the model.
+
+Every machine starts a :class:`~statekit.testing._job.Job` on the backend
+under test with a random layout and TTL settings, applies random operations to
+it and to the model, and after every step checks that the backend holds exactly
+what the model holds (read from canonical snapshots, which has no side effects)
+and that its ``num_entries``/``keys``/operator state agree. Rule groups are
+mixins; :data:`MACHINES` composes them into one machine per named property and
+:class:`ConformanceMachine`, which runs them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from .._checkpoint import apply_retention
+from .._contracts import SupportsNativeSnapshot
+from .._state import StateKind, StateTtlConfig, TtlUpdateType, TtlVisibility
+from ._clock import ManualClock
+from ._job import BackendFactory, Job, StorageFactory, decode_canonical, new_job_id, write_snapshot
+from ._model import KEYED_STATE_NAMES, NAMESPACES, KeyedModel, KeyedStateSpec, OperatorModel, purge
+from ._properties import (
+    AGREES_WITH_MODEL,
+    BROADCAST_REDISTRIBUTION,
+    EVEN_SPLIT_REDISTRIBUTION,
+    RESCALE_KEY_GROUP_OWNERSHIP,
+    SAVEPOINT_PORTABILITY,
+    SNAPSHOT_ISOLATION,
+    SNAPSHOT_RESTORE_ROUND_TRIP,
+    STORAGE_ROUND_TRIP,
+    TTL_NEVER_RETURNS_EXPIRED,
+    UNION_REDISTRIBUTION,
+    PropertyViolation,
+    check_keyed,
+    check_keyed_counts,
+    check_operator,
+    check_redistribution,
+    check_same_entries,
+)
+from ._reference import ReferenceStateBackend
+
+__all__ = [
+    "MACHINES",
+    "ConformanceMachine",
+    "ConformanceTarget",
+    "MachineConfig",
+    "machine_configs",
+]
+
+KEYS = ("a", "b", "c", "d", "e", "f", "k1", "k2", "k10", "key-42")
+USER_KEYS = ("p", "q", "r")
+MAX_PARALLELISMS = (1, 2, 3, 8, 16, 128)
+
+# Skewed towards a few keys and the void namespace, so that reads, merges and clears
+# mostly meet entries written earlier; every key and namespace still comes up.
+_keys = st.one_of(st.sampled_from(KEYS[:2]), st.sampled_from(KEYS))
+_namespaces = st.one_of(st.just(NAMESPACES[0]), st.sampled_from(NAMESPACES))
+_ints = st.integers(-3, 9)
+_user_keys = st.sampled_from(USER_KEYS)
+
+
+@dataclass(frozen=True)
+class ConformanceTarget:
+    """What the machines run against.
+
+    Attributes:
+        backend_factory: Makes the backend under test.
+        backend_name: Its name, in messages.
+        other_backends: Further backends that savepoints and rescales move state into, by name.
+        storage_factory: Makes the checkpoint storage of a run.
+        scratch: A directory under which every keyed backend gets a fresh ``local_dir``.
+    """
+
+    backend_factory: BackendFactory
+    backend_name: str
+    other_backends: Mapping[str, BackendFactory]
+    storage_factory: StorageFactory
+    scratch: Path
+
+    def backends(self) -> dict[str, BackendFactory]:
+        """The backend under test first, then the others, by name."""
+        out = {self.backend_name: self.backend_factory}
+        for name in sorted(self.other_backends):
+            out.setdefault(name, self.other_backends[name])
+        return out
+
+
+@dataclass(frozen=True)
+class MachineConfig:
+    """The layout and TTL settings a run starts with."""
+
+    max_parallelism: int
+    parallelism: int
+    ttl: tuple[StateTtlConfig | None, ...]
+    key_cache_size: int = 131072
+    retained: int = 1
+
+    def __repr__(self) -> str:
+        """Compact, for counterexamples."""
+        ttls = []
+        for name, t in zip(KEYED_STATE_NAMES, self.ttl):
+            if t is not None:
+                flags = [f"{t.ttl_ms}ms", t.update_type.value, t.visibility.value]
+                if t.cleanup_full_snapshot:
+                    flags.append("cleanup_full_snapshot")
+                if t.cleanup_incremental_size:
+                    flags.append(f"cleanup_incremental_size={t.cleanup_incremental_size}")
+                ttls.append(f"{name}: {' '.join(flags)}")
+        return (
+            f"MachineConfig(max_parallelism={self.max_parallelism}, parallelism={self.parallelism}, "
+            f"ttl={{{', '.join(ttls)}}}, key_cache_size={self.key_cache_size}, retained={self.retained})"
+        )
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """Hypothesis prints counterexamples with this."""
+        printer.text(repr(self))
+
+
+@st.composite
+def _ttl_config(draw: st.DrawFn, never_return_expired: bool) -> StateTtlConfig:
+    never = never_return_expired or draw(st.booleans())
+    return StateTtlConfig(
+        timedelta(milliseconds=draw(st.sampled_from([1, 10, 50, 100]))),
+        update_type=draw(st.sampled_from(list(TtlUpdateType))),
+        visibility=TtlVisibility.NEVER_RETURN_EXPIRED
+        if never
+        else TtlVisibility.RETURN_EXPIRED_IF_NOT_CLEANED_UP,
+        cleanup_full_snapshot=draw(st.booleans()),
+        # Incremental cleanup may drop an expired entry at any access; with
+        # return_expired_if_not_cleaned_up that makes reads undecidable, so only here.
+        cleanup_incremental_size=draw(st.sampled_from([0, 0, 1, 3])) if never else 0,
+    )
+
+
+_TTL_CONFIGS: dict[str, st.SearchStrategy[StateTtlConfig | None]] = {
+    "none": st.none(),
+    "random": st.one_of(st.none(), _ttl_config(False)),
+    "never_return_expired": _ttl_config(True),
+}
+
+
+def _parallelisms(maxp: int) -> st.SearchStrategy[int]:
+    """1 ≤ p ≤ maxp, with small values and maxp itself likely."""
+    return _PARALLELISMS[maxp]
+
+
+# Mostly small layouts (each subtask is a backend, checked after every step), but
+# max parallelism itself and uneven splits anywhere in between keep coming up.
+_PARALLELISMS = {
+    maxp: st.one_of(
+        *[st.integers(1, min(maxp, 4))] * 5,
+        *[st.integers(1, min(maxp, 9))] * 2,
+        st.just(maxp),
+        st.integers(1, maxp),
+    )
+    for maxp in MAX_PARALLELISMS
+}
+
+
+@st.composite
+def _configs(draw: st.DrawFn, ttl_mode: str) -> MachineConfig:
+    maxp = draw(st.sampled_from(MAX_PARALLELISMS))
+    ttl = _TTL_CONFIGS[ttl_mode]
+    return MachineConfig(
+        max_parallelism=maxp,
+        parallelism=draw(_PARALLELISMS[maxp]),
+        ttl=tuple(draw(ttl) for _ in KEYED_STATE_NAMES),
+        key_cache_size=draw(st.sampled_from([131072, 1])),
+        retained=draw(st.integers(1, 3)),
+    )
+
+
+def machine_configs(ttl_mode: str = "random") -> st.SearchStrategy[MachineConfig]:
+    """Random layouts: max parallelism, parallelism, TTL per state, key cache size, retention.
+
+    Args:
+        ttl_mode: ``"random"`` (TTL or not per state, any settings), ``"never_return_expired"``
+            (TTL on every state, never returning expired entries) or ``"none"``.
+    """
+    return _configs(ttl_mode)
+
+
+@dataclass
+class _Pending:
+    snapshots: list[Any]
+    job: Job
+    entries: dict[str, dict[Any, Any]]
+    now: int
+    taken_after: str
+
+
+@dataclass
+class _Saved:
+    entries: dict[str, dict[Any, Any]]
+    operators: OperatorModel
+    now: int
+    backend: str
+    parallelism: int
+
+
+class _Machine(RuleBasedStateMachine):
+    """The base: a job, the model, and the invariant that they agree."""
+
+    keyed_state: ClassVar[bool] = True
+    """False: only operator state matters, keyed backends come from the reference backend."""
+    visibility_probe: ClassVar[bool] = False
+    """True: once time passed or state was restored, read every entry in a restored copy."""
+    redistribution_checks: ClassVar[frozenset[str]] = frozenset(
+        {EVEN_SPLIT_REDISTRIBUTION, UNION_REDISTRIBUTION, BROADCAST_REDISTRIBUTION}
+    )
+
+    def __init__(self, target: ConformanceTarget) -> None:
+        """A machine against ``target``; the run starts in :meth:`init`."""
+        super().__init__()
+        self.target = target
+        self.backends = target.backends()
+        self.clock = ManualClock()
+        self._job: Job | None = None
+        self._others: list[Job] = []
+        self.pending: list[_Pending] = []
+        self.saved: dict[str, _Saved] = {}
+        self.checkpoints: list[str] = []
+        self._storage: Any = None
+        self.job_id = new_job_id()
+        self.next_checkpoint = 1
+        self.last = "the start"
+        # What may have changed since the invariant last ran (checking keyed state is the costly part).
+        self.keyed_dirty = True
+        self.ops_dirty = True
+        self.probe_due = False  # entries can only become visible wrongly when time passes or on restores
+
+    # --- set up -----------------------------------------------------------------------------------
+
+    @initialize(config=machine_configs())
+    def init(self, config: MachineConfig) -> None:
+        """Start a job on the backend under test with ``config``."""
+        self._start(config)
+
+    def _start(self, config: MachineConfig) -> None:
+        self.config = config
+        self.specs = [KeyedStateSpec(StateKind(n), t) for n, t in zip(KEYED_STATE_NAMES, config.ttl)]
+        self.model = KeyedModel(self.specs, self.clock)
+        self.ops = OperatorModel.empty(config.parallelism)
+        job = self._new_job(self.target.backend_name, config.parallelism)
+        job.declare_keyed(self.specs)
+        job.declare_operator()
+        self._job = job
+        self.last = f"starting {job}"
+
+    @property
+    def job(self) -> Job:
+        """The running job."""
+        assert self._job is not None
+        return self._job
+
+    @property
+    def native(self) -> bool:
+        """Whether the running job's backend has a native snapshot format."""
+        return self._job is not None and isinstance(self._job.subtasks[0].keyed, SupportsNativeSnapshot)
+
+    @property
+    def storage(self) -> Any:
+        """The run's checkpoint storage, made on first use."""
+        if self._storage is None:
+            self._storage = self.target.storage_factory()
+        return self._storage
+
+    def _new_job(self, backend: str, parallelism: int) -> Job:
+        job = Job(
+            self.backends[backend](),
+            backend_name=backend,
+            parallelism=parallelism,
+            max_parallelism=self.config.max_parallelism,
+            clock=self.clock,
+            scratch=self.target.scratch,
+            key_cache_size=self.config.key_cache_size,
+            keyed_backend=None if self.keyed_state else ReferenceStateBackend(),
+        )
+        self._others.append(job)
+        self.keyed_dirty = self.ops_dirty = True
+        return job
+
+    def _drop(self, job: Job) -> None:
+        if job in self._others:
+            self._others.remove(job)
+        job.close()
+
+    def _replace(self, new: Job) -> None:
+        """Continue on ``new``; pending snapshots of the old job are written and checked first."""
+        while self.pending:
+            self._verify_pending(self.pending.pop(0))
+        old = self.job
+        self._job = new
+        self.keyed_dirty = self.ops_dirty = self.probe_due = True
+        if new in self._others:
+            self._others.remove(new)
+        old.close()
+
+    def _draw_parallelism(self, data: st.DataObject) -> int:
+        return data.draw(_parallelisms(self.config.max_parallelism), label="new parallelism")
+
+    def teardown(self) -> None:
+        """Close every job; pending snapshots are released unwritten."""
+        for p in self.pending:
+            for snap in p.snapshots:
+                release = getattr(snap, "release", None)
+                if release is not None:
+                    release()
+        self.pending.clear()
+        for job in [*self._others, *([self._job] if self._job else [])]:
+            job.close()
+
+    # --- the invariant ------------------------------------------------------------------------------
+
+    @invariant()
+    def backend_agrees_with_model(self) -> None:
+        """Keyed state (from a canonical snapshot), entry counts, keys and operator state match the model."""
+        if self._job is None:
+            return
+        if self.keyed_dirty:
+            check_keyed(self.job, self.model, prop=AGREES_WITH_MODEL, context=self.last, skip_empty=True)
+            check_keyed_counts(self.job, self.model, prop=AGREES_WITH_MODEL, context=self.last)
+            if self.visibility_probe and self.probe_due:
+                self._probe_reads()
+                self.probe_due = False
+        if self.ops_dirty:
+            check_operator(self.job, self.ops, prop=AGREES_WITH_MODEL, context=self.last)
+        self.keyed_dirty = self.ops_dirty = False
+
+    def _probe_reads(self) -> None:
+        """Read every entry, through the handles, in a copy restored from a snapshot taken now.
+
+        Reads of TTL state have side effects (expired entries go, timestamps may be
+        refreshed), so they are made on the copy and on a copy of the model: the run
+        itself is not disturbed, yet what a read would return is checked after every step.
+        """
+        job, now = self.job, self.clock()
+        # One subtask owning every key group reads the same entries, at a fraction of the cost.
+        probe = self._restored_job(job.backend_name, 1, declare_first=True)
+        saved_model = self.model
+        try:
+            self.model = KeyedModel(self.specs, self.clock)
+            self.model.restore_from(saved_model.entries, now)
+            for name in KEYED_STATE_NAMES:
+                for key, ns in sorted(self.model.entries[name], key=repr):
+                    stored = self.model.entries[name].get((key, ns))
+                    got = _READS[name](probe.at(key, ns, name))
+                    want = _MODEL_READS[name](self.model, key, ns)
+                    _read_check(
+                        self, name, key, ns, f"{_READ_NAMES[name]} (in a restored copy)", got, want, stored
+                    )
+        finally:
+            self.model = saved_model
+            self._drop(probe)
+
+    # --- helpers of the restore rules -------------------------------------------------------------
+
+    def _verify_pending(self, p: _Pending) -> None:
+        decoded = [
+            decode_canonical(write_snapshot(s, st.keyed)) for s, st in zip(p.snapshots, p.job.subtasks)
+        ]
+        check_keyed(
+            p.job,
+            self.model,
+            prop=SNAPSHOT_ISOLATION,
+            context=f"writing the snapshot taken at t={p.now} (after {p.taken_after}) after later writes",
+            decoded=decoded,
+            expected=self.model.snapshot_view(p.entries, p.now),
+            now=p.now,
+        )
+
+    def _compact_union(self) -> None:
+        """Each subtask keeps every p-th element of its union list, so union state does not grow."""
+        p = self.job.parallelism
+        for subtask in self.job.subtasks:
+            kept = subtask.union.get()[subtask.index :: p]
+            subtask.union.update(kept)
+            self.ops.union[subtask.index] = kept
+        self.ops_dirty = True
+
+    def _restored_job(
+        self,
+        backend: str,
+        parallelism: int,
+        *,
+        declare_first: bool,
+        native: bool = False,
+        location: str | None = None,
+    ) -> Job:
+        """A new job restored from the current one (directly) or from ``location`` (through the storage)."""
+        new = self._new_job(backend, parallelism)
+        try:
+            if location is not None:
+                new.restore_checkpoint(self.storage, location, self.specs, declare_first=declare_first)
+            else:
+                new.restore_from(
+                    self.job.keyed_handles(native=native),
+                    self.job.operator_snapshots(),
+                    self.specs,
+                    declare_first=declare_first,
+                    native=native,
+                )
+        except BaseException:
+            self._drop(new)
+            raise
+        return new
+
+
+_READ_NAMES = {
+    "value": "value()",
+    "list": "get()",
+    "reducing": "get()",
+    "aggregating": "get()",
+    "map": "items()",
+}
+_READS: dict[str, Callable[[Any], Any]] = {
+    "value": lambda h: h.value(),
+    "list": lambda h: h.get(),
+    "reducing": lambda h: h.get(),
+    "aggregating": lambda h: h.get(),
+    "map": lambda h: dict(h.items()),
+}
+_MODEL_READS: dict[str, Callable[[KeyedModel, Any, Any], Any]] = {
+    "value": KeyedModel.value_get,
+    "list": KeyedModel.list_get,
+    "reducing": KeyedModel.reducing_get,
+    "aggregating": KeyedModel.aggregating_get,
+    "map": KeyedModel.map_items,
+}
+
+
+def _read_check(
+    machine: _Machine, name: str, key: Any, ns: Any, what: str, got: Any, want: Any, stored: Any
+) -> None:
+    """Compare a read's result with the model's; name the TTL property when an expired entry showed."""
+    if got == want:
+        return
+    spec = machine.model.specs[name]
+    now = machine.clock()
+    where = f"{what} of state {name!r} at key {key!r}, namespace {ns!r}, t={now}"
+    expired = spec.ttl is not None and stored is not None and purge(spec, stored, now) != stored
+    if expired and not spec.return_expired:
+        raise PropertyViolation(
+            TTL_NEVER_RETURNS_EXPIRED,
+            f"{where} returned {got!r}, expected {want!r}: the entry is {stored!r} and the TTL is "
+            f"{spec.ttl_ms} ms, so whatever was last written at or before t={now - spec.ttl_ms} is expired",
+        )
+    raise PropertyViolation(AGREES_WITH_MODEL, f"{where} returned {got!r}, the model says {want!r}")
+
+
+class KeyedRules(_Machine):
+    """Writes and reads of the five keyed state kinds, in several keys and namespaces."""
+
+    def _read(
+        self, name: str, key: Any, ns: Any, what: str, backend: Callable[[Any], Any], model: Callable[[], Any]
+    ) -> None:
+        if self.model.specs[name].ttl is not None:
+            self.keyed_dirty = True  # reads of TTL state change it
+        stored = self.model.entries[name].get((key, ns))
+        got = backend(self.job.at(key, ns, name))
+        want = model()
+        self.last = f"{what} of {name!r} at key {key!r}, namespace {ns!r}"
+        _read_check(self, name, key, ns, what, got, want, stored)
+
+    def _write(
+        self, name: str, key: Any, ns: Any, what: str, backend: Callable[[Any], Any], model: Callable[[], Any]
+    ) -> None:
+        self.keyed_dirty = True
+        backend(self.job.at(key, ns, name))
+        model()
+        self.last = f"{what} of {name!r} at key {key!r}, namespace {ns!r}"
+
+    @rule(key=_keys, namespace=_namespaces, value=st.none() | _ints)
+    def value_update(self, key: Any, namespace: Any, value: int | None) -> None:
+        """``ValueState.update(value)`` (None clears)."""
+        self._write("value", key, namespace, f"update({value!r})", lambda h: h.update(value),
+                    lambda: self.model.value_update(key, namespace, value))  # fmt: skip
+
+    @rule(key=_keys, namespace=_namespaces)
+    def value_read(self, key: Any, namespace: Any) -> None:
+        """``ValueState.value()``."""
+        self._read("value", key, namespace, "value()", lambda h: h.value(),
+                   lambda: self.model.value_get(key, namespace))  # fmt: skip
+
+    @rule(key=_keys, namespace=_namespaces, value=_ints)
+    def list_add(self, key: Any, namespace: Any, value: int) -> None:
+        """``ListState.add(value)``."""
+        self._write("list", key, namespace, f"add({value!r})", lambda h: h.add(value),
+                    lambda: self.model.list_add_all(key, namespace, [value]))  # fmt: skip
+
+    @rule(key=_keys, namespace=_namespaces, values=st.lists(_ints, max_size=3))
+    def list_add_all(self, key: Any, namespace: Any, values: list[int]) -> None:
+        """``ListState.add_all(values)``."""
+        self._write("list", key, namespace, f"add_all({values!r})", lambda h: h.add_all(values),
+                    lambda: self.model.list_add_all(key, namespace, values))  # fmt: skip
+
+    @rule(key=_keys, namespace=_namespaces, values=st.lists(_ints, max_size=3))
+    def list_update(self, key: Any, namespace: Any, values: list[int]) -> None:
+        """``ListState.update(values)`` (empty clears)."""
+        self._write("list", key, namespace, f"update({values!r})", lambda h: h.update(values),
+                    lambda: self.model.list_update(key, namespace, values))  # fmt: skip
+
+    @rule(key=_keys, namespace=_namespaces)
+    def list_read(self, key: Any, namespace: Any) -> None:
+        """``ListState.get()``."""
+        self._read("list", key, namespace, "get()", lambda h: h.get(),
+                   lambda: self.model.list_get(key, namespace))  # fmt: skip
+
+    @rule(key=_keys, namespace=_namespaces, value=_ints)
+    def reducing_add(self, key: Any, namespace: Any, value: int) -> None:
+        """``ReducingState.add(value)`` (a sum)."""
+        self._write("reducing", key, namespace, f"add({value!r})", lambda h: h.add(value),
+                    lambda: self.model.reducing_add(key, namespace, value))  # fmt: skip
+
+    @rule(key=_keys, namespace=_namespaces)
+    def reducing_read(self, key: Any, namespace: Any) -> None:
+        """``ReducingState.get()``."""
+        self._read("reducing", key, namespace, "get()", lambda h: h.get(),
+                   lambda: self.model.reducing_get(key, namespace))  # fmt: skip
+
+    @rule(key=_keys, namespace=_namespaces, value=_ints)
+    def aggregating_add(self, key: Any, namespace: Any, value: int) -> None:
+        """``AggregatingState.add(value)`` (sum and count, accumulated in place)."""
+        self._write("aggregating", key, namespace, f"add({value!r})", lambda h: h.add(value),
+                    lambda: self.model.aggregating_add(key, namespace, value))  # fmt: skip
+
+    @rule(key=_keys, namespace=_namespaces)
+    def aggregating_read(self, key: Any, namespace: Any) -> None:
+        """``AggregatingState.get()``."""
+        self._read("aggregating", key, namespace, "get()", lambda h: h.get(),
+                   lambda: self.model.aggregating_get(key, namespace))  # fmt: skip
+
+    @rule(key=_keys, namespace=_namespaces, user_key=_user_keys, value=st.none() | _ints)
+    def map_put(self, key: Any, namespace: Any, user_key: str, value: int | None) -> None:
+        """``MapState.put(user_key, value)`` (None is a value)."""
+        self._write("map", key, namespace, f"put({user_key!r}, {value!r})", lambda h: h.put(user_key, value),
+                    lambda: self.model.map_put_all(key, namespace, {user_key: value}))  # fmt: skip
+
+    @rule(
+        key=_keys, namespace=_namespaces, entries=st.dictionaries(_user_keys, st.none() | _ints, max_size=2)
+    )
+    def map_put_all(self, key: Any, namespace: Any, entries: dict[str, int | None]) -> None:
+        """``MapState.put_all(entries)``."""
+        self._write("map", key, namespace, f"put_all({entries!r})", lambda h: h.put_all(entries),
+                    lambda: self.model.map_put_all(key, namespace, entries))  # fmt: skip
+
+    @rule(key=_keys, namespace=_namespaces, user_key=_user_keys)
+    def map_remove(self, key: Any, namespace: Any, user_key: str) -> None:
+        """``MapState.remove(user_key)``."""
+        self._write("map", key, namespace, f"remove({user_key!r})", lambda h: h.remove(user_key),
+                    lambda: self.model.map_remove(key, namespace, user_key))  # fmt: skip
+
+    @rule(key=_keys, namespace=_namespaces, user_key=_user_keys)
+    def map_get(self, key: Any, namespace: Any, user_key: str) -> None:
+        """``MapState.get(user_key)``."""
+        self._read("map", key, namespace, f"get({user_key!r})", lambda h: h.get(user_key),
+                   lambda: self.model.map_get(key, namespace, user_key))  # fmt: skip
+
+    @rule(key=_keys, namespace=_namespaces, user_key=_user_keys)
+    def map_contains(self, key: Any, namespace: Any, user_key: str) -> None:
+        """``MapState.contains(user_key)``."""
+        self._read("map", key, namespace, f"contains({user_key!r})", lambda h: h.contains(user_key),
+                   lambda: self.model.map_contains(key, namespace, user_key))  # fmt: skip
+
+    @rule(key=_keys, namespace=_namespaces, view=st.sampled_from(["items", "keys", "values", "is_empty"]))
+    def map_iterate(self, key: Any, namespace: Any, view: str) -> None:
+        """``MapState.items()``, ``keys()``, ``values()`` or ``is_empty()``."""
+
+        def backend(h: Any) -> Any:
+            if view == "is_empty":
+                return h.is_empty()
+            got = list(getattr(h, view)())
+            return dict(got) if view == "items" else sorted(got, key=repr)
+
+        def model() -> Any:
+            if view == "is_empty":
+                return self.model.map_is_empty(key, namespace)
+            m = self.model.map_items(key, namespace)
+            return m if view == "items" else sorted(m if view == "keys" else m.values(), key=repr)
+
+        self._read("map", key, namespace, f"{view}()", backend, model)
+
+    @rule(name=st.sampled_from(KEYED_STATE_NAMES))
+    def read_everything(self, name: str) -> None:
+        """Read every entry the model holds of state ``name`` (value(), get() or items())."""
+        for key, ns in sorted(self.model.entries[name], key=repr):
+
+            def model(key: Any = key, ns: Any = ns) -> Any:
+                return _MODEL_READS[name](self.model, key, ns)
+
+            self._read(name, key, ns, _READ_NAMES[name], _READS[name], model)
+
+    @rule(name=st.sampled_from(KEYED_STATE_NAMES), key=_keys, namespace=_namespaces)
+    def clear(self, name: str, key: Any, namespace: Any) -> None:
+        """``clear()``: the current key and namespace only."""
+        self._write(name, key, namespace, "clear()", lambda h: h.clear(),
+                    lambda: self.model.clear(name, key, namespace))  # fmt: skip
+
+    @rule(
+        name=st.sampled_from(["list", "reducing", "aggregating"]),
+        key=_keys,
+        current=_namespaces,
+        into=_namespaces,
+        sources=st.lists(_namespaces, max_size=3),
+    )
+    def merge_namespaces(self, name: str, key: Any, current: Any, into: Any, sources: list[Any]) -> None:
+        """``merge_namespaces(into, sources)`` with ``current`` as the current namespace."""
+        self._write(name, key, current, f"merge_namespaces({into!r}, {sources!r})",
+                    lambda h: h.merge_namespaces(into, sources),
+                    lambda: self.model.merge(name, key, into, sources))  # fmt: skip
+
+
+class ClockRules(_Machine):
+    """Processing time moves on."""
+
+    # Just below, at and past the TTLs in use (1, 10, 50, 100 ms): expiry is ts + ttl <= now.
+    @rule(ms=st.sampled_from([0, 1, 9, 10, 49, 50, 99, 100, 120]))
+    def advance_clock(self, ms: int) -> None:
+        """Move the clock by ``ms`` milliseconds."""
+        self.clock.advance(ms)
+        if any(spec.ttl is not None for spec in self.specs):
+            self.keyed_dirty = self.probe_due = True  # what is expired changed
+        self.last = f"advancing the clock by {ms} ms to t={self.clock.now}"
+
+
+class OperatorRules(_Machine):
+    """Writes of operator state in its three modes."""
+
+    def _subtask(self, data: st.DataObject) -> int:
+        self.ops_dirty = True
+        return data.draw(st.integers(0, self.job.parallelism - 1), label="subtask")
+
+    @rule(data=st.data(), value=_ints)
+    def split_add(self, data: st.DataObject, value: int) -> None:
+        """Append to one subtask's even-split list."""
+        i = self._subtask(data)
+        self.job.subtasks[i].split.add(value)
+        self.ops.split[i].append(value)
+        self.last = f"add({value}) to the even-split list of subtask {i}"
+
+    @rule(data=st.data(), values=st.lists(_ints, max_size=4))
+    def split_update(self, data: st.DataObject, values: list[int]) -> None:
+        """Replace one subtask's even-split list."""
+        i = self._subtask(data)
+        self.job.subtasks[i].split.update(values)
+        self.ops.split[i] = list(values)
+        self.last = f"update({values}) of the even-split list of subtask {i}"
+
+    @rule(data=st.data(), value=_ints)
+    def union_add(self, data: st.DataObject, value: int) -> None:
+        """Append to one subtask's union list."""
+        i = self._subtask(data)
+        self.job.subtasks[i].union.add(value)
+        self.ops.union[i].append(value)
+        self.last = f"add({value}) to the union list of subtask {i}"
+
+    @rule(user_key=_user_keys, value=_ints)
+    def broadcast_put(self, user_key: str, value: int) -> None:
+        """Put one entry into the broadcast map of every subtask (as broadcast state is used)."""
+        self.ops_dirty = True
+        for st_ in self.job.subtasks:
+            st_.broadcast.put(user_key, value)
+        for m in self.ops.broadcast:
+            m[user_key] = value
+        self.last = f"put({user_key!r}, {value}) into every broadcast map"
+
+    @rule(user_key=_user_keys)
+    def broadcast_remove(self, user_key: str) -> None:
+        """Remove one entry from the broadcast map of every subtask."""
+        self.ops_dirty = True
+        for st_ in self.job.subtasks:
+            st_.broadcast.remove(user_key)
+        for m in self.ops.broadcast:
+            m.pop(user_key, None)
+        self.last = f"remove({user_key!r}) from every broadcast map"
+
+
+class RoundTripRules(_Machine):
+    """Snapshot every subtask and restore into a new job of the same backend and layout."""
+
+    def _round_trip(self, *, native: bool, declare_first: bool) -> None:
+        job, now = self.job, self.clock()
+        before = job.decoded()
+        new = self._restored_job(
+            job.backend_name, job.parallelism, declare_first=declare_first, native=native
+        )
+        kind = "native" if native else "canonical"
+        try:
+            check_same_entries(
+                before,
+                new.decoded(),
+                prop=SNAPSHOT_RESTORE_ROUND_TRIP,
+                context=f"restoring a {kind} snapshot of {job} into a new {job}",
+            )
+        except BaseException:
+            self._drop(new)
+            raise
+        self.model.restore_from(self.model.entries, now)
+        self.ops = self.ops.redistributed(new.parallelism)  # even-split lists are re-split at any restore
+        self._replace(new)
+        self._compact_union()
+        self.last = f"a {kind} snapshot and restore of {job}"
+
+    @rule(declare_first=st.booleans())
+    def canonical_round_trip(self, declare_first: bool) -> None:
+        """restore(snapshot(s)) in the canonical format; states declared before or after the restore."""
+        self._round_trip(native=False, declare_first=declare_first)
+
+    @precondition(lambda self: self.native)
+    @rule(declare_first=st.booleans())
+    def native_round_trip(self, declare_first: bool) -> None:
+        """restore_native(native_snapshot(s)), for backends with a native format."""
+        self._round_trip(native=True, declare_first=declare_first)
+
+
+class RescaleRules(_Machine):
+    """Restore at a random parallelism, possibly into another backend."""
+
+    @rule(data=st.data(), declare_first=st.booleans())
+    def rescale(self, data: st.DataObject, declare_first: bool) -> None:
+        """Snapshot, then restore into ``p'`` new subtasks (1 ≤ p' ≤ max parallelism)."""
+        old, now, old_ops = self.job, self.clock(), self.ops
+        p = self._draw_parallelism(data)
+        backend = data.draw(st.sampled_from(list(self.backends)), label="into backend")
+        native = self.native and backend == old.backend_name and data.draw(st.booleans(), label="native")
+        new = self._restored_job(backend, p, declare_first=declare_first, native=native)
+        context = (
+            f"rescaling {old} to p={p} on {backend!r}"
+            f" ({'native' if native else 'canonical'} snapshots, states declared "
+            f"{'before' if declare_first else 'after'} the restore)"
+        )
+        try:
+            self.model.restore_from(self.model.entries, now)
+            check_keyed(new, self.model, prop=RESCALE_KEY_GROUP_OWNERSHIP, context=context)
+            check_redistribution(new, old_ops, context=context, checks=self.redistribution_checks)
+        except BaseException:
+            self._drop(new)
+            raise
+        self.ops = old_ops.redistributed(p)
+        self._replace(new)
+        self._compact_union()
+        self.last = context
+
+
+class PortabilityRules(_Machine):
+    """A savepoint restores into every backend."""
+
+    @rule(data=st.data(), declare_first=st.booleans())
+    def savepoint_into_every_backend(self, data: st.DataObject, declare_first: bool) -> None:
+        """Take a savepoint through the storage; restore it into each backend at ``p'``; compare."""
+        job, now = self.job, self.clock()
+        p = self._draw_parallelism(data)
+        location = job.write_checkpoint(self.storage, self.job_id, self.next_checkpoint - 1, savepoint=True)
+        expected = self.model.snapshot_view(self.model.entries, now)
+        self.saved[location] = _Saved(
+            self.model.copy_entries(), self.ops.copy(), now, job.backend_name, job.parallelism
+        )
+        for backend in self.backends:
+            context = f"restoring a savepoint of {job} into {backend!r} at p={p}"
+            new = self._restored_job(backend, p, declare_first=declare_first, location=location)
+            try:
+                check_keyed(
+                    new, self.model, prop=SAVEPOINT_PORTABILITY, context=context, expected=expected, now=now
+                )
+                check_operator(new, self.ops.redistributed(p), prop=SAVEPOINT_PORTABILITY, context=context)
+            finally:
+                self._drop(new)
+        self.last = f"a savepoint of {job} restored into {sorted(self.backends)} at p={p}"
+
+
+class StorageRules(_Machine):
+    """Checkpoints and savepoints through the storage; restores of the newest and of older ones."""
+
+    @rule(data=st.data(), savepoint=st.booleans(), declare_first=st.booleans())
+    def checkpoint_and_restore(self, data: st.DataObject, savepoint: bool, declare_first: bool) -> None:
+        """Write a checkpoint (or savepoint), apply retention, restore it at ``p'``."""
+        job, now, storage = self.job, self.clock(), self.storage
+        cid = self.next_checkpoint - 1 if savepoint else self.next_checkpoint
+        location = job.write_checkpoint(storage, self.job_id, cid, savepoint=savepoint)
+        self.saved[location] = _Saved(
+            self.model.copy_entries(), self.ops.copy(), now, job.backend_name, job.parallelism
+        )
+        if not savepoint:
+            self.next_checkpoint += 1
+            self.checkpoints.append(location)
+            dropped = apply_retention(storage, self.job_id, self.config.retained)
+            for loc in dropped:
+                self.checkpoints.remove(loc)
+                del self.saved[loc]
+            listed = storage.list_checkpoints(self.job_id)
+            if listed != self.checkpoints or storage.latest_checkpoint(self.job_id) != location:
+                raise PropertyViolation(
+                    STORAGE_ROUND_TRIP,
+                    f"after completing {location} and retaining {self.config.retained}: the storage lists "
+                    f"{listed} (latest {storage.latest_checkpoint(self.job_id)!r}), "
+                    f"expected {self.checkpoints}",
+                )
+        self._restore_saved(data, location, declare_first)
+
+    @precondition(lambda self: bool(self.saved))
+    @rule(data=st.data(), declare_first=st.booleans())
+    def restore_older(self, data: st.DataObject, declare_first: bool) -> None:
+        """Restore a retained checkpoint or a savepoint taken earlier."""
+        location = data.draw(st.sampled_from(sorted(self.saved)), label="location")
+        self._restore_saved(data, location, declare_first)
+
+    def _restore_saved(self, data: st.DataObject, location: str, declare_first: bool) -> None:
+        saved = self.saved[location]
+        p = self._draw_parallelism(data)
+        backend = data.draw(st.sampled_from(list(self.backends)), label="into backend")
+        taken = f"taken of {saved.backend} at p={saved.parallelism}"
+        context = f"restoring {location} ({taken}) into {backend!r} at p={p}"
+        new = self._restored_job(backend, p, declare_first=declare_first, location=location)
+        try:
+            self.model.restore_from(saved.entries, saved.now)
+            self.ops = saved.operators.redistributed(p)
+            check_keyed(new, self.model, prop=STORAGE_ROUND_TRIP, context=context)
+            check_operator(new, self.ops, prop=STORAGE_ROUND_TRIP, context=context)
+        except BaseException:
+            self._drop(new)
+            raise
+        self._replace(new)
+        self._compact_union()
+        self.last = context
+
+
+class IsolationRules(_Machine):
+    """Snapshots taken now and written later, after more writes."""
+
+    @precondition(lambda self: len(self.pending) < 3)
+    @rule()
+    def take_snapshot(self) -> None:
+        """Snapshot every subtask now; the snapshots are written by a later step."""
+        job = self.job
+        snaps = [st.keyed.snapshot() for st in job.subtasks]
+        self.pending.append(_Pending(snaps, job, self.model.copy_entries(), self.clock(), self.last))
+        self.last = f"taking snapshot #{len(self.pending)} of {job}"
+
+    @precondition(lambda self: bool(self.pending))
+    @rule(data=st.data())
+    def write_snapshot(self, data: st.DataObject) -> None:
+        """Write one of the pending snapshots and check it holds the state of its time."""
+        i = data.draw(st.integers(0, len(self.pending) - 1), label="pending snapshot")
+        self._verify_pending(self.pending.pop(i))
+        self.last = "writing a pending snapshot"
+
+
+# --- the machines -------------------------------------------------------------------------------
+
+
+class ConformanceMachine(
+    KeyedRules,
+    ClockRules,
+    OperatorRules,
+    RoundTripRules,
+    RescaleRules,
+    PortabilityRules,
+    StorageRules,
+    IsolationRules,
+):
+    """Every rule: keyed and operator state, TTL, snapshots, rescales, storages, savepoints."""
+
+    visibility_probe = True
+
+
+class RoundTripMachine(KeyedRules, ClockRules, OperatorRules, RoundTripRules):
+    """restore(snapshot(s)) == s."""
+
+
+class RescaleMachine(KeyedRules, ClockRules, RescaleRules):
+    """Key groups after rescales."""
+
+
+class EvenSplitMachine(OperatorRules, RescaleRules):
+    """Even-split operator state across rescales."""
+
+    keyed_state = False
+    redistribution_checks = frozenset({EVEN_SPLIT_REDISTRIBUTION})
+
+
+class UnionMachine(OperatorRules, RescaleRules):
+    """Union operator state across rescales."""
+
+    keyed_state = False
+    redistribution_checks = frozenset({UNION_REDISTRIBUTION})
+
+
+class BroadcastMachine(OperatorRules, RescaleRules):
+    """Broadcast operator state across rescales."""
+
+    keyed_state = False
+    redistribution_checks = frozenset({BROADCAST_REDISTRIBUTION})
+
+
+class PortabilityMachine(KeyedRules, ClockRules, OperatorRules, PortabilityRules):
+    """Savepoints into every backend."""
+
+
+class TtlMachine(KeyedRules, ClockRules, RoundTripRules, RescaleRules):
+    """Every state with TTL under never_return_expired, across restores; all entries read after each step."""
+
+    visibility_probe = True
+
+    @initialize(config=machine_configs("never_return_expired"))
+    def init(self, config: MachineConfig) -> None:
+        """Start with TTL on every state."""
+        self._start(config)
+
+
+class IsolationMachine(KeyedRules, ClockRules, IsolationRules):
+    """Snapshots written after later writes."""
+
+
+class StorageMachine(KeyedRules, ClockRules, OperatorRules, StorageRules):
+    """Checkpoints and savepoints through the storage."""
+
+
+MACHINES: Mapping[str, type[_Machine]] = {
+    "all": ConformanceMachine,
+    SNAPSHOT_RESTORE_ROUND_TRIP: RoundTripMachine,
+    RESCALE_KEY_GROUP_OWNERSHIP: RescaleMachine,
+    EVEN_SPLIT_REDISTRIBUTION: EvenSplitMachine,
+    UNION_REDISTRIBUTION: UnionMachine,
+    BROADCAST_REDISTRIBUTION: BroadcastMachine,
+    SAVEPOINT_PORTABILITY: PortabilityMachine,
+    TTL_NEVER_RETURNS_EXPIRED: TtlMachine,
+    SNAPSHOT_ISOLATION: IsolationMachine,
+    STORAGE_ROUND_TRIP: StorageMachine,
+}
+"""The machine of each named property; ``"all"`` runs every rule."""

@@ -1,0 +1,418 @@
+"""Tests of the conformance kit itself.
+
+The kit passes a correct backend and storage (the reference ones), and it
+catches broken ones: each deliberately broken backend below fails the named
+property its bug breaks, with a counterexample a person can read (the
+Hypothesis steps that lead to it, and a message naming key groups, keys,
+subtasks and values). The guard refuses subclasses that override or remove kit
+tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statekit import KeyGroupRange
+from statekit.backend_api import KeyedStateHandle, OperatorStateBackendImpl, OperatorStateData, StateKind
+from statekit.testing import (
+    PROPERTIES,
+    CheckpointStorageTests,
+    ConformanceTarget,
+    PropertyViolation,
+    ReferenceCheckpointStorage,
+    ReferenceKeyedStateBackend,
+    ReferenceStateBackend,
+    StateBackendTests,
+    kit_settings,
+    kit_tests,
+    run_property,
+)
+
+# --- the kit passes correct implementations ---------------------------------------------------
+
+
+class TestReferenceBackend(StateBackendTests):
+    """The whole kit on the reference backend, which also has a native snapshot format."""
+
+    @pytest.fixture
+    def backend_factory(self):
+        return ReferenceStateBackend
+
+    @pytest.fixture
+    def other_backend_factories(self):
+        return {}  # core's tests do not depend on installed plugins
+
+
+class TestReferenceStorage(CheckpointStorageTests):
+    """The storage kit on the reference storage."""
+
+    @pytest.fixture
+    def storage_factory(self):
+        return ReferenceCheckpointStorage
+
+    @pytest.fixture
+    def other_backend_factories(self):
+        return {}
+
+
+# --- deliberately broken backends ------------------------------------------------------------------
+
+
+class _Broken(ReferenceStateBackend):
+    """A reference backend whose keyed backends are of another class."""
+
+    keyed_class: type[ReferenceKeyedStateBackend] = ReferenceKeyedStateBackend
+    name = "broken"
+
+    def create_keyed_backend(self, **kw: Any) -> ReferenceKeyedStateBackend:
+        kw.pop("local_dir", None)
+        return self.keyed_class(**kw)
+
+
+class LosesKeyGroupOnRescale(ReferenceKeyedStateBackend):
+    """Restoring from snapshots of other key group ranges, it drops its last key group (an off-by-one)."""
+
+    def restore(self, handles: Sequence[KeyedStateHandle]) -> None:
+        kgr = self.key_group_range
+        if any(h.key_group_range != kgr for h in handles):
+            clipped = KeyGroupRange.of(kgr.start, kgr.end - 1)  # the bug: the end is inclusive
+            handles = [p for h in handles if (p := h.intersect(clipped)) is not None]
+        super().restore(handles)
+
+
+class _Lenient:
+    """A TTL handle whose reads strip timestamps without checking them; everything else delegates."""
+
+    def __init__(self, ttl_handle: Any) -> None:
+        self._h = ttl_handle
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._h, name)
+
+    def value(self) -> Any:
+        tv = self._h._raw.value()
+        return self._h._default() if tv is None else tv[0]
+
+    def get(self) -> list[Any]:
+        return [v for v, _ in self._h._raw.get()]
+
+
+class IgnoresTtl(ReferenceKeyedStateBackend):
+    """Serves value and list reads from a 'fast path' that ignores TTL timestamps."""
+
+    def _wrap(self, reg: Any) -> Any:
+        handle = super()._wrap(reg)
+        if reg.ttl is not None and reg.kind in (StateKind.VALUE, StateKind.LIST):
+            return _Lenient(handle)
+        return handle
+
+
+class SnapshotSeesLaterWrites(ReferenceKeyedStateBackend):
+    """Its snapshot reads the live tables when it is written, not the state of the snapshot point."""
+
+    def _snapshot_entries(self) -> Callable[[str, int], Any]:
+        tables, regs = self._tables, self._states
+
+        def read(name: str, kg: int) -> Any:
+            d = tables[name].get(kg, {})
+            des = regs[name].serializer.deserialize
+            return [k for k, _ in d], [ns for _, ns in d], [des(v) for v in d.values()]
+
+        return read
+
+
+class NativeRestoreLosesKeyGroup(ReferenceKeyedStateBackend):
+    """Its native restore skips the first key group of every handle."""
+
+    def restore_native(self, handles: Sequence[KeyedStateHandle]) -> None:
+        first = min((kg for h in handles for kg in h.offsets), default=None)
+        handles = [
+            dataclasses.replace(h, offsets={k: o for k, o in h.offsets.items() if k != first})
+            for h in handles
+        ]
+        super().restore_native(handles)
+
+
+class _BrokenOperator(ReferenceStateBackend):
+    operator_class: type[OperatorStateBackendImpl] = OperatorStateBackendImpl
+    name = "broken-operator"
+
+    def create_operator_backend(self) -> OperatorStateBackendImpl:
+        return self.operator_class()
+
+
+class ReversesSplitLists(OperatorStateBackendImpl):
+    """Writes even-split lists backwards."""
+
+    def snapshot(self) -> dict[str, OperatorStateData]:
+        out = super().snapshot()
+        d = out.get("split")
+        if d is not None:
+            out["split"] = dataclasses.replace(d, elements=d.elements[::-1])
+        return out
+
+
+class KeepsOnlyItsOwnUnionElements(OperatorStateBackendImpl):
+    """On restore, keeps only the first element of its union list (as if union were split)."""
+
+    def restore(self, snapshot: dict[str, OperatorStateData]) -> None:
+        d = snapshot.get("union")
+        if d is not None and len(d.elements) > 1:
+            snapshot = {**snapshot, "union": dataclasses.replace(d, elements=d.elements[:1])}
+        super().restore(snapshot)
+
+
+class KeepsOneBroadcastEntry(OperatorStateBackendImpl):
+    """Restores only the first entry of the broadcast map (reads one key/value pair, not all)."""
+
+    def restore(self, snapshot: dict[str, OperatorStateData]) -> None:
+        d = snapshot.get("broadcast")
+        if d is not None:
+            snapshot = {**snapshot, "broadcast": dataclasses.replace(d, elements=d.elements[:2])}
+        super().restore(snapshot)
+
+
+class ListsNewestFirst(ReferenceCheckpointStorage):
+    """Lists completed checkpoints newest first (the contract says oldest first)."""
+
+    def list_checkpoints(self, job_id: str) -> list[str]:
+        return super().list_checkpoints(job_id)[::-1]
+
+
+def broken(keyed_class: type[ReferenceKeyedStateBackend]) -> Callable[[], ReferenceStateBackend]:
+    return lambda: type(keyed_class.__name__, (_Broken,), {"keyed_class": keyed_class})()
+
+
+def broken_operator(operator_class: type[OperatorStateBackendImpl]) -> Callable[[], ReferenceStateBackend]:
+    return lambda: type(operator_class.__name__, (_BrokenOperator,), {"operator_class": operator_class})()
+
+
+# What an author's run uses (kit_settings), made reproducible and large enough to find each bug.
+FIND = kit_settings(15, max_examples=500, derandomize=True, database=None)
+
+
+def _violations(e: BaseException) -> list[PropertyViolation]:
+    if isinstance(e, PropertyViolation):
+        return [e]
+    if isinstance(e, BaseExceptionGroup):
+        return [v for x in e.exceptions for v in _violations(x)]
+    return []
+
+
+def violation(
+    prop: str, factory: Callable[[], Any], *, storage: Any = ReferenceCheckpointStorage
+) -> PropertyViolation:
+    """Run property ``prop`` against ``factory``; return the violation of ``prop`` the kit reports.
+
+    Hypothesis may report several distinct failures at once (an ExceptionGroup);
+    one of them must be a violation of ``prop``.
+    """
+    target = ConformanceTarget(factory, factory().name, {}, storage, Path(tempfile.mkdtemp(prefix="kit-")))
+    with pytest.raises((PropertyViolation, BaseExceptionGroup)) as e:
+        run_property(prop, target, FIND)
+    found = _violations(e.value)
+    matching = [v for v in found if v.property == prop]
+    assert matching, f"expected a violation of {prop}, got {[v.property for v in found]}: {e.value!r}"
+    v = matching[0]
+    print(f"{v}\n" + "\n".join(getattr(v, "__notes__", [])))  # shown with -s: what an author sees
+    return v
+
+
+def steps(v: PropertyViolation) -> str:
+    return "\n".join(getattr(v, "__notes__", []))
+
+
+def test_every_property_has_a_test_in_the_kit() -> None:
+    names = set(kit_tests(StateBackendTests)) | set(kit_tests(CheckpointStorageTests))
+    for prop in PROPERTIES:
+        if prop != "backend_agrees_with_model":
+            assert f"test_property_{prop}" in names, prop
+    assert "test_state_machine" in names
+
+
+def test_a_backend_that_loses_a_key_group_on_rescale_fails_key_group_ownership() -> None:
+    v = violation("rescale_key_group_ownership", broken(LosesKeyGroupOnRescale))
+    assert v.property == "rescale_key_group_ownership"
+    message = str(v)
+    assert "key groups that lost entries: [" in message
+    assert "backend holds '<absent>', expected" in message
+    assert "owned by subtask" in message
+    # The counterexample: a write, then a rescale, and nothing superfluous.
+    s = steps(v)
+    assert "state = RescaleMachine()" in s
+    assert "state.rescale(" in s and "(new parallelism):" in s
+    assert len([line for line in s.splitlines() if line.startswith("state.") and "agrees" not in line]) <= 6
+
+
+def test_a_backend_that_ignores_ttl_fails_never_returns_expired() -> None:
+    v = violation("ttl_never_returns_expired", broken(IgnoresTtl))
+    assert v.property == "ttl_never_returns_expired"
+    assert "is expired" in str(v) and "returned" in str(v)
+    s = steps(v)
+    assert "state = TtlMachine()" in s
+    assert "state.advance_clock(ms=" in s
+
+
+def test_a_backend_whose_snapshot_changes_after_later_writes_fails_isolation() -> None:
+    v = violation("snapshot_isolation", broken(SnapshotSeesLaterWrites))
+    assert v.property == "snapshot_isolation"
+    assert "writing the snapshot taken at t=" in str(v)
+    s = steps(v)
+    assert "state.take_snapshot()" in s and "state.write_snapshot(" in s
+    # A write happened between taking and writing the snapshot.
+    taken = s.index("state.take_snapshot()")
+    written = s.index("state.write_snapshot(")
+    writes = ("_update(", "_add(", "_add_all(", "_put(", "_put_all(", "_remove(", "clear(", "merge_")
+    assert any(w in s[taken:written] for w in writes)
+
+
+def test_a_backend_whose_native_restore_loses_a_key_group_fails_round_trip() -> None:
+    v = violation("snapshot_restore_round_trip", broken(NativeRestoreLosesKeyGroup))
+    assert v.property == "snapshot_restore_round_trip"
+    assert "native snapshot" in str(v)
+    assert "state.native_round_trip(" in steps(v)
+
+
+def test_an_operator_backend_that_reverses_split_lists_fails_even_split() -> None:
+    v = violation("even_split_redistribution", broken_operator(ReversesSplitLists))
+    assert v.property == "even_split_redistribution"
+    assert "order kept" in str(v)
+
+
+def test_an_operator_backend_that_splits_union_state_fails_union() -> None:
+    v = violation("union_redistribution", broken_operator(KeepsOnlyItsOwnUnionElements))
+    assert v.property == "union_redistribution"
+    assert "concatenation" in str(v)
+
+
+def test_an_operator_backend_that_forgets_broadcast_state_fails_broadcast() -> None:
+    v = violation("broadcast_redistribution", broken_operator(KeepsOneBroadcastEntry))
+    assert v.property == "broadcast_redistribution"
+    assert "every subtask must hold" in str(v)
+
+
+def test_a_storage_listing_newest_first_fails_storage_round_trip() -> None:
+    v = violation("storage_round_trip", ReferenceStateBackend, storage=ListsNewestFirst)
+    assert v.property == "storage_round_trip"
+    assert "the storage lists" in str(v)
+
+
+# --- the guard ---------------------------------------------------------------------------------------
+
+
+def test_overriding_a_kit_test_is_refused_at_class_creation() -> None:
+    with pytest.raises(TypeError, match=r"overrides the conformance tests \['test_list_add_none_raises'\]"):
+
+        class TestSneaky(StateBackendTests):
+            def test_list_add_none_raises(self, backend: Any) -> None:
+                pass
+
+
+def test_removing_a_kit_test_by_assignment_is_refused_at_class_creation() -> None:
+    with pytest.raises(TypeError, match="test_property_snapshot_isolation"):
+
+        class TestSneaky(StateBackendTests):
+            test_property_snapshot_isolation = None
+
+
+def test_overriding_the_guard_itself_is_refused() -> None:
+    with pytest.raises(TypeError, match="test_kit_tests_are_present_and_unchanged"):
+
+        class TestSneaky(CheckpointStorageTests):
+            def test_kit_tests_are_present_and_unchanged(self) -> None:
+                pass
+
+
+def test_replacing_a_kit_test_after_class_creation_fails_the_guard_test() -> None:
+    class TestLater(StateBackendTests):
+        pass
+
+    TestLater.test_map_basics = lambda self, backend: None  # type: ignore[method-assign]
+    with pytest.raises(
+        AssertionError, match=r"replaced or removed the conformance tests \['test_map_basics'\]"
+    ):
+        TestLater().test_kit_tests_are_present_and_unchanged()
+
+
+def test_expected_failures_must_name_kit_tests_and_give_reasons() -> None:
+    with pytest.raises(TypeError, match="names no kit test"):
+
+        class TestTypo(StateBackendTests):
+            expected_failures = {"test_no_such_thing": "because"}
+
+    with pytest.raises(TypeError, match="gives no reason"):
+
+        class TestNoReason(StateBackendTests):
+            expected_failures = {"test_map_basics": " "}
+
+
+def test_new_tests_of_the_subclass_are_fine() -> None:
+    class TestExtra(StateBackendTests):
+        def test_my_own_thing(self) -> None:
+            pass
+
+    TestExtra().test_kit_tests_are_present_and_unchanged()
+
+
+pytest_plugins = ["pytester"]
+
+INNER = """
+import pytest
+from hypothesis import settings
+from statekit.testing import StateBackendTests, ReferenceStateBackend, ReferenceKeyedStateBackend
+
+settings.register_profile("inner", max_examples=150, derandomize=True, database=None)
+settings.load_profile("inner")
+
+
+class Dropping(ReferenceKeyedStateBackend):
+    def restore(self, handles):
+        handles = [h for h in handles if h.key_group_range == self.key_group_range]  # drops rescaled state
+        super().restore(handles)
+
+
+class DroppingBackend(ReferenceStateBackend):
+    name = "dropping"
+
+    def create_keyed_backend(self, **kw):
+        kw.pop("local_dir", None)
+        return Dropping(**kw)
+
+
+class TestDropping(StateBackendTests):
+    expected_failures = {"test_property_union_redistribution": "known: see issue 42"}
+
+    @pytest.fixture
+    def backend_factory(self):
+        return DroppingBackend
+
+    @pytest.fixture
+    def other_backend_factories(self):
+        return {}
+"""
+
+
+def test_an_author_sees_the_failing_property_and_the_steps(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_inner=INNER)
+    # In a subprocess: the inner file loads a Hypothesis profile, which must not leak into this session.
+    result = pytester.runpytest_subprocess(
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "rescale_key_group_ownership or union_redistribution or present_and",
+    )
+    out = result.stdout.str()
+    assert "[rescale_key_group_ownership]" in out
+    assert "state = RescaleMachine()" in out
+    assert "state.rescale(" in out
+    # The union property passes on this backend: its strict expected failure is an XPASS(strict), a failure.
+    assert "XPASS(strict)" in out or "[XPASS(strict)]" in out
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed") == 2 and outcomes.get("passed") == 1, outcomes
