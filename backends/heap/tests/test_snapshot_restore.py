@@ -328,36 +328,6 @@ def _cow_setup(backend, n):
     return keys, states
 
 
-@pytest.mark.parametrize("name", ["dict", "ints"])
-def test_snapshot_is_unaffected_by_in_place_change_of_a_read_value(make_backend, backend, name):
-    keys, states = _cow_setup(backend, 40)
-    snap = backend.snapshot()
-    for k in keys:
-        backend.set_current_key(k)
-        v = states[name].value()
-        if name == "dict":
-            v["n"] = -1
-        else:
-            v.append(-1)
-    handle = snap.to_handle()
-    restored = restored_cow_state(make_backend, handle, keys)
-    assert [restored[k][name] for k in keys] == [cow_expected(i, False)[name] for i in range(len(keys))]
-
-
-def test_snapshot_is_unaffected_by_an_in_place_accumulator(make_backend, backend):
-    keys, states = _cow_setup(backend, 40)
-    snap = backend.snapshot()
-    for k in keys:
-        backend.set_current_key(k)
-        states["collect"].add(-1)
-    handle = snap.to_handle()
-    restored = restored_cow_state(make_backend, handle, keys)
-    assert [restored[k]["collect"] for k in keys] == [[i] for i in range(len(keys))]
-    assert [cow_state(backend, states, [k])[k]["collect"] for k in keys] == [
-        [i, -1] for i in range(len(keys))
-    ]
-
-
 def test_update_batch_does_not_touch_a_pending_snapshot(make_backend, backend):
     keys, states = _cow_setup(backend, 40)
     snap = backend.snapshot()

@@ -512,6 +512,23 @@ class SnapshotSemantics:
             assert restored[k] == cow_expected(i, mutated=False), k
             assert live[k] == cow_expected(i, mutated=True), k
 
+    @pytest.mark.parametrize("name", ["dict", "ints"])
+    def test_snapshot_is_unaffected_by_changing_a_read_value_in_place(
+        self, make_backend: Any, backend: Any, name: str
+    ) -> None:
+        """User code may change a value it read without writing it back; a pending snapshot keeps its own."""
+        keys, states = self._cow_setup(backend, 40)
+        snap = backend.snapshot()
+        for k in keys:
+            backend.set_current_key(k)
+            v = states[name].value()
+            if name == "dict":
+                v["n"] = -1
+            else:
+                v.append(-1)
+        restored = self._restored_cow_state(make_backend, write_snapshot(snap, backend), keys)
+        assert [restored[k][name] for k in keys] == [cow_expected(i, False)[name] for i in range(len(keys))]
+
     def test_two_pending_snapshots_each_keep_their_point(self, make_backend: Any, backend: Any) -> None:
         keys, states = self._cow_setup(backend, 30)
         first = backend.snapshot()
