@@ -15,28 +15,15 @@ from statekit import (
     ListStateDescriptor,
     MapStateDescriptor,
     StateTtlConfig,
-    TtlUpdateType,
-    TtlVisibility,
     ValueStateDescriptor,
 )
 
 TTL_MS = 100
 
 
-def ttl(
-    *,
-    update: TtlUpdateType = TtlUpdateType.ON_CREATE_AND_WRITE,
-    visibility: TtlVisibility = TtlVisibility.NEVER_RETURN_EXPIRED,
-    full_snapshot: bool = False,
-    incremental: int = 0,
-) -> StateTtlConfig:
-    return StateTtlConfig(
-        timedelta(milliseconds=TTL_MS),
-        update_type=update,
-        visibility=visibility,
-        cleanup_full_snapshot=full_snapshot,
-        cleanup_incremental_size=incremental,
-    )
+def ttl(incremental: int = 0) -> StateTtlConfig:
+    """A TTL of :data:`TTL_MS` ms (on create and write, never return expired)."""
+    return StateTtlConfig(timedelta(milliseconds=TTL_MS), cleanup_incremental_size=incremental)
 
 
 def restore_copy(make_backend, source, *descriptors):

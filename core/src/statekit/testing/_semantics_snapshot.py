@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from .._contracts import SupportsNativeSnapshot
+from .._contracts import SupportsBatchUpdate, SupportsNativeSnapshot
 from .._errors import (
     CorruptSnapshotError,
     IncompatibleSerializerError,
@@ -317,13 +317,18 @@ class SnapshotSemantics:
         target.restore([handle])
         assert dump(target, declare(target)) == expected
 
-    def test_empty_snapshot_restores_to_empty(self, make_backend: Any, backend: Any) -> None:
+    @pytest.mark.parametrize("declared", [False, True], ids=["nothing-declared", "states-declared"])
+    def test_empty_snapshot_restores_to_empty(self, make_backend: Any, backend: Any, declared: bool) -> None:
+        if declared:
+            declare(backend)
         handle = snapshot_handle(backend)
         assert handle.entries == 0
         assert dict(handle.offsets) == {}
         target = make_backend()
+        restored = declare(target) if declared else {}
         target.restore([handle])
         assert target.num_entries() == 0
+        assert dump(target, restored) == {}
 
     def test_cleared_states_are_not_written(self, make_backend: Any, backend: Any) -> None:
         states = populate(backend, keys_of(10))
@@ -421,11 +426,15 @@ class SnapshotSemantics:
 
     # --- corruption -------------------------------------------------------------------------------
 
-    def _corrupt_positions(self, make_backend: Any, handle: KeyedStateHandle, positions: Any) -> list[Any]:
+    def _corrupt_positions(
+        self, make_backend: Any, handle: KeyedStateHandle, positions: Any, declare_first: bool
+    ) -> list[Any]:
+        """The flipped positions that are not refused with CorruptSnapshotError, or leave state behind."""
         bad = []
         for pos in positions:
             target = make_backend()
-            declare(target)
+            if declare_first:
+                declare(target)
             try:
                 target.restore([flipped(handle, pos)])
             except CorruptSnapshotError:
@@ -438,13 +447,17 @@ class SnapshotSemantics:
             target.close()
         return bad
 
-    def test_flipped_bytes_raise_corrupt_and_restore_nothing(self, make_backend: Any, backend: Any) -> None:
+    @pytest.mark.parametrize("declare_first", [True, False], ids=["declared-before", "declared-after"])
+    def test_every_flipped_byte_raises_corrupt_and_restores_nothing(
+        self, make_backend: Any, backend: Any, declare_first: bool
+    ) -> None:
+        """Each single byte of the header and of every block, inverted in turn."""
         populate(backend, keys_of(6))
         handle = snapshot_handle(backend)
         assert len(handle.offsets) >= 3
-        header = range(0, handle.header_length, 7)
-        blocks = [p for off, ln in handle.offsets.values() for p in range(off, off + ln, 5)]
-        assert self._corrupt_positions(make_backend, handle, [*header, *blocks]) == []
+        header = range(handle.header_length)
+        blocks = [p for off, ln in handle.offsets.values() for p in range(off, off + ln)]
+        assert self._corrupt_positions(make_backend, handle, [*header, *blocks], declare_first) == []
 
     def test_truncated_snapshot_raises_corrupt(self, make_backend: Any, backend: Any) -> None:
         populate(backend, keys_of(6))
@@ -566,17 +579,29 @@ class SnapshotSemantics:
         assert [restored[k]["int"] for k in keys] == [i + 1000 for i in range(len(keys))]
         assert [restored[k]["list"] for k in keys] == [[i] for i in range(len(keys))]
 
-    def test_snapshot_written_by_another_thread_in_lock_step(self, make_backend: Any, backend: Any) -> None:
-        """After each key group the writer thread writes, the task thread changes a slice of the keys."""
-        keys, states = self._cow_setup(backend, 300)
+    def test_update_batch_does_not_touch_a_pending_snapshot(self, make_backend: Any, backend: Any) -> None:
+        keys, states = self._cow_setup(backend, 40)
+        if not isinstance(states["int"], SupportsBatchUpdate):
+            pytest.skip("this backend's value state does not offer update_batch (SupportsBatchUpdate)")
         snap = backend.snapshot()
-        turn: queue.Queue[int] = queue.Queue()
-        ack: queue.Queue[None] = queue.Queue()
-        result: dict[str, Any] = {}
+        states["int"].update_batch(keys, lambda v: v + 1000)
+        states["ints"].update_batch(keys, lambda v: [*v, 1000])
+        states["dict"].update_batch(keys, lambda v: (v.update(n=-1), v)[1])  # changed in place
+        restored = self._restored_cow_state(make_backend, write_snapshot(snap, backend), keys)
+        live = self._cow_state(backend, states, keys)
+        for i, k in enumerate(keys):
+            assert (restored[k]["int"], restored[k]["ints"], restored[k]["dict"]) == (i, [i], {"n": i}), k
+            assert (live[k]["int"], live[k]["ints"], live[k]["dict"]) == (i + 1000, [i, 1000], {"n": -1}), k
 
-        def progress(done: int, total: int) -> None:
-            turn.put(done)
-            ack.get(timeout=60)
+    def _write_in_thread(
+        self,
+        snap: Any,
+        backend: Any,
+        progress: Callable[[int, int], None] | None = None,
+        on_error: Callable[[], None] | None = None,
+    ) -> tuple[threading.Thread, dict[str, Any]]:
+        """Starts writing ``snap`` on a thread of its own; :meth:`_join` returns the handle."""
+        result: dict[str, Any] = {}
 
         def run() -> None:
             try:
@@ -587,10 +612,49 @@ class SnapshotSemantics:
                 )
             except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
                 result["error"] = e
-                turn.put(-1)
+                if on_error is not None:
+                    on_error()
 
         t = threading.Thread(target=run)
         t.start()
+        return t, result
+
+    def _join(self, t: threading.Thread, result: dict[str, Any]) -> KeyedStateHandle:
+        t.join(timeout=60)
+        assert not t.is_alive(), "the writer thread hung"
+        if "error" in result:
+            raise result["error"]
+        handle: KeyedStateHandle = result["handle"]
+        return handle
+
+    def test_snapshot_written_by_another_thread_while_processing_goes_on(
+        self, make_backend: Any, backend: Any
+    ) -> None:
+        """The writer thread and the task thread run freely, as in a job."""
+        keys, states = self._cow_setup(backend, 2000)
+        snap = backend.snapshot()
+        t, result = self._write_in_thread(snap, backend)
+        for i, k in enumerate(keys):
+            backend.set_current_key(k)
+            cow_mutate(states, i)
+        restored = self._restored_cow_state(make_backend, self._join(t, result), keys)
+        live = self._cow_state(backend, states, keys)
+        for i, k in enumerate(keys):
+            assert restored[k] == cow_expected(i, mutated=False), k
+            assert live[k] == cow_expected(i, mutated=True), k
+
+    def test_snapshot_written_by_another_thread_in_lock_step(self, make_backend: Any, backend: Any) -> None:
+        """After each key group the writer thread writes, the task thread changes a slice of the keys."""
+        keys, states = self._cow_setup(backend, 300)
+        snap = backend.snapshot()
+        turn: queue.Queue[int] = queue.Queue()
+        ack: queue.Queue[None] = queue.Queue()
+
+        def progress(done: int, total: int) -> None:
+            turn.put(done)
+            ack.get(timeout=60)
+
+        t, result = self._write_in_thread(snap, backend, progress, on_error=lambda: turn.put(-1))
         total = len(backend.key_group_range)
         mutated: set[int] = set()
         for _ in range(total):
@@ -602,11 +666,8 @@ class SnapshotSemantics:
                 cow_mutate(states, i)
                 mutated.add(i)
             ack.put(None)
-        t.join(timeout=60)
-        assert not t.is_alive(), "the writer thread hung"
-        if "error" in result:
-            raise result["error"]
-        restored = self._restored_cow_state(make_backend, result["handle"], keys)
+        handle = self._join(t, result)
+        restored = self._restored_cow_state(make_backend, handle, keys)
         live = self._cow_state(backend, states, keys)
         for i, k in enumerate(keys):
             assert restored[k] == cow_expected(i, mutated=False), k
@@ -665,3 +726,22 @@ class SnapshotSemantics:
             assert not touched, (
                 f"read {touched}, which overlaps the block of key group {kg} ({owned} is owned)"
             )
+
+    def test_rescale_does_not_read_snapshots_it_does_not_need(self, make_backend: Any) -> None:
+        """Scaling 4 -> 8, subtask 3 owns part of old subtask 1's range and reads no other snapshot."""
+        keys = keys_of(600)
+        old = [make_backend(key_group_range=key_group_range_for_operator(MAXP, 4, i)) for i in range(4)]
+        states = [declare(b) for b in old]
+        for i, k in enumerate(keys):
+            j = operator_index_for_key_group(MAXP, 4, key_group(k))
+            old[j].set_current_key(k)
+            write_key(states[j], i)
+        recorded = [(h, RecordingStream(h.stream)) for h in (snapshot_handle(b) for b in old)]
+        owned = key_group_range_for_operator(MAXP, 8, 3)
+        target = make_backend(key_group_range=owned)
+        target.restore([dataclasses.replace(h, stream=rec) for h, rec in recorded])
+        for j, (_, rec) in enumerate(recorded):
+            if j != 1:
+                assert rec.reads == [], f"read old subtask {j}'s snapshot, which holds none of {owned}"
+        got = dump(target, declare(target))
+        assert {k for (_, _, k) in got} == {k for k in keys if key_group(k) in owned}

@@ -649,6 +649,18 @@ class KeyedStateSemantics:
             call(s)
         assert backend.num_entries() == 0
 
+    @pytest.mark.parametrize("kind", ["value", "list", "map"])
+    def test_no_current_key_raises_with_mutable_values(self, backend: Any, kind: str) -> None:
+        """Also where a read would hand out a copy of a mutable value, or a mutable default."""
+        descs: dict[str, Callable[[], StateDescriptor]] = {
+            "value": lambda: _value("s", list[int], default=[]),
+            "list": lambda: ListStateDescriptor("s", list[int]),
+            "map": lambda: MapStateDescriptor("s", str, list[int]),
+        }
+        s = backend.get_state(descs[kind]())
+        with pytest.raises(StateAccessError):
+            _read(kind, s)
+
     def test_current_key_group_without_key_raises(self, backend: Any) -> None:
         with pytest.raises(StateAccessError):
             _ = backend.current_key_group
@@ -724,3 +736,15 @@ class KeyedStateSemantics:
             s.update_batch(
                 [key_with_group(lambda kg: kg < 64), key_with_group(lambda kg: kg >= 64)], lambda v: 5
             )
+
+    def test_update_batch_of_no_keys_changes_nothing(self, backend: Any) -> None:
+        s: Any = backend.get_state(_value(default=0))
+        supported = isinstance(s, SupportsBatchUpdate)
+        if not supported:
+            pytest.skip("this backend's value state does not offer update_batch (SupportsBatchUpdate)")
+        backend.set_current_key("a")
+        s.update(3)
+        assert s.update_batch([], lambda v: v + 1) == []
+        assert backend.get_current_key() == "a"
+        assert s.value() == 3
+        assert backend.num_entries() == 1
