@@ -90,3 +90,6 @@ class TestStorageConformance(CheckpointStorageTests):
 def test_the_matrix_holds_every_installed_plugin() -> None:
     assert set(BACKENDS) == set(REGISTRY.backends()) and BACKENDS
     assert {k.split("-")[0] for k in STORAGE_KINDS} >= set(REGISTRY.storages())
+    # What this repository installs (make install) is found through its entry points.
+    assert {"heap", "sqlite"} <= set(BACKENDS)
+    assert {"jobmanager", "filesystem-local", "filesystem-memory", "filesystem-s3"} <= set(STORAGE_KINDS)

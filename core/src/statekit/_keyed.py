@@ -63,6 +63,8 @@ __all__ = [
     "merge_list_namespaces",
 ]
 
+_NO_KEY: Any = object()
+
 StateEntries = tuple[list[Any], list[Any], list[Any]]
 """Keys, namespaces and stored values of one state in one key group."""
 
@@ -257,6 +259,8 @@ class KeyedBackendBase(ABC):
         self._kg: Any = None  # None until a key is set: indexing with it fails loudly
         self._kg_cache: dict[Any, int] = {}
         self._key_cache_size = max(1, key_cache_size)
+        self._bytes_key: Any = _NO_KEY  # the key whose bytes _key_bytes holds
+        self._key_bytes = b""
         self._states: dict[str, RegisteredState] = {}
         self._handles: dict[str, Any] = {}
         self._pending: dict[str, tuple[dict[str, Any], list[tuple[int, Section]]]] = {}
@@ -278,7 +282,9 @@ class KeyedBackendBase(ABC):
     def _assign(self, key: Any) -> int:
         if self._closed:
             raise StateAccessError("the backend is closed")
-        kg = key_group_for_bytes(self.key_serializer.serialize(key), self.max_parallelism)
+        raw = self.key_serializer.serialize(key)
+        self._bytes_key, self._key_bytes = key, raw  # a key-value backend asks for them next
+        kg = key_group_for_bytes(raw, self.max_parallelism)
         if kg not in self.key_group_range:
             raise StateAccessError(
                 f"key {key!r} belongs to key group {kg}, which this backend "
@@ -299,6 +305,24 @@ class KeyedBackendBase(ABC):
         if self._kg is None:
             raise StateAccessError("no current key: call set_current_key first")
         return int(self._kg)
+
+    @property
+    def current_key_bytes(self) -> bytes:
+        """The current key serialized by ``key_serializer``: what a key-value engine stores it under.
+
+        Serialized once per key switch at most (a backend reading it on every
+        access pays nothing more).
+
+        Raises:
+            StateAccessError: Without a current key.
+        """
+        key = self._key
+        if self._kg is None:
+            raise StateAccessError("no current key: call set_current_key first")
+        if key is not self._bytes_key:
+            self._key_bytes = self.key_serializer.serialize(key)
+            self._bytes_key = key
+        return self._key_bytes
 
     def _no_key(self) -> StateAccessError:
         return StateAccessError("no current key: call set_current_key before using keyed state")

@@ -25,7 +25,7 @@ from typing import Any
 
 from ._errors import CorruptSnapshotError, SerializationError, StateMigrationError
 from ._serializers import TypeSerializer, pack_parts, unpack_parts
-from ._state import ListStateDescriptor, MapStateDescriptor
+from ._state import ListStateDescriptor, MapStateDescriptor, list_elements
 
 __all__ = [
     "OperatorStateBackendImpl",
@@ -155,17 +155,11 @@ class OperatorListState:
 
     def add_all(self, values: Iterable[Any]) -> None:
         """Append elements (none of them None)."""
-        vals = list(values)
-        if any(v is None for v in vals):
-            raise ValueError("ListState.add_all: list state elements cannot be None")
-        self._values.extend(vals)
+        self._values.extend(list_elements(values, "ListState.add_all"))
 
     def update(self, values: Iterable[Any]) -> None:
         """Replace the elements."""
-        vals = list(values)
-        if any(v is None for v in vals):
-            raise ValueError("ListState.update: list state elements cannot be None")
-        self._values = vals
+        self._values = list_elements(values, "ListState.update")
 
     def clear(self) -> None:
         """Remove every element."""

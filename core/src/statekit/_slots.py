@@ -21,7 +21,7 @@ from typing import Any
 
 from ._errors import StateAccessError
 from ._keyed import RegisteredState, merge_list_namespaces
-from ._state import VOID_NAMESPACE
+from ._state import VOID_NAMESPACE, list_elements
 
 __all__ = ["SlotListState", "SlotMapState", "SlotState", "SlotValueState"]
 
@@ -88,13 +88,6 @@ class SlotValueState(SlotState):
         self._put(value)
 
 
-def _elements(values: Iterable[Any], what: str) -> list[Any]:
-    out = list(values)
-    if any(v is None for v in out):
-        raise ValueError(f"{what}: list state elements cannot be None")
-    return out
-
-
 class SlotListState(SlotState):
     """A ListState stored as one list; the empty list is no entry."""
 
@@ -107,12 +100,12 @@ class SlotListState(SlotState):
         self._put([*(self._get() or []), value])
 
     def add_all(self, values: Iterable[Any]) -> None:
-        vals = _elements(values, "ListState.add_all")
+        vals = list_elements(values, "ListState.add_all")
         if vals:
             self._put([*(self._get() or []), *vals])
 
     def update(self, values: Iterable[Any]) -> None:
-        self._put(_elements(values, "ListState.update") or None)
+        self._put(list_elements(values, "ListState.update") or None)
 
     def merge_namespaces(self, target: Any, sources: Sequence[Any]) -> None:
         merge_list_namespaces(self, target, sources)

@@ -45,6 +45,7 @@ __all__ = [
     "TtlVisibility",
     "ValueState",
     "ValueStateDescriptor",
+    "list_elements",
 ]
 
 T = TypeVar("T")
@@ -250,6 +251,18 @@ class ValueStateDescriptor(StateDescriptor, Generic[T]):
     def default_value(self) -> Any:
         d = self.default
         return d if d is None or self.serializer.immutable else _copy.deepcopy(d)
+
+
+def list_elements(values: Iterable[Any], what: str) -> list[Any]:
+    """``values`` as a list, checked for None, which list state never holds.
+
+    Raises:
+        ValueError: Naming ``what`` (e.g. ``"ListState.add_all"``), if an element is None.
+    """
+    out = list(values)
+    if any(v is None for v in out):
+        raise ValueError(f"{what}: list state elements cannot be None")
+    return out
 
 
 class ListStateDescriptor(StateDescriptor, Generic[T]):

@@ -25,6 +25,7 @@ from ._state import (
     TtlUpdateType,
     TtlVisibility,
     ValueState,
+    list_elements,
 )
 
 __all__ = [
@@ -140,13 +141,6 @@ class TtlValueState(_Ttl):
             self._raw.update((value, self._clock()))
 
 
-def _no_none(values: Iterable[Any], what: str) -> list[Any]:
-    out = list(values)
-    if any(v is None for v in out):
-        raise ValueError(f"{what}: list state elements cannot be None")
-    return out
-
-
 class TtlListState(_Ttl):
     """A list state with TTL per element, over a plain list of ``(element, ts)``."""
 
@@ -175,14 +169,14 @@ class TtlListState(_Ttl):
         self._raw.add((value, self._clock()))
 
     def add_all(self, values: Iterable[Any]) -> None:
-        vals = _no_none(values, "ListState.add_all")
+        vals = list_elements(values, "ListState.add_all")
         if vals:
             self._touch()
             now = self._clock()
             self._raw.add_all([(v, now) for v in vals])
 
     def update(self, values: Iterable[Any]) -> None:
-        vals = _no_none(values, "ListState.update")
+        vals = list_elements(values, "ListState.update")
         self._touch()
         now = self._clock()
         self._raw.update([(v, now) for v in vals])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .._serializers import serializer_for
@@ -439,7 +439,6 @@ class OperatorModel:
     split: list[list[int]]
     union: list[list[int]]
     broadcast: list[dict[str, int]]
-    history: list[str] = field(default_factory=list)
 
     @classmethod
     def empty(cls, parallelism: int) -> OperatorModel:

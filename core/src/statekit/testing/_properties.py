@@ -14,7 +14,7 @@ from typing import Any
 
 from .._keygroups import key_group_range_for_operator, operator_index_for_key_group
 from ._job import DecodedEntry, Job, decode_canonical, snapshot_handle
-from ._model import KeyedModel, OperatorModel, Slot
+from ._model import NAMESPACES, KeyedModel, OperatorModel, Slot
 
 __all__ = [
     "AGREES_WITH_MODEL",
@@ -211,8 +211,6 @@ def check_keyed(
 
 def check_keyed_counts(job: Job, model: KeyedModel, *, prop: str, context: str) -> None:
     """``num_entries`` and ``keys`` of every state agree with the model (without side effects)."""
-    from ._model import NAMESPACES
-
     now = job.clock()
     for name, spec in model.specs.items():
         table = model.entries[name]
@@ -292,17 +290,12 @@ def check_redistribution(
     """
     split, union, broadcast = job.operator_state()
     p = job.parallelism
-    old_split = [x for lst in old.split for x in lst]
-    sizes = [len(x) for x in split]
-    base, extra = divmod(len(old_split), p)
-    want_sizes = [base + (1 if i < extra else 0) for i in range(p)]
-    if EVEN_SPLIT_REDISTRIBUTION in checks and (
-        [x for lst in split for x in lst] != old_split or sizes != want_sizes
-    ):
+    want = old.redistributed(p)
+    if EVEN_SPLIT_REDISTRIBUTION in checks and split != want.split:
         raise PropertyViolation(
             EVEN_SPLIT_REDISTRIBUTION,
             f"after {context} ({job}): the old subtasks' lists {old.split} (p={old.parallelism}) became "
-            f"{split}; expected {old.redistributed(p).split} (sizes {want_sizes}, order kept)",
+            f"{split}; expected {want.split} (sizes {[len(x) for x in want.split]}, order kept)",
         )
     concat = [x for lst in old.union for x in lst]
     bad = [i for i, lst in enumerate(union) if lst != concat]
@@ -312,12 +305,11 @@ def check_redistribution(
             f"after {context} ({job}): subtasks {bad} hold union lists {[union[i] for i in bad]}; "
             f"every subtask must hold the concatenation {concat} of the old lists {old.union}",
         )
-    want = old.redistributed(p).broadcast
     if BROADCAST_REDISTRIBUTION in checks and (
-        broadcast != want or any(m != broadcast[0] for m in broadcast)
+        broadcast != want.broadcast or any(m != broadcast[0] for m in broadcast)
     ):
         raise PropertyViolation(
             BROADCAST_REDISTRIBUTION,
             f"after {context} ({job}): the broadcast maps are {broadcast}; every subtask must hold "
-            f"{want[0] if want else {}} (old subtasks held {old.broadcast})",
+            f"{want.broadcast[0] if want.broadcast else {}} (old subtasks held {old.broadcast})",
         )

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from .._contracts import SupportsBatchUpdate, SupportsNativeSnapshot
+from .._contracts import SupportsNativeSnapshot
 from .._errors import (
     CorruptSnapshotError,
     IncompatibleSerializerError,
@@ -42,7 +42,7 @@ from .._state import (
 )
 from ._job import snapshot_handle, write_snapshot
 from ._model import SumCount
-from ._semantics_state import Mean
+from ._semantics_state import Mean, batch_update_or_skip
 
 __all__ = ["SnapshotSemantics"]
 
@@ -581,12 +581,11 @@ class SnapshotSemantics:
 
     def test_update_batch_does_not_touch_a_pending_snapshot(self, make_backend: Any, backend: Any) -> None:
         keys, states = self._cow_setup(backend, 40)
-        if not isinstance(states["int"], SupportsBatchUpdate):
-            pytest.skip("this backend's value state does not offer update_batch (SupportsBatchUpdate)")
+        batch = {name: batch_update_or_skip(states[name]) for name in ("int", "ints", "dict")}
         snap = backend.snapshot()
-        states["int"].update_batch(keys, lambda v: v + 1000)
-        states["ints"].update_batch(keys, lambda v: [*v, 1000])
-        states["dict"].update_batch(keys, lambda v: (v.update(n=-1), v)[1])  # changed in place
+        batch["int"].update_batch(keys, lambda v: v + 1000)
+        batch["ints"].update_batch(keys, lambda v: [*v, 1000])
+        batch["dict"].update_batch(keys, lambda v: (v.update(n=-1), v)[1])  # changed in place
         restored = self._restored_cow_state(make_backend, write_snapshot(snap, backend), keys)
         live = self._cow_state(backend, states, keys)
         for i, k in enumerate(keys):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -28,7 +28,7 @@ from .._state import (
     ValueStateDescriptor,
 )
 
-__all__ = ["KeyedStateSemantics", "Mean", "key_with_group"]
+__all__ = ["KeyedStateSemantics", "Mean", "batch_update_or_skip", "key_with_group"]
 
 INT_NS = serializer_for(int)
 
@@ -67,6 +67,13 @@ def key_with_group(pred: Callable[[int], bool], maxp: int = 128) -> str:
         if pred(key_group_for_bytes(StrSerializer().serialize(k), maxp)):
             return k
     raise AssertionError("no such key")
+
+
+def batch_update_or_skip(state: Any) -> Any:
+    """``state`` if it offers ``update_batch`` (SupportsBatchUpdate); else the test is skipped."""
+    if not isinstance(state, SupportsBatchUpdate):
+        pytest.skip("this backend's value state does not offer update_batch (SupportsBatchUpdate)")
+    return state
 
 
 def _value(name: str = "v", tp: Any = int, **kw: Any) -> ValueStateDescriptor[Any]:
@@ -171,9 +178,6 @@ BATCH_CASES: list[tuple[Any, Any, Callable[[Any], Any]]] = [
 
 class KeyedStateSemantics:
     """DESIGN.md §5: value, list, reducing, aggregating and map state; namespaces; misuse."""
-
-    # Fixtures of StateBackendTests; declared here for readers and type checkers.
-    max_parallelism: ClassVar[int]
 
     # --- ValueState -----------------------------------------------------------------------------
 
@@ -698,11 +702,8 @@ class KeyedStateSemantics:
         self, make_backend: Any, tp: Any, default: Any, fn: Callable[[Any], Any]
     ) -> None:
         batched, looped = make_backend(), make_backend()
-        sb: Any = batched.get_state(_value(tp=tp, default=default))
-        sl: Any = looped.get_state(_value(tp=tp, default=default))
-        supported = isinstance(sb, SupportsBatchUpdate)
-        if not supported:
-            pytest.skip("this backend's value state does not offer update_batch (SupportsBatchUpdate)")
+        sb = batch_update_or_skip(batched.get_state(_value(tp=tp, default=default)))
+        sl = looped.get_state(_value(tp=tp, default=default))
         for b, s in ((batched, sb), (looped, sl)):
             b.set_current_key("b")
             s.update(fn(s.value()))
@@ -729,19 +730,14 @@ class KeyedStateSemantics:
 
     def test_update_batch_outside_key_group_range_raises(self, make_backend: Any) -> None:
         b = make_backend(key_group_range=KeyGroupRange.of(0, 63))
-        s = b.get_state(_value())
-        if not isinstance(s, SupportsBatchUpdate):
-            pytest.skip("this backend's value state does not offer update_batch (SupportsBatchUpdate)")
+        s = batch_update_or_skip(b.get_state(_value()))
         with pytest.raises(StateAccessError):
             s.update_batch(
                 [key_with_group(lambda kg: kg < 64), key_with_group(lambda kg: kg >= 64)], lambda v: 5
             )
 
     def test_update_batch_of_no_keys_changes_nothing(self, backend: Any) -> None:
-        s: Any = backend.get_state(_value(default=0))
-        supported = isinstance(s, SupportsBatchUpdate)
-        if not supported:
-            pytest.skip("this backend's value state does not offer update_batch (SupportsBatchUpdate)")
+        s = batch_update_or_skip(backend.get_state(_value(default=0)))
         backend.set_current_key("a")
         s.update(3)
         assert s.update_batch([], lambda v: v + 1) == []

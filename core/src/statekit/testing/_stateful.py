@@ -11,7 +11,7 @@ mixins; :data:`MACHINES` composes them into one machine per named property and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from .._checkpoint import apply_retention
 from .._contracts import SupportsNativeSnapshot
+from .._snapshot import KeyedStateHandle
 from .._state import StateKind, StateTtlConfig, TtlUpdateType, TtlVisibility
 from ._clock import ManualClock
 from ._job import BackendFactory, Job, StorageFactory, decode_canonical, new_job_id, write_snapshot
@@ -146,14 +147,9 @@ _TTL_CONFIGS: dict[str, st.SearchStrategy[StateTtlConfig | None]] = {
 }
 
 
-def _parallelisms(maxp: int) -> st.SearchStrategy[int]:
-    """1 ≤ p ≤ maxp, with small values and maxp itself likely."""
-    return _PARALLELISMS[maxp]
-
-
-# Mostly small layouts (each subtask is a backend, checked after every step), but
-# max parallelism itself and uneven splits anywhere in between keep coming up.
-_PARALLELISMS = {
+# 1 ≤ p ≤ maxp. Mostly small layouts (each subtask is a backend, checked after every
+# step), but max parallelism itself and uneven splits anywhere in between keep coming up.
+_PARALLELISMS: dict[int, st.SearchStrategy[int]] = {
     maxp: st.one_of(
         *[st.integers(1, min(maxp, 4))] * 5,
         *[st.integers(1, min(maxp, 9))] * 2,
@@ -304,7 +300,7 @@ class _Machine(RuleBasedStateMachine):
         old.close()
 
     def _draw_parallelism(self, data: st.DataObject) -> int:
-        return data.draw(_parallelisms(self.config.max_parallelism), label="new parallelism")
+        return data.draw(_PARALLELISMS[self.config.max_parallelism], label="new parallelism")
 
     def teardown(self) -> None:
         """Close every job; pending snapshots are released unwritten."""
@@ -393,15 +389,19 @@ class _Machine(RuleBasedStateMachine):
         declare_first: bool,
         native: bool = False,
         location: str | None = None,
+        keyed: Sequence[KeyedStateHandle] | None = None,
     ) -> Job:
-        """A new job restored from the current one (directly) or from ``location`` (through the storage)."""
+        """A new job restored from the current one (directly) or from ``location`` (through the storage).
+
+        ``keyed``: the current job's keyed snapshots, when the caller took them already.
+        """
         new = self._new_job(backend, parallelism)
         try:
             if location is not None:
                 new.restore_checkpoint(self.storage, location, self.specs, declare_first=declare_first)
             else:
                 new.restore_from(
-                    self.job.keyed_handles(native=native),
+                    self.job.keyed_handles(native=native) if keyed is None else keyed,
                     self.job.operator_snapshots(),
                     self.specs,
                     declare_first=declare_first,
@@ -687,9 +687,11 @@ class RoundTripRules(_Machine):
 
     def _round_trip(self, *, native: bool, declare_first: bool) -> None:
         job, now = self.job, self.clock()
-        before = job.decoded()
+        handles = job.keyed_handles(native=native)
+        # Canonical snapshots are both what is restored and what the restored job is compared with.
+        before = job.decoded() if native else [decode_canonical(h) for h in handles]
         new = self._restored_job(
-            job.backend_name, job.parallelism, declare_first=declare_first, native=native
+            job.backend_name, job.parallelism, declare_first=declare_first, native=native, keyed=handles
         )
         kind = "native" if native else "canonical"
         try:

@@ -16,6 +16,7 @@ reason, in ``expected_failures``, which turns the test into a strict xfail.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -354,8 +355,6 @@ class CheckpointStorageTests(_KitFixtures):
         assert isinstance(storage.name, str) and storage.name
 
     def test_streams_read_back_by_range_after_a_json_round_trip(self, storage: CheckpointStorage) -> None:
-        import json
-
         job = new_job_id()
         writer = storage.begin_checkpoint(job, 1)
         data = bytes(range(256)) * 200  # above any inline threshold

@@ -59,6 +59,14 @@ _DELETE = "DELETE FROM entries WHERE state = ? AND kg = ? AND key = ? AND ns = ?
 _VOID = b""  # the void namespace; any other namespace is b"\x01" + its serialized bytes
 
 
+def _ns_column(reg: RegisteredState, namespace: Any) -> bytes:
+    """The ``ns`` column of ``namespace``, which is void or has the state's namespace serializer."""
+    if namespace is VOID_NAMESPACE:
+        return _VOID
+    assert reg.namespace_serializer is not None  # handles and restores refuse namespaces without one
+    return b"\x01" + reg.namespace_serializer.serialize(namespace)
+
+
 class _Handle(SlotState):
     """The row of the current key and namespace; core's slot handles give the semantics."""
 
@@ -70,15 +78,11 @@ class _Handle(SlotState):
         self._ns_bytes = _VOID
 
     def _namespace_changed(self, namespace: Any) -> None:
-        ns_ser = self._reg.namespace_serializer
-        if namespace is VOID_NAMESPACE or ns_ser is None:
-            self._ns_bytes = _VOID
-        else:
-            self._ns_bytes = b"\x01" + ns_ser.serialize(namespace)
+        self._ns_bytes = _ns_column(self._reg, namespace)
 
     def _row(self) -> tuple[int, int, bytes, bytes]:
         kg = self._b.current_key_group  # raises StateAccessError without a current key
-        return self._id, kg, self._b._current_key_bytes(), self._ns_bytes
+        return self._id, kg, self._b.current_key_bytes, self._ns_bytes
 
     def _get(self) -> Any:
         found = self._b._db.execute(_GET, self._row()).fetchone()
@@ -181,15 +185,6 @@ class SqliteKeyedStateBackend(KeyedBackendBase):
         # Our own attributes are prefixed: KeyedBackendBase keeps _states, _handles, _pending, ...
         self._sqlite_states: dict[str, tuple[int, RegisteredState]] = {}
         self._readers: set[_SnapshotReader] = set()
-        self._last_key: Any = object()
-        self._last_key_bytes = b""
-
-    def _current_key_bytes(self) -> bytes:
-        key = self.get_current_key()
-        if key is not self._last_key:
-            self._last_key_bytes = self.key_serializer.serialize(key)
-            self._last_key = key
-        return self._last_key_bytes
 
     def _register(self, reg: RegisteredState) -> int:
         state_id = len(self._sqlite_states)
@@ -222,15 +217,9 @@ class SqliteKeyedStateBackend(KeyedBackendBase):
         self, reg: RegisteredState, key_group: int, keys: list[Any], namespaces: list[Any], values: list[Any]
     ) -> None:
         state_id = self._sqlite_states[reg.name][0]
-        ks, ns_ser, vs = self.key_serializer, reg.namespace_serializer, reg.serializer
+        ks, vs = self.key_serializer, reg.serializer
         rows = [
-            (
-                state_id,
-                key_group,
-                ks.serialize(k),
-                _VOID if ns is VOID_NAMESPACE else b"\x01" + ns_ser.serialize(ns),  # type: ignore[union-attr]
-                vs.serialize(v),
-            )
+            (state_id, key_group, ks.serialize(k), _ns_column(reg, ns), vs.serialize(v))
             for k, ns, v in zip(keys, namespaces, values)
         ]
         self._db.execute("BEGIN")
@@ -243,14 +232,10 @@ class SqliteKeyedStateBackend(KeyedBackendBase):
 
     def _state_keys(self, reg: RegisteredState, namespace: Any) -> Iterator[Any]:
         state_id = self._sqlite_states[reg.name][0]
-        if namespace is VOID_NAMESPACE:
-            ns = _VOID
-        elif reg.namespace_serializer is None:
-            return iter(())
-        else:
-            ns = b"\x01" + reg.namespace_serializer.serialize(namespace)
+        if namespace is not VOID_NAMESPACE and reg.namespace_serializer is None:
+            return iter(())  # a state without namespaces has no entries in any other
         rows = self._db.execute(
-            "SELECT key FROM entries WHERE state = ? AND ns = ?", (state_id, ns)
+            "SELECT key FROM entries WHERE state = ? AND ns = ?", (state_id, _ns_column(reg, namespace))
         ).fetchall()
         return iter([self.key_serializer.deserialize(k) for (k,) in rows])
 

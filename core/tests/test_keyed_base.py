@@ -1,0 +1,37 @@
+"""What KeyedBackendBase gives the backends built on it, beyond the kit's semantics."""
+
+from __future__ import annotations
+
+import pytest
+
+from statekit import KeyGroupRange, StateAccessError, key_group_for_bytes, serializer_for
+from statekit.testing import ReferenceKeyedStateBackend
+
+KEYS = serializer_for(tuple[int, str])
+
+
+def _backend(key_group_range: KeyGroupRange = KeyGroupRange.of(0, 127)) -> ReferenceKeyedStateBackend:
+    return ReferenceKeyedStateBackend(
+        key_serializer=KEYS, key_group_range=key_group_range, max_parallelism=128, key_cache_size=2
+    )
+
+
+def test_current_key_bytes_are_the_serialized_current_key() -> None:
+    b = _backend()
+    with pytest.raises(StateAccessError):
+        _ = b.current_key_bytes
+    for key in [(1, "a"), (2, "b"), (1, "a"), (3, "c"), (2, "b")]:  # cache hits and misses (size 2)
+        b.set_current_key(key)
+        assert b.current_key_bytes == KEYS.serialize(key)
+        assert b.current_key_bytes == KEYS.serialize(key)
+
+
+def test_a_refused_key_switch_keeps_the_bytes_of_the_current_key() -> None:
+    b = _backend(KeyGroupRange.of(0, 63))
+    inside = next((i, "k") for i in range(1000) if key_group_for_bytes(KEYS.serialize((i, "k")), 128) < 64)
+    outside = next((i, "k") for i in range(1000) if key_group_for_bytes(KEYS.serialize((i, "k")), 128) >= 64)
+    b.set_current_key(inside)
+    with pytest.raises(StateAccessError):
+        b.set_current_key(outside)
+    assert b.get_current_key() == inside
+    assert b.current_key_bytes == KEYS.serialize(inside)
