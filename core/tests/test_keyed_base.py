@@ -35,3 +35,24 @@ def test_a_refused_key_switch_keeps_the_bytes_of_the_current_key() -> None:
         b.set_current_key(outside)
     assert b.get_current_key() == inside
     assert b.current_key_bytes == KEYS.serialize(inside)
+
+
+@pytest.mark.parametrize("name", ["_decode", "_assign", "_wrap", "_no_key", "_check_snapshot", "_states"])
+def test_a_subclass_that_reuses_an_internal_name_is_refused_when_defined(name: str) -> None:
+    """A helper named like one of the base's internals would break restores deep inside core."""
+    with pytest.raises(TypeError) as e:
+        type("MyBackend", (ReferenceKeyedStateBackend,), {name: lambda self, *a: None})
+    msg = str(e.value)
+    assert f"MyBackend defines {name}" in msg
+    assert "KeyedBackendBase uses internally" in msg
+    assert f"_reference{name}" in msg  # a suggested name of the backend's own
+    assert "_create_value" in msg  # and the methods meant to be implemented
+
+
+def test_the_hooks_and_own_names_may_be_defined() -> None:
+    ok = type(
+        "MyBackend",
+        (ReferenceKeyedStateBackend,),
+        {"_ttl_hook": lambda self, reg: None, "_mydb_decode": lambda self: None, "helper": 1},
+    )
+    assert ok.helper == 1

@@ -106,9 +106,9 @@ class _Lenient:
 class IgnoresTtl(ReferenceKeyedStateBackend):
     """Serves value and list reads from a 'fast path' that ignores TTL timestamps."""
 
-    def _wrap(self, reg: Any) -> Any:
-        handle = super()._wrap(reg)
-        if reg.ttl is not None and reg.kind in (StateKind.VALUE, StateKind.LIST):
+    def get_state(self, descriptor: Any, *, namespace_serializer: Any = None) -> Any:
+        handle = super().get_state(descriptor, namespace_serializer=namespace_serializer)
+        if descriptor.ttl is not None and descriptor.kind in (StateKind.VALUE, StateKind.LIST):
             return _Lenient(handle)
         return handle
 
@@ -130,13 +130,57 @@ class SnapshotSeesLaterWrites(ReferenceKeyedStateBackend):
 class NativeRestoreLosesKeyGroup(ReferenceKeyedStateBackend):
     """Its native restore skips the first key group of every handle."""
 
-    def restore_native(self, handles: Sequence[KeyedStateHandle]) -> None:
-        first = min((kg for h in handles for kg in h.offsets), default=None)
+    def restore_native(self, handles: Sequence[Any]) -> None:
+        first = min((int(kg) for h in handles for kg in h.meta["offsets"]), default=None)
         handles = [
-            dataclasses.replace(h, offsets={k: o for k, o in h.offsets.items() if k != first})
+            dataclasses.replace(
+                h,
+                meta={**h.meta, "offsets": {k: o for k, o in h.meta["offsets"].items() if int(k) != first}},
+            )
             for h in handles
         ]
         super().restore_native(handles)
+
+
+class ReferencesUnconfirmedUploads(ReferenceKeyedStateBackend):
+    """Its native snapshot re-references its last upload when nothing changed, completed or not."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.broken_last: tuple[bytes, Any] | None = None
+
+    def native_snapshot(self, checkpoint_id: int) -> Any:
+        inner = super().native_snapshot(checkpoint_id)
+        backend = self
+
+        class _Snap:
+            def write(self, out: Any, **kw: Any) -> Any:
+                scratch = _Scratch(out.checkpoint_id)
+                h = inner.write(scratch, **kw)
+                data = scratch.data
+                last = backend.broken_last
+                if last is not None and last[0] == data:
+                    return dataclasses.replace(h, files=(last[1],))
+                f = out.upload("state.bin", data, shared=True)
+                backend.broken_last = (data, f)
+                return dataclasses.replace(h, files=(f,))
+
+            def release(self) -> None:
+                inner.release()
+
+        return _Snap()
+
+
+class _Scratch:
+    """Catches what a native snapshot uploads, without uploading it."""
+
+    def __init__(self, checkpoint_id: int) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.data = b""
+
+    def upload(self, name: str, source: Any, *, shared: bool = True) -> Any:
+        self.data = bytes(source)
+        return None
 
 
 class _BrokenOperator(ReferenceStateBackend):
@@ -264,9 +308,9 @@ def test_a_backend_whose_snapshot_changes_after_later_writes_fails_isolation() -
     assert v.property == "snapshot_isolation"
     assert "writing the snapshot taken at t=" in str(v)
     s = steps(v)
-    assert "state.take_snapshot()" in s and "state.write_snapshot(" in s
+    assert "state.take_snapshot(" in s and "state.write_snapshot(" in s
     # A write happened between taking and writing the snapshot.
-    taken = s.index("state.take_snapshot()")
+    taken = s.index("state.take_snapshot(")
     written = s.index("state.write_snapshot(")
     writes = ("_update(", "_add(", "_add_all(", "_put(", "_put_all(", "_remove(", "clear(", "merge_")
     assert any(w in s[taken:written] for w in writes)
@@ -277,6 +321,13 @@ def test_a_backend_whose_native_restore_loses_a_key_group_fails_round_trip() -> 
     assert v.property == "snapshot_restore_round_trip"
     assert "native snapshot" in str(v)
     assert "state.native_round_trip(" in steps(v)
+
+
+def test_a_backend_that_references_unconfirmed_uploads_fails_the_native_property() -> None:
+    v = violation("native_references_only_completed_uploads", broken(ReferencesUnconfirmedUploads))
+    assert v.property == "native_references_only_completed_uploads"
+    assert "which never completed" in str(v)
+    assert "state.native_checkpoint_fails(" in steps(v)
 
 
 def test_an_operator_backend_that_reverses_split_lists_fails_even_split() -> None:

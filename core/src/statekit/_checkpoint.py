@@ -11,6 +11,7 @@ operator state by mode. Every check runs before any state is touched.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 import time
@@ -19,7 +20,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._contracts import CheckpointStorage, CheckpointWriter, KeyedStateBackend, OperatorStateBackend
+from ._contracts import (
+    CheckpointStorage,
+    CheckpointWriter,
+    KeyedStateBackend,
+    OperatorStateBackend,
+    SupportsNativeSnapshot,
+)
 from ._errors import (
     CheckpointError,
     CorruptSnapshotError,
@@ -28,6 +35,7 @@ from ._errors import (
     StateSizeLimitError,
 )
 from ._keygroups import KeyGroupRange, key_group_range_for_operator, validate_parallelism
+from ._native import NativeStateHandle, WriterNativeOutput
 from ._operator import (
     OperatorSnapshot,
     decode_operator_snapshot,
@@ -42,6 +50,7 @@ __all__ = [
     "SubtaskState",
     "apply_retention",
     "complete_checkpoint",
+    "discard_native_uploads",
     "load_checkpoint",
     "write_subtask_state",
 ]
@@ -96,8 +105,14 @@ def write_subtask_state(
     *,
     max_state_size: int | None = None,
     progress: ProgressCallback | None = None,
+    native_checkpoint_id: int | None = None,
 ) -> SubtaskState:
     """Snapshot a subtask's keyed and operator state into ``writer``'s streams.
+
+    With ``native_checkpoint_id``, a keyed backend that has a native format
+    (:class:`~statekit.SupportsNativeSnapshot`) writes a native snapshot for
+    that checkpoint (uploading only what no completed checkpoint uploaded);
+    other backends, and savepoints (None), write the canonical format.
 
     Raises :class:`StateSizeLimitError` (and writes nothing that stays) when a
     state is larger than ``max_state_size``.
@@ -105,7 +120,11 @@ def write_subtask_state(
     prefix = f"{operator_id}-{subtask_index}"
     kgr = keyed.key_group_range if keyed is not None else KeyGroupRange.empty()
     result = SubtaskState(operator_id, subtask_index, kgr)
-    if keyed is not None:
+    if keyed is not None and native_checkpoint_id is not None and isinstance(keyed, SupportsNativeSnapshot):
+        result.keyed, result.states = _write_native(
+            writer, prefix, keyed, native_checkpoint_id, operator_id, subtask_index, max_state_size, progress
+        )
+    elif keyed is not None:
         snap = keyed.snapshot()
         stream = writer.create_stream(f"{prefix}.keyed")
         try:
@@ -141,6 +160,36 @@ def write_subtask_state(
                 raise
             result.operator = {"handle": oh.to_json(), "size": len(data), "states": sorted(ops)}
     return result
+
+
+def _write_native(
+    writer: CheckpointWriter,
+    prefix: str,
+    keyed: SupportsNativeSnapshot,
+    checkpoint_id: int,
+    operator_id: str,
+    subtask_index: int,
+    max_state_size: int | None,
+    progress: ProgressCallback | None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    snap = keyed.native_snapshot(checkpoint_id)
+    out = WriterNativeOutput(writer, prefix, checkpoint_id)
+    try:
+        handle = snap.write(out, progress=progress)
+        _check_sizes({"(native snapshot)": handle.size}, operator_id, subtask_index, max_state_size)
+    except BaseException:
+        out.discard()  # this checkpoint's uploads only: referenced files belong to completed ones
+        raise
+    part = {
+        "format": handle.format,
+        "backend": handle.backend,
+        "native": handle.to_json(),
+        "size": handle.size,
+        "uploaded": handle.uploaded_size,
+        "entries": handle.entries,
+        "shared": handle.shared_descriptions(),
+    }
+    return part, list(handle.states)
 
 
 def _check_sizes(sizes: Mapping[str, int], op: str, subtask: int, limit: int | None) -> None:
@@ -261,6 +310,22 @@ def complete_checkpoint(
     return writer.complete(meta.to_bytes())
 
 
+def discard_native_uploads(
+    storage: CheckpointStorage, location: str, subtasks: Iterable[SubtaskState], checkpoint_id: int
+) -> None:
+    """Delete the shared files checkpoint ``checkpoint_id`` uploaded, after it failed to complete.
+
+    Only its own uploads: files it referenced belong to completed checkpoints.
+    Best effort: a file that cannot be deleted stays an orphan, never referenced.
+    """
+    for st in subtasks:
+        native = (st.keyed or {}).get("native")
+        for f in (native or {}).get("files", []):
+            if f.get("shared") and f.get("checkpoint_id") == checkpoint_id:
+                with contextlib.suppress(CheckpointError, OSError):
+                    storage.discard_shared(location, f["handle"])
+
+
 def apply_retention(storage: CheckpointStorage, job_id: str, retained: int) -> list[str]:
     """Discard all but the newest ``retained`` checkpoints and unreferenced shared files.
 
@@ -331,8 +396,16 @@ class CompletedCheckpoint:
                 "to drop it, as Flink's --allowNonRestoredState"
             )
 
+    def keyed_formats(self, operator_id: str) -> set[str]:
+        """The snapshot formats of ``operator_id``'s keyed state (canonical, or a backend's native one)."""
+        return {
+            str(st.keyed.get("format", CANONICAL_FORMAT))
+            for st in self.metadata.operators.get(operator_id, [])
+            if st.keyed
+        }
+
     def keyed_handles(self, operator_id: str, key_groups: KeyGroupRange) -> list[KeyedStateHandle]:
-        """The keyed snapshot handles of ``operator_id`` that hold any of ``key_groups``."""
+        """The canonical keyed snapshot handles of ``operator_id`` that hold any of ``key_groups``."""
         out = []
         for st in self.metadata.operators.get(operator_id, []):
             k = st.keyed
@@ -340,8 +413,10 @@ class CompletedCheckpoint:
                 continue
             if k.get("format", CANONICAL_FORMAT) != CANONICAL_FORMAT:
                 raise CheckpointError(
-                    f"{self.location}: operator {operator_id!r} subtask {st.subtask_index} is in "
-                    f"{k['format']!r} format, which this restore path does not read"
+                    f"{self.location}: operator {operator_id!r} subtask {st.subtask_index} is a native "
+                    f"snapshot of the {k.get('backend')!r} backend (format {k['format']!r}), which only that "
+                    f"backend restores: set statekit.backend={k.get('backend')}, or restore a savepoint "
+                    "(savepoints are canonical and restore into any backend)"
                 )
             stream = self.storage.resolve_handle(self.location, k["handle"])
             offsets = {int(kg): (int(o), int(n)) for kg, (o, n) in k["offsets"].items()}
@@ -354,6 +429,25 @@ class CompletedCheckpoint:
                 k.get("backend", ""),
                 int(k.get("size", 0)),
                 int(k.get("entries", 0)),
+            )
+            part = h.intersect(key_groups)
+            if part is not None:
+                out.append(part)
+        return out
+
+    def native_handles(self, operator_id: str, key_groups: KeyGroupRange) -> list[NativeStateHandle]:
+        """The native keyed snapshot handles of ``operator_id`` that hold any of ``key_groups``."""
+        out = []
+        for st in self.metadata.operators.get(operator_id, []):
+            k = st.keyed
+            if not k or not len(st.key_group_range.intersection(key_groups)):
+                continue
+            if "native" not in k:
+                raise CheckpointError(
+                    f"{self.location}: operator {operator_id!r} subtask {st.subtask_index} is not native"
+                )
+            h = NativeStateHandle.from_json(
+                k["native"], lambda d: self.storage.resolve_handle(self.location, d)
             )
             part = h.intersect(key_groups)
             if part is not None:
@@ -389,14 +483,28 @@ class CompletedCheckpoint:
                     f"subtask {subtask_index} of {parallelism} must own {expected}, its backend owns "
                     f"{keyed.key_group_range}"
                 )
-            keyed.restore(self.keyed_handles(operator_id, keyed.key_group_range))
+            formats = self.keyed_formats(operator_id) - {CANONICAL_FORMAT}
+            if not formats:
+                keyed.restore(self.keyed_handles(operator_id, keyed.key_group_range))
+            elif isinstance(keyed, SupportsNativeSnapshot) and formats == {keyed.native_format}:
+                keyed.restore_native(self.native_handles(operator_id, keyed.key_group_range))
+            else:
+                ours = keyed.native_format if isinstance(keyed, SupportsNativeSnapshot) else "canonical only"
+                raise CheckpointError(
+                    f"{self.location} holds native snapshots in format {sorted(formats)} for operator "
+                    f"{operator_id!r}, which this job's backend {type(keyed).__name__} ({ours}) cannot "
+                    "restore; run the job with the backend that wrote it, or restore from a savepoint "
+                    "(canonical, readable by every backend)"
+                )
         if operator is not None:
             states = operator_states or self.operator_states(operator_id, parallelism)
             operator.restore(states[subtask_index])
 
 
 def _has_state(sts: Sequence[SubtaskState]) -> bool:
-    return any((st.keyed and st.keyed.get("entries")) or st.operator for st in sts)
+    return any(
+        (st.keyed and (st.keyed.get("entries") or st.keyed.get("native"))) or st.operator for st in sts
+    )
 
 
 def _describe(h: Any) -> str:

@@ -143,6 +143,13 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "Default URL or path for savepoints."),
     ConfigOption("statekit.checkpoints.retained", int, 1,
         "Number of completed checkpoints kept; older ones are deleted."),
+    ConfigOption("statekit.checkpoint.format", str, "native",
+        "Format of checkpoints: native (the backend's own, incremental where it can; canonical for "
+        "backends without one) or canonical. Savepoints are always canonical.",
+        choices=("native", "canonical")),
+    ConfigOption("statekit.local-dir", str, None,
+        "Directory under which on-disk backends keep their working files; unset: the system's "
+        "temporary directory (LocalRunner) or Spark's local directories (on Spark)."),
     ConfigOption("statekit.checkpoint.interval-records", int, 0,
         "Embedded runner: records between checkpoints; 0 turns periodic checkpoints off."),
     ConfigOption("statekit.parallelism", int, None,

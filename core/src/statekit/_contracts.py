@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ._keygroups import KeyGroupRange
+from ._native import NativeSnapshot, NativeStateHandle
 from ._operator import BroadcastState, OperatorListState, OperatorSnapshot
 from ._serializers import TypeSerializer
 from ._snapshot import KeyedStateHandle, StreamStateHandle
@@ -131,26 +132,40 @@ class SupportsBatchUpdate(Protocol):
 
 @runtime_checkable
 class SupportsNativeSnapshot(Protocol):
-    """A keyed backend that also snapshots in a format of its own.
+    """A keyed backend that also snapshots in a format of its own, incrementally if it likes.
 
-    A native snapshot is the backend's own (an engine's files, say): faster to
-    take, but only the same backend restores it. The canonical format stays
-    required, and savepoints always use it. The guarantees are those of
-    :meth:`KeyedStateBackend.snapshot` and :meth:`KeyedStateBackend.restore`:
-    the snapshot is unaffected by writes made after it was taken, a restore
-    keeps the owned key groups of handles written at any parallelism, and every
-    check passes before anything changes. ``statekit.testing`` exercises both
-    formats of a backend that satisfies this protocol.
+    A native snapshot is the backend's own files (an engine's, say): faster to
+    take and restore, and incremental (a checkpoint uploads only files no
+    completed checkpoint uploaded before), but only the same backend restores
+    it. The canonical format stays required, and savepoints always use it.
+    The guarantees are those of :meth:`KeyedStateBackend.snapshot` and
+    :meth:`KeyedStateBackend.restore`: the snapshot is unaffected by writes made
+    after it was taken, a restore keeps the owned key groups of handles written
+    at any parallelism, and every check passes before anything changes.
+
+    Runners call, for every checkpoint ``n`` they take natively:
+    ``native_snapshot(n)`` at the checkpoint point, ``write(out)`` on the
+    result (maybe later, maybe on another thread), then exactly one of
+    ``notify_checkpoint_complete(n)`` (checkpoint ``n`` exists; its uploads may
+    be referenced from now on) or ``notify_checkpoint_aborted(n)`` (it never
+    will). A backend that is never told may never reference ``n``'s uploads.
+    ``statekit.testing`` exercises all of it.
     """
 
     native_format: str
-    """The name of the format; restores compare it with ``KeyedStateHandle.format``."""
+    """The name of the format; restores compare it with ``NativeStateHandle.format``."""
 
-    def native_snapshot(self) -> Any:
-        """Freeze the state now; the result's ``write(out)`` writes it later (a ``SnapshotWriteResult``)."""
+    def native_snapshot(self, checkpoint_id: int) -> NativeSnapshot:
+        """Freeze the state now for checkpoint ``checkpoint_id``; the result's ``write(out)`` uploads it."""
 
-    def restore_native(self, handles: Sequence[KeyedStateHandle]) -> None:
-        """Restore the owned key groups of native snapshots whose ``format`` is :attr:`native_format`."""
+    def restore_native(self, handles: Sequence[NativeStateHandle]) -> None:
+        """Restore the owned key groups of native snapshots (any parallelism); checks first."""
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` (and every earlier one this backend wrote) completed."""
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` will never complete: never reference its uploads."""
 
 
 @runtime_checkable

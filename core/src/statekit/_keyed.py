@@ -15,16 +15,19 @@ import io
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, ClassVar
 
 from ._errors import (
     CorruptSnapshotError,
     MaxParallelismMismatchError,
+    SerializationError,
+    SnapshotError,
     StateAccessError,
     StateMigrationError,
 )
 from ._keygroups import KeyGroupRange, key_group_for_bytes
-from ._serializers import TypeSerializer
+from ._serializers import SerializerConfig, TypeSerializer, serializer_from_config
 from ._snapshot import (
     BytesStreamHandle,
     KeyedStateHandle,
@@ -49,6 +52,8 @@ from ._state import (
     StateDescriptor,
     StateKind,
     StateTtlConfig,
+    TtlUpdateType,
+    TtlVisibility,
     ValueState,
 )
 from ._ttl import Clock, TtlListState, TtlMapState, TtlValueState, purge_expired, system_clock, ttl_serializer
@@ -102,6 +107,36 @@ class RegisteredState:
         ser = d.serializer if d.ttl is None else ttl_serializer(skind, d.serializer)
         return cls(d.name, d.kind, skind, ser, namespace_serializer, d.ttl, d)
 
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> RegisteredState:
+        """A state known only from a snapshot's entry: restored natively and not declared yet.
+
+        Its serializers are rebuilt from their configs where they describe
+        themselves; a custom serializer becomes a placeholder that raises a
+        clear error if its entries must be decoded before the state is declared.
+        """
+        name = str(meta["name"])
+        kind = StateKind(meta["kind"])
+        ttl_cfg = meta.get("ttl")
+        ttl = None
+        if ttl_cfg:
+            ttl = StateTtlConfig(
+                timedelta(milliseconds=int(ttl_cfg["ttl_ms"])),
+                TtlUpdateType(ttl_cfg["update_type"]),
+                TtlVisibility(ttl_cfg["visibility"]),
+            )
+        ns_cfg = meta.get("namespace_serializer")
+        return _RestoredState(
+            name,
+            kind,
+            _STORAGE_KIND[kind],
+            _rebuild(meta["stored_serializer"], name),
+            None if ns_cfg is None else _rebuild(ns_cfg, name),
+            ttl,
+            None,  # type: ignore[arg-type]
+            dict(meta),
+        )
+
     def default_value(self) -> Any:
         """The value a plain value handle returns when absent."""
         return self.descriptor.default_value() if self.ttl is None and self.kind is StateKind.VALUE else None
@@ -132,6 +167,50 @@ class RegisteredState:
         ns = meta.get("namespace_serializer")
         if ns is not None and self.namespace_serializer is not None:
             self.namespace_serializer.check_compatibility(ns, f"the namespaces of state {self.name!r}")
+
+
+@dataclass(frozen=True)
+class _RestoredState(RegisteredState):
+    """A natively restored state that the job has not declared (yet): its snapshot entry is its meta."""
+
+    stored_meta: dict[str, Any]
+
+    def default_value(self) -> Any:
+        return None
+
+    def meta(self) -> dict[str, Any]:
+        return dict(self.stored_meta)
+
+
+class _OpaqueSerializer(TypeSerializer):
+    """Stands for a custom serializer of an undeclared restored state until the job declares it."""
+
+    def __init__(self, cfg: SerializerConfig, state: str) -> None:
+        self._cfg = cfg
+        self._state = state
+
+    def _refuse(self) -> SnapshotError:
+        return SnapshotError(
+            f"state {self._state!r} was restored from a native snapshot and uses a serializer "
+            f"({self.describe()}) that cannot be rebuilt from its config; declare the state (get_state) "
+            "before taking a canonical snapshot or savepoint"
+        )
+
+    def serialize(self, value: Any) -> bytes:
+        raise self._refuse()
+
+    def deserialize(self, data: bytes | memoryview) -> Any:
+        raise self._refuse()
+
+    def config(self) -> SerializerConfig:
+        return self._cfg
+
+
+def _rebuild(cfg: SerializerConfig, state: str) -> TypeSerializer:
+    try:
+        return serializer_from_config(cfg)
+    except (SerializationError, ImportError, AttributeError, KeyError, TypeError, ValueError):
+        return _OpaqueSerializer(cfg, state)
 
 
 def merge_list_namespaces(handle: Any, target: Any, sources: Sequence[Any]) -> None:
@@ -232,6 +311,37 @@ class _TtlValueNs(TtlValueState):
         return self._raw.current_namespace
 
 
+_HOOKS = frozenset(
+    {
+        "_create_value",
+        "_create_list",
+        "_create_map",
+        "_snapshot_entries",
+        "_release_snapshot",
+        "_load_entries",
+        "_state_keys",
+        "_state_size",
+        "_ttl_hook",
+    }
+)
+#: Attributes KeyedBackendBase keeps on ``self`` (docs/writing-a-backend.md lists them).
+RESERVED_ATTRIBUTES = frozenset(
+    {
+        "_states",
+        "_handles",
+        "_pending",
+        "_restored",
+        "_key",
+        "_kg",
+        "_kg_cache",
+        "_key_cache_size",
+        "_bytes_key",
+        "_key_bytes",
+        "_closed",
+    }
+)
+
+
 class KeyedBackendBase(ABC):
     """Base class of keyed state backends; see the module docstring.
 
@@ -241,6 +351,19 @@ class KeyedBackendBase(ABC):
     """
 
     backend_name: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse, when a backend class is defined, names that would replace the base's internals."""
+        super().__init_subclass__(**kwargs)
+        clash = sorted(name for name in vars(cls) if name in _INTERNAL_NAMES)
+        if clash:
+            tag = (cls.backend_name or cls.__name__).lower().replace("-", "_")
+            raise TypeError(
+                f"{cls.__qualname__} defines {', '.join(clash)}, which KeyedBackendBase uses internally; "
+                f"overriding {'it' if len(clash) == 1 else 'them'} breaks restores and snapshots. Rename "
+                f"yours with a prefix of your backend's own (e.g. _{tag}{clash[0]}); the methods meant to "
+                f"be implemented are {', '.join(sorted(_HOOKS))}"
+            )
 
     def __init__(
         self,
@@ -264,6 +387,7 @@ class KeyedBackendBase(ABC):
         self._states: dict[str, RegisteredState] = {}
         self._handles: dict[str, Any] = {}
         self._pending: dict[str, tuple[dict[str, Any], list[tuple[int, Section]]]] = {}
+        self._restored: dict[str, RegisteredState] = {}
         self._closed = False
 
     # --- the current key ----------------------------------------------------------
@@ -351,6 +475,10 @@ class KeyedBackendBase(ABC):
                 )
             return h
         reg = RegisteredState.of(descriptor, namespace_serializer)
+        restored = self._restored.get(name)
+        if restored is not None:
+            reg.check_restorable(restored.meta())
+            del self._restored[name]
         pending = self._pending.get(name)
         decoded = None
         if pending is not None:
@@ -450,16 +578,51 @@ class KeyedBackendBase(ABC):
         if state_name is not None:
             if state_name in self._pending:
                 return sum(s.count for _, s in self._pending[state_name][1])
-            reg = self._states.get(state_name)
+            reg = self._states.get(state_name) or self._restored.get(state_name)
             return 0 if reg is None else self._state_size(reg)
-        return sum(self._state_size(r) for r in self._states.values()) + sum(
+        return sum(self._state_size(r) for r in (*self._states.values(), *self._restored.values())) + sum(
             s.count for _, secs in self._pending.values() for _, s in secs
         )
 
     @property
     def state_names(self) -> list[str]:
         """Declared states and restored states not yet declared."""
-        return [*self._states, *self._pending]
+        return [*self._states, *self._restored, *self._pending]
+
+    @property
+    def stored_state_names(self) -> list[str]:
+        """The states whose entries the backend stores: declared ones and natively restored ones."""
+        return [*self._states, *self._restored]
+
+    def load_undeclared_states(self) -> None:
+        """Hand entries of canonically restored, undeclared states to the backend now.
+
+        Core keeps such entries as snapshot sections until the state is declared.
+        A backend whose native snapshots must contain every state (an engine's
+        files) calls this after :meth:`restore`: each state whose serializers can
+        be rebuilt from their configs goes through :meth:`_load_entries` and
+        becomes a restored state (as after a native restore). States with custom
+        serializers stay with core until they are declared.
+        """
+        for name, (meta, sections) in list(self._pending.items()):
+            reg = RegisteredState.from_meta(meta)
+            try:
+                decoded = [(kg, self._decode(reg, s)) for kg, s in sections]
+            except SnapshotError:
+                continue
+            for kg, entries in decoded:
+                self._load_entries(reg, kg, *entries)
+            del self._pending[name]
+            self._restored[name] = reg
+
+    @property
+    def undeclared_pending_states(self) -> list[str]:
+        """Canonically restored states whose entries core still holds (see :meth:`load_undeclared_states`)."""
+        return list(self._pending)
+
+    def registered_state(self, name: str) -> RegisteredState | None:
+        """The state ``name`` as stored: declared, or restored natively and not declared yet."""
+        return self._states.get(name) or self._restored.get(name)
 
     # --- snapshots ----------------------------------------------------------------
 
@@ -471,7 +634,7 @@ class KeyedBackendBase(ABC):
         """
         if self._closed:
             raise StateAccessError("the backend is closed")
-        regs = list(self._states.values())
+        regs = [*self._states.values(), *self._restored.values()]
         metas = [r.meta() for r in regs] + [m for m, _ in self._pending.values()]
         header = SnapshotHeader(
             self.max_parallelism,
@@ -509,22 +672,11 @@ class KeyedBackendBase(ABC):
                 raise CorruptSnapshotError(
                     f"{_where(h.stream)}: the block index disagrees with the checkpoint metadata"
                 )
-            if header.max_parallelism != self.max_parallelism:
-                raise MaxParallelismMismatchError(
-                    f"the snapshot was taken with max parallelism {header.max_parallelism}, this "
-                    f"job has {self.max_parallelism}; max parallelism cannot change across a "
-                    f"restore: set statekit.max-parallelism={header.max_parallelism}"
-                )
-            self.key_serializer.check_compatibility(header.key_serializer, "the key")
-            for meta in header.states:
-                name = meta["name"]
-                reg = self._states.get(name)
-                if reg is not None:
-                    reg.check_restorable(meta)
-                prev = staged.setdefault(name, (meta, []))[0]
+            for meta in self._check_snapshot(header.max_parallelism, header.key_serializer, header.states):
+                prev = staged.setdefault(meta["name"], (meta, []))[0]
                 if prev != meta:
                     raise StateMigrationError(
-                        f"state {name!r} has different declarations in the snapshots being restored"
+                        f"state {meta['name']!r} has different declarations in the snapshots being restored"
                     )
             for kg, sections in iter_blocks(part, header):
                 for s in sections:
@@ -542,6 +694,59 @@ class KeyedBackendBase(ABC):
             if name not in self._states:
                 self._pending[name] = item
 
+    def _check_snapshot(
+        self, max_parallelism: int, key_serializer: SerializerConfig, states: Sequence[dict[str, Any]]
+    ) -> Sequence[dict[str, Any]]:
+        """Every restore's checks: max parallelism, key serializer, declared states; returns ``states``."""
+        if max_parallelism != self.max_parallelism:
+            raise MaxParallelismMismatchError(
+                f"the snapshot was taken with max parallelism {max_parallelism}, this "
+                f"job has {self.max_parallelism}; max parallelism cannot change across a "
+                f"restore: set statekit.max-parallelism={max_parallelism}"
+            )
+        self.key_serializer.check_compatibility(key_serializer, "the key")
+        for meta in states:
+            reg = self._states.get(meta["name"])
+            if reg is not None:
+                reg.check_restorable(meta)
+        return states
+
+    def check_native_restore(self, handles: Sequence[Any], native_format: str) -> dict[str, dict[str, Any]]:
+        """Every check a native restore must make before it touches anything; returns each state's entry.
+
+        For backends with a native format (:class:`statekit.SupportsNativeSnapshot`):
+        call it first in ``restore_native`` with the
+        :class:`~statekit.backend_api.NativeStateHandle` objects, then load the
+        files, then :meth:`adopt_native_states` with what it returned.
+
+        Raises:
+            CorruptSnapshotError: If a handle is of another format.
+            StateMigrationError: On another max parallelism, key serializer or state declaration.
+            StateAccessError: If this backend already holds state.
+        """
+        if self.num_entries():
+            raise StateAccessError("restore into a backend that already holds state")
+        metas: dict[str, dict[str, Any]] = {}
+        for h in handles:
+            if h.format != native_format:
+                raise CorruptSnapshotError(
+                    f"a snapshot in format {h.format!r} (backend {h.backend!r}) cannot be restored natively "
+                    f"by {type(self).__name__}, whose format is {native_format!r}; restore it with its own "
+                    "backend, or take a savepoint (canonical) to change backends"
+                )
+            for meta in self._check_snapshot(h.max_parallelism, h.key_serializer, h.states):
+                if metas.setdefault(meta["name"], meta) != meta:
+                    raise StateMigrationError(
+                        f"state {meta['name']!r} has different declarations in the snapshots being restored"
+                    )
+        return metas
+
+    def adopt_native_states(self, metas: dict[str, dict[str, Any]]) -> None:
+        """Record natively restored states: declared ones were checked; the others wait for get_state."""
+        for name, meta in metas.items():
+            if name not in self._states:
+                self._restored[name] = RegisteredState.from_meta(meta)
+
     def close(self) -> None:
         """Release resources; the backend cannot be used afterwards."""
         self._closed = True
@@ -552,6 +757,12 @@ class KeyedBackendBase(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# Names a subclass must not define: the base's own private methods, and its attributes.
+_INTERNAL_NAMES = (
+    frozenset(n for n in vars(KeyedBackendBase) if n.startswith("_") and not n.startswith("__")) - _HOOKS
+) - {"_abc_impl"} | RESERVED_ATTRIBUTES
 
 
 class KeyedSnapshot:

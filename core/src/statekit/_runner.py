@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,11 +22,18 @@ from ._checkpoint import (
     SubtaskState,
     apply_retention,
     complete_checkpoint,
+    discard_native_uploads,
     load_checkpoint,
     write_subtask_state,
 )
 from ._config import Configuration
-from ._contracts import CheckpointStorage, CheckpointWriter, KeyedStateBackend, StateBackend
+from ._contracts import (
+    CheckpointStorage,
+    CheckpointWriter,
+    KeyedStateBackend,
+    StateBackend,
+    SupportsNativeSnapshot,
+)
 from ._errors import CheckpointError
 from ._function import KeyedProcessFunction, ProcessContext, RuntimeContext
 from ._keygroups import (
@@ -228,6 +237,9 @@ class LocalRunner:
         self.checkpoint_interval = int(conf.get("statekit.checkpoint.interval-records") or 0)
         self.retained = int(conf.get("statekit.checkpoints.retained") or 1)
         self.key_cache_size = int(conf.get("statekit.key-cache-size") or 131072)
+        self.native_checkpoints = conf.get("statekit.checkpoint.format") != "canonical"
+        self.local_dir_parent = conf.get("statekit.local-dir")
+        self._local_root: str | None = None
         self.sink = sink
         self.allow_non_restored_state = allow_non_restored_state
         self._subtasks: list[_Subtask] = []
@@ -239,28 +251,46 @@ class LocalRunner:
 
     # --- life cycle ----------------------------------------------------------------
 
+    def _local_dir(self, index: int) -> str:
+        """A fresh working directory for subtask ``index``'s keyed backend (removed by :meth:`close`)."""
+        if self._local_root is None:
+            parent = self.local_dir_parent
+            if parent is not None:
+                os.makedirs(parent, exist_ok=True)
+            self._local_root = tempfile.mkdtemp(prefix=f"statekit-{self.job_id}-", dir=parent)
+        return tempfile.mkdtemp(prefix=f"{self.operator_id}-{index}-", dir=self._local_root)
+
     def _create(self) -> list[_Subtask]:
-        subtasks = []
-        for i in range(self.parallelism):
-            keyed = self.backend.create_keyed_backend(
-                key_serializer=self.key_serializer,
-                key_group_range=key_group_range_for_operator(self.max_parallelism, self.parallelism, i),
-                max_parallelism=self.max_parallelism,
-                clock=self.clock,
-                key_cache_size=self.key_cache_size,
-            )
-            op = OperatorStateBackendImpl()
-            ctx = RuntimeContext(
-                keyed,
-                op,
-                job_id=self.job_id,
-                subtask_index=i,
-                parallelism=self.parallelism,
-                max_parallelism=self.max_parallelism,
-                clock=self.clock,
-            )
-            subtasks.append(_Subtask(keyed, op, self.function_factory(), ctx))
+        subtasks: list[_Subtask] = []
+        try:
+            for i in range(self.parallelism):
+                subtasks.append(self._create_subtask(i))
+        except BaseException:
+            for st in subtasks:
+                st.keyed.close()
+            raise
         return subtasks
+
+    def _create_subtask(self, i: int) -> _Subtask:
+        keyed = self.backend.create_keyed_backend(
+            key_serializer=self.key_serializer,
+            key_group_range=key_group_range_for_operator(self.max_parallelism, self.parallelism, i),
+            max_parallelism=self.max_parallelism,
+            clock=self.clock,
+            key_cache_size=self.key_cache_size,
+            local_dir=self._local_dir(i),
+        )
+        op = OperatorStateBackendImpl()
+        ctx = RuntimeContext(
+            keyed,
+            op,
+            job_id=self.job_id,
+            subtask_index=i,
+            parallelism=self.parallelism,
+            max_parallelism=self.max_parallelism,
+            clock=self.clock,
+        )
+        return _Subtask(keyed, op, self.function_factory(), ctx)
 
     def restore(self, location: str = "latest") -> str | None:
         """Restore from a checkpoint or savepoint location, or the latest checkpoint.
@@ -321,6 +351,9 @@ class LocalRunner:
             st.operator.close()
         self._subtasks = []
         self._opened = False
+        if self._local_root is not None:
+            shutil.rmtree(self._local_root, ignore_errors=True)
+            self._local_root = None
 
     # --- processing ----------------------------------------------------------------
 
@@ -401,12 +434,20 @@ class LocalRunner:
 
     # --- checkpoints and savepoints ------------------------------------------------------
 
-    def _write_all(self, writer: CheckpointWriter, max_state_size: int | None) -> list[SubtaskState]:
+    def _write_all(
+        self, writer: CheckpointWriter, max_state_size: int | None, native_checkpoint_id: int | None = None
+    ) -> list[SubtaskState]:
         if not self._opened:
             self._open()
         states = [
             write_subtask_state(
-                writer, self.operator_id, i, st.keyed, st.operator, max_state_size=max_state_size
+                writer,
+                self.operator_id,
+                i,
+                st.keyed,
+                st.operator,
+                max_state_size=max_state_size,
+                native_checkpoint_id=native_checkpoint_id,
             )
             for i, st in enumerate(self._subtasks)
         ]
@@ -421,8 +462,10 @@ class LocalRunner:
         cid = self._next_checkpoint_id
         writer = self.storage.begin_checkpoint(self.job_id, cid)
         self._next_checkpoint_id += 1
+        native = cid if self.native_checkpoints else None
+        states: list[SubtaskState] = []
         try:
-            states = self._write_all(writer, self.storage.max_state_size)
+            states = self._write_all(writer, self.storage.max_state_size, native)
             location = complete_checkpoint(
                 writer,
                 job_id=self.job_id,
@@ -432,12 +475,25 @@ class LocalRunner:
             )
         except BaseException:
             writer.abort()
+            discard_native_uploads(self.storage, writer.location, states, cid)
+            self._notify_native(cid, complete=False)
             raise
+        # As Flink's notifyCheckpointComplete: from now on the backends may reference its uploads.
+        self._notify_native(cid, complete=True)
         self.registry.hook.statekit_checkpoint_completed(
             job_id=self.job_id, checkpoint_id=cid, location=location
         )
         apply_retention(self.storage, self.job_id, self.retained)
         return location
+
+    def _notify_native(self, checkpoint_id: int, *, complete: bool) -> None:
+        for st in self._subtasks:
+            keyed = st.keyed
+            if isinstance(keyed, SupportsNativeSnapshot):
+                if complete:
+                    keyed.notify_checkpoint_complete(checkpoint_id)
+                else:
+                    keyed.notify_checkpoint_aborted(checkpoint_id)
 
     def savepoint(self, target_dir: str | None = None) -> str:
         """Take a savepoint now: canonical, self-contained, never deleted by statekit."""

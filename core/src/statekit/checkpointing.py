@@ -16,6 +16,7 @@ from ._checkpoint import (
     SubtaskState,
     apply_retention,
     complete_checkpoint,
+    discard_native_uploads,
     load_checkpoint,
     write_subtask_state,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "SubtaskState",
     "apply_retention",
     "complete_checkpoint",
+    "discard_native_uploads",
     "load_checkpoint",
     "write_subtask_state",
 ]

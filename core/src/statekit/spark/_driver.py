@@ -198,6 +198,7 @@ class Coordinator:
             self._validate(base)
         self.route_values = routing_values(session, self.parallelism)
         self.timezone = session.conf.get("spark.sql.session.timeZone")
+        self.local_dir = session.sparkContext.getConf().get("spark.local.dir")
 
     def _validate(self, cp: CompletedCheckpoint) -> None:
         cp.validate(
@@ -303,6 +304,7 @@ class Coordinator:
             input_columns=tuple(df.columns),
             output_schema=spec.output_schema,
             timezone=self.timezone,
+            spark_local_dir=self.local_dir,
         )
         routed = route(
             df,

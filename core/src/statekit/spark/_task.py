@@ -17,6 +17,8 @@ import contextlib
 import itertools
 import json
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ from .._contracts import (
     KeyedStateBackend,
     OperatorStateBackend,
     StateBackend,
+    SupportsNativeSnapshot,
 )
 from .._errors import CheckpointError
 from .._function import KeyedProcessFunction, ProcessContext, RuntimeContext
@@ -73,6 +76,7 @@ class TaskPlan:
     input_columns: tuple[str, ...]
     output_schema: T.StructType
     timezone: str | None = None
+    spark_local_dir: str | None = None
 
 
 def internal_schema(output_schema: T.StructType) -> T.StructType:
@@ -92,6 +96,7 @@ class _Subtask:
     pctx: ProcessContext
     token: str | None = None  # the batch whose state this is
     attempt: str | None = None  # the task attempt that made it (and wrote its snapshot)
+    local_dir: str | None = None
     opened: bool = False
     records: int = 0
     outputs: int = 0
@@ -105,6 +110,8 @@ class _Subtask:
             self.keyed.close()
         with contextlib.suppress(Exception):
             self.operator.close()
+        if self.local_dir is not None:
+            shutil.rmtree(self.local_dir, ignore_errors=True)
 
 
 _LOCK = threading.Lock()
@@ -204,6 +211,29 @@ class _RestoreSource:
         return self._operator_states
 
 
+def _local_root(plan: TaskPlan) -> str:
+    """Where this executor's backends keep files: under Spark's local directories, never /tmp by accident.
+
+    ``statekit.local-dir`` if set; else the first of ``SPARK_LOCAL_DIRS`` (set by
+    Spark's workers for their executors); else the directory Spark serves this
+    application's files from, which lies in ``spark.local.dir``; else the
+    driver's ``spark.local.dir``.
+    """
+    configured = plan.config.get("statekit.local-dir")
+    if configured:
+        return str(configured)
+    env = os.environ.get("SPARK_LOCAL_DIRS")
+    if env:
+        return env.split(",")[0]
+    with contextlib.suppress(Exception):
+        from pyspark import SparkFiles
+
+        root = SparkFiles.getRootDirectory()
+        if root:
+            return os.path.dirname(root)
+    return plan.spark_local_dir or tempfile.gettempdir()
+
+
 def _evict_stale(plan: TaskPlan) -> None:
     """Drop cached subtasks of this job that can never be reused: older runs, older states."""
     stale = []
@@ -229,16 +259,29 @@ def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subta
         # (two attempts of one task may both succeed, over records in another order).
         wanted = plan.restore_attempts.get(index)
         if entry.run_id == plan.run_id and wanted is not None and entry.attempt == wanted:
+            # Its last snapshot is in the checkpoint this batch starts from, so that checkpoint
+            # completed: the executor learns it here, as Flink's notifyCheckpointComplete.
+            cp = source.checkpoint()
+            if cp is not None and isinstance(entry.keyed, SupportsNativeSnapshot):
+                entry.keyed.notify_checkpoint_complete(cp.checkpoint_id)
             return entry, True
         entry.close()
     backend = _backend(plan.config)
-    keyed = backend.create_keyed_backend(
-        key_serializer=plan.key_serializer,
-        key_group_range=key_group_range_for_operator(plan.max_parallelism, plan.parallelism, index),
-        max_parallelism=plan.max_parallelism,
-        clock=system_clock,
-        key_cache_size=int(plan.config.get("statekit.key-cache-size")),
-    )
+    root = os.path.join(_local_root(plan), "statekit")
+    os.makedirs(root, exist_ok=True)
+    local_dir = tempfile.mkdtemp(prefix=f"{plan.job_id}-{plan.operator_id}-{index}-", dir=root)
+    try:
+        keyed = backend.create_keyed_backend(
+            key_serializer=plan.key_serializer,
+            key_group_range=key_group_range_for_operator(plan.max_parallelism, plan.parallelism, index),
+            max_parallelism=plan.max_parallelism,
+            clock=system_clock,
+            key_cache_size=int(plan.config.get("statekit.key-cache-size")),
+            local_dir=local_dir,
+        )
+    except BaseException:
+        shutil.rmtree(local_dir, ignore_errors=True)
+        raise
     operator = backend.create_operator_backend()
     ctx = RuntimeContext(
         keyed,
@@ -250,6 +293,7 @@ def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subta
         clock=system_clock,
     )
     st = _Subtask(plan.run_id, index, keyed, operator, plan.function_factory(), ctx, ProcessContext(ctx))
+    st.local_dir = local_dir
     try:
         cp = source.checkpoint()
         if cp is not None:
@@ -398,6 +442,11 @@ class _PartitionTask:
                     st.keyed,
                     st.operator,
                     max_state_size=storage.max_state_size,
+                    native_checkpoint_id=(
+                        plan.checkpoint_id
+                        if plan.config.get("statekit.checkpoint.format") != "canonical"
+                        else None
+                    ),
                 )
                 descriptions.append(
                     json.dumps(

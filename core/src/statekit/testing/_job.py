@@ -12,11 +12,13 @@ state through its handles.
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Sequence
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,9 @@ from .._contracts import (
     StateBackend,
     SupportsNativeSnapshot,
 )
+from .._errors import CorruptSnapshotError
 from .._keygroups import key_group_for_bytes, key_group_range_for_operator, operator_index_for_key_group
+from .._native import NativeFile, NativeStateHandle
 from .._operator import OperatorSnapshot, redistribute_operator_state
 from .._serializers import StrSerializer, TypeSerializer, serializer_from_config
 from .._snapshot import (
@@ -51,9 +55,12 @@ __all__ = [
     "BackendFactory",
     "DecodedEntry",
     "Job",
+    "KitNativeOutput",
+    "NativeCheckpoints",
     "StorageFactory",
     "Subtask",
     "decode_canonical",
+    "check_native_references",
     "new_job_id",
     "snapshot_handle",
     "write_snapshot",
@@ -103,17 +110,149 @@ def decode_canonical(handle: KeyedStateHandle) -> list[DecodedEntry]:
     return out
 
 
-def snapshot_handle(keyed: KeyedStateBackend, *, native: bool = False) -> KeyedStateHandle:
-    """Snapshot ``keyed`` now and write it into memory; returns the handle a restore takes."""
-    if native:
-        if not isinstance(keyed, SupportsNativeSnapshot):
-            raise TypeError(f"{type(keyed).__name__} has no native snapshot format")
-        snap = keyed.native_snapshot()
-        fmt = keyed.native_format
+class KitNativeStream:
+    """A file of a native snapshot kept in memory by the kit; deleting it makes later reads fail."""
+
+    def __init__(self, data: bytes, name: str, checkpoint_id: int) -> None:
+        self.data = data
+        self.name = name
+        self.checkpoint_id = checkpoint_id
+        self.deleted = False
+
+    @property
+    def size(self) -> int:
+        """The number of bytes."""
+        return len(self.data)
+
+    def read(self, offset: int = 0, length: int | None = None) -> bytes:
+        """A slice of the bytes; fails once the file was deleted."""
+        if self.deleted:
+            raise CorruptSnapshotError(
+                f"{self.name}: deleted with its checkpoint {self.checkpoint_id}, which never completed"
+            )
+        end = len(self.data) if length is None else offset + length
+        return self.data[offset:end]
+
+    def discard(self) -> None:
+        """Delete the file."""
+        self.deleted = True
+
+    def to_json(self) -> dict[str, Any]:
+        """Kit streams are never written into a storage's metadata."""
+        return {"type": "kit-native", "name": self.name, "size": len(self.data)}
+
+
+class KitNativeOutput:
+    """Where the kit's native snapshots upload their files: memory, each file tagged with its checkpoint."""
+
+    def __init__(self, checkpoint_id: int) -> None:
+        self._checkpoint_id = checkpoint_id
+        self.uploaded: list[KitNativeStream] = []
+
+    @property
+    def checkpoint_id(self) -> int:
+        """The checkpoint being written."""
+        return self._checkpoint_id
+
+    def upload(self, name: str, source: str | os.PathLike[str] | bytes, *, shared: bool = True) -> NativeFile:
+        """Keep ``source`` (a path or bytes) in memory as file ``name`` of this checkpoint."""
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            data = bytes(source)
+        else:
+            with open(source, "rb") as f:
+                data = f.read()
+        stream = KitNativeStream(data, f"<kit native chk {self._checkpoint_id}: {name}>", self._checkpoint_id)
+        self.uploaded.append(stream)
+        return NativeFile(name, stream, len(data), zlib.crc32(data), shared, self._checkpoint_id)
+
+    def delete_all(self) -> None:
+        """Delete every upload, as a storage may do with an aborted checkpoint's files at any time."""
+        for stream in self.uploaded:
+            stream.discard()
+
+
+@dataclass
+class NativeCheckpoints:
+    """Checkpoint ids for native snapshots of one job lineage, and which of them completed."""
+
+    ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    completed: set[int] = field(default_factory=set)
+    stored: set[int] = field(default_factory=set)
+    """The completed checkpoints written through the storage: the only ones its checkpoints may reference."""
+
+    def next_id(self) -> int:
+        """A new checkpoint id, larger than every earlier one."""
+        return next(self.ids)
+
+
+def check_native_references(handle: NativeStateHandle, completed: set[int], context: str) -> None:
+    """Raise :class:`PropertyViolation` if ``handle`` references an upload of an uncompleted checkpoint."""
+    from ._properties import NATIVE_REFERENCES_COMPLETED, PropertyViolation  # _properties imports this module
+
+    for f in handle.files:
+        stream = f.stream
+        uploaded_by = stream.checkpoint_id if isinstance(stream, KitNativeStream) else f.checkpoint_id
+        if uploaded_by != f.checkpoint_id:
+            raise PropertyViolation(
+                NATIVE_REFERENCES_COMPLETED,
+                f"{context}: file {f.name!r} says checkpoint {f.checkpoint_id} uploaded it, "
+                f"but checkpoint {uploaded_by} did",
+            )
+        if uploaded_by != handle.checkpoint_id and uploaded_by not in completed:
+            raise PropertyViolation(
+                NATIVE_REFERENCES_COMPLETED,
+                f"{context}: the native snapshot of checkpoint {handle.checkpoint_id} references file "
+                f"{f.name!r}, uploaded by checkpoint {uploaded_by}, which never completed "
+                f"(completed: {sorted(completed) or 'none'}); an upload may be referenced only after "
+                "notify_checkpoint_complete",
+            )
+    if handle.checkpoint_id in completed:
+        raise PropertyViolation(
+            NATIVE_REFERENCES_COMPLETED, f"{context}: checkpoint id {handle.checkpoint_id} was used twice"
+        )
+
+
+def native_snapshot_handle(
+    keyed: KeyedStateBackend,
+    checkpoints: NativeCheckpoints | None = None,
+    *,
+    outcome: str = "complete",
+) -> tuple[NativeStateHandle, KitNativeOutput]:
+    """Take and write a native snapshot of ``keyed``, check its references, then settle its checkpoint.
+
+    ``outcome``: ``complete`` (notify_checkpoint_complete), ``abort``
+    (notify_checkpoint_aborted, and the uploads are deleted) or ``lost`` (the
+    checkpoint failed and the backend is never told; its uploads are deleted).
+    """
+    if not isinstance(keyed, SupportsNativeSnapshot):
+        raise TypeError(f"{type(keyed).__name__} has no native snapshot format")
+    cps = checkpoints or _DEFAULT_CHECKPOINTS
+    cid = cps.next_id()
+    out = KitNativeOutput(cid)
+    handle = keyed.native_snapshot(cid).write(out)
+    check_native_references(handle, cps.completed, f"{type(keyed).__name__} {keyed.key_group_range}")
+    if outcome == "complete":
+        cps.completed.add(cid)
+        keyed.notify_checkpoint_complete(cid)
     else:
-        snap = keyed.snapshot()
-        fmt = CANONICAL_FORMAT
-    return write_snapshot(snap, keyed, fmt)
+        if outcome == "abort":
+            keyed.notify_checkpoint_aborted(cid)
+        out.delete_all()
+    return handle, out
+
+
+_DEFAULT_CHECKPOINTS = NativeCheckpoints()
+
+
+def snapshot_handle(keyed: KeyedStateBackend, *, native: bool = False) -> Any:
+    """Snapshot ``keyed`` now and write it into memory; returns the handle a restore takes.
+
+    Canonical: a :class:`KeyedStateHandle`. Native: a :class:`NativeStateHandle`
+    of a checkpoint that then completes.
+    """
+    if native:
+        return native_snapshot_handle(keyed)[0]
+    return write_snapshot(keyed.snapshot(), keyed, CANONICAL_FORMAT)
 
 
 def write_snapshot(snap: Any, keyed: KeyedStateBackend, fmt: str = CANONICAL_FORMAT) -> KeyedStateHandle:
@@ -182,6 +321,7 @@ class Job:
         self.clock = clock
         self.key_serializer = key_serializer or StrSerializer()
         self.subtasks: list[Subtask] = []
+        self.native_checkpoints = NativeCheckpoints()
         self._closed = False
         scratch.mkdir(parents=True, exist_ok=True)
         self._dir = tempfile.mkdtemp(prefix=f"{backend_name}-p{parallelism}-", dir=scratch)
@@ -238,9 +378,36 @@ class Job:
 
     # --- reading everything back ----------------------------------------------------------------
 
-    def keyed_handles(self, *, native: bool = False) -> list[KeyedStateHandle]:
-        """A snapshot of every subtask's keyed state, written into memory."""
-        return [snapshot_handle(st.keyed, native=native) for st in self.subtasks]
+    def keyed_handles(self, *, native: bool = False) -> list[Any]:
+        """A snapshot of every subtask's keyed state in memory (native ones form a completed checkpoint)."""
+        if not native:
+            return [snapshot_handle(st.keyed) for st in self.subtasks]
+        cps = self.native_checkpoints
+        handles, outputs = [], []
+        cid = cps.next_id()
+        for st in self.subtasks:
+            keyed = st.keyed
+            assert isinstance(keyed, SupportsNativeSnapshot)
+            out = KitNativeOutput(cid)
+            h = keyed.native_snapshot(cid).write(out)
+            check_native_references(h, cps.completed, f"{self} subtask {st.index}")
+            handles.append(h)
+            outputs.append(out)
+        self.settle_native(cid, "complete")
+        return handles
+
+    def settle_native(self, checkpoint_id: int, outcome: str) -> None:
+        """Tell every subtask that native checkpoint ``checkpoint_id`` completed, or aborted; or nothing."""
+        if outcome == "complete":
+            self.native_checkpoints.completed.add(checkpoint_id)
+        for st in self.subtasks:
+            keyed = st.keyed
+            if not isinstance(keyed, SupportsNativeSnapshot):
+                continue
+            if outcome == "complete":
+                keyed.notify_checkpoint_complete(checkpoint_id)
+            elif outcome == "abort":
+                keyed.notify_checkpoint_aborted(checkpoint_id)
 
     def operator_snapshots(self) -> list[OperatorSnapshot]:
         """Every subtask's operator state, serialized."""
@@ -262,7 +429,7 @@ class Job:
 
     def restore_from(
         self,
-        keyed: Sequence[KeyedStateHandle],
+        keyed: Sequence[Any],
         operator: Sequence[OperatorSnapshot],
         specs: Sequence[KeyedStateSpec],
         *,
@@ -288,10 +455,15 @@ class Job:
     def write_checkpoint(
         self, storage: CheckpointStorage, job_id: str, checkpoint_id: int, *, savepoint: bool
     ) -> str:
-        """Write a checkpoint (or savepoint) of every subtask through ``storage``; returns its location."""
+        """Write a checkpoint (or savepoint) of every subtask through ``storage``; returns its location.
+
+        Checkpoints are native where the backend has a native format (as runners
+        write them), and complete with notify_checkpoint_complete; savepoints are canonical.
+        """
         writer = (
             storage.begin_savepoint(job_id) if savepoint else storage.begin_checkpoint(job_id, checkpoint_id)
         )
+        native = None if savepoint else checkpoint_id
         try:
             states = [
                 write_subtask_state(
@@ -301,10 +473,20 @@ class Job:
                     st.keyed,
                     st.operator,
                     max_state_size=None if savepoint else storage.max_state_size,
+                    native_checkpoint_id=native,
                 )
                 for st in self.subtasks
             ]
-            return complete_checkpoint(
+            for state in states:
+                if state.keyed and "native" in state.keyed:
+                    handle = NativeStateHandle.from_json(state.keyed["native"], _unresolved)
+                    check_native_references(
+                        handle,
+                        self.native_checkpoints.stored,
+                        f"{self} subtask {state.subtask_index} (a checkpoint through the storage may "
+                        "reference only files of completed checkpoints of that storage)",
+                    )
+            location = complete_checkpoint(
                 writer,
                 job_id=job_id,
                 checkpoint_id=checkpoint_id,
@@ -314,7 +496,18 @@ class Job:
             )
         except BaseException:
             writer.abort()
+            if native is not None:
+                self.settle_native(native, "abort")
             raise
+        if native is not None:
+            self.native_checkpoints.stored.add(native)
+            self.settle_native(native, "complete")
+        return location
+
+    @property
+    def native(self) -> bool:
+        """Whether this job's keyed backends have a native format (checkpoints are then native)."""
+        return bool(self.subtasks) and isinstance(self.subtasks[0].keyed, SupportsNativeSnapshot)
 
     def restore_checkpoint(
         self,
@@ -357,6 +550,11 @@ class Job:
     def __repr__(self) -> str:
         """Names the backend and the layout."""
         return f"Job({self.backend_name}, p={self.parallelism}, maxp={self.max_parallelism})"
+
+
+def _unresolved(description: Any) -> Any:
+    """Stands for a stream only the references check reads (not its bytes)."""
+    return BytesStreamHandle(b"", str(description))
 
 
 def new_job_id() -> str:

@@ -20,6 +20,7 @@ __all__ = [
     "AGREES_WITH_MODEL",
     "BROADCAST_REDISTRIBUTION",
     "EVEN_SPLIT_REDISTRIBUTION",
+    "NATIVE_REFERENCES_COMPLETED",
     "PROPERTIES",
     "RESCALE_KEY_GROUP_OWNERSHIP",
     "SAVEPOINT_PORTABILITY",
@@ -46,6 +47,7 @@ SAVEPOINT_PORTABILITY = "savepoint_portability"
 TTL_NEVER_RETURNS_EXPIRED = "ttl_never_returns_expired"
 SNAPSHOT_ISOLATION = "snapshot_isolation"
 STORAGE_ROUND_TRIP = "storage_round_trip"
+NATIVE_REFERENCES_COMPLETED = "native_references_only_completed_uploads"
 
 PROPERTIES: Mapping[str, str] = {
     AGREES_WITH_MODEL: "after every operation, the backend holds and returns what the model says",
@@ -60,6 +62,8 @@ PROPERTIES: Mapping[str, str] = {
     SNAPSHOT_ISOLATION: "a snapshot is unaffected by writes made after it was taken",
     STORAGE_ROUND_TRIP: "a checkpoint or savepoint restores the state it was taken of, and retention "
     "keeps exactly the newest checkpoints",
+    NATIVE_REFERENCES_COMPLETED: "a native snapshot references only files that checkpoints the backend was "
+    "told completed uploaded; an upload of an aborted (or never confirmed) checkpoint is never referenced",
 }
 """Every named property with what it says."""
 

@@ -13,18 +13,20 @@ has to copy dicts of immutable bytes.
 
 from __future__ import annotations
 
+import io
 import itertools
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 from .._errors import CheckpointError, CheckpointNotFoundError, CorruptSnapshotError
 from .._keyed import KeyedBackendBase, KeyedSnapshot, RegisteredState, StateEntries
 from .._keygroups import KeyGroupRange
+from .._native import NativeSnapshotOutput, NativeStateHandle
 from .._operator import OperatorStateBackendImpl
 from .._serializers import TypeSerializer
 from .._slots import SlotListState, SlotMapState, SlotState, SlotValueState
-from .._snapshot import BytesStreamHandle, KeyedStateHandle, SnapshotWriteResult, StreamStateHandle
+from .._snapshot import BytesStreamHandle, KeyedStateHandle, ProgressCallback, StreamStateHandle
 from .._ttl import Clock
 
 __all__ = [
@@ -34,8 +36,9 @@ __all__ = [
     "ReferenceStateBackend",
 ]
 
-REFERENCE_NATIVE_FORMAT = "reference-native-1"
-_NATIVE_MAGIC = b"REFNATV1"
+REFERENCE_NATIVE_FORMAT = "reference-native-2"
+_NATIVE_MAGIC = b"REFNATV2"
+_NATIVE_FILE = "state.bin"
 
 _Slot = tuple[Any, Any]  # (key, namespace)
 _Table = dict[int, dict[_Slot, bytes]]  # key group -> (key, namespace) -> stored bytes
@@ -83,21 +86,43 @@ class _Map(_Handle, SlotMapState):
 
 
 class _NativeSnapshot:
-    """A native snapshot of the reference backend: the canonical bytes behind a magic of its own."""
+    """A native snapshot of the reference backend: one file, the canonical bytes behind a magic of its own."""
 
-    format = REFERENCE_NATIVE_FORMAT
-
-    def __init__(self, canonical: KeyedSnapshot) -> None:
+    def __init__(
+        self, backend: ReferenceKeyedStateBackend, canonical: KeyedSnapshot, checkpoint_id: int
+    ) -> None:
+        self._backend = backend
         self._canonical = canonical
+        self._checkpoint_id = checkpoint_id
 
-    def write(self, out: BinaryIO, **kwargs: Any) -> SnapshotWriteResult:
-        out.write(_NATIVE_MAGIC)
-        r = self._canonical.write(out, **kwargs)
+    def write(
+        self, out: NativeSnapshotOutput, *, progress: ProgressCallback | None = None
+    ) -> NativeStateHandle:
+        buf = io.BytesIO()
+        buf.write(_NATIVE_MAGIC)
+        r = self._canonical.write(buf, progress=progress)
         shift = len(_NATIVE_MAGIC)
-        r.offsets = {kg: (o + shift, n) for kg, (o, n) in r.offsets.items()}
-        r.header_length += shift
-        r.size += shift
-        return r
+        f = out.upload(_NATIVE_FILE, buf.getvalue(), shared=False)
+        b, header = self._backend, self._canonical.header
+        return NativeStateHandle(
+            format=REFERENCE_NATIVE_FORMAT,
+            backend=b.backend_name,
+            checkpoint_id=self._checkpoint_id,
+            key_group_range=b.key_group_range,
+            max_parallelism=b.max_parallelism,
+            key_serializer=b.key_serializer.config(),
+            states=list(header.states),
+            files=(f,),
+            meta={
+                "range": [b.key_group_range.start, b.key_group_range.end],
+                "header_length": r.header_length + shift,
+                "offsets": {str(kg): [o + shift, n] for kg, (o, n) in r.offsets.items()},
+            },
+            entries=r.entries,
+        )
+
+    def release(self) -> None:
+        self._canonical.release()
 
 
 class _Shifted:
@@ -191,34 +216,42 @@ class ReferenceKeyedStateBackend(KeyedBackendBase):
 
     # --- the optional native format -------------------------------------------------------
 
-    def native_snapshot(self) -> _NativeSnapshot:
-        """Freezes the state now; ``write(out)`` writes it in the native format later."""
-        return _NativeSnapshot(self.snapshot())
+    def native_snapshot(self, checkpoint_id: int) -> _NativeSnapshot:
+        """Freezes the state now; ``write(out)`` uploads it as one file, never referencing earlier ones."""
+        return _NativeSnapshot(self, self.snapshot(), checkpoint_id)
 
-    def restore_native(self, handles: Sequence[KeyedStateHandle]) -> None:
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Nothing to do: every native snapshot uploads all of its bytes."""
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """Nothing to do: no snapshot references another's uploads."""
+
+    def restore_native(self, handles: Sequence[NativeStateHandle]) -> None:
         """Restores the owned key groups of native snapshots of this backend.
 
         Raises:
             CorruptSnapshotError: If a handle is not in this backend's native format.
         """
+        self.check_native_restore(handles, REFERENCE_NATIVE_FORMAT)
         shift = len(_NATIVE_MAGIC)
         canonical = []
         for h in handles:
-            if h.format != REFERENCE_NATIVE_FORMAT or h.stream.read(0, shift) != _NATIVE_MAGIC:
+            data = h.file(_NATIVE_FILE).read()  # checks size and CRC-32
+            if data[:shift] != _NATIVE_MAGIC:
                 raise CorruptSnapshotError(
-                    f"not a snapshot in the {REFERENCE_NATIVE_FORMAT} format (format {h.format!r})"
+                    f"not a snapshot in the {REFERENCE_NATIVE_FORMAT} format (bad magic)"
                 )
-            canonical.append(
-                KeyedStateHandle(
-                    _Shifted(h.stream, shift),
-                    h.key_group_range,
-                    {kg: (o - shift, n) for kg, (o, n) in h.offsets.items()},
-                    h.header_length - shift,
-                    backend=h.backend,
-                    size=h.size,
-                    entries=h.entries,
-                )
-            )
+            offsets = {int(kg): (int(o) - shift, int(n)) for kg, (o, n) in h.meta["offsets"].items()}
+            full = KeyedStateHandle(
+                _Shifted(BytesStreamHandle(data, _NATIVE_FILE), shift),
+                KeyGroupRange.of(*(int(x) for x in h.meta["range"])),
+                offsets,
+                int(h.meta["header_length"]) - shift,
+                backend=h.backend,
+                entries=h.entries,
+            ).intersect(h.key_group_range)
+            if full is not None:
+                canonical.append(full)
         self.restore(canonical)
 
 

@@ -40,7 +40,7 @@ from .._state import (
     StateTtlConfig,
     ValueStateDescriptor,
 )
-from ._job import snapshot_handle, write_snapshot
+from ._job import NativeCheckpoints, native_snapshot_handle, snapshot_handle, write_snapshot
 from ._model import SumCount
 from ._semantics_state import Mean, batch_update_or_skip
 
@@ -291,6 +291,64 @@ class SnapshotSemantics:
         assert isinstance(target, SupportsNativeSnapshot)
         target.restore_native([handle])
         assert dump(target, declare(target, HOUR)) == expected
+
+    def test_native_references_only_completed_uploads(self, make_backend: Any, backend: Any) -> None:
+        """The incremental contract: uploads of aborted or unconfirmed checkpoints are never referenced.
+
+        Checkpoints complete, abort, or fail without the backend being told,
+        some after writes and some without; the uploads of the failed ones are
+        deleted at once (a storage may), so a snapshot referencing them breaks
+        the property and its restore. Every completed one restores exactly.
+        """
+        if not isinstance(backend, SupportsNativeSnapshot):
+            pytest.skip("this backend has no native snapshot format (SupportsNativeSnapshot)")
+        keyed: Any = backend
+        cps = NativeCheckpoints()
+        states = populate(keyed, keys_of(80))
+        expected = {}
+        rounds = [
+            ("complete", True),
+            ("abort", True),
+            ("complete", False),  # unchanged since the aborted one: its uploads must not be reused
+            ("lost", True),
+            ("complete", False),
+            ("complete", False),
+        ]
+        for n, (outcome, change) in enumerate(rounds):
+            if change:
+                keyed.set_current_key(f"key-{n}")
+                states["value"].update(10_000 + n)
+                keyed.set_current_key(f"new-{n}")
+                states["map"].put(f"n{n}", n)
+            handle, _ = native_snapshot_handle(keyed, cps, outcome=outcome)
+            assert handle.format == backend.native_format and handle.checkpoint_id == n + 1
+            if outcome == "complete":
+                expected[n + 1] = (handle, dump(keyed, states))
+        for handle, state in expected.values():
+            target = make_backend()
+            assert isinstance(target, SupportsNativeSnapshot)
+            target.restore_native([handle])
+            assert dump(target, declare(target)) == state
+
+    def test_native_restore_refuses_another_format_before_any_change(
+        self, make_backend: Any, backend: Any
+    ) -> None:
+        if not isinstance(backend, SupportsNativeSnapshot):
+            pytest.skip("this backend has no native snapshot format (SupportsNativeSnapshot)")
+        keyed: Any = backend
+        populate(keyed, keys_of(20))
+        handle = snapshot_handle(keyed, native=True)
+        alien = dataclasses.replace(handle, format=handle.format + "-other")
+        target = make_backend()
+        with pytest.raises(CorruptSnapshotError, match="format"):
+            target.restore_native([alien])
+        assert target.num_entries() == 0
+        wrong_maxp = dataclasses.replace(handle, max_parallelism=MAXP * 2)
+        with pytest.raises(MaxParallelismMismatchError):
+            target.restore_native([wrong_maxp])
+        assert target.num_entries() == 0
+        target.restore_native([handle])  # still restorable
+        assert target.num_entries() == keyed.num_entries()
 
     def test_restored_state_stays_usable(self, make_backend: Any, backend: Any) -> None:
         populate(backend, keys_of(10))

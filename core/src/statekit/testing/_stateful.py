@@ -11,7 +11,7 @@ mixins; :data:`MACHINES` composes them into one machine per named property and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -25,12 +25,23 @@ from .._contracts import SupportsNativeSnapshot
 from .._snapshot import KeyedStateHandle
 from .._state import StateKind, StateTtlConfig, TtlUpdateType, TtlVisibility
 from ._clock import ManualClock
-from ._job import BackendFactory, Job, StorageFactory, decode_canonical, new_job_id, write_snapshot
+from ._job import (
+    BackendFactory,
+    Job,
+    KitNativeOutput,
+    NativeCheckpoints,
+    StorageFactory,
+    check_native_references,
+    decode_canonical,
+    new_job_id,
+    write_snapshot,
+)
 from ._model import KEYED_STATE_NAMES, NAMESPACES, KeyedModel, KeyedStateSpec, OperatorModel, purge
 from ._properties import (
     AGREES_WITH_MODEL,
     BROADCAST_REDISTRIBUTION,
     EVEN_SPLIT_REDISTRIBUTION,
+    NATIVE_REFERENCES_COMPLETED,
     RESCALE_KEY_GROUP_OWNERSHIP,
     SAVEPOINT_PORTABILITY,
     SNAPSHOT_ISOLATION,
@@ -190,6 +201,7 @@ class _Pending:
     entries: dict[str, dict[Any, Any]]
     now: int
     taken_after: str
+    native_checkpoint: int | None = None  # the checkpoint id of native snapshots
 
 
 @dataclass
@@ -199,6 +211,7 @@ class _Saved:
     now: int
     backend: str
     parallelism: int
+    native: bool = False
 
 
 class _Machine(RuleBasedStateMachine):
@@ -226,11 +239,19 @@ class _Machine(RuleBasedStateMachine):
         self._storage: Any = None
         self.job_id = new_job_id()
         self.next_checkpoint = 1
+        # Native snapshots taken directly and checkpoints through the storage share one id sequence.
+        self.native_checkpoints = NativeCheckpoints(ids=self._checkpoint_ids())
         self.last = "the start"
         # What may have changed since the invariant last ran (checking keyed state is the costly part).
         self.keyed_dirty = True
         self.ops_dirty = True
         self.probe_due = False  # entries can only become visible wrongly when time passes or on restores
+
+    def _checkpoint_ids(self) -> Iterator[int]:
+        while True:
+            cid = self.next_checkpoint
+            self.next_checkpoint += 1
+            yield cid
 
     # --- set up -----------------------------------------------------------------------------------
 
@@ -279,6 +300,7 @@ class _Machine(RuleBasedStateMachine):
             key_cache_size=self.config.key_cache_size,
             keyed_backend=None if self.keyed_state else ReferenceStateBackend(),
         )
+        job.native_checkpoints = self.native_checkpoints
         self._others.append(job)
         self.keyed_dirty = self.ops_dirty = True
         return job
@@ -359,9 +381,12 @@ class _Machine(RuleBasedStateMachine):
     # --- helpers of the restore rules -------------------------------------------------------------
 
     def _verify_pending(self, p: _Pending) -> None:
-        decoded = [
-            decode_canonical(write_snapshot(s, st.keyed)) for s, st in zip(p.snapshots, p.job.subtasks)
-        ]
+        if p.native_checkpoint is None:
+            decoded = [
+                decode_canonical(write_snapshot(s, st.keyed)) for s, st in zip(p.snapshots, p.job.subtasks)
+            ]
+        else:
+            decoded = self._decode_native(p)
         check_keyed(
             p.job,
             self.model,
@@ -371,6 +396,26 @@ class _Machine(RuleBasedStateMachine):
             expected=self.model.snapshot_view(p.entries, p.now),
             now=p.now,
         )
+
+    def _decode_native(self, p: _Pending) -> list[Any]:
+        """Write pending native snapshots, complete their checkpoint, restore them in a new job: its state."""
+        cid = p.native_checkpoint
+        assert cid is not None
+        handles = []
+        for snap, sub in zip(p.snapshots, p.job.subtasks):
+            h = snap.write(KitNativeOutput(cid))
+            check_native_references(h, self.native_checkpoints.completed, f"{p.job} subtask {sub.index}")
+            handles.append(h)
+        p.job.settle_native(cid, "complete")
+        new = self._new_job(p.job.backend_name, p.job.parallelism)
+        try:
+            new.restore_from(
+                handles, p.job.operator_snapshots(), self.specs, declare_first=False, native=True
+            )
+            return new.decoded()
+        finally:
+            self._drop(new)
+            self.keyed_dirty = self.ops_dirty = True
 
     def _compact_union(self) -> None:
         """Each subtask keeps every p-th element of its union list, so union state does not grow."""
@@ -721,6 +766,28 @@ class RoundTripRules(_Machine):
         """restore_native(native_snapshot(s)), for backends with a native format."""
         self._round_trip(native=True, declare_first=declare_first)
 
+    @precondition(lambda self: self.native)
+    @rule(outcome=st.sampled_from(["abort", "lost"]))
+    def native_checkpoint_fails(self, outcome: str) -> None:
+        """A native checkpoint that never completes: aborted, or its completion never arrives.
+
+        Its uploads are deleted at once; a later snapshot that references them
+        breaks :data:`NATIVE_REFERENCES_COMPLETED` (and its restore would fail).
+        """
+        job = self.job
+        cid = self.native_checkpoints.next_id()
+        for sub in job.subtasks:
+            keyed = sub.keyed
+            assert isinstance(keyed, SupportsNativeSnapshot)
+            out = KitNativeOutput(cid)
+            handle = keyed.native_snapshot(cid).write(out)
+            check_native_references(handle, self.native_checkpoints.completed, f"{job} subtask {sub.index}")
+            out.delete_all()
+        job.settle_native(cid, outcome)
+        self.last = (
+            f"native checkpoint {cid} of {job}, {'aborted' if outcome == 'abort' else 'never confirmed'}"
+        )
+
 
 class RescaleRules(_Machine):
     """Restore at a random parallelism, possibly into another backend."""
@@ -787,7 +854,12 @@ class StorageRules(_Machine):
         cid = self.next_checkpoint - 1 if savepoint else self.next_checkpoint
         location = job.write_checkpoint(storage, self.job_id, cid, savepoint=savepoint)
         self.saved[location] = _Saved(
-            self.model.copy_entries(), self.ops.copy(), now, job.backend_name, job.parallelism
+            self.model.copy_entries(),
+            self.ops.copy(),
+            now,
+            job.backend_name,
+            job.parallelism,
+            native=job.native and not savepoint,
         )
         if not savepoint:
             self.next_checkpoint += 1
@@ -816,7 +888,12 @@ class StorageRules(_Machine):
     def _restore_saved(self, data: st.DataObject, location: str, declare_first: bool) -> None:
         saved = self.saved[location]
         p = self._draw_parallelism(data)
-        backend = data.draw(st.sampled_from(list(self.backends)), label="into backend")
+        # A native checkpoint restores only into the backend that wrote it.
+        backend = (
+            saved.backend
+            if saved.native
+            else data.draw(st.sampled_from(list(self.backends)), label="into backend")
+        )
         taken = f"taken of {saved.backend} at p={saved.parallelism}"
         context = f"restoring {location} ({taken}) into {backend!r} at p={p}"
         new = self._restored_job(backend, p, declare_first=declare_first, location=location)
@@ -837,13 +914,19 @@ class IsolationRules(_Machine):
     """Snapshots taken now and written later, after more writes."""
 
     @precondition(lambda self: len(self.pending) < 3)
-    @rule()
-    def take_snapshot(self) -> None:
-        """Snapshot every subtask now; the snapshots are written by a later step."""
+    @rule(data=st.data())
+    def take_snapshot(self, data: st.DataObject) -> None:
+        """Snapshot every subtask now (natively too, where the backend can); written by a later step."""
         job = self.job
-        snaps = [st.keyed.snapshot() for st in job.subtasks]
-        self.pending.append(_Pending(snaps, job, self.model.copy_entries(), self.clock(), self.last))
-        self.last = f"taking snapshot #{len(self.pending)} of {job}"
+        cid = None
+        if self.native and data.draw(st.booleans(), label="native"):
+            cid = self.native_checkpoints.next_id()
+            snaps = [st.keyed.native_snapshot(cid) for st in job.subtasks]  # type: ignore[attr-defined]
+        else:
+            snaps = [st.keyed.snapshot() for st in job.subtasks]
+        self.pending.append(_Pending(snaps, job, self.model.copy_entries(), self.clock(), self.last, cid))
+        kind = "canonical" if cid is None else f"native (checkpoint {cid})"
+        self.last = f"taking {kind} snapshot #{len(self.pending)} of {job}"
 
     @precondition(lambda self: bool(self.pending))
     @rule(data=st.data())
@@ -924,6 +1007,10 @@ class StorageMachine(KeyedRules, ClockRules, OperatorRules, StorageRules):
     """Checkpoints and savepoints through the storage."""
 
 
+class NativeCheckpointMachine(KeyedRules, ClockRules, RoundTripRules, StorageRules, IsolationRules):
+    """Native checkpoints that complete, abort or are never confirmed, pending ones, restores of each."""
+
+
 MACHINES: Mapping[str, type[_Machine]] = {
     "all": ConformanceMachine,
     SNAPSHOT_RESTORE_ROUND_TRIP: RoundTripMachine,
@@ -935,5 +1022,6 @@ MACHINES: Mapping[str, type[_Machine]] = {
     TTL_NEVER_RETURNS_EXPIRED: TtlMachine,
     SNAPSHOT_ISOLATION: IsolationMachine,
     STORAGE_ROUND_TRIP: StorageMachine,
+    NATIVE_REFERENCES_COMPLETED: NativeCheckpointMachine,
 }
 """The machine of each named property; ``"all"`` runs every rule."""

@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from .._contracts import CheckpointStorage, KeyedStateBackend
+from .._contracts import CheckpointStorage, KeyedStateBackend, SupportsNativeSnapshot
 from .._errors import CheckpointError, CheckpointNotFoundError, PluginError, StateError
 from .._keygroups import KeyGroupRange
 from .._registry import default_registry
@@ -38,6 +38,7 @@ from ._job import BackendFactory, StorageFactory, new_job_id
 from ._properties import (
     BROADCAST_REDISTRIBUTION,
     EVEN_SPLIT_REDISTRIBUTION,
+    NATIVE_REFERENCES_COMPLETED,
     RESCALE_KEY_GROUP_OWNERSHIP,
     SAVEPOINT_PORTABILITY,
     SNAPSHOT_ISOLATION,
@@ -319,6 +320,14 @@ class StateBackendTests(_KitFixtures, KeyedStateSemantics, TtlSemantics, Snapsho
     def test_property_snapshot_isolation(self, conformance_target: ConformanceTarget) -> None:
         """A snapshot is unaffected by writes made after it was taken."""
         self._run(SNAPSHOT_ISOLATION, conformance_target, self.property_step_count)
+
+    def test_property_native_references_only_completed_uploads(
+        self, conformance_target: ConformanceTarget, backend: KeyedStateBackend
+    ) -> None:
+        """Native checkpoints (complete, aborted, unconfirmed, pending) reference only completed uploads."""
+        if not isinstance(backend, SupportsNativeSnapshot):
+            pytest.skip("this backend has no native snapshot format (SupportsNativeSnapshot)")
+        self._run(NATIVE_REFERENCES_COMPLETED, conformance_target, self.property_step_count)
 
 
 class CheckpointStorageTests(_KitFixtures):

@@ -1,0 +1,329 @@
+"""Native snapshots: a backend's own files, uploaded incrementally and referenced across checkpoints.
+
+A native snapshot of one subtask is a set of files (an engine's SST files,
+say) plus a little JSON of the backend's own. Each file is either *uploaded*
+by the checkpoint that takes the snapshot, or a *reference* to a file that an
+earlier, **completed** checkpoint uploaded into the storage's shared area:
+immutable engine files are sent once and then referenced, as Flink's
+incremental RocksDB checkpoints do.
+
+The life of an upload, for a backend author::
+
+    snap = backend.native_snapshot(7)          # on the task thread: freeze the state now
+    handle = snap.write(out)                   # later, maybe on another thread: upload
+    ...                                        # the runner completes checkpoint 7
+    backend.notify_checkpoint_complete(7)      # from now on, 7's uploads may be referenced
+    # or: backend.notify_checkpoint_aborted(7) # 7's uploads must never be referenced
+
+A backend may reference only files of checkpoints it was told completed: an
+upload of a checkpoint that failed (or whose completion never reached the
+backend) can be deleted at any time. The coordinator counts references per
+shared file (:meth:`NativeStateHandle.shared_descriptions`), and retention
+deletes a shared file once no retained checkpoint references it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, runtime_checkable
+
+from ._errors import CorruptSnapshotError
+from ._keygroups import KeyGroupRange
+from ._snapshot import ProgressCallback, StreamStateHandle, _where
+
+__all__ = [
+    "NativeFile",
+    "NativeSnapshot",
+    "NativeSnapshotOutput",
+    "NativeStateHandle",
+    "WriterNativeOutput",
+    "upload_native_file",
+]
+
+_CHUNK = 4 << 20
+
+
+@dataclass(frozen=True)
+class NativeFile:
+    """One file of a native snapshot, as the storage holds it.
+
+    Attributes:
+        name: The backend's own name for the file (``000012.sst``).
+        stream: Where its bytes are.
+        size: Its size in bytes.
+        crc32: The CRC-32 of its bytes, checked on every read.
+        shared: True if it lies in the storage's shared area, so later
+            checkpoints may reference it; False for files of this checkpoint only.
+        checkpoint_id: The checkpoint that uploaded it. A handle of checkpoint
+            ``n`` whose file has another id references an earlier upload.
+    """
+
+    name: str
+    stream: StreamStateHandle
+    size: int
+    crc32: int
+    shared: bool
+    checkpoint_id: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The file's entry in checkpoint metadata."""
+        return {
+            "name": self.name,
+            "handle": self.stream.to_json(),
+            "size": self.size,
+            "crc32": self.crc32,
+            "shared": self.shared,
+            "checkpoint_id": self.checkpoint_id,
+        }
+
+    @classmethod
+    def from_json(
+        cls, obj: Mapping[str, Any], resolve: Callable[[Mapping[str, Any]], StreamStateHandle]
+    ) -> NativeFile:
+        """Parse :meth:`to_json` output; ``resolve`` turns a handle description into a stream."""
+        try:
+            return cls(
+                str(obj["name"]),
+                resolve(obj["handle"]),
+                int(obj["size"]),
+                int(obj["crc32"]),
+                bool(obj["shared"]),
+                int(obj["checkpoint_id"]),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptSnapshotError(f"malformed native file entry {dict(obj)!r}: {e}") from None
+
+    def chunks(self, chunk_size: int = _CHUNK) -> Iterable[bytes]:
+        """The file's bytes in chunks; the size and CRC-32 are checked after the last one.
+
+        Raises:
+            CorruptSnapshotError: Naming the file, if its bytes are not what was uploaded.
+        """
+        if self.stream.size != self.size:
+            raise CorruptSnapshotError(
+                f"{_where(self.stream)} (native file {self.name}) has {self.stream.size} bytes, "
+                f"the checkpoint says {self.size}; the file is truncated or was replaced"
+            )
+        crc = 0
+        pos = 0
+        while pos < self.size:
+            data = self.stream.read(pos, min(chunk_size, self.size - pos))
+            if not data:
+                break
+            crc = zlib.crc32(data, crc)
+            pos += len(data)
+            yield data
+        if pos != self.size or crc != self.crc32:
+            raise CorruptSnapshotError(
+                f"{_where(self.stream)} (native file {self.name}): checksum mismatch; the file is corrupt"
+            )
+
+    def read(self) -> bytes:
+        """The whole file, checked (see :meth:`chunks`)."""
+        return b"".join(self.chunks())
+
+    def copy_to(self, path: str | os.PathLike[str]) -> None:
+        """Download the file to local ``path``, checked; nothing is left at ``path`` on error."""
+        try:
+            with open(path, "wb") as f:
+                for data in self.chunks():
+                    f.write(data)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
+
+
+@dataclass(frozen=True)
+class NativeStateHandle:
+    """One subtask's native snapshot: its files and what a restore must check first.
+
+    Attributes:
+        format: The backend's :attr:`~statekit.SupportsNativeSnapshot.native_format`.
+        backend: The backend's name.
+        checkpoint_id: The checkpoint that took it.
+        key_group_range: The key groups it holds (the owner's range, or a part of it).
+        max_parallelism: The job's max parallelism.
+        key_serializer: The key serializer's config.
+        states: Each state's entry (``RegisteredState.meta()``), as canonical headers hold them.
+        files: Every file the snapshot consists of, uploaded or referenced.
+        meta: The backend's own JSON (sequence numbers, column families, ...).
+        entries: The number of (key, namespace) entries, if the backend knows it (else 0).
+    """
+
+    format: str
+    backend: str
+    checkpoint_id: int
+    key_group_range: KeyGroupRange
+    max_parallelism: int
+    key_serializer: dict[str, Any]
+    states: list[dict[str, Any]]
+    files: tuple[NativeFile, ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+    entries: int = 0
+
+    @property
+    def size(self) -> int:
+        """Bytes of all its files."""
+        return sum(f.size for f in self.files)
+
+    @property
+    def uploaded_size(self) -> int:
+        """Bytes this checkpoint uploaded (the rest it referenced)."""
+        return sum(f.size for f in self.files if f.checkpoint_id == self.checkpoint_id)
+
+    def file(self, name: str) -> NativeFile:
+        """The file named ``name``."""
+        for f in self.files:
+            if f.name == name:
+                return f
+        raise CorruptSnapshotError(f"native snapshot of {self.key_group_range} has no file {name!r}")
+
+    def shared_descriptions(self) -> list[dict[str, Any]]:
+        """Storage descriptions of its shared files: what retention counts references of."""
+        return [f.stream.to_json() for f in self.files if f.shared]
+
+    def intersect(self, key_groups: KeyGroupRange) -> NativeStateHandle | None:
+        """The same snapshot, limited to ``key_groups`` (the files stay: they hold ranges)."""
+        r = self.key_group_range.intersection(key_groups)
+        if not len(r):
+            return None
+        return replace(self, key_group_range=r)
+
+    def to_json(self) -> dict[str, Any]:
+        """The handle's part of checkpoint metadata."""
+        return {
+            "format": self.format,
+            "backend": self.backend,
+            "checkpoint_id": self.checkpoint_id,
+            "key_group_range": [self.key_group_range.start, self.key_group_range.end],
+            "max_parallelism": self.max_parallelism,
+            "key_serializer": self.key_serializer,
+            "states": self.states,
+            "files": [f.to_json() for f in self.files],
+            "meta": self.meta,
+            "entries": self.entries,
+        }
+
+    @classmethod
+    def from_json(
+        cls, obj: Mapping[str, Any], resolve: Callable[[Mapping[str, Any]], StreamStateHandle]
+    ) -> NativeStateHandle:
+        """Parse :meth:`to_json` output; ``resolve`` turns a file's handle description into a stream."""
+        try:
+            start, end = obj["key_group_range"]
+            return cls(
+                format=str(obj["format"]),
+                backend=str(obj.get("backend", "")),
+                checkpoint_id=int(obj["checkpoint_id"]),
+                key_group_range=KeyGroupRange.of(int(start), int(end)),
+                max_parallelism=int(obj["max_parallelism"]),
+                key_serializer=dict(obj["key_serializer"]),
+                states=list(obj["states"]),
+                files=tuple(NativeFile.from_json(f, resolve) for f in obj["files"]),
+                meta=dict(obj.get("meta") or {}),
+                entries=int(obj.get("entries", 0)),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptSnapshotError(f"malformed native snapshot handle: {e}") from None
+
+
+@runtime_checkable
+class NativeSnapshotOutput(Protocol):
+    """Where a native snapshot's files go: core gives one to :meth:`NativeSnapshot.write`."""
+
+    @property
+    def checkpoint_id(self) -> int:
+        """The checkpoint being written."""
+
+    def upload(self, name: str, source: str | os.PathLike[str] | bytes, *, shared: bool = True) -> NativeFile:
+        """Upload a local file (a path) or bytes as the snapshot's file ``name``."""
+
+
+@runtime_checkable
+class NativeSnapshot(Protocol):
+    """A native snapshot taken (frozen) but not yet written."""
+
+    def write(
+        self, out: NativeSnapshotOutput, *, progress: ProgressCallback | None = None
+    ) -> NativeStateHandle:
+        """Upload what is new, reference what completed checkpoints uploaded; returns the handle."""
+
+    def release(self) -> None:
+        """Give the snapshot up without writing it (idempotent; ``write`` releases too)."""
+
+
+def upload_native_file(
+    create_stream: Callable[[str, bool], Any],
+    stream_name: str,
+    name: str,
+    source: str | os.PathLike[str] | bytes,
+    *,
+    shared: bool,
+    checkpoint_id: int,
+) -> NativeFile:
+    """Copy ``source`` into a new checkpoint stream, computing its size and CRC-32."""
+    out = create_stream(stream_name, shared)
+    crc = size = 0
+    try:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            data = bytes(source)
+            out.write(data)
+            crc, size = zlib.crc32(data), len(data)
+        else:
+            with open(source, "rb") as f:
+                while data := f.read(_CHUNK):
+                    out.write(data)
+                    crc = zlib.crc32(data, crc)
+                    size += len(data)
+        stream = out.close_and_get_handle()
+    except BaseException:
+        out.discard()
+        raise
+    return NativeFile(name, stream, size, crc, shared, checkpoint_id)
+
+
+class WriterNativeOutput:
+    """A :class:`NativeSnapshotOutput` over a checkpoint writer's streams.
+
+    Stream names are ``<prefix>/<name>`` plus a random part for shared files,
+    so uploads of different attempts and instances never overwrite each other.
+    """
+
+    def __init__(self, writer: Any, prefix: str, checkpoint_id: int) -> None:
+        self._writer = writer
+        self._prefix = prefix
+        self._checkpoint_id = checkpoint_id
+        self._tag = os.urandom(6).hex()
+        self.uploaded: list[NativeFile] = []
+
+    @property
+    def checkpoint_id(self) -> int:
+        """The checkpoint being written."""
+        return self._checkpoint_id
+
+    def upload(self, name: str, source: str | os.PathLike[str] | bytes, *, shared: bool = True) -> NativeFile:
+        """Upload ``source`` as file ``name`` (into the shared area when ``shared``)."""
+        safe = name.replace("/", "_")
+        stream_name = f"{self._prefix}-{self._tag}-{safe}" if shared else f"{self._prefix}-native/{safe}"
+        f = upload_native_file(
+            lambda n, s: self._writer.create_stream(n, shared=s),
+            stream_name,
+            name,
+            source,
+            shared=shared,
+            checkpoint_id=self._checkpoint_id,
+        )
+        self.uploaded.append(f)
+        return f
+
+    def discard(self) -> None:
+        """Delete what this output uploaded (a checkpoint that failed before it completed)."""
+        for f in self.uploaded:
+            with contextlib.suppress(Exception):  # best effort: the checkpoint already failed
+                f.stream.discard()
+        self.uploaded.clear()
