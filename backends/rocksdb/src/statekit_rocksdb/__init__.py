@@ -1,0 +1,7 @@
+"""statekit's RocksDB backend: keyed state in RocksDB (rocksdict), incremental native checkpoints."""
+
+from __future__ import annotations
+
+from ._backend import ROCKSDB_NATIVE_FORMAT, RocksDBKeyedStateBackend, RocksDBStateBackend
+
+__all__ = ["ROCKSDB_NATIVE_FORMAT", "RocksDBKeyedStateBackend", "RocksDBStateBackend"]

@@ -1,0 +1,172 @@
+"""What a native checkpoint uploads, and what it references instead.
+
+A native snapshot is a RocksDB checkpoint of the live instance: every column
+family flushed, then hard links to its immutable SST files plus copies of
+MANIFEST, CURRENT, OPTIONS (and rocksdict's config), taken on the task thread
+in milliseconds. ``write`` uploads it later, possibly on another thread:
+
+- an SST file that a checkpoint this instance was told completed already
+  uploaded is *referenced* (its :class:`~statekit.backend_api.NativeFile` is
+  put in the new handle); any other SST file is uploaded into the storage's
+  shared area;
+- the other files are small and change every time: uploaded as files of this
+  checkpoint only.
+
+:class:`UploadTracker` keeps the bookkeeping, as Flink's
+``RocksIncrementalSnapshotStrategy`` and Spark's ``RocksDBFileManager`` do:
+uploads per pending checkpoint, and the confirmed ones that may be referenced.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from typing import TYPE_CHECKING, Any
+
+from statekit import StateAccessError
+from statekit.backend_api import NativeFile, NativeSnapshotOutput, NativeStateHandle
+
+if TYPE_CHECKING:
+    from statekit.backend_api import ProgressCallback
+
+    from ._backend import RocksDBKeyedStateBackend
+
+__all__ = ["RocksDBNativeSnapshot", "UploadTracker"]
+
+
+class UploadTracker:
+    """Which SST files a checkpoint uploaded, and which uploads may be referenced.
+
+    ``pending[n]`` holds the uploads of checkpoint ``n`` until the runner says
+    it completed (they become *confirmed*) or aborted (they are forgotten). Only
+    confirmed uploads are ever referenced; a checkpoint whose completion never
+    arrives is subsumed when a later one completes.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.confirmed: dict[str, NativeFile] = {}
+        self.pending: dict[int, dict[str, NativeFile]] = {}
+
+    def reusable(self, name: str) -> NativeFile | None:
+        """The confirmed upload of SST file ``name``, if any."""
+        with self._lock:
+            return self.confirmed.get(name)
+
+    def uploaded(self, checkpoint_id: int, files: dict[str, NativeFile]) -> None:
+        """Checkpoint ``checkpoint_id`` uploaded ``files`` (SST name -> file)."""
+        with self._lock:
+            self.pending.setdefault(checkpoint_id, {}).update(files)
+
+    def complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed: its uploads may be referenced; older pending ones go."""
+        with self._lock:
+            done = self.pending.pop(checkpoint_id, {})
+            self.confirmed.update(done)
+            for cid in [c for c in self.pending if c < checkpoint_id]:
+                del self.pending[cid]
+
+    def abort(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` never completes: forget its uploads."""
+        with self._lock:
+            self.pending.pop(checkpoint_id, None)
+
+    def restored(self) -> None:
+        """The instance was restored: nothing is confirmed, the next checkpoint uploads every file.
+
+        Flink's default (NO_CLAIM) restore mode: checkpoints after a restore never
+        depend on the files of the checkpoint restored from, which may live in
+        another storage or be deleted by the user once the job runs again.
+        """
+        with self._lock:
+            self.confirmed = {}
+            self.pending.clear()
+
+    def keep_only(self, live: set[str]) -> None:
+        """Forget confirmed uploads of files the instance no longer has (compacted away for good)."""
+        with self._lock:
+            self.confirmed = {n: f for n, f in self.confirmed.items() if n in live}
+
+
+class RocksDBNativeSnapshot:
+    """A RocksDB checkpoint of one instance, hard-linked locally, uploaded by :meth:`write`."""
+
+    def __init__(
+        self,
+        backend: RocksDBKeyedStateBackend,
+        checkpoint_id: int,
+        directory: str,
+        states: list[dict[str, Any]],
+        meta: dict[str, Any],
+        entries: int,
+    ) -> None:
+        self._backend = backend
+        self.checkpoint_id = checkpoint_id
+        self.directory: str | None = directory
+        self._states = states
+        self._meta = meta
+        self._entries = entries
+
+    @classmethod
+    def take(cls, backend: RocksDBKeyedStateBackend, checkpoint_id: int) -> RocksDBNativeSnapshot:
+        """Flush buffered writes and memtables, then create the checkpoint (hard links) locally."""
+        directory = backend.checkpoint_locally(f"chk-{checkpoint_id}")
+        files = set(os.listdir(directory))
+        backend.uploads.keep_only({f for f in files if f.endswith(".sst")})
+        kgr = backend.key_group_range
+        meta = {
+            "range": [kgr.start, kgr.end],
+            "sequence": backend.sequence,
+            "column_family_prefix": "state:",
+            # Restores drop what a canonical snapshot taken now would leave out (cleanup_full_snapshot).
+            "time_ms": backend.clock(),
+            "ttl_cleanup": backend.full_snapshot_ttl(),
+        }
+        return cls(
+            backend, checkpoint_id, directory, backend.snapshot_states(), meta, backend.estimate_entries()
+        )
+
+    def write(
+        self, out: NativeSnapshotOutput, *, progress: ProgressCallback | None = None
+    ) -> NativeStateHandle:
+        """Upload new SST files and this checkpoint's small files; reference confirmed uploads."""
+        if self.directory is None:
+            raise StateAccessError("this native snapshot was already written or released")
+        try:
+            b = self._backend
+            names = sorted(os.listdir(self.directory))
+            files: list[NativeFile] = []
+            new: dict[str, NativeFile] = {}
+            for i, name in enumerate(names):
+                path = os.path.join(self.directory, name)
+                if name.endswith(".sst"):
+                    f = b.uploads.reusable(name)
+                    if f is None:
+                        f = new[name] = out.upload(name, path, shared=True)
+                else:
+                    f = out.upload(name, path, shared=False)
+                files.append(f)
+                if progress is not None:
+                    progress(i + 1, len(names))
+            b.uploads.uploaded(self.checkpoint_id, new)
+            return NativeStateHandle(
+                format=b.native_format,
+                backend=b.backend_name,
+                checkpoint_id=self.checkpoint_id,
+                key_group_range=b.key_group_range,
+                max_parallelism=b.max_parallelism,
+                key_serializer=b.key_serializer.config(),
+                states=self._states,
+                files=tuple(files),
+                meta=self._meta,
+                entries=self._entries,
+            )
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Delete the local checkpoint (idempotent)."""
+        directory, self.directory = self.directory, None
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)

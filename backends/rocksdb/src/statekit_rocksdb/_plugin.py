@@ -1,0 +1,55 @@
+"""Registers the ``rocksdb`` backend. Kept light: rocksdict loads only when a job uses it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from statekit import BackendSpec, ConfigOption, hookimpl
+
+OPTIONS = (
+    ConfigOption(
+        "local-dir", str, None,
+        "Directory for the RocksDB instances; unset: the directory the runner gives each subtask "
+        "(statekit.local-dir, or Spark's local directories on Spark).",
+    ),
+    ConfigOption(
+        "memory-budget", int, None,
+        "Bytes that block cache and memtables of all instances of this backend in one process "
+        "share (a block cache of this size, memtables charged to it); unset: block-cache-size and "
+        "write buffers apply separately.",
+    ),
+    ConfigOption("block-cache-size", int, 64 << 20, "Bytes of block cache (without memory-budget)."),
+    ConfigOption("write-buffer-size", int, 32 << 20, "Bytes of one memtable of one state."),
+    ConfigOption("write-buffer-count", int, 2, "Memtables per state before writes stall."),
+    ConfigOption(
+        "compression", str, "lz4", "Block compression.", choices=("none", "lz4", "zstd", "snappy")
+    ),
+    ConfigOption(
+        "wal", bool, False,
+        "Write RocksDB's write-ahead log. Off by default: checkpoints are the durability.",
+    ),
+    ConfigOption(
+        "write-batch-size", int, 1024,
+        "Updates kept in the backend's write buffer (read back from it) before they are written "
+        "to RocksDB in one WriteBatch; also written at every snapshot.",
+    ),
+    ConfigOption(
+        "ttl-sweep-interval", int, 1000,
+        "Accesses of a TTL state between two background sweeps of its keys; each sweep checks "
+        "cleanup_incremental_size x this many entries and deletes the expired ones.",
+    ),
+)  # fmt: skip
+
+
+@hookimpl
+def statekit_register_backends(register: Callable[[Any], None]) -> None:
+    """Register ``rocksdb``."""
+    register(
+        BackendSpec(
+            name="rocksdb",
+            factory="statekit_rocksdb._backend:RocksDBStateBackend",
+            options=OPTIONS,
+            description="Keyed state in RocksDB (rocksdict) on local disk; incremental native checkpoints.",
+        )
+    )

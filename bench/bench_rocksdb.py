@@ -1,0 +1,246 @@
+"""The RocksDB backend against raw rocksdict, measured in one run; incremental checkpoints; rescale.
+
+Three parts, each printing figures and ratios to a baseline run in the same process:
+
+1. ``ValueState`` read-modify-write, 1M operations over 100k string keys drawn
+   Zipf-like (s=1.1), switching the current key on every operation:
+   - baseline: raw rocksdict with its best settings for this: raw mode, WAL off,
+     a WriteBatch per ``--batch`` updates with a dict overlay that serves reads
+     of pending writes, an 8-byte big-endian int per key;
+   - statekit per record: ``set_current_key(k); s.update(s.value() + 1)``;
+   - statekit batched: ``s.update_batch(keys, fn)`` over batches of 10k keys.
+2. Native incremental checkpoints: time and bytes of a first checkpoint of
+   N keys and of a second one after updating 1 % of them (``--sizes``).
+3. Rescale 2 -> 3: restoring the three new subtasks from native checkpoints
+   and from a canonical savepoint of the same state.
+
+Run: ``python bench/bench_rocksdb.py [--ops N] [--sizes 1000000,5000000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench_heap_value_state import best_of, zipf_keys
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from statekit import KeyGroupRange, LocalRunner, ValueStateDescriptor
+from statekit.checkpointing import load_checkpoint
+from statekit.serializers import StrSerializer
+from statekit_rocksdb import RocksDBKeyedStateBackend, RocksDBStateBackend
+
+DESC = ValueStateDescriptor("count", int, default=0)
+
+
+def rmw(args: argparse.Namespace, scratch: str) -> None:
+    ops = zipf_keys(args.ops, args.keys)
+    batch_size = args.batch
+
+    def raw_setup() -> object:
+        path = tempfile.mkdtemp(dir=scratch)
+        o = Options(raw_mode=True)
+        o.create_if_missing(True)
+        return Rdict(path, o)
+
+    def raw(db_: object) -> object:
+        db: Any = db_
+        wo = WriteOptions()
+        wo.disable_wal = True
+        overlay: dict[bytes, bytes] = {}
+        wb = WriteBatch(raw_mode=True)
+        n = 0
+        get = db.get
+        for key in ops:
+            k = key.encode()
+            v = overlay.get(k)
+            if v is None:
+                v = get(k)
+            new = ((int.from_bytes(v, "big") if v is not None else 0) + 1).to_bytes(8, "big")
+            overlay[k] = new
+            wb.put(k, new)
+            n += 1
+            if n >= batch_size:
+                db.write(wb, wo)
+                wb = WriteBatch(raw_mode=True)
+                overlay.clear()
+                n = 0
+        db.write(wb, wo)
+        return db
+
+    engine = RocksDBStateBackend({"write-batch-size": batch_size})
+
+    def backend() -> RocksDBKeyedStateBackend:
+        return engine.create_keyed_backend(
+            key_serializer=StrSerializer(),
+            key_group_range=KeyGroupRange(0, 127),
+            max_parallelism=128,
+            local_dir=scratch,
+        )
+
+    def per_record(b: object) -> object:
+        assert isinstance(b, RocksDBKeyedStateBackend)
+        s = b.get_state(DESC)
+        set_key, value, update = b.set_current_key, s.value, s.update
+        for k in ops:
+            set_key(k)
+            update(value() + 1)
+        b.rocksdb_write_buffered()
+        return b
+
+    def batched(b: object) -> object:
+        assert isinstance(b, RocksDBKeyedStateBackend)
+        s = b.get_state(DESC)
+        inc = (1).__add__
+        for i in range(0, len(ops), 10_000):
+            s.update_batch(ops[i : i + 10_000], inc)
+        b.rocksdb_write_buffered()
+        return b
+
+    t_raw, db = best_of(args.repeats, raw_setup, raw)
+    expected: dict[str, int] = {}
+    for k in ops:
+        expected[k] = expected.get(k, 0) + 1
+    rows = [("raw rocksdict (baseline)", t_raw)]
+    for name, fn in (("statekit per record", per_record), ("statekit update_batch", batched)):
+        t, b = best_of(args.repeats, backend, fn)
+        assert isinstance(b, RocksDBKeyedStateBackend)
+        s = b.get_state(DESC)
+        for k in random.Random(1).sample(sorted(expected), 1000):
+            b.set_current_key(k)
+            assert s.value() == expected[k], (name, k)
+            assert int.from_bytes(db.get(k.encode()), "big") == expected[k]  # type: ignore[attr-defined]
+        rows.append((name, t))
+        b.close()
+    print(
+        f"\n1. ValueState read-modify-write: {args.ops:,} ops over {len(expected):,} distinct keys "
+        f"(Zipf s=1.1), best of {args.repeats}, write batch {batch_size}"
+    )
+    print(f"{'path':<28}{'seconds':>10}{'ops/s':>14}{'x baseline':>12}")
+    for name, t in rows:
+        print(f"{name:<28}{t:>10.3f}{args.ops / t:>14,.0f}{t / t_raw:>12.2f}")
+
+
+def _dir_size(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+class _Fill:
+    """A job whose records set a key's value (``(key, value)`` pairs)."""
+
+    def open(self, ctx: Any) -> None:
+        self.v = ctx.get_state(DESC)
+
+    def process(self, record: Any, ctx: Any) -> None:
+        self.v.update(record[1])
+
+    def close(self) -> None:
+        pass
+
+
+def incremental(args: argparse.Namespace, scratch: str) -> None:
+    print("\n2. Native incremental checkpoints (filesystem storage on local disk, p=1)")
+    print(
+        f"{'keys':>10}{'1st s':>8}{'1st MB':>9}{'2nd s':>8}{'2nd MB':>9}{'2nd/1st bytes':>15}{'canon s':>9}"
+    )
+    for n in [int(x) for x in args.sizes.split(",")]:
+        chk = tempfile.mkdtemp(dir=scratch)
+        runner = LocalRunner(
+            _Fill,  # type: ignore[arg-type]
+            key_selector=lambda r: r[0],
+            config={
+                "statekit.backend": "rocksdb",
+                "statekit.checkpoints.dir": chk,
+                "statekit.local-dir": scratch,
+                "statekit.checkpoints.retained": 2,
+            },
+            job_id="bench",
+        )
+        keys = [f"user-{i:09d}" for i in range(n)]
+        runner.run([(k, 1) for k in keys])
+        t0 = time.perf_counter()
+        first = runner.checkpoint()
+        t1 = time.perf_counter() - t0
+        meta1 = load_checkpoint(runner.storage, first).metadata.operators["process"][0].keyed
+        assert meta1 is not None
+        changed = random.Random(7).sample(keys, n // 100)
+        runner.run([(k, 2) for k in changed])
+        t0 = time.perf_counter()
+        second = runner.checkpoint()
+        t2 = time.perf_counter() - t0
+        meta2 = load_checkpoint(runner.storage, second).metadata.operators["process"][0].keyed
+        assert meta2 is not None
+        up1, up2 = int(meta1["uploaded"]), int(meta2["uploaded"])
+        t0 = time.perf_counter()
+        runner.savepoint(os.path.join(chk, "sp"))
+        t3 = time.perf_counter() - t0
+        print(f"{n:>10,}{t1:>8.2f}{up1 / 1e6:>9.1f}{t2:>8.2f}{up2 / 1e6:>9.1f}{up2 / up1:>15.4f}{t3:>9.2f}")
+        runner.close()
+        shutil.rmtree(chk, ignore_errors=True)
+
+
+def rescale(args: argparse.Namespace, scratch: str) -> None:
+    n = args.rescale_keys
+    chk = tempfile.mkdtemp(dir=scratch)
+    conf = {"statekit.backend": "rocksdb", "statekit.checkpoints.dir": chk, "statekit.local-dir": scratch}
+    runner = LocalRunner(_Fill, key_selector=lambda r: r[0], config={**conf, "statekit.parallelism": 2},  # type: ignore[arg-type]
+                         job_id="rescale")  # fmt: skip
+    runner.run([(f"user-{i:09d}", i) for i in range(n)])
+    native = runner.checkpoint()
+    savepoint = runner.savepoint(os.path.join(chk, "sp"))
+    runner.close()
+
+    def restore(location: str) -> Callable[[], float]:
+        def run() -> float:
+            r = LocalRunner(_Fill, key_selector=lambda x: x[0],  # type: ignore[arg-type]
+                            config={**conf, "statekit.parallelism": 3}, job_id="rescale")  # fmt: skip
+            gc.collect()
+            t0 = time.perf_counter()
+            r.restore(location)
+            t = time.perf_counter() - t0
+            assert sum(ctx.keyed_backend.num_entries() for ctx in r.subtasks) == n
+            r.close()
+            return t
+
+        return run
+
+    t_native = min(restore(native)() for _ in range(2))
+    t_canon = min(restore(savepoint)() for _ in range(2))
+    print(f"\n3. Rescale 2 -> 3 of {n:,} keys (all three new subtasks restored, best of 2)")
+    print(f"from native checkpoints   {t_native:8.2f} s")
+    print(f"from a canonical savepoint {t_canon:7.2f} s   native/canonical {t_native / t_canon:.2f}")
+    shutil.rmtree(chk, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--ops", type=int, default=1_000_000)
+    ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--sizes", default="1000000,5000000")
+    ap.add_argument("--rescale-keys", type=int, default=1_000_000)
+    ap.add_argument("--parts", default="rmw,incremental,rescale")
+    args = ap.parse_args()
+    scratch = tempfile.mkdtemp(prefix="bench-rocksdb-")
+    try:
+        parts = args.parts.split(",")
+        if "rmw" in parts:
+            rmw(args, scratch)
+        if "incremental" in parts:
+            incremental(args, scratch)
+        if "rescale" in parts:
+            rescale(args, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
