@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--parallelism", type=int, nargs="+", default=[2])
     parser.add_argument("--checkpoints-dir", help="filesystem storage here; default: jobmanager")
     parser.add_argument("--kill-in-sink", type=int, default=None)
+    parser.add_argument("--backend", default="heap")
     parser.add_argument("--report", required=True, help="JSON lines: one per batch, then a summary")
     args = parser.parse_args()
 
@@ -54,6 +55,7 @@ def main() -> None:
         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
         .config("spark.executor.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
     )
+    builder = builder.config("spark.statekit.backend", args.backend)
     if args.checkpoints_dir:
         builder = builder.config("spark.statekit.checkpoints.dir", args.checkpoints_dir)
     else:
@@ -100,7 +102,7 @@ def main() -> None:
 
     storage = processed.checkpoint_storage()
     runner = LocalRunner(CountUrls, key_selector=lambda r: r["url"], storage=storage, job_id=args.job_id,
-                         config={"statekit.parallelism": 2})  # fmt: skip
+                         config={"statekit.parallelism": 2, "statekit.backend": args.backend})  # fmt: skip
     runner.restore("latest")
     records = []
     for path in sorted(Path(args.input).glob("part-*.json")):

@@ -45,11 +45,23 @@ def run_to_end(processed: Any, checkpoint_location: Path, **kw: Any) -> Any:
 def restored_state(
     storage: Any, job_id: str, parallelism: int = 2, location: str = "latest"
 ) -> dict[str, Any]:
-    """The state of the job's latest checkpoint, read back through the embedded runner."""
+    """The state of the job's latest checkpoint, read back through the embedded runner.
+
+    The runner uses the backend that wrote the checkpoint, which native checkpoints need.
+    """
+    from statekit import load_checkpoint
+
+    found = storage.latest_checkpoint(job_id) if location == "latest" else location
+    assert found is not None, "no checkpoint to restore"
+    backend = load_checkpoint(storage, found).metadata.backend or "heap"
     runner = LocalRunner(
         CountUrls,
         key_selector=lambda r: r["url"],
-        config={"statekit.parallelism": parallelism, "statekit.max-parallelism": 128},
+        config={
+            "statekit.parallelism": parallelism,
+            "statekit.max-parallelism": 128,
+            "statekit.backend": backend,
+        },
         storage=storage,
         job_id=job_id,
     )

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sparkutil import assert_exact_outputs, assert_exact_state, write_inputs
 
 from jobs import make_records
@@ -58,14 +59,15 @@ def latest_id(checkpoints: Path, job_id: str) -> int:
     return max(done, default=0)
 
 
-def test_driver_killed_mid_run_then_restarted_counts_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_driver_killed_mid_run_then_restarted_counts_exactly(tmp_path: Path, backend: str) -> None:
     records = make_records(2400, seed=3)
     write_inputs(tmp_path / "in", records, 8)
     checkpoints = tmp_path / "statekit"
     args = [
         "--input", str(tmp_path / "in"), "--out", str(tmp_path / "out"),
         "--spark-checkpoint", str(tmp_path / "spark"), "--job-id", "killed",
-        "--checkpoints-dir", str(checkpoints), "--parallelism", "2",
+        "--checkpoints-dir", str(checkpoints), "--parallelism", "2", "--backend", backend,
     ]  # fmt: skip
 
     # 1. The driver dies right after the sink wrote batch 1, before checkpoint 2 completes.

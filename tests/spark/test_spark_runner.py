@@ -34,6 +34,8 @@ from statekit.spark import BatchInfo, keyed
 
 RECORDS = make_records(2400)
 BACKENDS = sorted(default_registry().backends())
+# The in-memory default and the engine with native, incremental checkpoints.
+ON_DISK = [b for b in ("heap", "rocksdb") if b in BACKENDS]
 
 
 def configure(session: Any, values: dict[str, Any]) -> None:
@@ -90,8 +92,13 @@ def test_every_backend_and_storage_counts_exactly(
     assert_exact_outputs(tmp_path / "out", RECORDS)
 
 
-def test_rescale_2_3_1_redistributes_state_by_key_group(session: Any, tmp_path: Path, job_id: str) -> None:
-    configure(session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit"})
+@pytest.mark.parametrize("backend", ON_DISK)
+def test_rescale_2_3_1_redistributes_state_by_key_group(
+    session: Any, tmp_path: Path, job_id: str, backend: str
+) -> None:
+    configure(
+        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.backend": backend}
+    )
     infos: list[BatchInfo] = []
     done = 0
     for run, (p, size) in enumerate([(2, 800), (3, 900), (1, 700)]):
@@ -107,7 +114,8 @@ def test_rescale_2_3_1_redistributes_state_by_key_group(session: Any, tmp_path: 
         assert restored_state(storage, job_id, parallelism=p) == model_state(RECORDS[:done])
         # Operator state moved too: each URL's first sighting, split over the new subtasks.
         runner = LocalRunner(CountUrls, key_selector=lambda r: r["url"], storage=storage, job_id=job_id,
-                             config={"statekit.parallelism": p, "statekit.max-parallelism": 128})  # fmt: skip
+                             config={"statekit.parallelism": p, "statekit.max-parallelism": 128,
+                                     "statekit.backend": backend})  # fmt: skip
         runner.restore("latest")
         assert sum(len(ctx.get_list_state(SEEN).get()) for ctx in runner.subtasks) == len(
             {r["url"] for r in RECORDS[:done]}
@@ -144,11 +152,17 @@ def test_spark_own_state_store_keeps_its_partition_count(session: Any, tmp_path:
     assert state_partitions == ["0", "1"]  # ...and still has two: the checkpoint fixed them
 
 
+@pytest.mark.parametrize("backend", ON_DISK)
 def test_injected_task_failures_leave_state_and_outputs_exact(
-    session: Any, tmp_path: Path, job_id: str
+    session: Any, tmp_path: Path, job_id: str, backend: str
 ) -> None:
     configure(
-        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 3}
+        session,
+        {
+            "spark.statekit.checkpoints.dir": tmp_path / "statekit",
+            "spark.statekit.parallelism": 3,
+            "spark.statekit.backend": backend,
+        },
     )
     markers = tmp_path / "failures"
     markers.mkdir()

@@ -39,11 +39,12 @@ def _json_rows(directory):
     return rows
 
 
-def test_demo_resumes_from_the_checkpoint_with_exact_counts(tmp_path):
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_demo_resumes_from_the_checkpoint_with_exact_counts(tmp_path, backend):
     work = tmp_path / "demo"
     args = build_parser().parse_args(
         ["demo", "--workdir", str(work), "--records", "6000", "--files", "3", "--more-records", "2500",
-         "--more-files", "2", "--urls", "300", "--malformed", "0.02", "--no-progress"]
+         "--more-files", "2", "--urls", "300", "--malformed", "0.02", "--no-progress", "--backend", backend]
     )  # fmt: skip
     out = io.StringIO()
     report = demo(args, Console(file=out, width=120))

@@ -54,6 +54,11 @@ def _add_generate_options(p: argparse.ArgumentParser, *, records: int, files: in
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--files-per-trigger", type=int, default=1, help="log files per micro-batch (default 1)")
     p.add_argument("--parallelism", type=int, default=2, help="statekit subtasks (default 2)")
+    p.add_argument(
+        "--backend",
+        default="heap",
+        help="statekit state backend by name: heap (default), rocksdb, or any installed one",
+    )
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--top", type=int, default=10, help="URLs in the final table (default 10)")
     p.add_argument("--no-progress", action="store_true", help="no live display")
@@ -130,6 +135,7 @@ def _settings(args: argparse.Namespace, logs: str, state: str, output: str | Non
         output_dir=output,
         files_per_trigger=args.files_per_trigger,
         parallelism=args.parallelism,
+        backend=args.backend,
     )
 
 

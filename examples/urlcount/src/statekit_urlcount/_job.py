@@ -15,6 +15,7 @@ output. A second run with the same directory resumes where the first stopped.
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -252,8 +253,9 @@ def read_state(settings: JobSettings) -> StateSummary:
     """Every URL's count and the malformed total, from the latest statekit checkpoint.
 
     The checkpoint written by the Spark subtasks is restored whole into one
-    in-memory heap backend here in the driver: state is portable between
-    runners, and this reads exactly what the next run will resume from.
+    subtask of the backend that wrote it (native checkpoints, such as
+    RocksDB's, need their own backend; canonical ones restore anywhere) here in
+    the driver: this reads exactly what the next run will resume from.
     """
     storage = checkpoint_storage(settings)
     summary = checkpoint_info(settings, storage)
@@ -263,22 +265,29 @@ def read_state(settings: JobSettings) -> StateSummary:
     maxp = cp.metadata.max_parallelism
     full = KeyGroupRange.of(0, maxp - 1)
     registry = default_registry()
+    backend = registry.create_backend(cp.metadata.backend or settings.backend, {})
     counts: dict[str, int] = {}
-    for operator_id in cp.metadata.operators:
-        handles = cp.keyed_handles(operator_id, full)
-        if not handles:
+    entries = 0
+    for operator_id, subtasks in cp.metadata.operators.items():
+        if not any(st.keyed for st in subtasks):
             continue
-        keyed = registry.create_backend("heap", {}).create_keyed_backend(
-            key_serializer=serializer_for(str), key_group_range=full, max_parallelism=maxp
-        )
-        try:
-            keyed.restore(handles)
-            count = keyed.get_state(COUNT_STATE)
-            for key in list(keyed.keys(COUNT_STATE.name)):
-                keyed.set_current_key(key)
-                counts[key] = count.value()
-        finally:
-            keyed.close()
+        with tempfile.TemporaryDirectory(prefix="urlcount-read-") as local_dir:
+            keyed = backend.create_keyed_backend(
+                key_serializer=serializer_for(str),
+                key_group_range=full,
+                max_parallelism=maxp,
+                local_dir=local_dir,
+            )
+            try:
+                cp.restore_subtask(operator_id, 0, 1, keyed, None)
+                entries += keyed.num_entries()
+                count = keyed.get_state(COUNT_STATE)
+                for key in list(keyed.keys(COUNT_STATE.name)):
+                    keyed.set_current_key(key)
+                    counts[key] = count.value()
+            finally:
+                keyed.close()
+    summary.entries = entries
     summary.malformed = counts.pop(MALFORMED_KEY, 0)
     summary.counts = counts
     return summary
