@@ -2,7 +2,7 @@
 
 Run by test_crash_recovery.py as a subprocess::
 
-    python crash_child.py CKPT_DIR INPUT RESULT [--kill-at N | --kill-after SECONDS]
+    python crash_child.py CKPT_DIR INPUT RESULT [--kill-at N | --kill-after SECONDS] [--backend NAME]
 
 ``--kill-at N`` sends SIGKILL at the N-th checkpoint I/O event: a write into a
 snapshot stream, closing a stream, the moment before ``_metadata`` is renamed
@@ -84,6 +84,7 @@ def main() -> None:
     ap.add_argument("result")
     ap.add_argument("--kill-at", type=int, default=0)
     ap.add_argument("--kill-after", type=float, default=0.0)
+    ap.add_argument("--backend", default="heap")
     args = ap.parse_args()
     _kill_at = args.kill_at
     if args.kill_after:
@@ -109,6 +110,7 @@ def main() -> None:
             "statekit.checkpoints.retained": 2,
             # Small files stay files, so kills can land inside them.
             "statekit.checkpoint.storage.filesystem.inline-threshold": 0,
+            "statekit.backend": args.backend,
         },
     )
     begin = runner.storage.begin_checkpoint

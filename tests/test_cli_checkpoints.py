@@ -16,7 +16,7 @@ from statekit._cli import main
 RECORDS = make_records(1500, urls=30, seed=9)
 
 
-def runner(ckpt: Path, p: int) -> LocalRunner:
+def runner(ckpt: Path, p: int, backend: str = "heap") -> LocalRunner:
     return LocalRunner(
         CountUrls,
         key_selector=lambda r: r["url"],
@@ -25,6 +25,7 @@ def runner(ckpt: Path, p: int) -> LocalRunner:
             "statekit.parallelism": p,
             "statekit.checkpoints.retained": 3,
             "statekit.checkpoint.storage.filesystem.inline-threshold": 0,
+            "statekit.backend": backend,
         },
     )
 
@@ -92,6 +93,24 @@ def test_convert_makes_a_relocatable_savepoint_restorable_at_another_parallelism
     r = runner(tmp_path / "other", 2)
     r.restore(str(moved))
     assert state_of_runner(r) == model_state(RECORDS)
+
+
+def test_convert_writes_a_native_rocksdb_checkpoint_as_a_canonical_savepoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("statekit_rocksdb")
+    r = runner(tmp_path / "ckpt", 2, backend="rocksdb")
+    r.run(RecordSource(RECORDS))
+    chk = r.checkpoint()
+    r.close()
+    assert json.loads((Path(chk) / "_metadata").read_bytes()[8:-4])["operators"]["process"][0]["keyed"][
+        "format"
+    ] == "statekit-rocksdb-1"
+    assert main(["savepoint", "convert", chk, "--target", str(tmp_path / "sp"), "--no-progress"]) == 0
+    location = capsys.readouterr().out.strip().rsplit(" ", 1)[-1]
+    heap = runner(tmp_path / "other", 3)  # a canonical savepoint: any backend, any parallelism
+    heap.restore(location)
+    assert state_of_runner(heap) == model_state(RECORDS)
 
 
 def test_convert_refuses_a_corrupt_checkpoint_and_leaves_nothing(ckpt: Path, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -365,10 +366,18 @@ def test_jobmanager_size_limit_fails_the_batch(session: Any, job_id: str) -> Non
     assert processed.checkpoint_storage().latest_checkpoint(job_id) is None
 
 
-def test_executors_reuse_open_state_between_batches(session: Any, tmp_path: Path, job_id: str) -> None:
+@pytest.mark.parametrize("backend", ON_DISK)
+def test_executors_reuse_open_state_between_batches(
+    session: Any, tmp_path: Path, job_id: str, backend: str
+) -> None:
     """With one subtask, one Python worker serves every batch and keeps its backend open."""
     configure(
-        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 1}
+        session,
+        {
+            "spark.statekit.checkpoints.dir": tmp_path / "statekit",
+            "spark.statekit.parallelism": 1,
+            "spark.statekit.backend": backend,
+        },
     )
     write_inputs(tmp_path / "in", RECORDS[:1200], 3)
     infos: list[BatchInfo] = []
@@ -377,6 +386,19 @@ def test_executors_reuse_open_state_between_batches(session: Any, tmp_path: Path
     assert infos[0].restored_subtasks == 1
     assert sum(i.reused_subtasks for i in infos[1:]) >= 1
     assert_exact_state(processed.checkpoint_storage(), job_id, RECORDS[:1200])
+    if backend == "rocksdb":
+        # The open instance lives in a directory Spark manages for the executor (SPARK_LOCAL_DIRS,
+        # a block manager directory under spark.local.dir), not loose in the system's temp dir.
+        local = Path(session.sparkContext.getConf().get("spark.local.dir", tempfile.gettempdir()))
+        found = list(local.glob(f"*/statekit/{job_id}-process-0-*/rocksdb-*/db/CURRENT"))
+        assert found, sorted(local.glob("*/statekit/*"))
+        # A reused subtask checkpoints incrementally: the last checkpoint references earlier uploads.
+        storage = processed.checkpoint_storage()
+        last = load_checkpoint(storage, storage.latest_checkpoint(job_id)).metadata
+        part = last.operators["process"][0].keyed
+        assert part is not None and part["format"] == "statekit-rocksdb-1"
+        ids = {f["checkpoint_id"] for f in part["native"]["files"]}
+        assert min(ids) < last.checkpoint_id, ids
 
 
 def test_state_moves_between_spark_and_the_embedded_runner(session: Any, tmp_path: Path, job_id: str) -> None:

@@ -148,3 +148,41 @@ def raw_count(b: Any) -> int:
         return sum(1 for _ in cf.keys())
     finally:
         cf.close()
+
+
+KILLED_JOB = """
+import os, signal, sys
+from statekit import LocalRunner, ValueStateDescriptor, KeyedProcessFunction
+
+class C(KeyedProcessFunction):
+    def open(self, ctx):
+        self.c = ctx.get_state(ValueStateDescriptor("count", int, default=0))
+    def process(self, record, ctx):
+        self.c.update(self.c.value() + 1)
+
+r = LocalRunner(C, key_selector=lambda x: x, config={
+    "statekit.backend": "rocksdb", "statekit.local-dir": sys.argv[1], "statekit.parallelism": 2})
+for i in range(100):
+    r.process(f"k{i}")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_instances_of_a_killed_process_are_removed_by_the_next_run(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    local = tmp_path / "local"
+    proc = subprocess.run([sys.executable, "-c", KILLED_JOB, str(local)], capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert len(instances(local)) == 2  # SIGKILL: nobody could clean up
+    r = LocalRunner(
+        Count,
+        key_selector=lambda x: x,
+        config={"statekit.backend": "rocksdb", "statekit.local-dir": str(local)},
+    )
+    r.process("a")
+    assert len(instances(local)) == 1  # only the live one: the dead process's directories are gone
+    r.close()
+    assert instances(local) == []

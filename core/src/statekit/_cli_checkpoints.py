@@ -12,12 +12,19 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-from ._checkpoint import CheckpointMetadata, CompletedCheckpoint, SubtaskState, complete_checkpoint
+from ._checkpoint import (
+    CheckpointMetadata,
+    CompletedCheckpoint,
+    SubtaskState,
+    complete_checkpoint,
+    write_subtask_state,
+)
 from ._cli import CommandContext, command
 from ._contracts import CheckpointStorage
-from ._errors import CheckpointError, ConfigurationError
+from ._errors import ConfigurationError
 from ._operator import decode_operator_snapshot
-from ._serializers import _describe
+from ._registry import default_registry
+from ._serializers import _describe, serializer_from_config
 from ._snapshot import CANONICAL_FORMAT, read_block, read_header, read_index
 
 __all__: list[str] = []
@@ -231,20 +238,30 @@ def convert_to_savepoint(
 
     Every file is copied (shared ones too, so the savepoint stands alone) and
     read back through its checksums on the way: a corrupt checkpoint fails here.
+    Native snapshots (rocksdb's) are restored, subtask by subtask, into the
+    backend that wrote them, which must be installed, and written canonically.
     """
     cp = CompletedCheckpoint(
         storage, checkpoint, CheckpointMetadata.from_bytes(storage.read_metadata(checkpoint))
     )
     meta = cp.metadata
-    for sts in meta.operators.values():
-        for st in sts:
-            fmt = (st.keyed or {}).get("format", CANONICAL_FORMAT)
-            if fmt != CANONICAL_FORMAT:
-                raise CheckpointError(
-                    f"{checkpoint}: subtask {st.subtask_index} of {st.operator_id!r} is in the native "
-                    f"format {fmt!r}; restore it with its backend and take a savepoint from the job"
-                )
-    parts = [(st, part) for sts in meta.operators.values() for st in sts for part in ("keyed", "operator")]
+    native = {
+        (st.operator_id, st.subtask_index)
+        for sts in meta.operators.values()
+        for st in sts
+        if (st.keyed or {}).get("format", CANONICAL_FORMAT) != CANONICAL_FORMAT
+    }
+    backend = None
+    if native:
+        # Fails here, naming the backend and its pip extra, if it is not installed.
+        backend = default_registry().create_backend(meta.backend, {})
+    parts = [
+        (st, part)
+        for sts in meta.operators.values()
+        for st in sts
+        for part in ("keyed", "operator")
+        if (st.operator_id, st.subtask_index) not in native or part == "operator"
+    ]
     handles = {
         (st.operator_id, st.subtask_index, part): storage.resolve_handle(
             checkpoint, getattr(st, part)["handle"]
@@ -271,9 +288,11 @@ def convert_to_savepoint(
                 copy = SubtaskState(
                     st.operator_id, st.subtask_index, st.key_group_range, None, None, st.states
                 )
+                if (st.operator_id, st.subtask_index) in native:
+                    copy.keyed, copy.states = _native_to_canonical(cp, st, backend, writer)
                 for part in ("keyed", "operator"):
                     info = getattr(st, part)
-                    if not info:
+                    if not info or (part == "keyed" and (st.operator_id, st.subtask_index) in native):
                         continue
                     h = handles[(st.operator_id, st.subtask_index, part)]
                     out = writer.create_stream(f"{st.operator_id}-{st.subtask_index}.{part}")
@@ -296,6 +315,29 @@ def convert_to_savepoint(
     except BaseException:
         writer.abort()
         raise
+
+
+def _native_to_canonical(
+    cp: CompletedCheckpoint, st: SubtaskState, backend: Any, writer: Any
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """Restore one subtask's native snapshot into its backend and write it canonically."""
+    import tempfile
+
+    handles = cp.native_handles(st.operator_id, st.key_group_range)
+    key_serializer = serializer_from_config(handles[0].key_serializer)
+    with tempfile.TemporaryDirectory(prefix="statekit-convert-") as local_dir:
+        keyed = backend.create_keyed_backend(
+            key_serializer=key_serializer,
+            key_group_range=st.key_group_range,
+            max_parallelism=cp.metadata.max_parallelism,
+            local_dir=local_dir,
+        )
+        try:
+            keyed.restore_native(handles)
+            state = write_subtask_state(writer, st.operator_id, st.subtask_index, keyed, None)
+        finally:
+            keyed.close()
+    return state.keyed, state.states
 
 
 def _convert(args: argparse.Namespace, ctx: CommandContext) -> int:

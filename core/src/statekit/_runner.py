@@ -43,6 +43,7 @@ from ._keygroups import (
     operator_index_for_key_group,
     validate_parallelism,
 )
+from ._localdirs import create_instance_dir
 from ._operator import OperatorStateBackendImpl
 from ._registry import PluginRegistry, default_registry
 from ._serializers import serializer_for
@@ -254,10 +255,8 @@ class LocalRunner:
     def _local_dir(self, index: int) -> str:
         """A fresh working directory for subtask ``index``'s keyed backend (removed by :meth:`close`)."""
         if self._local_root is None:
-            parent = self.local_dir_parent
-            if parent is not None:
-                os.makedirs(parent, exist_ok=True)
-            self._local_root = tempfile.mkdtemp(prefix=f"statekit-{self.job_id}-", dir=parent)
+            # Owned by this process: a later run removes it if this one is killed.
+            self._local_root = create_instance_dir(self.local_dir_parent, f"statekit-{self.job_id}-")
         return tempfile.mkdtemp(prefix=f"{self.operator_id}-{index}-", dir=self._local_root)
 
     def _create(self) -> list[_Subtask]:

@@ -25,6 +25,7 @@ from ._kvlayout import (
     prefix_end,
     ttl_timestamp,
 )
+from ._localdirs import OWNER_FILE, create_instance_dir, remove_stale_instance_dirs
 from ._native import (
     NativeFile,
     NativeSnapshot,
@@ -64,6 +65,7 @@ from ._ttl import Clock, purge_expired, system_clock, ttl_serializer
 
 __all__ = [
     "CANONICAL_FORMAT",
+    "OWNER_FILE",
     "AggregatingStateImpl",
     "BroadcastState",
     "BytesStreamHandle",
@@ -95,6 +97,7 @@ __all__ = [
     "StateKind",
     "StreamStateHandle",
     "WriterNativeOutput",
+    "create_instance_dir",
     "decode_operator_snapshot",
     "decode_varint",
     "encode_varint",
@@ -108,6 +111,7 @@ __all__ = [
     "read_header",
     "read_index",
     "redistribute_operator_state",
+    "remove_stale_instance_dirs",
     "system_clock",
     "ttl_serializer",
     "ttl_timestamp",

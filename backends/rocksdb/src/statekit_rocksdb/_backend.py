@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -42,6 +41,7 @@ from statekit.backend_api import (
     RegisteredState,
     StateEntries,
     StateKind,
+    create_instance_dir,
     entry_codec,
     ttl_timestamp,
 )
@@ -210,9 +210,8 @@ class RocksDBKeyedStateBackend(KeyedBackendBase):
             key_cache_size=key_cache_size,
         )
         self._rocksdb_engine = engine or _Engine({o.name: o.default for o in OPTIONS})
-        if local_dir is not None:
-            os.makedirs(local_dir, exist_ok=True)
-        self.instance_dir = tempfile.mkdtemp(prefix="rocksdb-", dir=local_dir)
+        # Owned by this process; instances of killed processes in the same directory are removed.
+        self.instance_dir = create_instance_dir(local_dir, "rocksdb-")
         self.layout = KeyLayout(max_parallelism)
         self._rocksdb_prefixes: dict[Any, bytes] = {}
         self._rocksdb_seq = 0
