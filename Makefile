@@ -39,6 +39,7 @@ pytest: install
 bench: install
 	$(PY) bench/bench_heap_value_state.py
 	$(PY) bench/bench_snapshot_restore.py
+	cd bench && ../$(PY) bench_rocksdb.py
 	$(PY) bench/bench_spark_urlcount.py
 
 ## The main job: the URL-count demo on Spark with the embedded defaults.

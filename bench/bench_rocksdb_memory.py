@@ -20,7 +20,7 @@ import tempfile
 import time
 from typing import Any
 
-from statekit import Configuration, KeyedProcessFunction, LocalRunner, ValueStateDescriptor
+from statekit import KeyedProcessFunction, LocalRunner, ValueStateDescriptor
 
 VALUE = ValueStateDescriptor("value", int)
 
@@ -59,11 +59,9 @@ def main() -> None:
         "statekit.checkpoints.dir": os.path.join(work, "chk"),
         "statekit.local-dir": os.path.join(work, "local"),
     }
-    budget_mib = int(
-        Configuration.from_mapping(conf).plugin_options("backend", "rocksdb")["memory-budget"]
-    ) / (1 << 20)
     try:
         r = LocalRunner(Put, key_selector=lambda x: x[0], config=conf, job_id="memory")
+        budget_mib = int(r.backend.options["memory-budget"]) / (1 << 20)  # type: ignore[attr-defined]
         r.subtasks
         base = rss_mib()
         t0 = time.perf_counter()

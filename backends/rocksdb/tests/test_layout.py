@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from statekit import (
@@ -20,7 +21,7 @@ INT_NS = serializer_for(int)
 
 
 def raw_entries(backend: Any, state: str) -> list[tuple[bytes, bytes]]:
-    backend.rocksdb_write_buffered()
+    backend.kv_write_buffered()
     cf = backend.db.get_column_family(f"state:{state}")
     try:
         return list(cf.items())
@@ -36,6 +37,8 @@ def test_every_state_has_its_own_column_family(make_backend: Any) -> None:
         MapStateDescriptor("c", str, int),
     ):
         b.get_state(d)
+    assert not Path(b.db_path).exists()  # nothing written yet: the instance is created on first use
+    b.db  # noqa: B018 - opens it
     from rocksdict import Rdict
 
     assert {"state:a", "state:b", "state:c"} <= set(Rdict.list_cf(b.db_path))
@@ -76,22 +79,23 @@ def test_list_elements_and_map_entries_are_entries_of_their_own(make_backend: An
 
 
 class _Counting:
-    """Wraps a column family: counts reads."""
+    """Counts the engine reads of a column: point reads and iterations."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
+    def __init__(self, col: Any) -> None:
+        self.col, self.get, self.iterate = col, col.get, col.iterate
         self.reads = 0
+        col.get, col.iterate = self._get, self._iterate
 
-    def get(self, *a: Any) -> Any:
+    def _get(self, key: bytes) -> Any:
         self.reads += 1
-        return self.inner.get(*a)
+        return self.get(key)
 
-    def iter(self, *a: Any) -> Any:
+    def _iterate(self, start: bytes) -> Any:
         self.reads += 1
-        return self.inner.iter(*a)
+        return self.iterate(start)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+    def restore(self) -> None:
+        self.col.get, self.col.iterate = self.get, self.iterate
 
 
 def test_list_add_and_map_point_operations_read_nothing_else(make_backend: Any) -> None:
@@ -100,20 +104,18 @@ def test_list_add_and_map_point_operations_read_nothing_else(make_backend: Any) 
     m = b.get_state(MapStateDescriptor("m", str, int))
     b.set_current_key("k")
     lst.add_all(list(range(1000)))
-    col = b.column("l")
-    assert col is not None
-    counting = col.cf = _Counting(col.cf)
+    b.kv_write_buffered()  # the instance exists: the columns read RocksDB
+    counting = _Counting(b.kv_column("l"))
     for i in range(100):
         lst.add(i)  # appends under a new sequence number: no read of the 1000 elements
     lst.add_all([1, 2, 3])
     assert counting.reads == 0
-    mcol = b.column("m")
-    assert mcol is not None
-    mcount = mcol.cf = _Counting(mcol.cf)
+    mcount = _Counting(b.kv_column("m"))
     m.put("a", 1)
     assert m.contains("a") and m.get("a") == 1 and m.get("zz") is None
     assert mcount.reads == 1  # only the miss of "zz" reached the engine; "a" is still buffered
-    col.cf, mcol.cf = counting.inner, mcount.inner
+    counting.restore()
+    mcount.restore()
     assert len(lst.get()) == 1103
 
 
@@ -123,7 +125,7 @@ def test_buffered_writes_are_read_back_and_reach_the_engine_in_batches(make_back
     for i in range(9):
         b.set_current_key(f"k{i}")
         v.update(i)
-    assert raw_entries_count(b) == 0 and b._rocksdb_buffer.pending == 9  # nothing written yet
+    assert raw_entries_count(b) == 0 and b.kv_pending == 9  # nothing written yet
     b.set_current_key("k3")
     assert v.value() == 3
     b.set_current_key("k9")

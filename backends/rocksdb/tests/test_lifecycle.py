@@ -108,7 +108,7 @@ def test_memory_budget_shares_one_cache_and_charges_memtables_to_it(make_backend
     for i in range(20_000):
         a.set_current_key(f"key-{i}")
         s.update(i)
-    a.rocksdb_write_buffered()
+    a.kv_write_buffered()
     assert 0 < engine.write_buffer_manager.get_usage() <= 16 << 20
     assert engine.cache.get_usage() <= 32 << 20
 
@@ -128,7 +128,7 @@ def test_the_ttl_sweep_deletes_expired_entries_in_bounded_steps(make_backend: An
     clock.advance(1000)
     b.set_current_key("fresh")
     s.update(0)
-    b.rocksdb_write_buffered()
+    b.kv_write_buffered()
     snap = snapshot_handle(b)  # taken before the sweep: it keeps everything it saw
     assert snap.entries == 201
     stored = raw_count(b)

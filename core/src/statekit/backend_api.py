@@ -25,6 +25,7 @@ from ._kvlayout import (
     prefix_end,
     ttl_timestamp,
 )
+from ._kvstate import KVColumn, KVListState, KVMapState, KVValueState, OrderedKVBackendBase, group_entries
 from ._localdirs import OWNER_FILE, create_instance_dir, remove_stale_instance_dirs
 from ._native import (
     NativeFile,
@@ -71,6 +72,10 @@ __all__ = [
     "BytesStreamHandle",
     "Clock",
     "EntryCodec",
+    "KVColumn",
+    "KVListState",
+    "KVMapState",
+    "KVValueState",
     "KeyLayout",
     "KeyedBackendBase",
     "KeyedSnapshot",
@@ -83,6 +88,7 @@ __all__ = [
     "OperatorStateBackendImpl",
     "OperatorStateData",
     "OperatorStateMode",
+    "OrderedKVBackendBase",
     "ProgressCallback",
     "ReducingStateImpl",
     "RegisteredState",
@@ -102,6 +108,7 @@ __all__ = [
     "decode_varint",
     "encode_varint",
     "entry_codec",
+    "group_entries",
     "encode_operator_snapshot",
     "iter_blocks",
     "merge_list_namespaces",

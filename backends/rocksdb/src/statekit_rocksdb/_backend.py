@@ -3,14 +3,19 @@
 Every entry is stored under a composite key of the shared layout
 (``statekit.backend_api.KeyLayout``), values as statekit's serializers encode
 them (rocksdict's raw mode: the engine never pickles). Writes wait in a
-buffer and reach RocksDB in WriteBatches (``_write_buffer``). Snapshots are
+buffer and reach RocksDB in WriteBatches. Snapshots are
 taken while processing goes on: canonical ones iterate RocksDB snapshots,
 native ones are RocksDB checkpoints (hard links) uploaded incrementally
-(``_incremental``); restores and rescales are in ``_restore``.
+(``_incremental``); restores and rescales are in ``_restore``. The handles, the
+write buffer and what else every ordered key-value engine shares are core's
+(``statekit.backend_api.OrderedKVBackendBase``).
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
 import os
 import shutil
 import threading
@@ -31,25 +36,19 @@ from rocksdict import (
     WriteOptions,
 )
 
-from statekit import VOID_NAMESPACE, KeyGroupRange, SnapshotError, StateAccessError, TypeSerializer
+from statekit import KeyGroupRange, SnapshotError, StateAccessError, TypeSerializer
 from statekit.backend_api import (
     Clock,
-    KeyedBackendBase,
-    KeyLayout,
+    KVColumn,
     NativeStateHandle,
     OperatorStateBackendImpl,
-    RegisteredState,
+    OrderedKVBackendBase,
     StateEntries,
-    StateKind,
     create_instance_dir,
-    entry_codec,
-    ttl_timestamp,
 )
 
-from ._handles import ListHandle, MapHandle, ValueHandle, scan
 from ._incremental import RocksDBNativeSnapshot, UploadTracker
 from ._plugin import OPTIONS
-from ._write_buffer import StateColumn, WriteBuffer
 
 __all__ = ["ROCKSDB_NATIVE_FORMAT", "RocksDBKeyedStateBackend", "RocksDBStateBackend"]
 
@@ -59,22 +58,14 @@ ROCKSDB_NATIVE_FORMAT = "statekit-rocksdb-1"
 CF_PREFIX = "state:"
 # Entries loaded at once above which a restore writes SST files and ingests them.
 _INGEST_THRESHOLD = 20_000
+# Entries (RocksDB's estimate) up to which a canonical snapshot copies the state into memory.
+_COPY_THRESHOLD = 20_000
 _COMPRESSION = {
     "none": DBCompressionType.none,
     "lz4": DBCompressionType.lz4,
     "zstd": DBCompressionType.zstd,
     "snappy": DBCompressionType.snappy,
 }
-
-
-class _Closed:
-    """Stands for the column family of a closed instance."""
-
-    def __getattr__(self, name: str) -> Any:
-        raise StateAccessError("the backend is closed")
-
-
-_CLOSED: Any = _Closed()
 
 
 class _Engine:
@@ -180,12 +171,16 @@ class RocksDBStateBackend:
         return OperatorStateBackendImpl()
 
 
-class RocksDBKeyedStateBackend(KeyedBackendBase):
+class RocksDBKeyedStateBackend(OrderedKVBackendBase):
     """Keyed state of one subtask in a RocksDB instance under its local directory.
 
     The instance lives in ``<local dir>/rocksdb-<random>/``: ``db/`` is the live
-    database, ``chk-*`` are native snapshots waiting to be uploaded and
-    ``restore-*`` downloads; all of it is deleted by :meth:`close`.
+    database, ``chk-*`` are native snapshots waiting to be uploaded,
+    ``snap-*`` the sources of pending canonical snapshots and ``restore-*``
+    downloads; all of it is deleted by :meth:`close`. Handles, the write buffer,
+    key listing, bulk loads and TTL sweeps are statekit's
+    :class:`~statekit.backend_api.OrderedKVBackendBase`; this class binds them to
+    column families.
     """
 
     backend_name = "rocksdb"
@@ -202,38 +197,24 @@ class RocksDBKeyedStateBackend(KeyedBackendBase):
         local_dir: str | None = None,
         engine: _Engine | None = None,
     ) -> None:
+        self._rocksdb_engine = engine or _Engine({o.name: o.default for o in OPTIONS})
+        options = self._rocksdb_engine.options
         super().__init__(
             key_serializer=key_serializer,
             key_group_range=key_group_range,
             max_parallelism=max_parallelism,
             clock=clock,
             key_cache_size=key_cache_size,
+            write_batch_size=int(options["write-batch-size"]),
+            ttl_sweep_interval=int(options["ttl-sweep-interval"]),
         )
-        self._rocksdb_engine = engine or _Engine({o.name: o.default for o in OPTIONS})
         # Owned by this process; instances of killed processes in the same directory are removed.
         self.instance_dir = create_instance_dir(local_dir, "rocksdb-")
-        self.layout = KeyLayout(max_parallelism)
-        self._rocksdb_prefixes: dict[Any, bytes] = {}
-        self._rocksdb_seq = 0
-        self._rocksdb_columns: dict[str, StateColumn] = {}
-        self._rocksdb_readers: dict[int, Any] = {}  # snapshots of pending canonical snapshots
+        self._rocksdb_frozen: dict[int, _Frozen] = {}  # sources of pending canonical snapshots
         self._rocksdb_tokens: dict[int, object] = {}
-        self._rocksdb_bulk: dict[str, list[tuple[bytes, bytes]]] | None = None
         self.uploads = UploadTracker()
-        # States restored natively, not declared yet, whose full snapshots drop expired entries.
-        self.restored_ttl_cleanup: dict[str, int] = {}
-        self._rocksdb_db: Any = None
-        self._rocksdb_families: set[str] = set()
-        try:
-            self.rocksdb_open(os.path.join(self.instance_dir, "db"))
-        except BaseException:
-            shutil.rmtree(self.instance_dir, ignore_errors=True)
-            raise
-        self._rocksdb_buffer = WriteBuffer(
-            self._rocksdb_db,
-            self._rocksdb_engine.write_options,
-            int(self._rocksdb_engine.options["write-batch-size"]),
-        )
+        self._rocksdb_db: Any = None  # opened on first use: a backend that is only restored into
+        self._rocksdb_families: set[str] = set()  # (or fails a check) never creates an empty one
 
     # --- the instance -----------------------------------------------------------------------
 
@@ -241,6 +222,24 @@ class RocksDBKeyedStateBackend(KeyedBackendBase):
     def db_path(self) -> str:
         """The live database's directory."""
         return os.path.join(self.instance_dir, "db")
+
+    @property
+    def db(self) -> Any:
+        """The live rocksdict database, opened if needed (for tests and tools; writes bypass the buffer)."""
+        return self._rocksdb_live()
+
+    def _rocksdb_live(self) -> Any:
+        db = self._rocksdb_db
+        if db is None:
+            if self._closed:
+                raise StateAccessError("the backend is closed")
+            self.rocksdb_open(self.db_path)
+            db = self._rocksdb_db
+        return db
+
+    def engine_options(self) -> Options:
+        """The rocksdict Options every column family and SST writer of this instance uses."""
+        return self._rocksdb_engine.db_options()
 
     def rocksdb_open(self, path: str) -> None:
         """Open (or create) the live database at ``path``; existing state columns bind to it."""
@@ -250,271 +249,158 @@ class RocksDBKeyedStateBackend(KeyedBackendBase):
             families = {name: opts() for name in Rdict.list_cf(path) if name != "default"}
         self._rocksdb_db = Rdict(path, opts(), column_families=families)
         self._rocksdb_families = {"default", *families}
-        for col in self._rocksdb_columns.values():
-            self._rocksdb_bind(col)
-        if hasattr(self, "_rocksdb_buffer"):
-            self._rocksdb_buffer = WriteBuffer(
-                self._rocksdb_db, self._rocksdb_engine.write_options, self._rocksdb_buffer.limit
-            )
-
-    def _rocksdb_bind(self, col: StateColumn) -> None:
-        db, cf_name = self._rocksdb_db, CF_PREFIX + col.name
-        if cf_name in self._rocksdb_families:
-            col.cf = db.get_column_family(cf_name)
-        else:
-            col.cf = db.create_column_family(cf_name, self._rocksdb_engine.db_options())
-            self._rocksdb_families.add(cf_name)
-        col.handle = db.get_column_family_handle(cf_name)
+        for col in self.kv_columns:
+            self.kv_bind(col, True)
 
     def rocksdb_close_db(self) -> None:
         """Close the live database, releasing its files (buffered writes are dropped).
 
-        Every reference to the instance goes (column families, snapshots of
+        Every reference to the instance goes (column families, the sources of
         pending canonical snapshots), or RocksDB would keep its files open.
         """
-        for frozen in self._rocksdb_readers.values():
+        for frozen in self._rocksdb_frozen.values():
             frozen.close()
-        self._rocksdb_readers.clear()
-        for col in self._rocksdb_columns.values():
-            col.buffer.clear()
-            cf, col.cf, col.handle = col.cf, _CLOSED, None
-            if cf is not _CLOSED:
+        self._rocksdb_frozen.clear()
+        for col in self.kv_columns:
+            cf = col.engine[0] if col.engine else None
+            col.close()
+            if cf is not None:
                 cf.close()
         db, self._rocksdb_db = self._rocksdb_db, None
         if db is not None:
             db.close()
 
-    def column(self, name: str, create: bool = True) -> StateColumn | None:
-        """The column family of state ``name`` (created when missing and ``create``)."""
-        col = self._rocksdb_columns.get(name)
-        if col is None:
-            if self._rocksdb_db is None:
-                raise StateAccessError("the backend is closed")
-            if not create and CF_PREFIX + name not in self._rocksdb_families:
-                return None
-            col = StateColumn(name, _CLOSED, None)
-            self._rocksdb_bind(col)
-            self._rocksdb_columns[name] = col
-        return col
-
-    def _col(self, name: str) -> StateColumn:
-        col = self.column(name)
-        assert col is not None
-        return col
-
-    def rocksdb_key_prefix(self) -> bytes:
-        """Key group and length-prefixed key of the current key (cached per key)."""
-        key = self._key
-        p = self._rocksdb_prefixes.get(key)
-        if p is None:
-            if self._kg is None:
-                raise StateAccessError("no current key: call set_current_key before using keyed state")
-            p = self.layout.key_prefix(self._kg, self.current_key_bytes)
-            if len(self._rocksdb_prefixes) >= self._key_cache_size:
-                self._rocksdb_prefixes.clear()
-            self._rocksdb_prefixes[key] = p
-        return p
-
-    def rocksdb_next_sequence(self) -> int:
-        """A list element's sequence number: larger than every earlier one of this instance."""
-        self._rocksdb_seq += 1
-        return self._rocksdb_seq
-
-    @property
-    def sequence(self) -> int:
-        """The last list sequence number handed out (kept in native snapshots)."""
-        return self._rocksdb_seq
-
-    @sequence.setter
-    def sequence(self, value: int) -> None:
-        self._rocksdb_seq = max(self._rocksdb_seq, value)
-
-    def rocksdb_write_buffered(self) -> None:
-        """Write every buffered update to RocksDB."""
-        self._rocksdb_buffer.write(self._rocksdb_columns.values())
-
     def checkpoint_locally(self, kind: str) -> str:
         """Write buffered updates, flush every memtable, hard-link a RocksDB checkpoint; its directory."""
-        self.rocksdb_write_buffered()
-        for col in self._rocksdb_columns.values():
-            col.cf.flush(True)
+        self.kv_write_buffered()
+        db = self._rocksdb_live()
+        for col in self.kv_columns:
+            col.engine[0].flush(True)
         directory = os.path.join(self.instance_dir, f"{kind}-{os.urandom(6).hex()}")
-        Checkpoint(self._rocksdb_db).create_checkpoint(directory)
+        Checkpoint(db).create_checkpoint(directory)
         return directory
 
-    def engine_options(self) -> Options:
-        """The rocksdict Options every column family and SST writer of this instance uses."""
-        return self._rocksdb_engine.db_options()
+    # --- the engine under OrderedKVBackendBase ------------------------------------------------------
 
-    @property
-    def db(self) -> Any:
-        """The live rocksdict database (for tests and tools; writes bypass the buffer)."""
-        return self._rocksdb_db
-
-    # --- handles ------------------------------------------------------------------------------
-
-    def _create_value(self, reg: RegisteredState) -> Any:
-        return ValueHandle(self, self._col(reg.name), reg)
-
-    def _create_list(self, reg: RegisteredState) -> Any:
-        return ListHandle(self, self._col(reg.name), reg)
-
-    def _create_map(self, reg: RegisteredState) -> Any:
-        return MapHandle(self, self._col(reg.name), reg)
-
-    # --- reading whole states -------------------------------------------------------------------
-
-    def _entries_of(self, reg: RegisteredState) -> Iterator[tuple[bytes, bytes | None, list[bytes]]]:
-        """``(key bytes, namespace bytes, raw units)`` per (key, namespace) of ``reg``, live."""
-        col = self.column(reg.name, create=False)
-        if col is None:
-            return iter(())
-        self._rocksdb_buffer.write_column(col)
-        return _group(scan(col.cf, b""), self.layout, reg.storage_kind)
-
-    def _state_keys(self, reg: RegisteredState, namespace: Any) -> Iterator[Any]:
-        if namespace is VOID_NAMESPACE:
-            want = None
+    def kv_bind(self, col: KVColumn, create: bool) -> bool:
+        if self._rocksdb_db is None and not self._closed:
+            # Never opened, so empty: the column reads as empty until the first write opens the
+            # instance (backends that are only declared on and restored into never create one).
+            if not create:
+                return False
+            col.engine, col.get, col.iterate = None, _empty_get, _empty_iterate
+            return True
+        db = self._rocksdb_live()
+        cf_name = CF_PREFIX + col.name
+        if cf_name in self._rocksdb_families:
+            cf = db.get_column_family(cf_name)
+        elif create:
+            cf = db.create_column_family(cf_name, self._rocksdb_engine.db_options())
+            self._rocksdb_families.add(cf_name)
         else:
-            ser = reg.namespace_serializer
-            if ser is None:
-                return iter([])
-            want = ser.serialize(namespace)
-        des = self.key_serializer.deserialize
-        return iter([des(k) for k, ns, _ in self._entries_of(reg) if ns == want])
+            return False
+        col.engine = (cf, db.get_column_family_handle(cf_name))
+        col.get = cf.get
+        col.iterate = functools.partial(_iterate, cf)
+        return True
 
-    def _state_size(self, reg: RegisteredState) -> int:
-        return sum(1 for _ in self._entries_of(reg))
+    def kv_write(self, columns: Sequence[KVColumn]) -> None:
+        db = self._rocksdb_live()  # binds columns that waited for the first write
+        batch = WriteBatch(raw_mode=True)
+        for col in columns:
+            handle = col.engine[1]
+            put, delete = batch.put, batch.delete
+            for k, v in col.buffer.items():
+                if v is None:
+                    delete(k, handle)
+                else:
+                    put(k, v, handle)
+            col.buffer.clear()
+        db.write(batch, self._rocksdb_engine.write_options)
+
+    def kv_load(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
+        """One WriteBatch for a few entries; else an SST file written and ingested (no write path)."""
+        db = self._rocksdb_live()
+        col = self.kv_column(name)
+        assert col is not None
+        cf, handle = col.engine
+        if len(items) < _INGEST_THRESHOLD:
+            batch = WriteBatch(raw_mode=True)
+            for k, v in items:
+                batch.put(k, v, handle)
+            db.write(batch, self._rocksdb_engine.write_options)
+            return
+        path = os.path.join(self.instance_dir, f"ingest-{os.urandom(6).hex()}.sst")
+        writer = SstFileWriter(self._rocksdb_engine.db_options())
+        writer.open(path)
+        try:
+            for k, v in items:
+                writer[k] = v
+            writer.finish()
+            cf.ingest_external_file([path])
+        finally:
+            if os.path.exists(path):
+                os.unlink(path)
 
     # --- canonical snapshots ---------------------------------------------------------------------
 
     def _snapshot_entries(self) -> Callable[[str, int], StateEntries]:
+        self.kv_write_buffered()
+        if self.estimate_entries() <= _COPY_THRESHOLD:
+            return self._rocksdb_copy_entries()
         # A hard-link checkpoint opened read-only: rocksdict's Snapshot objects serve point reads
         # at the snapshot but iterate the live data, so they cannot freeze a scan.
-        frozen = _Frozen.take(self)
-        layout, key_des = self.layout, self.key_serializer.deserialize
-        readers = self._rocksdb_readers
+        frozen_by_token = self._rocksdb_frozen
         token = object()
+        frozen_by_token[id(token)] = _Frozen.take(self)
+        group_prefix = self.layout.group_prefix
 
         def read(name: str, kg: int) -> StateEntries:
             # Looked up each time: closing the backend closes the frozen copy.
-            copy = readers.get(id(token))
-            reg = self.registered_state(name)
-            cf = None if copy is None else copy.families.get(name)
-            if cf is None or reg is None:
+            frozen = frozen_by_token.get(id(token))
+            cf = None if frozen is None else frozen.families.get(name)
+            if cf is None:
                 return [], [], []
-            keys: list[Any] = []
-            nss: list[Any] = []
-            vals: list[Any] = []
-            ns_des = reg.namespace_serializer.deserialize if reg.namespace_serializer else None
-            codec = entry_codec(reg)
-            dec, uk = codec.decode, codec.user_key
-            kind = reg.storage_kind
-            for kb, nsb, units in _group(scan(cf, layout.group_prefix(kg)), layout, kind):
-                keys.append(key_des(kb))
-                if nsb is None:
-                    nss.append(VOID_NAMESPACE)
-                else:
-                    assert ns_des is not None
-                    nss.append(ns_des(nsb))
-                if kind is StateKind.VALUE:
-                    vals.append(dec(units[0]))
-                elif kind is StateKind.LIST:
-                    vals.append([dec(u) for u in units[1::2]])
-                else:
-                    assert uk is not None
-                    vals.append(
-                        {uk.deserialize(units[i]): dec(units[i + 1]) for i in range(0, len(units), 2)}
-                    )
-            return keys, nss, vals
+            prefix = group_prefix(kg)
+            n = len(prefix)
+            return self.kv_read_group(
+                name, itertools.takewhile(lambda kv: kv[0][:n] == prefix, _iterate(cf, prefix))
+            )
 
-        readers[id(token)] = frozen
         self._rocksdb_tokens[id(read)] = token
+        return read
+
+    def _rocksdb_copy_entries(self) -> Callable[[str, int], StateEntries]:
+        """Small state: copied now (cheaper than a checkpoint opened read-only)."""
+        copies: dict[str, tuple[list[bytes], list[tuple[bytes, bytes]]]] = {}
+        for name in self.stored_state_names:
+            col = self.kv_column(name, create=False)
+            if col is not None:
+                items = list(col.iterate(b""))
+                copies[name] = ([k for k, _ in items], items)
+        layout = self.layout
+
+        def read(name: str, kg: int) -> StateEntries:
+            keys, items = copies.get(name, ([], []))
+            lower, upper = layout.group_range(kg, kg)
+            lo = bisect.bisect_left(keys, lower)
+            hi = len(keys) if upper is None else bisect.bisect_left(keys, upper, lo)
+            return self.kv_read_group(name, items[lo:hi])
+
         return read
 
     def _release_snapshot(self, reader: Callable[[str, int], StateEntries]) -> None:
         token = self._rocksdb_tokens.pop(id(reader), None)
         if token is not None:
-            frozen = self._rocksdb_readers.pop(id(token), None)
+            frozen = self._rocksdb_frozen.pop(id(token), None)
             if frozen is not None:
                 frozen.close()
-
-    # --- restores from canonical snapshots -------------------------------------------------------
-
-    def restore(self, handles: Sequence[Any]) -> None:
-        """Restore canonical snapshots in bulk: entries sorted and ingested as SST files."""
-        self._rocksdb_bulk = {}
-        try:
-            super().restore(handles)
-            self.load_undeclared_states()  # native snapshots must hold every state
-            self._rocksdb_ingest(self._rocksdb_bulk)
-        finally:
-            self._rocksdb_bulk = None
-
-    def _load_entries(
-        self, reg: RegisteredState, key_group: int, keys: list[Any], namespaces: list[Any], values: list[Any]
-    ) -> None:
-        layout, kser = self.layout, self.key_serializer.serialize
-        ns_ser = reg.namespace_serializer
-        codec = entry_codec(reg)
-        enc, kind = codec.encode, reg.storage_kind
-        out: list[tuple[bytes, bytes]] = []
-        for k, ns, v in zip(keys, namespaces, values):
-            prefix = layout.key_prefix(key_group, kser(k)) + layout.namespace_part(
-                None if ns is VOID_NAMESPACE else ns_ser.serialize(ns)  # type: ignore[union-attr]
-            )
-            if kind is StateKind.VALUE:
-                out.append((prefix, enc(v)))
-            elif kind is StateKind.LIST:
-                for el in v:
-                    out.append((prefix + KeyLayout.sequence(self.rocksdb_next_sequence()), enc(el)))
-            else:
-                assert codec.user_key is not None
-                uks = codec.user_key.serialize
-                for uk, uv in v.items():
-                    out.append((prefix + uks(uk), enc(uv)))
-        if self._rocksdb_bulk is not None:
-            self._rocksdb_bulk.setdefault(reg.name, []).extend(out)
-        else:
-            self._rocksdb_ingest({reg.name: out})
-
-    def _rocksdb_ingest(self, entries: Mapping[str, list[tuple[bytes, bytes]]]) -> None:
-        """Bulk-load sorted entries: an SST file ingested per state, or one WriteBatch when few."""
-        small = WriteBatch(raw_mode=True)
-        n_small = 0
-        for name, items in entries.items():
-            if not items:
-                continue
-            col = self._col(name)
-            self._rocksdb_buffer.write_column(col)
-            if len(items) < _INGEST_THRESHOLD:
-                for k, v in items:
-                    small.put(k, v, col.handle)
-                n_small += len(items)
-                continue
-            items.sort()
-            path = os.path.join(self.instance_dir, f"ingest-{os.urandom(6).hex()}.sst")
-            writer = SstFileWriter(self._rocksdb_engine.db_options())
-            writer.open(path)
-            try:
-                last = None
-                for k, v in items:
-                    if k != last:  # a key twice would be refused by the writer; the last one wins below
-                        writer[k] = v
-                    last = k
-                writer.finish()
-                col.cf.ingest_external_file([path])
-            finally:
-                if os.path.exists(path):
-                    os.unlink(path)
-        if n_small:
-            self._rocksdb_db.write(small, self._rocksdb_engine.write_options)
 
     # --- native snapshots -------------------------------------------------------------------------
 
     def native_snapshot(self, checkpoint_id: int) -> RocksDBNativeSnapshot:
         """Freeze the instance now: flush and hard-link a RocksDB checkpoint; ``write`` uploads it."""
-        if self._rocksdb_db is None:
+        if self._closed:
             raise StateAccessError("the backend is closed")
         if self.undeclared_pending_states:
             raise SnapshotError(
@@ -547,88 +433,39 @@ class RocksDBKeyedStateBackend(KeyedBackendBase):
         """RocksDB's estimate of the number of entries (not of (key, namespace) pairs)."""
         total = 0
         for name in self.stored_state_names:
-            col = self.column(name, create=False)
-            if col is not None:
-                total += int(col.cf.property_int_value("rocksdb.estimate-num-keys") or 0)
+            col = self.kv_column(name, create=False)
+            if col is not None and col.engine is not None:
+                total += int(col.engine[0].property_int_value("rocksdb.estimate-num-keys") or 0)
         return total
-
-    # --- TTL: a bounded background sweep -----------------------------------------------------------
-
-    def _ttl_hook(self, reg: RegisteredState) -> Callable[[], None] | None:
-        ttl = reg.ttl
-        if ttl is None or ttl.cleanup_incremental_size <= 0:
-            return None
-        interval = max(1, int(self._rocksdb_engine.options["ttl-sweep-interval"]))
-        return _Sweep(self, reg.name, ttl.ttl_ms, interval, ttl.cleanup_incremental_size * interval)
-
-    def full_snapshot_ttl(self) -> dict[str, int]:
-        """TTL (ms) of every stored state whose expired entries full snapshots leave out."""
-        out = {}
-        for name in self.stored_state_names:
-            reg = self._states.get(name)
-            if reg is None:
-                if name in self.restored_ttl_cleanup:
-                    out[name] = self.restored_ttl_cleanup[name]
-            elif reg.ttl is not None and reg.ttl.cleanup_full_snapshot:
-                out[name] = reg.ttl.ttl_ms
-        return out
-
-    def delete_expired(self, name: str, ttl_ms: int, *, now: int) -> None:
-        """Delete every unit of state ``name`` expired at ``now`` (a whole sweep of its column family)."""
-        self.sweep_expired(name, ttl_ms, b"", 1 << 62, now=now)
-
-    def sweep_expired(
-        self, name: str, ttl_ms: int, start: bytes, budget: int, *, now: int | None = None
-    ) -> bytes:
-        """Check up to ``budget`` entries of state ``name`` from ``start``; delete the expired ones.
-
-        Returns where the next sweep starts (wrapping around at the end). Works
-        on every unit (a value, a list element, a map entry) by its timestamp,
-        without deserializing it. RocksDB snapshots and checkpoints already
-        taken are unaffected.
-        """
-        col = self.column(name, create=False)
-        if col is None:
-            return b""
-        self._rocksdb_buffer.write_column(col)
-        limit = (self.clock() if now is None else now) - ttl_ms  # expired when ts <= now - ttl
-        batch = WriteBatch(raw_mode=True)
-        deleted = checked = 0
-        next_start = b""
-        # From ``start`` to the end, then from the beginning up to ``start``: one lap at most.
-        for lower, upper in ((start, None), (b"", start or None)):
-            it = col.cf.iter()
-            it.seek(lower)
-            while it.valid():
-                key = it.key()
-                if upper is not None and key >= upper:
-                    break
-                if checked >= budget:
-                    next_start = key
-                    break
-                if ttl_timestamp(it.value()) <= limit:
-                    batch.delete(key, col.handle)
-                    deleted += 1
-                checked += 1
-                it.next()
-            del it
-            if next_start or not start:
-                break
-        if deleted:
-            self._rocksdb_db.write(batch, self._rocksdb_engine.write_options)
-        return next_start
 
     # --- life cycle -------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Close the instance and delete its directory (live database, snapshots, downloads)."""
-        if self._closed and self._rocksdb_db is None:
+        if self._closed and not os.path.exists(self.instance_dir):
             return
         super().close()
         try:
             self.rocksdb_close_db()
         finally:
             shutil.rmtree(self.instance_dir, ignore_errors=True)
+
+
+def _empty_get(key: bytes) -> bytes | None:
+    return None
+
+
+def _empty_iterate(start: bytes) -> Iterator[tuple[bytes, bytes]]:
+    return iter(())
+
+
+def _iterate(cf: Any, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """Entries of a column family (or a read-only one) in key order from ``start``."""
+    it = cf.iter()
+    it.seek(start)
+    while it.valid():
+        yield it.key(), it.value()
+        it.next()
 
 
 class _Frozen:
@@ -662,49 +499,3 @@ class _Frozen:
             self.db.close()
             self.db = None
         shutil.rmtree(self.directory, ignore_errors=True)
-
-
-class _Sweep:
-    """Called on every access of a TTL state; every ``interval`` accesses, sweeps ``budget`` entries."""
-
-    __slots__ = ("_backend", "_budget", "_count", "_cursor", "_interval", "_name", "_ttl_ms")
-
-    def __init__(
-        self, backend: RocksDBKeyedStateBackend, name: str, ttl_ms: int, interval: int, budget: int
-    ) -> None:
-        self._backend = backend
-        self._name = name
-        self._ttl_ms = ttl_ms
-        self._interval = interval
-        self._budget = budget
-        self._count = 0
-        self._cursor = b""
-
-    def __call__(self) -> None:
-        self._count += 1
-        if self._count >= self._interval:
-            self._count = 0
-            self._cursor = self._backend.sweep_expired(self._name, self._ttl_ms, self._cursor, self._budget)
-
-
-def _group(
-    items: Iterator[tuple[bytes, bytes]], layout: KeyLayout, kind: StateKind
-) -> Iterator[tuple[bytes, bytes | None, list[bytes]]]:
-    """Group composite entries by (key, namespace): value units, or [suffix, unit, ...] pairs."""
-    cur: tuple[bytes, bytes | None] | None = None
-    units: list[bytes] = []
-    split = layout.split
-    value = kind is StateKind.VALUE
-    for k, v in items:
-        _, kb, nsb, suffix = split(k)
-        if (kb, nsb) != cur:
-            if cur is not None:
-                yield cur[0], cur[1], units
-            cur, units = (kb, nsb), []
-        if value:
-            units.append(v)
-        else:
-            units.append(suffix)
-            units.append(v)
-    if cur is not None:
-        yield cur[0], cur[1], units

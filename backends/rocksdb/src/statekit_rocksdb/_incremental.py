@@ -114,15 +114,8 @@ class RocksDBNativeSnapshot:
         directory = backend.checkpoint_locally(f"chk-{checkpoint_id}")
         files = set(os.listdir(directory))
         backend.uploads.keep_only({f for f in files if f.endswith(".sst")})
-        kgr = backend.key_group_range
-        meta = {
-            "range": [kgr.start, kgr.end],
-            "sequence": backend.sequence,
-            "column_family_prefix": "state:",
-            # Restores drop what a canonical snapshot taken now would leave out (cleanup_full_snapshot).
-            "time_ms": backend.clock(),
-            "ttl_cleanup": backend.full_snapshot_ttl(),
-        }
+        # Range, list sequence, and what a restore drops as a canonical snapshot taken now would.
+        meta = {**backend.kv_native_meta(), "column_family_prefix": "state:"}
         return cls(
             backend, checkpoint_id, directory, backend.snapshot_states(), meta, backend.estimate_entries()
         )

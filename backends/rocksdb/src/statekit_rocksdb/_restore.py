@@ -96,10 +96,7 @@ def restore_native(backend: RocksDBKeyedStateBackend, handles: Sequence[NativeSt
     backend.adopt_native_states(metas)
     # As a canonical snapshot taken at that moment would: no entry expired at snapshot time is restored.
     for h in parts:
-        when = int(h.meta.get("time_ms", 0))
-        for name, ttl_ms in (h.meta.get("ttl_cleanup") or {}).items():
-            backend.restored_ttl_cleanup[name] = int(ttl_ms)
-            backend.delete_expired(name, int(ttl_ms), now=when)
+        backend.purge_as_of(h.meta)
 
 
 def _state_families(path: str) -> list[str]:
@@ -155,10 +152,9 @@ def _ingest_range(
             del it
             if written:
                 writer.finish()
-                name = cf_name[len("state:") :]
-                col = backend.column(name)
+                col = backend.kv_column(cf_name[len("state:") :])
                 assert col is not None
-                col.cf.ingest_external_file([path])
+                col.engine[0].ingest_external_file([path])
             del writer
             if os.path.exists(path):
                 os.unlink(path)

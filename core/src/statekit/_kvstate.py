@@ -1,0 +1,665 @@
+"""Keyed state on an ordered key-value engine: handles, buffered writes, scans, bulk loads, TTL sweeps.
+
+Every ordered engine (RocksDB, LMDB, yours) stores state the same way, in the
+layout of :mod:`statekit._kvlayout`: a value per key and namespace, a list
+element per entry under a sequence suffix, a map entry per user key. What
+differs is how bytes are read, written and frozen. :class:`OrderedKVBackendBase`
+does the rest once:
+
+- handles for value, list and map state on that layout; list appends never
+  read the list, map operations are point operations, scans are prefix scans;
+- a write buffer per state (reads see it), written to the engine every
+  ``write_batch_size`` updates, before a scan of the state and at snapshots;
+- key listing and entry counts, decoding a key group's entries for canonical
+  snapshots, bulk loads of restored entries (sorted, per state);
+- TTL: a bounded sweep over a state's entries by their timestamps (for
+  engines without a compaction filter), and the purge a native restore needs
+  to drop what full-snapshot cleanup would have.
+
+An engine implements :meth:`OrderedKVBackendBase.kv_bind` (make a
+:class:`KVColumn` read its column, table or database), :meth:`~OrderedKVBackendBase.kv_write`
+(write columns' buffered updates in one batch or transaction) and
+:meth:`~OrderedKVBackendBase.kv_load` (bulk-load sorted entries), plus
+``_snapshot_entries`` over a frozen view (with :meth:`~OrderedKVBackendBase.kv_read_group`).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from ._errors import StateAccessError
+from ._keyed import KeyedBackendBase, RegisteredState, StateEntries, merge_list_namespaces
+from ._keygroups import KeyGroupRange
+from ._kvlayout import KeyLayout, entry_codec, ttl_timestamp
+from ._serializers import TypeSerializer
+from ._state import VOID_NAMESPACE, StateKind
+from ._ttl import Clock
+
+__all__ = ["KVColumn", "KVListState", "KVMapState", "KVValueState", "OrderedKVBackendBase", "group_entries"]
+
+_VOID = KeyLayout.namespace_part(None)
+_MISSING: Any = object()
+_NONE: Any = object()
+
+Get = Callable[[bytes], "bytes | None"]
+Iterate = Callable[[bytes], Iterator[tuple[bytes, bytes]]]
+
+
+def _closed_get(key: bytes) -> bytes | None:
+    raise StateAccessError("the backend is closed")
+
+
+def _closed_iterate(start: bytes) -> Iterator[tuple[bytes, bytes]]:
+    raise StateAccessError("the backend is closed")
+
+
+class KVColumn:
+    """One state's entries in the engine, and its buffer of pending writes (``None`` deletes).
+
+    The engine binds ``get(key) -> bytes | None`` and ``iterate(start) ->``
+    ``(key, value)`` pairs in key order from ``start`` to the end, both of
+    the live data, without the buffer (see :meth:`OrderedKVBackendBase.kv_bind`).
+    """
+
+    __slots__ = ("buffer", "engine", "get", "iterate", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.buffer: dict[bytes, bytes | None] = {}
+        self.get: Get = _closed_get
+        self.iterate: Iterate = _closed_iterate
+        self.engine: Any = None  # whatever the engine keeps per column (a handle, a database)
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Engine entries whose key starts with ``prefix`` (the buffer is not looked at)."""
+        n = len(prefix)
+        for k, v in self.iterate(prefix):
+            if k[:n] != prefix:
+                return
+            yield k, v
+
+    def close(self) -> None:
+        """Unbind: every later access raises StateAccessError; pending writes are dropped."""
+        self.buffer.clear()
+        self.get, self.iterate, self.engine = _closed_get, _closed_iterate, None
+
+
+def group_entries(
+    items: Iterable[tuple[bytes, bytes]], layout: KeyLayout, kind: StateKind
+) -> Iterator[tuple[bytes, bytes | None, list[bytes]]]:
+    """Group composite entries by (key, namespace): value units, or ``[suffix, unit, ...]`` pairs."""
+    cur: tuple[bytes, bytes | None] | None = None
+    units: list[bytes] = []
+    split = layout.split
+    value = kind is StateKind.VALUE
+    for k, v in items:
+        _, kb, nsb, suffix = split(k)
+        if (kb, nsb) != cur:
+            if cur is not None:
+                yield cur[0], cur[1], units
+            cur, units = (kb, nsb), []
+        if value:
+            units.append(v)
+        else:
+            units.append(suffix)
+            units.append(v)
+    if cur is not None:
+        yield cur[0], cur[1], units
+
+
+class _Handle:
+    """The current key's entry of one state: its composite-key prefix, cached per key and namespace."""
+
+    __slots__ = ("_b", "_col", "_decode", "_encode", "_key", "_ns", "_nsb", "_prefix", "_reg")
+
+    def __init__(self, backend: OrderedKVBackendBase, col: KVColumn, reg: RegisteredState) -> None:
+        self._b = backend
+        self._col = col
+        self._reg = reg
+        codec = entry_codec(reg)
+        self._encode = codec.encode
+        self._decode = codec.decode
+        self._ns: Any = VOID_NAMESPACE
+        self._nsb = _VOID
+        self._key: Any = _NONE
+        self._prefix = b""
+
+    @property
+    def current_namespace(self) -> Any:
+        return self._ns
+
+    def set_current_namespace(self, namespace: Any) -> None:
+        if namespace is VOID_NAMESPACE:
+            self._nsb = _VOID
+        else:
+            ser = self._reg.namespace_serializer
+            if ser is None:
+                raise StateAccessError(
+                    f"state {self._reg.name!r} has no namespace serializer; pass namespace_serializer= "
+                    "to get_state to use namespaces"
+                )
+            self._nsb = KeyLayout.namespace_part(ser.serialize(namespace))
+        self._ns = namespace
+        self._key = _NONE
+
+    def _entry(self) -> bytes:
+        """The composite key of the current key and namespace (without suffix)."""
+        key = self._b._key
+        if key is self._key and key is not None:
+            return self._prefix
+        self._prefix = self._b.kv_key_prefix() + self._nsb
+        self._key = key
+        return self._prefix
+
+    def _get_raw(self, k: bytes) -> bytes | None:
+        v = self._col.buffer.get(k, _MISSING)
+        if v is _MISSING:
+            return self._col.get(k)
+        return v  # type: ignore[no-any-return]
+
+    def _put_raw(self, k: bytes, v: bytes | None) -> None:
+        self._col.buffer[k] = v
+        b = self._b
+        b.kv_pending += 1
+        if b.kv_pending >= b.kv_batch_size:
+            b.kv_write_buffered()
+
+    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        self._b.kv_write_column(self._col)
+        return self._col.scan(prefix)
+
+    def _delete_prefix(self, prefix: bytes) -> None:
+        for k, _ in list(self._scan(prefix)):
+            self._put_raw(k, None)
+
+
+class KVValueState(_Handle):
+    """Value state: one entry per key and namespace."""
+
+    __slots__ = ()
+
+    def value(self) -> Any:
+        raw = self._get_raw(self._entry())
+        if raw is None:
+            return self._reg.default_value()
+        return self._decode(raw)
+
+    def update(self, value: Any) -> None:
+        k = self._entry()
+        self._put_raw(k, None if value is None else self._encode(value))
+
+    def clear(self) -> None:
+        self._put_raw(self._entry(), None)
+
+    def update_batch(self, keys: Iterable[Any], fn: Callable[[Any], Any]) -> list[Any]:
+        """For each key in order, store ``fn(value)``; returns the stored values.
+
+        The batched form of ``set_current_key(k); s.update(fn(s.value()))`` in
+        one Python frame; leaves the last key current.
+        """
+        b = self._b
+        prefixes = b._kv_prefixes
+        col = self._col
+        buf, get = col.buffer, col.get
+        nsb, dec, enc, default = self._nsb, self._decode, self._encode, self._reg.default_value
+        out: list[Any] = []
+        append = out.append
+        key: Any = _NONE
+        for key in keys:
+            p = prefixes.get(key)
+            if p is None:
+                b.set_current_key(key)  # checks the key group; caches the prefix
+                p = b.kv_key_prefix()
+            ck = p + nsb
+            raw: Any = buf.get(ck, _MISSING)
+            if raw is _MISSING:
+                raw = get(ck)
+            new = fn(default() if raw is None else dec(raw))
+            buf[ck] = None if new is None else enc(new)
+            append(new)
+            b.kv_pending += 1
+            if b.kv_pending >= b.kv_batch_size:
+                b.kv_write_buffered()
+                buf, get = col.buffer, col.get
+        if key is not _NONE:
+            b.set_current_key(key)
+        return out
+
+
+class KVListState(_Handle):
+    """List state: an entry per element under a sequence suffix; appends never read the list."""
+
+    __slots__ = ()
+
+    def get(self) -> list[Any]:
+        dec = self._decode
+        return [dec(v) for _, v in self._scan(self._entry())]
+
+    def _append(self, prefix: bytes, values: Sequence[Any]) -> None:
+        enc, put, nxt = self._encode, self._put_raw, self._b.kv_next_sequence
+        for v in values:
+            put(prefix + KeyLayout.sequence(nxt()), enc(v))
+
+    @staticmethod
+    def _checked(values: Iterable[Any], what: str) -> list[Any]:
+        if values is None:
+            raise ValueError(f"ListState.{what}(None): pass a list")
+        out = list(values)
+        if any(v is None for v in out):
+            raise ValueError(f"ListState.{what}: elements cannot be None")
+        return out
+
+    def add(self, value: Any) -> None:
+        if value is None:
+            raise ValueError("ListState.add(None): cannot add None")
+        self._append(self._entry(), (value,))
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        checked = self._checked(values, "add_all")
+        if checked:
+            self._append(self._entry(), checked)
+
+    def update(self, values: Iterable[Any]) -> None:
+        checked = self._checked(values, "update")
+        prefix = self._entry()
+        self._delete_prefix(prefix)
+        self._append(prefix, checked)
+
+    def clear(self) -> None:
+        self._delete_prefix(self._entry())
+
+    def merge_namespaces(self, target: Any, sources: Sequence[Any]) -> None:
+        merge_list_namespaces(self, target, sources)
+
+
+class KVMapState(_Handle):
+    """Map state: an entry per user key; point reads and writes, iteration by prefix."""
+
+    __slots__ = ("_uk",)
+
+    def __init__(self, backend: OrderedKVBackendBase, col: KVColumn, reg: RegisteredState) -> None:
+        super().__init__(backend, col, reg)
+        uk = entry_codec(reg).user_key
+        assert uk is not None
+        self._uk = uk
+
+    def get(self, key: Any) -> Any:
+        raw = self._get_raw(self._entry() + self._uk.serialize(key))
+        return None if raw is None else self._decode(raw)
+
+    def contains(self, key: Any) -> bool:
+        return self._get_raw(self._entry() + self._uk.serialize(key)) is not None
+
+    def put(self, key: Any, value: Any) -> None:
+        self._put_raw(self._entry() + self._uk.serialize(key), self._encode(value))
+
+    def put_all(self, entries: Any) -> None:
+        prefix = self._entry()
+        ser, enc = self._uk.serialize, self._encode
+        for k, v in dict(entries).items():
+            self._put_raw(prefix + ser(k), enc(v))
+
+    def remove(self, key: Any) -> None:
+        self._put_raw(self._entry() + self._uk.serialize(key), None)
+
+    def _entries(self) -> list[tuple[Any, Any]]:
+        prefix = self._entry()
+        n = len(prefix)
+        des, dec = self._uk.deserialize, self._decode
+        return [(des(memoryview(k)[n:]), dec(v)) for k, v in self._scan(prefix)]
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        return iter(self._entries())
+
+    def keys(self) -> Iterator[Any]:
+        return iter([k for k, _ in self._entries()])
+
+    def values(self) -> Iterator[Any]:
+        return iter([v for _, v in self._entries()])
+
+    def is_empty(self) -> bool:
+        return next(iter(self._scan(self._entry())), None) is None
+
+    def clear(self) -> None:
+        self._delete_prefix(self._entry())
+
+
+class OrderedKVBackendBase(KeyedBackendBase):
+    """A keyed backend on an ordered key-value engine; see the module docstring.
+
+    Subclasses implement :meth:`kv_bind`, :meth:`kv_write`, :meth:`kv_load`,
+    ``_snapshot_entries`` (use :meth:`kv_read_group` over a frozen view) and,
+    for native snapshots, the :class:`~statekit.SupportsNativeSnapshot`
+    methods. Their own attributes take a prefix of their own (``_mydb_...``);
+    the base's are ``kv_*`` and ``_kv_*``.
+    """
+
+    def __init__(
+        self,
+        *,
+        key_serializer: TypeSerializer,
+        key_group_range: KeyGroupRange,
+        max_parallelism: int,
+        clock: Clock | None = None,
+        key_cache_size: int = 131072,
+        write_batch_size: int = 1024,
+        ttl_sweep_interval: int = 1000,
+    ) -> None:
+        super().__init__(
+            key_serializer=key_serializer,
+            key_group_range=key_group_range,
+            max_parallelism=max_parallelism,
+            clock=clock,
+            key_cache_size=key_cache_size,
+        )
+        self.layout = KeyLayout(max_parallelism)
+        self.kv_batch_size = max(1, write_batch_size)
+        self.kv_pending = 0  # updates buffered since the last write
+        self.kv_ttl_sweep_interval = max(1, ttl_sweep_interval)
+        #: States restored natively, not declared yet, whose full snapshots drop expired entries.
+        self.restored_ttl_cleanup: dict[str, int] = {}
+        self._kv_prefixes: dict[Any, bytes] = {}
+        self._kv_seq = 0
+        self._kv_columns: dict[str, KVColumn] = {}
+        self._kv_bulk: dict[str, list[tuple[bytes, bytes]]] | None = None
+
+    # --- what the engine implements ----------------------------------------------------------------
+
+    @abstractmethod
+    def kv_bind(self, col: KVColumn, create: bool) -> bool:
+        """Point ``col.get`` and ``col.iterate`` at the live data of state ``col.name``.
+
+        Create its column (column family, named database) when missing and
+        ``create``; return False when it is missing and not created.
+        """
+
+    @abstractmethod
+    def kv_write(self, columns: Sequence[KVColumn]) -> None:
+        """Write the buffered updates of ``columns`` (None deletes) in one batch; clear the buffers."""
+
+    @abstractmethod
+    def kv_load(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
+        """Bulk-load ``items`` (sorted, distinct keys) into state ``name``'s column (created if missing)."""
+
+    # --- columns, the current key, writes ----------------------------------------------------------
+
+    @property
+    def kv_columns(self) -> list[KVColumn]:
+        """Every column opened so far."""
+        return list(self._kv_columns.values())
+
+    def kv_column(self, name: str, create: bool = True) -> KVColumn | None:
+        """The column of state ``name`` (None if it has none and ``create`` is False)."""
+        col = self._kv_columns.get(name)
+        if col is None:
+            if self._closed:
+                raise StateAccessError("the backend is closed")
+            col = KVColumn(name)
+            if not self.kv_bind(col, create):
+                return None
+            self._kv_columns[name] = col
+        return col
+
+    def _kv_col(self, name: str) -> KVColumn:
+        col = self.kv_column(name)
+        assert col is not None
+        return col
+
+    def kv_key_prefix(self) -> bytes:
+        """Key group and length-prefixed key of the current key (cached per key)."""
+        key = self._key
+        p = self._kv_prefixes.get(key)
+        if p is None:
+            if self._kg is None:
+                raise StateAccessError("no current key: call set_current_key before using keyed state")
+            p = self.layout.key_prefix(self._kg, self.current_key_bytes)
+            if len(self._kv_prefixes) >= self._key_cache_size:
+                self._kv_prefixes.clear()
+            self._kv_prefixes[key] = p
+        return p
+
+    def kv_next_sequence(self) -> int:
+        """A list element's sequence number: larger than every earlier one of this instance."""
+        self._kv_seq += 1
+        return self._kv_seq
+
+    @property
+    def sequence(self) -> int:
+        """The last list sequence number handed out (native snapshots keep it)."""
+        return self._kv_seq
+
+    @sequence.setter
+    def sequence(self, value: int) -> None:
+        self._kv_seq = max(self._kv_seq, value)
+
+    def kv_write_buffered(self) -> None:
+        """Write every buffered update to the engine (at snapshot points, and when the buffer is full)."""
+        cols = [c for c in self._kv_columns.values() if c.buffer]
+        if cols:
+            self.kv_write(cols)
+        self.kv_pending = 0
+
+    def kv_write_column(self, col: KVColumn) -> None:
+        """Write one state's buffered updates (before a scan of it)."""
+        if col.buffer:
+            n = len(col.buffer)
+            self.kv_write([col])
+            self.kv_pending = max(0, self.kv_pending - n)
+
+    # --- handles, keys, sizes ----------------------------------------------------------------------
+
+    def _create_value(self, reg: RegisteredState) -> Any:
+        return KVValueState(self, self._kv_col(reg.name), reg)
+
+    def _create_list(self, reg: RegisteredState) -> Any:
+        return KVListState(self, self._kv_col(reg.name), reg)
+
+    def _create_map(self, reg: RegisteredState) -> Any:
+        return KVMapState(self, self._kv_col(reg.name), reg)
+
+    def _kv_grouped(self, reg: RegisteredState) -> Iterator[tuple[bytes, bytes | None, list[bytes]]]:
+        col = self.kv_column(reg.name, create=False)
+        if col is None:
+            return iter(())
+        self.kv_write_column(col)
+        return group_entries(col.iterate(b""), self.layout, reg.storage_kind)
+
+    def _state_keys(self, reg: RegisteredState, namespace: Any) -> Iterator[Any]:
+        if namespace is VOID_NAMESPACE:
+            want = None
+        else:
+            ser = reg.namespace_serializer
+            if ser is None:
+                return iter([])
+            want = ser.serialize(namespace)
+        des = self.key_serializer.deserialize
+        return iter([des(k) for k, ns, _ in self._kv_grouped(reg) if ns == want])
+
+    def _state_size(self, reg: RegisteredState) -> int:
+        return sum(1 for _ in self._kv_grouped(reg))
+
+    def kv_read_group(self, name: str, items: Iterable[tuple[bytes, bytes]]) -> StateEntries:
+        """Decode one key group's entries of state ``name`` (from a frozen view) for a canonical snapshot."""
+        reg = self.registered_state(name)
+        if reg is None:
+            return [], [], []
+        key_des = self.key_serializer.deserialize
+        keys: list[Any] = []
+        nss: list[Any] = []
+        vals: list[Any] = []
+        ns_des = reg.namespace_serializer.deserialize if reg.namespace_serializer else None
+        codec = entry_codec(reg)
+        dec, uk = codec.decode, codec.user_key
+        kind = reg.storage_kind
+        for kb, nsb, units in group_entries(items, self.layout, kind):
+            keys.append(key_des(kb))
+            if nsb is None:
+                nss.append(VOID_NAMESPACE)
+            else:
+                assert ns_des is not None
+                nss.append(ns_des(nsb))
+            if kind is StateKind.VALUE:
+                vals.append(dec(units[0]))
+            elif kind is StateKind.LIST:
+                vals.append([dec(u) for u in units[1::2]])
+            else:
+                assert uk is not None
+                vals.append({uk.deserialize(units[i]): dec(units[i + 1]) for i in range(0, len(units), 2)})
+        return keys, nss, vals
+
+    # --- restores from canonical snapshots: bulk loads ----------------------------------------------
+
+    def restore(self, handles: Sequence[Any]) -> None:
+        """Restore canonical snapshots in bulk: each state's entries sorted and loaded at once."""
+        self._kv_bulk = {}
+        try:
+            super().restore(handles)
+            self.load_undeclared_states()  # native snapshots must hold every state
+            bulk, self._kv_bulk = self._kv_bulk, None
+            for name, items in bulk.items():
+                self._kv_load_sorted(name, items)
+        finally:
+            self._kv_bulk = None
+
+    def _kv_load_sorted(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
+        if not items:
+            return
+        col = self._kv_col(name)
+        self.kv_write_column(col)
+        items.sort()
+        # A key twice (a snapshot that held it twice) keeps the last occurrence.
+        dedup = [kv for i, kv in enumerate(items) if i + 1 == len(items) or items[i + 1][0] != kv[0]]
+        self.kv_load(name, dedup)
+
+    def _load_entries(
+        self, reg: RegisteredState, key_group: int, keys: list[Any], namespaces: list[Any], values: list[Any]
+    ) -> None:
+        layout, kser = self.layout, self.key_serializer.serialize
+        ns_ser = reg.namespace_serializer
+        codec = entry_codec(reg)
+        enc, kind = codec.encode, reg.storage_kind
+        out: list[tuple[bytes, bytes]] = []
+        for k, ns, v in zip(keys, namespaces, values):
+            prefix = layout.key_prefix(key_group, kser(k)) + layout.namespace_part(
+                None if ns is VOID_NAMESPACE else ns_ser.serialize(ns)  # type: ignore[union-attr]
+            )
+            if kind is StateKind.VALUE:
+                out.append((prefix, enc(v)))
+            elif kind is StateKind.LIST:
+                for el in v:
+                    out.append((prefix + KeyLayout.sequence(self.kv_next_sequence()), enc(el)))
+            else:
+                assert codec.user_key is not None
+                uks = codec.user_key.serialize
+                for uk, uv in v.items():
+                    out.append((prefix + uks(uk), enc(uv)))
+        if self._kv_bulk is not None:
+            self._kv_bulk.setdefault(reg.name, []).extend(out)
+        else:
+            self._kv_load_sorted(reg.name, out)
+
+    # --- TTL -----------------------------------------------------------------------------------------
+
+    def _ttl_hook(self, reg: RegisteredState) -> Callable[[], None] | None:
+        ttl = reg.ttl
+        if ttl is None or ttl.cleanup_incremental_size <= 0:
+            return None
+        interval = self.kv_ttl_sweep_interval
+        return _Sweep(self, reg.name, ttl.ttl_ms, interval, ttl.cleanup_incremental_size * interval)
+
+    def sweep_expired(
+        self, name: str, ttl_ms: int, start: bytes, budget: int, *, now: int | None = None
+    ) -> bytes:
+        """Check up to ``budget`` entries of state ``name`` from ``start``; delete the expired ones.
+
+        Returns where the next sweep starts. One lap at most: from ``start`` to
+        the end, then from the beginning up to ``start``. Works on every unit
+        (a value, a list element, a map entry) by its timestamp, without
+        deserializing it. Snapshots already taken are unaffected.
+        """
+        col = self.kv_column(name, create=False)
+        if col is None:
+            return b""
+        self.kv_write_column(col)
+        limit = (self.clock() if now is None else now) - ttl_ms  # expired when ts <= now - ttl
+        expired: list[bytes] = []
+        checked = 0
+        next_start = b""
+        for lower, upper in ((start, None), (b"", start or None)):
+            for key, raw in col.iterate(lower):
+                if upper is not None and key >= upper:
+                    break
+                if checked >= budget:
+                    next_start = key
+                    break
+                if ttl_timestamp(raw) <= limit:
+                    expired.append(key)
+                checked += 1
+            if next_start or not start:
+                break
+        if expired:
+            col.buffer.update(dict.fromkeys(expired))
+            self.kv_write([col])
+        return next_start
+
+    def delete_expired(self, name: str, ttl_ms: int, *, now: int) -> None:
+        """Delete every unit of state ``name`` expired at ``now`` (one whole sweep)."""
+        self.sweep_expired(name, ttl_ms, b"", 1 << 62, now=now)
+
+    def full_snapshot_ttl(self) -> dict[str, int]:
+        """TTL (ms) of every stored state whose expired entries full snapshots leave out.
+
+        Native snapshots record it, with the time they were taken, so that a
+        restore drops what a canonical snapshot taken then would have left out.
+        """
+        out = {}
+        for name in self.stored_state_names:
+            reg = self._states.get(name)
+            if reg is None:
+                if name in self.restored_ttl_cleanup:
+                    out[name] = self.restored_ttl_cleanup[name]
+            elif reg.ttl is not None and reg.ttl.cleanup_full_snapshot:
+                out[name] = reg.ttl.ttl_ms
+        return out
+
+    def purge_as_of(self, meta: dict[str, Any]) -> None:
+        """After a native restore: drop what full-snapshot cleanup would have, as of the snapshot's time."""
+        when = int(meta.get("time_ms", 0))
+        for name, ttl_ms in (meta.get("ttl_cleanup") or {}).items():
+            self.restored_ttl_cleanup[name] = int(ttl_ms)
+            self.delete_expired(name, int(ttl_ms), now=when)
+
+    def kv_native_meta(self) -> dict[str, Any]:
+        """What a native snapshot's meta needs from the base: sequence, snapshot time, TTL cleanup, range."""
+        kgr = self.key_group_range
+        return {
+            "range": [kgr.start, kgr.end],
+            "sequence": self.sequence,
+            "time_ms": self.clock(),
+            "ttl_cleanup": self.full_snapshot_ttl(),
+        }
+
+
+class _Sweep:
+    """Called on every access of a TTL state; every ``interval`` accesses, sweeps ``budget`` entries."""
+
+    __slots__ = ("_backend", "_budget", "_count", "_cursor", "_interval", "_name", "_ttl_ms")
+
+    def __init__(
+        self, backend: OrderedKVBackendBase, name: str, ttl_ms: int, interval: int, budget: int
+    ) -> None:
+        self._backend = backend
+        self._name = name
+        self._ttl_ms = ttl_ms
+        self._interval = interval
+        self._budget = budget
+        self._count = 0
+        self._cursor = b""
+
+    def __call__(self) -> None:
+        self._count += 1
+        if self._count >= self._interval:
+            self._count = 0
+            self._cursor = self._backend.sweep_expired(self._name, self._ttl_ms, self._cursor, self._budget)
