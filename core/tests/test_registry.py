@@ -145,15 +145,22 @@ def test_conflict_names_both_distributions(make_dist: MakeDist) -> None:
         PluginRegistry.load()
 
 
-def test_unknown_known_name_lists_installed_and_the_extra(make_dist: MakeDist) -> None:
+def test_unknown_known_name_lists_installed_and_the_extra(
+    make_dist: MakeDist, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import statekit._registry as registry_module
+
     make_dist("fakeplugin")
     registry = PluginRegistry.load()
+    # A backend statekit knows of that is not installed here (rocksdb and lmdb are, in this repository).
+    known = {**registry_module.KNOWN_EXTRAS["backend"], "foundationdb": "statekit[foundationdb]"}
+    monkeypatch.setattr(registry_module, "KNOWN_EXTRAS", {**registry_module.KNOWN_EXTRAS, "backend": known})
     with pytest.raises(UnknownPluginError) as info:
-        registry.create_backend("rocksdb")
+        registry.create_backend("foundationdb")
     message = str(info.value)
-    assert message.startswith("backend 'rocksdb' is not installed. Installed backends: ")
+    assert message.startswith("backend 'foundationdb' is not installed. Installed backends: ")
     assert "fakedb" in message
-    assert message.endswith('Install it with: pip install "statekit[rocksdb]"')
+    assert message.endswith('Install it with: pip install "statekit[foundationdb]"')
 
 
 def test_unknown_third_party_name_explains_registration() -> None:

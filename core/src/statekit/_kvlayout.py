@@ -141,6 +141,16 @@ class KeyLayout:
     def split(self, composite: bytes | memoryview) -> tuple[int, bytes, bytes | None, bytes]:
         """``(key group, key, namespace or None for VOID, suffix)`` of a composite key."""
         w = self.group_width
+        if isinstance(composite, bytes):
+            # Nearly every key and namespace is shorter than 128 bytes: one-byte lengths, sliced.
+            n = composite[w]
+            p = w + 1 + n
+            if n < 0x80 and p < len(composite) and composite[p] < 0x80:
+                m = composite[p]
+                kg = int.from_bytes(composite[:w], "big")
+                if not m:
+                    return kg, composite[w + 1 : p], None, composite[p + 1 :]
+                return kg, composite[w + 1 : p], composite[p + 1 : p + m], composite[p + m :]
         mv = memoryview(composite)
         kg = int.from_bytes(mv[:w], "big")
         n, pos = decode_varint(mv, w)

@@ -32,7 +32,7 @@ from typing import Any
 from ._errors import StateAccessError
 from ._keyed import KeyedBackendBase, RegisteredState, StateEntries, merge_list_namespaces
 from ._keygroups import KeyGroupRange
-from ._kvlayout import KeyLayout, entry_codec, ttl_timestamp
+from ._kvlayout import KeyLayout, encode_varint, entry_codec, ttl_timestamp
 from ._serializers import TypeSerializer
 from ._state import VOID_NAMESPACE, StateKind
 from ._ttl import Clock
@@ -112,12 +112,16 @@ def group_entries(
 class _Handle:
     """The current key's entry of one state: its composite-key prefix, cached per key and namespace."""
 
-    __slots__ = ("_b", "_col", "_decode", "_encode", "_key", "_ns", "_nsb", "_prefix", "_reg")
+    __slots__ = ("_b", "_col", "_decode", "_encode", "_key", "_ns", "_nsb", "_prefix", "_reg", "_room")
+
+    #: Bytes an entry adds after the namespace: a list element's sequence number.
+    _suffix = 0
 
     def __init__(self, backend: OrderedKVBackendBase, col: KVColumn, reg: RegisteredState) -> None:
         self._b = backend
         self._col = col
         self._reg = reg
+        self._room = self._suffix
         codec = entry_codec(reg)
         self._encode = codec.encode
         self._decode = codec.decode
@@ -146,12 +150,17 @@ class _Handle:
 
     def _entry(self) -> bytes:
         """The composite key of the current key and namespace (without suffix)."""
-        key = self._b._key
+        b = self._b
+        key = b._key
         if key is self._key and key is not None:
             return self._prefix
-        self._prefix = self._b.kv_key_prefix() + self._nsb
+        p = b.kv_key_prefix() + self._nsb
+        limit = b.kv_max_key_size
+        if limit is not None and len(p) + self._room > limit:
+            raise b.kv_key_too_long(self._reg.name, len(p) + self._room)
+        self._prefix = p
         self._key = key
-        return self._prefix
+        return p
 
     def _get_raw(self, k: bytes) -> bytes | None:
         v = self._col.buffer.get(k, _MISSING)
@@ -180,15 +189,36 @@ class KVValueState(_Handle):
 
     __slots__ = ()
 
+    # value() and update() are the hot path of a keyed stream (a key switch on every record):
+    # the handle's cached entry, else the backend's cache of each key's entry in VOID_NAMESPACE.
+
     def value(self) -> Any:
-        raw = self._get_raw(self._entry())
+        key = self._b._key
+        k: bytes | None
+        if key is self._key and key is not None:
+            k = self._prefix
+        else:
+            k = self._b._kv_void.get(key) if self._nsb is _VOID else None
+            if k is None:
+                k = self._entry()
+            else:
+                self._key, self._prefix = key, k
+        col = self._col
+        raw = col.buffer.get(k, _MISSING)
+        if raw is _MISSING:
+            raw = col.get(k)
         if raw is None:
             return self._reg.default_value()
         return self._decode(raw)
 
     def update(self, value: Any) -> None:
-        k = self._entry()
-        self._put_raw(k, None if value is None else self._encode(value))
+        b = self._b
+        key = b._key
+        k = self._prefix if key is self._key and key is not None else self._entry()
+        self._col.buffer[k] = None if value is None else self._encode(value)
+        b.kv_pending += 1
+        if b.kv_pending >= b.kv_batch_size:
+            b.kv_write_buffered()
 
     def clear(self) -> None:
         self._put_raw(self._entry(), None)
@@ -202,7 +232,7 @@ class KVValueState(_Handle):
         b = self._b
         prefixes = b._kv_prefixes
         col = self._col
-        buf, get = col.buffer, col.get
+        buf = col.buffer
         nsb, dec, enc, default = self._nsb, self._decode, self._encode, self._reg.default_value
         out: list[Any] = []
         append = out.append
@@ -215,14 +245,13 @@ class KVValueState(_Handle):
             ck = p + nsb
             raw: Any = buf.get(ck, _MISSING)
             if raw is _MISSING:
-                raw = get(ck)
+                raw = col.get(ck)  # looked up each time: a write (by fn, too) may rebind it
             new = fn(default() if raw is None else dec(raw))
             buf[ck] = None if new is None else enc(new)
             append(new)
             b.kv_pending += 1
             if b.kv_pending >= b.kv_batch_size:
                 b.kv_write_buffered()
-                buf, get = col.buffer, col.get
         if key is not _NONE:
             b.set_current_key(key)
         return out
@@ -232,6 +261,7 @@ class KVListState(_Handle):
     """List state: an entry per element under a sequence suffix; appends never read the list."""
 
     __slots__ = ()
+    _suffix = 8
 
     def get(self) -> list[Any]:
         dec = self._decode
@@ -285,24 +315,38 @@ class KVMapState(_Handle):
         assert uk is not None
         self._uk = uk
 
+    def _fits(self, k: bytes) -> bool:
+        limit = self._b.kv_max_key_size
+        return limit is None or len(k) <= limit
+
+    def _writable(self, k: bytes) -> bytes:
+        if not self._fits(k):
+            raise self._b.kv_key_too_long(self._reg.name, len(k))
+        return k
+
     def get(self, key: Any) -> Any:
-        raw = self._get_raw(self._entry() + self._uk.serialize(key))
+        k = self._entry() + self._uk.serialize(key)
+        raw = self._get_raw(k) if self._fits(k) else None  # a key too long is never stored
         return None if raw is None else self._decode(raw)
 
     def contains(self, key: Any) -> bool:
-        return self._get_raw(self._entry() + self._uk.serialize(key)) is not None
+        k = self._entry() + self._uk.serialize(key)
+        return self._fits(k) and self._get_raw(k) is not None
 
     def put(self, key: Any, value: Any) -> None:
-        self._put_raw(self._entry() + self._uk.serialize(key), self._encode(value))
+        self._put_raw(self._writable(self._entry() + self._uk.serialize(key)), self._encode(value))
 
     def put_all(self, entries: Any) -> None:
         prefix = self._entry()
         ser, enc = self._uk.serialize, self._encode
-        for k, v in dict(entries).items():
-            self._put_raw(prefix + ser(k), enc(v))
+        encoded = [(self._writable(prefix + ser(k)), enc(v)) for k, v in dict(entries).items()]
+        for k, v in encoded:  # every key checked before anything is written
+            self._put_raw(k, v)
 
     def remove(self, key: Any) -> None:
-        self._put_raw(self._entry() + self._uk.serialize(key), None)
+        k = self._entry() + self._uk.serialize(key)
+        if self._fits(k):
+            self._put_raw(k, None)
 
     def _entries(self) -> list[tuple[Any, Any]]:
         prefix = self._entry()
@@ -361,6 +405,7 @@ class OrderedKVBackendBase(KeyedBackendBase):
         #: States restored natively, not declared yet, whose full snapshots drop expired entries.
         self.restored_ttl_cleanup: dict[str, int] = {}
         self._kv_prefixes: dict[Any, bytes] = {}
+        self._kv_void: dict[Any, bytes] = {}  # key -> its entry's key in VOID_NAMESPACE
         self._kv_seq = 0
         self._kv_columns: dict[str, KVColumn] = {}
         self._kv_bulk: dict[str, list[tuple[bytes, bytes]]] | None = None
@@ -407,6 +452,19 @@ class OrderedKVBackendBase(KeyedBackendBase):
         assert col is not None
         return col
 
+    #: The longest key the engine stores (LMDB: 511 bytes); None: no limit. Handles refuse
+    #: writes of longer keys with a clear error before anything is buffered.
+    kv_max_key_size: int | None = None
+
+    def kv_key_too_long(self, state: str, size: int) -> StateAccessError:
+        """The error for an entry of ``state`` whose key would take ``size`` bytes."""
+        return StateAccessError(
+            f"an entry of state {state!r} needs a key of {size} bytes (key group, key, namespace and map "
+            f"key together), but the {self.backend_name or 'this'} backend stores keys of at most "
+            f"{self.kv_max_key_size} bytes; use shorter keys, namespaces or map keys, or a backend "
+            "without this limit"
+        )
+
     def kv_key_prefix(self) -> bytes:
         """Key group and length-prefixed key of the current key (cached per key)."""
         key = self._key
@@ -415,9 +473,18 @@ class OrderedKVBackendBase(KeyedBackendBase):
             if self._kg is None:
                 raise StateAccessError("no current key: call set_current_key before using keyed state")
             p = self.layout.key_prefix(self._kg, self.current_key_bytes)
+            limit = self.kv_max_key_size
+            if limit is not None and len(p) + 1 > limit:  # every entry adds a namespace byte at least
+                raise StateAccessError(
+                    f"key {key!r} takes {len(p) + 1} bytes with its key group and namespace, but the "
+                    f"{self.backend_name or 'this'} backend stores keys of at most {limit} bytes; use "
+                    "shorter keys, or a backend without this limit"
+                )
             if len(self._kv_prefixes) >= self._key_cache_size:
                 self._kv_prefixes.clear()
+                self._kv_void.clear()
             self._kv_prefixes[key] = p
+            self._kv_void[key] = p + _VOID
         return p
 
     def kv_next_sequence(self) -> int:
@@ -536,25 +603,34 @@ class OrderedKVBackendBase(KeyedBackendBase):
     def _load_entries(
         self, reg: RegisteredState, key_group: int, keys: list[Any], namespaces: list[Any], values: list[Any]
     ) -> None:
-        layout, kser = self.layout, self.key_serializer.serialize
+        layout = self.layout
         ns_ser = reg.namespace_serializer
         codec = entry_codec(reg)
         enc, kind = codec.encode, reg.storage_kind
-        out: list[tuple[bytes, bytes]] = []
-        for k, ns, v in zip(keys, namespaces, values):
-            prefix = layout.key_prefix(key_group, kser(k)) + layout.namespace_part(
-                None if ns is VOID_NAMESPACE else ns_ser.serialize(ns)  # type: ignore[union-attr]
-            )
-            if kind is StateKind.VALUE:
-                out.append((prefix, enc(v)))
-            elif kind is StateKind.LIST:
-                for el in v:
-                    out.append((prefix + KeyLayout.sequence(self.kv_next_sequence()), enc(el)))
-            else:
-                assert codec.user_key is not None
-                uks = codec.user_key.serialize
-                for uk, uv in v.items():
-                    out.append((prefix + uks(uk), enc(uv)))
+        group = layout.group_prefix(key_group)
+        nsp = [
+            _VOID if ns is VOID_NAMESPACE else layout.namespace_part(ns_ser.serialize(ns))  # type: ignore[union-attr]
+            for ns in namespaces
+        ]
+        prefixes = [
+            group + encode_varint(len(kb)) + kb + n
+            for kb, n in zip(map(self.key_serializer.serialize, keys), nsp)
+        ]
+        out: list[tuple[bytes, bytes]]
+        if kind is StateKind.VALUE:
+            out = list(zip(prefixes, map(enc, values)))
+        elif kind is StateKind.LIST:
+            nxt, seq = self.kv_next_sequence, KeyLayout.sequence
+            out = [(p + seq(nxt()), enc(el)) for p, v in zip(prefixes, values) for el in v]
+        else:
+            assert codec.user_key is not None
+            uks = codec.user_key.serialize
+            out = [(p + uks(uk), enc(uv)) for p, v in zip(prefixes, values) for uk, uv in v.items()]
+        limit = self.kv_max_key_size
+        if limit is not None and out:
+            longest = max(len(k) for k, _ in out)
+            if longest > limit:
+                raise self.kv_key_too_long(reg.name, longest)
         if self._kv_bulk is not None:
             self._kv_bulk.setdefault(reg.name, []).extend(out)
         else:

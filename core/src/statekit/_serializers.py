@@ -200,6 +200,9 @@ def _describe(cfg: SerializerConfig) -> str:
     return str(ident)
 
 
+_INT64 = struct.Struct("<q").pack
+
+
 class IntSerializer(TypeSerializer):
     """Python ints of any size: 8 bytes little-endian when they fit in 64 bits."""
 
@@ -208,6 +211,10 @@ class IntSerializer(TypeSerializer):
     _MAX = (1 << 63) - 1
 
     def serialize(self, value: Any) -> bytes:
+        try:
+            return _INT64(value)  # 64-bit ints (and __index__ objects; never floats) in C
+        except struct.error:
+            pass
         try:
             # operator.index refuses floats: 3.7 must not silently become key 3.
             v = operator.index(value)
