@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Distributions of this repository, installed editable, in dependency order.
-PACKAGES := -e ./core -e ./backends/heap -e ./backends/rocksdb -e "./storage[s3,hdfs]" -e ./examples/statekit-sqlite \
+PACKAGES := -e ./core -e ./backends/heap -e ./backends/rocksdb -e ./backends/lmdb -e "./storage[s3,hdfs]" -e ./examples/statekit-sqlite \
 	-e ./examples/urlcount -e ".[test]"
 HYPOTHESIS_PROFILE ?= ci
 
@@ -14,7 +14,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
 $(VENV)/.installed: pyproject.toml core/pyproject.toml backends/heap/pyproject.toml backends/rocksdb/pyproject.toml \
-		storage/pyproject.toml \
+		backends/lmdb/pyproject.toml storage/pyproject.toml \
 		examples/statekit-sqlite/pyproject.toml examples/urlcount/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -30,7 +30,7 @@ lint: install
 	$(VENV)/bin/ruff check core backends storage examples tests bench conftest.py
 
 typecheck: install
-	$(VENV)/bin/mypy --strict -p statekit -p statekit_heap -p statekit_rocksdb -p statekit_storage -p statekit_sqlite -p statekit_urlcount
+	$(VENV)/bin/mypy --strict -p statekit -p statekit_heap -p statekit_rocksdb -p statekit_lmdb -p statekit_storage -p statekit_sqlite -p statekit_urlcount
 
 pytest: install
 	$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=$(HYPOTHESIS_PROFILE)
@@ -40,6 +40,7 @@ bench: install
 	$(PY) bench/bench_heap_value_state.py
 	$(PY) bench/bench_snapshot_restore.py
 	cd bench && ../$(PY) bench_rocksdb.py
+	cd bench && ../$(PY) bench_lmdb.py
 	$(PY) bench/bench_spark_urlcount.py
 
 ## The main job: the URL-count demo on Spark with the embedded defaults.

@@ -39,7 +39,7 @@ from typing import Any
 import lmdb
 from bench_heap_value_state import best_of, zipf_keys
 
-from statekit import KeyGroupRange, ValueStateDescriptor, load_checkpoint
+from statekit import KeyGroupRange, ValueStateDescriptor, key_group_for_bytes, load_checkpoint
 from statekit.checkpointing import complete_checkpoint, write_subtask_state
 from statekit.serializers import StrSerializer
 from statekit_heap import HeapKeyedStateBackend
@@ -119,7 +119,7 @@ def rmw(args: argparse.Namespace, scratch: str) -> None:
         for k in ops:
             set_key(k)
             update(value() + 1)
-        b.lmdb_commit()
+        b.kv_write_buffered()
         return b
 
     def batched(b: object) -> object:
@@ -128,7 +128,7 @@ def rmw(args: argparse.Namespace, scratch: str) -> None:
         inc = (1).__add__
         for i in range(0, len(ops), 10_000):
             s.update_batch(ops[i : i + 10_000], inc)
-        b.lmdb_commit()
+        b.kv_write_buffered()
         return b
 
     expected: dict[str, int] = {}
@@ -218,7 +218,7 @@ def snapshot_restore(args: argparse.Namespace, scratch: str) -> None:
 
     heap = fill(heap_backend())
     lm = fill(lmdb_backend())
-    lm.lmdb_commit()
+    lm.kv_write_buffered()
     rows: list[tuple[str, float, int]] = []
     t, (heap_loc, size) = timed(lambda: checkpoint(heap, False), args.repeats)
     rows.append(("heap snapshot (baseline)", t, size))
@@ -273,8 +273,6 @@ def snapshot_restore(args: argparse.Namespace, scratch: str) -> None:
 
 
 def _kg(key: str) -> int:
-    from statekit import key_group_for_bytes
-
     return key_group_for_bytes(StrSerializer().serialize(key), 128)
 
 

@@ -16,8 +16,8 @@ from statekit import LocalRunner, default_registry, load_checkpoint
 
 CHILD = Path(__file__).with_name("crash_child.py")
 RECORDS = make_records(1200, urls=40, seed=11)
-# The default backend, and the one whose native checkpoints share files between checkpoints.
-BACKENDS = [b for b in ("heap", "rocksdb") if b in default_registry().backends()]
+# The default backend, and the engines on disk with native checkpoints.
+BACKENDS = [b for b in ("heap", "rocksdb", "lmdb") if b in default_registry().backends()]
 
 
 @pytest.fixture(params=BACKENDS)

@@ -1,4 +1,4 @@
-"""A canonical savepoint moves heap -> rocksdb -> sqlite -> heap with every state intact.
+"""A canonical savepoint moves heap -> rocksdb -> lmdb -> sqlite -> heap with every state intact.
 
 Every kind of keyed state (value, list, map, reducing, aggregating), with
 namespaces and with TTL, plus operator state; the job changes state between
@@ -27,7 +27,7 @@ from statekit import (
     serializer_for,
 )
 
-BACKENDS = ["heap", "rocksdb", "sqlite", "heap"]
+BACKENDS = ["heap", "rocksdb", "lmdb", "sqlite", "heap"]
 INT_NS = serializer_for(int)
 TTL = StateTtlConfig(timedelta(hours=1))
 

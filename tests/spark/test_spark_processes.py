@@ -59,7 +59,7 @@ def latest_id(checkpoints: Path, job_id: str) -> int:
     return max(done, default=0)
 
 
-@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+@pytest.mark.parametrize("backend", ["heap", "rocksdb", "lmdb"])
 def test_driver_killed_mid_run_then_restarted_counts_exactly(tmp_path: Path, backend: str) -> None:
     records = make_records(2400, seed=3)
     write_inputs(tmp_path / "in", records, 8)

@@ -35,8 +35,8 @@ from statekit.spark import BatchInfo, keyed
 
 RECORDS = make_records(2400)
 BACKENDS = sorted(default_registry().backends())
-# The in-memory default and the engine with native, incremental checkpoints.
-ON_DISK = [b for b in ("heap", "rocksdb") if b in BACKENDS]
+# The in-memory default and the engines on disk (native checkpoints: incremental for rocksdb).
+ON_DISK = [b for b in ("heap", "rocksdb", "lmdb") if b in BACKENDS]
 
 
 def configure(session: Any, values: dict[str, Any]) -> None:

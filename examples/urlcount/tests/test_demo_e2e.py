@@ -39,7 +39,7 @@ def _json_rows(directory):
     return rows
 
 
-@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+@pytest.mark.parametrize("backend", ["heap", "rocksdb", "lmdb"])
 def test_demo_resumes_from_the_checkpoint_with_exact_counts(tmp_path, backend):
     work = tmp_path / "demo"
     args = build_parser().parse_args(

@@ -1,0 +1,596 @@
+"""The LMDB keyed state backend: one LMDB environment per subtask, one named database per state.
+
+The handles, the write buffer, key listing, canonical decoding, bulk loads
+and TTL sweeps are core's (``statekit.backend_api.OrderedKVBackendBase``);
+this module binds them to LMDB. Buffered writes are committed in one write
+transaction per batch; a full map grows and the transaction is written again
+(:meth:`LMDBKeyedStateBackend.lmdb_commit`). Reads go through a read
+transaction per state, renewed by every commit. Snapshots are taken while
+processing goes on: both kinds read a read transaction pinned at the snapshot
+point (``_views``); canonical ones iterate it, native ones are a compact copy
+of it (``_full_snapshot``). Restores and rescales are in ``_restore``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import mmap
+import os
+import shutil
+import struct
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import lmdb
+
+from statekit import ConfigurationError, KeyGroupRange, SnapshotError, StateAccessError, TypeSerializer
+from statekit.backend_api import (
+    Clock,
+    KVColumn,
+    NativeStateHandle,
+    OperatorStateBackendImpl,
+    OrderedKVBackendBase,
+    RegisteredState,
+    StateEntries,
+    StateKind,
+    create_instance_dir,
+)
+
+from ._full_snapshot import LMDBNativeSnapshot
+from ._layout import BULK_CHUNK, db_name, iterate
+from ._plugin import OPTIONS
+from ._views import PinnedView
+
+__all__ = ["LMDB_NATIVE_FORMAT", "LMDBKeyedStateBackend", "LMDBStateBackend", "MapSizeLimitError"]
+
+#: The native snapshot format: a compact copy of the environment (see docs/backends/lmdb.md).
+LMDB_NATIVE_FORMAT = "statekit-lmdb-1"
+# Reader slots for pinned snapshots, besides one per state for the task's reads.
+_SNAPSHOT_READERS = 126
+_PAGE = mmap.PAGESIZE
+
+
+class MapSizeLimitError(StateAccessError):
+    """The LMDB map of one subtask reached ``statekit.backend.lmdb.max-map-size``.
+
+    The writes that did not fit stay in the backend's write buffer (nothing is
+    lost in memory), but no more can be committed, nor snapshots taken.
+    """
+
+
+class LMDBStateBackend:
+    """The ``lmdb`` state backend: makes an LMDB keyed backend (one environment) per subtask.
+
+    Example::
+
+        LocalRunner(CountPerUrl, key_selector=..., config={
+            "statekit.backend": "lmdb",
+            "statekit.backend.lmdb.max-map-size": "64gb",
+            "statekit.checkpoints.dir": "s3://bucket/checkpoints",
+        })
+    """
+
+    name = "lmdb"
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        """Takes the plugin's options by short name (defaults for those left out).
+
+        Raises:
+            ConfigurationError: If sizes or counts are out of range.
+        """
+        opts = {o.name: o.default for o in OPTIONS}
+        opts.update(options or {})
+        for name in (
+            "initial-map-size",
+            "max-map-size",
+            "write-batch-size",
+            "max-states",
+            "ttl-sweep-interval",
+        ):
+            if int(opts[name]) < 1:
+                raise ConfigurationError(f"statekit.backend.lmdb.{name} must be at least 1, got {opts[name]}")
+        if int(opts["initial-map-size"]) > int(opts["max-map-size"]):
+            raise ConfigurationError(
+                f"statekit.backend.lmdb.initial-map-size ({opts['initial-map-size']}) is larger than "
+                f"statekit.backend.lmdb.max-map-size ({opts['max-map-size']})"
+            )
+        self.options = opts
+
+    def create_keyed_backend(
+        self,
+        *,
+        key_serializer: TypeSerializer,
+        key_group_range: KeyGroupRange,
+        max_parallelism: int,
+        clock: Callable[[], int] | None = None,
+        key_cache_size: int = 131072,
+        local_dir: str | None = None,
+    ) -> LMDBKeyedStateBackend:
+        """An LMDB environment for one subtask, in ``local-dir``, else ``local_dir``, else a temp dir."""
+        return LMDBKeyedStateBackend(
+            key_serializer=key_serializer,
+            key_group_range=key_group_range,
+            max_parallelism=max_parallelism,
+            clock=clock,
+            key_cache_size=key_cache_size,
+            local_dir=self.options["local-dir"] or local_dir,
+            options=self.options,
+        )
+
+    def create_operator_backend(self) -> OperatorStateBackendImpl:
+        """Operator state is small and kept in memory, as in Flink."""
+        return OperatorStateBackendImpl()
+
+
+class _Binding:
+    """What a column holds of LMDB: its named database, and the read transaction its reads use.
+
+    A read transaction per state, begun with the state's database as its
+    default, makes ``col.get`` py-lmdb's own ``Transaction.get``: no Python
+    frame between a handle and LMDB on a point read. Keys longer than LMDB
+    stores never reach it: core's handles check ``kv_max_key_size``.
+    """
+
+    __slots__ = ("db", "reader")
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+        self.reader: Any = None
+
+
+def _round_up(n: int) -> int:
+    return -(-n // _PAGE) * _PAGE
+
+
+class LMDBKeyedStateBackend(OrderedKVBackendBase):
+    """Keyed state of one subtask in an LMDB environment under its local directory.
+
+    The instance lives in ``<local dir>/lmdb-<random>/``: ``db/`` is the live
+    environment, ``snap-*`` and ``chk-*`` frozen copies of pending snapshots,
+    ``restore-*`` downloads; all of it is deleted by :meth:`close`. Handles, the
+    write buffer, key listing, bulk loads and TTL sweeps are statekit's
+    :class:`~statekit.backend_api.OrderedKVBackendBase`; this class binds them to
+    named databases.
+    """
+
+    backend_name = "lmdb"
+    native_format = LMDB_NATIVE_FORMAT
+
+    def __init__(
+        self,
+        *,
+        key_serializer: TypeSerializer,
+        key_group_range: KeyGroupRange,
+        max_parallelism: int,
+        clock: Clock | None = None,
+        key_cache_size: int = 131072,
+        local_dir: str | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        opts = {o.name: o.default for o in OPTIONS}
+        opts.update(options or {})
+        super().__init__(
+            key_serializer=key_serializer,
+            key_group_range=key_group_range,
+            max_parallelism=max_parallelism,
+            clock=clock,
+            key_cache_size=key_cache_size,
+            write_batch_size=int(opts["write-batch-size"]),
+            ttl_sweep_interval=int(opts["ttl-sweep-interval"]),
+        )
+        self._lmdb_options = opts
+        self._lmdb_max_map = _round_up(int(opts["max-map-size"]))
+        self._lmdb_views: dict[int, PinnedView] = {}
+        self._lmdb_env: Any = None
+        self._lmdb_reading = False  # whether the columns' read transactions are open
+        #: LMDB's key size limit (``env.max_key_size()``); core's handles refuse longer keys.
+        self.kv_max_key_size = 511
+        #: How often the map grew, and how many pending snapshots were frozen for it (observability).
+        self.map_growths = 0
+        self.frozen_views = 0
+        # Owned by this process; environments of killed processes in the same directory are removed.
+        self.instance_dir = create_instance_dir(local_dir, "lmdb-")
+        try:
+            os.makedirs(self.db_path)
+            self.lmdb_open(int(opts["initial-map-size"]))
+        except BaseException:
+            shutil.rmtree(self.instance_dir, ignore_errors=True)
+            raise
+
+    # --- the environment ----------------------------------------------------------------------
+
+    @property
+    def db_path(self) -> str:
+        """The live environment's directory."""
+        return os.path.join(self.instance_dir, "db")
+
+    @property
+    def env(self) -> Any:
+        """The live ``lmdb.Environment`` (for tests and tools; writes bypass the buffer)."""
+        return self._lmdb_env
+
+    @property
+    def lmdb_options(self) -> Mapping[str, Any]:
+        """The plugin's options this backend runs with, by short name."""
+        return self._lmdb_options
+
+    def lmdb_open(self, map_size: int) -> None:
+        """Open (or create) the live environment in :attr:`db_path`; existing columns bind to it."""
+        o = self._lmdb_options
+        self._lmdb_env = lmdb.open(
+            self.db_path,
+            map_size=min(self._lmdb_max_map, _round_up(map_size)),
+            subdir=True,
+            max_dbs=int(o["max-states"]),
+            max_readers=int(o["max-states"]) + _SNAPSHOT_READERS,
+            sync=bool(o["sync"]),
+            metasync=bool(o["metasync"]),
+            writemap=bool(o["writemap"]),
+            readahead=bool(o["readahead"]),
+            lock=True,  # the reader table: what keeps the pages of pinned snapshots from being reused
+        )
+        self.kv_max_key_size = int(self._lmdb_env.max_key_size())
+        self._lmdb_reading = True
+        for col in self.kv_columns:
+            self.kv_bind(col, True)
+
+    def lmdb_close_env(self) -> None:
+        """Close the live environment (pending snapshots are released, buffered writes dropped)."""
+        for view in list(self._lmdb_views.values()):
+            view.release()
+        self._lmdb_views.clear()
+        self._lmdb_end_reads()
+        for col in self.kv_columns:
+            col.buffer.clear()
+        self.kv_pending = 0
+        env, self._lmdb_env = self._lmdb_env, None
+        if env is not None:
+            env.close()
+
+    def _lmdb_live(self) -> Any:
+        env = self._lmdb_env
+        if env is None:
+            raise StateAccessError("the backend is closed")
+        return env
+
+    def _lmdb_open_db(self, name: str, create: bool) -> Any:
+        """The handle of state ``name``'s database (None if absent and not ``create``)."""
+        env = self._lmdb_live()
+        key = db_name(name)
+        while True:
+            try:
+                return env.open_db(key, create=create)
+            except lmdb.NotFoundError:
+                return None
+            except lmdb.MapFullError:
+                self._lmdb_grow()
+            except lmdb.DbsFullError:
+                raise StateAccessError(
+                    f"cannot create state {name!r}: this LMDB environment holds at most "
+                    f"{self._lmdb_options['max-states']} states; raise statekit.backend.lmdb.max-states"
+                ) from None
+
+    def _lmdb_begin_read(self, col: KVColumn) -> None:
+        binding: _Binding = col.engine
+        txn = self._lmdb_env.begin(db=binding.db)
+        binding.reader = txn
+        col.get = txn.get
+        col.iterate = functools.partial(iterate, txn)
+
+    def _lmdb_end_reads(self) -> None:
+        """End every column's read transaction (before a commit, a growth, a close)."""
+        self._lmdb_reading = False
+        for col in self.kv_columns:
+            binding: _Binding | None = col.engine
+            if binding is not None and binding.reader is not None:
+                with contextlib.suppress(lmdb.Error):
+                    binding.reader.abort()
+                binding.reader = None
+
+    def _lmdb_begin_reads(self) -> None:
+        for col in self.kv_columns:
+            self._lmdb_begin_read(col)
+        self._lmdb_reading = True
+
+    def lmdb_reader(self, name: str) -> Any:
+        """The read transaction of state ``name`` (its database is the default): the last commit's view."""
+        col = self.kv_column(name, create=False)
+        if col is None:
+            raise StateAccessError(f"this environment has no state {name!r}")
+        return col.engine.reader
+
+    # --- the engine under OrderedKVBackendBase ------------------------------------------------------
+
+    def kv_bind(self, col: KVColumn, create: bool) -> bool:
+        db = self._lmdb_open_db(col.name, create)
+        if db is None:
+            return False
+        old: _Binding | None = col.engine
+        if old is not None and old.reader is not None:
+            with contextlib.suppress(lmdb.Error):
+                old.reader.abort()
+        col.engine = _Binding(db)
+        if self._lmdb_reading:
+            self._lmdb_begin_read(col)
+        return True
+
+    def kv_write(self, columns: Sequence[KVColumn]) -> None:
+        """Commit the columns' buffers in one write transaction (see :meth:`lmdb_commit`)."""
+        self.lmdb_commit(columns)
+
+    def kv_load(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
+        """Append sorted, distinct entries to state ``name``, in transactions of bounded size."""
+        if not items:
+            return
+        col = self.kv_column(name)
+        assert col is not None
+        db = col.engine.db  # core checked every key against kv_max_key_size
+        for start in range(0, len(items), BULK_CHUNK):
+            chunk = items[start : start + BULK_CHUNK]
+
+            def work(txn: Any, chunk: list[tuple[bytes, bytes]] = chunk) -> None:
+                with txn.cursor(db=db) as cur:
+                    # Appends (no tree search) when the chunk sorts after everything stored.
+                    append = not cur.last() or cur.key() < chunk[0][0]
+                    _, added = cur.putmulti(chunk, append=append)
+                    if append and added != len(chunk):  # an append refused: write normally instead
+                        cur.putmulti(chunk)
+
+            self.lmdb_commit((), work)
+
+    # --- writing: one transaction per batch, growing the map when full ------------------------------
+
+    def lmdb_commit(self, columns: Sequence[KVColumn], work: Callable[[Any], None] | None = None) -> None:
+        """Commit the buffers of ``columns``, and ``work(txn)`` after them, in one write transaction.
+
+        A buffer is cleared only once the transaction that wrote it
+        committed: on ``MapFullError`` the transaction is aborted, the map
+        grows (:meth:`_lmdb_grow`) and the same buffers and ``work`` are
+        written again (``work`` must do the same when called again). No write
+        transaction outlives the call (LMDB ties one to its thread). Every
+        column's read transaction is renewed, so reads see the commit.
+
+        Raises:
+            MapSizeLimitError: If the map is at ``max-map-size`` and still too small.
+        """
+        env = self._lmdb_live()
+        # Ended first: an open read transaction keeps the pages the commit frees from reuse.
+        self._lmdb_end_reads()
+        try:
+            while True:
+                txn = env.begin(write=True)
+                try:
+                    for col in columns:
+                        _write_buffer(txn, col)
+                    if work is not None:
+                        work(txn)
+                    txn.commit()
+                except lmdb.MapFullError:
+                    with contextlib.suppress(lmdb.Error):
+                        txn.abort()
+                    self._lmdb_grow()
+                    continue
+                except BaseException:
+                    with contextlib.suppress(lmdb.Error):
+                        txn.abort()
+                    raise
+                break
+            for col in columns:
+                col.buffer.clear()
+        finally:
+            if self._lmdb_env is not None:
+                self._lmdb_begin_reads()
+
+    def _lmdb_grow(self) -> None:
+        """Double the map (up to ``max-map-size``), freezing pending snapshots first (see ``_views``)."""
+        size = self.map_size
+        if size >= self._lmdb_max_map:
+            raise MapSizeLimitError(
+                f"the LMDB map of this subtask's state ({self.key_group_range}) is full at "
+                f"{size:,} bytes, the maximum; raise statekit.backend.lmdb.max-map-size (now "
+                f"{self._lmdb_options['max-map-size']}) or spread the state over more subtasks"
+            )
+        self._lmdb_remap(min(self._lmdb_max_map, _round_up(size * 2)))
+
+    def _lmdb_remap(self, size: int) -> None:
+        for view in list(self._lmdb_views.values()):
+            if view.freeze():  # waits for a read of it in progress on another thread
+                self.frozen_views += 1
+        reading = self._lmdb_reading
+        self._lmdb_end_reads()
+        self._lmdb_env.set_mapsize(size)
+        self.map_growths += 1
+        if reading:
+            self._lmdb_begin_reads()
+
+    @property
+    def map_size(self) -> int:
+        """The current map size of the live environment."""
+        return int(self._lmdb_live().info()["map_size"])
+
+    @property
+    def map_used(self) -> int:
+        """Bytes of the map in use (pages up to the last one written)."""
+        env = self._lmdb_live()
+        return (int(env.info()["last_pgno"]) + 1) * int(env.stat()["psize"])
+
+    # --- entry counts ------------------------------------------------------------------------------
+
+    def _state_size(self, reg: RegisteredState) -> int:
+        if reg.storage_kind is not StateKind.VALUE:
+            return super()._state_size(reg)
+        # An entry per (key, namespace): LMDB counts them.
+        col = self.kv_column(reg.name, create=False)
+        if col is None:
+            return 0
+        self.kv_write_column(col)
+        return int(col.engine.reader.stat(col.engine.db)["entries"])
+
+    # --- snapshots --------------------------------------------------------------------------------
+
+    def lmdb_pin(self, kind: str) -> PinnedView:
+        """Commit every buffer and pin a read transaction: the state at this point, for a snapshot."""
+        self._lmdb_live()
+        self.kv_write_buffered()
+        for name in self.stored_state_names:
+            self.kv_column(name, create=False)  # every stored state's database in the view
+        if not self._lmdb_views and self.map_used * 4 > self.map_size * 3:
+            # Grow now, while nothing is pinned, rather than freeze this snapshot later.
+            with contextlib.suppress(MapSizeLimitError):
+                self._lmdb_grow()
+        try:
+            txn = self._lmdb_env.begin()
+        except lmdb.ReadersFullError:
+            raise SnapshotError(
+                f"{len(self._lmdb_views)} snapshots of this subtask are pending, as many as LMDB's reader "
+                "table allows; write or release some first"
+            ) from None
+        view = PinnedView(
+            self._lmdb_env,
+            txn,
+            {col.name: col.engine.db for col in self.kv_columns},
+            int(self._lmdb_options["max-states"]),
+            os.path.join(self.instance_dir, f"{kind}-{os.urandom(6).hex()}"),
+        )
+        self._lmdb_views[id(view)] = view
+        return view
+
+    def lmdb_unpin(self, view: PinnedView) -> None:
+        """The snapshot of ``view`` is written or given up: end its transaction, delete its copy."""
+        self._lmdb_views.pop(id(view), None)
+        view.release()
+
+    def _snapshot_entries(self) -> Callable[[str, int], StateEntries]:
+        return _CanonicalReader(self, self.lmdb_pin("snap"))
+
+    def _release_snapshot(self, reader: Callable[[str, int], StateEntries]) -> None:
+        if isinstance(reader, _CanonicalReader):
+            self.lmdb_unpin(reader.view)
+
+    # --- native snapshots -------------------------------------------------------------------------
+
+    def native_snapshot(self, checkpoint_id: int) -> LMDBNativeSnapshot:
+        """Pin the state now (a read transaction); ``write`` uploads a compact copy of it."""
+        self._lmdb_live()
+        if self.undeclared_pending_states:
+            raise SnapshotError(
+                f"states {self.undeclared_pending_states} were restored with serializers that cannot be "
+                "rebuilt from their configs and are not declared; declare them (get_state) before a native "
+                "checkpoint, or set statekit.checkpoint.format=canonical"
+            )
+        return LMDBNativeSnapshot.take(self, checkpoint_id)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Nothing to do: a native snapshot is a full copy and never references an earlier upload."""
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """Nothing to do: a native snapshot is a full copy and never references an earlier upload."""
+
+    def restore_native(self, handles: Sequence[NativeStateHandle]) -> None:
+        """Restore native snapshots of any parallelism; see ``_restore``."""
+        from ._restore import restore_native
+
+        restore_native(self, handles)
+
+    def snapshot_states(self) -> list[dict[str, Any]]:
+        """The snapshot entries of every state this instance holds (declared or restored)."""
+        regs = (self.registered_state(n) for n in self.stored_state_names)
+        return [r.meta() for r in regs if r is not None]
+
+    def native_meta(self) -> dict[str, Any]:
+        """What a native snapshot taken now records besides its file (see docs/backends/lmdb.md)."""
+        return {
+            **self.kv_native_meta(),
+            "database_prefix": "state:",
+            # LMDB data files hold native integers and pointers: only the same kind of machine reads them.
+            "lmdb_version": list(lmdb.version()),
+            "byteorder": sys.byteorder,
+            "pointer_bits": 8 * struct.calcsize("P"),
+        }
+
+    def lmdb_replace_env(self, data_file: str) -> None:
+        """Make the LMDB data file ``data_file`` (moved, not copied) the live environment.
+
+        Raises:
+            MapSizeLimitError: Before anything changes, if the file is larger than ``max-map-size``.
+        """
+        size = os.path.getsize(data_file)
+        if size > self._lmdb_max_map:
+            raise MapSizeLimitError(
+                f"the native snapshot's LMDB data file is {size:,} bytes, more than "
+                f"statekit.backend.lmdb.max-map-size ({self._lmdb_options['max-map-size']}); raise it"
+            )
+        self.lmdb_close_env()
+        shutil.rmtree(self.db_path, ignore_errors=True)
+        os.makedirs(self.db_path)
+        os.replace(data_file, os.path.join(self.db_path, "data.mdb"))
+        self.lmdb_open(max(int(self._lmdb_options["initial-map-size"]), 2 * size))
+
+    def delete_range(self, name: str, lower: bytes, upper: bytes | None) -> None:
+        """Delete every entry of state ``name`` with a key in ``[lower, upper)`` (upper None: to the end)."""
+        col = self.kv_column(name, create=False)
+        if col is None:
+            return
+        self.kv_write_column(col)
+        start = lower
+        while True:
+            keys: list[bytes] = []
+            for k, _ in col.iterate(start):
+                if (upper is not None and k >= upper) or len(keys) >= BULK_CHUNK:
+                    break
+                keys.append(k)
+            if keys:
+                col.buffer.update(dict.fromkeys(keys))
+                self.kv_write([col])
+            if len(keys) < BULK_CHUNK:
+                return
+            start = keys[-1]  # deleted now: the next read starts after it
+
+    # --- life cycle -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the environment and delete the instance directory (live data, snapshots, downloads)."""
+        if self._closed and self._lmdb_env is None:
+            return
+        super().close()
+        try:
+            self.lmdb_close_env()
+            for col in self.kv_columns:
+                col.close()
+        finally:
+            shutil.rmtree(self.instance_dir, ignore_errors=True)
+
+
+def _write_buffer(txn: Any, col: KVColumn) -> None:
+    """Put one column's buffered updates (None deletes) into the write transaction ``txn``."""
+    buf = col.buffer
+    if not buf:
+        return
+    db = col.engine.db
+    puts = [(k, v) for k, v in buf.items() if v is not None]
+    if len(puts) != len(buf):
+        delete = txn.delete
+        for k, v in buf.items():
+            if v is None:
+                delete(k, db=db)
+    if puts:
+        with txn.cursor(db=db) as cur:
+            cur.putmulti(puts)
+
+
+class _CanonicalReader:
+    """The reader a canonical snapshot calls per (state, key group): it reads the pinned view."""
+
+    __slots__ = ("backend", "view")
+
+    def __init__(self, backend: LMDBKeyedStateBackend, view: PinnedView) -> None:
+        self.backend = backend
+        self.view = view
+
+    def __call__(self, name: str, kg: int) -> StateEntries:
+        b = self.backend
+        lower, upper = b.layout.group_range(kg, kg)
+        # Raw bytes under the view's lock; decoded by core after.
+        return b.kv_read_group(name, self.view.items(name, lower, upper))

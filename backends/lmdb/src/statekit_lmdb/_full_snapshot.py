@@ -1,0 +1,102 @@
+"""What a native checkpoint uploads: a compact copy of the environment, as of the checkpoint point.
+
+At the checkpoint point the write buffer is committed and a read transaction
+is pinned (``_views``): nothing is copied on the task thread. ``write``,
+later and maybe on another thread, copies the pinned view with
+``env.copy(compact=True, txn=...)`` (only the pages the view sees, free pages
+left out, renumbered: a valid LMDB data file of the live data) into the
+instance directory and uploads that one file, ``data.mdb``, as a file of this
+checkpoint only (``shared=False``). If the map grew in between, the view was
+already frozen into that file, and ``write`` just uploads it.
+
+A full snapshot references nothing: every checkpoint is self-contained, so
+``notify_checkpoint_complete`` and ``notify_checkpoint_aborted`` have nothing
+to track, and a checkpoint that fails leaves nothing a later one depends on.
+(LMDB rewrites pages in place once no reader needs them, so unlike RocksDB's
+SST files there is no immutable unit to upload once and reference.)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from statekit import StateAccessError
+from statekit.backend_api import NativeSnapshotOutput, NativeStateHandle
+
+if TYPE_CHECKING:
+    from statekit.backend_api import ProgressCallback
+
+    from ._backend import LMDBKeyedStateBackend
+    from ._views import PinnedView
+
+__all__ = ["DATA_FILE", "LMDBNativeSnapshot"]
+
+#: The one file of a native LMDB snapshot.
+DATA_FILE = "data.mdb"
+
+
+class LMDBNativeSnapshot:
+    """A read transaction pinned at checkpoint ``checkpoint_id``; :meth:`write` uploads a copy of it."""
+
+    def __init__(
+        self,
+        backend: LMDBKeyedStateBackend,
+        checkpoint_id: int,
+        view: PinnedView,
+        states: list[dict[str, Any]],
+        meta: dict[str, Any],
+    ) -> None:
+        self._backend = backend
+        self.checkpoint_id = checkpoint_id
+        self._view: PinnedView | None = view
+        self._states = states
+        self._meta = meta
+        # What each state's entries are (for counting them from the copy).
+        regs = (backend.registered_state(s["name"]) for s in states)
+        self._kinds = {r.name: r.storage_kind for r in regs if r is not None}
+
+    @classmethod
+    def take(cls, backend: LMDBKeyedStateBackend, checkpoint_id: int) -> LMDBNativeSnapshot:
+        """Commit buffered writes and pin the state: O(1), nothing is copied yet."""
+        view = backend.lmdb_pin(f"chk-{checkpoint_id}")
+        return cls(backend, checkpoint_id, view, backend.snapshot_states(), backend.native_meta())
+
+    @property
+    def view(self) -> PinnedView | None:
+        """The pinned view (None once written or released)."""
+        return self._view
+
+    def write(
+        self, out: NativeSnapshotOutput, *, progress: ProgressCallback | None = None
+    ) -> NativeStateHandle:
+        """Copy the pinned view into one compact data file and upload it (unshared)."""
+        view = self._view
+        if view is None:
+            raise StateAccessError("this native snapshot was already written or released")
+        try:
+            b = self._backend
+            path = view.materialize()
+            entries = sum(view.count(name, b.layout, kind) for name, kind in self._kinds.items())
+            f = out.upload(DATA_FILE, path, shared=False)
+            if progress is not None:
+                progress(1, 1)
+            return NativeStateHandle(
+                format=b.native_format,
+                backend=b.backend_name,
+                checkpoint_id=self.checkpoint_id,
+                key_group_range=b.key_group_range,
+                max_parallelism=b.max_parallelism,
+                key_serializer=b.key_serializer.config(),
+                states=self._states,
+                files=(f,),
+                meta=self._meta,
+                entries=entries,
+            )
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """End the pinned read transaction and delete the local copy (idempotent)."""
+        view, self._view = self._view, None
+        if view is not None:
+            self._backend.lmdb_unpin(view)

@@ -1,0 +1,72 @@
+"""Registers the ``lmdb`` backend. Kept light: the lmdb binding loads only when a job uses it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from statekit import BackendSpec, ConfigOption, hookimpl
+
+OPTIONS = (
+    ConfigOption(
+        "local-dir", str, None,
+        "Directory for the LMDB environments; unset: the directory the runner gives each subtask "
+        "(statekit.local-dir, or Spark's local directories on Spark).",
+    ),
+    ConfigOption(
+        "initial-map-size", int, 64 << 20,
+        "Bytes of address space (LMDB map size) an environment starts with; the map grows by "
+        "doubling when full, up to max-map-size. Reserved, not allocated: the file grows with the data.",
+    ),
+    ConfigOption(
+        "max-map-size", int, 1 << 40,
+        "Bytes the map of one environment (one subtask's state) may grow to; beyond, writes fail "
+        "with an error naming this option.",
+    ),
+    ConfigOption(
+        "sync", bool, False,
+        "fsync the data file at every commit. Off by default: checkpoints are the durability.",
+    ),
+    ConfigOption(
+        "metasync", bool, False,
+        "fsync the meta page at every commit (only with sync). Off by default.",
+    ),
+    ConfigOption(
+        "writemap", bool, False,
+        "Write through a writable memory map instead of write(2): fewer copies, but the data file "
+        "is preallocated (sparse) to the map size and stray writes can corrupt it.",
+    ),
+    ConfigOption(
+        "readahead", bool, True,
+        "Let the OS read ahead on the data file; turn off when the state is larger than memory "
+        "and reads are random.",
+    ),
+    ConfigOption(
+        "write-batch-size", int, 1024,
+        "Updates kept in the backend's write buffer (read back from it) before they are committed "
+        "in one write transaction; also committed at every snapshot.",
+    ),
+    ConfigOption(
+        "max-states", int, 256,
+        "States (named databases) one environment may hold; LMDB's reader table gets a slot per "
+        "state and 126 for pending snapshots.",
+    ),
+    ConfigOption(
+        "ttl-sweep-interval", int, 1000,
+        "Accesses of a TTL state between two background sweeps of its entries; each sweep checks "
+        "cleanup_incremental_size x this many entries and deletes the expired ones.",
+    ),
+)  # fmt: skip
+
+
+@hookimpl
+def statekit_register_backends(register: Callable[[Any], None]) -> None:
+    """Register ``lmdb``."""
+    register(
+        BackendSpec(
+            name="lmdb",
+            factory="statekit_lmdb._backend:LMDBStateBackend",
+            options=OPTIONS,
+            description="Keyed state in LMDB on local disk (memory-mapped); full native checkpoints.",
+        )
+    )

@@ -1,0 +1,276 @@
+"""Local directories, options and TTL cleanup of the LMDB backend."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statekit import (
+    Configuration,
+    ConfigurationError,
+    CorruptSnapshotError,
+    KeyedProcessFunction,
+    LocalRunner,
+    StateAccessError,
+    StateTtlConfig,
+    ValueStateDescriptor,
+    default_registry,
+)
+from statekit.testing._job import snapshot_handle
+
+COUNT = ValueStateDescriptor("count", int, default=0)
+
+
+class Count(KeyedProcessFunction):
+    def open(self, ctx: Any) -> None:
+        self.c = ctx.get_state(COUNT)
+
+    def process(self, record: Any, ctx: Any) -> None:
+        self.c.update(self.c.value() + 1)
+
+
+def instances(local: Path) -> list[Path]:
+    return sorted(local.rglob("lmdb-*"))
+
+
+@pytest.mark.parametrize("fmt", ["native", "canonical"])
+def test_twenty_restore_cycles_leave_only_the_live_instances(tmp_path: Path, fmt: str) -> None:
+    local = tmp_path / "local"
+    conf = {
+        "statekit.backend": "lmdb",
+        "statekit.checkpoints.dir": str(tmp_path / "chk"),
+        "statekit.local-dir": str(local),
+        "statekit.parallelism": 2,
+        "statekit.checkpoint.format": fmt,
+    }
+    for cycle in range(20):
+        r = LocalRunner(Count, key_selector=lambda x: x, config=conf)
+        r.restore("latest")
+        for i in range(50):
+            r.process(f"k{i % 7}")
+        r.checkpoint()
+        assert len(instances(local)) == 2  # one environment per subtask, nothing left from earlier cycles
+        if cycle % 2:
+            r.close()
+        else:  # a failed run: the subtasks' backends are dropped without a clean shutdown of the job
+            for ctx in r.subtasks:
+                ctx.keyed_backend.close()
+            r.close()
+        assert instances(local) == []
+    r = LocalRunner(Count, key_selector=lambda x: x, config=conf)
+    r.restore("latest")
+    total = 0
+    for ctx in r.subtasks:
+        kb = ctx.keyed_backend
+        s = kb.get_state(COUNT)
+        for k in kb.keys("count"):
+            kb.set_current_key(k)
+            total += s.value()
+    assert total == 20 * 50
+    r.close()
+
+
+def test_a_closed_backend_refuses_use_and_releases_its_files(make_backend: Any, tmp_path: Path) -> None:
+    b = make_backend(local_dir=tmp_path / "l")
+    s = b.get_state(COUNT)
+    b.set_current_key("a")
+    s.update(1)
+    snap = b.snapshot()  # pending while the backend closes
+    native = b.native_snapshot(1)
+    b.close()
+    assert instances(tmp_path / "l") == []
+    with pytest.raises(StateAccessError, match="closed"):
+        s.value()
+    with pytest.raises(StateAccessError, match="closed"):
+        b.set_current_key("b")
+    with pytest.raises(StateAccessError, match="closed before it was written"):
+        snap.to_handle()
+    native.release()
+    b.close()  # idempotent
+
+
+def test_a_failed_native_restore_changes_nothing_and_leaves_no_files(
+    make_backend: Any, tmp_path: Path
+) -> None:
+    import dataclasses
+
+    src = make_backend()
+    s = src.get_state(COUNT)
+    for i in range(100):
+        src.set_current_key(f"k{i}")
+        s.update(i)
+    handle = snapshot_handle(src, native=True)
+    f = handle.files[0]
+    corrupt = dataclasses.replace(handle, files=(dataclasses.replace(f, crc32=f.crc32 ^ 1),))
+    target = make_backend(local_dir=tmp_path / "t")
+    with pytest.raises(CorruptSnapshotError, match=r"data\.mdb"):
+        target.restore_native([corrupt])
+    assert target.num_entries() == 0
+    # No download left behind: the live environment and the owner file only.
+    assert sorted(p.name for p in instances(tmp_path / "t")[0].iterdir()) == [".statekit-owner", "db"]
+    alien = dataclasses.replace(handle, meta={**handle.meta, "lmdb_version": [1, 0, 0]})
+    with pytest.raises(Exception, match="savepoint"):
+        target.restore_native([alien])
+    target.restore_native([handle])  # still restorable
+    assert target.num_entries() == 100
+    target.close()
+    assert instances(tmp_path / "t") == []
+
+
+def test_options_are_validated_by_name() -> None:
+    conf = Configuration.from_mapping({"statekit.backend": "lmdb", "statekit.backend.lmdb.writemap": "maybe"})
+    with pytest.raises(ConfigurationError, match="writemap"):
+        conf.validate(default_registry())
+    ok = Configuration.from_mapping(
+        {
+            "statekit.backend": "lmdb",
+            "statekit.backend.lmdb.initial-map-size": "1mb",
+            "statekit.backend.lmdb.max-map-size": "2gb",
+            "statekit.backend.lmdb.sync": "true",
+        }
+    )
+    ok.validate(default_registry())
+    backend = default_registry().create_backend("lmdb", ok.plugin_options("backend", "lmdb"))
+    assert backend.options["initial-map-size"] == 1 << 20
+    assert backend.options["max-map-size"] == 2 << 30
+    assert backend.options["sync"] is True
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"sync": True, "metasync": True, "writemap": True, "readahead": False},
+    ],
+    ids=["defaults", "all-flipped"],
+)
+def test_engine_flags_reach_the_environment(make_backend: Any, options: dict[str, Any]) -> None:
+    b = make_backend(options={"initial-map-size": 1 << 20, **options})
+    flags = b.env.flags()
+    assert flags["sync"] is options.get("sync", False)
+    assert flags["metasync"] is options.get("metasync", False)
+    assert flags["writemap"] is options.get("writemap", False)
+    assert flags["readahead"] is options.get("readahead", True)
+    assert flags["lock"] is True  # the reader table protects pinned snapshots
+    assert b.map_size == 1 << 20
+    s = b.get_state(COUNT)
+    for i in range(3000):
+        b.set_current_key(f"k{i}")
+        s.update(i)
+    b.set_current_key("k2999")
+    assert s.value() == 2999 and b.num_entries() == 3000
+
+
+def test_max_states_bounds_the_named_databases(make_backend: Any) -> None:
+    b = make_backend(options={"max-states": 2})
+    b.get_state(ValueStateDescriptor("a", int))
+    b.get_state(ValueStateDescriptor("b", int))
+    with pytest.raises(StateAccessError, match=r"statekit\.backend\.lmdb\.max-states"):
+        b.get_state(ValueStateDescriptor("c", int))
+
+
+def raw_count(b: Any, name: str = "v") -> int:
+    col = b.kv_column(name, create=False)
+    with b.env.begin(db=col.engine.db) as txn:
+        return int(txn.stat(col.engine.db)["entries"])
+
+
+def test_the_ttl_sweep_deletes_expired_entries_in_bounded_steps(make_backend: Any, clock: Any) -> None:
+    ttl = StateTtlConfig(timedelta(seconds=1), cleanup_incremental_size=2)
+    b = make_backend(options={"ttl-sweep-interval": 10})
+    s = b.get_state(ValueStateDescriptor("v", int, ttl=ttl))
+    for i in range(200):
+        b.set_current_key(f"k{i}")
+        s.update(i)
+    clock.advance(1000)
+    b.set_current_key("fresh")
+    s.update(0)
+    b.kv_write_buffered()
+    snap = snapshot_handle(b)  # taken before the sweep: it keeps everything it saw
+    assert snap.entries == 201
+    stored = raw_count(b)
+    for _ in range(10):  # 10 accesses: one sweep of 2 x 10 entries
+        s.value()
+    assert stored - raw_count(b) in (19, 20)  # 20 checked: every one expired but "fresh"
+    for _ in range(10 * 20):
+        s.value()
+    assert raw_count(b) == 1  # only the live entry is left
+    b.set_current_key("fresh")
+    assert s.value() == 0
+
+
+def test_the_sweep_never_deletes_an_entry_with_a_buffered_update(make_backend: Any, clock: Any) -> None:
+    ttl = StateTtlConfig(timedelta(seconds=1), cleanup_incremental_size=1000)
+    b = make_backend(options={"ttl-sweep-interval": 2, "write-batch-size": 100_000})
+    s = b.get_state(ValueStateDescriptor("v", int, ttl=ttl))
+    b.set_current_key("a")
+    s.update(1)  # access 1
+    assert s.value() == 1  # access 2 sweeps: nothing expired
+    b.kv_write_buffered()
+    clock.advance(1000)  # the stored "a" expired...
+    s.update(2)  # ...access 3: a fresh update of it waits in the buffer
+    assert s.value() == 2  # access 4 sweeps: it finds the stored "a" expired, and must leave it
+    b.kv_write_buffered()
+    assert s.value() == 2 and raw_count(b) == 1
+
+
+def test_a_native_restore_drops_what_a_full_snapshot_would(make_backend: Any, clock: Any) -> None:
+    ttl = StateTtlConfig(timedelta(seconds=10), cleanup_full_snapshot=True)
+    b = make_backend()
+    s = b.get_state(ValueStateDescriptor("v", int, ttl=ttl))
+    for i in range(50):
+        b.set_current_key(f"old{i}")
+        s.update(i)
+    clock.advance(6000)
+    for i in range(50):
+        b.set_current_key(f"new{i}")
+        s.update(i)
+    clock.advance(5000)  # the old ones expired, the new ones not
+    handle = snapshot_handle(b, native=True)
+    assert raw_count(b) == 100  # the live data keeps them until read or swept
+    for target in (make_backend(), make_backend()):
+        target.restore_native([handle])
+        assert raw_count(target) == 50  # undeclared: the snapshot's own TTL applies
+        t = target.get_state(ValueStateDescriptor("v", int, ttl=ttl))
+        assert sorted(target.keys("v")) == sorted(f"new{i}" for i in range(50))
+        target.set_current_key("new3")
+        assert t.value() == 3
+
+
+KILLED_JOB = """
+import os, signal, sys
+from statekit import LocalRunner, ValueStateDescriptor, KeyedProcessFunction
+
+class C(KeyedProcessFunction):
+    def open(self, ctx):
+        self.c = ctx.get_state(ValueStateDescriptor("count", int, default=0))
+    def process(self, record, ctx):
+        self.c.update(self.c.value() + 1)
+
+r = LocalRunner(C, key_selector=lambda x: x, config={
+    "statekit.backend": "lmdb", "statekit.local-dir": sys.argv[1], "statekit.parallelism": 2})
+for i in range(100):
+    r.process(f"k{i}")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_environments_of_a_killed_process_are_removed_by_the_next_run(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    local = tmp_path / "local"
+    proc = subprocess.run([sys.executable, "-c", KILLED_JOB, str(local)], capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert len(instances(local)) == 2  # SIGKILL: nobody could clean up
+    r = LocalRunner(
+        Count, key_selector=lambda x: x, config={"statekit.backend": "lmdb", "statekit.local-dir": str(local)}
+    )
+    r.process("a")
+    assert len(instances(local)) == 1  # only the live one: the dead process's environments are gone
+    r.close()
+    assert instances(local) == []

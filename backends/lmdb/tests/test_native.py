@@ -1,0 +1,120 @@
+"""Native checkpoints through a real storage: one compact data file each, restores and rescales."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statekit import KeyedProcessFunction, LocalRunner, ValueStateDescriptor, load_checkpoint
+from statekit_lmdb import LMDBKeyedStateBackend
+
+COUNT = ValueStateDescriptor("count", int, default=0)
+
+
+class Set(KeyedProcessFunction):
+    """Records are (key, value): the key's state becomes value."""
+
+    def open(self, ctx: Any) -> None:
+        self.v = ctx.get_state(COUNT)
+
+    def process(self, record: Any, ctx: Any) -> None:
+        self.v.update(record[1])
+
+
+def runner(tmp_path: Path, **conf: Any) -> LocalRunner:
+    return LocalRunner(
+        Set,
+        key_selector=lambda r: r[0],
+        config={
+            "statekit.backend": "lmdb",
+            "statekit.checkpoints.dir": str(tmp_path / "chk"),
+            "statekit.local-dir": str(tmp_path / "local"),
+            **conf,
+        },
+        job_id="nat",
+    )
+
+
+def feed(r: LocalRunner, records: list[tuple[str, int]]) -> None:
+    for record in records:
+        r.process(record)
+
+
+def state(r: LocalRunner) -> dict[str, int]:
+    out = {}
+    for ctx in r.subtasks:
+        kb = ctx.keyed_backend
+        s = kb.get_state(COUNT)
+        for k in kb.keys("count"):
+            kb.set_current_key(k)
+            out[k] = s.value()
+    return out
+
+
+def keyed_part(r: LocalRunner, location: str, subtask: int = 0) -> dict[str, Any]:
+    part = load_checkpoint(r.storage, location).metadata.operators["process"][subtask].keyed
+    assert part is not None
+    return part
+
+
+def test_every_checkpoint_is_one_self_contained_data_file(tmp_path: Path) -> None:
+    r = runner(tmp_path, **{"statekit.checkpoints.retained": 2})
+    feed(r, [(f"user-{i:06d}", 1) for i in range(20_000)])
+    first = r.checkpoint()
+    feed(r, [(f"user-{i:06d}", 2) for i in range(0, 20_000, 100)])
+    second = r.checkpoint()
+    for loc, cid in ((first, 1), (second, 2)):
+        part = keyed_part(r, loc)
+        assert part["format"] == "statekit-lmdb-1" and part["entries"] == 20_000
+        files = part["native"]["files"]
+        assert [(f["name"], f["shared"], f["checkpoint_id"]) for f in files] == [("data.mdb", False, cid)]
+        assert part["uploaded"] == part["size"] and part["shared"] == []  # nothing referenced
+    shared = tmp_path / "chk" / "nat" / "shared"
+    assert not shared.exists() or not list(shared.iterdir())
+    expected = {f"user-{i:06d}": 2 if i % 100 == 0 else 1 for i in range(20_000)}
+    assert state(r) == expected
+    r.close()
+
+
+def test_a_restore_at_the_same_parallelism_adopts_the_file(tmp_path: Path, monkeypatch: Any) -> None:
+    r = runner(tmp_path, **{"statekit.parallelism": 2})
+    feed(r, [(f"k{i}", i) for i in range(3000)])
+    r.checkpoint()
+    expected = state(r)
+    r.close()
+    loads: list[str] = []
+    real = LMDBKeyedStateBackend.kv_load
+
+    def spy(self: Any, name: str, items: Any, **kw: Any) -> None:
+        loads.append(name)
+        real(self, name, items, **kw)
+
+    monkeypatch.setattr(LMDBKeyedStateBackend, "kv_load", spy)
+    again = runner(tmp_path, **{"statekit.parallelism": 2})
+    again.restore("latest")
+    assert loads == []  # no entry went through the write path
+    assert state(again) == expected
+    again.close()
+
+
+@pytest.mark.parametrize("new_p", [1, 3, 4])
+def test_native_rescale_from_two_subtasks_and_back(tmp_path: Path, new_p: int) -> None:
+    r = runner(tmp_path, **{"statekit.parallelism": 2})
+    feed(r, [(f"k{i}", i) for i in range(3000)])
+    r.checkpoint()
+    expected = state(r)
+    r.close()
+    new = runner(tmp_path, **{"statekit.parallelism": new_p})
+    new.restore("latest")
+    assert state(new) == expected
+    assert sum(ctx.keyed_backend.num_entries() for ctx in new.subtasks) == 3000
+    feed(new, [(f"k{i}", -1) for i in range(0, 3000, 7)])
+    new.checkpoint()
+    expected.update({f"k{i}": -1 for i in range(0, 3000, 7)})
+    new.close()
+    back = runner(tmp_path, **{"statekit.parallelism": 2})
+    back.restore("latest")
+    assert state(back) == expected
+    back.close()
