@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-settings.register_profile("ci", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# ci stays lean: every backend (heap, rocksdb, lmdb, sqlite) runs the kit against every storage.
+settings.register_profile("ci", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(
     "nightly", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
