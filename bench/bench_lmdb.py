@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 import lmdb
-from bench_heap_value_state import best_of, zipf_keys
+from bench_heap_value_state import best_of, rmw_batched, rmw_per_record, zipf_keys
 
 from statekit import KeyGroupRange, ValueStateDescriptor, key_group_for_bytes, load_checkpoint
 from statekit.checkpointing import complete_checkpoint, write_subtask_state
@@ -113,23 +113,10 @@ def rmw(args: argparse.Namespace, scratch: str) -> None:
         )
 
     def per_record(b: object) -> object:
-        assert isinstance(b, LMDBKeyedStateBackend)
-        s = b.get_state(DESC)
-        set_key, value, update = b.set_current_key, s.value, s.update
-        for k in ops:
-            set_key(k)
-            update(value() + 1)
-        b.kv_write_buffered()
-        return b
+        return rmw_per_record(b, ops, DESC)
 
     def batched(b: object) -> object:
-        assert isinstance(b, LMDBKeyedStateBackend)
-        s = b.get_state(DESC)
-        inc = (1).__add__
-        for i in range(0, len(ops), 10_000):
-            s.update_batch(ops[i : i + 10_000], inc)
-        b.kv_write_buffered()
-        return b
+        return rmw_batched(b, ops, DESC)
 
     expected: dict[str, int] = {}
     for k in ops:

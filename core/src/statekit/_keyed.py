@@ -27,6 +27,7 @@ from ._errors import (
     StateMigrationError,
 )
 from ._keygroups import KeyGroupRange, key_group_for_bytes
+from ._native import NativeStateHandle
 from ._serializers import SerializerConfig, TypeSerializer, serializer_from_config
 from ._snapshot import (
     BytesStreamHandle,
@@ -619,6 +620,34 @@ class KeyedBackendBase(ABC):
     def undeclared_pending_states(self) -> list[str]:
         """Canonically restored states whose entries core still holds (see :meth:`load_undeclared_states`)."""
         return list(self._pending)
+
+    def stored_state_metas(self) -> list[dict[str, Any]]:
+        """The snapshot entries (``RegisteredState.meta()``) of every state in :attr:`stored_state_names`."""
+        regs = (self.registered_state(n) for n in self.stored_state_names)
+        return [r.meta() for r in regs if r is not None]
+
+    def native_handle(
+        self,
+        checkpoint_id: int,
+        files: Sequence[Any],
+        *,
+        states: list[dict[str, Any]],
+        meta: dict[str, Any],
+        entries: int = 0,
+    ) -> NativeStateHandle:
+        """A :class:`NativeStateHandle` of this backend: format, range, serializers filled in."""
+        return NativeStateHandle(
+            format=str(getattr(self, "native_format", "")),
+            backend=self.backend_name,
+            checkpoint_id=checkpoint_id,
+            key_group_range=self.key_group_range,
+            max_parallelism=self.max_parallelism,
+            key_serializer=self.key_serializer.config(),
+            states=states,
+            files=tuple(files),
+            meta=meta,
+            entries=entries,
+        )
 
     def registered_state(self, name: str) -> RegisteredState | None:
         """The state ``name`` as stored: declared, or restored natively and not declared yet."""

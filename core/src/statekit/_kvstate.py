@@ -29,10 +29,11 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from ._errors import StateAccessError
+from ._errors import CorruptSnapshotError, StateAccessError
 from ._keyed import KeyedBackendBase, RegisteredState, StateEntries, merge_list_namespaces
 from ._keygroups import KeyGroupRange
 from ._kvlayout import KeyLayout, encode_varint, entry_codec, ttl_timestamp
+from ._native import NativeStateHandle
 from ._serializers import TypeSerializer
 from ._state import VOID_NAMESPACE, StateKind
 from ._ttl import Clock
@@ -706,6 +707,17 @@ class OrderedKVBackendBase(KeyedBackendBase):
         for name, ttl_ms in (meta.get("ttl_cleanup") or {}).items():
             self.restored_ttl_cleanup[name] = int(ttl_ms)
             self.delete_expired(name, int(ttl_ms), now=when)
+
+    @staticmethod
+    def kv_snapshot_range(handle: NativeStateHandle) -> KeyGroupRange:
+        """The key groups the instance that took ``handle`` owned (``meta["range"]``, see kv_native_meta)."""
+        try:
+            start, end = handle.meta["range"]
+            return KeyGroupRange.of(int(start), int(end))
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptSnapshotError(
+                f"native {handle.backend} snapshot without a valid key-group range: {e}"
+            ) from None
 
     def kv_native_meta(self) -> dict[str, Any]:
         """What a native snapshot's meta needs from the base: sequence, snapshot time, TTL cleanup, range."""

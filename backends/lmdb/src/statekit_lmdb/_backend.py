@@ -494,11 +494,6 @@ class LMDBKeyedStateBackend(OrderedKVBackendBase):
 
         restore_native(self, handles)
 
-    def snapshot_states(self) -> list[dict[str, Any]]:
-        """The snapshot entries of every state this instance holds (declared or restored)."""
-        regs = (self.registered_state(n) for n in self.stored_state_names)
-        return [r.meta() for r in regs if r is not None]
-
     def native_meta(self) -> dict[str, Any]:
         """What a native snapshot taken now records besides its file (see docs/backends/lmdb.md)."""
         return {

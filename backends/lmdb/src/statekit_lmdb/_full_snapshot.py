@@ -59,7 +59,7 @@ class LMDBNativeSnapshot:
     def take(cls, backend: LMDBKeyedStateBackend, checkpoint_id: int) -> LMDBNativeSnapshot:
         """Commit buffered writes and pin the state: O(1), nothing is copied yet."""
         view = backend.lmdb_pin(f"chk-{checkpoint_id}")
-        return cls(backend, checkpoint_id, view, backend.snapshot_states(), backend.native_meta())
+        return cls(backend, checkpoint_id, view, backend.stored_state_metas(), backend.native_meta())
 
     @property
     def view(self) -> PinnedView | None:
@@ -80,15 +80,10 @@ class LMDBNativeSnapshot:
             f = out.upload(DATA_FILE, path, shared=False)
             if progress is not None:
                 progress(1, 1)
-            return NativeStateHandle(
-                format=b.native_format,
-                backend=b.backend_name,
-                checkpoint_id=self.checkpoint_id,
-                key_group_range=b.key_group_range,
-                max_parallelism=b.max_parallelism,
-                key_serializer=b.key_serializer.config(),
+            return b.native_handle(
+                self.checkpoint_id,
+                (f,),
                 states=self._states,
-                files=(f,),
                 meta=self._meta,
                 entries=entries,
             )

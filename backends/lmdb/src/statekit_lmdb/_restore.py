@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import lmdb
 
-from statekit import CorruptSnapshotError, KeyGroupRange, SnapshotError
+from statekit import CorruptSnapshotError, SnapshotError
 from statekit.backend_api import NativeStateHandle
 
 from ._full_snapshot import DATA_FILE
@@ -44,14 +44,6 @@ if TYPE_CHECKING:
     from ._backend import LMDBKeyedStateBackend
 
 __all__ = ["restore_native"]
-
-
-def _original_range(h: NativeStateHandle) -> KeyGroupRange:
-    try:
-        start, end = h.meta["range"]
-        return KeyGroupRange.of(int(start), int(end))
-    except (KeyError, TypeError, ValueError) as e:
-        raise CorruptSnapshotError(f"native LMDB snapshot without a valid key-group range: {e}") from None
 
 
 def _check_readable(h: NativeStateHandle) -> None:
@@ -94,7 +86,7 @@ def restore_native(backend: LMDBKeyedStateBackend, handles: Sequence[NativeState
     if not parts:
         backend.adopt_native_states(metas)
         return
-    ranges = {id(h): _original_range(h) for h in parts}
+    ranges = {id(h): backend.kv_snapshot_range(h) for h in parts}
     overlap = {id(h): len(ranges[id(h)].intersection(own)) for h in parts}
     best = max(parts, key=lambda h: (overlap[id(h)], -ranges[id(h)].start))
     # Deleting an entry costs about 1.3 times copying one (measured on 1M entries): adopt from 60 %.

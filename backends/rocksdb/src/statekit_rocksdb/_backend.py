@@ -424,11 +424,6 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
 
         restore_native(self, handles)
 
-    def snapshot_states(self) -> list[dict[str, Any]]:
-        """The snapshot entries of every state this instance holds (declared or restored)."""
-        regs = (self.registered_state(n) for n in self.stored_state_names)
-        return [r.meta() for r in regs if r is not None]
-
     def estimate_entries(self) -> int:
         """RocksDB's estimate of the number of entries (not of (key, namespace) pairs)."""
         total = 0

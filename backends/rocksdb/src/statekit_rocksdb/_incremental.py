@@ -117,7 +117,7 @@ class RocksDBNativeSnapshot:
         # Range, list sequence, and what a restore drops as a canonical snapshot taken now would.
         meta = {**backend.kv_native_meta(), "column_family_prefix": "state:"}
         return cls(
-            backend, checkpoint_id, directory, backend.snapshot_states(), meta, backend.estimate_entries()
+            backend, checkpoint_id, directory, backend.stored_state_metas(), meta, backend.estimate_entries()
         )
 
     def write(
@@ -143,15 +143,10 @@ class RocksDBNativeSnapshot:
                 if progress is not None:
                     progress(i + 1, len(names))
             b.uploads.uploaded(self.checkpoint_id, new)
-            return NativeStateHandle(
-                format=b.native_format,
-                backend=b.backend_name,
-                checkpoint_id=self.checkpoint_id,
-                key_group_range=b.key_group_range,
-                max_parallelism=b.max_parallelism,
-                key_serializer=b.key_serializer.config(),
+            return b.native_handle(
+                self.checkpoint_id,
+                tuple(files),
                 states=self._states,
-                files=tuple(files),
                 meta=self._meta,
                 entries=self._entries,
             )

@@ -29,21 +29,13 @@ from typing import TYPE_CHECKING
 
 from rocksdict import AccessType, Options, Rdict, SstFileWriter
 
-from statekit import CorruptSnapshotError, KeyGroupRange
+from statekit import CorruptSnapshotError
 from statekit.backend_api import NativeStateHandle
 
 if TYPE_CHECKING:
     from ._backend import RocksDBKeyedStateBackend
 
 __all__ = ["restore_native"]
-
-
-def _original_range(h: NativeStateHandle) -> KeyGroupRange:
-    try:
-        start, end = h.meta["range"]
-        return KeyGroupRange.of(int(start), int(end))
-    except (KeyError, TypeError, ValueError) as e:
-        raise CorruptSnapshotError(f"native RocksDB snapshot without a valid key-group range: {e}") from None
 
 
 def _download(h: NativeStateHandle, directory: str) -> None:
@@ -68,8 +60,8 @@ def restore_native(backend: RocksDBKeyedStateBackend, handles: Sequence[NativeSt
     if not parts:
         backend.adopt_native_states(metas)
         return
-    overlap = {id(h): len(_original_range(h).intersection(own)) for h in parts}
-    base = max(parts, key=lambda h: (overlap[id(h)], -_original_range(h).start))
+    overlap = {id(h): len(backend.kv_snapshot_range(h).intersection(own)) for h in parts}
+    base = max(parts, key=lambda h: (overlap[id(h)], -backend.kv_snapshot_range(h).start))
     staging = os.path.join(backend.instance_dir, f"restore-{os.urandom(4).hex()}")
     try:
         base_dir = os.path.join(staging, "base")
@@ -85,7 +77,7 @@ def restore_native(backend: RocksDBKeyedStateBackend, handles: Sequence[NativeSt
         os.replace(base_dir, backend.db_path)
         backend.rocksdb_open(backend.db_path)
         lower, upper = backend.layout.group_range(own.start, own.end)
-        if _original_range(base) != own:
+        if backend.kv_snapshot_range(base) != own:
             _clip(backend, lower, upper)
         for _, d in others:
             _ingest_range(backend, d, lower, upper, staging)

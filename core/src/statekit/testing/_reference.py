@@ -104,15 +104,10 @@ class _NativeSnapshot:
         shift = len(_NATIVE_MAGIC)
         f = out.upload(_NATIVE_FILE, buf.getvalue(), shared=False)
         b, header = self._backend, self._canonical.header
-        return NativeStateHandle(
-            format=REFERENCE_NATIVE_FORMAT,
-            backend=b.backend_name,
-            checkpoint_id=self._checkpoint_id,
-            key_group_range=b.key_group_range,
-            max_parallelism=b.max_parallelism,
-            key_serializer=b.key_serializer.config(),
+        return b.native_handle(
+            self._checkpoint_id,
+            (f,),
             states=list(header.states),
-            files=(f,),
             meta={
                 "range": [b.key_group_range.start, b.key_group_range.end],
                 "header_length": r.header_length + shift,
