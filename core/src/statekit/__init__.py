@@ -37,7 +37,7 @@ from ._errors import (
     StateSizeLimitError,
     UnknownPluginError,
 )
-from ._function import KeyedProcessFunction, ProcessContext, RuntimeContext
+from ._function import KeyedProcessFunction, OnTimerContext, ProcessContext, RuntimeContext
 from ._keygroups import (
     KeyGroupRange,
     compute_default_max_parallelism,
@@ -76,6 +76,7 @@ from ._state import (
     ValueState,
     ValueStateDescriptor,
 )
+from .timers import EventTime, TimeDomain, TimerService
 
 __version__ = "0.1.0"
 
@@ -86,8 +87,10 @@ __all__ = [
     "CheckpointMetadata",
     "CompletedCheckpoint",
     "FileSource",
+    "EventTime",
     "KeyedProcessFunction",
     "LocalRunner",
+    "OnTimerContext",
     "ProcessContext",
     "RecordSource",
     "ReplayableSource",
@@ -139,6 +142,8 @@ __all__ = [
     "StateTtlConfig",
     "SupportsBatchUpdate",
     "SupportsNativeSnapshot",
+    "TimeDomain",
+    "TimerService",
     "TtlUpdateType",
     "TtlVisibility",
     "TypeSerializer",

@@ -158,6 +158,11 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "Number of key groups, the upper bound for rescaling; unset: computed from the parallelism."),
     ConfigOption("statekit.key-cache-size", int, 131072,
         "Entries in the cache of serialized keys and their key groups."),
+    ConfigOption("statekit.timers.end-of-input", str, "fire",
+        "At the end of a bounded input (LocalRunner.run reaching the end of its source, Spark's "
+        "run()): fire moves the watermark to the end of time so every event-time timer fires, as "
+        "Flink does; keep leaves them for a later run over more input.",
+        choices=("fire", "keep")),
     ConfigOption("statekit.plugins.strict", bool, False,
         "Fail instead of warning when an installed plugin cannot be loaded."),
 )  # fmt: skip

@@ -11,21 +11,26 @@ embedded :class:`~statekit.LocalRunner` or on Spark::
             n = self.count.value() + 1
             self.count.update(n)
             yield (ctx.current_key, n)
+
+Timers (``ctx.timer_service``) let a function act when time passes: it
+registers a timer in ``process`` and the runner calls ``on_timer`` when the
+watermark (event time) or the clock (processing time) reaches it.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
 
 from ._contracts import KeyedStateBackend, OperatorStateBackend
 from ._operator import BroadcastState, OperatorListState
-from ._serializers import TypeSerializer
+from ._serializers import TypeSerializer, serializer_for
 from ._state import ListStateDescriptor, MapStateDescriptor, StateDescriptor
 from ._ttl import Clock
+from .timers import TIMER_STATE_PREFIX, TimeDomain, TimerService
 
-__all__ = ["KeyedProcessFunction", "ProcessContext", "RuntimeContext"]
+__all__ = ["KeyedProcessFunction", "OnTimerContext", "ProcessContext", "RuntimeContext"]
 
 
 class RuntimeContext:
@@ -54,6 +59,11 @@ class RuntimeContext:
         self, descriptor: StateDescriptor, *, namespace_serializer: TypeSerializer | None = None
     ) -> Any:
         """The keyed state of ``descriptor``, bound to the key of the record being processed."""
+        if descriptor.name.startswith(TIMER_STATE_PREFIX):
+            raise ValueError(
+                f"state name {descriptor.name!r}: names starting with {TIMER_STATE_PREFIX!r} are "
+                "statekit's timers; choose another name"
+            )
         return self.keyed_backend.get_state(descriptor, namespace_serializer=namespace_serializer)
 
     def get_list_state(self, descriptor: ListStateDescriptor[Any]) -> OperatorListState:
@@ -73,18 +83,69 @@ class RuntimeContext:
         return self._clock()
 
 
+def timer_service_for(
+    function: KeyedProcessFunction,
+    ctx: RuntimeContext,
+    key_serializer: TypeSerializer,
+    processing_time: Callable[[], int] | None = None,
+) -> TimerService:
+    """The timer service of one subtask running ``function`` (runners call this)."""
+    ns = function.timer_namespace
+    return TimerService(
+        ctx.keyed_backend,
+        key_serializer,
+        namespace_serializer=None if ns is None else serializer_for(ns),
+        processing_time=processing_time or ctx.processing_time,
+    )
+
+
 class ProcessContext:
-    """What ``process`` gets besides the record: the current key and time."""
+    """What ``process`` gets besides the record: the current key, its event time, timers.
 
-    __slots__ = ("current_key", "runtime")
+    Attributes:
+        current_key: The key of the record being processed.
+        timestamp: The record's event time in ms (None without event time).
+        timer_service: Registers and deletes timers of the current key.
+        runtime: The subtask's :class:`RuntimeContext`.
+    """
 
-    def __init__(self, runtime: RuntimeContext) -> None:
+    __slots__ = ("current_key", "runtime", "timer_service", "timestamp")
+
+    def __init__(self, runtime: RuntimeContext, timer_service: TimerService | None = None) -> None:
         self.runtime = runtime
         self.current_key: Any = None
+        self.timestamp: int | None = None
+        if timer_service is None:
+            ser = getattr(runtime.keyed_backend, "key_serializer", None)
+            if not isinstance(ser, TypeSerializer):
+                raise TypeError("ProcessContext needs a timer_service when the backend has no key_serializer")
+            timer_service = TimerService(runtime.keyed_backend, ser, processing_time=runtime.processing_time)
+        self.timer_service: TimerService = timer_service
 
     def processing_time(self) -> int:
         """The current processing time in milliseconds."""
-        return self.runtime.processing_time()
+        return self.timer_service.current_processing_time()
+
+    def current_watermark(self) -> int:
+        """The current event-time watermark in milliseconds."""
+        return self.timer_service.current_watermark()
+
+
+class OnTimerContext(ProcessContext):
+    """What ``on_timer`` gets: the fired timer's key (current), domain, namespace and time.
+
+    Attributes:
+        time_domain: :attr:`TimeDomain.EVENT_TIME` or :attr:`TimeDomain.PROCESSING_TIME`.
+        namespace: The namespace the timer was registered in (``VOID_NAMESPACE`` by default).
+        timestamp: The timer's timestamp.
+    """
+
+    __slots__ = ("namespace", "time_domain")
+
+    def __init__(self, runtime: RuntimeContext, timer_service: TimerService | None = None) -> None:
+        super().__init__(runtime, timer_service)
+        self.time_domain = TimeDomain.EVENT_TIME
+        self.namespace: Any = None
 
 
 class KeyedProcessFunction(ABC):
@@ -92,8 +153,17 @@ class KeyedProcessFunction(ABC):
 
     ``open`` runs once per subtask after its state is restored; ``process``
     runs per record with that record's key current and returns (or yields)
-    output records; ``close`` runs when the subtask stops.
+    output records; ``on_timer`` runs when a timer the function registered
+    fires; ``close`` runs when the subtask stops.
+
+    Attributes:
+        timer_namespace: The type (or :class:`~statekit.TypeSerializer`) of the
+            namespaces timers are registered in; None (the default) allows only
+            ``VOID_NAMESPACE``. Kept in checkpoints, so it must not change
+            incompatibly between runs.
     """
+
+    timer_namespace: ClassVar[Any] = None
 
     def open(self, ctx: RuntimeContext) -> None:  # noqa: B027 - optional hook
         """Get state handles here."""
@@ -101,6 +171,15 @@ class KeyedProcessFunction(ABC):
     @abstractmethod
     def process(self, record: Any, ctx: ProcessContext) -> Iterable[Any] | None:
         """Handle one record; return or yield outputs (None for none)."""
+
+    def on_timer(self, timestamp: int, ctx: OnTimerContext) -> Iterable[Any] | None:
+        """A timer of ``ctx.current_key`` fired; return or yield outputs (None for none).
+
+        The timer is already removed; state reads and writes apply to its key,
+        and new timers may be registered. ``ctx.time_domain`` and
+        ``ctx.namespace`` tell which timer it was. The default does nothing.
+        """
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what ``open`` acquired."""

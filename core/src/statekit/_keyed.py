@@ -58,6 +58,7 @@ from ._state import (
     ValueState,
 )
 from ._ttl import Clock, TtlListState, TtlMapState, TtlValueState, purge_expired, system_clock, ttl_serializer
+from .timers._service import TIMER_STATE_NAMES
 
 __all__ = [
     "AggregatingStateImpl",
@@ -665,12 +666,14 @@ class KeyedBackendBase(ABC):
             raise StateAccessError("the backend is closed")
         regs = [*self._states.values(), *self._restored.values()]
         metas = [r.meta() for r in regs] + [m for m, _ in self._pending.values()]
+        names = {m["name"] for m in metas}
         header = SnapshotHeader(
             self.max_parallelism,
             self.key_group_range,
             self.key_serializer.config(),
             metas,
             backend=self.backend_name,
+            extra={"timers": {d.value: n for d, n in TIMER_STATE_NAMES.items() if n in names}},
         )
         pending: dict[int, list[tuple[int, Section]]] = {}
         for i, (_, secs) in enumerate(self._pending.values(), start=len(regs)):

@@ -5,6 +5,13 @@ subtasks, checkpoints every N records (and on demand), takes savepoints, and
 resumes after a crash from the latest completed checkpoint: state is restored
 and the source replays the records after the checkpointed position, so state
 reflects every record exactly once.
+
+With :class:`~statekit.timers.EventTime` the watermark advances as records
+arrive (the largest event time minus the delay); event-time timers fire as it
+passes them, processing-time timers when the clock reaches them (checked after
+every record). Timers are keyed state, and the watermark is kept in each
+checkpoint's metadata, so a resumed run fires exactly what an uninterrupted
+one would.
 """
 
 from __future__ import annotations
@@ -35,7 +42,13 @@ from ._contracts import (
     SupportsNativeSnapshot,
 )
 from ._errors import CheckpointError
-from ._function import KeyedProcessFunction, ProcessContext, RuntimeContext
+from ._function import (
+    KeyedProcessFunction,
+    OnTimerContext,
+    ProcessContext,
+    RuntimeContext,
+    timer_service_for,
+)
 from ._keygroups import (
     compute_default_max_parallelism,
     key_group_for_bytes,
@@ -49,6 +62,15 @@ from ._registry import PluginRegistry, default_registry
 from ._serializers import serializer_for
 from ._state import ListStateDescriptor
 from ._ttl import Clock, system_clock
+from .timers import (
+    MAX_WATERMARK,
+    MIN_WATERMARK,
+    WATERMARK_PROPERTY,
+    EventTime,
+    LatePolicy,
+    TimeDomain,
+    TimerService,
+)
 
 __all__ = [
     "FileSource",
@@ -169,10 +191,15 @@ class RunResult:
     checkpoints: list[str] = field(default_factory=list)
     failed_checkpoints: list[str] = field(default_factory=list)
     restored_from: str | None = None
+    late_records: int = 0
+    """Records at or below the watermark (see :class:`~statekit.timers.LatePolicy`)."""
+    timers_fired: int = 0
+    watermark: int = MIN_WATERMARK
+    """The event-time watermark when the run ended."""
 
 
 class _Subtask:
-    __slots__ = ("ctx", "function", "keyed", "operator", "pctx")
+    __slots__ = ("ctx", "function", "keyed", "operator", "pctx", "tctx", "timers")
 
     def __init__(
         self,
@@ -180,12 +207,28 @@ class _Subtask:
         operator: OperatorStateBackendImpl,
         function: KeyedProcessFunction,
         ctx: RuntimeContext,
+        timers: TimerService,
     ) -> None:
         self.keyed = keyed
         self.operator = operator
         self.function = function
         self.ctx = ctx
-        self.pctx = ProcessContext(ctx)
+        self.timers = timers
+        self.pctx = ProcessContext(ctx, timers)
+        self.tctx = OnTimerContext(ctx, timers)
+
+    def fire(self, domain: TimeDomain, until: int, outputs: list[Any]) -> None:
+        """Call ``on_timer`` for every timer of ``domain`` due at ``until``, collecting outputs."""
+        tctx = self.tctx
+        tctx.time_domain = domain
+        on_timer = self.function.on_timer
+        for ts, key, ns in self.timers.due(domain, until):
+            tctx.current_key = key
+            tctx.timestamp = ts
+            tctx.namespace = ns
+            out = on_timer(ts, tctx)
+            if out is not None:
+                outputs.extend(out)
 
 
 class LocalRunner:
@@ -219,6 +262,8 @@ class LocalRunner:
         registry: PluginRegistry | None = None,
         sink: Callable[[Any], None] | None = None,
         allow_non_restored_state: bool = False,
+        event_time: EventTime | None = None,
+        late_sink: Callable[[Any], None] | None = None,
     ) -> None:
         conf = config if isinstance(config, Configuration) else Configuration.from_mapping(config or {})
         self.config = conf
@@ -243,6 +288,16 @@ class LocalRunner:
         self._local_root: str | None = None
         self.sink = sink
         self.allow_non_restored_state = allow_non_restored_state
+        self.event_time = event_time
+        self.late_sink = late_sink
+        self.fire_at_end_of_input = conf.get("statekit.timers.end-of-input") != "keep"
+        self._event_time_of = event_time.extractor() if event_time is not None else None
+        self._delay = event_time.delay_ms if event_time is not None else 0
+        self._late_to_function = event_time is not None and event_time.late is LatePolicy.PROCESS
+        self._watermark = MIN_WATERMARK
+        self._max_event_time = MIN_WATERMARK
+        self.late_records = 0
+        self._late_unsunk = 0
         self._subtasks: list[_Subtask] = []
         self._source_op = OperatorStateBackendImpl()
         self._position: Any = None
@@ -289,7 +344,9 @@ class LocalRunner:
             max_parallelism=self.max_parallelism,
             clock=self.clock,
         )
-        return _Subtask(keyed, op, self.function_factory(), ctx)
+        function = self.function_factory()
+        timers = timer_service_for(function, ctx, self.key_serializer, self.clock)
+        return _Subtask(keyed, op, function, ctx, timers)
 
     def restore(self, location: str = "latest") -> str | None:
         """Restore from a checkpoint or savepoint location, or the latest checkpoint.
@@ -328,6 +385,8 @@ class LocalRunner:
         self._subtasks = fresh
         self._source_op = source_op
         self._position = json.loads(positions[0]) if positions else None
+        self._watermark = int(cp.metadata.properties.get(WATERMARK_PROPERTY, MIN_WATERMARK))
+        self._max_event_time = MIN_WATERMARK
         self._next_checkpoint_id = cp.checkpoint_id + 1
         self.registry.hook.statekit_restore_done(
             job_id=self.job_id, checkpoint_id=cp.checkpoint_id, subtask_index=0, parallelism=self.parallelism
@@ -339,6 +398,8 @@ class LocalRunner:
             self._subtasks = self._create()
         for st in self._subtasks:
             st.function.open(st.ctx)
+            st.timers.restore_timers()
+            st.timers.set_watermark(self._watermark)
         self._opened = True
 
     def close(self) -> None:
@@ -367,15 +428,82 @@ class LocalRunner:
         return i
 
     def process(self, record: Any) -> list[Any]:
-        """Process one record now (no source, no periodic checkpoints); returns its outputs."""
+        """Process one record now (no source, no periodic checkpoints); returns its outputs.
+
+        The outputs include those of timers the record's event time (or the
+        clock) made due. A late record under the side-output policy goes to
+        ``late_sink`` and has no outputs.
+        """
         if not self._opened:
             self._open()
+        ts = None
+        if self._event_time_of is not None:
+            ts = self._event_time_of(record)
+            if ts is not None and ts <= self._watermark:
+                self.late_records += 1
+                if not self._late_to_function:
+                    if self.late_sink is not None:
+                        self.late_sink(record)
+                    else:
+                        self._late_unsunk += 1
+                    return self._fire_processing_time([])
         key = self.key_selector(record)
         st = self._subtasks[self._subtask_of(key)]
         st.keyed.set_current_key(key)
-        st.pctx.current_key = key
-        out = st.function.process(record, st.pctx)
-        return [] if out is None else list(out)
+        pctx = st.pctx
+        pctx.current_key = key
+        pctx.timestamp = ts
+        out = st.function.process(record, pctx)
+        outputs = [] if out is None else list(out)
+        if ts is not None and ts > self._max_event_time:
+            self._max_event_time = ts
+            wm = ts - self._delay
+            if wm > self._watermark:
+                self.advance_watermark(wm, outputs)
+        return self._fire_processing_time(outputs)
+
+    def _fire_processing_time(self, outputs: list[Any]) -> list[Any]:
+        now: int | None = None
+        for st in self._subtasks:
+            nxt = st.timers.next_timestamp(TimeDomain.PROCESSING_TIME)
+            if nxt is None:
+                continue
+            if now is None:
+                now = self.clock()
+            if nxt <= now:
+                st.fire(TimeDomain.PROCESSING_TIME, now, outputs)
+        return outputs
+
+    def advance_watermark(self, watermark: int, outputs: list[Any] | None = None) -> list[Any]:
+        """Move the event-time watermark to ``watermark`` (never back) and fire the timers it passes.
+
+        Runs by itself as records arrive; call it to inject a watermark (e.g.
+        idle input). Returns the fired timers' outputs (also appended to ``outputs``).
+        """
+        out = [] if outputs is None else outputs
+        if not self._opened:
+            self._open()
+        if watermark <= self._watermark:
+            return out
+        self._watermark = watermark
+        for st in self._subtasks:
+            st.timers.set_watermark(watermark)
+            st.fire(TimeDomain.EVENT_TIME, watermark, out)
+        return out
+
+    @property
+    def watermark(self) -> int:
+        """The current event-time watermark in ms (``MIN_WATERMARK`` before any event time)."""
+        return self._watermark
+
+    def _end_of_input(self) -> list[Any]:
+        """At the end of a bounded input, as Flink: the watermark goes to the end of time."""
+        if not self.fire_at_end_of_input:
+            return []
+        pending = any(st.timers.pending(TimeDomain.EVENT_TIME) for st in self._subtasks)
+        if self.event_time is None and not pending:
+            return []
+        return self.advance_watermark(MAX_WATERMARK)
 
     def run(
         self,
@@ -397,6 +525,9 @@ class LocalRunner:
             result.restored_from = self.restore(restore)
         if not self._opened:
             self._open()
+        late_before = self.late_records
+        self._late_unsunk = 0
+        fired_before = sum(st.timers.fired for st in self._subtasks)
         src = source if isinstance(source, ReplayableSource) else RecordSource(list(source))
         interval = self.checkpoint_interval
         sink = self.sink
@@ -417,10 +548,27 @@ class LocalRunner:
             if max_records is not None and result.records >= max_records:
                 exhausted = False
                 break
+        if exhausted:
+            final = self._end_of_input()
+            result.outputs += len(final)
+            if sink is not None:
+                for o in final:
+                    sink(o)
+            since += len(final)
         if exhausted and interval and since:
             # As Flink does when bounded input ends: a final checkpoint, so a later run
             # over a grown source continues exactly where this one stopped.
             self._periodic_checkpoint(result)
+        result.late_records = self.late_records - late_before
+        result.timers_fired = sum(st.timers.fired for st in self._subtasks) - fired_before
+        result.watermark = self._watermark
+        if self._late_unsunk:
+            warnings.warn(
+                f"{self._late_unsunk} late records (event time at or below the watermark) were "
+                "counted and not processed: pass late_sink= to receive them, or EventTime(late='process')",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return result
 
     def _periodic_checkpoint(self, result: RunResult) -> None:
@@ -471,6 +619,7 @@ class LocalRunner:
                 checkpoint_id=cid,
                 max_parallelism=self.max_parallelism,
                 subtasks=states,
+                properties=self._time_properties(),
             )
         except BaseException:
             writer.abort()
@@ -484,6 +633,9 @@ class LocalRunner:
         )
         apply_retention(self.storage, self.job_id, self.retained)
         return location
+
+    def _time_properties(self) -> dict[str, Any]:
+        return {} if self._watermark == MIN_WATERMARK else {WATERMARK_PROPERTY: self._watermark}
 
     def _notify_native(self, checkpoint_id: int, *, complete: bool) -> None:
         for st in self._subtasks:
@@ -506,6 +658,7 @@ class LocalRunner:
                 max_parallelism=self.max_parallelism,
                 subtasks=states,
                 kind="savepoint",
+                properties=self._time_properties(),
             )
         except BaseException:
             writer.abort()

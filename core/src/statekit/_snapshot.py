@@ -1,4 +1,4 @@
-"""The canonical keyed-state snapshot format (version 1).
+"""The canonical keyed-state snapshot format (version 2; version 1 is still read).
 
 One backend-independent format, which every backend writes and reads, so a
 snapshot taken on one backend restores into any other. The byte layout is
@@ -12,6 +12,11 @@ documented in ``docs/snapshot-format.md``; in short::
 
 All integers are little-endian. A restore of some key groups reads the header
 and those key groups' blocks only, at offsets the state handle carries.
+
+Version 2 added timers: the header's ``timers`` object names, per time domain,
+the internal map state holding that domain's timers (whose user keys are
+encoded by :func:`statekit.timers.encode_timer`). Version 1 snapshots have no
+timers and restore unchanged.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from ._serializers import TypeSerializer
 __all__ = [
     "CANONICAL_FORMAT",
     "FORMAT_VERSION",
+    "READABLE_VERSIONS",
     "BytesStreamHandle",
     "KeyedStateHandle",
     "Section",
@@ -44,7 +50,9 @@ __all__ = [
 ]
 
 CANONICAL_FORMAT = "statekit-canonical"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: The versions this statekit reads (1: before timers).
+READABLE_VERSIONS = (1, 2)
 _MAGIC = b"STKCANON"
 _INDEX_MAGIC = b"STKINDEX"
 _HDR = struct.Struct("<8sHI")
@@ -158,6 +166,14 @@ class SnapshotHeader:
     states: list[dict[str, Any]]
     backend: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    version: int = FORMAT_VERSION
+    """The format version read (or to be written)."""
+
+    @property
+    def timers(self) -> dict[str, str]:
+        """Per time domain (``"event-time"``, ``"processing-time"``), the state holding its timers."""
+        t = self.extra.get("timers")
+        return dict(t) if isinstance(t, dict) else {}
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object stored in the snapshot."""
@@ -311,14 +327,16 @@ def read_header(stream: StreamStateHandle) -> tuple[SnapshotHeader, int]:
     # The checksum first: a flipped version byte is corruption, not a new version.
     if zlib.crc32(body[: _HDR.size + hlen]) != crc:
         raise CorruptSnapshotError(f"{where}: header checksum mismatch; the file is corrupt")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise SnapshotError(
             f"{where}: canonical format version {version} is not supported by this statekit "
-            f"(reads version {FORMAT_VERSION}); upgrade statekit"
+            f"(reads versions {', '.join(map(str, READABLE_VERSIONS))}); upgrade statekit"
         )
     try:
         obj = json.loads(body[_HDR.size : _HDR.size + hlen])
-        return SnapshotHeader.from_json(obj), len(body)
+        header = SnapshotHeader.from_json(obj)
+        header.version = version
+        return header, len(body)
     except (ValueError, KeyError, TypeError) as e:
         raise CorruptSnapshotError(f"{where}: malformed header: {e}") from None
 

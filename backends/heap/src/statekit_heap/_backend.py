@@ -5,6 +5,11 @@ items are ``dict[key, stored value]``. A snapshot pins every key group; the
 first write (or read of a mutable value) to a pinned key group replaces its
 dicts by copies, so the snapshot keeps the dicts as they were at the snapshot
 point while processing goes on: copy-on-write at key-group granularity.
+
+Namespaces come and go (a window each): a namespace whose entries are all
+removed has its list dropped, so memory follows the live namespaces, not every
+namespace ever used. Handles re-resolve their namespace's list whenever they
+create a dict, so a handle whose namespace was dropped writes into the live table.
 """
 
 from __future__ import annotations
@@ -85,6 +90,13 @@ class _Table:
             d = self.ns[namespace] = [None] * (self.kgr.end + 1)
         return d
 
+    def emptied(self, namespace: Any, lst: _Dicts, kg: int) -> None:
+        """Key group ``kg`` of ``namespace`` holds no entry any more: free it, and the namespace if all are."""
+        lst[kg] = None
+        if namespace is not VOID_NAMESPACE and not any(lst) and self.ns.get(namespace) is lst:
+            del self.ns[namespace]
+            lst[:] = [None] * len(lst)  # empty dicts left in it must not take writes any more
+
     def unshare(self, kg: int) -> None:
         """Copy key group ``kg``'s dicts (and mutable values) away from snapshots."""
         cp = self.copy
@@ -137,8 +149,22 @@ class _Handle:
             t.unshare(kg)
         d = self._maps[kg]
         if d is None:
-            d = self._maps[kg] = {}
+            d = self._new_dict(kg)
         return d
+
+    def _new_dict(self, kg: int) -> dict[Any, Any]:
+        # The namespace's list may have been dropped while empty: write into the table's.
+        self._maps = maps = self._t.dicts(self._ns)
+        d = maps[kg]
+        if d is None:
+            d = maps[kg] = {}
+        return d
+
+    def _pop(self, d: dict[Any, Any], kg: int) -> None:
+        """Remove the current key from ``d`` (the writable dict of ``kg``); free what empties."""
+        d.pop(self._b._key, None)
+        if not d:
+            self._t.emptied(self._ns, self._maps, kg)
 
     def _read_dict(self) -> dict[Any, Any] | None:
         kg = self._kg()
@@ -148,8 +174,10 @@ class _Handle:
         return self._maps[kg]
 
     def clear(self) -> None:
-        d = self._write_dict()
-        d.pop(self._b._key, None)
+        kg = self._kg()
+        if self._maps[kg] is None and not self._t.pins[kg]:
+            return  # nothing stored in this namespace and key group
+        self._pop(self._write_dict(), kg)
 
 
 class HeapValueState(_Handle):
@@ -186,7 +214,7 @@ class HeapValueState(_Handle):
             raise b._no_key() from None
         d = self._maps[kg]
         if d is None:
-            d = self._maps[kg] = {}
+            d = self._new_dict(kg)
         d[b._key] = value
 
     def update_batch(self, keys: Iterable[Any], fn: Callable[[Any], Any]) -> list[Any]:
@@ -294,7 +322,7 @@ class HeapListState(_Handle):
         if vals:
             d[self._b._key] = vals
         else:
-            d.pop(self._b._key, None)
+            self._pop(d, self._b._kg)
 
     def merge_namespaces(self, target: Any, sources: Sequence[Any]) -> None:
         merge_list_namespaces(self, target, sources)
@@ -344,7 +372,7 @@ class HeapMapState(_Handle):
         if m is not None:
             m.pop(key, None)
             if not m:
-                del d[k]
+                self._pop(d, self._b._kg)
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         m = self._map()
@@ -507,7 +535,8 @@ def _cleanup_incremental(t: _Table, n: int, now: int, ttl_ms: int, kind: StateKi
             continue
         ns, kg, key = todo.pop()
         n -= 1
-        d = t.ns[ns][kg]
+        lst = t.ns.get(ns)
+        d = None if lst is None else lst[kg]
         v = None if d is None else d.get(key)
         if v is None:
             continue
@@ -516,10 +545,13 @@ def _cleanup_incremental(t: _Table, n: int, now: int, ttl_ms: int, kind: StateKi
             continue
         if t.pins[kg]:
             t.unshare(kg)
-        d = t.ns[ns][kg]
+        lst = t.ns[ns]
+        d = lst[kg]
         assert d is not None
         if live is None:
             del d[key]
+            if not d:
+                t.emptied(ns, lst, kg)
         else:
             d[key] = live
 

@@ -17,6 +17,7 @@ from .._errors import CheckpointError, ConfigurationError
 from .._function import KeyedProcessFunction
 from .._registry import default_registry
 from .._serializers import serializer_for
+from ..timers import EventTime
 from ._driver import (
     BATCH_PROPERTY,
     QUERY_PROPERTY,
@@ -81,6 +82,7 @@ class KeyedDataFrame:
         config: Mapping[str, object] | Configuration | None = None,
         allow_non_restored_state: bool = False,
         on_batch: Callable[[BatchInfo], None] | None = None,
+        event_time: EventTime | None = None,
     ) -> ProcessedStream:
         """Run ``function`` over the keyed rows, with keyed and operator state.
 
@@ -97,6 +99,10 @@ class KeyedDataFrame:
             allow_non_restored_state: Start even if the checkpoint holds state of
                 operators this job does not have (that state is dropped).
             on_batch: Called on the driver with a :class:`BatchInfo` after every batch.
+            event_time: The event-time column (a ``timestamp`` or epoch-ms ``long``)
+                and the watermark's delay, as ``withWatermark``: e.g.
+                ``EventTime("ts", "1 minute")``. The watermark moves at batch
+                boundaries; see docs/spark.md.
         """
         schema = (
             output_schema if isinstance(output_schema, T.StructType) else T.StructType.fromDDL(output_schema)
@@ -120,7 +126,20 @@ class KeyedDataFrame:
             allow_non_restored_state=allow_non_restored_state,
             on_batch=on_batch,
             sink=None,
+            event_time=event_time,
         )  # fmt: skip
+        if event_time is not None:
+            if not isinstance(event_time.field, str) or event_time.field not in self.df.columns:
+                raise ConfigurationError(
+                    f"event-time column {event_time.field!r} is not a column of the DataFrame: "
+                    f"{self.df.columns}"
+                )
+            typ = self.df.schema[event_time.field].dataType
+            if not isinstance(typ, (T.TimestampType, T.TimestampNTZType, T.LongType, T.IntegerType)):
+                raise ConfigurationError(
+                    f"event-time column {event_time.field!r} is {typ.simpleString()}: use a timestamp "
+                    "column (e.g. F.to_timestamp) or epoch milliseconds as a long"
+                )
         return ProcessedStream(spec)
 
 
@@ -177,6 +196,19 @@ class ProcessedStream:
         leave the same result (e.g. overwrite, or MERGE on a key plus batch id).
         """
         return self._with_sink(callback)
+
+    def foreach_late_batch(self, callback: Callable[[DataFrame, int], None]) -> ProcessedStream:
+        """Hand each batch's late rows to ``callback(df, batch_id)``: the side output of late data.
+
+        Late rows (event time at or below the watermark the batch ran with) have
+        the input's columns. Without this, they are counted (``BatchInfo.late_records``)
+        and a warning names the count. Like the sink, the callback must be
+        idempotent per batch id.
+        """
+        if self._spec.event_time is None:
+            raise ConfigurationError("late rows need event time: pass event_time= to process()")
+        self._spec = dataclasses.replace(self._spec, late_sink=callback)
+        return self
 
     def _with_sink(self, sink: Sink) -> ProcessedStream:
         self._spec = dataclasses.replace(self._spec, sink=sink)
@@ -251,7 +283,13 @@ class ProcessedStream:
         started.set()
         return query
 
-    def run(self, *, batch_id: int | None = None, restore: str | None = "latest") -> BatchInfo:
+    def run(
+        self,
+        *,
+        batch_id: int | None = None,
+        restore: str | None = "latest",
+        end_of_input: bool | None = None,
+    ) -> BatchInfo:
         """Process a static DataFrame as one batch: the next checkpoint of the job.
 
         Each ``run`` continues from the job's latest checkpoint, so a job can be
@@ -264,6 +302,11 @@ class ProcessedStream:
                 returns ``skipped=True``). Batch ids must grow; gaps are fine.
                 None: one more than the last.
             restore: Where the state comes from; see above.
+            end_of_input: After this batch, move the watermark to the end of
+                time so every event-time timer fires (Flink's end of a bounded
+                input); later batches then find every row late. None: the
+                ``statekit.timers.end-of-input`` option (``fire`` or ``keep``)
+                for jobs with event time or timers.
 
         Raises:
             TypeError: If the DataFrame is streaming.
@@ -279,4 +322,8 @@ class ProcessedStream:
             latest = coordinator.latest()
             props = latest.metadata.properties if latest is not None else {}
             batch_id = int(props[BATCH_PROPERTY]) + 1 if props.get(QUERY_PROPERTY) == STATIC_QUERY else 0
-        return coordinator.process_batch(spec.df, batch_id, STATIC_QUERY)
+        if end_of_input is None:
+            end_of_input = spec.event_time is not None and coordinator.config.get(
+                "statekit.timers.end-of-input"
+            ) != "keep"
+        return coordinator.process_batch(spec.df, batch_id, STATIC_QUERY, end_of_input=end_of_input)

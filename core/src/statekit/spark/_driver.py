@@ -15,6 +15,12 @@ processes its rows, writes a snapshot into checkpoint ``n`` and reports it;
 the driver writes the outputs to the sink, then completes ``n`` (writing its
 metadata last and atomically). Whatever fails before that leaves ``C`` the
 latest checkpoint, and the batch is processed again from ``C``.
+
+Event time: the watermark a batch runs with is the one ``C`` recorded; the
+tasks report the largest event time they saw, and checkpoint ``n`` records the
+new watermark (that maximum minus the delay, never lower than before), which
+the next batch runs with, as Spark's default watermark policy. Processing time
+is the batch's timestamp, fixed when the driver plans it.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 import uuid
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,9 +55,10 @@ from .._keygroups import compute_default_max_parallelism, validate_parallelism
 from .._registry import PluginRegistry, default_registry
 from .._runner import checkpoint_storage_from_config, state_backend_from_config
 from .._serializers import TypeSerializer
+from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY, EventTime
 from ._routing import route, routing_values
 from ._sparkconf import spark_configuration
-from ._task import HANDLE_COLUMN, TaskPlan, internal_schema, make_task
+from ._task import HANDLE_COLUMN, LATE_COLUMN, LATE_PREFIX, TaskPlan, internal_schema, make_task
 
 __all__ = [
     "ATTEMPTS_PROPERTY",
@@ -96,6 +105,9 @@ class BatchInfo:
         reused_subtasks: Subtasks whose open state an executor kept from the previous batch.
         restored_subtasks: Subtasks restored from the checkpoint storage (or started empty).
         executor_pids: The process ids of the Python workers that ran the subtasks.
+        late_records: Rows at or below the watermark the batch ran with.
+        timers_fired: Timers that fired in the batch.
+        watermark: The event-time watermark the next batch runs with.
     """
 
     batch_id: int
@@ -109,6 +121,9 @@ class BatchInfo:
     reused_subtasks: int = 0
     restored_subtasks: int = 0
     executor_pids: tuple[int, ...] = ()
+    late_records: int = 0
+    timers_fired: int = 0
+    watermark: int = MIN_WATERMARK
 
 
 @dataclass(frozen=True)
@@ -126,6 +141,8 @@ class JobSpec:
     allow_non_restored_state: bool
     on_batch: Callable[[BatchInfo], None] | None
     sink: Sink | None
+    event_time: EventTime | None = None
+    late_sink: Sink | None = None
 
 
 def _storage_key(conf: Configuration) -> str:
@@ -267,14 +284,25 @@ class Coordinator:
 
     # --- one batch ------------------------------------------------------------------
 
-    def process_batch(self, df: DataFrame, batch_id: int, query: str) -> BatchInfo:
+    def process_batch(
+        self, df: DataFrame, batch_id: int, query: str, *, end_of_input: bool = False
+    ) -> BatchInfo:
         """Process one micro-batch exactly once, or skip it if it was done; see the module doc."""
         spec = self.spec
+        batch_timestamp = time.time_ns() // 1_000_000
         latest = self.latest()
         skip, source = self._source(latest, batch_id, query)
         if skip:
             assert latest is not None
-            info = BatchInfo(batch_id, latest.checkpoint_id, latest.location, True, None, self.parallelism)
+            info = BatchInfo(
+                batch_id,
+                latest.checkpoint_id,
+                latest.location,
+                True,
+                None,
+                self.parallelism,
+                watermark=_watermark_of(latest),
+            )
             self._notify(info)
             return info
         if source is not None:
@@ -284,6 +312,8 @@ class Coordinator:
         with contextlib.suppress(CheckpointError):
             self.storage.begin_checkpoint(spec.job_id, n).abort()
         token = uuid.uuid4().hex
+        watermark = _watermark_of(source)
+        late_schema = df.schema if spec.event_time is not None and spec.late_sink is not None else None
         sc = self.session.sparkContext
         metadata = sc.broadcast(self.storage.read_metadata(source.location) if source else b"")
         plan = TaskPlan(
@@ -305,6 +335,11 @@ class Coordinator:
             output_schema=spec.output_schema,
             timezone=self.timezone,
             spark_local_dir=self.local_dir,
+            event_time=spec.event_time,
+            watermark=watermark,
+            batch_timestamp_ms=batch_timestamp,
+            end_of_input=end_of_input,
+            late_schema=late_schema,
         )
         routed = route(
             df,
@@ -314,27 +349,40 @@ class Coordinator:
             max_parallelism=self.max_parallelism,
             route_values=self.route_values,
         )
-        processed = routed.mapInArrow(make_task(plan, metadata), internal_schema(spec.output_schema))
+        processed = routed.mapInArrow(
+            make_task(plan, metadata), internal_schema(spec.output_schema, late_schema)
+        )
         processed = processed.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             # One pass computes (and caches) every partition; the sink then reads the cache.
             rows = processed.where(F.col(HANDLE_COLUMN).isNotNull()).select(HANDLE_COLUMN).collect()
             reports = self._reports([r[0] for r in rows])
+            outputs = processed.where(F.col(HANDLE_COLUMN).isNull())
+            if late_schema is not None:
+                assert spec.late_sink is not None
+                late = outputs.where(F.col(LATE_COLUMN).isNotNull()).select(
+                    *(F.col(LATE_PREFIX + c).alias(c) for c in late_schema.names)
+                )
+                spec.late_sink(late, batch_id)
+                outputs = outputs.where(F.col(LATE_COLUMN).isNull())
             if spec.sink is not None:
-                outputs = processed.where(F.col(HANDLE_COLUMN).isNull()).select(*spec.output_schema.names)
-                spec.sink(outputs, batch_id)
+                spec.sink(outputs.select(*spec.output_schema.names), batch_id)
+            new_watermark = self._next_watermark(watermark, reports, end_of_input)
+            properties: dict[str, Any] = {
+                QUERY_PROPERTY: query,
+                BATCH_PROPERTY: batch_id,
+                TOKEN_PROPERTY: token,
+                ATTEMPTS_PROPERTY: {str(r["subtask"]): r["attempt"] for r in reports},
+            }
+            if new_watermark != MIN_WATERMARK:
+                properties[WATERMARK_PROPERTY] = new_watermark
             location = complete_checkpoint(
                 self.storage.begin_checkpoint(spec.job_id, n),
                 job_id=spec.job_id,
                 checkpoint_id=n,
                 max_parallelism=self.max_parallelism,
                 subtasks=[SubtaskState.from_json(r["state"]) for r in reports],
-                properties={
-                    QUERY_PROPERTY: query,
-                    BATCH_PROPERTY: batch_id,
-                    TOKEN_PROPERTY: token,
-                    ATTEMPTS_PROPERTY: {str(r["subtask"]): r["attempt"] for r in reports},
-                },
+                properties=properties,
             )
         finally:
             processed.unpersist()
@@ -357,9 +405,31 @@ class Coordinator:
             reused_subtasks=reused,
             restored_subtasks=len(reports) - reused,
             executor_pids=tuple(sorted({int(r["pid"]) for r in reports})),
+            late_records=sum(int(r.get("late", 0)) for r in reports),
+            timers_fired=sum(int(r.get("fired", 0)) for r in reports),
+            watermark=new_watermark,
         )
+        et = spec.event_time
+        if info.late_records and spec.late_sink is None and et is not None and et.late != "process":
+            warnings.warn(
+                f"statekit job {spec.job_id!r}, micro-batch {batch_id}: {info.late_records} late rows "
+                "(event time at or below the watermark) were counted and not processed; add "
+                "foreach_late_batch() to receive them, or EventTime(late='process')",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self._notify(info)
         return info
+
+    def _next_watermark(self, current: int, reports: list[dict[str, Any]], end_of_input: bool) -> int:
+        """The watermark the next batch runs with: the largest event time seen minus the delay."""
+        if end_of_input:
+            return MAX_WATERMARK
+        et = self.spec.event_time
+        if et is None:
+            return current
+        seen = [int(r["max_event_time"]) for r in reports if r.get("max_event_time") is not None]
+        return et.watermark(current, max(seen) if seen else None)
 
     def _reports(self, descriptions: list[str]) -> list[dict[str, Any]]:
         reports = sorted((json.loads(d) for d in descriptions), key=lambda r: int(r["subtask"]))
@@ -382,6 +452,12 @@ def _attempts(source: CompletedCheckpoint | None) -> dict[int, str]:
         return {}
     attempts = source.metadata.properties.get(ATTEMPTS_PROPERTY) or {}
     return {int(i): str(a) for i, a in attempts.items()}
+
+
+def _watermark_of(cp: CompletedCheckpoint | None) -> int:
+    if cp is None:
+        return MIN_WATERMARK
+    return int(cp.metadata.properties.get(WATERMARK_PROPERTY, MIN_WATERMARK))
 
 
 def _origin(props: dict[str, Any]) -> str:

@@ -9,7 +9,13 @@ and random per batch run); the driver records in each checkpoint which attempt
 wrote each subtask's snapshot, and a later task reuses an entry only if it was
 made by that very attempt. A failed or killed task therefore leaves nothing
 behind, a retried task restores from the checkpoint storage, and stale local
-state is never used."""
+state is never used.
+
+Timers fire at the end of each task, after its rows: event-time timers at or
+below the batch's watermark (computed by the driver from earlier batches, as
+Spark does), processing-time timers at or below the batch's timestamp. Rows at
+or below the watermark are late: counted, and handed to the late-records sink
+(or to the function, by policy)."""
 
 from __future__ import annotations
 
@@ -39,19 +45,38 @@ from .._contracts import (
     SupportsNativeSnapshot,
 )
 from .._errors import CheckpointError
-from .._function import KeyedProcessFunction, ProcessContext, RuntimeContext
+from .._function import (
+    KeyedProcessFunction,
+    OnTimerContext,
+    ProcessContext,
+    RuntimeContext,
+    timer_service_for,
+)
 from .._keygroups import key_group_range_for_operator
 from .._operator import OperatorSnapshot
 from .._registry import default_registry
 from .._runner import checkpoint_storage_from_config, state_backend_from_config
 from .._serializers import TypeSerializer
 from .._ttl import system_clock
+from ..timers import MAX_WATERMARK, MIN_WATERMARK, EventTime, LatePolicy, TimeDomain, TimerService
 from ._routing import MARKER_COLUMN, SUBTASK_COLUMN
 
-__all__ = ["HANDLE_COLUMN", "TaskPlan", "internal_schema", "make_task", "reset_cache"]
+__all__ = [
+    "HANDLE_COLUMN",
+    "LATE_COLUMN",
+    "LATE_PREFIX",
+    "TaskPlan",
+    "internal_schema",
+    "make_task",
+    "reset_cache",
+]
 
 #: The column of the internal output that carries each subtask's snapshot description.
 HANDLE_COLUMN = "__statekit_handle"
+#: True on the internal output's late rows (present only with a late-records sink).
+LATE_COLUMN = "__statekit_late"
+#: Late rows carry the input column ``c`` as ``LATE_PREFIX + c``.
+LATE_PREFIX = "__statekit_late_"
 _FLUSH_ROWS = 8192
 
 
@@ -77,11 +102,22 @@ class TaskPlan:
     output_schema: T.StructType
     timezone: str | None = None
     spark_local_dir: str | None = None
+    event_time: EventTime | None = None
+    watermark: int = MIN_WATERMARK
+    batch_timestamp_ms: int = 0
+    end_of_input: bool = False
+    late_schema: T.StructType | None = None
+    """The input schema, when late rows go to a late-records sink."""
 
 
-def internal_schema(output_schema: T.StructType) -> T.StructType:
-    """The user's output columns (made nullable) plus the handle column."""
+def internal_schema(output_schema: T.StructType, late_schema: T.StructType | None = None) -> T.StructType:
+    """The user's output columns (made nullable), late-row columns if any, then the handle column."""
     fields = [T.StructField(f.name, f.dataType, True, f.metadata) for f in output_schema.fields]
+    if late_schema is not None:
+        fields.append(T.StructField(LATE_COLUMN, T.BooleanType(), True))
+        fields += [
+            T.StructField(LATE_PREFIX + f.name, f.dataType, True, f.metadata) for f in late_schema.fields
+        ]
     return T.StructType([*fields, T.StructField(HANDLE_COLUMN, T.StringType(), True)])
 
 
@@ -94,12 +130,33 @@ class _Subtask:
     function: KeyedProcessFunction
     ctx: RuntimeContext
     pctx: ProcessContext
+    timers: TimerService
+    tctx: OnTimerContext
+    clock: _BatchClock
     token: str | None = None  # the batch whose state this is
     attempt: str | None = None  # the task attempt that made it (and wrote its snapshot)
     local_dir: str | None = None
     opened: bool = False
     records: int = 0
     outputs: int = 0
+    late: int = 0
+    fired: int = 0
+    max_event_time: int | None = None
+
+    def fire(self, domain: TimeDomain, until: int, out: _Output) -> None:
+        tctx = self.tctx
+        tctx.time_domain = domain
+        before = self.timers.fired
+        for ts, key, ns in self.timers.due(domain, until):
+            tctx.current_key = key
+            tctx.timestamp = ts
+            tctx.namespace = ns
+            result = self.function.on_timer(ts, tctx)
+            if result is not None:
+                for o in result:
+                    out.add(o)
+                    self.outputs += 1
+        self.fired += self.timers.fired - before
 
     def close(self) -> None:
         # Best effort: the subtask is being dropped, an error here must not hide the real one.
@@ -292,7 +349,21 @@ def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subta
         max_parallelism=plan.max_parallelism,
         clock=system_clock,
     )
-    st = _Subtask(plan.run_id, index, keyed, operator, plan.function_factory(), ctx, ProcessContext(ctx))
+    function = plan.function_factory()
+    clock = _BatchClock()
+    timers = timer_service_for(function, ctx, plan.key_serializer, clock)
+    st = _Subtask(
+        plan.run_id,
+        index,
+        keyed,
+        operator,
+        function,
+        ctx,
+        ProcessContext(ctx, timers),
+        timers,
+        OnTimerContext(ctx, timers),
+        clock,
+    )
     st.local_dir = local_dir
     try:
         cp = source.checkpoint()
@@ -307,6 +378,7 @@ def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subta
             )
         st.function.open(ctx)
         st.opened = True
+        timers.restore_timers()
     except BaseException:
         st.close()
         raise
@@ -319,6 +391,16 @@ def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subta
     return st, False
 
 
+class _BatchClock:
+    """Processing time on Spark: the micro-batch's timestamp, the same for every task and retry."""
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
 class _Output:
     """Collects the user's output records and turns them into Arrow batches of the internal schema."""
 
@@ -326,7 +408,10 @@ class _Output:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.names = [f.name for f in plan.output_schema.fields]
-        self.schema = to_arrow_schema(internal_schema(plan.output_schema), timezone=plan.timezone)
+        self.schema = to_arrow_schema(
+            internal_schema(plan.output_schema, plan.late_schema), timezone=plan.timezone
+        )
+        self.late_columns = [] if plan.late_schema is None else list(plan.late_schema.names)
         self.rows: list[tuple[Any, ...]] = []
         self._width = len(self.names)
         self._known = frozenset(self.names)
@@ -361,7 +446,24 @@ class _Output:
                 arrays.append(pa.array(list(values), type=typ))
             except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
                 raise TypeError(f"output column {name!r} ({typ}): {exc}") from exc
-        arrays.append(pa.nulls(len(rows), pa.string()))
+        n = len(rows)
+        for typ in self.schema.types[len(self.names) : -1]:
+            arrays.append(pa.nulls(n, typ))
+        arrays.append(pa.nulls(n, pa.string()))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def late(self, batch: Any, indices: list[int]) -> Any:
+        """The late rows ``indices`` of input ``batch``, in the internal schema."""
+        n = len(indices)
+        taken = batch.select(self.late_columns).take(pa.array(indices, pa.int64()))
+        width = len(self.names)
+        types = self.schema.types
+        arrays = [pa.nulls(n, types[i]) for i in range(width)]
+        arrays.append(pa.array([True] * n, pa.bool_()))
+        for i, col in enumerate(taken.columns):
+            typ = types[width + 1 + i]
+            arrays.append(col if col.type == typ else col.cast(typ))
+        arrays.append(pa.nulls(n, pa.string()))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
     def handles(self, descriptions: Sequence[str]) -> Any:
@@ -400,12 +502,17 @@ class _PartitionTask:
         active: dict[int, _Subtask] = {}
         reused: set[int] = set()
         done = False
+        et = plan.event_time
+        watermark = plan.watermark
+        late_to_function = et is not None and et.late is LatePolicy.PROCESS
         try:
             for batch in batches:
                 subtasks = batch.column(SUBTASK_COLUMN).to_pylist()
                 markers = batch.column(MARKER_COLUMN).to_pylist()
                 records = batch.select(list(plan.input_columns)).to_pylist()
-                for index, marker, record in zip(subtasks, markers, records):
+                times = _event_times(batch, et) if et is not None else None
+                late_rows: list[int] = []
+                for row, (index, marker, record) in enumerate(zip(subtasks, markers, records)):
                     st = active.get(index)
                     if st is None:
                         if index is None:
@@ -413,14 +520,29 @@ class _PartitionTask:
                                 f"null key in column {plan.key_column!r}: every record needs a key"
                             )
                         st, hit = _acquire(plan, index, source)
+                        st.clock.now = plan.batch_timestamp_ms
+                        st.timers.set_watermark(watermark)
                         active[index] = st
                         if hit:
                             reused.add(index)
                     if marker:
                         continue
+                    ts = None
+                    if times is not None:
+                        ts = times[row]
+                        if ts is not None:
+                            if ts <= watermark:
+                                st.late += 1
+                                if not late_to_function:
+                                    if out.late_columns:
+                                        late_rows.append(row)
+                                    continue
+                            if st.max_event_time is None or ts > st.max_event_time:
+                                st.max_event_time = ts
                     key = record[plan.key_column]
                     st.keyed.set_current_key(key)
                     st.pctx.current_key = key
+                    st.pctx.timestamp = ts
                     st.records += 1
                     result = st.function.process(record, st.pctx)
                     if result is not None:
@@ -429,6 +551,16 @@ class _PartitionTask:
                             st.outputs += 1
                     if len(out.rows) >= _FLUSH_ROWS:
                         yield out.flush()
+                if late_rows:
+                    yield out.late(batch, late_rows)
+            # The batch's time: timers due at its watermark and timestamp fire, in order per subtask.
+            fire_until = MAX_WATERMARK if plan.end_of_input else watermark
+            for _, st in sorted(active.items()):
+                st.timers.set_watermark(fire_until)
+                st.fire(TimeDomain.EVENT_TIME, fire_until, out)
+                st.fire(TimeDomain.PROCESSING_TIME, plan.batch_timestamp_ms, out)
+                if len(out.rows) >= _FLUSH_ROWS:
+                    yield out.flush()
             if out.rows:
                 yield out.flush()
             storage = _storage(plan.config)
@@ -455,6 +587,9 @@ class _PartitionTask:
                             "state": state.to_json(),
                             "records": st.records,
                             "outputs": st.outputs,
+                            "late": st.late,
+                            "fired": st.fired,
+                            "max_event_time": st.max_event_time,
                             "reused": index in reused,
                             "pid": os.getpid(),
                             "attempt": attempt,
@@ -466,6 +601,7 @@ class _PartitionTask:
             with _LOCK:
                 for index, st in active.items():
                     st.token, st.attempt, st.records, st.outputs = plan.token, attempt, 0, 0
+                    st.late, st.fired, st.max_event_time = 0, 0, None
                     _CACHE[(plan.job_id, plan.operator_id, index)] = st
             done = True
             yield out.handles(descriptions)
@@ -473,3 +609,26 @@ class _PartitionTask:
             if not done:
                 for st in active.values():
                     st.close()
+
+
+def _event_times(batch: Any, et: EventTime) -> list[int | None]:
+    """The event time of every row of ``batch`` in epoch ms (None where null)."""
+    name = et.field
+    if not isinstance(name, str):
+        raise TypeError("on Spark, EventTime(field=...) names a column")
+    col = batch.column(name)
+    typ = col.type
+    if pa.types.is_timestamp(typ):
+        raw = col.cast(pa.int64()).to_pylist()
+        unit = typ.unit
+        if unit == "ms":
+            return raw  # type: ignore[no-any-return]
+        if unit == "s":
+            return [None if v is None else v * 1000 for v in raw]
+        div = 1000 if unit == "us" else 1_000_000
+        return [None if v is None else v // div for v in raw]
+    if pa.types.is_integer(typ):
+        return col.to_pylist()  # type: ignore[no-any-return]
+    raise TypeError(
+        f"event-time column {name!r} is {typ}: use a timestamp column or epoch milliseconds as a long"
+    )
