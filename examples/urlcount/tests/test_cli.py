@@ -68,3 +68,22 @@ def test_top_urls_table():
     text = out.getvalue()
     assert "/b" in text and "/c" in text and "/a" not in text
     assert "20 requests over 4 URLs; 2 malformed lines" in text
+
+
+def test_windowed_without_logs_fails_with_a_hint(tmp_path, capsys):
+    assert main(["windowed", "--logs", str(tmp_path / "missing"), "--state", str(tmp_path / "s")]) == 2
+    assert "statekit-urlcount generate" in capsys.readouterr().out
+
+
+def test_top_windows_table():
+    from statekit_urlcount._progress import top_windows_table
+
+    rows = [
+        {"url": "/a", "window_start": 1555545600000, "window_end": 1555545660000, "requests": 3},
+        {"url": "/b", "window_start": 1555545660000, "window_end": 1555545720000, "requests": 9},
+    ]
+    out = io.StringIO()
+    Console(file=out, width=200).print(top_windows_table(rows, 1))
+    text = out.getvalue()
+    assert "/b" in text and "2019-04-18T00:01:00Z - 00:02:00Z" in text and "/a" not in text
+    assert "2 windows emitted so far, 12 requests in them" in text

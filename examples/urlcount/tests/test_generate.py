@@ -99,3 +99,45 @@ def test_bad_arguments(tmp_path):
         generate_logs(tmp_path, records=10, files=0)
     with pytest.raises(ValueError):
         generate_logs(tmp_path, records=10, malformed_fraction=1.5)
+
+
+def _times(paths):
+    from statekit_urlcount import parse_timestamp
+
+    out = []
+    for p in paths:
+        for line in open(p, encoding="utf-8"):
+            try:
+                out.append(parse_timestamp(json.loads(line)["@timestamp"]))
+            except (ValueError, KeyError, TypeError):
+                out.append(None)  # malformed lines (e.g. cut short) may have no timestamp
+    return out
+
+
+def test_timestamps_mostly_increase_with_some_lines_late(tmp_path):
+    from statekit_urlcount import JITTER_SECONDS, LATE_SECONDS
+
+    r = generate_logs(tmp_path, records=6_000, files=2, late_fraction=0.02, malformed_fraction=0.0)
+    assert r.delayed == 2 * round(0.02 * 3_000) == 120
+    times = _times(r.paths)
+    assert None not in times
+    # File i is hour i of 18 April 2019 (UTC), give or take the lines stamped behind.
+    base = 1555545600000
+    assert times[0] == base and max(times) < base + 2 * 3_600_000
+    # Lines stamped behind the newest time so far: by at most the jitter, or by 1-5 minutes.
+    newest, behind = base, []
+    for t in times:
+        if t < newest:
+            behind.append(newest - t)
+        newest = max(newest, t)
+    far = [b for b in behind if b > JITTER_SECONDS * 1000]
+    assert 100 <= len(far) <= 120  # the delayed lines (a few land where the jitter hides them)
+    assert max(far) <= (LATE_SECONDS[1] + JITTER_SECONDS) * 1000
+    assert len(behind) < len(times) / 2  # mostly increasing
+
+
+def test_late_fraction_zero_and_bad(tmp_path):
+    r = generate_logs(tmp_path / "a", records=1_000, files=1, late_fraction=0.0)
+    assert r.delayed == 0
+    with pytest.raises(ValueError):
+        generate_logs(tmp_path / "b", records=10, late_fraction=-0.1)

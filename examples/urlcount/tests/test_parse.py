@@ -27,7 +27,11 @@ SEED_LINE = (
 
 def test_the_seed_record():
     assert parse_line(SEED_LINE) == AccessRecord(
-        url="/api/a", timestamp="18/Apr/2019:00:00:00", remote_addr="127.0.0.1", request="GET"
+        url="/api/a",
+        timestamp="18/Apr/2019:00:00:00",
+        remote_addr="127.0.0.1",
+        request="GET",
+        time_ms=1555545600000,
     )
 
 

@@ -1,9 +1,10 @@
-"""The ``statekit-urlcount`` command: ``generate``, ``run`` and ``demo``.
+"""The ``statekit-urlcount`` command: ``generate``, ``run``, ``windowed`` and ``demo``.
 
 ::
 
     statekit-urlcount generate --out logs --records 100000
     statekit-urlcount run --logs logs --state state
+    statekit-urlcount windowed --logs logs --state windowed-state --delay "10 seconds"
     statekit-urlcount demo                 # generate, run, add logs, resume, check
 """
 
@@ -21,8 +22,9 @@ from rich.console import Console
 
 from ._generate import GenerateResult, generate_logs
 from ._job import JobSettings, RunReport, run_job
-from ._progress import ProgressDisplay, top_urls_table
+from ._progress import ProgressDisplay, top_urls_table, top_windows_table
 from ._session import local_spark_session
+from ._windowed import WindowedSettings, format_time_ms, read_output, run_windowed_job
 
 __all__ = ["DemoReport", "build_parser", "demo", "main", "next_file_index"]
 
@@ -47,6 +49,9 @@ def _add_generate_options(p: argparse.ArgumentParser, *, records: int, files: in
     p.add_argument("--urls", type=int, default=1000, help="distinct URLs (default 1000)")
     p.add_argument(
         "--malformed", type=float, default=0.001, help="fraction of malformed lines (default 0.001)"
+    )
+    p.add_argument(
+        "--late", type=float, default=0.01, help="fraction of lines stamped 1-5 minutes late (default 0.01)"
     )
     p.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
 
@@ -90,6 +95,28 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", default=None, help="counts and dead letters (default <state>/output)")
     _add_run_options(r)
 
+    w = sub.add_parser(
+        "windowed",
+        help="count requests per URL per minute of @timestamp, late lines to a side output, resuming",
+    )
+    w.add_argument("--logs", default="logs", help="directory of log files (default ./logs)")
+    w.add_argument(
+        "--state",
+        default="urlcount-windowed-state",
+        help="checkpoints and output (default ./urlcount-windowed-state)",
+    )
+    w.add_argument(
+        "--output", default=None, help="windows, late lines and dead letters (default <state>/output)"
+    )
+    w.add_argument("--window", default="1 minute", help="tumbling window size (default '1 minute')")
+    w.add_argument(
+        "--delay",
+        default="10 seconds",
+        help="allowed out-of-orderness: the watermark trails the newest @timestamp by this "
+        "(default '10 seconds')",
+    )
+    _add_run_options(w)
+
     d = sub.add_parser("demo", help="generate logs, run, add more logs, resume from the checkpoint, check")
     d.add_argument(
         "--workdir", default="urlcount-demo", help="the demo's directory (default ./urlcount-demo)"
@@ -108,7 +135,8 @@ def _plural(n: int, word: str) -> str:
 def _print_generated(console: Console, result: GenerateResult, where: str) -> None:
     console.print(
         f"wrote {_plural(result.lines, 'line')} in {_plural(len(result.paths), 'file')} to {where} "
-        f"({result.malformed_total:,} malformed, {len(result.counts):,} URLs)",
+        f"({result.malformed_total:,} malformed, {result.delayed:,} stamped late, "
+        f"{len(result.counts):,} URLs)",
         highlight=False,
     )
 
@@ -122,6 +150,7 @@ def _generate(args: argparse.Namespace, console: Console) -> int:
         first_file=first,
         n_urls=args.urls,
         malformed_fraction=args.malformed,
+        late_fraction=args.late,
         seed=args.seed,
     )
     _print_generated(console, result, args.out)
@@ -163,6 +192,39 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     settings = _settings(args, args.logs, args.state, args.output)
     report = _run_once(args, console, settings, "run")
     console.print(top_urls_table(report.state, args.top))
+    return 0
+
+
+def _windowed(args: argparse.Namespace, console: Console) -> int:
+    if not os.path.isdir(args.logs):
+        console.print(f"statekit-urlcount: no log directory {args.logs!r}; try `statekit-urlcount generate`")
+        return 2
+    settings = WindowedSettings(
+        logs_dir=args.logs,
+        state_dir=args.state,
+        output_dir=args.output,
+        files_per_trigger=args.files_per_trigger,
+        parallelism=args.parallelism,
+        backend=args.backend,
+        window=args.window,
+        delay=args.delay,
+    )
+    spark = local_spark_session(master=args.master)
+    try:
+        with ProgressDisplay(console, settings, title="windowed", enabled=not args.no_progress) as display:
+            report = run_windowed_job(spark, settings, on_batch=display.on_batch, on_poll=display.on_poll)
+    finally:
+        spark.stop()
+    verb = "resumed from its checkpoint and read" if report.resumed else "read"
+    console.print(
+        f"windowed: {verb} {_plural(report.records, 'new line')} in {_plural(len(report.batches), 'batch')}, "
+        f"{report.seconds:.1f} s; emitted {_plural(report.windows, 'window')} to {settings.windows_dir}; "
+        f"{report.late:,} late lines written to {settings.late_dir}; {report.malformed:,} malformed lines "
+        f"written to {settings.dead_letter_dir}; watermark now {format_time_ms(report.watermark)} (windows "
+        "ending after it are emitted when newer logs move it on)",
+        highlight=False,
+    )
+    console.print(top_windows_table(read_output(settings.windows_dir), args.top))
     return 0
 
 
@@ -228,6 +290,7 @@ def demo(args: argparse.Namespace, console: Console) -> DemoReport:
             first_file=first_file,
             n_urls=args.urls,
             malformed_fraction=args.malformed,
+            late_fraction=args.late,
             seed=args.seed,
         )
 
@@ -313,6 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _generate(args, console)
     if args.command == "run":
         return _run(args, console)
+    if args.command == "windowed":
+        return _windowed(args, console)
     return 0 if demo(args, console).ok else 1
 
 

@@ -1,15 +1,24 @@
-"""The job's keyed functions: a count per URL, and the same with a dead-letter path.
+"""The jobs' keyed functions: a count per URL (plain, and with a dead-letter path), and
+requests per URL per event-time window.
 
-Both run unchanged on the embedded :class:`~statekit.LocalRunner` and on Spark
+All run unchanged on the embedded :class:`~statekit.LocalRunner` and on Spark
 through :mod:`statekit.spark`.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from statekit import KeyedProcessFunction, ProcessContext, RuntimeContext, ValueStateDescriptor
+from statekit import (
+    AggregateFunction,
+    KeyedProcessFunction,
+    ProcessContext,
+    RuntimeContext,
+    ValueStateDescriptor,
+)
+from statekit.windows import TimeWindow, TumblingEventTimeWindows, WindowedAggregate
 
 from ._parse import MALFORMED_KEY
 
@@ -17,8 +26,11 @@ __all__ = [
     "COUNT_STATE",
     "JOB_OUTPUT_SCHEMA",
     "OUTPUT_SCHEMA",
+    "WINDOWED_OUTPUT_SCHEMA",
     "CountPerUrl",
     "CountPerUrlWithDeadLetters",
+    "CountRequests",
+    "RequestsPerUrlPerWindow",
 ]
 
 #: The keyed state both functions keep: requests so far, per key.
@@ -29,6 +41,11 @@ OUTPUT_SCHEMA = "url string, count long"
 
 #: What :class:`CountPerUrlWithDeadLetters` emits, as a Spark DDL schema.
 JOB_OUTPUT_SCHEMA = "url string, count long, reason string, line string"
+
+#: What :class:`RequestsPerUrlPerWindow` emits, as a Spark DDL schema (times in epoch ms, UTC).
+WINDOWED_OUTPUT_SCHEMA = (
+    "url string, window_start long, window_end long, requests long, reason string, line string"
+)
 
 
 class CountPerUrl(KeyedProcessFunction):
@@ -82,3 +99,66 @@ class CountPerUrlWithDeadLetters(KeyedProcessFunction):
         if key == MALFORMED_KEY:
             return ((None, n, _field(record, "reason"), _field(record, "line")),)
         return ((key, n, None, None),)
+
+
+class CountRequests(AggregateFunction[Any, int, int]):
+    """Counts the records added: the aggregate of one URL's window."""
+
+    def create_accumulator(self) -> int:
+        """No requests yet."""
+        return 0
+
+    def add(self, value: Any, accumulator: int) -> int:
+        """One more request."""
+        return accumulator + 1
+
+    def get_result(self, accumulator: int) -> int:
+        """The number of requests."""
+        return accumulator
+
+    def merge(self, a: int, b: int) -> int:
+        """Both counts."""
+        return a + b
+
+
+def _window_row(key: Any, window: TimeWindow, requests: int) -> tuple[Any, int, int, int, None, None]:
+    return (key, window.start, window.end, requests, None, None)
+
+
+class RequestsPerUrlPerWindow(WindowedAggregate):
+    """Requests per URL per tumbling event-time window (a minute by default), with a dead-letter path.
+
+    Input records carry ``url``, ``time_ms``, ``reason`` and ``line`` (see
+    :func:`~statekit_urlcount.parse_timed_line`) and run with
+    ``event_time=EventTime("time_ms", delay)``. Each URL's window is a
+    namespace of one counting state; it is emitted once, as ``(url,
+    window_start, window_end, requests, None, None)``, when the watermark
+    passes its end, and its state is cleared then. Lines at or below the
+    watermark are late: the runner counts them and hands them to its late
+    sink, so they never reach this function.
+
+    Malformed lines arrive under :data:`~statekit_urlcount.MALFORMED_KEY`
+    without an event time (so they are never late and never move the
+    watermark); they are counted in keyed state and emitted at once as
+    ``(None, None, None, malformed so far, reason, line)``, as in
+    :class:`CountPerUrlWithDeadLetters`. Outputs have :data:`WINDOWED_OUTPUT_SCHEMA`.
+
+    Args:
+        window: The window size: ms, a ``timedelta`` or ``"1 minute"``.
+    """
+
+    def __init__(self, window: int | str | dt.timedelta = "1 minute") -> None:
+        super().__init__(TumblingEventTimeWindows(window), CountRequests(), int, emit=_window_row)
+
+    def open(self, ctx: RuntimeContext) -> None:
+        """Gets the windows' counts and the malformed lines' count."""
+        super().open(ctx)
+        self.malformed = ctx.get_state(COUNT_STATE)
+
+    def process(self, record: Any, ctx: ProcessContext) -> Iterable[Any] | None:
+        """Counts a request in its URL's window; a malformed line is counted and dead-lettered."""
+        if ctx.current_key == MALFORMED_KEY:
+            n = self.malformed.value() + 1
+            self.malformed.update(n)
+            return ((None, None, None, n, _field(record, "reason"), _field(record, "line")),)
+        return super().process(record, ctx)

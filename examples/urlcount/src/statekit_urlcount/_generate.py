@@ -8,6 +8,14 @@ URLs follow a Zipf-like law (a few are hot, most are rare). A fixed fraction of
 the lines is malformed in one of several ways (see :data:`MALFORMED_KINDS`), so
 the job's dead-letter path always has something to do.
 
+Each file is one hour of traffic (file ``i`` is hour ``i`` of 18 April 2019,
+UTC), its ``@timestamp`` s mostly increasing, as nginx writes them: every line
+is up to :data:`JITTER_SECONDS` behind the line's place in the hour (requests
+finish out of order), and a fraction (``late_fraction``) is 1 to 5 minutes
+behind, as a slow request or a buffering log shipper leaves it. So the windowed
+job always meets some late lines. No line is stamped before the log's first
+second.
+
 Every file is generated from ``(seed, file index)`` alone, so the output is
 byte-for-byte reproducible, and generating files 0-3 and later files 4-5 gives
 the same files as generating 0-5 at once (the demo relies on it to append new
@@ -25,6 +33,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 __all__ = [
+    "JITTER_SECONDS",
+    "LATE_SECONDS",
     "MALFORMED_KINDS",
     "GenerateResult",
     "file_name",
@@ -43,6 +53,11 @@ MALFORMED_KINDS: tuple[str, ...] = (
     "not-an-object",  # a JSON array
     "blank",  # an empty line
 )
+
+#: Every line's ``@timestamp`` is up to this many seconds before its place in the file.
+JITTER_SECONDS = 3
+#: A late line's ``@timestamp`` is this many seconds (inclusive range) before its place.
+LATE_SECONDS = (60, 300)
 
 _BASE_TIME = datetime(2019, 4, 18)
 # nginx's month names, whatever the locale (strftime's %b is not).
@@ -73,12 +88,14 @@ class GenerateResult:
         lines: Lines written (valid plus malformed).
         counts: Valid requests per URL.
         malformed: Malformed lines per kind (see :data:`MALFORMED_KINDS`).
+        delayed: Lines stamped 1 to 5 minutes before their place (``late_fraction``).
     """
 
     paths: list[str] = field(default_factory=list)
     lines: int = 0
     counts: Counter[str] = field(default_factory=Counter)
     malformed: Counter[str] = field(default_factory=Counter)
+    delayed: int = 0
 
     @property
     def valid(self) -> int:
@@ -97,6 +114,7 @@ class GenerateResult:
             lines=self.lines + other.lines,
             counts=self.counts + other.counts,
             malformed=self.malformed + other.malformed,
+            delayed=self.delayed + other.delayed,
         )
 
 
@@ -142,6 +160,7 @@ def generate_logs(
     n_urls: int = 1000,
     zipf_s: float = 1.1,
     malformed_fraction: float = 0.001,
+    late_fraction: float = 0.01,
     seed: int = 42,
 ) -> GenerateResult:
     """Writes ``records`` log lines over ``files`` files into ``out_dir``.
@@ -156,6 +175,8 @@ def generate_logs(
         zipf_s: The Zipf exponent: URL of rank ``r`` has weight ``1 / r**s``.
         malformed_fraction: The fraction of lines that are malformed, exactly
             ``round(fraction * lines)`` per file, spread over the kinds in turn.
+        late_fraction: The fraction of lines stamped 1 to 5 minutes before their
+            place in the file, exactly ``round(fraction * lines)`` per file.
         seed: Everything is a function of the seed and the file index.
 
     Returns:
@@ -167,8 +188,8 @@ def generate_logs(
     """
     if records < 0 or files < 1 or first_file < 0 or n_urls < 1:
         raise ValueError("records >= 0, files >= 1, first_file >= 0 and n_urls >= 1 are required")
-    if not 0.0 <= malformed_fraction <= 1.0:
-        raise ValueError("malformed_fraction must be between 0 and 1")
+    if not 0.0 <= malformed_fraction <= 1.0 or not 0.0 <= late_fraction <= 1.0:
+        raise ValueError("malformed_fraction and late_fraction must be between 0 and 1")
     os.makedirs(out_dir, exist_ok=True)
     names = url_names(n_urls, seed)
     cum_weights = list(itertools.accumulate(1.0 / (r**zipf_s) for r in range(1, n_urls + 1)))
@@ -176,7 +197,8 @@ def generate_logs(
     for offset, n in enumerate(_records_per_file(records, files)):
         index = first_file + offset
         path = os.path.join(os.fspath(out_dir), file_name(index))
-        lines = _file_lines(index, n, names, cum_weights, malformed_fraction, seed, result)
+        stamps = _stamps(index, n, late_fraction, seed, result)
+        lines = _file_lines(index, n, names, cum_weights, malformed_fraction, stamps, seed, result)
         tmp = os.path.join(os.fspath(out_dir), f".{file_name(index)}.tmp")
         with open(tmp, "w", encoding="utf-8", newline="\n") as f:
             f.write("\n".join(lines))
@@ -188,12 +210,33 @@ def generate_logs(
     return result
 
 
+def _time_local(t: datetime) -> str:
+    return f"{t.day:02d}/{_MONTHS[t.month - 1]}/{t.year}:{t.hour:02d}:{t.minute:02d}:{t.second:02d}"
+
+
+def _stamps(index: int, n: int, late_fraction: float, seed: int, result: GenerateResult) -> list[str]:
+    """The ``@timestamp`` of each of file ``index``'s ``n`` lines."""
+    # A random stream of its own: the URLs, methods and malformed lines stay what they were.
+    rng = random.Random(f"time:{seed}:{index}")
+    late = set(rng.sample(range(n), round(late_fraction * n)))
+    result.delayed += len(late)
+    lo, hi = LATE_SECONDS
+    first = index * 3600
+    stamps = []
+    for i in range(n):
+        behind = rng.randint(lo, hi) if i in late else rng.randint(0, JITTER_SECONDS)
+        second = max(0, first + (i * 3600) // n - behind)
+        stamps.append(_time_local(_BASE_TIME + timedelta(seconds=second)))
+    return stamps
+
+
 def _file_lines(
     index: int,
     n: int,
     names: Sequence[str],
     cum_weights: Sequence[float],
     malformed_fraction: float,
+    stamps: Sequence[str],
     seed: int,
     result: GenerateResult,
 ) -> list[str]:
@@ -202,13 +245,9 @@ def _file_lines(
     methods = rng.choices(_METHODS, k=n)
     n_bad = round(malformed_fraction * n)
     bad = dict(zip(sorted(rng.sample(range(n), n_bad)), itertools.cycle(MALFORMED_KINDS)))
-    # Each file is one hour of traffic; timestamps increase through the file.
-    hour = _BASE_TIME + timedelta(hours=index)
-    prefix = f"{hour.day:02d}/{_MONTHS[hour.month - 1]}/{hour.year}:{hour.hour:02d}"
-    stamps = [f"{prefix}:{s // 60:02d}:{s % 60:02d}" for s in range(3600)]
     lines = []
     for i in range(n):
-        ts = stamps[(i * 3600) // n]
+        ts = stamps[i]
         addr = f"10.{rng.randrange(4)}.{rng.randrange(256)}.{rng.randrange(1, 255)}"
         kind = bad.get(i)
         if kind is None:

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from statekit import (
     CheckpointStorage,
@@ -50,8 +50,17 @@ __all__ = [
     "parse_batches",
     "read_state",
     "run_job",
+    "run_stream",
     "statekit_conf",
 ]
+
+
+class _BatchSink(Protocol):
+    batches: list[BatchStats]
+
+
+S = TypeVar("S", bound="JobSettings")
+K = TypeVar("K", bound=_BatchSink)
 
 #: The schema :func:`parse_batches` produces from Spark's text source.
 PARSED_SCHEMA = "url string, reason string, line string"
@@ -159,6 +168,10 @@ class BatchStats:
         restored_from: The checkpoint statekit's subtasks started this batch from,
             if they were restored from storage rather than kept in memory.
         skipped: The batch had been completed before a restart (nothing was redone).
+        late: The windowed job's late lines (event time at or below the watermark the
+            batch ran with), counted among ``requests`` and written to the late output.
+        windows: The windowed job's windows emitted (the watermark passed their end).
+        watermark: The windowed job's watermark for the next batch, in epoch ms.
     """
 
     batch_id: int
@@ -171,6 +184,9 @@ class BatchStats:
     checkpoint_location: str | None = None
     restored_from: str | None = None
     skipped: bool = False
+    late: int = 0
+    windows: int = 0
+    watermark: int | None = None
 
 
 @dataclass
@@ -228,6 +244,24 @@ class RunReport:
     def malformed(self) -> int:
         """Malformed lines met in this run."""
         return sum(b.malformed for b in self.batches)
+
+    @property
+    def late(self) -> int:
+        """Late lines met in this run (the windowed job)."""
+        return sum(b.late for b in self.batches)
+
+    @property
+    def windows(self) -> int:
+        """Windows emitted in this run (the windowed job)."""
+        return sum(b.windows for b in self.batches)
+
+    @property
+    def watermark(self) -> int | None:
+        """The watermark after the run's last batch (the windowed job), in epoch ms."""
+        for b in reversed(self.batches):
+            if b.watermark is not None:
+                return b.watermark
+        return None
 
 
 def checkpoint_storage(settings: JobSettings) -> CheckpointStorage:
@@ -389,6 +423,28 @@ def run_job(
     Raises:
         RuntimeError: If the query fails (malformed lines never make it fail).
     """
+    return run_stream(
+        spark,
+        settings,
+        lambda guarded: _Sink(settings, guarded),
+        build_stream,
+        on_batch=on_batch,
+        on_poll=on_poll,
+        poll_seconds=poll_seconds,
+    )
+
+
+def run_stream(
+    spark: SparkSession,
+    settings: S,
+    make_sink: Callable[[Callable[[BatchStats], None]], K],
+    build: Callable[[SparkSession, S, K], ProcessedStream],
+    *,
+    on_batch: Callable[[BatchStats], None],
+    on_poll: Callable[[Any], None],
+    poll_seconds: int,
+) -> RunReport:
+    """Runs a job's query ``availableNow``: what :func:`run_job` and the windowed job share."""
     for key, value in statekit_conf(settings).items():
         spark.conf.set(key, value)
     os.makedirs(settings.state_dir, exist_ok=True)
@@ -398,9 +454,9 @@ def run_job(
         with lock:
             on_batch(stats)
 
-    sink = _Sink(settings, guarded)
+    sink = make_sink(guarded)
     t0 = time.perf_counter()
-    query = build_stream(spark, settings, sink).start(
+    query = build(spark, settings, sink).start(
         checkpoint_location=os.path.abspath(settings.spark_checkpoint), trigger={"availableNow": True}
     )
     try:
@@ -408,7 +464,7 @@ def run_job(
             with lock:
                 on_poll(query)
     except Exception as exc:  # StreamingQueryException: say which job, keep Spark's message
-        raise RuntimeError(f"the URL-count query failed: {exc}") from exc
+        raise RuntimeError(f"the URL-count query ({settings.job_id}) failed: {exc}") from exc
     finally:
         if query.isActive:
             query.stop()

@@ -21,7 +21,7 @@ from statekit import StateError
 
 from ._job import BatchStats, JobSettings, StateSummary, checkpoint_info
 
-__all__ = ["ProgressDisplay", "top_urls_table"]
+__all__ = ["ProgressDisplay", "top_urls_table", "top_windows_table"]
 
 
 def _age(timestamp_ms: int) -> str:
@@ -49,6 +49,8 @@ class ProgressDisplay:
         self.records = 0
         self.requests = 0
         self.malformed = 0
+        self.late = 0
+        self.windows = 0
         self.last: BatchStats | None = None
         self.status = "starting"
         self.checkpoint = StateSummary()
@@ -88,6 +90,8 @@ class ProgressDisplay:
         self.records += stats.records
         self.requests += stats.requests
         self.malformed += stats.malformed
+        self.late += stats.late
+        self.windows += stats.windows
         self.last = stats
         self._refresh_checkpoint()
         if self._live is not None:
@@ -110,9 +114,15 @@ class ProgressDisplay:
         last_rate = self.last.records / self.last.seconds if self.last and self.last.seconds else 0.0
         return (
             f"batch {self.last.batch_id if self.last else '-'}: {self.records:,} records "
-            f"({self.malformed:,} malformed), {self.rate:,.0f} records/s (last batch {last_rate:,.0f}), "
+            f"({self.malformed:,} malformed{self._windowed_part()}), {self.rate:,.0f} records/s "
+            f"(last batch {last_rate:,.0f}), "
             f"state {cp.entries:,} entries, checkpoint {cp.checkpoint_id or '-'}"
         )
+
+    def _windowed_part(self) -> str:
+        if self.last is None or self.last.watermark is None:
+            return ""
+        return f", {self.late:,} late, {self.windows:,} windows emitted"
 
     def render(self) -> Panel:
         """The display's current picture."""
@@ -126,6 +136,8 @@ class ProgressDisplay:
             "records",
             f"{self.records:,}  ({self.requests:,} requests, {self.malformed:,} malformed → dead letters)",
         )
+        if self.last is not None and self.last.watermark is not None:
+            grid.add_row("windows", f"{self.windows:,} emitted, {self.late:,} late lines → late output")
         grid.add_row("records/s", f"{self.rate:,.0f}  (last batch {last_rate:,.0f})")
         grid.add_row("state size", f"{cp.entries:,} entries" if cp.location else "-")
         grid.add_row(
@@ -151,4 +163,22 @@ def top_urls_table(state: StateSummary, n: int = 10, *, title: str = "") -> Grou
         f"(dead-lettered); read from statekit checkpoint {state.location}",
         style="dim",
     )
+    return Group(table, footer)
+
+
+def top_windows_table(windows: list[dict[str, Any]], n: int = 10, *, title: str = "") -> Group:
+    """A table of the ``n`` busiest (URL, window) rows of the windowed job's output, with totals."""
+    from ._windowed import format_time_ms
+
+    total = sum(int(w["requests"]) for w in windows)
+    table = Table(title=title or f"Top {n} URL-minutes")
+    table.add_column("#", justify="right")
+    table.add_column("url")
+    table.add_column("window (UTC)")
+    table.add_column("requests", justify="right")
+    busiest = sorted(windows, key=lambda w: (-int(w["requests"]), w["window_start"], w["url"]))[:n]
+    for rank, w in enumerate(busiest, 1):
+        span = f"{format_time_ms(w['window_start'])} - {format_time_ms(w['window_end'])[11:]}"
+        table.add_row(str(rank), w["url"], span, f"{int(w['requests']):,}")
+    footer = Text(f"{len(windows):,} windows emitted so far, {total:,} requests in them", style="dim")
     return Group(table, footer)

@@ -1,0 +1,149 @@
+"""The windowed job on the LocalRunner, checked against a plain Python model of the watermark rule."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from statekit import RecordSource
+from statekit.timers import MAX_WATERMARK
+from statekit_urlcount import (
+    MALFORMED_KEY,
+    WindowedSettings,
+    generate_logs,
+    read_timed_lines,
+    windowed_local_runner,
+)
+
+MINUTE = 60_000
+DELAY = 10_000
+MEMORY = {"statekit.checkpoint.storage": "jobmanager"}
+
+
+def local_model(records, delay=DELAY, size=MINUTE):
+    """The LocalRunner's rule: the watermark is the newest event time minus ``delay``, after every record.
+
+    Returns the windows emitted after each record (``{(url, start): requests}``,
+    those whose last millisecond the watermark reached), what end of input
+    emits, and the late records.
+    """
+    watermark, newest = None, None
+    open_windows: Counter[tuple[str, int]] = Counter()
+    steps, late = [], []
+    for r in records:
+        fired = {}
+        ts = r["time_ms"]
+        if r["url"] != MALFORMED_KEY:
+            if watermark is not None and ts <= watermark:
+                late.append(r)
+            else:
+                open_windows[(r["url"], ts - ts % size)] += 1
+                if newest is None or ts > newest:
+                    newest = ts
+                    watermark = max(watermark if watermark is not None else ts - delay, ts - delay)
+                    for w in [w for w in open_windows if w[1] + size - 1 <= watermark]:
+                        fired[w] = open_windows.pop(w)
+        steps.append(fired)
+    return steps, dict(open_windows), late
+
+
+def _windows(outputs):
+    rows = [o for o in outputs if o[0] is not None]
+    emitted = {(url, start): n for url, start, _, n, _, _ in rows}
+    assert len(emitted) == len(rows), "a window was emitted twice"
+    assert all(end - start == MINUTE for _, start, end, _, _, _ in rows)
+    return emitted
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("logs")
+    gen = generate_logs(
+        out, records=6_000, files=3, n_urls=40, malformed_fraction=0.01, late_fraction=0.03, seed=5
+    )
+    return gen, list(read_timed_lines(gen.paths))
+
+
+def test_windows_are_emitted_once_when_the_watermark_passes_them(logs, tmp_path):
+    gen, records = logs
+    steps, at_end, late = local_model(records)
+    assert len(late) > 100  # the generator's delayed lines are late with a 10 s delay
+    settings = WindowedSettings(str(tmp_path), str(tmp_path), parallelism=2)
+    late_seen = []
+    runner = windowed_local_runner(settings, late_sink=late_seen.append, config=MEMORY)
+    dead = 0
+    for record, expected in zip(records, steps):
+        out = runner.process(record)
+        dead += sum(1 for o in out if o[0] is None)
+        assert _windows(out) == expected  # exactly the windows the watermark passed, at that record
+    # The end of input moves the watermark to the end of time: the open windows, once each.
+    assert _windows(runner.advance_watermark(MAX_WATERMARK)) == at_end
+    assert runner.advance_watermark(MAX_WATERMARK) == []
+    assert runner.late_records == len(late)
+    assert late_seen == late
+    assert dead == gen.malformed_total
+
+
+def test_the_whole_run_equals_the_model(logs, tmp_path):
+    gen, records = logs
+    steps, at_end, late = local_model(records)
+    expected: dict[tuple[str, int], int] = {}
+    for fired in steps:
+        expected.update(fired)
+    expected.update(at_end)
+    out, late_seen = [], []
+    runner = windowed_local_runner(
+        WindowedSettings(str(tmp_path), str(tmp_path), parallelism=2),
+        late_sink=late_seen.append,
+        sink=out.append,
+        config=MEMORY,
+    )
+    result = runner.run(records)
+    assert _windows(out) == expected
+    assert result.late_records == len(late) and late_seen == late
+    # Every valid line is in exactly one window or late.
+    assert sum(expected.values()) + len(late) == gen.valid
+    assert [o[3] for o in out if o[0] is None] == list(range(1, gen.malformed_total + 1))
+
+
+def test_windows_and_timers_survive_a_restore(logs, tmp_path):
+    gen, records = logs
+    steps, at_end, late = local_model(records)
+    expected: dict[tuple[str, int], int] = {}
+    for fired in steps:
+        expected.update(fired)
+    expected.update(at_end)
+    config = {"statekit.checkpoint.storage": "filesystem", "statekit.checkpoints.dir": str(tmp_path)}
+    settings = WindowedSettings(str(tmp_path), str(tmp_path), parallelism=2)
+    source = RecordSource(records)
+    out, late_seen = [], []
+    first = windowed_local_runner(settings, late_sink=late_seen.append, sink=out.append, config=config)
+    first.run(source, max_records=2_500)  # stops mid-hour with windows open
+    first.checkpoint()
+    first.close()
+    second = windowed_local_runner(settings, late_sink=late_seen.append, sink=out.append, config=config)
+    result = second.run(source, restore="latest")
+    assert result.restored_from is not None
+    assert _windows(out) == expected
+    assert late_seen == late
+
+
+def test_a_window_size_of_five_minutes(logs):
+    _, records = logs
+    steps, at_end, late = local_model(records, size=5 * MINUTE)
+    expected: dict[tuple[str, int], int] = {}
+    for fired in steps:
+        expected.update(fired)
+    expected.update(at_end)
+    out = []
+    runner = windowed_local_runner(
+        WindowedSettings("logs", "state", window="5 minutes"),
+        late_sink=lambda r: None,
+        sink=out.append,
+        config=MEMORY,
+    )
+    runner.run(records)
+    rows = [o for o in out if o[0] is not None]
+    assert {(u, s): n for u, s, _, n, _, _ in rows} == expected
+    assert all(e - s == 5 * MINUTE for _, s, e, _, _, _ in rows)
