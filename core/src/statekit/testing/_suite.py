@@ -50,6 +50,7 @@ from ._properties import (
 from ._reference import ReferenceCheckpointStorage, ReferenceStateBackend
 from ._semantics_snapshot import SnapshotSemantics
 from ._semantics_state import KeyedStateSemantics
+from ._semantics_timers import TimerSemantics
 from ._semantics_ttl import TtlSemantics
 from ._stateful import MACHINES, ConformanceTarget
 
@@ -260,7 +261,7 @@ class _KitFixtures(_Guarded):
         run_property(prop, target, kit_settings(steps))
 
 
-class StateBackendTests(_KitFixtures, KeyedStateSemantics, TtlSemantics, SnapshotSemantics):
+class StateBackendTests(_KitFixtures, KeyedStateSemantics, TtlSemantics, SnapshotSemantics, TimerSemantics):
     """The conformance kit for a state backend: every semantic test and every named property.
 
     Subclass it in a ``test_*.py`` module and provide ``backend_factory``::

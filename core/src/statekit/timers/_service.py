@@ -182,7 +182,8 @@ class TimerService:
     def _ns_bytes(self, namespace: Any) -> bytes:
         if namespace is VOID_NAMESPACE:
             return _VOID
-        if namespace is self._last_ns:
+        if namespace is self._last_ns or namespace == self._last_ns:
+            # Windows are new objects per record but repeat: equality, not identity, hits.
             return self._last_ns_bytes
         ser = self._ns_ser
         if ser is None:
