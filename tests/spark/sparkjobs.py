@@ -45,3 +45,51 @@ class FlakyCountUrls(CountUrls):
                     pass
                 raise RuntimeError(f"injected failure in {name}")
         return super().process(record, ctx)
+
+
+def flaky_windowed_count(marker_dir: str, seed: str = "") -> Any:
+    """A count per URL and minute (WindowedAggregate) whose first task attempts fail midway at random.
+
+    The failure comes after the task added records to windows and registered
+    timers, so a retry that kept that state would count them twice or fire a
+    timer twice. Each injected failure leaves a file in ``marker_dir`` ("" for none).
+    """
+    from statekit import AggregateFunction
+    from statekit.windows import TumblingEventTimeWindows, WindowedAggregate
+
+    class Count(AggregateFunction[Any, int, int]):
+        def create_accumulator(self) -> int:
+            return 0
+
+        def add(self, value: Any, accumulator: int) -> int:
+            return accumulator + 1
+
+        def get_result(self, accumulator: int) -> int:
+            return accumulator
+
+        def merge(self, a: int, b: int) -> int:
+            return a + b
+
+    class Flaky(WindowedAggregate):
+        def __init__(self) -> None:
+            super().__init__(TumblingEventTimeWindows("1 minute"), Count())
+            self._attempt = -1
+            self._n = 0
+
+        def process(self, record: Any, ctx: ProcessContext) -> Any:
+            from pyspark import TaskContext
+
+            tc = TaskContext.get()
+            if marker_dir and tc is not None and tc.attemptNumber() == 0:
+                if tc.taskAttemptId() != self._attempt:
+                    self._attempt, self._n = tc.taskAttemptId(), 0
+                self._n += 1
+                pick = random.Random(f"{seed}/{tc.stageId()}/{tc.partitionId()}").random() < 0.5
+                if self._n == 5 and pick:
+                    name = f"stage{tc.stageId()}-part{tc.partitionId()}-{tc.taskAttemptId()}"
+                    with open(os.path.join(marker_dir, name), "w"):
+                        pass
+                    raise RuntimeError(f"injected failure in {name}")
+            return super().process(record, ctx)
+
+    return Flaky
