@@ -34,6 +34,7 @@ from statekit import (
     CheckpointOutputStream,
     CheckpointWriter,
     ConfigurationError,
+    CorruptSnapshotError,
 )
 from statekit.backend_api import StreamStateHandle
 
@@ -44,6 +45,8 @@ __all__ = ["METADATA_FILE", "FileSystemCheckpointStorage", "find_latest_checkpoi
 
 #: The file whose presence makes a directory a completed checkpoint or savepoint.
 METADATA_FILE = "_metadata"
+#: The largest ``_metadata`` read; a larger one is refused as corrupt before it is loaded.
+MAX_METADATA_SIZE = 256 << 20
 _CHECKPOINT_DIR = re.compile(r"chk-(0|[1-9][0-9]*)")
 # Filesystems with real directories and an atomic rename; the others (object stores,
 # memory://) have neither, and a single put is what makes a file appear whole.
@@ -106,6 +109,33 @@ def _check_name(name: str) -> str:
             f"other than {METADATA_FILE}"
         )
     return name
+
+
+def _root_of(location: str) -> str:
+    """The directory a checkpoint's (its job's) or a savepoint's (its own) files must lie in."""
+    return (
+        posixpath.dirname(location) if _CHECKPOINT_DIR.fullmatch(posixpath.basename(location)) else location
+    )
+
+
+def _contained_path(base: str, relative: object) -> str | None:
+    """``base/relative`` normalized, or None if it is no plain relative path inside the allowed root.
+
+    ``base`` is the path of a checkpoint (``.../<job>/chk-<n>``: the root is the job's
+    directory) or of a savepoint (the root is the savepoint itself). Absolute paths,
+    URLs (another bucket, another scheme) and ``..`` past the root are refused.
+    """
+    if (
+        not isinstance(relative, str)
+        or not relative
+        or relative.startswith(("/", "~"))
+        or "://" in relative
+        or any(c in relative for c in ("\\", "\x00"))
+    ):
+        return None
+    root = _root_of(base)
+    path = posixpath.normpath(f"{base}/{relative}")
+    return path if path.startswith(root.rstrip("/") + "/") else None
 
 
 def _remove_tree(fs: Any, path: str) -> None:
@@ -393,7 +423,8 @@ class _Files:
         location = _location(location)
         fs, path = self.open(location)
         try:
-            return bytes(fs.cat_file(f"{path}/{METADATA_FILE}"))
+            # One bounded range read: a huge (damaged or crafted) file is refused, not loaded.
+            data = bytes(fs.cat_file(f"{path}/{METADATA_FILE}", start=0, end=MAX_METADATA_SIZE + 1))
         except (FileNotFoundError, NotADirectoryError):
             raise CheckpointNotFoundError(
                 f"no completed checkpoint or savepoint at {location}: "
@@ -401,6 +432,13 @@ class _Files:
             ) from None
         except OSError as exc:
             raise CheckpointError(f"cannot read {_join(location, METADATA_FILE)}: {exc}") from exc
+        if len(data) > MAX_METADATA_SIZE:
+            raise CorruptSnapshotError(
+                f"{_join(location, METADATA_FILE)} is larger than {MAX_METADATA_SIZE:,} bytes, the most "
+                "statekit reads; the file is damaged or was crafted (real metadata stays far smaller: "
+                "state above the inline threshold lives in files of its own)"
+            )
+        return data
 
     def resolve_handle(self, location: str, description: Mapping[str, Any]) -> StreamStateHandle:
         """Rebuilds an inline or file handle; file paths are relative to ``location``.
@@ -417,16 +455,21 @@ class _Files:
                 "this storage reads 'inline' and 'file'"
             )
         relative, size = description.get("path"), description.get("size")
-        if not isinstance(relative, str) or not relative or relative.startswith("/") or "://" in relative:
-            raise CheckpointError(f"malformed file handle {dict(description)!r} in {location}: bad path")
-        fs, base = self.open(_location(location))
-        path = posixpath.normpath(f"{base}/{relative}")
+        location = _location(location)
+        fs, base = self.open(location)
+        path = _contained_path(base, relative)
+        if path is None:
+            raise CorruptSnapshotError(
+                f"{_join(location, METADATA_FILE)}: refusing state file path {str(relative)[:200]!r}: it "
+                f"leads outside {_root_of(location)}. A checkpoint's files lie in its job's directory, a "
+                "savepoint's in its own; the metadata is damaged or was crafted, and nothing was read"
+            )
         if not isinstance(size, int) or size < 0:
             try:
                 size = int(fs.size(path))
             except FileNotFoundError:
                 raise CheckpointError(f"state file {fs.unstrip_protocol(path)} is missing") from None
-        return FileStreamHandle(fs, path, relative, size)
+        return FileStreamHandle(fs, path, str(relative), size)
 
 
 class FileSystemCheckpointStorage:
@@ -609,9 +652,7 @@ class FileSystemCheckpointStorage:
         handle.discard()
 
 
-def find_latest_checkpoint(
-    directory: str, *, storage_options: Mapping[str, Any] | None = None
-) -> str | None:
+def find_latest_checkpoint(directory: str, *, storage_options: Mapping[str, Any] | None = None) -> str | None:
     """The newest completed checkpoint in a job's directory, or in a checkpoints dir of one job.
 
     Args:
