@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._errors import ConfigurationError
+from ._secrets import redact
 
 if TYPE_CHECKING:
     from ._registry import PluginRegistry
@@ -98,7 +99,7 @@ class ConfigOption:
         value = self._convert(raw)
         if value is None:
             expected = f"one of {', '.join(self.choices)}" if self.choices else _EXPECTED[self.type]
-            raise ConfigurationError(f"invalid value {raw!r} for {key}: expected {expected}")
+            raise ConfigurationError(f"invalid value {redact(raw, key)!r} for {key}: expected {expected}")
         return value
 
     def _convert(self, raw: object) -> Any:
@@ -261,8 +262,8 @@ class Configuration:
         return len(self._values)
 
     def __repr__(self) -> str:
-        """Shows the raw values."""
-        return f"Configuration({dict(self._values)!r})"
+        """Shows the raw values, secrets redacted (see docs/configuration.md#secrets)."""
+        return f"Configuration({redact(dict(self._values))!r})"
 
     def __reduce__(self) -> tuple[type[Configuration], tuple[dict[str, object]]]:
         """Pickles as a dict: Spark ships configurations to executors; a mappingproxy does not pickle."""
