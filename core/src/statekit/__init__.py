@@ -19,6 +19,7 @@ from ._contracts import (
     StateBackend,
     SupportsBatchUpdate,
     SupportsNativeSnapshot,
+    SupportsOrphanCleanup,
 )
 from ._errors import (
     CheckpointError,
@@ -139,6 +140,7 @@ __all__ = [
     "StateTtlConfig",
     "SupportsBatchUpdate",
     "SupportsNativeSnapshot",
+    "SupportsOrphanCleanup",
     "TtlUpdateType",
     "TtlVisibility",
     "TypeSerializer",

@@ -27,6 +27,7 @@ from ._contracts import (
     KeyedStateBackend,
     OperatorStateBackend,
     SupportsNativeSnapshot,
+    SupportsOrphanCleanup,
 )
 from ._errors import (
     CheckpointError,
@@ -401,36 +402,64 @@ def discard_native_uploads(
 
 
 def apply_retention(storage: CheckpointStorage, job_id: str, retained: int) -> list[str]:
-    """Discard all but the newest ``retained`` checkpoints and unreferenced shared files.
+    """Discard all but the newest ``retained`` checkpoints, unreferenced shared files, and orphans.
 
-    Returns the discarded locations. Call it when no checkpoint is in flight.
+    Orphans are what failed checkpoints could not delete (their store was down):
+    storages that can (:class:`~statekit.SupportsOrphanCleanup`) delete them here.
+    Never raises for a failing store: what cannot be deleted now is warned of
+    and tried again after the next checkpoint. Returns the discarded locations.
+    Call it when no checkpoint is in flight.
     """
-    locations = storage.list_checkpoints(job_id)
-    if retained < 1 or len(locations) <= retained:
+    try:
+        locations = storage.list_checkpoints(job_id)
+    except StateError as e:
+        warnings.warn(f"retention skipped: {e}", RuntimeWarning, stacklevel=2)
         return []
-    drop, keep = locations[:-retained], locations[-retained:]
+    drop, keep = (locations[:-retained], locations[-retained:]) if retained >= 1 else ([], locations)
+    unreadable = False
 
-    def shared_of(loc: str) -> dict[str, dict[str, Any]]:
+    def shared_of(loc: str, *, kept: bool = False) -> dict[str, dict[str, Any]]:
+        nonlocal unreadable
         try:
             meta = CheckpointMetadata.from_bytes(storage.read_metadata(loc), loc)
-        except StateError:
-            return {}  # unreadable: its shared files stay (orphans beat deleting a kept file)
+        except StateError as e:
+            # Its shared files stay (orphans beat deleting a kept file), and while a kept
+            # one is unreadable no file can be told to be an orphan.
+            unreadable = unreadable or kept
+            if kept:
+                warnings.warn(
+                    f"retention cannot read a kept checkpoint, so it deletes no orphaned files: {e}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            return {}
         return {json.dumps(d, sort_keys=True): d for d in meta.shared_handles()}
 
-    kept: set[str] = set()
+    kept: dict[str, tuple[str, dict[str, Any]]] = {}
     for loc in keep:
-        kept |= set(shared_of(loc))
+        kept.update((key, (loc, d)) for key, d in shared_of(loc, kept=True).items())
+    done: set[str] = set(kept)
     for loc in drop:
         for key, desc in shared_of(loc).items():
-            if key not in kept:
+            if key not in done:
                 try:
                     storage.discard_shared(loc, desc)
                 except StateError as e:
-                    # The storage refused: a description pointing outside the job's shared
-                    # files (damaged or crafted metadata). Never delete it; the rest goes on.
+                    # Refused (a description pointing outside the job's shared files: damaged
+                    # or crafted metadata) or the store failed. Never deleted by force.
                     warnings.warn(f"retention left a file alone: {e}", RuntimeWarning, stacklevel=2)
-                kept.add(key)  # discard once even if several dropped checkpoints share it
-        storage.discard_checkpoint(loc)
+                done.add(key)  # discard once even if several dropped checkpoints share it
+        try:
+            storage.discard_checkpoint(loc)
+        except StateError as e:
+            warnings.warn(f"retention could not discard {loc} now: {e}", RuntimeWarning, stacklevel=2)
+    # Orphans only when every kept checkpoint's references are known: else a file
+    # only an unreadable checkpoint references would look like one.
+    if isinstance(storage, SupportsOrphanCleanup) and keep and not unreadable:
+        try:
+            storage.discard_orphans(job_id, list(kept.values()))
+        except StateError as e:
+            warnings.warn(f"retention could not delete orphans now: {e}", RuntimeWarning, stacklevel=2)
     return drop
 
 

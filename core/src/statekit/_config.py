@@ -153,6 +153,10 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "temporary directory (LocalRunner) or Spark's local directories (on Spark)."),
     ConfigOption("statekit.checkpoint.interval-records", int, 0,
         "Embedded runner: records between checkpoints; 0 turns periodic checkpoints off."),
+    ConfigOption("statekit.checkpoint.tolerable-failures", int, None,
+        "Embedded runner: checkpoints that may fail in a row; one more fails the job (as Flink's "
+        "execution.checkpointing.tolerable-failed-checkpoints). Unset: a failed checkpoint never "
+        "fails the job."),
     ConfigOption("statekit.parallelism", int, None,
         "Number of parallel subtasks; unset: the runner decides."),
     ConfigOption("statekit.max-parallelism", int, None,

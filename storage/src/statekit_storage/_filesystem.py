@@ -23,7 +23,7 @@ import os
 import posixpath
 import re
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fsspec.core import split_protocol, url_to_fs  # type: ignore[import-untyped]
@@ -38,7 +38,7 @@ from statekit import (
 )
 from statekit.backend_api import StreamStateHandle
 
-from ._handles import FileStreamHandle, InlineStreamHandle
+from ._handles import FS_ERRORS, FileStreamHandle, InlineStreamHandle
 from ._plugin import DEFAULT_INLINE_THRESHOLD
 
 __all__ = ["METADATA_FILE", "FileSystemCheckpointStorage", "find_latest_checkpoint", "parse_storage_options"]
@@ -267,7 +267,7 @@ class _FileOutputStream(_MemoryOutputStream):
         self._make_dirs = make_dirs
         self._file: Any = None
 
-    def _fail(self, exc: OSError, what: str) -> CheckpointError:
+    def _fail(self, exc: Exception, what: str) -> CheckpointError:
         return CheckpointError(f"cannot {what} state file {self._fs.unstrip_protocol(self._path)}: {exc}")
 
     def write(self, data: bytes) -> int:
@@ -283,7 +283,7 @@ class _FileOutputStream(_MemoryOutputStream):
                 self._file.write(bytes(self._buffer))
                 self._buffer = bytearray()
             self._file.write(data)
-        except OSError as exc:
+        except FS_ERRORS as exc:
             raise self._fail(exc, "write") from exc
         self._written += len(data)
         return len(data)
@@ -296,17 +296,21 @@ class _FileOutputStream(_MemoryOutputStream):
         self._closed = True
         try:
             self._file.close()
-        except OSError as exc:
+        except FS_ERRORS as exc:
             raise self._fail(exc, "write") from exc
         return FileStreamHandle(self._fs, self._path, self._name, self._written)
 
     def discard(self) -> None:
-        """Abandons the stream and deletes its file, if one was started."""
+        """Abandons the stream and deletes its file, if one was started.
+
+        Best effort: a file the failing store keeps is no checkpoint's and is
+        deleted by the cleanup after the next completed checkpoint.
+        """
         file, self._file = self._file, None
         if file is not None:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(*FS_ERRORS):
                 file.close()
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(*FS_ERRORS):
                 self._fs.rm_file(self._path)
         super().discard()
 
@@ -332,7 +336,7 @@ class _FileWriter:
             path = posixpath.normpath(f"{self._path}/{rel}")
             try:
                 self._fs.makedirs(path, exist_ok=True)
-            except OSError as exc:
+            except FS_ERRORS as exc:
                 raise CheckpointError(f"cannot create {self._fs.unstrip_protocol(path)}: {exc}") from exc
 
     def create_stream(self, name: str, *, shared: bool = False) -> CheckpointOutputStream:
@@ -355,9 +359,11 @@ class _FileWriter:
         """
         fs, meta = self._fs, f"{self._path}/{METADATA_FILE}"
         fs.invalidate_cache(self._path)
-        if fs.exists(meta):
-            raise CheckpointError(f"{self._url} is already complete; its {METADATA_FILE} is never replaced")
         try:
+            if fs.exists(meta):
+                raise CheckpointError(
+                    f"{self._url} is already complete; its {METADATA_FILE} is never replaced"
+                )
             if not self.has_directories:
                 fs.pipe_file(meta, bytes(metadata))
                 return self._url
@@ -372,10 +378,10 @@ class _FileWriter:
                         os.fsync(out.fileno())
                 fs.mv(temp, meta)
             except BaseException:
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(*FS_ERRORS):
                     fs.rm_file(temp)
                 raise
-        except OSError as exc:
+        except FS_ERRORS as exc:
             raise CheckpointError(f"cannot write {_join(self._url, METADATA_FILE)}: {exc}") from exc
         finally:
             fs.invalidate_cache(self._path)
@@ -384,13 +390,20 @@ class _FileWriter:
     def abort(self) -> None:
         """Deletes the directory of this unfinished checkpoint (never shared files).
 
+        Best effort when the store fails (an outage is often why a checkpoint is
+        aborted): what stays is no checkpoint (it has no ``_metadata``) and is
+        deleted by the cleanup after the next completed checkpoint.
+
         Raises:
             CheckpointError: If it is complete (see ``discard_checkpoint``).
         """
-        self._fs.invalidate_cache(self._path)
-        if self._fs.exists(f"{self._path}/{METADATA_FILE}"):
-            raise CheckpointError(f"{self._url} is complete; abort() deletes only unfinished ones")
-        _remove_tree(self._fs, self._path)
+        try:
+            self._fs.invalidate_cache(self._path)
+            if self._fs.exists(f"{self._path}/{METADATA_FILE}"):
+                raise CheckpointError(f"{self._url} is complete; abort() deletes only unfinished ones")
+            _remove_tree(self._fs, self._path)
+        except FS_ERRORS:
+            pass
 
 
 class _Files:
@@ -451,14 +464,24 @@ class _Files:
 
     def completed(self, job_url: str) -> list[str]:
         """Locations of the ``chk-<n>`` directories under ``job_url`` with a ``_metadata``, by n."""
+        return [_join(job_url, f"chk-{i}") for i, complete in self.checkpoint_dirs(job_url) if complete]
+
+    def checkpoint_dirs(self, job_url: str) -> list[tuple[int, bool]]:
+        """``(n, has _metadata)`` of each ``chk-<n>`` directory under ``job_url``, by n.
+
+        Raises:
+            CheckpointError: If the store fails.
+        """
         fs, path = self.open(job_url)
-        ids = sorted(int(m[1]) for n in _list_names(fs, path) if (m := _CHECKPOINT_DIR.fullmatch(n)))
-        done = []
-        for i in ids:
-            fs.invalidate_cache(f"{path}/chk-{i}")
-            if fs.exists(f"{path}/chk-{i}/{METADATA_FILE}"):
-                done.append(_join(job_url, f"chk-{i}"))
-        return done
+        try:
+            ids = sorted(int(m[1]) for n in _list_names(fs, path) if (m := _CHECKPOINT_DIR.fullmatch(n)))
+            out = []
+            for i in ids:
+                fs.invalidate_cache(f"{path}/chk-{i}")
+                out.append((i, bool(fs.exists(f"{path}/chk-{i}/{METADATA_FILE}"))))
+        except FS_ERRORS as exc:
+            raise CheckpointError(f"cannot list the checkpoints in {job_url}: {exc}") from exc
+        return out
 
     def read_metadata(self, location: str) -> bytes:
         """The ``_metadata`` bytes at ``location`` (the directory, or the file itself).
@@ -476,7 +499,7 @@ class _Files:
                 f"no completed checkpoint or savepoint at {location}: "
                 f"{_join(location, METADATA_FILE)} does not exist"
             ) from None
-        except OSError as exc:
+        except FS_ERRORS as exc:
             raise CheckpointError(f"cannot read {_join(location, METADATA_FILE)}: {exc}") from exc
         if len(data) > MAX_METADATA_SIZE:
             raise CorruptSnapshotError(
@@ -515,6 +538,8 @@ class _Files:
                 size = int(fs.size(path))
             except FileNotFoundError:
                 raise CheckpointError(f"state file {fs.unstrip_protocol(path)} is missing") from None
+            except FS_ERRORS as exc:
+                raise CheckpointError(f"cannot read state file {fs.unstrip_protocol(path)}: {exc}") from exc
         return FileStreamHandle(fs, path, str(relative), size)
 
 
@@ -625,9 +650,13 @@ class FileSystemCheckpointStorage:
     def list_jobs(self) -> list[str]:
         """The ids of the jobs with at least one completed checkpoint, sorted."""
         fs, root = self._files.open(self.checkpoints_dir)
+        try:
+            names = _list_names(fs, root)
+        except FS_ERRORS as exc:
+            raise CheckpointError(f"cannot list {self.checkpoints_dir}: {exc}") from exc
         return [
             name
-            for name in _list_names(fs, root)
+            for name in names
             if not name.startswith(".") and self._files.completed(_join(self.checkpoints_dir, name))
         ]
 
@@ -673,7 +702,7 @@ class FileSystemCheckpointStorage:
             with contextlib.suppress(FileNotFoundError):
                 fs.rm_file(f"{path}/{METADATA_FILE}")
             _remove_tree(fs, path)
-        except OSError as exc:
+        except FS_ERRORS as exc:
             raise CheckpointError(f"cannot discard {location}: {exc}") from exc
 
     def discard_shared(self, location: str, description: Mapping[str, Any]) -> None:
@@ -698,6 +727,51 @@ class FileSystemCheckpointStorage:
                 "checkpoint (in <job id>/shared/) are deleted this way"
             )
         handle.discard()
+
+    def discard_orphans(self, job_id: str, referenced: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
+        """Deletes what failed checkpoints of ``job_id`` left: see :class:`statekit.SupportsOrphanCleanup`.
+
+        That is every ``chk-<n>`` directory without ``_metadata`` older than the
+        newest completed checkpoint, and every file under ``<job id>/shared/`` that
+        no ``(location, description)`` of ``referenced`` names. Call it only when
+        no checkpoint of the job is in flight (retention does).
+
+        Raises:
+            CheckpointError: If the store fails (what was deleted so far stays deleted).
+        """
+        job = self.job_dir(job_id)
+        dirs = self._files.checkpoint_dirs(job)
+        complete = [i for i, done in dirs if done]
+        if not complete:
+            return []
+        fs, job_path = self._files.open(job)
+        keep: set[str] = set()
+        for location, description in referenced:
+            if description.get("type") == "file":
+                _, base = self._files.open(_location(location))
+                path = _contained_path(base, description.get("path"))
+                if path is not None:
+                    keep.add(path)
+        deleted: list[str] = []
+        try:
+            for i, done in dirs:
+                if not done and i < complete[-1]:
+                    _remove_tree(fs, f"{job_path}/chk-{i}")
+                    deleted.append(_join(job, f"chk-{i}"))
+            shared = f"{job_path}/shared"
+            fs.invalidate_cache(shared)
+            try:
+                files = [posixpath.normpath(str(f)) for f in fs.find(shared)]
+            except FileNotFoundError:
+                files = []
+            for path in files:
+                if path not in keep:
+                    with contextlib.suppress(FileNotFoundError):
+                        fs.rm_file(path)
+                    deleted.append(str(fs.unstrip_protocol(path)))
+        except FS_ERRORS as exc:
+            raise CheckpointError(f"cannot delete what failed checkpoints left in {job}: {exc}") from exc
+        return deleted
 
 
 def find_latest_checkpoint(directory: str, *, storage_options: Mapping[str, Any] | None = None) -> str | None:
