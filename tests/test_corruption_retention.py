@@ -178,3 +178,42 @@ def test_a_truncated_metadata_file_is_corrupt(tmp_path: Path) -> None:
     meta.write_bytes(meta.read_bytes()[:-7])
     with pytest.raises(CorruptSnapshotError, match="_metadata"):
         make_runner(tmp_path / "ckpt").restore("latest")
+
+
+def test_retention_deletes_what_failed_checkpoints_left_but_nothing_a_kept_checkpoint_needs(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint that failed while its store was down could not delete its files: the next cleanup does."""
+    storage = FileSystemCheckpointStorage(str(tmp_path / "ckpt"), inline_threshold=0)
+    backend = HeapKeyedStateBackend(
+        key_serializer=StrSerializer(), key_group_range=KeyGroupRange(0, 127), max_parallelism=128
+    )
+
+    def checkpoint(cid: int, shared: list[str], *, complete: bool = True) -> None:
+        writer = storage.begin_checkpoint("job", cid)
+        st = SubtaskState("op", 0, backend.key_group_range)
+        st.keyed = {"shared": []}
+        for name in shared:
+            out = writer.create_stream(name, shared=True)
+            out.write(name.encode())
+            st.keyed["shared"].append(out.close_and_get_handle().to_json())
+        leftover = writer.create_stream("op-0.keyed")
+        leftover.write(b"x")
+        leftover.close_and_get_handle()
+        if complete:
+            complete_checkpoint(writer, job_id="job", checkpoint_id=cid, max_parallelism=128, subtasks=[st])
+
+    job = tmp_path / "ckpt" / "job"
+    checkpoint(1, ["a"])
+    checkpoint(2, ["b"], complete=False)  # failed: chk-2/ and shared/b stay behind
+    (job / "chk-9").mkdir()  # newer than every completed one: maybe in flight, never touched
+    checkpoint(3, ["c"])
+    assert sorted(p.name for p in (job / "shared").iterdir()) == ["a", "b", "c"]
+    (job / "chk-3" / "_metadata").write_bytes(b"damaged")  # a kept checkpoint we cannot read
+    with pytest.warns(RuntimeWarning):
+        apply_retention(storage, "job", 2)
+    assert sorted(p.name for p in (job / "shared").iterdir()) == ["a", "b", "c"]  # so no orphan is sure
+    checkpoint(4, ["d"])
+    apply_retention(storage, "job", 1)
+    assert sorted(p.name for p in job.iterdir()) == ["chk-4", "chk-9", "shared", "taskowned"]
+    assert sorted(p.name for p in (job / "shared").iterdir()) == ["d"]

@@ -131,12 +131,13 @@ class NativeRestoreLosesKeyGroup(ReferenceKeyedStateBackend):
     """Its native restore skips the first key group of every handle."""
 
     def restore_native(self, handles: Sequence[Any]) -> None:
+        # Narrows the range rather than dropping the block's offset: core checks offsets
+        # against the file's index, so only a backend's own bookkeeping can lose it unnoticed.
         first = min((int(kg) for h in handles for kg in h.meta["offsets"]), default=None)
         handles = [
-            dataclasses.replace(
-                h,
-                meta={**h.meta, "offsets": {k: o for k, o in h.meta["offsets"].items() if int(k) != first}},
-            )
+            dataclasses.replace(h, key_group_range=KeyGroupRange.of(first + 1, h.key_group_range.end))
+            if first is not None and first in h.key_group_range
+            else h
             for h in handles
         ]
         super().restore_native(handles)

@@ -120,3 +120,29 @@ def test_hdfs_without_hadoop_points_to_the_readme() -> None:
     pytest.importorskip("pyarrow.fs")
     with pytest.raises(ConfigurationError, match="cannot open hdfs://.*JAVA_HOME.*README"):
         FileSystemCheckpointStorage("hdfs://127.0.0.1:1/checkpoints")
+
+
+def test_secret_storage_options_merge_and_env_references_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
+    from statekit_storage._filesystem import parse_storage_options
+
+    monkeypatch.setenv("STATEKIT_TEST_TOKEN", "from-the-environment")
+    options = parse_storage_options(
+        '{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}, "anon": false}',
+        "filesystem",
+        '{"client_kwargs": {"region_name": "x"}, "token": "${env:STATEKIT_TEST_TOKEN}",'
+        ' "list": ["${env:STATEKIT_TEST_TOKEN}"]}',
+    )
+    assert options == {
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9", "region_name": "x"},
+        "anon": False,
+        "token": "from-the-environment",
+        "list": ["from-the-environment"],
+    }
+    assert parse_storage_options('{"a": "not ${env:STATEKIT_TEST_TOKEN}"}', "filesystem") == {
+        "a": "not ${env:STATEKIT_TEST_TOKEN}"  # only a whole value refers to a variable
+    }
+    monkeypatch.delenv("STATEKIT_TEST_TOKEN")
+    with pytest.raises(
+        ConfigurationError, match="environment variable STATEKIT_TEST_TOKEN, which is not set"
+    ):
+        parse_storage_options(None, "filesystem", '{"token": "${env:STATEKIT_TEST_TOKEN}"}')

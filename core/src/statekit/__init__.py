@@ -19,6 +19,7 @@ from ._contracts import (
     StateBackend,
     SupportsBatchUpdate,
     SupportsNativeSnapshot,
+    SupportsOrphanCleanup,
 )
 from ._errors import (
     CheckpointError,
@@ -142,6 +143,7 @@ __all__ = [
     "StateTtlConfig",
     "SupportsBatchUpdate",
     "SupportsNativeSnapshot",
+    "SupportsOrphanCleanup",
     "TimeDomain",
     "TimerService",
     "TtlUpdateType",

@@ -15,8 +15,9 @@ import contextlib
 import json
 import struct
 import time
+import warnings
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,11 +27,13 @@ from ._contracts import (
     KeyedStateBackend,
     OperatorStateBackend,
     SupportsNativeSnapshot,
+    SupportsOrphanCleanup,
 )
 from ._errors import (
     CheckpointError,
     CorruptSnapshotError,
     MaxParallelismMismatchError,
+    StateError,
     StateMigrationError,
     StateSizeLimitError,
 )
@@ -88,8 +91,8 @@ class SubtaskState:
         s, e = obj["key_group_range"]
         return cls(
             str(obj["operator_id"]),
-            int(obj["subtask_index"]),
-            KeyGroupRange.of(int(s), int(e)),
+            _typed(obj["subtask_index"], int, "subtask_index"),
+            KeyGroupRange.of(_typed(s, int, "key group"), _typed(e, int, "key group")),
             obj.get("keyed"),
             obj.get("operator"),
             list(obj.get("states") or []),
@@ -158,7 +161,14 @@ def write_subtask_state(
             except BaseException:
                 stream.discard()
                 raise
-            result.operator = {"handle": oh.to_json(), "size": len(data), "states": sorted(ops)}
+            # The CRC binds the entry to these bytes: a handle pointing at another subtask's
+            # (valid) file is caught on restore, not silently read.
+            result.operator = {
+                "handle": oh.to_json(),
+                "size": len(data),
+                "states": sorted(ops),
+                "crc32": zlib.crc32(data),
+            }
     return result
 
 
@@ -224,12 +234,13 @@ class CheckpointMetadata:
 
     def shared_handles(self) -> list[dict[str, Any]]:
         """Descriptions of the shared files this checkpoint references."""
-        out = []
+        out: list[dict[str, Any]] = []
         for subtasks in self.operators.values():
             for st in subtasks:
                 for part in (st.keyed, st.operator):
-                    if part:
-                        out.extend(part.get("shared", []))
+                    shared = part.get("shared") if isinstance(part, dict) else None
+                    if isinstance(shared, list):
+                        out.extend(d for d in shared if isinstance(d, dict))
         return out
 
     def to_bytes(self) -> bytes:
@@ -253,28 +264,92 @@ class CheckpointMetadata:
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str = "_metadata") -> CheckpointMetadata:
-        """Parse and check metadata bytes."""
+        """Parse and check metadata bytes.
+
+        Everything a restore relies on is checked here, so a damaged or crafted
+        file is refused before any state is read: the checksum, the version, the
+        JSON's shape, and that each operator's subtasks are ``0..p-1`` owning
+        exactly the key groups Flink's formula gives them.
+
+        Raises:
+            CorruptSnapshotError: Naming ``where``, if anything is wrong.
+        """
         if len(data) < len(_MAGIC) + 4 or data[: len(_MAGIC)] != _MAGIC:
             raise CorruptSnapshotError(f"{where}: not a statekit checkpoint metadata file")
         body = data[len(_MAGIC) : -4]
         if zlib.crc32(body) != _U32.unpack(data[-4:])[0]:
             raise CorruptSnapshotError(f"{where}: checksum mismatch; the metadata file is corrupt")
-        obj = json.loads(body)
-        if obj.get("version") != METADATA_VERSION:
-            raise CheckpointError(f"{where}: metadata version {obj.get('version')} is not supported")
-        return cls(
-            job_id=obj["job_id"],
-            checkpoint_id=int(obj["checkpoint_id"]),
-            max_parallelism=int(obj["max_parallelism"]),
-            operators={
-                op: sorted((SubtaskState.from_json(s) for s in sts), key=lambda s: s.subtask_index)
-                for op, sts in obj["operators"].items()
-            },
-            kind=obj.get("kind", "checkpoint"),
-            backend=obj.get("backend", ""),
-            timestamp_ms=int(obj.get("timestamp_ms", 0)),
-            properties=dict(obj.get("properties") or {}),
-        )
+        try:
+            obj = json.loads(body)
+            version = obj.get("version")
+            if not isinstance(version, int) or not 1 <= version <= METADATA_VERSION:
+                raise CorruptSnapshotError(
+                    f"{where}: metadata version {version!r} is not one this statekit reads "
+                    f"(1 to {METADATA_VERSION}); a newer statekit wrote it (upgrade), or the file is corrupt"
+                )
+            meta = cls(
+                job_id=_typed(obj["job_id"], str, "job_id"),
+                checkpoint_id=_typed(obj["checkpoint_id"], int, "checkpoint_id"),
+                max_parallelism=_typed(obj["max_parallelism"], int, "max_parallelism"),
+                operators={
+                    _typed(op, str, "operator id"): sorted(
+                        (SubtaskState.from_json(_typed(s, dict, "subtask")) for s in _typed(sts, list, op)),
+                        key=lambda s: s.subtask_index,
+                    )
+                    for op, sts in _typed(obj["operators"], dict, "operators").items()
+                },
+                kind=_typed(obj.get("kind", "checkpoint"), str, "kind"),
+                backend=_typed(obj.get("backend", ""), str, "backend"),
+                timestamp_ms=_typed(obj.get("timestamp_ms", 0), int, "timestamp_ms"),
+                properties=_typed(obj.get("properties") or {}, dict, "properties"),
+            )
+            meta._check_layout()
+        except CorruptSnapshotError as e:
+            if str(e).startswith(where):
+                raise
+            raise CorruptSnapshotError(f"{where}: {e}") from None
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as e:
+            # RecursionError: JSON nested too deeply for the parser (a crafted file).
+            raise CorruptSnapshotError(
+                f"{where}: malformed metadata ({type(e).__name__}: {str(e)[:200]}); the file is corrupt"
+            ) from None
+        return meta
+
+    def _check_layout(self) -> None:
+        """Refuse subtask lists and key-group ranges a runner could not have written."""
+        if self.checkpoint_id < 0 or not 1 <= self.max_parallelism <= 32768:
+            raise CorruptSnapshotError(
+                f"checkpoint id {self.checkpoint_id} or max parallelism {self.max_parallelism} "
+                "is out of range"
+            )
+        for op, sts in self.operators.items():
+            p = len(sts)
+            if [s.subtask_index for s in sts] != list(range(p)) or p > self.max_parallelism:
+                raise CorruptSnapshotError(
+                    f"operator {op!r}: subtasks {[s.subtask_index for s in sts]} are not 0..{p - 1}"
+                )
+            for st in sts:
+                for part in (st.keyed, st.operator):
+                    if part is not None and not isinstance(part, dict):
+                        raise CorruptSnapshotError(
+                            f"operator {op!r} subtask {st.subtask_index}: malformed entry"
+                        )
+                if st.keyed is None:
+                    continue
+                want = key_group_range_for_operator(self.max_parallelism, p, st.subtask_index)
+                if st.key_group_range != want:
+                    # A narrower range would silently restore only part of the key groups.
+                    raise CorruptSnapshotError(
+                        f"operator {op!r} subtask {st.subtask_index} of {p} claims key groups "
+                        f"{st.key_group_range}, but owns {want} at max parallelism {self.max_parallelism}"
+                    )
+
+
+def _typed(value: Any, kind: type[Any], what: str) -> Any:
+    """``value`` if it is a ``kind`` (a bool is no int here), else a CorruptSnapshotError."""
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise CorruptSnapshotError(f"{what} is {type(value).__name__}, expected {kind.__name__}")
+    return value
 
 
 def complete_checkpoint(
@@ -327,31 +402,64 @@ def discard_native_uploads(
 
 
 def apply_retention(storage: CheckpointStorage, job_id: str, retained: int) -> list[str]:
-    """Discard all but the newest ``retained`` checkpoints and unreferenced shared files.
+    """Discard all but the newest ``retained`` checkpoints, unreferenced shared files, and orphans.
 
-    Returns the discarded locations. Call it when no checkpoint is in flight.
+    Orphans are what failed checkpoints could not delete (their store was down):
+    storages that can (:class:`~statekit.SupportsOrphanCleanup`) delete them here.
+    Never raises for a failing store: what cannot be deleted now is warned of
+    and tried again after the next checkpoint. Returns the discarded locations.
+    Call it when no checkpoint is in flight.
     """
-    locations = storage.list_checkpoints(job_id)
-    if retained < 1 or len(locations) <= retained:
+    try:
+        locations = storage.list_checkpoints(job_id)
+    except StateError as e:
+        warnings.warn(f"retention skipped: {e}", RuntimeWarning, stacklevel=2)
         return []
-    drop, keep = locations[:-retained], locations[-retained:]
+    drop, keep = (locations[:-retained], locations[-retained:]) if retained >= 1 else ([], locations)
+    unreadable = False
 
-    def shared_of(loc: str) -> dict[str, dict[str, Any]]:
+    def shared_of(loc: str, *, kept: bool = False) -> dict[str, dict[str, Any]]:
+        nonlocal unreadable
         try:
             meta = CheckpointMetadata.from_bytes(storage.read_metadata(loc), loc)
-        except (CheckpointError, CorruptSnapshotError):
+        except StateError as e:
+            # Its shared files stay (orphans beat deleting a kept file), and while a kept
+            # one is unreadable no file can be told to be an orphan.
+            unreadable = unreadable or kept
+            if kept:
+                warnings.warn(
+                    f"retention cannot read a kept checkpoint, so it deletes no orphaned files: {e}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             return {}
         return {json.dumps(d, sort_keys=True): d for d in meta.shared_handles()}
 
-    kept: set[str] = set()
+    kept: dict[str, tuple[str, dict[str, Any]]] = {}
     for loc in keep:
-        kept |= set(shared_of(loc))
+        kept.update((key, (loc, d)) for key, d in shared_of(loc, kept=True).items())
+    done: set[str] = set(kept)
     for loc in drop:
         for key, desc in shared_of(loc).items():
-            if key not in kept:
-                storage.discard_shared(loc, desc)
-                kept.add(key)  # discard once even if several dropped checkpoints share it
-        storage.discard_checkpoint(loc)
+            if key not in done:
+                try:
+                    storage.discard_shared(loc, desc)
+                except StateError as e:
+                    # Refused (a description pointing outside the job's shared files: damaged
+                    # or crafted metadata) or the store failed. Never deleted by force.
+                    warnings.warn(f"retention left a file alone: {e}", RuntimeWarning, stacklevel=2)
+                done.add(key)  # discard once even if several dropped checkpoints share it
+        try:
+            storage.discard_checkpoint(loc)
+        except StateError as e:
+            warnings.warn(f"retention could not discard {loc} now: {e}", RuntimeWarning, stacklevel=2)
+    # Orphans only when every kept checkpoint's references are known: else a file
+    # only an unreadable checkpoint references would look like one.
+    if isinstance(storage, SupportsOrphanCleanup) and keep and not unreadable:
+        try:
+            storage.discard_orphans(job_id, list(kept.values()))
+        except StateError as e:
+            warnings.warn(f"retention could not delete orphans now: {e}", RuntimeWarning, stacklevel=2)
     return drop
 
 
@@ -367,6 +475,19 @@ class CompletedCheckpoint:
     def checkpoint_id(self) -> int:
         """The checkpoint's id (savepoints carry the id of the checkpoint they follow)."""
         return self.metadata.checkpoint_id
+
+    @contextlib.contextmanager
+    def _parsing(self, operator_id: str, subtask_index: int) -> Iterator[None]:
+        """Turn a malformed metadata entry (a crafted or damaged file) into a CorruptSnapshotError."""
+        try:
+            yield
+        except StateError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+            raise CorruptSnapshotError(
+                f"{self.location}/_metadata: malformed entry of operator {operator_id!r} subtask "
+                f"{subtask_index} ({type(e).__name__}: {str(e)[:200]}); the file is corrupt"
+            ) from None
 
     def validate(
         self,
@@ -418,18 +539,22 @@ class CompletedCheckpoint:
                     f"backend restores: set statekit.backend={k.get('backend')}, or restore a savepoint "
                     "(savepoints are canonical and restore into any backend)"
                 )
-            stream = self.storage.resolve_handle(self.location, k["handle"])
-            offsets = {int(kg): (int(o), int(n)) for kg, (o, n) in k["offsets"].items()}
-            h = KeyedStateHandle(
-                stream,
-                st.key_group_range,
-                offsets,
-                int(k["header_length"]),
-                k.get("format", CANONICAL_FORMAT),
-                k.get("backend", ""),
-                int(k.get("size", 0)),
-                int(k.get("entries", 0)),
-            )
+            with self._parsing(operator_id, st.subtask_index):
+                stream = self.storage.resolve_handle(self.location, _typed(k["handle"], dict, "handle"))
+                offsets = {
+                    _typed(int(kg), int, "key group"): (_typed(o, int, "offset"), _typed(n, int, "length"))
+                    for kg, (o, n) in _typed(k["offsets"], dict, "offsets").items()
+                }
+                h = KeyedStateHandle(
+                    stream,
+                    st.key_group_range,
+                    offsets,
+                    int(k["header_length"]),
+                    str(k.get("format", CANONICAL_FORMAT)),
+                    str(k.get("backend", "")),
+                    int(k.get("size", 0)),
+                    int(k.get("entries", 0)),
+                )
             part = h.intersect(key_groups)
             if part is not None:
                 out.append(part)
@@ -446,9 +571,11 @@ class CompletedCheckpoint:
                 raise CheckpointError(
                     f"{self.location}: operator {operator_id!r} subtask {st.subtask_index} is not native"
                 )
-            h = NativeStateHandle.from_json(
-                k["native"], lambda d: self.storage.resolve_handle(self.location, d)
-            )
+            with self._parsing(operator_id, st.subtask_index):
+                h = NativeStateHandle.from_json(
+                    _typed(k["native"], dict, "native"),
+                    lambda d: self.storage.resolve_handle(self.location, _typed(d, dict, "handle")),
+                )
             part = h.intersect(key_groups)
             if part is not None:
                 out.append(part)
@@ -459,8 +586,19 @@ class CompletedCheckpoint:
         old: list[OperatorSnapshot | None] = []
         for st in self.metadata.operators.get(operator_id, []):
             if st.operator:
-                h = self.storage.resolve_handle(self.location, st.operator["handle"])
-                old.append(decode_operator_snapshot(h.read(), _describe(h)))
+                with self._parsing(operator_id, st.subtask_index):
+                    h = self.storage.resolve_handle(
+                        self.location, _typed(st.operator["handle"], dict, "handle")
+                    )
+                data = h.read()
+                crc = st.operator.get("crc32")  # absent in checkpoints of statekit before it was added
+                if crc is not None and crc != zlib.crc32(data):
+                    raise CorruptSnapshotError(
+                        f"{_describe(h)}: its CRC-32 is not the one {self.location}/_metadata records for "
+                        f"operator {operator_id!r} subtask {st.subtask_index}; the file was replaced or "
+                        "the metadata is damaged"
+                    )
+                old.append(decode_operator_snapshot(data, _describe(h)))
             else:
                 old.append(None)
         return redistribute_operator_state(old, new_parallelism)

@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._errors import ConfigurationError
+from ._secrets import redact
 
 if TYPE_CHECKING:
     from ._registry import PluginRegistry
@@ -98,7 +99,7 @@ class ConfigOption:
         value = self._convert(raw)
         if value is None:
             expected = f"one of {', '.join(self.choices)}" if self.choices else _EXPECTED[self.type]
-            raise ConfigurationError(f"invalid value {raw!r} for {key}: expected {expected}")
+            raise ConfigurationError(f"invalid value {redact(raw, key)!r} for {key}: expected {expected}")
         return value
 
     def _convert(self, raw: object) -> Any:
@@ -152,6 +153,10 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "temporary directory (LocalRunner) or Spark's local directories (on Spark)."),
     ConfigOption("statekit.checkpoint.interval-records", int, 0,
         "Embedded runner: records between checkpoints; 0 turns periodic checkpoints off."),
+    ConfigOption("statekit.checkpoint.tolerable-failures", int, None,
+        "Embedded runner: checkpoints that may fail in a row; one more fails the job (as Flink's "
+        "execution.checkpointing.tolerable-failed-checkpoints). Unset: a failed checkpoint never "
+        "fails the job."),
     ConfigOption("statekit.parallelism", int, None,
         "Number of parallel subtasks; unset: the runner decides."),
     ConfigOption("statekit.max-parallelism", int, None,
@@ -266,8 +271,8 @@ class Configuration:
         return len(self._values)
 
     def __repr__(self) -> str:
-        """Shows the raw values."""
-        return f"Configuration({dict(self._values)!r})"
+        """Shows the raw values, secrets redacted (see docs/configuration.md#secrets)."""
+        return f"Configuration({redact(dict(self._values))!r})"
 
     def __reduce__(self) -> tuple[type[Configuration], tuple[dict[str, object]]]:
         """Pickles as a dict: Spark ships configurations to executors; a mappingproxy does not pickle."""

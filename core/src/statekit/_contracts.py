@@ -27,6 +27,7 @@ __all__ = [
     "StateBackend",
     "SupportsBatchUpdate",
     "SupportsNativeSnapshot",
+    "SupportsOrphanCleanup",
 ]
 
 
@@ -250,3 +251,17 @@ class CheckpointStorage(Protocol):
 
     def discard_shared(self, location: str, description: Mapping[str, Any]) -> None:
         """Delete a shared file no retained checkpoint references any more."""
+
+
+@runtime_checkable
+class SupportsOrphanCleanup(Protocol):
+    """A checkpoint storage that deletes what failed checkpoints left behind.
+
+    A checkpoint that fails while its store is down cannot delete its own
+    files. :func:`statekit.checkpointing.apply_retention` calls this after each
+    completed checkpoint, when no checkpoint of the job is in flight.
+    """
+
+    def discard_orphans(self, job_id: str, referenced: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
+        """Delete incomplete checkpoints older than the newest completed one, and shared files
+        no ``(checkpoint location, description)`` of ``referenced`` names; return what was deleted."""

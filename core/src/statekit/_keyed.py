@@ -700,7 +700,9 @@ class KeyedBackendBase(ABC):
             # The index is small; checking it means a flipped byte anywhere in the
             # file is caught by some subtask's restore, not only in the blocks read.
             index = read_index(h.stream)
-            if any(index.get(kg) != tuple(o) for kg, o in h.offsets.items()):
+            # Both ways: a block the metadata leaves out would be silently not restored.
+            mine = {kg: o for kg, o in index.items() if kg in h.key_group_range}
+            if mine != {kg: tuple(o) for kg, o in h.offsets.items()}:
                 raise CorruptSnapshotError(
                     f"{_where(h.stream)}: the block index disagrees with the checkpoint metadata"
                 )

@@ -94,8 +94,8 @@ class NativeFile:
                 bool(obj["shared"]),
                 int(obj["checkpoint_id"]),
             )
-        except (KeyError, TypeError, ValueError) as e:
-            raise CorruptSnapshotError(f"malformed native file entry {dict(obj)!r}: {e}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise CorruptSnapshotError(f"malformed native file entry {str(obj)[:200]}: {e!r}") from None
 
     def chunks(self, chunk_size: int = _CHUNK) -> Iterable[bytes]:
         """The file's bytes in chunks; the size and CRC-32 are checked after the last one.
@@ -228,8 +228,8 @@ class NativeStateHandle:
                 meta=dict(obj.get("meta") or {}),
                 entries=int(obj.get("entries", 0)),
             )
-        except (KeyError, TypeError, ValueError) as e:
-            raise CorruptSnapshotError(f"malformed native snapshot handle: {e}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise CorruptSnapshotError(f"malformed native snapshot handle: {e!r}") from None
 
 
 @runtime_checkable

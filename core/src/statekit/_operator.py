@@ -95,8 +95,10 @@ def decode_operator_snapshot(data: bytes, where: str = "operator state") -> Oper
             out[m["name"]] = OperatorStateData(
                 m["name"], OperatorStateMode(m["mode"]), list(m["serializers"]), elems
             )
-    except (SerializationError, ValueError, KeyError, TypeError) as e:
-        raise CorruptSnapshotError(f"{where}: malformed operator state: {e}") from None
+    except (SerializationError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise CorruptSnapshotError(
+            f"{where}: malformed operator state: {type(e).__name__}: {e}"[:500]
+        ) from None
     return out
 
 

@@ -571,13 +571,26 @@ class LocalRunner:
             )
         return result
 
+    _failed_in_a_row = 0  # periodic checkpoints that failed since the last one that completed
+
     def _periodic_checkpoint(self, result: RunResult) -> None:
         try:
             result.checkpoints.append(self.checkpoint())
         except CheckpointError as e:
-            # As in Flink, a failed checkpoint does not fail the job: the previous one stays.
+            # As in Flink, a failed checkpoint does not fail the job (the previous one stays),
+            # unless more fail in a row than statekit.checkpoint.tolerable-failures.
             result.failed_checkpoints.append(str(e))
+            self._failed_in_a_row += 1
+            tolerable = self.config.get("statekit.checkpoint.tolerable-failures")
+            if tolerable is not None and self._failed_in_a_row > tolerable:
+                raise CheckpointError(
+                    f"{self._failed_in_a_row} checkpoints failed in a row, more than "
+                    f"statekit.checkpoint.tolerable-failures={tolerable}: the job stops (restart it with "
+                    f"restore='latest' once the cause is fixed). The last failure: {e}"
+                ) from e
             warnings.warn(f"checkpoint failed, the job goes on: {e}", RuntimeWarning, stacklevel=2)
+        else:
+            self._failed_in_a_row = 0
 
     # --- checkpoints and savepoints ------------------------------------------------------
 

@@ -61,6 +61,9 @@ _BLOCK_HEAD = struct.Struct("<II")
 _SECTION_HEAD = struct.Struct("<HI")
 _INDEX_ENTRY = struct.Struct("<IQQ")
 _TRAILER = struct.Struct("<Q8s")
+# Headers hold state declarations, a few KiB; a larger length field is corruption,
+# refused before anything that large is read.
+_MAX_HEADER_LENGTH = 64 << 20
 
 ProgressCallback = Callable[[int, int], None]
 """Called as ``progress(done, total)`` while long work runs."""
@@ -320,25 +323,30 @@ def read_header(stream: StreamStateHandle) -> tuple[SnapshotHeader, int]:
         raise CorruptSnapshotError(f"{where}: too short to be a statekit snapshot") from None
     if magic != _MAGIC:
         raise CorruptSnapshotError(f"{where}: not a canonical statekit snapshot (bad magic)")
-    if hlen > stream.size - _HDR.size - 4:
-        raise CorruptSnapshotError(f"{where}: header length {hlen} exceeds the file; the file is corrupt")
+    if hlen > stream.size - _HDR.size - 4 or hlen > _MAX_HEADER_LENGTH:
+        raise CorruptSnapshotError(
+            f"{where}: header length {hlen} exceeds the file or the {_MAX_HEADER_LENGTH}-byte "
+            "limit; the file is corrupt"
+        )
     body = stream.read(0, _HDR.size + hlen + 4)
     (crc,) = _U32.unpack_from(body, _HDR.size + hlen)
     # The checksum first: a flipped version byte is corruption, not a new version.
     if zlib.crc32(body[: _HDR.size + hlen]) != crc:
         raise CorruptSnapshotError(f"{where}: header checksum mismatch; the file is corrupt")
     if version not in READABLE_VERSIONS:
-        raise SnapshotError(
-            f"{where}: canonical format version {version} is not supported by this statekit "
-            f"(reads versions {', '.join(map(str, READABLE_VERSIONS))}); upgrade statekit"
+        raise CorruptSnapshotError(
+            f"{where}: canonical format version {version} is not one this statekit reads "
+            f"({', '.join(map(str, READABLE_VERSIONS))}); a newer statekit wrote it (upgrade), or the "
+            "file is corrupt"
         )
     try:
         obj = json.loads(body[_HDR.size : _HDR.size + hlen])
         header = SnapshotHeader.from_json(obj)
         header.version = version
         return header, len(body)
-    except (ValueError, KeyError, TypeError) as e:
-        raise CorruptSnapshotError(f"{where}: malformed header: {e}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        # RecursionError: a deeply nested header; AttributeError: JSON that is no object.
+        raise CorruptSnapshotError(f"{where}: malformed header: {type(e).__name__}: {e}"[:500]) from None
 
 
 def read_index(stream: StreamStateHandle) -> dict[int, tuple[int, int]]:
@@ -354,7 +362,9 @@ def read_index(stream: StreamStateHandle) -> dict[int, tuple[int, int]]:
     body, (crc,) = ib[:-4], _U32.unpack(ib[-4:])
     if zlib.crc32(body) != crc:
         raise CorruptSnapshotError(f"{where}: index checksum mismatch; the file is corrupt")
-    (n,) = _U32.unpack_from(body, 0)
+    (n,) = _U32.unpack_from(body, 0) if len(body) >= 4 else (-1,)
+    if len(body) != 4 + n * _INDEX_ENTRY.size:
+        raise CorruptSnapshotError(f"{where}: the index's entry count disagrees with its length")
     out = {}
     for i in range(n):
         kg, off, ln = _INDEX_ENTRY.unpack_from(body, 4 + i * _INDEX_ENTRY.size)
@@ -394,9 +404,13 @@ def read_block(
             for _c in range(3):
                 (ln,) = _U32.unpack_from(raw, pos)
                 pos += 4
+                if pos + ln > length - 4:
+                    raise IndexError(f"a column of {ln} bytes overruns the block")
                 cols.append(raw[pos : pos + ln])
                 pos += ln
             out.append(Section(state_names[idx], count, cols[0], cols[1], cols[2]))
+        if pos != length - 4:
+            raise IndexError(f"{length - 4 - pos} bytes after the last section")
     except (struct.error, IndexError) as e:
         raise CorruptSnapshotError(f"{where}: malformed block of key group {key_group}: {e}") from None
     return out

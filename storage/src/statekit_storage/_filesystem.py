@@ -23,7 +23,7 @@ import os
 import posixpath
 import re
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fsspec.core import split_protocol, url_to_fs  # type: ignore[import-untyped]
@@ -34,16 +34,19 @@ from statekit import (
     CheckpointOutputStream,
     CheckpointWriter,
     ConfigurationError,
+    CorruptSnapshotError,
 )
 from statekit.backend_api import StreamStateHandle
 
-from ._handles import FileStreamHandle, InlineStreamHandle
+from ._handles import FS_ERRORS, FileStreamHandle, InlineStreamHandle
 from ._plugin import DEFAULT_INLINE_THRESHOLD
 
 __all__ = ["METADATA_FILE", "FileSystemCheckpointStorage", "find_latest_checkpoint", "parse_storage_options"]
 
 #: The file whose presence makes a directory a completed checkpoint or savepoint.
 METADATA_FILE = "_metadata"
+#: The largest ``_metadata`` read; a larger one is refused as corrupt before it is loaded.
+MAX_METADATA_SIZE = 256 << 20
 _CHECKPOINT_DIR = re.compile(r"chk-(0|[1-9][0-9]*)")
 # Filesystems with real directories and an atomic rename; the others (object stores,
 # memory://) have neither, and a single put is what makes a file appear whole.
@@ -108,6 +111,33 @@ def _check_name(name: str) -> str:
     return name
 
 
+def _root_of(location: str) -> str:
+    """The directory a checkpoint's (its job's) or a savepoint's (its own) files must lie in."""
+    return (
+        posixpath.dirname(location) if _CHECKPOINT_DIR.fullmatch(posixpath.basename(location)) else location
+    )
+
+
+def _contained_path(base: str, relative: object) -> str | None:
+    """``base/relative`` normalized, or None if it is no plain relative path inside the allowed root.
+
+    ``base`` is the path of a checkpoint (``.../<job>/chk-<n>``: the root is the job's
+    directory) or of a savepoint (the root is the savepoint itself). Absolute paths,
+    URLs (another bucket, another scheme) and ``..`` past the root are refused.
+    """
+    if (
+        not isinstance(relative, str)
+        or not relative
+        or relative.startswith(("/", "~"))
+        or "://" in relative
+        or any(c in relative for c in ("\\", "\x00"))
+    ):
+        return None
+    root = _root_of(base)
+    path = posixpath.normpath(f"{base}/{relative}")
+    return path if path.startswith(root.rstrip("/") + "/") else None
+
+
 def _remove_tree(fs: Any, path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         fs.rm(path, recursive=True)
@@ -124,23 +154,69 @@ def _list_names(fs: Any, path: str) -> list[str]:
     return sorted(posixpath.basename(str(entry).rstrip("/")) for entry in entries)
 
 
-def parse_storage_options(raw: str | Mapping[str, Any] | None, storage: str) -> dict[str, Any]:
-    """Parses the ``storage-options`` option: a JSON object of fsspec storage options.
+def parse_storage_options(
+    raw: str | Mapping[str, Any] | None, storage: str, secret: str | Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Parses the ``storage-options`` and ``secret-storage-options`` options into fsspec storage options.
+
+    Both are JSON objects; ``secret`` is merged over ``raw`` (nested objects
+    merge key by key). A string value ``"${env:NAME}"`` anywhere is replaced by
+    the environment variable ``NAME`` of this process (on Spark: of each
+    executor), so no credential need appear in the configuration. Messages never
+    show the values.
 
     Raises:
-        ConfigurationError: If ``raw`` is no JSON object.
+        ConfigurationError: If an option is no JSON object, or a named variable is unset.
     """
+    merged: dict[str, Any] = {}
+    for name, value in (("storage-options", raw), ("secret-storage-options", secret)):
+        _merge(merged, _parse_json_object(value, f"statekit.checkpoint.storage.{storage}.{name}"))
+    resolved: dict[str, Any] = _resolve_env(merged, f"statekit.checkpoint.storage.{storage}")
+    return resolved
+
+
+def _parse_json_object(raw: str | Mapping[str, Any] | None, key: str) -> dict[str, Any]:
     if raw is None:
         return {}
     if isinstance(raw, Mapping):
         return dict(raw)
-    key = f"statekit.checkpoint.storage.{storage}.storage-options"
     try:
         value = json.loads(raw)
     except ValueError as exc:
-        raise ConfigurationError(f"invalid value {raw!r} for {key}: not JSON ({exc})") from None
+        # Not the value, nor the decoder's message, which quotes part of it: it may hold a secret.
+        where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise ConfigurationError(f"invalid value for {key}: not JSON (malformed{where})") from None
     if not isinstance(value, dict):
-        raise ConfigurationError(f"invalid value {raw!r} for {key}: expected a JSON object")
+        raise ConfigurationError(
+            f"invalid value for {key}: expected a JSON object, got {type(value).__name__}"
+        )
+    return value
+
+
+def _merge(into: dict[str, Any], extra: Mapping[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+_ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _resolve_env(value: Any, key: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _resolve_env(v, key) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve_env(v, key) for v in value]
+    if isinstance(value, str) and (match := _ENV_REFERENCE.fullmatch(value)):
+        resolved = os.environ.get(match[1])
+        if resolved is None:
+            raise ConfigurationError(
+                f"{key} refers to environment variable {match[1]}, which is not set in this process "
+                "(on Spark, set it on the executors too: spark.executorEnv." + match[1] + ")"
+            )
+        return resolved
     return value
 
 
@@ -191,7 +267,7 @@ class _FileOutputStream(_MemoryOutputStream):
         self._make_dirs = make_dirs
         self._file: Any = None
 
-    def _fail(self, exc: OSError, what: str) -> CheckpointError:
+    def _fail(self, exc: Exception, what: str) -> CheckpointError:
         return CheckpointError(f"cannot {what} state file {self._fs.unstrip_protocol(self._path)}: {exc}")
 
     def write(self, data: bytes) -> int:
@@ -207,7 +283,7 @@ class _FileOutputStream(_MemoryOutputStream):
                 self._file.write(bytes(self._buffer))
                 self._buffer = bytearray()
             self._file.write(data)
-        except OSError as exc:
+        except FS_ERRORS as exc:
             raise self._fail(exc, "write") from exc
         self._written += len(data)
         return len(data)
@@ -220,17 +296,21 @@ class _FileOutputStream(_MemoryOutputStream):
         self._closed = True
         try:
             self._file.close()
-        except OSError as exc:
+        except FS_ERRORS as exc:
             raise self._fail(exc, "write") from exc
         return FileStreamHandle(self._fs, self._path, self._name, self._written)
 
     def discard(self) -> None:
-        """Abandons the stream and deletes its file, if one was started."""
+        """Abandons the stream and deletes its file, if one was started.
+
+        Best effort: a file the failing store keeps is no checkpoint's and is
+        deleted by the cleanup after the next completed checkpoint.
+        """
         file, self._file = self._file, None
         if file is not None:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(*FS_ERRORS):
                 file.close()
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(*FS_ERRORS):
                 self._fs.rm_file(self._path)
         super().discard()
 
@@ -256,7 +336,7 @@ class _FileWriter:
             path = posixpath.normpath(f"{self._path}/{rel}")
             try:
                 self._fs.makedirs(path, exist_ok=True)
-            except OSError as exc:
+            except FS_ERRORS as exc:
                 raise CheckpointError(f"cannot create {self._fs.unstrip_protocol(path)}: {exc}") from exc
 
     def create_stream(self, name: str, *, shared: bool = False) -> CheckpointOutputStream:
@@ -279,9 +359,11 @@ class _FileWriter:
         """
         fs, meta = self._fs, f"{self._path}/{METADATA_FILE}"
         fs.invalidate_cache(self._path)
-        if fs.exists(meta):
-            raise CheckpointError(f"{self._url} is already complete; its {METADATA_FILE} is never replaced")
         try:
+            if fs.exists(meta):
+                raise CheckpointError(
+                    f"{self._url} is already complete; its {METADATA_FILE} is never replaced"
+                )
             if not self.has_directories:
                 fs.pipe_file(meta, bytes(metadata))
                 return self._url
@@ -296,10 +378,10 @@ class _FileWriter:
                         os.fsync(out.fileno())
                 fs.mv(temp, meta)
             except BaseException:
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(*FS_ERRORS):
                     fs.rm_file(temp)
                 raise
-        except OSError as exc:
+        except FS_ERRORS as exc:
             raise CheckpointError(f"cannot write {_join(self._url, METADATA_FILE)}: {exc}") from exc
         finally:
             fs.invalidate_cache(self._path)
@@ -308,13 +390,20 @@ class _FileWriter:
     def abort(self) -> None:
         """Deletes the directory of this unfinished checkpoint (never shared files).
 
+        Best effort when the store fails (an outage is often why a checkpoint is
+        aborted): what stays is no checkpoint (it has no ``_metadata``) and is
+        deleted by the cleanup after the next completed checkpoint.
+
         Raises:
             CheckpointError: If it is complete (see ``discard_checkpoint``).
         """
-        self._fs.invalidate_cache(self._path)
-        if self._fs.exists(f"{self._path}/{METADATA_FILE}"):
-            raise CheckpointError(f"{self._url} is complete; abort() deletes only unfinished ones")
-        _remove_tree(self._fs, self._path)
+        try:
+            self._fs.invalidate_cache(self._path)
+            if self._fs.exists(f"{self._path}/{METADATA_FILE}"):
+                raise CheckpointError(f"{self._url} is complete; abort() deletes only unfinished ones")
+            _remove_tree(self._fs, self._path)
+        except FS_ERRORS:
+            pass
 
 
 class _Files:
@@ -375,14 +464,24 @@ class _Files:
 
     def completed(self, job_url: str) -> list[str]:
         """Locations of the ``chk-<n>`` directories under ``job_url`` with a ``_metadata``, by n."""
+        return [_join(job_url, f"chk-{i}") for i, complete in self.checkpoint_dirs(job_url) if complete]
+
+    def checkpoint_dirs(self, job_url: str) -> list[tuple[int, bool]]:
+        """``(n, has _metadata)`` of each ``chk-<n>`` directory under ``job_url``, by n.
+
+        Raises:
+            CheckpointError: If the store fails.
+        """
         fs, path = self.open(job_url)
-        ids = sorted(int(m[1]) for n in _list_names(fs, path) if (m := _CHECKPOINT_DIR.fullmatch(n)))
-        done = []
-        for i in ids:
-            fs.invalidate_cache(f"{path}/chk-{i}")
-            if fs.exists(f"{path}/chk-{i}/{METADATA_FILE}"):
-                done.append(_join(job_url, f"chk-{i}"))
-        return done
+        try:
+            ids = sorted(int(m[1]) for n in _list_names(fs, path) if (m := _CHECKPOINT_DIR.fullmatch(n)))
+            out = []
+            for i in ids:
+                fs.invalidate_cache(f"{path}/chk-{i}")
+                out.append((i, bool(fs.exists(f"{path}/chk-{i}/{METADATA_FILE}"))))
+        except FS_ERRORS as exc:
+            raise CheckpointError(f"cannot list the checkpoints in {job_url}: {exc}") from exc
+        return out
 
     def read_metadata(self, location: str) -> bytes:
         """The ``_metadata`` bytes at ``location`` (the directory, or the file itself).
@@ -393,14 +492,22 @@ class _Files:
         location = _location(location)
         fs, path = self.open(location)
         try:
-            return bytes(fs.cat_file(f"{path}/{METADATA_FILE}"))
+            # One bounded range read: a huge (damaged or crafted) file is refused, not loaded.
+            data = bytes(fs.cat_file(f"{path}/{METADATA_FILE}", start=0, end=MAX_METADATA_SIZE + 1))
         except (FileNotFoundError, NotADirectoryError):
             raise CheckpointNotFoundError(
                 f"no completed checkpoint or savepoint at {location}: "
                 f"{_join(location, METADATA_FILE)} does not exist"
             ) from None
-        except OSError as exc:
+        except FS_ERRORS as exc:
             raise CheckpointError(f"cannot read {_join(location, METADATA_FILE)}: {exc}") from exc
+        if len(data) > MAX_METADATA_SIZE:
+            raise CorruptSnapshotError(
+                f"{_join(location, METADATA_FILE)} is larger than {MAX_METADATA_SIZE:,} bytes, the most "
+                "statekit reads; the file is damaged or was crafted (real metadata stays far smaller: "
+                "state above the inline threshold lives in files of its own)"
+            )
+        return data
 
     def resolve_handle(self, location: str, description: Mapping[str, Any]) -> StreamStateHandle:
         """Rebuilds an inline or file handle; file paths are relative to ``location``.
@@ -417,16 +524,23 @@ class _Files:
                 "this storage reads 'inline' and 'file'"
             )
         relative, size = description.get("path"), description.get("size")
-        if not isinstance(relative, str) or not relative or relative.startswith("/") or "://" in relative:
-            raise CheckpointError(f"malformed file handle {dict(description)!r} in {location}: bad path")
-        fs, base = self.open(_location(location))
-        path = posixpath.normpath(f"{base}/{relative}")
+        location = _location(location)
+        fs, base = self.open(location)
+        path = _contained_path(base, relative)
+        if path is None:
+            raise CorruptSnapshotError(
+                f"{_join(location, METADATA_FILE)}: refusing state file path {str(relative)[:200]!r}: it "
+                f"leads outside {_root_of(location)}. A checkpoint's files lie in its job's directory, a "
+                "savepoint's in its own; the metadata is damaged or was crafted, and nothing was read"
+            )
         if not isinstance(size, int) or size < 0:
             try:
                 size = int(fs.size(path))
             except FileNotFoundError:
                 raise CheckpointError(f"state file {fs.unstrip_protocol(path)} is missing") from None
-        return FileStreamHandle(fs, path, relative, size)
+            except FS_ERRORS as exc:
+                raise CheckpointError(f"cannot read state file {fs.unstrip_protocol(path)}: {exc}") from exc
+        return FileStreamHandle(fs, path, str(relative), size)
 
 
 class FileSystemCheckpointStorage:
@@ -491,7 +605,9 @@ class FileSystemCheckpointStorage:
             checkpoints_dir,
             savepoints_dir=options.get("savepoints-dir"),
             inline_threshold=options.get("inline-threshold", DEFAULT_INLINE_THRESHOLD),
-            storage_options=parse_storage_options(options.get("storage-options"), cls.name),
+            storage_options=parse_storage_options(
+                options.get("storage-options"), cls.name, options.get("secret-storage-options")
+            ),
         )
 
     def __repr__(self) -> str:
@@ -534,9 +650,13 @@ class FileSystemCheckpointStorage:
     def list_jobs(self) -> list[str]:
         """The ids of the jobs with at least one completed checkpoint, sorted."""
         fs, root = self._files.open(self.checkpoints_dir)
+        try:
+            names = _list_names(fs, root)
+        except FS_ERRORS as exc:
+            raise CheckpointError(f"cannot list {self.checkpoints_dir}: {exc}") from exc
         return [
             name
-            for name in _list_names(fs, root)
+            for name in names
             if not name.startswith(".") and self._files.completed(_join(self.checkpoints_dir, name))
         ]
 
@@ -582,7 +702,7 @@ class FileSystemCheckpointStorage:
             with contextlib.suppress(FileNotFoundError):
                 fs.rm_file(f"{path}/{METADATA_FILE}")
             _remove_tree(fs, path)
-        except OSError as exc:
+        except FS_ERRORS as exc:
             raise CheckpointError(f"cannot discard {location}: {exc}") from exc
 
     def discard_shared(self, location: str, description: Mapping[str, Any]) -> None:
@@ -608,10 +728,53 @@ class FileSystemCheckpointStorage:
             )
         handle.discard()
 
+    def discard_orphans(self, job_id: str, referenced: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
+        """Deletes what failed checkpoints of ``job_id`` left: see :class:`statekit.SupportsOrphanCleanup`.
 
-def find_latest_checkpoint(
-    directory: str, *, storage_options: Mapping[str, Any] | None = None
-) -> str | None:
+        That is every ``chk-<n>`` directory without ``_metadata`` older than the
+        newest completed checkpoint, and every file under ``<job id>/shared/`` that
+        no ``(location, description)`` of ``referenced`` names. Call it only when
+        no checkpoint of the job is in flight (retention does).
+
+        Raises:
+            CheckpointError: If the store fails (what was deleted so far stays deleted).
+        """
+        job = self.job_dir(job_id)
+        dirs = self._files.checkpoint_dirs(job)
+        complete = [i for i, done in dirs if done]
+        if not complete:
+            return []
+        fs, job_path = self._files.open(job)
+        keep: set[str] = set()
+        for location, description in referenced:
+            if description.get("type") == "file":
+                _, base = self._files.open(_location(location))
+                path = _contained_path(base, description.get("path"))
+                if path is not None:
+                    keep.add(path)
+        deleted: list[str] = []
+        try:
+            for i, done in dirs:
+                if not done and i < complete[-1]:
+                    _remove_tree(fs, f"{job_path}/chk-{i}")
+                    deleted.append(_join(job, f"chk-{i}"))
+            shared = f"{job_path}/shared"
+            fs.invalidate_cache(shared)
+            try:
+                files = [posixpath.normpath(str(f)) for f in fs.find(shared)]
+            except FileNotFoundError:
+                files = []
+            for path in files:
+                if path not in keep:
+                    with contextlib.suppress(FileNotFoundError):
+                        fs.rm_file(path)
+                    deleted.append(str(fs.unstrip_protocol(path)))
+        except FS_ERRORS as exc:
+            raise CheckpointError(f"cannot delete what failed checkpoints left in {job}: {exc}") from exc
+        return deleted
+
+
+def find_latest_checkpoint(directory: str, *, storage_options: Mapping[str, Any] | None = None) -> str | None:
     """The newest completed checkpoint in a job's directory, or in a checkpoints dir of one job.
 
     Args:

@@ -12,7 +12,31 @@ from typing import Any
 from statekit import CheckpointError, CorruptSnapshotError
 from statekit.backend_api import BytesStreamHandle
 
-__all__ = ["FileStreamHandle", "InlineStreamHandle"]
+__all__ = ["FS_ERRORS", "FileStreamHandle", "InlineStreamHandle"]
+
+
+def _filesystem_errors() -> tuple[type[Exception], ...]:
+    """What fsspec filesystems raise when their store fails.
+
+    Mostly ``OSError``; but s3fs lets botocore's connection errors and timeouts
+    (``EndpointConnectionError``, ``ReadTimeoutError``: ``BotoCoreError``) and
+    aiohttp's through untranslated, and a checkpoint must fail with statekit's
+    error, not another, when an endpoint is down.
+    """
+    errors: list[type[Exception]] = [OSError]
+    with contextlib.suppress(ImportError):
+        from botocore.exceptions import BotoCoreError  # type: ignore[import-untyped]
+
+        errors.append(BotoCoreError)
+    with contextlib.suppress(ImportError):
+        from aiohttp import ClientError
+
+        errors.append(ClientError)
+    return tuple(errors)
+
+
+#: Exceptions of a failing store, turned into :class:`statekit.CheckpointError` naming the file.
+FS_ERRORS = _filesystem_errors()
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,7 +112,7 @@ class FileStreamHandle:
             data: bytes = self.fs.cat_file(self.path, start=offset, end=end)
         except FileNotFoundError:
             raise CheckpointError(f"state file {self.url} is missing") from None
-        except OSError as exc:
+        except FS_ERRORS as exc:
             raise CheckpointError(f"cannot read state file {self.url}: {exc}") from exc
         if len(data) != end - offset:
             raise CorruptSnapshotError(
@@ -98,9 +122,17 @@ class FileStreamHandle:
         return data
 
     def discard(self) -> None:
-        """Deletes the file; a missing file is no error."""
-        with contextlib.suppress(FileNotFoundError):
+        """Deletes the file; a missing file is no error.
+
+        Raises:
+            CheckpointError: If the store fails.
+        """
+        try:
             self.fs.rm_file(self.path)
+        except FileNotFoundError:
+            pass
+        except FS_ERRORS as exc:
+            raise CheckpointError(f"cannot delete state file {self.url}: {exc}") from exc
 
     def to_json(self) -> dict[str, Any]:
         """``{"type": "file", "path": <relative path>, "size": n}``."""

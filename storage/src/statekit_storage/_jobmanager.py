@@ -132,7 +132,9 @@ class JobManagerCheckpointStorage:
         return cls(
             max_state_size=options.get("max-state-size", DEFAULT_MAX_STATE_SIZE),
             savepoints_dir=options.get("savepoints-dir"),
-            storage_options=parse_storage_options(options.get("storage-options"), cls.name),
+            storage_options=parse_storage_options(
+                options.get("storage-options"), cls.name, options.get("secret-storage-options")
+            ),
         )
 
     def __repr__(self) -> str:

@@ -33,7 +33,16 @@ _STORAGE_OPTIONS = ConfigOption(
     str,
     None,
     'fsspec storage options as a JSON object, e.g. {"client_kwargs": {"endpoint_url": "http://host:9000"}}; '
-    "applied to URLs of the protocol of the configured directories.",
+    'applied to URLs of the protocol of the configured directories. A string value "${env:NAME}" is '
+    "read from environment variable NAME in each process. No credentials here: see secret-storage-options.",
+)
+_SECRET_STORAGE_OPTIONS = ConfigOption(
+    "secret-storage-options",
+    str,
+    None,
+    "Like storage-options (merged over it), for credentials: its key matches Spark's spark.redaction.regex, "
+    "so Spark hides it on its UI and in event logs, and statekit never shows it. Better still, leave "
+    "credentials to the environment or the fsspec/boto credential chain.",
 )
 
 FILESYSTEM = StorageSpec(
@@ -50,6 +59,7 @@ FILESYSTEM = StorageSpec(
             "Streams of at most this many bytes are stored inside _metadata instead of as files.",
         ),
         _STORAGE_OPTIONS,
+        _SECRET_STORAGE_OPTIONS,
     ),
     description="Checkpoints as files under any fsspec URL: local, file://, memory://, s3://, hdfs://.",
 )  # fmt: skip
@@ -64,6 +74,7 @@ JOBMANAGER = StorageSpec(
         ),
         _SAVEPOINTS_DIR,
         _STORAGE_OPTIONS,
+        _SECRET_STORAGE_OPTIONS,
     ),
     description="Checkpoints in the memory of the coordinating process (tests, small state); "
     "savepoints as files.",

@@ -91,7 +91,7 @@ class _Table:
         return d
 
     def emptied(self, namespace: Any, lst: _Dicts, kg: int) -> None:
-        """Key group ``kg`` of ``namespace`` holds no entry any more: free it, and the namespace if all are."""
+        """Key group ``kg`` of ``namespace`` is empty: free it, and the namespace if all are."""
         lst[kg] = None
         if namespace is not VOID_NAMESPACE and not any(lst) and self.ns.get(namespace) is lst:
             del self.ns[namespace]

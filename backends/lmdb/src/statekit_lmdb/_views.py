@@ -29,7 +29,7 @@ from typing import Any
 
 import lmdb
 
-from statekit import StateAccessError
+from statekit import CheckpointError, StateAccessError
 from statekit.backend_api import KeyLayout, StateKind, group_entries
 
 from ._layout import db_name, read_range
@@ -89,8 +89,15 @@ class PinnedView:
         try:
             # Compact: only the pages this view sees, renumbered; it is also a native snapshot's file.
             self._env.copy(self.directory, compact=True, txn=self._txn)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(self.directory, ignore_errors=True)
+            if isinstance(e, lmdb.Error):
+                # A full local disk, typically (lmdb.DiskError): the snapshot fails, the live
+                # environment is untouched, and the runner goes on without this checkpoint.
+                raise CheckpointError(
+                    f"cannot copy the LMDB snapshot into {self.directory}: {e}; free space on the disk "
+                    "of statekit.local-dir (or statekit.backend.lmdb.local-dir)"
+                ) from e
             raise
         txn, self._txn = self._txn, None
         with contextlib.suppress(lmdb.Error):

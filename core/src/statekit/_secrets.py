@@ -1,0 +1,81 @@
+"""Keeping credentials out of what statekit shows: messages, reprs, listings, warnings.
+
+A value is secret when its key looks like one (:data:`SECRET_KEY`: Spark's
+default ``spark.redaction.regex`` and a few more names fsspec implementations
+use). Configuration values are often JSON (fsspec storage options), so
+:func:`redact` looks inside JSON strings, mappings and lists too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["REDACTED", "SECRET_KEY", "SPARK_DEFAULT_REDACTION", "redact", "secret_keys_in"]
+
+#: Spark's default ``spark.redaction.regex``: keys it hides on its UI and in its event logs.
+SPARK_DEFAULT_REDACTION = r"(?i)secret|password|token|access[.]?key"
+#: Keys whose values statekit never shows (Spark's, plus names of fsspec credentials).
+SECRET_KEY = re.compile(
+    r"(?i)secret|password|passwd|passphrase|token|access[._-]?key|account[._-]?key|credential|private[._-]?key"
+    r"|sas[._-]?token|connection[._-]?string|session[._-]?key|signature"
+)
+#: What is shown instead of a secret (Spark's own text).
+REDACTED = "*********(redacted)"
+
+
+def _looks_like_json(value: str) -> bool:
+    return value.lstrip()[:1] in ("{", "[")
+
+
+def redact(value: Any, key: str = "") -> Any:
+    """``value`` with every secret replaced by :data:`REDACTED`.
+
+    Secret is the whole value of a key matching :data:`SECRET_KEY`, and any
+    entry with such a key inside a mapping, a list or a JSON string. A string
+    that looks like JSON but does not parse is hidden whole: what it holds
+    cannot be told apart.
+
+    Example::
+
+        redact('{"key": "AKIA", "secret": "s3cr3t"}')  # '{"key": "AKIA", "secret": "*********(redacted)"}'
+    """
+    if key and SECRET_KEY.search(key):
+        return REDACTED
+    if isinstance(value, Mapping):
+        return {k: redact(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact(v) for v in value]
+    if isinstance(value, str) and _looks_like_json(value):
+        try:
+            parsed = json.loads(value)
+        except (ValueError, RecursionError):
+            return REDACTED
+        return json.dumps(redact(parsed))
+    return value
+
+
+def secret_keys_in(value: Any, path: str = "") -> list[str]:
+    """Where ``value`` (a mapping, list or JSON string) holds secrets, as paths (``client_kwargs.secret``)."""
+    found: list[str] = []
+    items: Iterable[tuple[str, Any]]
+    if isinstance(value, str) and _looks_like_json(value):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            return found
+    if isinstance(value, Mapping):
+        items = ((str(k), v) for k, v in value.items())
+    elif isinstance(value, list | tuple):
+        items = ((str(i), v) for i, v in enumerate(value))
+    else:
+        return found
+    for k, v in items:
+        where = f"{path}.{k}" if path else k
+        if SECRET_KEY.search(k):
+            found.append(where)
+        else:
+            found.extend(secret_keys_in(v, where))
+    return found
