@@ -39,32 +39,15 @@ import tempfile
 import time
 import tracemalloc
 from dataclasses import dataclass, field
-from typing import Any
 
-from statekit import AggregateFunction, EventTime, LocalRunner
+from statekit import EventTime, LocalRunner
 from statekit._registry import default_registry
 from statekit.timers import TIMER_STATE_NAMES, TimeDomain
-from statekit.windows import TumblingEventTimeWindows, WindowedAggregate
+from statekit.windows import Count, TumblingEventTimeWindows, WindowedAggregate
 
 WINDOW_MS = 60_000
 STATE = "window-contents"
 TIMERS = TIMER_STATE_NAMES[TimeDomain.EVENT_TIME]
-
-
-class Count(AggregateFunction[Any, int, int]):
-    """Counts the records of a window."""
-
-    def create_accumulator(self) -> int:
-        return 0
-
-    def add(self, value: Any, accumulator: int) -> int:
-        return accumulator + 1
-
-    def get_result(self, accumulator: int) -> int:
-        return accumulator
-
-    def merge(self, a: int, b: int) -> int:
-        return a + b
 
 
 def windowed_count() -> WindowedAggregate:

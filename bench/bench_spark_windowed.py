@@ -56,7 +56,6 @@ from typing import Any
 
 import numpy as np
 
-from statekit import AggregateFunction
 from statekit_urlcount import local_spark_session
 
 WINDOW_MS = 60_000
@@ -182,25 +181,9 @@ def _start_writer(df: Any, sink: WindowSink, checkpoint: str, mode: str) -> Call
 # --- the jobs ---------------------------------------------------------------------------------
 
 
-class Count(AggregateFunction[Any, int, int]):
-    """Counts the records of a window."""
-
-    def create_accumulator(self) -> int:
-        return 0
-
-    def add(self, value: Any, accumulator: int) -> int:
-        return accumulator + 1
-
-    def get_result(self, accumulator: int) -> int:
-        return accumulator
-
-    def merge(self, a: int, b: int) -> int:
-        return a + b
-
-
 def windowed_count() -> Any:
     """The statekit job's function (one per subtask)."""
-    from statekit.windows import TumblingEventTimeWindows, WindowedAggregate
+    from statekit.windows import Count, TumblingEventTimeWindows, WindowedAggregate
 
     return WindowedAggregate(TumblingEventTimeWindows("1 minute"), Count())
 

@@ -13,7 +13,6 @@ import pytest
 
 from statekit import (
     VOID_NAMESPACE,
-    AggregateFunction,
     EventTime,
     KeyedProcessFunction,
     LocalRunner,
@@ -30,6 +29,7 @@ from statekit.backend_api import BytesStreamHandle, KeyedStateHandle
 from statekit.testing import ManualClock
 from statekit.timers import MAX_WATERMARK, TIMER_STATE_NAMES, decode_timer, encode_timer, parse_duration_ms
 from statekit.windows import (
+    Count,
     SlidingEventTimeWindows,
     TimeWindow,
     TumblingEventTimeWindows,
@@ -309,20 +309,6 @@ def test_a_version_1_snapshot_still_restores() -> None:
 
 
 # --- windows ------------------------------------------------------------------------------
-
-
-class Count(AggregateFunction[Any, int, int]):
-    def create_accumulator(self) -> int:
-        return 0
-
-    def add(self, value: Any, accumulator: int) -> int:
-        return accumulator + 1
-
-    def get_result(self, accumulator: int) -> int:
-        return accumulator
-
-    def merge(self, a: int, b: int) -> int:
-        return a + b
 
 
 def test_window_assigners() -> None:

@@ -11,6 +11,7 @@ a function of one's own (see docs/state.md).
 from __future__ import annotations
 
 from ._windows import (
+    Count,
     SlidingEventTimeWindows,
     TimeWindow,
     TumblingEventTimeWindows,
@@ -19,6 +20,7 @@ from ._windows import (
 )
 
 __all__ = [
+    "Count",
     "SlidingEventTimeWindows",
     "TimeWindow",
     "TumblingEventTimeWindows",

@@ -14,6 +14,7 @@ from .._state import AggregateFunction, AggregatingStateDescriptor
 from ..timers import parse_duration_ms
 
 __all__ = [
+    "Count",
     "SlidingEventTimeWindows",
     "TimeWindow",
     "TumblingEventTimeWindows",
@@ -93,6 +94,26 @@ class SlidingEventTimeWindows(WindowAssigner):
 
     def __repr__(self) -> str:
         return f"SlidingEventTimeWindows(size={self.size}, slide={self.slide}, offset={self.offset})"
+
+
+class Count(AggregateFunction[Any, int, int]):
+    """Counts the records added (a window's count); values are ignored."""
+
+    def create_accumulator(self) -> int:
+        """Nothing counted yet."""
+        return 0
+
+    def add(self, value: Any, accumulator: int) -> int:
+        """One more."""
+        return accumulator + 1
+
+    def get_result(self, accumulator: int) -> int:
+        """The count."""
+        return accumulator
+
+    def merge(self, a: int, b: int) -> int:
+        """Both counts."""
+        return a + b
 
 
 def _default_emit(key: Any, window: TimeWindow, result: Any) -> tuple[Any, int, int, Any]:
