@@ -745,13 +745,15 @@ class FileSystemCheckpointStorage:
         if not complete:
             return []
         fs, job_path = self._files.open(job)
-        keep: set[str] = set()
-        for location, description in referenced:
-            if description.get("type") == "file":
-                _, base = self._files.open(_location(location))
-                path = _contained_path(base, description.get("path"))
-                if path is not None:
-                    keep.add(path)
+        # One open per kept checkpoint, not per file: an incremental job references many,
+        # and with skip_instance_cache every open builds a new filesystem.
+        bases = {loc: self._files.open(_location(loc))[1] for loc in {loc for loc, _ in referenced}}
+        keep = {
+            path
+            for location, description in referenced
+            if description.get("type") == "file"
+            and (path := _contained_path(bases[location], description.get("path"))) is not None
+        }
         deleted: list[str] = []
         try:
             for i, done in dirs:
