@@ -238,7 +238,7 @@ class CheckpointMetadata:
         for subtasks in self.operators.values():
             for st in subtasks:
                 for part in (st.keyed, st.operator):
-                    shared = part.get("shared") if isinstance(part, dict) else None
+                    shared = part.get("shared") if part else None  # from_bytes checked: a dict or None
                     if isinstance(shared, list):
                         out.extend(d for d in shared if isinstance(d, dict))
         return out
@@ -542,7 +542,7 @@ class CompletedCheckpoint:
             with self._parsing(operator_id, st.subtask_index):
                 stream = self.storage.resolve_handle(self.location, _typed(k["handle"], dict, "handle"))
                 offsets = {
-                    _typed(int(kg), int, "key group"): (_typed(o, int, "offset"), _typed(n, int, "length"))
+                    int(kg): (_typed(o, int, "offset"), _typed(n, int, "length"))
                     for kg, (o, n) in _typed(k["offsets"], dict, "offsets").items()
                 }
                 h = KeyedStateHandle(
