@@ -185,13 +185,10 @@ def test_retention_deletes_what_failed_checkpoints_left_but_nothing_a_kept_check
 ) -> None:
     """A checkpoint that failed while its store was down could not delete its files: the next cleanup does."""
     storage = FileSystemCheckpointStorage(str(tmp_path / "ckpt"), inline_threshold=0)
-    backend = HeapKeyedStateBackend(
-        key_serializer=StrSerializer(), key_group_range=KeyGroupRange(0, 127), max_parallelism=128
-    )
 
     def checkpoint(cid: int, shared: list[str], *, complete: bool = True) -> None:
         writer = storage.begin_checkpoint("job", cid)
-        st = SubtaskState("op", 0, backend.key_group_range)
+        st = SubtaskState("op", 0, KeyGroupRange(0, 127))  # only shared files: no backend needed
         st.keyed = {"shared": []}
         for name in shared:
             out = writer.create_stream(name, shared=True)
