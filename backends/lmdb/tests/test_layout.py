@@ -18,7 +18,7 @@ from statekit import (
 )
 from statekit.backend_api import KeyLayout
 from statekit.serializers import IntSerializer, StrSerializer
-from statekit.testing._job import snapshot_handle
+from statekit.testing import ReferenceKeyedStateBackend, snapshot_handle
 from statekit_lmdb._layout import state_names
 
 INT_NS = serializer_for(int)
@@ -219,17 +219,15 @@ def test_a_native_restore_into_part_of_the_key_groups_keeps_exactly_those(
 
 
 def test_a_savepoint_with_keys_too_long_for_lmdb_is_refused_clearly(make_backend: Any) -> None:
-    from statekit_heap import HeapKeyedStateBackend
-
-    heap = HeapKeyedStateBackend(
+    source = ReferenceKeyedStateBackend(
         key_serializer=StrSerializer(), key_group_range=KeyGroupRange.of(0, 127), max_parallelism=128
     )
-    v = heap.get_state(ValueStateDescriptor("v", int))
-    heap.set_current_key("short")
+    v = source.get_state(ValueStateDescriptor("v", int))
+    source.set_current_key("short")
     v.update(1)
-    heap.set_current_key("y" * 600)
+    source.set_current_key("y" * 600)
     v.update(2)
-    handle = snapshot_handle(heap)
+    handle = snapshot_handle(source)
     target = make_backend()
     target.get_state(ValueStateDescriptor("v", int))
     with pytest.raises(StateAccessError, match="at most 511 bytes"):

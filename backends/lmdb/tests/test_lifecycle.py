@@ -19,7 +19,7 @@ from statekit import (
     ValueStateDescriptor,
     default_registry,
 )
-from statekit.testing._job import snapshot_handle
+from statekit.testing import snapshot_handle
 
 COUNT = ValueStateDescriptor("count", int, default=0)
 

@@ -15,7 +15,7 @@ from statekit import (
     StateAccessError,
     ValueStateDescriptor,
 )
-from statekit.testing._job import decode_canonical, snapshot_handle
+from statekit.testing import KitNativeOutput, decode_canonical, snapshot_handle
 from statekit_lmdb import LMDBStateBackend, MapSizeLimitError
 
 SMALL = {"initial-map-size": 256 << 10}  # 64 pages of 4 KiB
@@ -92,8 +92,6 @@ def test_pending_snapshots_keep_their_point_across_growths(make_backend: Any, na
     fill(b, 5000, tag="later-")  # the map grows while both are pending: both are frozen first
     assert b.map_growths >= 2 and b.frozen_views == 2
     if native:
-        from statekit.testing._job import KitNativeOutput
-
         handles = [s.write(KitNativeOutput(i + 1)) for i, s in enumerate((first, second))]
         restored = []
         for h in handles:

@@ -12,7 +12,7 @@ from typing import Any
 from statekit import KeyGroupRange, ValueStateDescriptor, key_group_for_bytes
 from statekit.backend_api import BytesStreamHandle, KeyedStateHandle
 from statekit.serializers import StrSerializer
-from statekit.testing._job import KitNativeOutput, decode_canonical, snapshot_handle
+from statekit.testing import KitNativeOutput, decode_canonical, snapshot_handle
 
 VALUE = ValueStateDescriptor("v", str)
 SMALL = {"initial-map-size": 256 << 10}

@@ -16,6 +16,7 @@ from statekit import (
 )
 from statekit.backend_api import KeyLayout
 from statekit.serializers import IntSerializer, StrSerializer
+from statekit.testing import snapshot_handle
 
 INT_NS = serializer_for(int)
 
@@ -142,8 +143,6 @@ def raw_entries_count(b: Any) -> int:
 
 
 def test_a_restore_into_part_of_the_key_groups_keeps_exactly_those(make_backend: Any) -> None:
-    from statekit.testing._job import snapshot_handle
-
     src = make_backend()
     v = src.get_state(ValueStateDescriptor("v", int))
     for i in range(300):

@@ -17,11 +17,22 @@ drives random operations against a plain Python model and reports a violation
 (:class:`PropertyViolation`) with the shortest sequence of steps it found.
 :class:`CheckpointStorageTests` does the same for a checkpoint storage. See
 ``docs/writing-a-backend.md``.
+
+A plugin's own tests (of what is particular to its engine) share scaffolding
+from here too: :func:`snapshot_handle` and :func:`decode_canonical`
+(snapshots taken, written into memory and read back) and
+:class:`KitNativeOutput` (where native snapshots upload, in memory).
 """
 
 from __future__ import annotations
 
 from ._clock import ManualClock
+from ._plugin_helpers import (
+    DecodedEntry,
+    KitNativeOutput,
+    decode_canonical,
+    snapshot_handle,
+)
 from ._properties import PROPERTIES, PropertyViolation
 from ._reference import ReferenceCheckpointStorage, ReferenceKeyedStateBackend, ReferenceStateBackend
 from ._stateful import MACHINES, ConformanceMachine, ConformanceTarget, MachineConfig, machine_configs
@@ -33,6 +44,8 @@ __all__ = [
     "CheckpointStorageTests",
     "ConformanceMachine",
     "ConformanceTarget",
+    "DecodedEntry",
+    "KitNativeOutput",
     "MachineConfig",
     "ManualClock",
     "PropertyViolation",
@@ -40,8 +53,10 @@ __all__ = [
     "ReferenceKeyedStateBackend",
     "ReferenceStateBackend",
     "StateBackendTests",
+    "decode_canonical",
     "kit_settings",
     "kit_tests",
     "machine_configs",
     "run_property",
+    "snapshot_handle",
 ]
