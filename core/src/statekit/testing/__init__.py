@@ -19,9 +19,10 @@ drives random operations against a plain Python model and reports a violation
 ``docs/writing-a-backend.md``.
 
 A plugin's own tests (of what is particular to its engine) share scaffolding
-from here too: :func:`snapshot_handle` and :func:`decode_canonical`
-(snapshots taken, written into memory and read back) and
-:class:`KitNativeOutput` (where native snapshots upload, in memory).
+from here too: :func:`keyed_backends` (a fixture's factory of keyed
+backends), :func:`snapshot_handle` and :func:`decode_canonical` (snapshots
+taken, written into memory and read back) and :class:`KitNativeOutput`
+(where native snapshots upload, in memory).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ._plugin_helpers import (
     DecodedEntry,
     KitNativeOutput,
     decode_canonical,
+    keyed_backends,
     snapshot_handle,
 )
 from ._properties import PROPERTIES, PropertyViolation
@@ -54,6 +56,7 @@ __all__ = [
     "ReferenceStateBackend",
     "StateBackendTests",
     "decode_canonical",
+    "keyed_backends",
     "kit_settings",
     "kit_tests",
     "machine_configs",

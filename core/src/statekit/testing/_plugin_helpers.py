@@ -7,6 +7,11 @@ helpers are what such tests of different plugins share, so that each plugin
 imports them from here rather than copying them, or reaching into the kit's
 private modules::
 
+    @pytest.fixture
+    def make_backend(clock, tmp_path):
+        with keyed_backends(MyStateBackend, local_dir=tmp_path / "local", clock=clock) as make:
+            yield make
+
     def test_a_native_snapshot_restores(make_backend):
         src = make_backend()
         ...
@@ -16,11 +21,64 @@ private modules::
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from .._contracts import StateBackend
+from .._keygroups import KeyGroupRange
+from .._serializers import StrSerializer, TypeSerializer
+from .._ttl import Clock
 from ._job import DecodedEntry, KitNativeOutput, decode_canonical, snapshot_handle
 
 __all__ = [
     "DecodedEntry",
     "KitNativeOutput",
     "decode_canonical",
+    "keyed_backends",
     "snapshot_handle",
 ]
+
+
+@contextlib.contextmanager
+def keyed_backends(
+    state_backend: Callable[[Mapping[str, Any] | None], StateBackend],
+    *,
+    local_dir: str | os.PathLike[str],
+    clock: Clock | None = None,
+    max_parallelism: int = 128,
+    key_serializer: TypeSerializer | None = None,
+) -> Iterator[Callable[..., Any]]:
+    """A factory of keyed backends of one plugin; every backend it made is closed on exit.
+
+    ``make(key_group_range=None, options=None, local_dir=None)`` creates
+    ``state_backend(options)`` (the plugin's options by short name) and asks it
+    for a keyed backend owning ``key_group_range`` (default: every key group),
+    with str keys unless ``key_serializer`` says otherwise, ``clock``, and its
+    files under ``local_dir`` (default: the one given here).
+    """
+    made: list[Any] = []
+    default_range = KeyGroupRange.of(0, max_parallelism - 1)
+    default_dir = local_dir
+
+    def make(
+        key_group_range: KeyGroupRange | None = None,
+        options: Mapping[str, Any] | None = None,
+        local_dir: str | os.PathLike[str] | None = None,
+    ) -> Any:
+        b = state_backend(options).create_keyed_backend(
+            key_serializer=key_serializer or StrSerializer(),
+            key_group_range=default_range if key_group_range is None else key_group_range,
+            max_parallelism=max_parallelism,
+            clock=clock,
+            local_dir=os.fspath(local_dir or default_dir),
+        )
+        made.append(b)
+        return b
+
+    try:
+        yield make
+    finally:
+        for b in made:
+            b.close()
