@@ -19,7 +19,7 @@ from statekit import (
     ValueStateDescriptor,
     default_registry,
 )
-from statekit.testing import snapshot_handle
+from statekit.testing import run_killed_job, snapshot_handle, value_state_contents
 
 COUNT = ValueStateDescriptor("count", int, default=0)
 
@@ -62,13 +62,7 @@ def test_twenty_restore_cycles_leave_only_the_live_instances(tmp_path: Path, fmt
         assert instances(local) == []
     r = LocalRunner(Count, key_selector=lambda x: x, config=conf)
     r.restore("latest")
-    total = 0
-    for ctx in r.subtasks:
-        kb = ctx.keyed_backend
-        s = kb.get_state(COUNT)
-        for k in kb.keys("count"):
-            kb.set_current_key(k)
-            total += s.value()
+    total = sum(value_state_contents(r, COUNT).values())
     assert total == 20 * 50
     r.close()
 
@@ -240,31 +234,11 @@ def test_a_native_restore_drops_what_a_full_snapshot_would(make_backend: Any, cl
         assert t.value() == 3
 
 
-KILLED_JOB = """
-import os, signal, sys
-from statekit import LocalRunner, ValueStateDescriptor, KeyedProcessFunction
-
-class C(KeyedProcessFunction):
-    def open(self, ctx):
-        self.c = ctx.get_state(ValueStateDescriptor("count", int, default=0))
-    def process(self, record, ctx):
-        self.c.update(self.c.value() + 1)
-
-r = LocalRunner(C, key_selector=lambda x: x, config={
-    "statekit.backend": "lmdb", "statekit.local-dir": sys.argv[1], "statekit.parallelism": 2})
-for i in range(100):
-    r.process(f"k{i}")
-os.kill(os.getpid(), signal.SIGKILL)
-"""
-
-
 def test_environments_of_a_killed_process_are_removed_by_the_next_run(tmp_path: Path) -> None:
     import signal
-    import subprocess
-    import sys
 
     local = tmp_path / "local"
-    proc = subprocess.run([sys.executable, "-c", KILLED_JOB, str(local)], capture_output=True, timeout=120)
+    proc = run_killed_job("lmdb", local)  # two subtasks
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert len(instances(local)) == 2  # SIGKILL: nobody could clean up
     r = LocalRunner(

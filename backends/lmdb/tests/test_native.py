@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from statekit import KeyedProcessFunction, LocalRunner, ValueStateDescriptor, load_checkpoint
+from statekit import KeyedProcessFunction, LocalRunner, ValueStateDescriptor
+from statekit.testing import keyed_checkpoint_part, value_state_contents
 from statekit_lmdb import LMDBKeyedStateBackend
 
 COUNT = ValueStateDescriptor("count", int, default=0)
@@ -42,23 +43,6 @@ def feed(r: LocalRunner, records: list[tuple[str, int]]) -> None:
         r.process(record)
 
 
-def state(r: LocalRunner) -> dict[str, int]:
-    out = {}
-    for ctx in r.subtasks:
-        kb = ctx.keyed_backend
-        s = kb.get_state(COUNT)
-        for k in kb.keys("count"):
-            kb.set_current_key(k)
-            out[k] = s.value()
-    return out
-
-
-def keyed_part(r: LocalRunner, location: str, subtask: int = 0) -> dict[str, Any]:
-    part = load_checkpoint(r.storage, location).metadata.operators["process"][subtask].keyed
-    assert part is not None
-    return part
-
-
 def test_every_checkpoint_is_one_self_contained_data_file(tmp_path: Path) -> None:
     r = runner(tmp_path, **{"statekit.checkpoints.retained": 2})
     feed(r, [(f"user-{i:06d}", 1) for i in range(20_000)])
@@ -66,7 +50,7 @@ def test_every_checkpoint_is_one_self_contained_data_file(tmp_path: Path) -> Non
     feed(r, [(f"user-{i:06d}", 2) for i in range(0, 20_000, 100)])
     second = r.checkpoint()
     for loc, cid in ((first, 1), (second, 2)):
-        part = keyed_part(r, loc)
+        part = keyed_checkpoint_part(r, loc)
         assert part["format"] == "statekit-lmdb-1" and part["entries"] == 20_000
         files = part["native"]["files"]
         assert [(f["name"], f["shared"], f["checkpoint_id"]) for f in files] == [("data.mdb", False, cid)]
@@ -74,7 +58,7 @@ def test_every_checkpoint_is_one_self_contained_data_file(tmp_path: Path) -> Non
     shared = tmp_path / "chk" / "nat" / "shared"
     assert not shared.exists() or not list(shared.iterdir())
     expected = {f"user-{i:06d}": 2 if i % 100 == 0 else 1 for i in range(20_000)}
-    assert state(r) == expected
+    assert value_state_contents(r, COUNT) == expected
     r.close()
 
 
@@ -82,7 +66,7 @@ def test_a_restore_at_the_same_parallelism_adopts_the_file(tmp_path: Path, monke
     r = runner(tmp_path, **{"statekit.parallelism": 2})
     feed(r, [(f"k{i}", i) for i in range(3000)])
     r.checkpoint()
-    expected = state(r)
+    expected = value_state_contents(r, COUNT)
     r.close()
     loads: list[str] = []
     real = LMDBKeyedStateBackend.kv_load
@@ -95,7 +79,7 @@ def test_a_restore_at_the_same_parallelism_adopts_the_file(tmp_path: Path, monke
     again = runner(tmp_path, **{"statekit.parallelism": 2})
     again.restore("latest")
     assert loads == []  # no entry went through the write path
-    assert state(again) == expected
+    assert value_state_contents(again, COUNT) == expected
     again.close()
 
 
@@ -104,11 +88,11 @@ def test_native_rescale_from_two_subtasks_and_back(tmp_path: Path, new_p: int) -
     r = runner(tmp_path, **{"statekit.parallelism": 2})
     feed(r, [(f"k{i}", i) for i in range(3000)])
     r.checkpoint()
-    expected = state(r)
+    expected = value_state_contents(r, COUNT)
     r.close()
     new = runner(tmp_path, **{"statekit.parallelism": new_p})
     new.restore("latest")
-    assert state(new) == expected
+    assert value_state_contents(new, COUNT) == expected
     assert sum(ctx.keyed_backend.num_entries() for ctx in new.subtasks) == 3000
     feed(new, [(f"k{i}", -1) for i in range(0, 3000, 7)])
     new.checkpoint()
@@ -116,5 +100,5 @@ def test_native_rescale_from_two_subtasks_and_back(tmp_path: Path, new_p: int) -
     new.close()
     back = runner(tmp_path, **{"statekit.parallelism": 2})
     back.restore("latest")
-    assert state(back) == expected
+    assert value_state_contents(back, COUNT) == expected
     back.close()

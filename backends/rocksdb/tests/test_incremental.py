@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from statekit import KeyedProcessFunction, LocalRunner, ValueStateDescriptor, load_checkpoint
+from statekit.testing import keyed_checkpoint_part, value_state_contents
 
 COUNT = ValueStateDescriptor("count", int, default=0)
 
@@ -43,23 +44,6 @@ def feed(r: LocalRunner, records: list[tuple[str, int]]) -> None:
         r.process(record)
 
 
-def keyed_part(r: LocalRunner, location: str, subtask: int = 0) -> dict[str, Any]:
-    part = load_checkpoint(r.storage, location).metadata.operators["process"][subtask].keyed
-    assert part is not None
-    return part
-
-
-def state(r: LocalRunner) -> dict[str, int]:
-    out = {}
-    for ctx in r.subtasks:
-        kb = ctx.keyed_backend
-        s = kb.get_state(COUNT)
-        for k in kb.keys("count"):
-            kb.set_current_key(k)
-            out[k] = s.value()
-    return out
-
-
 def shared_files(tmp_path: Path) -> set[str]:
     d = tmp_path / "chk" / "inc" / "shared"
     return {p.name for p in d.iterdir()} if d.exists() else set()
@@ -82,19 +66,19 @@ def test_a_second_checkpoint_uploads_only_what_changed_and_restores_exactly(tmp_
     changed = random.Random(3).sample(keys, len(keys) // 100)
     feed(r, [(k, 2) for k in changed])
     second = r.checkpoint()
-    p1, p2 = keyed_part(r, first), keyed_part(r, second)
+    p1, p2 = keyed_checkpoint_part(r, first), keyed_checkpoint_part(r, second)
     assert p1["format"] == "statekit-rocksdb-1"
     assert p2["uploaded"] < 0.2 * p1["uploaded"], (p1["uploaded"], p2["uploaded"])
     files2 = p2["native"]["files"]
     reused = [f for f in files2 if f["checkpoint_id"] == 1]
     assert reused and all(f["shared"] for f in reused)  # the first checkpoint's SST files, referenced
     expected = dict.fromkeys(keys, 1) | dict.fromkeys(changed, 2)
-    assert state(r) == expected
+    assert value_state_contents(r, COUNT) == expected
     r.close()
 
     again = runner(tmp_path)
     assert again.restore("latest") == second
-    assert state(again) == expected
+    assert value_state_contents(again, COUNT) == expected
     again.close()
 
 
@@ -140,7 +124,7 @@ def test_an_aborted_checkpoint_is_never_referenced_and_its_uploads_are_removed(t
     assert seen_at_failure[0] > before  # checkpoint 2 had uploaded new files...
     assert shared_files(tmp_path) == before  # ...which its failure deleted
     third = r.checkpoint()
-    part = keyed_part(r, third)
+    part = keyed_checkpoint_part(r, third)
     assert {f["checkpoint_id"] for f in part["native"]["files"]} <= {1, 3}  # never the aborted 2
     uploaded_by_3 = {
         os.path.basename(f["handle"]["path"])
@@ -148,11 +132,11 @@ def test_an_aborted_checkpoint_is_never_referenced_and_its_uploads_are_removed(t
         if f["checkpoint_id"] == 3 and f["shared"] and f["handle"]["type"] == "file"
     }
     assert shared_files(tmp_path) == before | uploaded_by_3  # the failed checkpoint's uploads are gone
-    expected = state(r)
+    expected = value_state_contents(r, COUNT)
     r.close()
     again = runner(tmp_path)
     again.restore("latest")
-    assert state(again) == expected
+    assert value_state_contents(again, COUNT) == expected
     again.close()
 
 
@@ -161,11 +145,11 @@ def test_native_rescale_from_two_subtasks(tmp_path: Path, new_p: int) -> None:
     r = runner(tmp_path, **{"statekit.parallelism": 2})
     feed(r, [(f"k{i}", i) for i in range(3000)])
     r.checkpoint()
-    expected = state(r)
+    expected = value_state_contents(r, COUNT)
     r.close()
     new = runner(tmp_path, **{"statekit.parallelism": new_p})
     new.restore("latest")
-    assert state(new) == expected
+    assert value_state_contents(new, COUNT) == expected
     assert sum(ctx.keyed_backend.num_entries() for ctx in new.subtasks) == 3000
     feed(new, [(f"k{i}", -1) for i in range(0, 3000, 7)])
     new.checkpoint()
@@ -173,5 +157,5 @@ def test_native_rescale_from_two_subtasks(tmp_path: Path, new_p: int) -> None:
     new.close()
     back = runner(tmp_path, **{"statekit.parallelism": 2})
     back.restore("latest")
-    assert state(back) == expected
+    assert value_state_contents(back, COUNT) == expected
     back.close()

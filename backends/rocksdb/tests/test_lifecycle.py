@@ -18,7 +18,7 @@ from statekit import (
     ValueStateDescriptor,
     default_registry,
 )
-from statekit.testing import snapshot_handle
+from statekit.testing import run_killed_job, snapshot_handle, value_state_contents
 
 COUNT = ValueStateDescriptor("count", int, default=0)
 
@@ -59,14 +59,7 @@ def test_twenty_restore_cycles_leave_only_the_live_instances(tmp_path: Path) -> 
         assert instances(local) == []
     r = LocalRunner(Count, key_selector=lambda x: x, config=conf)
     r.restore("latest")
-    kb = r.subtasks[0].keyed_backend
-    total = 0
-    for ctx in r.subtasks:
-        kb = ctx.keyed_backend
-        s = kb.get_state(COUNT)
-        for k in kb.keys("count"):
-            kb.set_current_key(k)
-            total += s.value()
+    total = sum(value_state_contents(r, COUNT).values())
     assert total == 20 * 50
     r.close()
 
@@ -150,31 +143,11 @@ def raw_count(b: Any) -> int:
         cf.close()
 
 
-KILLED_JOB = """
-import os, signal, sys
-from statekit import LocalRunner, ValueStateDescriptor, KeyedProcessFunction
-
-class C(KeyedProcessFunction):
-    def open(self, ctx):
-        self.c = ctx.get_state(ValueStateDescriptor("count", int, default=0))
-    def process(self, record, ctx):
-        self.c.update(self.c.value() + 1)
-
-r = LocalRunner(C, key_selector=lambda x: x, config={
-    "statekit.backend": "rocksdb", "statekit.local-dir": sys.argv[1], "statekit.parallelism": 2})
-for i in range(100):
-    r.process(f"k{i}")
-os.kill(os.getpid(), signal.SIGKILL)
-"""
-
-
 def test_instances_of_a_killed_process_are_removed_by_the_next_run(tmp_path: Path) -> None:
     import signal
-    import subprocess
-    import sys
 
     local = tmp_path / "local"
-    proc = subprocess.run([sys.executable, "-c", KILLED_JOB, str(local)], capture_output=True, timeout=120)
+    proc = run_killed_job("rocksdb", local)  # two subtasks
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert len(instances(local)) == 2  # SIGKILL: nobody could clean up
     r = LocalRunner(

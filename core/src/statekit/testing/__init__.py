@@ -21,8 +21,11 @@ drives random operations against a plain Python model and reports a violation
 A plugin's own tests (of what is particular to its engine) share scaffolding
 from here too: :func:`keyed_backends` (a fixture's factory of keyed
 backends), :func:`snapshot_handle` and :func:`decode_canonical` (snapshots
-taken, written into memory and read back) and :class:`KitNativeOutput`
-(where native snapshots upload, in memory).
+taken, written into memory and read back), :class:`KitNativeOutput` (where
+native snapshots upload, in memory), :func:`value_state_contents` and
+:func:`keyed_checkpoint_part` (what a :class:`~statekit.LocalRunner` holds
+and checkpointed) and :func:`run_killed_job` (a job whose process dies by
+SIGKILL, leaving its local directories behind).
 """
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ from ._plugin_helpers import (
     KitNativeOutput,
     decode_canonical,
     keyed_backends,
+    keyed_checkpoint_part,
+    run_killed_job,
     snapshot_handle,
+    value_state_contents,
 )
 from ._properties import PROPERTIES, PropertyViolation
 from ._reference import ReferenceCheckpointStorage, ReferenceKeyedStateBackend, ReferenceStateBackend
@@ -57,9 +63,12 @@ __all__ = [
     "StateBackendTests",
     "decode_canonical",
     "keyed_backends",
+    "keyed_checkpoint_part",
     "kit_settings",
     "kit_tests",
     "machine_configs",
+    "run_killed_job",
     "run_property",
     "snapshot_handle",
+    "value_state_contents",
 ]

@@ -23,12 +23,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from .._checkpoint import load_checkpoint
 from .._contracts import StateBackend
 from .._keygroups import KeyGroupRange
+from .._runner import LocalRunner
 from .._serializers import StrSerializer, TypeSerializer
+from .._state import ValueStateDescriptor
 from .._ttl import Clock
 from ._job import DecodedEntry, KitNativeOutput, decode_canonical, snapshot_handle
 
@@ -37,7 +42,10 @@ __all__ = [
     "KitNativeOutput",
     "decode_canonical",
     "keyed_backends",
+    "keyed_checkpoint_part",
+    "run_killed_job",
     "snapshot_handle",
+    "value_state_contents",
 ]
 
 
@@ -82,3 +90,65 @@ def keyed_backends(
     finally:
         for b in made:
             b.close()
+
+
+def value_state_contents(runner: LocalRunner, descriptor: ValueStateDescriptor[Any]) -> dict[Any, Any]:
+    """Every key's value of a value state (in VOID_NAMESPACE), over all subtasks of ``runner``."""
+    out = {}
+    for ctx in runner.subtasks:
+        kb = ctx.keyed_backend
+        s = kb.get_state(descriptor)
+        for k in kb.keys(descriptor.name):
+            kb.set_current_key(k)
+            out[k] = s.value()
+    return out
+
+
+def keyed_checkpoint_part(
+    runner: LocalRunner, location: str, subtask: int = 0, operator: str = "process"
+) -> dict[str, Any]:
+    """The keyed part of one subtask's state in the metadata of the checkpoint at ``location``."""
+    part = load_checkpoint(runner.storage, location).metadata.operators[operator][subtask].keyed
+    assert part is not None, f"subtask {subtask} of {operator!r} has no keyed state at {location}"
+    return part
+
+
+_KILLED_JOB = """
+import os, signal, sys
+from statekit import LocalRunner, ValueStateDescriptor, KeyedProcessFunction
+
+class C(KeyedProcessFunction):
+    def open(self, ctx):
+        self.c = ctx.get_state(ValueStateDescriptor("count", int, default=0))
+    def process(self, record, ctx):
+        self.c.update(self.c.value() + 1)
+
+backend, local_dir, parallelism, records = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+r = LocalRunner(C, key_selector=lambda x: x, config={
+    "statekit.backend": backend, "statekit.local-dir": local_dir, "statekit.parallelism": parallelism})
+for i in range(records):
+    r.process(f"k{i}")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def run_killed_job(
+    backend: str,
+    local_dir: str | os.PathLike[str],
+    *,
+    parallelism: int = 2,
+    records: int = 100,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[bytes]:
+    """Run a job on ``backend`` in a child process that SIGKILLs itself after ``records`` records.
+
+    The job counts records per key with ``parallelism`` subtasks, their local
+    directories under ``local_dir``; nothing can clean them up. Returns the
+    finished process (its ``returncode`` is ``-signal.SIGKILL`` unless the job
+    failed first; ``stderr`` says why).
+    """
+    return subprocess.run(
+        [sys.executable, "-c", _KILLED_JOB, backend, os.fspath(local_dir), str(parallelism), str(records)],
+        capture_output=True,
+        timeout=timeout,
+    )
