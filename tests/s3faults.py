@@ -68,6 +68,12 @@ class FaultyS3:
         if thread is not None:
             thread.join()
 
+    def heal(self) -> None:
+        """Disarm every fault (delay, pending stop) and serve, if stopped or stopping."""
+        self.delay, self._stop_at = 0.0, None
+        if self._down.is_set():  # set as a stop begins: start() waits for it to end
+            self.start()
+
     def stop_at(self, request: Request, nth: int = 1) -> None:
         """Stop when the ``nth`` request matching ``request`` arrives (that one fails too)."""
         self._stop_at = (request, nth)

@@ -42,9 +42,7 @@ def s3(s3_endpoint: dict[str, str]) -> Iterator[FaultyS3]:
 def faulty(s3: FaultyS3) -> Iterator[FaultyS3]:
     """The server, serving, with no fault armed; restored after the test."""
     yield s3
-    s3.delay, s3._stop_at = 0.0, None
-    if s3._server is None:
-        s3.start()
+    s3.heal()
 
 
 def options(s3: FaultyS3, *, read_timeout: float = 5) -> dict[str, Any]:
