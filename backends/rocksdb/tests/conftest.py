@@ -31,3 +31,32 @@ def make_backend(clock: ManualClock, tmp_path: Path) -> Iterator[Factory]:
         RocksDBStateBackend, local_dir=tmp_path / "local", clock=clock, max_parallelism=MAX_PARALLELISM
     ) as make:
         yield make
+
+
+def _raw_entries(backend: RocksDBKeyedStateBackend, state: str) -> list[tuple[bytes, bytes]]:
+    backend.kv_write_buffered()
+    cf = backend.db.get_column_family(f"state:{state}")
+    try:
+        return list(cf.items())
+    finally:
+        cf.close()
+
+
+def _raw_count(backend: RocksDBKeyedStateBackend, state: str = "v") -> int:
+    cf = backend.db.get_column_family(f"state:{state}")
+    try:
+        return sum(1 for _ in cf.keys())
+    finally:
+        cf.close()
+
+
+@pytest.fixture
+def raw_entries() -> Callable[[RocksDBKeyedStateBackend, str], list[tuple[bytes, bytes]]]:
+    """``raw_entries(backend, state)``: every (key, value) RocksDB holds for ``state``, buffer written."""
+    return _raw_entries
+
+
+@pytest.fixture
+def raw_count() -> Callable[..., int]:
+    """``raw_count(backend, state="v")``: entries RocksDB holds for ``state`` (the buffer is not written)."""
+    return _raw_count

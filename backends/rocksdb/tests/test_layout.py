@@ -21,15 +21,6 @@ from statekit.testing import snapshot_handle
 INT_NS = serializer_for(int)
 
 
-def raw_entries(backend: Any, state: str) -> list[tuple[bytes, bytes]]:
-    backend.kv_write_buffered()
-    cf = backend.db.get_column_family(f"state:{state}")
-    try:
-        return list(cf.items())
-    finally:
-        cf.close()
-
-
 def test_every_state_has_its_own_column_family(make_backend: Any) -> None:
     b = make_backend()
     for d in (
@@ -45,7 +36,7 @@ def test_every_state_has_its_own_column_family(make_backend: Any) -> None:
     assert {"state:a", "state:b", "state:c"} <= set(Rdict.list_cf(b.db_path))
 
 
-def test_entries_are_composite_keys_and_statekit_encoded_values(make_backend: Any) -> None:
+def test_entries_are_composite_keys_and_statekit_encoded_values(make_backend: Any, raw_entries: Any) -> None:
     b = make_backend()
     v = b.get_state(ValueStateDescriptor("v", int), namespace_serializer=INT_NS)
     b.set_current_key("user-1")
@@ -62,7 +53,7 @@ def test_entries_are_composite_keys_and_statekit_encoded_values(make_backend: An
     assert layout.split(seven) == (kg, key, INT_NS.serialize(7), b"")
 
 
-def test_list_elements_and_map_entries_are_entries_of_their_own(make_backend: Any) -> None:
+def test_list_elements_and_map_entries_are_entries_of_their_own(make_backend: Any, raw_entries: Any) -> None:
     b = make_backend()
     lst = b.get_state(ListStateDescriptor("l", str))
     m = b.get_state(MapStateDescriptor("m", str, int))
@@ -120,26 +111,20 @@ def test_list_add_and_map_point_operations_read_nothing_else(make_backend: Any) 
     assert len(lst.get()) == 1103
 
 
-def test_buffered_writes_are_read_back_and_reach_the_engine_in_batches(make_backend: Any) -> None:
+def test_buffered_writes_are_read_back_and_reach_the_engine_in_batches(
+    make_backend: Any, raw_count: Any
+) -> None:
     b = make_backend(options={"write-batch-size": 10})
     v = b.get_state(ValueStateDescriptor("v", int, default=0))
     for i in range(9):
         b.set_current_key(f"k{i}")
         v.update(i)
-    assert raw_entries_count(b) == 0 and b.kv_pending == 9  # nothing written yet
+    assert raw_count(b) == 0 and b.kv_pending == 9  # nothing written yet
     b.set_current_key("k3")
     assert v.value() == 3
     b.set_current_key("k9")
     v.update(9)  # the tenth update writes the batch
-    assert raw_entries_count(b) == 10
-
-
-def raw_entries_count(b: Any) -> int:
-    cf = b.db.get_column_family("state:v")
-    try:
-        return sum(1 for _ in cf.keys())
-    finally:
-        cf.close()
+    assert raw_count(b) == 10
 
 
 def test_a_restore_into_part_of_the_key_groups_keeps_exactly_those(make_backend: Any) -> None:

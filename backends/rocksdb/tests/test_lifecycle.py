@@ -111,7 +111,9 @@ def test_wal_is_off_by_default_and_on_as_an_option(make_backend: Any) -> None:
     assert make_backend(options={"wal": True})._rocksdb_engine.write_options.disable_wal is False
 
 
-def test_the_ttl_sweep_deletes_expired_entries_in_bounded_steps(make_backend: Any, clock: Any) -> None:
+def test_the_ttl_sweep_deletes_expired_entries_in_bounded_steps(
+    make_backend: Any, clock: Any, raw_count: Any
+) -> None:
     ttl = StateTtlConfig(timedelta(seconds=1), cleanup_incremental_size=2)
     b = make_backend(options={"ttl-sweep-interval": 10})
     s = b.get_state(ValueStateDescriptor("v", int, ttl=ttl))
@@ -133,14 +135,6 @@ def test_the_ttl_sweep_deletes_expired_entries_in_bounded_steps(make_backend: An
     assert raw_count(b) == 1  # only the live entry is left
     b.set_current_key("fresh")
     assert s.value() == 0
-
-
-def raw_count(b: Any) -> int:
-    cf = b.db.get_column_family("state:v")
-    try:
-        return sum(1 for _ in cf.keys())
-    finally:
-        cf.close()
 
 
 def test_instances_of_a_killed_process_are_removed_by_the_next_run(tmp_path: Path) -> None:
