@@ -6,6 +6,7 @@ with ``ENOSPC`` once a byte budget is spent, as a full disk does.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -80,12 +81,19 @@ def test_a_full_disk_fails_the_checkpoint_not_the_job_and_keeps_the_previous_one
     assert state_of_runner(fresh) == model_state(RECORDS)
 
 
+@functools.cache
+def _can_mount_tmpfs() -> bool:
+    """Whether ``unshare`` may mount a tmpfs in a private mount namespace here (probed once)."""
+    if shutil.which("unshare") is None:
+        return False
+    with tempfile.TemporaryDirectory() as target:
+        probe = ["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs "$1"', "sh", target]
+        return subprocess.run(probe, capture_output=True).returncode == 0
+
+
 def _tmpfs_runner(size: str) -> list[str] | None:
     """A command prefix that runs its command with a private tmpfs of ``size`` at ``$FULLDISK``, or None."""
-    if shutil.which("unshare") is None:
-        return None
-    probe = ["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs "$1"', "sh", tempfile.mkdtemp()]
-    if subprocess.run(probe, capture_output=True).returncode != 0:
+    if not _can_mount_tmpfs():
         return None
     return [
         "unshare",
