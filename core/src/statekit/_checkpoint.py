@@ -284,7 +284,7 @@ class CheckpointMetadata:
             version = obj.get("version")
             if not isinstance(version, int) or not 1 <= version <= METADATA_VERSION:
                 raise CorruptSnapshotError(
-                    f"{where}: metadata version {version!r} is not one this statekit reads "
+                    f"metadata version {version!r} is not one this statekit reads "
                     f"(1 to {METADATA_VERSION}); a newer statekit wrote it (upgrade), or the file is corrupt"
                 )
             meta = cls(
@@ -304,9 +304,7 @@ class CheckpointMetadata:
                 properties=_typed(obj.get("properties") or {}, dict, "properties"),
             )
             meta._check_layout()
-        except CorruptSnapshotError as e:
-            if str(e).startswith(where):
-                raise
+        except CorruptSnapshotError as e:  # raised without the file's name: add it
             raise CorruptSnapshotError(f"{where}: {e}") from None
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as e:
             # RecursionError: JSON nested too deeply for the parser (a crafted file).
