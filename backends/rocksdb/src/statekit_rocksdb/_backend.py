@@ -424,6 +424,11 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
 
         restore_native(self, handles)
 
+    def native_meta(self) -> dict[str, Any]:
+        """What a native snapshot taken now records besides its files (see docs/backends/rocksdb.md)."""
+        # Range, list sequence, and what a restore drops as a canonical snapshot taken now would.
+        return {**self.kv_native_meta(), "column_family_prefix": CF_PREFIX}
+
     def estimate_entries(self) -> int:
         """RocksDB's estimate of the number of entries (not of (key, namespace) pairs)."""
         total = 0

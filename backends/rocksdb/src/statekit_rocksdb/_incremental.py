@@ -114,10 +114,13 @@ class RocksDBNativeSnapshot:
         directory = backend.checkpoint_locally(f"chk-{checkpoint_id}")
         files = set(os.listdir(directory))
         backend.uploads.keep_only({f for f in files if f.endswith(".sst")})
-        # Range, list sequence, and what a restore drops as a canonical snapshot taken now would.
-        meta = {**backend.kv_native_meta(), "column_family_prefix": "state:"}
         return cls(
-            backend, checkpoint_id, directory, backend.stored_state_metas(), meta, backend.estimate_entries()
+            backend,
+            checkpoint_id,
+            directory,
+            backend.stored_state_metas(),
+            backend.native_meta(),
+            backend.estimate_entries(),
         )
 
     def write(

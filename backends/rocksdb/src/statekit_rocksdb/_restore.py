@@ -32,6 +32,8 @@ from rocksdict import AccessType, Options, Rdict, SstFileWriter
 from statekit import CorruptSnapshotError
 from statekit.backend_api import NativeStateHandle
 
+from ._backend import CF_PREFIX
+
 if TYPE_CHECKING:
     from ._backend import RocksDBKeyedStateBackend
 
@@ -60,8 +62,8 @@ def restore_native(backend: RocksDBKeyedStateBackend, handles: Sequence[NativeSt
     if not parts:
         backend.adopt_native_states(metas)
         return
-    overlap = {id(h): len(backend.kv_snapshot_range(h).intersection(own)) for h in parts}
-    base = max(parts, key=lambda h: (overlap[id(h)], -backend.kv_snapshot_range(h).start))
+    ranges = {id(h): backend.kv_snapshot_range(h) for h in parts}
+    base = max(parts, key=lambda h: (len(ranges[id(h)].intersection(own)), -ranges[id(h)].start))
     staging = os.path.join(backend.instance_dir, f"restore-{os.urandom(4).hex()}")
     try:
         base_dir = os.path.join(staging, "base")
@@ -77,7 +79,7 @@ def restore_native(backend: RocksDBKeyedStateBackend, handles: Sequence[NativeSt
         os.replace(base_dir, backend.db_path)
         backend.rocksdb_open(backend.db_path)
         lower, upper = backend.layout.group_range(own.start, own.end)
-        if backend.kv_snapshot_range(base) != own:
+        if ranges[id(base)] != own:
             _clip(backend, lower, upper)
         for _, d in others:
             _ingest_range(backend, d, lower, upper, staging)
@@ -92,7 +94,7 @@ def restore_native(backend: RocksDBKeyedStateBackend, handles: Sequence[NativeSt
 
 
 def _state_families(path: str) -> list[str]:
-    return [n for n in Rdict.list_cf(path) if n.startswith("state:")]
+    return [n for n in Rdict.list_cf(path) if n.startswith(CF_PREFIX)]
 
 
 def _clip(backend: RocksDBKeyedStateBackend, lower: bytes, upper: bytes | None) -> None:
@@ -144,7 +146,7 @@ def _ingest_range(
             del it
             if written:
                 writer.finish()
-                col = backend.kv_column(cf_name[len("state:") :])
+                col = backend.kv_column(cf_name[len(CF_PREFIX) :])
                 assert col is not None
                 col.engine[0].ingest_external_file([path])
             del writer
