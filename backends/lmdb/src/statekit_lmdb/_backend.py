@@ -39,7 +39,7 @@ from statekit.backend_api import (
 )
 
 from ._full_snapshot import LMDBNativeSnapshot
-from ._layout import BULK_CHUNK, db_name, iterate
+from ._layout import BULK_CHUNK, DATA_FILE, DB_PREFIX, MAX_KEY_SIZE, db_name, iterate
 from ._plugin import OPTIONS
 from ._views import PinnedView
 
@@ -186,7 +186,7 @@ class LMDBKeyedStateBackend(OrderedKVBackendBase):
         self._lmdb_env: Any = None
         self._lmdb_reading = False  # whether the columns' read transactions are open
         #: LMDB's key size limit (``env.max_key_size()``); core's handles refuse longer keys.
-        self.kv_max_key_size = 511
+        self.kv_max_key_size = MAX_KEY_SIZE
         #: How often the map grew, and how many pending snapshots were frozen for it (observability).
         self.map_growths = 0
         self.frozen_views = 0
@@ -498,7 +498,7 @@ class LMDBKeyedStateBackend(OrderedKVBackendBase):
         """What a native snapshot taken now records besides its file (see docs/backends/lmdb.md)."""
         return {
             **self.kv_native_meta(),
-            "database_prefix": "state:",
+            "database_prefix": DB_PREFIX.decode(),
             # LMDB data files hold native integers and pointers: only the same kind of machine reads them.
             "lmdb_version": list(lmdb.version()),
             "byteorder": sys.byteorder,
@@ -520,7 +520,7 @@ class LMDBKeyedStateBackend(OrderedKVBackendBase):
         self.lmdb_close_env()
         shutil.rmtree(self.db_path, ignore_errors=True)
         os.makedirs(self.db_path)
-        os.replace(data_file, os.path.join(self.db_path, "data.mdb"))
+        os.replace(data_file, os.path.join(self.db_path, DATA_FILE))
         self.lmdb_open(max(int(self._lmdb_options["initial-map-size"]), 2 * size))
 
     def delete_range(self, name: str, lower: bytes, upper: bytes | None) -> None:

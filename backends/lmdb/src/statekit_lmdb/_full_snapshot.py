@@ -23,16 +23,15 @@ from typing import TYPE_CHECKING, Any
 from statekit import StateAccessError
 from statekit.backend_api import NativeSnapshotOutput, NativeStateHandle
 
+from ._layout import DATA_FILE
+
 if TYPE_CHECKING:
     from statekit.backend_api import ProgressCallback
 
     from ._backend import LMDBKeyedStateBackend
     from ._views import PinnedView
 
-__all__ = ["DATA_FILE", "LMDBNativeSnapshot"]
-
-#: The one file of a native LMDB snapshot.
-DATA_FILE = "data.mdb"
+__all__ = ["LMDBNativeSnapshot"]
 
 
 class LMDBNativeSnapshot:

@@ -16,6 +16,7 @@ from statekit import StateAccessError
 
 __all__ = [
     "BULK_CHUNK",
+    "DATA_FILE",
     "DB_PREFIX",
     "MAX_KEY_SIZE",
     "db_name",
@@ -24,6 +25,8 @@ __all__ = [
     "state_names",
 ]
 
+#: The data file of an environment (``subdir=True``), and the one file of a native snapshot.
+DATA_FILE = "data.mdb"
 #: Named databases of states are ``state:<state name>``.
 DB_PREFIX = b"state:"
 #: Entries one write transaction of a bulk load or delete (restore, rescale, clipping) holds at most.

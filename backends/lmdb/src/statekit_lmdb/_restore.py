@@ -37,8 +37,7 @@ import lmdb
 from statekit import CorruptSnapshotError, SnapshotError
 from statekit.backend_api import NativeStateHandle
 
-from ._full_snapshot import DATA_FILE
-from ._layout import BULK_CHUNK, db_name, state_names
+from ._layout import BULK_CHUNK, DATA_FILE, db_name, state_names
 
 if TYPE_CHECKING:
     from ._backend import LMDBKeyedStateBackend

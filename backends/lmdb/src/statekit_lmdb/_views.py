@@ -32,7 +32,7 @@ import lmdb
 from statekit import CheckpointError, StateAccessError
 from statekit.backend_api import KeyLayout, StateKind, group_entries
 
-from ._layout import db_name, read_range
+from ._layout import DATA_FILE, db_name, read_range
 
 __all__ = ["PinnedView"]
 
@@ -61,7 +61,7 @@ class PinnedView:
     @property
     def data_file(self) -> str:
         """The frozen copy's LMDB data file (once frozen)."""
-        return os.path.join(self.directory, "data.mdb")
+        return os.path.join(self.directory, DATA_FILE)
 
     def _check(self) -> None:
         if self.released:
