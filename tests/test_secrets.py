@@ -37,10 +37,14 @@ def everything_in(s3: Any, bucket: str, prefix: str) -> bytes:
     return out
 
 
-def run_job(config: dict[str, Any]) -> tuple[LocalRunner, str]:
-    r = LocalRunner(
+def make_runner(config: dict[str, Any]) -> LocalRunner:
+    return LocalRunner(
         CountUrls, key_selector=lambda rec: rec["url"], config={"statekit.parallelism": 2, **config}
     )
+
+
+def run_job(config: dict[str, Any]) -> tuple[LocalRunner, str]:
+    r = make_runner(config)
     r.run(RecordSource(RECORDS))
     return r, r.checkpoint()
 
@@ -68,9 +72,7 @@ def test_secret_storage_options_and_env_references_work_and_never_show(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         r, location = run_job(config)
-        restored = LocalRunner(
-            CountUrls, key_selector=lambda rec: rec["url"], config={"statekit.parallelism": 2, **config}
-        )
+        restored = make_runner(config)
         assert restored.restore("latest") == location
     assert SECRET.encode() not in everything_in(s3, bucket, prefix)
     assert SECRET not in repr(r.storage) + repr(r.config) + "".join(str(w.message) for w in caught)
@@ -118,9 +120,7 @@ def test_errors_never_show_secrets(
         "statekit.checkpoint.storage.filesystem.inline-threshold": 0,
         f"{base}.secret-storage-options": json.dumps({**good, "skip_instance_cache": True}),
     }
-    r = LocalRunner(
-        CountUrls, key_selector=lambda rec: rec["url"], config={"statekit.parallelism": 2, **config}
-    )
+    r = make_runner(config)
     r.run(RecordSource(RECORDS))
     with pytest.raises(CheckpointError) as failure:
         r.checkpoint()
