@@ -14,66 +14,13 @@ the baseline. Run: ``python bench/bench_heap_value_state.py [--ops N]``.
 from __future__ import annotations
 
 import argparse
-import gc
-import itertools
 import random
-import time
-from collections.abc import Callable
-from typing import Any
+
+from harness import best_of, rmw_batched, rmw_per_record, zipf_keys
 
 from statekit import KeyGroupRange, ValueStateDescriptor
 from statekit.serializers import StrSerializer
 from statekit_heap import HeapKeyedStateBackend
-
-
-def zipf_keys(n_ops: int, n_keys: int, s: float = 1.1, seed: int = 42) -> list[str]:
-    """A deterministic Zipf-like sequence of ``n_ops`` keys out of ``n_keys``."""
-    rng = random.Random(seed)
-    names = [f"/api/v1/resource/{i}" for i in range(n_keys)]
-    rng.shuffle(names)
-    cum = list(itertools.accumulate(1.0 / (r**s) for r in range(1, n_keys + 1)))
-    return rng.choices(names, cum_weights=cum, k=n_ops)
-
-
-def best_of(
-    repeats: int, setup: Callable[[], object], run: Callable[[object], object]
-) -> tuple[float, object]:
-    best = float("inf")
-    result: object = None
-    for _ in range(repeats):
-        ctx = setup()
-        gc.collect()
-        gc.disable()
-        t0 = time.perf_counter()
-        result = run(ctx)
-        best = min(best, time.perf_counter() - t0)
-        gc.enable()
-    return best, result
-
-
-def rmw_per_record(b: Any, ops: list[str], desc: ValueStateDescriptor[int]) -> Any:
-    """``set_current_key(k); s.update(s.value() + 1)`` per op; buffered writes reach the engine."""
-    s = b.get_state(desc)
-    set_key, value, update = b.set_current_key, s.value, s.update
-    for k in ops:
-        set_key(k)
-        update(value() + 1)
-    flush = getattr(b, "kv_write_buffered", None)  # ordered key-value backends buffer writes
-    if flush is not None:
-        flush()
-    return b
-
-
-def rmw_batched(b: Any, ops: list[str], desc: ValueStateDescriptor[int], batch: int = 10_000) -> Any:
-    """``s.update_batch(keys, +1)`` over batches of ``batch`` keys."""
-    s = b.get_state(desc)
-    inc = (1).__add__
-    for i in range(0, len(ops), batch):
-        s.update_batch(ops[i : i + batch], inc)
-    flush = getattr(b, "kv_write_buffered", None)
-    if flush is not None:
-        flush()
-    return b
 
 
 def main() -> None:

@@ -27,20 +27,25 @@ Run: ``python bench/bench_lmdb.py [--ops N] [--keys N] [--parts rmw,snapshot]``.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import random
-import shutil
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
 import lmdb
-from bench_heap_value_state import best_of, rmw_batched, rmw_per_record, zipf_keys
+from harness import (
+    best_of,
+    expected_counts,
+    rmw_batched,
+    rmw_per_record,
+    run_parts,
+    timed,
+    write_checkpoint,
+    zipf_keys,
+)
 
 from statekit import KeyGroupRange, ValueStateDescriptor, key_group_for_bytes, load_checkpoint
-from statekit.checkpointing import complete_checkpoint, write_subtask_state
 from statekit.serializers import StrSerializer
 from statekit_heap import HeapKeyedStateBackend
 from statekit_lmdb import LMDBKeyedStateBackend, LMDBStateBackend
@@ -118,9 +123,7 @@ def rmw(args: argparse.Namespace, scratch: str) -> None:
     def batched(b: object) -> object:
         return rmw_batched(b, ops, DESC)
 
-    expected: dict[str, int] = {}
-    for k in ops:
-        expected[k] = expected.get(k, 0) + 1
+    expected = expected_counts(ops)
     sample = random.Random(1).sample(sorted(expected), 1000)
     rows = []
     for name, fn in (
@@ -152,16 +155,6 @@ def rmw(args: argparse.Namespace, scratch: str) -> None:
         print(f"{name:<32}{t:>10.3f}{args.ops / t:>14,.0f}{t / t_raw:>12.2f}")
 
 
-def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        gc.collect()
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
-
-
 def snapshot_restore(args: argparse.Namespace, scratch: str) -> None:
     n = args.keys_snapshot
     keys = [f"/api/v1/resource/{i}" for i in range(n)]
@@ -183,14 +176,7 @@ def snapshot_restore(args: argparse.Namespace, scratch: str) -> None:
         return b
 
     def checkpoint(b: Any, native: bool) -> tuple[str, int]:
-        cid = next(ids)
-        writer = storage.begin_checkpoint("bench", cid)
-        st = write_subtask_state(writer, "op", 0, b, None, native_checkpoint_id=cid if native else None)
-        loc = complete_checkpoint(
-            writer, job_id="bench", checkpoint_id=cid, max_parallelism=128, subtasks=[st]
-        )
-        assert st.keyed is not None
-        return loc, int(st.keyed["size"])
+        return write_checkpoint(storage, next(ids), b, native=native)
 
     def restore(make: Callable[..., Any], loc: str, p: int = 1) -> list[Any]:
         cp = load_checkpoint(storage, loc)
@@ -271,16 +257,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--keys-snapshot", type=int, default=1_000_000)
     ap.add_argument("--parts", default="rmw,snapshot")
-    args = ap.parse_args()
-    scratch = tempfile.mkdtemp(prefix="bench-lmdb-")
-    try:
-        parts = args.parts.split(",")
-        if "rmw" in parts:
-            rmw(args, scratch)
-        if "snapshot" in parts:
-            snapshot_restore(args, scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    run_parts(ap.parse_args(), "bench-lmdb-", {"rmw": rmw, "snapshot": snapshot_restore})
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench_heap_value_state import best_of, rmw_batched, rmw_per_record, zipf_keys
+from harness import best_of, expected_counts, rmw_batched, rmw_per_record, run_parts, zipf_keys
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from statekit import KeyGroupRange, LocalRunner, ValueStateDescriptor
@@ -92,9 +92,7 @@ def rmw(args: argparse.Namespace, scratch: str) -> None:
         return rmw_batched(b, ops, DESC)
 
     t_raw, db = best_of(args.repeats, raw_setup, raw)
-    expected: dict[str, int] = {}
-    for k in ops:
-        expected[k] = expected.get(k, 0) + 1
+    expected = expected_counts(ops)
     rows = [("raw rocksdict (baseline)", t_raw)]
     for name, fn in (("statekit per record", per_record), ("statekit update_batch", batched)):
         t, b = best_of(args.repeats, backend, fn)
@@ -216,18 +214,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="1000000,5000000")
     ap.add_argument("--rescale-keys", type=int, default=1_000_000)
     ap.add_argument("--parts", default="rmw,incremental,rescale")
-    args = ap.parse_args()
-    scratch = tempfile.mkdtemp(prefix="bench-rocksdb-")
-    try:
-        parts = args.parts.split(",")
-        if "rmw" in parts:
-            rmw(args, scratch)
-        if "incremental" in parts:
-            incremental(args, scratch)
-        if "rescale" in parts:
-            rescale(args, scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    run_parts(ap.parse_args(), "bench-rocksdb-", {"rmw": rmw, "incremental": incremental, "rescale": rescale})
 
 
 if __name__ == "__main__":

@@ -13,33 +13,20 @@ Run: ``python bench/bench_snapshot_restore.py [--keys N]``.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import pickle
 import shutil
 import tempfile
-import time
-from collections.abc import Callable
-from typing import Any
+
+from harness import timed, write_checkpoint
 
 from statekit import KeyGroupRange, ValueStateDescriptor, load_checkpoint
-from statekit.checkpointing import complete_checkpoint, write_subtask_state
 from statekit.serializers import StrSerializer
 from statekit_heap import HeapKeyedStateBackend
 from statekit_storage import FileSystemCheckpointStorage
 
 DESC = ValueStateDescriptor("count", int, default=0)
 RANGE = KeyGroupRange(0, 127)
-
-
-def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        gc.collect()
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def new_backend() -> HeapKeyedStateBackend:
@@ -75,16 +62,9 @@ def main() -> None:
         locations: list[str] = []
 
         def statekit_write() -> int:
-            cid = next(ids)
-            writer = storage.begin_checkpoint("bench", cid)
-            st = write_subtask_state(writer, "op", 0, backend, None)
-            locations.append(
-                complete_checkpoint(
-                    writer, job_id="bench", checkpoint_id=cid, max_parallelism=128, subtasks=[st]
-                )
-            )
-            assert st.keyed is not None
-            return int(st.keyed["size"])
+            loc, size = write_checkpoint(storage, next(ids), backend)
+            locations.append(loc)
+            return size
 
         def statekit_read() -> HeapKeyedStateBackend:
             b = new_backend()

@@ -1,0 +1,132 @@
+"""What the benchmarks share: workloads, timing, checkpoints through a storage, a run of named parts.
+
+Not a benchmark itself; the ``bench_*.py`` scripts import it (Python puts a
+script's directory on ``sys.path``, so ``python bench/bench_lmdb.py`` finds it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from statekit import ValueStateDescriptor
+from statekit.checkpointing import complete_checkpoint, write_subtask_state
+
+__all__ = [
+    "best_of",
+    "expected_counts",
+    "rmw_batched",
+    "rmw_per_record",
+    "run_parts",
+    "timed",
+    "write_checkpoint",
+    "zipf_keys",
+]
+
+
+def zipf_keys(n_ops: int, n_keys: int, s: float = 1.1, seed: int = 42) -> list[str]:
+    """A deterministic Zipf-like sequence of ``n_ops`` keys out of ``n_keys``."""
+    rng = random.Random(seed)
+    names = [f"/api/v1/resource/{i}" for i in range(n_keys)]
+    rng.shuffle(names)
+    cum = list(itertools.accumulate(1.0 / (r**s) for r in range(1, n_keys + 1)))
+    return rng.choices(names, cum_weights=cum, k=n_ops)
+
+
+def expected_counts(ops: list[str]) -> dict[str, int]:
+    """How often each key occurs in ``ops``: what a read-modify-write +1 per op leaves."""
+    out: dict[str, int] = {}
+    for k in ops:
+        out[k] = out.get(k, 0) + 1
+    return out
+
+
+def best_of(
+    repeats: int, setup: Callable[[], object], run: Callable[[object], object]
+) -> tuple[float, object]:
+    """The best time of ``run(setup())`` (setup untimed, GC off while timed), and the last result."""
+    best = float("inf")
+    result: object = None
+    for _ in range(repeats):
+        ctx = setup()
+        gc.collect()
+        gc.disable()
+        t0 = time.perf_counter()
+        result = run(ctx)
+        best = min(best, time.perf_counter() - t0)
+        gc.enable()
+    return best, result
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    """The best time of ``fn()`` (GC collected before each run, left on), and the last result."""
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        gc.collect()
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def _flush(b: Any) -> None:
+    flush = getattr(b, "kv_write_buffered", None)  # ordered key-value backends buffer writes
+    if flush is not None:
+        flush()
+
+
+def rmw_per_record(b: Any, ops: list[str], desc: ValueStateDescriptor[int]) -> Any:
+    """``set_current_key(k); s.update(s.value() + 1)`` per op; buffered writes reach the engine."""
+    s = b.get_state(desc)
+    set_key, value, update = b.set_current_key, s.value, s.update
+    for k in ops:
+        set_key(k)
+        update(value() + 1)
+    _flush(b)
+    return b
+
+
+def rmw_batched(b: Any, ops: list[str], desc: ValueStateDescriptor[int], batch: int = 10_000) -> Any:
+    """``s.update_batch(keys, +1)`` over batches of ``batch`` keys."""
+    s = b.get_state(desc)
+    inc = (1).__add__
+    for i in range(0, len(ops), batch):
+        s.update_batch(ops[i : i + batch], inc)
+    _flush(b)
+    return b
+
+
+def write_checkpoint(
+    storage: Any, checkpoint_id: int, backend: Any, *, native: bool = False
+) -> tuple[str, int]:
+    """Write ``backend`` as subtask 0 of operator ``op`` of job ``bench``; its location and keyed bytes."""
+    writer = storage.begin_checkpoint("bench", checkpoint_id)
+    st = write_subtask_state(
+        writer, "op", 0, backend, None, native_checkpoint_id=checkpoint_id if native else None
+    )
+    loc = complete_checkpoint(
+        writer, job_id="bench", checkpoint_id=checkpoint_id, max_parallelism=128, subtasks=[st]
+    )
+    assert st.keyed is not None
+    return loc, int(st.keyed["size"])
+
+
+def run_parts(
+    args: argparse.Namespace, prefix: str, parts: Mapping[str, Callable[[argparse.Namespace, str], None]]
+) -> None:
+    """Run the parts named in ``args.parts`` (comma-separated), in ``parts``' order, in one scratch dir."""
+    wanted = args.parts.split(",")
+    scratch = tempfile.mkdtemp(prefix=prefix)
+    try:
+        for name, part in parts.items():
+            if name in wanted:
+                part(args, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
