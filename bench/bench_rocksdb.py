@@ -32,7 +32,7 @@ from typing import Any
 from harness import best_of, expected_counts, rmw_batched, rmw_per_record, run_parts, zipf_keys
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from statekit import KeyGroupRange, LocalRunner, ValueStateDescriptor
+from statekit import KeyedProcessFunction, KeyGroupRange, LocalRunner, ValueStateDescriptor
 from statekit.checkpointing import load_checkpoint
 from statekit.serializers import StrSerializer
 from statekit_rocksdb import RocksDBKeyedStateBackend, RocksDBStateBackend
@@ -117,7 +117,7 @@ def _dir_size(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
-class _Fill:
+class _Fill(KeyedProcessFunction):
     """A job whose records set a key's value (``(key, value)`` pairs)."""
 
     def open(self, ctx: Any) -> None:
@@ -125,9 +125,6 @@ class _Fill:
 
     def process(self, record: Any, ctx: Any) -> None:
         self.v.update(record[1])
-
-    def close(self) -> None:
-        pass
 
 
 def incremental(args: argparse.Namespace, scratch: str) -> None:
@@ -138,7 +135,7 @@ def incremental(args: argparse.Namespace, scratch: str) -> None:
     for n in [int(x) for x in args.sizes.split(",")]:
         chk = tempfile.mkdtemp(dir=scratch)
         runner = LocalRunner(
-            _Fill,  # type: ignore[arg-type]
+            _Fill,
             key_selector=lambda r: r[0],
             config={
                 "statekit.backend": "rocksdb",
@@ -176,8 +173,9 @@ def rescale(args: argparse.Namespace, scratch: str) -> None:
     n = args.rescale_keys
     chk = tempfile.mkdtemp(dir=scratch)
     conf = {"statekit.backend": "rocksdb", "statekit.checkpoints.dir": chk, "statekit.local-dir": scratch}
-    runner = LocalRunner(_Fill, key_selector=lambda r: r[0], config={**conf, "statekit.parallelism": 2},  # type: ignore[arg-type]
-                         job_id="rescale")  # fmt: skip
+    runner = LocalRunner(
+        _Fill, key_selector=lambda r: r[0], config={**conf, "statekit.parallelism": 2}, job_id="rescale"
+    )
     runner.run([(f"user-{i:09d}", i) for i in range(n)])
     native = runner.checkpoint()
     savepoint = runner.savepoint(os.path.join(chk, "sp"))
@@ -185,8 +183,12 @@ def rescale(args: argparse.Namespace, scratch: str) -> None:
 
     def restore(location: str) -> Callable[[], float]:
         def run() -> float:
-            r = LocalRunner(_Fill, key_selector=lambda x: x[0],  # type: ignore[arg-type]
-                            config={**conf, "statekit.parallelism": 3}, job_id="rescale")  # fmt: skip
+            r = LocalRunner(
+                _Fill,
+                key_selector=lambda x: x[0],
+                config={**conf, "statekit.parallelism": 3},
+                job_id="rescale",
+            )
             gc.collect()
             t0 = time.perf_counter()
             r.restore(location)
