@@ -20,7 +20,7 @@ watermark (event time) or the clock (processing time) reaches it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
 from ._contracts import KeyedStateBackend, OperatorStateBackend
@@ -28,7 +28,7 @@ from ._operator import BroadcastState, OperatorListState
 from ._serializers import TypeSerializer, serializer_for
 from ._state import ListStateDescriptor, MapStateDescriptor, StateDescriptor
 from ._ttl import Clock
-from .timers import TIMER_STATE_PREFIX, TimeDomain, TimerService
+from .timers import TIMER_STATE_PREFIX, ProcessingTimeHint, TimeDomain, TimerService
 
 __all__ = ["KeyedProcessFunction", "OnTimerContext", "ProcessContext", "RuntimeContext"]
 
@@ -88,6 +88,7 @@ def timer_service_for(
     ctx: RuntimeContext,
     key_serializer: TypeSerializer,
     processing_time: Callable[[], int] | None = None,
+    hint: ProcessingTimeHint | None = None,
 ) -> TimerService:
     """The timer service of one subtask running ``function`` (runners call this)."""
     ns = function.timer_namespace
@@ -96,6 +97,7 @@ def timer_service_for(
         key_serializer,
         namespace_serializer=None if ns is None else serializer_for(ns),
         processing_time=processing_time or ctx.processing_time,
+        hint=hint,
     )
 
 
@@ -111,16 +113,11 @@ class ProcessContext:
 
     __slots__ = ("current_key", "runtime", "timer_service", "timestamp")
 
-    def __init__(self, runtime: RuntimeContext, timer_service: TimerService | None = None) -> None:
+    def __init__(self, runtime: RuntimeContext, timer_service: TimerService) -> None:
         self.runtime = runtime
         self.current_key: Any = None
         self.timestamp: int | None = None
-        if timer_service is None:
-            ser = getattr(runtime.keyed_backend, "key_serializer", None)
-            if not isinstance(ser, TypeSerializer):
-                raise TypeError("ProcessContext needs a timer_service when the backend has no key_serializer")
-            timer_service = TimerService(runtime.keyed_backend, ser, processing_time=runtime.processing_time)
-        self.timer_service: TimerService = timer_service
+        self.timer_service = timer_service
 
     def processing_time(self) -> int:
         """The current processing time in milliseconds."""
@@ -142,10 +139,29 @@ class OnTimerContext(ProcessContext):
 
     __slots__ = ("namespace", "time_domain")
 
-    def __init__(self, runtime: RuntimeContext, timer_service: TimerService | None = None) -> None:
+    def __init__(self, runtime: RuntimeContext, timer_service: TimerService) -> None:
         super().__init__(runtime, timer_service)
         self.time_domain = TimeDomain.EVENT_TIME
         self.namespace: Any = None
+
+
+def fire_timers(
+    function: KeyedProcessFunction, ctx: OnTimerContext, domain: TimeDomain, until: int
+) -> Iterator[Any]:
+    """Run ``on_timer`` for every timer of ``domain`` due at ``until``, in order; yield its outputs.
+
+    What both runners do when time passes: each timer is removed from the
+    state and its key made current before the callback runs.
+    """
+    ctx.time_domain = domain
+    on_timer = function.on_timer
+    for ts, key, ns in ctx.timer_service.due(domain, until):
+        ctx.current_key = key
+        ctx.timestamp = ts
+        ctx.namespace = ns
+        out = on_timer(ts, ctx)
+        if out is not None:
+            yield from out
 
 
 class KeyedProcessFunction(ABC):

@@ -47,6 +47,7 @@ from ._function import (
     OnTimerContext,
     ProcessContext,
     RuntimeContext,
+    fire_timers,
     timer_service_for,
 )
 from ._keygroups import (
@@ -65,9 +66,11 @@ from ._ttl import Clock, system_clock
 from .timers import (
     MAX_WATERMARK,
     MIN_WATERMARK,
+    NO_TIMER,
     WATERMARK_PROPERTY,
     EventTime,
     LatePolicy,
+    ProcessingTimeHint,
     TimeDomain,
     TimerService,
 )
@@ -219,16 +222,7 @@ class _Subtask:
 
     def fire(self, domain: TimeDomain, until: int, outputs: list[Any]) -> None:
         """Call ``on_timer`` for every timer of ``domain`` due at ``until``, collecting outputs."""
-        tctx = self.tctx
-        tctx.time_domain = domain
-        on_timer = self.function.on_timer
-        for ts, key, ns in self.timers.due(domain, until):
-            tctx.current_key = key
-            tctx.timestamp = ts
-            tctx.namespace = ns
-            out = on_timer(ts, tctx)
-            if out is not None:
-                outputs.extend(out)
+        outputs.extend(fire_timers(self.function, self.tctx, domain, until))
 
 
 class LocalRunner:
@@ -298,6 +292,7 @@ class LocalRunner:
         self._max_event_time = MIN_WATERMARK
         self.late_records = 0
         self._late_unsunk = 0
+        self._processing_hint = ProcessingTimeHint()
         self._subtasks: list[_Subtask] = []
         self._source_op = OperatorStateBackendImpl()
         self._position: Any = None
@@ -345,7 +340,7 @@ class LocalRunner:
             clock=self.clock,
         )
         function = self.function_factory()
-        timers = timer_service_for(function, ctx, self.key_serializer, self.clock)
+        timers = timer_service_for(function, ctx, self.key_serializer, self.clock, self._processing_hint)
         return _Subtask(keyed, op, function, ctx, timers)
 
     def restore(self, location: str = "latest") -> str | None:
@@ -436,17 +431,29 @@ class LocalRunner:
         """
         if not self._opened:
             self._open()
-        ts = None
         if self._event_time_of is not None:
-            ts = self._event_time_of(record)
-            if ts is not None and ts <= self._watermark:
-                self.late_records += 1
-                if not self._late_to_function:
-                    if self.late_sink is not None:
-                        self.late_sink(record)
-                    else:
-                        self._late_unsunk += 1
-                    return self._fire_processing_time([])
+            return self._process_timed(record)
+        key = self.key_selector(record)
+        st = self._subtasks[self._subtask_of(key)]
+        st.keyed.set_current_key(key)
+        st.pctx.current_key = key
+        out = st.function.process(record, st.pctx)
+        outputs = [] if out is None else list(out)
+        if self._processing_hint.earliest != NO_TIMER:
+            self._fire_processing_time(outputs)
+        return outputs
+
+    def _process_timed(self, record: Any) -> list[Any]:
+        """:meth:`process` with event time: lateness, the record's timestamp, the watermark."""
+        ts = self._event_time_of(record)  # type: ignore[misc]
+        if ts is not None and ts <= self._watermark:
+            self.late_records += 1
+            if not self._late_to_function:
+                if self.late_sink is not None:
+                    self.late_sink(record)
+                else:
+                    self._late_unsunk += 1
+                return self._fire_processing_time([])
         key = self.key_selector(record)
         st = self._subtasks[self._subtask_of(key)]
         st.keyed.set_current_key(key)
@@ -460,18 +467,22 @@ class LocalRunner:
             wm = ts - self._delay
             if wm > self._watermark:
                 self.advance_watermark(wm, outputs)
-        return self._fire_processing_time(outputs)
+        if self._processing_hint.earliest != NO_TIMER:
+            self._fire_processing_time(outputs)
+        return outputs
 
     def _fire_processing_time(self, outputs: list[Any]) -> list[Any]:
-        now: int | None = None
+        hint = self._processing_hint
+        now = self.clock()
+        if hint.earliest > now:
+            return outputs
+        earliest = NO_TIMER
         for st in self._subtasks:
+            st.fire(TimeDomain.PROCESSING_TIME, now, outputs)
             nxt = st.timers.next_timestamp(TimeDomain.PROCESSING_TIME)
-            if nxt is None:
-                continue
-            if now is None:
-                now = self.clock()
-            if nxt <= now:
-                st.fire(TimeDomain.PROCESSING_TIME, now, outputs)
+            if nxt is not None and nxt < earliest:
+                earliest = nxt
+        hint.earliest = earliest
         return outputs
 
     def advance_watermark(self, watermark: int, outputs: list[Any] | None = None) -> list[Any]:

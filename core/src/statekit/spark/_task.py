@@ -50,6 +50,7 @@ from .._function import (
     OnTimerContext,
     ProcessContext,
     RuntimeContext,
+    fire_timers,
     timer_service_for,
 )
 from .._keygroups import key_group_range_for_operator
@@ -144,18 +145,10 @@ class _Subtask:
     max_event_time: int | None = None
 
     def fire(self, domain: TimeDomain, until: int, out: _Output) -> None:
-        tctx = self.tctx
-        tctx.time_domain = domain
         before = self.timers.fired
-        for ts, key, ns in self.timers.due(domain, until):
-            tctx.current_key = key
-            tctx.timestamp = ts
-            tctx.namespace = ns
-            result = self.function.on_timer(ts, tctx)
-            if result is not None:
-                for o in result:
-                    out.add(o)
-                    self.outputs += 1
+        for o in fire_timers(self.function, self.tctx, domain, until):
+            out.add(o)
+            self.outputs += 1
         self.fired += self.timers.fired - before
 
     def close(self) -> None:

@@ -25,8 +25,10 @@ from ._eventtime import (
     timestamp_ms,
 )
 from ._service import (
+    NO_TIMER,
     TIMER_STATE_NAMES,
     TIMER_STATE_PREFIX,
+    ProcessingTimeHint,
     TimeDomain,
     TimerService,
     decode_timer,
@@ -36,11 +38,13 @@ from ._service import (
 __all__ = [
     "MAX_WATERMARK",
     "MIN_WATERMARK",
+    "NO_TIMER",
     "TIMER_STATE_NAMES",
     "TIMER_STATE_PREFIX",
     "WATERMARK_PROPERTY",
     "EventTime",
     "LatePolicy",
+    "ProcessingTimeHint",
     "TimeDomain",
     "TimerService",
     "decode_timer",

@@ -29,7 +29,9 @@ from .._state import VOID_NAMESPACE, MapStateDescriptor
 from ._eventtime import MIN_WATERMARK
 
 __all__ = [
+    "NO_TIMER",
     "TIMER_STATE_NAMES",
+    "ProcessingTimeHint",
     "TIMER_STATE_PREFIX",
     "TimeDomain",
     "TimerService",
@@ -89,6 +91,24 @@ def _check_time(timestamp: Any, what: str) -> int:
 
 _Entry = tuple[int, bytes, bytes]
 
+#: :attr:`ProcessingTimeHint.earliest` when no processing-time timer is pending.
+NO_TIMER = 2**63 - 1
+
+
+class ProcessingTimeHint:
+    """A lower bound of the earliest processing-time timer of a runner's timer services.
+
+    Registering lowers it; deleting and firing leave it, so it may be early, never
+    late. A runner reads this one attribute per record instead of asking every
+    subtask's queue, and recomputes it (:meth:`TimerService.next_timestamp`)
+    only when it is due.
+    """
+
+    __slots__ = ("earliest",)
+
+    def __init__(self) -> None:
+        self.earliest = NO_TIMER
+
 
 class _Domain:
     __slots__ = ("live", "queue", "state")
@@ -126,11 +146,13 @@ class TimerService:
         *,
         namespace_serializer: TypeSerializer | None = None,
         processing_time: Callable[[], int],
+        hint: ProcessingTimeHint | None = None,
     ) -> None:
         self._keyed = keyed
         self._key_ser = key_serializer
         self._ns_ser = namespace_serializer
         self._processing_time = processing_time
+        self._hint = hint or ProcessingTimeHint()
         self._watermark = MIN_WATERMARK
         self._domains = {d: _Domain() for d in TimeDomain}
         self._last_key: Any = object()
@@ -211,6 +233,8 @@ class TimerService:
         d.live[entry] = (key, namespace)
         heapq.heappush(d.queue, entry)
         self._state(domain).put(encode_timer(timestamp, nb), True)
+        if domain is TimeDomain.PROCESSING_TIME and timestamp < self._hint.earliest:
+            self._hint.earliest = timestamp
 
     def _delete(self, domain: TimeDomain, timestamp: int, namespace: Any) -> None:
         _, kb = self._key_bytes()
@@ -252,6 +276,8 @@ class TimerService:
                     d.queue.append(entry)
             heapq.heapify(d.queue)
             found += len(d.live)
+            if domain is TimeDomain.PROCESSING_TIME and d.queue and d.queue[0][0] < self._hint.earliest:
+                self._hint.earliest = d.queue[0][0]
         if current is not None:
             keyed.set_current_key(current)
         return found
