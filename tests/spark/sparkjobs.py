@@ -54,21 +54,7 @@ def flaky_windowed_count(marker_dir: str, seed: str = "") -> Any:
     timers, so a retry that kept that state would count them twice or fire a
     timer twice. Each injected failure leaves a file in ``marker_dir`` ("" for none).
     """
-    from statekit import AggregateFunction
-    from statekit.windows import TumblingEventTimeWindows, WindowedAggregate
-
-    class Count(AggregateFunction[Any, int, int]):
-        def create_accumulator(self) -> int:
-            return 0
-
-        def add(self, value: Any, accumulator: int) -> int:
-            return accumulator + 1
-
-        def get_result(self, accumulator: int) -> int:
-            return accumulator
-
-        def merge(self, a: int, b: int) -> int:
-            return a + b
+    from statekit.windows import Count, TumblingEventTimeWindows, WindowedAggregate
 
     class Flaky(WindowedAggregate):
         def __init__(self) -> None:

@@ -20,7 +20,6 @@ from ._function import (
     WINDOWED_OUTPUT_SCHEMA,
     CountPerUrl,
     CountPerUrlWithDeadLetters,
-    CountRequests,
     RequestsPerUrlPerWindow,
 )
 from ._generate import (
@@ -83,7 +82,6 @@ __all__ = [
     "BatchStats",
     "CountPerUrl",
     "CountPerUrlWithDeadLetters",
-    "CountRequests",
     "GenerateResult",
     "JobSettings",
     "Malformed",

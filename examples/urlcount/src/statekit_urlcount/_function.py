@@ -12,13 +12,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from statekit import (
-    AggregateFunction,
     KeyedProcessFunction,
     ProcessContext,
     RuntimeContext,
     ValueStateDescriptor,
 )
-from statekit.windows import TimeWindow, TumblingEventTimeWindows, WindowedAggregate
+from statekit.windows import Count, TimeWindow, TumblingEventTimeWindows, WindowedAggregate
 
 from ._parse import MALFORMED_KEY
 
@@ -29,7 +28,6 @@ __all__ = [
     "WINDOWED_OUTPUT_SCHEMA",
     "CountPerUrl",
     "CountPerUrlWithDeadLetters",
-    "CountRequests",
     "RequestsPerUrlPerWindow",
 ]
 
@@ -101,26 +99,6 @@ class CountPerUrlWithDeadLetters(KeyedProcessFunction):
         return ((key, n, None, None),)
 
 
-class CountRequests(AggregateFunction[Any, int, int]):
-    """Counts the records added: the aggregate of one URL's window."""
-
-    def create_accumulator(self) -> int:
-        """No requests yet."""
-        return 0
-
-    def add(self, value: Any, accumulator: int) -> int:
-        """One more request."""
-        return accumulator + 1
-
-    def get_result(self, accumulator: int) -> int:
-        """The number of requests."""
-        return accumulator
-
-    def merge(self, a: int, b: int) -> int:
-        """Both counts."""
-        return a + b
-
-
 def _window_row(key: Any, window: TimeWindow, requests: int) -> tuple[Any, int, int, int, None, None]:
     return (key, window.start, window.end, requests, None, None)
 
@@ -148,7 +126,7 @@ class RequestsPerUrlPerWindow(WindowedAggregate):
     """
 
     def __init__(self, window: int | str | dt.timedelta = "1 minute") -> None:
-        super().__init__(TumblingEventTimeWindows(window), CountRequests(), int, emit=_window_row)
+        super().__init__(TumblingEventTimeWindows(window), Count(), int, emit=_window_row)
 
     def open(self, ctx: RuntimeContext) -> None:
         """Gets the windows' counts and the malformed lines' count."""
