@@ -85,13 +85,19 @@ def test_windows_are_emitted_once_when_the_watermark_passes_them(logs, tmp_path)
     assert dead == gen.malformed_total
 
 
-def test_the_whole_run_equals_the_model(logs, tmp_path):
-    gen, records = logs
+def every_window(records):
+    """The model's windows of a whole run (fired along the way and at the end), and its late lines."""
     steps, at_end, late = local_model(records)
     expected: dict[tuple[str, int], int] = {}
     for fired in steps:
         expected.update(fired)
     expected.update(at_end)
+    return expected, late
+
+
+def test_the_whole_run_equals_the_model(logs, tmp_path):
+    gen, records = logs
+    expected, late = every_window(records)
     out, late_seen = [], []
     runner = windowed_local_runner(
         WindowedSettings(str(tmp_path), str(tmp_path), parallelism=2),
@@ -109,11 +115,7 @@ def test_the_whole_run_equals_the_model(logs, tmp_path):
 
 def test_windows_and_timers_survive_a_restore(logs, tmp_path):
     gen, records = logs
-    steps, at_end, late = local_model(records)
-    expected: dict[tuple[str, int], int] = {}
-    for fired in steps:
-        expected.update(fired)
-    expected.update(at_end)
+    expected, late = every_window(records)
     config = {"statekit.checkpoint.storage": "filesystem", "statekit.checkpoints.dir": str(tmp_path)}
     settings = WindowedSettings(str(tmp_path), str(tmp_path), parallelism=2)
     source = RecordSource(records)
