@@ -155,6 +155,8 @@ class TimerService:
         self._hint = hint or ProcessingTimeHint()
         self._watermark = MIN_WATERMARK
         self._domains = {d: _Domain() for d in TimeDomain}
+        # KeyedBackendBase keeps the current key's bytes; other backends get them serialized here.
+        self._shared_key_bytes = isinstance(getattr(type(keyed), "current_key_bytes", None), property)
         self._last_key: Any = object()
         self._last_key_bytes = b""
         self._last_ns: Any = VOID_NAMESPACE
@@ -193,9 +195,13 @@ class TimerService:
     # --- internals ----------------------------------------------------------------------
 
     def _key_bytes(self) -> tuple[Any, bytes]:
-        key = self._keyed.get_current_key()
+        keyed = self._keyed
+        key = keyed.get_current_key()
         if key is None:
             raise StateAccessError("timers need a current key: register them in process or on_timer")
+        if self._shared_key_bytes:
+            # The backend serialized the key already (once per key switch): reuse its bytes.
+            return key, keyed.current_key_bytes  # type: ignore[attr-defined]
         if key is not self._last_key:
             self._last_key_bytes = self._key_ser.serialize(key)
             self._last_key = key
