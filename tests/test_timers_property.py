@@ -6,6 +6,7 @@ segments that end in a checkpoint, a crash (outputs since the last checkpoint
 are lost, as a transactional sink would drop them) or a rescale. The committed
 outputs of the second run, per key, equal the first run's: every timer fires
 exactly once, at the same point of the key's history, with the same state.
+Both runs also equal a plain Python model of the semantics (:func:`model`).
 """
 
 from __future__ import annotations
@@ -102,6 +103,43 @@ def _runner(backend: str, tmp: str, parallelism: int, sink: Any) -> LocalRunner:
     )
 
 
+def model(records: list[dict[str, Any]], delay: int = 3) -> list[Any]:
+    """What :class:`TimerJob` must emit, in plain Python: late rule, watermark, timers in order."""
+    seen: dict[str, int] = {}
+    timers: dict[str, set[tuple[int, str]]] = {}
+    out: list[Any] = []
+    watermark = -(2**63)
+
+    def fire(until: int) -> None:
+        while True:
+            due = [(t, ns != "", k, ns) for k, ts in timers.items() for t, ns in ts if t <= until]
+            if not due:
+                return
+            t, _, k, ns = min(due)  # per key: time, then the void namespace before "x"
+            timers[k].discard((t, ns))
+            seen[k] = seen.get(k, 0) + 100
+            out.append(("fire", k, t, ns, seen[k]))
+            if t % 7 == 0 and t < 400:
+                timers[k].add((t + 11, ns))
+
+    for r in records:
+        k, ts = r["k"], r["ts"]
+        if ts <= watermark:
+            out.append(("late", k, ts))
+            continue
+        seen[k] = seen.get(k, 0) + 1
+        ns = "x" if r["ns"] else ""
+        mine = timers.setdefault(k, set())
+        mine.update((ts + off, ns) for off in r["reg"])
+        mine.difference_update((ts + off, ns) for off in r["del"])
+        out.append(("rec", k, ts, seen[k]))
+        if ts - delay > watermark:
+            watermark = ts - delay
+            fire(watermark)
+    fire(2**63 - 1)  # the end of input
+    return out
+
+
 def _per_key(outputs: list[Any]) -> dict[str, list[Any]]:
     by_key: dict[str, list[Any]] = {}
     for o in outputs:
@@ -119,6 +157,7 @@ def test_timers_fire_exactly_as_in_an_uninterrupted_run(
     expected: list[Any] = []
     with _runner(backend, str(tmp_path_factory.mktemp("plain")), 1, expected.append) as plain:
         plain.run(RecordSource(records))
+    assert _per_key(expected) == _per_key(model(records))
 
     tmp = str(tmp_path_factory.mktemp("cut"))
     committed: list[Any] = []
