@@ -775,6 +775,27 @@ class KeyedBackendBase(ABC):
                     )
         return metas
 
+    def check_native_snapshot(self) -> None:
+        """What a native snapshot must check first: every state it would write can be restored.
+
+        States restored canonically whose serializers cannot be rebuilt from
+        their configs are held as bytes until declared; a native format cannot
+        carry them.
+
+        Raises:
+            StateAccessError: If the backend is closed.
+            SnapshotError: If such states are not declared yet.
+        """
+        if self._closed:
+            raise StateAccessError("the backend is closed")
+        pending = self.undeclared_pending_states
+        if pending:
+            raise SnapshotError(
+                f"states {pending} were restored with serializers that cannot be rebuilt from their "
+                "configs and are not declared; declare them (get_state) before a native checkpoint, "
+                "or set statekit.checkpoint.format=canonical"
+            )
+
     def adopt_native_states(self, metas: dict[str, dict[str, Any]]) -> None:
         """Record natively restored states: declared ones were checked; the others wait for get_state."""
         for name, meta in metas.items():

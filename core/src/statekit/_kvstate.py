@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ._errors import CorruptSnapshotError, StateAccessError
@@ -38,7 +39,15 @@ from ._serializers import TypeSerializer
 from ._state import VOID_NAMESPACE, StateKind
 from ._ttl import Clock
 
-__all__ = ["KVColumn", "KVListState", "KVMapState", "KVValueState", "OrderedKVBackendBase", "group_entries"]
+__all__ = [
+    "KVColumn",
+    "KVListState",
+    "KVMapState",
+    "KVNativeRestore",
+    "KVValueState",
+    "OrderedKVBackendBase",
+    "group_entries",
+]
 
 _VOID = KeyLayout.namespace_part(None)
 _MISSING: Any = object()
@@ -369,6 +378,32 @@ class KVMapState(_Handle):
 
     def clear(self) -> None:
         self._delete_prefix(self._entry())
+
+
+@dataclass
+class KVNativeRestore:
+    """A checked native restore of an ordered key-value backend: what to load, and the best base.
+
+    Made by :meth:`OrderedKVBackendBase.kv_plan_native_restore`, after every
+    check; the engine loads ``parts`` (all overlap the backend's key groups),
+    then calls :meth:`OrderedKVBackendBase.kv_finish_native_restore`.
+
+    Attributes:
+        metas: Each restored state's descriptor entry.
+        parts: The snapshots holding key groups this backend owns.
+        ranges: Each part's key groups, by ``id(part)``.
+        base: The part sharing the most key groups with this backend (ties: the
+            lowest start): the one worth adopting whole and clipping.
+    """
+
+    metas: dict[str, dict[str, Any]]
+    parts: list[NativeStateHandle]
+    ranges: dict[int, KeyGroupRange]
+    base: NativeStateHandle | None
+
+    def overlap(self, part: NativeStateHandle, own: KeyGroupRange) -> int:
+        """How many of ``own``'s key groups ``part`` holds."""
+        return len(self.ranges[id(part)].intersection(own))
 
 
 class OrderedKVBackendBase(KeyedBackendBase):
@@ -718,6 +753,32 @@ class OrderedKVBackendBase(KeyedBackendBase):
             raise CorruptSnapshotError(
                 f"native {handle.backend} snapshot without a valid key-group range: {e}"
             ) from None
+
+    def kv_plan_native_restore(
+        self, handles: Sequence[NativeStateHandle], native_format: str
+    ) -> KVNativeRestore:
+        """Check a native restore (:meth:`check_native_restore`) and plan it; nothing is changed.
+
+        When no part overlaps, the plan has no parts: call
+        :meth:`kv_finish_native_restore` right away (it records the states).
+        """
+        metas = self.check_native_restore(handles, native_format)
+        own = self.key_group_range
+        parts = [h for h in handles if len(h.key_group_range.intersection(own))]
+        ranges = {id(h): self.kv_snapshot_range(h) for h in parts}
+        plan = KVNativeRestore(metas, parts, ranges, None)
+        if parts:
+            plan.base = max(parts, key=lambda h: (plan.overlap(h, own), -ranges[id(h)].start))
+        return plan
+
+    def kv_finish_native_restore(self, plan: KVNativeRestore) -> None:
+        """After the engine loaded ``plan.parts``: sequence, states, and TTL as of the snapshots' time."""
+        if plan.parts:
+            self.sequence = max(int(h.meta.get("sequence", 0)) for h in plan.parts)
+        self.adopt_native_states(plan.metas)
+        # As a canonical snapshot taken at that moment would: no entry expired at snapshot time is restored.
+        for h in plan.parts:
+            self.purge_as_of(h.meta)
 
     def kv_native_meta(self) -> dict[str, Any]:
         """What a native snapshot's meta needs from the base: sequence, snapshot time, TTL cleanup, range."""

@@ -474,12 +474,7 @@ class LMDBKeyedStateBackend(OrderedKVBackendBase):
     def native_snapshot(self, checkpoint_id: int) -> LMDBNativeSnapshot:
         """Pin the state now (a read transaction); ``write`` uploads a compact copy of it."""
         self._lmdb_live()
-        if self.undeclared_pending_states:
-            raise SnapshotError(
-                f"states {self.undeclared_pending_states} were restored with serializers that cannot be "
-                "rebuilt from their configs and are not declared; declare them (get_state) before a native "
-                "checkpoint, or set statekit.checkpoint.format=canonical"
-            )
+        self.check_native_snapshot()
         return LMDBNativeSnapshot.take(self, checkpoint_id)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:

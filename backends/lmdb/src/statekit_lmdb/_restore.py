@@ -77,19 +77,15 @@ def _download(h: NativeStateHandle, directory: str) -> str:
 
 def restore_native(backend: LMDBKeyedStateBackend, handles: Sequence[NativeStateHandle]) -> None:
     """Restore ``backend`` (empty) from native snapshots overlapping its key groups; see the module."""
-    metas = backend.check_native_restore(handles, backend.native_format)
-    own = backend.key_group_range
-    parts = [h for h in handles if len(h.key_group_range.intersection(own))]
+    plan = backend.kv_plan_native_restore(handles, backend.native_format)
+    own, parts, ranges, best = backend.key_group_range, plan.parts, plan.ranges, plan.base
     for h in parts:
         _check_readable(h)
-    if not parts:
-        backend.adopt_native_states(metas)
+    if best is None:
+        backend.kv_finish_native_restore(plan)
         return
-    ranges = {id(h): backend.kv_snapshot_range(h) for h in parts}
-    overlap = {id(h): len(ranges[id(h)].intersection(own)) for h in parts}
-    best = max(parts, key=lambda h: (overlap[id(h)], -ranges[id(h)].start))
     # Deleting an entry costs about 1.3 times copying one (measured on 1M entries): adopt from 60 %.
-    base = best if 5 * overlap[id(best)] >= 3 * len(ranges[id(best)]) else None
+    base = best if 5 * plan.overlap(best, own) >= 3 * len(ranges[id(best)]) else None
     lower, upper = backend.layout.group_range(own.start, own.end)
     staging = os.path.join(backend.instance_dir, f"restore-{os.urandom(4).hex()}")
     try:
@@ -110,11 +106,7 @@ def restore_native(backend: LMDBKeyedStateBackend, handles: Sequence[NativeState
                 _copy_range(backend, files[id(h)], max_dbs, lower, upper)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    backend.sequence = max(int(h.meta.get("sequence", 0)) for h in parts)
-    backend.adopt_native_states(metas)
-    # As a canonical snapshot taken at that moment would: no entry expired at snapshot time is restored.
-    for h in parts:
-        backend.purge_as_of(h.meta)
+    backend.kv_finish_native_restore(plan)
 
 
 def _copy_range(

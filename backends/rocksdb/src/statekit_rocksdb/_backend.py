@@ -36,7 +36,7 @@ from rocksdict import (
     WriteOptions,
 )
 
-from statekit import KeyGroupRange, SnapshotError, StateAccessError, TypeSerializer
+from statekit import KeyGroupRange, StateAccessError, TypeSerializer
 from statekit.backend_api import (
     Clock,
     KVColumn,
@@ -400,14 +400,7 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
 
     def native_snapshot(self, checkpoint_id: int) -> RocksDBNativeSnapshot:
         """Freeze the instance now: flush and hard-link a RocksDB checkpoint; ``write`` uploads it."""
-        if self._closed:
-            raise StateAccessError("the backend is closed")
-        if self.undeclared_pending_states:
-            raise SnapshotError(
-                f"states {self.undeclared_pending_states} were restored with serializers that cannot be "
-                "rebuilt from their configs and are not declared; declare them (get_state) before a native "
-                "checkpoint, or set statekit.checkpoint.format=canonical"
-            )
+        self.check_native_snapshot()
         return RocksDBNativeSnapshot.take(self, checkpoint_id)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:

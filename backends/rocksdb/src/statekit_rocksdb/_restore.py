@@ -56,14 +56,12 @@ def _download(h: NativeStateHandle, directory: str) -> None:
 
 def restore_native(backend: RocksDBKeyedStateBackend, handles: Sequence[NativeStateHandle]) -> None:
     """Restore ``backend`` (empty) from native snapshots overlapping its key groups; see the module."""
-    metas = backend.check_native_restore(handles, backend.native_format)
-    own = backend.key_group_range
-    parts = [h for h in handles if len(h.key_group_range.intersection(own))]
-    if not parts:
-        backend.adopt_native_states(metas)
+    plan = backend.kv_plan_native_restore(handles, backend.native_format)
+    base = plan.base
+    if base is None:
+        backend.kv_finish_native_restore(plan)
         return
-    ranges = {id(h): backend.kv_snapshot_range(h) for h in parts}
-    base = max(parts, key=lambda h: (len(ranges[id(h)].intersection(own)), -ranges[id(h)].start))
+    own, parts, ranges = backend.key_group_range, plan.parts, plan.ranges
     staging = os.path.join(backend.instance_dir, f"restore-{os.urandom(4).hex()}")
     try:
         base_dir = os.path.join(staging, "base")
@@ -85,12 +83,8 @@ def restore_native(backend: RocksDBKeyedStateBackend, handles: Sequence[NativeSt
             _ingest_range(backend, d, lower, upper, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    backend.sequence = max(int(h.meta.get("sequence", 0)) for h in parts)
     backend.uploads.restored()
-    backend.adopt_native_states(metas)
-    # As a canonical snapshot taken at that moment would: no entry expired at snapshot time is restored.
-    for h in parts:
-        backend.purge_as_of(h.meta)
+    backend.kv_finish_native_restore(plan)
 
 
 def _state_families(path: str) -> list[str]:
