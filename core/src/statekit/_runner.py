@@ -276,6 +276,7 @@ class LocalRunner:
         self.clock = clock or system_clock
         self.checkpoint_interval = int(conf.get("statekit.checkpoint.interval-records") or 0)
         self.retained = int(conf.get("statekit.checkpoints.retained") or 1)
+        self._failed_in_a_row = 0  # periodic checkpoints that failed since the last one that completed
         self.key_cache_size = int(conf.get("statekit.key-cache-size") or 131072)
         self.native_checkpoints = conf.get("statekit.checkpoint.format") != "canonical"
         self.local_dir_parent = conf.get("statekit.local-dir")
@@ -381,6 +382,7 @@ class LocalRunner:
         self._source_op = source_op
         self._position = json.loads(positions[0]) if positions else None
         self._watermark = int(cp.metadata.properties.get(WATERMARK_PROPERTY, MIN_WATERMARK))
+        self._failed_in_a_row = 0  # a restored job starts counting afresh, as a restarted Flink job
         self._max_event_time = MIN_WATERMARK
         self._next_checkpoint_id = cp.checkpoint_id + 1
         self.registry.hook.statekit_restore_done(
@@ -581,8 +583,6 @@ class LocalRunner:
                 stacklevel=2,
             )
         return result
-
-    _failed_in_a_row = 0  # periodic checkpoints that failed since the last one that completed
 
     def _periodic_checkpoint(self, result: RunResult) -> None:
         try:
