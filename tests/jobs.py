@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from statekit import (
     KeyedProcessFunction,
     ListStateDescriptor,
+    LocalRunner,
     MapStateDescriptor,
     ProcessContext,
     ReducingStateDescriptor,
@@ -45,6 +46,21 @@ class CountUrls(KeyedProcessFunction):
         if n == 1:
             self.seen.add(self.index)
         yield (ctx.current_key, n)
+
+
+def count_urls_runner(checkpoints_dir: str, conf: Mapping[str, Any] | None = None) -> LocalRunner:
+    """A LocalRunner of :class:`CountUrls` at parallelism 2, checkpointing into ``checkpoints_dir``.
+
+    Every state goes into a file of its own (no inline state), so tests can damage or
+    lose files; ``conf`` adds or overrides keys.
+    """
+    config = {
+        "statekit.checkpoints.dir": checkpoints_dir,
+        "statekit.parallelism": 2,
+        "statekit.checkpoint.storage.filesystem.inline-threshold": 0,
+        **(conf or {}),
+    }
+    return LocalRunner(CountUrls, key_selector=lambda r: r["url"], config=config)
 
 
 def make_records(n: int, *, urls: int = 50, seed: int = 7) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from jobs import CountUrls, make_records
+from jobs import CountUrls, count_urls_runner, make_records
 from statekit import (
     CorruptSnapshotError,
     KeyGroupRange,
@@ -28,13 +28,7 @@ RECORDS = make_records(2000, urls=60, seed=3)
 
 
 def make_runner(ckpt: Path, **conf: Any) -> LocalRunner:
-    config = {
-        "statekit.checkpoints.dir": str(ckpt),
-        "statekit.parallelism": 2,
-        "statekit.checkpoint.storage.filesystem.inline-threshold": 0,
-        **conf,
-    }
-    return LocalRunner(CountUrls, key_selector=lambda r: r["url"], config=config)
+    return count_urls_runner(str(ckpt), conf)
 
 
 @pytest.fixture(scope="module")

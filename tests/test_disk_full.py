@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from fulldisk import FullDisk
-from jobs import CountUrls, make_records, model_state, state_of_runner
+from jobs import count_urls_runner, make_records, model_state, state_of_runner
 from statekit import LocalRunner, RecordSource
 
 RECORDS = make_records(500, urls=30, seed=17)
@@ -35,14 +35,7 @@ def empty_disk() -> Iterator[None]:
 
 
 def make_runner(root: Path, **conf: Any) -> LocalRunner:
-    config = {
-        "statekit.checkpoints.dir": f"fulldisk://{root}",
-        "statekit.parallelism": 2,
-        "statekit.checkpoint.storage.filesystem.inline-threshold": 0,
-        "statekit.checkpoint.interval-records": 100,
-        **conf,
-    }
-    return LocalRunner(CountUrls, key_selector=lambda r: r["url"], config=config)
+    return count_urls_runner(f"fulldisk://{root}", {"statekit.checkpoint.interval-records": 100, **conf})
 
 
 def run_quietly(r: LocalRunner, src: RecordSource, n: int | None = None) -> Any:

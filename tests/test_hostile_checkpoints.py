@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from jobs import RULES, SEEN, CountUrls, make_records, state_of_runner
+from jobs import RULES, SEEN, CountUrls, count_urls_runner, make_records, state_of_runner
 from statekit import (
     CorruptSnapshotError,
     LocalRunner,
@@ -39,13 +39,7 @@ FUZZ = settings(
 
 
 def make_runner(root: Path, **conf: Any) -> LocalRunner:
-    config = {
-        "statekit.checkpoints.dir": str(root),
-        "statekit.parallelism": 2,
-        "statekit.checkpoint.storage.filesystem.inline-threshold": 0,
-        **conf,
-    }
-    return LocalRunner(CountUrls, key_selector=lambda r: r["url"], config=config)
+    return count_urls_runner(str(root), conf)
 
 
 def everything(runner: LocalRunner) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any
 import boto3
 import pytest
 
-from jobs import CountUrls, make_records, model_state, state_of_runner
+from jobs import count_urls_runner, make_records, model_state, state_of_runner
 from s3faults import FaultyS3, get_of, put_of
 from statekit import CheckpointError, LocalRunner, RecordSource
 
@@ -55,14 +55,8 @@ def options(s3: FaultyS3, *, read_timeout: float = 5) -> dict[str, Any]:
 
 
 def make_runner(s3: FaultyS3, prefix: str, **conf: Any) -> LocalRunner:
-    config = {
-        "statekit.checkpoints.dir": f"s3://{BUCKET}/{prefix}",
-        "statekit.parallelism": 2,
-        "statekit.checkpoint.storage.filesystem.inline-threshold": 0,
-        "statekit.checkpoint.storage.filesystem.storage-options": json.dumps(options(s3)),
-        **conf,
-    }
-    return LocalRunner(CountUrls, key_selector=lambda r: r["url"], config=config)
+    opts = {"statekit.checkpoint.storage.filesystem.storage-options": json.dumps(options(s3))}
+    return count_urls_runner(f"s3://{BUCKET}/{prefix}", {**opts, **conf})
 
 
 def stored(s3: FaultyS3, prefix: str) -> list[str]:
