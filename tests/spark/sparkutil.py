@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,16 @@ from statekit import LocalRunner
 
 SCHEMA = "`@timestamp` string, remote_addr string, request string, url string, bytes long"
 OUTPUT = "url string, n long"
+
+
+def driver_env() -> dict[str, str]:
+    """The environment of a Spark driver the tests start as a process of its own."""
+    return {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
 
 
 def write_inputs(directory: Path, records: list[dict[str, Any]], files: int, *, start: int = 0) -> None:

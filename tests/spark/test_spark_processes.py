@@ -14,21 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sparkutil import assert_exact_outputs, assert_exact_state, write_inputs
+from sparkutil import assert_exact_outputs, assert_exact_state, driver_env, write_inputs
 
 from jobs import make_records
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "spark_driver.py"
-
-
-def _env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "SPARK_LOCAL_IP": "127.0.0.1",
-    }
 
 
 def start_driver(args: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -42,7 +33,7 @@ def start_driver(args: list[str], log: Path) -> subprocess.Popen[bytes]:
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=_env(),
+            env=driver_env(),
             start_new_session=True,
         )
 
@@ -164,7 +155,7 @@ def test_standalone_cluster_state_lives_in_executors(tmp_path: Path) -> None:
 
     spark_home = Path(pyspark.__file__).resolve().parent
     spark_class = str(spark_home / "bin" / "spark-class")
-    env = {**_env(), "SPARK_HOME": str(spark_home), "SPARK_NO_DAEMONIZE": "1"}
+    env = {**driver_env(), "SPARK_HOME": str(spark_home), "SPARK_NO_DAEMONIZE": "1"}
     port = _free_port()
     master_url = f"spark://127.0.0.1:{port}"
     started: list[subprocess.Popen[bytes]] = []

@@ -11,18 +11,18 @@ shared test session has its UI off and a process holds one SparkContext.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from sparkutil import driver_env
 
 HERE = Path(__file__).resolve().parent
 
 
 def test_the_environment_page_redacts_secret_storage_options_and_statekit_warns_of_the_other() -> None:
     secret, control = "SECRETMARKER-6f1d2a", "CONTROLMARKER-93be07"
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    env = driver_env()
     done = subprocess.run(
         [sys.executable, str(HERE / "secrets_driver.py"), secret, control],
         capture_output=True,
