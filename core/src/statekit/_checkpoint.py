@@ -17,7 +17,7 @@ import struct
 import time
 import warnings
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +45,13 @@ from ._operator import (
     encode_operator_snapshot,
     redistribute_operator_state,
 )
-from ._snapshot import CANONICAL_FORMAT, KeyedStateHandle, ProgressCallback
+from ._snapshot import (
+    CANONICAL_FORMAT,
+    KeyedStateHandle,
+    ProgressCallback,
+    SnapshotHeader,
+    SnapshotWriteResult,
+)
 
 __all__ = [
     "CheckpointMetadata",
@@ -55,6 +61,8 @@ __all__ = [
     "complete_checkpoint",
     "discard_native_uploads",
     "load_checkpoint",
+    "write_keyed_file",
+    "write_operator_file",
     "write_subtask_state",
 ]
 
@@ -129,47 +137,70 @@ def write_subtask_state(
         )
     elif keyed is not None:
         snap = keyed.snapshot()
-        stream = writer.create_stream(f"{prefix}.keyed")
-        try:
-            r = snap.write(stream, progress=progress)
-            _check_sizes(r.state_sizes, operator_id, subtask_index, max_state_size)
-            handle = stream.close_and_get_handle()
-        except BaseException:
-            stream.discard()
-            raise
         result.states = list(snap.header.states)
-        result.keyed = {
-            "handle": handle.to_json(),
-            "format": CANONICAL_FORMAT,
-            "backend": snap.header.backend,
-            "header_length": r.header_length,
-            "offsets": {str(kg): [o, n] for kg, (o, n) in r.offsets.items()},
-            "size": r.size,
-            "entries": r.entries,
-            "state_sizes": r.state_sizes,
-        }
+        result.keyed = write_keyed_file(
+            writer,
+            f"{prefix}.keyed",
+            snap.header,
+            lambda out: snap.write(out, progress=progress),
+            check=lambda r: _check_sizes(r.state_sizes, operator_id, subtask_index, max_state_size),
+        )
     if operator is not None:
         ops = operator.snapshot()
         if ops:
             sizes = {n: sum(len(e) for e in d.elements) for n, d in ops.items()}
             _check_sizes(sizes, operator_id, subtask_index, max_state_size)
-            data = encode_operator_snapshot(ops)
-            stream = writer.create_stream(f"{prefix}.operator")
-            try:
-                stream.write(data)
-                oh = stream.close_and_get_handle()
-            except BaseException:
-                stream.discard()
-                raise
-            # The CRC binds the entry to these bytes: a handle pointing at another subtask's
-            # (valid) file is caught on restore, not silently read.
-            result.operator = {
-                "handle": oh.to_json(),
-                "size": len(data),
-                "states": sorted(ops),
-                "crc32": zlib.crc32(data),
-            }
+            result.operator = write_operator_file(writer, f"{prefix}.operator", ops)
     return result
+
+
+def write_operator_file(writer: CheckpointWriter, name: str, ops: OperatorSnapshot) -> dict[str, Any]:
+    """Write one subtask's operator state into stream ``name`` of ``writer``; returns its metadata entry."""
+    data = encode_operator_snapshot(ops)
+    stream = writer.create_stream(name)
+    try:
+        stream.write(data)
+        oh = stream.close_and_get_handle()
+    except BaseException:
+        stream.discard()
+        raise
+    # The CRC binds the entry to these bytes: a handle pointing at another subtask's
+    # (valid) file is caught on restore, not silently read.
+    return {"handle": oh.to_json(), "size": len(data), "states": sorted(ops), "crc32": zlib.crc32(data)}
+
+
+def write_keyed_file(
+    writer: CheckpointWriter,
+    name: str,
+    header: SnapshotHeader,
+    write: Callable[[Any], SnapshotWriteResult],
+    *,
+    check: Callable[[SnapshotWriteResult], None] | None = None,
+) -> dict[str, Any]:
+    """Write one canonical keyed file into stream ``name`` of ``writer``; returns its metadata entry.
+
+    ``write(stream)`` writes the file (see :func:`~statekit.backend_api.write_canonical`);
+    ``check`` may refuse the result, which then leaves nothing behind.
+    """
+    stream = writer.create_stream(name)
+    try:
+        r = write(stream)
+        if check is not None:
+            check(r)
+        handle = stream.close_and_get_handle()
+    except BaseException:
+        stream.discard()
+        raise
+    return {
+        "handle": handle.to_json(),
+        "format": CANONICAL_FORMAT,
+        "backend": header.backend,
+        "header_length": r.header_length,
+        "offsets": {str(kg): [o, n] for kg, (o, n) in r.offsets.items()},
+        "size": r.size,
+        "entries": r.entries,
+        "state_sizes": r.state_sizes,
+    }
 
 
 def _write_native(

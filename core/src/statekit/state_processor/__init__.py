@@ -1,0 +1,33 @@
+"""State as data: read, query, bootstrap and rewrite checkpoints and savepoints.
+
+Like Flink's State Processor API, without a running job:
+
+- :class:`SavepointReader` opens any checkpoint or savepoint (a local path,
+  ``s3://``, any fsspec URL, or a location of a given storage), lists its
+  operators and states, reads a keyed state as Arrow record batches one key
+  group at a time (filters by key group or key read only the blocks they
+  need), answers point queries from one key-group block, and reads timers and
+  operator state.
+- :class:`SavepointWriter` builds a canonical savepoint from rows, an Arrow
+  table or a pandas DataFrame (on Spark, :func:`statekit.spark.write_savepoint`
+  writes a DataFrame in parallel by key group), or rewrites an existing one:
+  drop, rename or map a state, change the max parallelism. A job starts from
+  the result with ``restore=<location>``.
+"""
+
+from __future__ import annotations
+
+try:
+    import pyarrow  # type: ignore[import-untyped]  # noqa: F401
+except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installation
+    raise ModuleNotFoundError(
+        "statekit.state_processor needs pyarrow, which is not installed. Install it with: "
+        'pip install "statekit[arrow]"',
+        name=exc.name,
+    ) from exc
+
+from ._arrow import arrow_type
+from ._reader import OperatorInfo, SavepointReader, StateInfo, open_storage
+from ._writer import SavepointWriter
+
+__all__ = ["OperatorInfo", "SavepointReader", "SavepointWriter", "StateInfo", "arrow_type", "open_storage"]
