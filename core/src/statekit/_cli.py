@@ -165,3 +165,18 @@ def _plugins(args: argparse.Namespace, ctx: CommandContext) -> int:
 
 # Commands that work on stored checkpoints live in their own module; importing it registers them.
 from . import _cli_checkpoints as _cli_checkpoints  # noqa: E402
+
+try:  # statekit state reads state as Arrow: it needs the optional pyarrow
+    from .state_processor import _cli as _cli_state  # noqa: F401
+except ModuleNotFoundError as _missing:
+    if _missing.name != "pyarrow":
+        raise
+    _HINT = (
+        'statekit state needs pyarrow, which is not installed. Install it with: pip install "statekit[arrow]"'
+    )
+
+    @command("state", f"read state as data ({_HINT})", lambda p: p.add_argument("args", nargs="*"))
+    def _state_unavailable(args: argparse.Namespace, ctx: CommandContext) -> int:
+        from ._errors import ConfigurationError
+
+        raise ConfigurationError(_HINT)

@@ -1,0 +1,648 @@
+"""``statekit state list|show|get|export``: a checkpoint's or savepoint's state as data, no job needed.
+
+Every action opens a ``chk-<n>`` or savepoint location (a local path or any
+fsspec URL; ``--storage-options`` passes fsspec options), or, with ``--job``,
+that job's latest completed checkpoint under a checkpoints directory.
+
+Values leave as JSON the same way everywhere (``show``, ``get``, ``export
+--format json``): bytes are base64 strings, timestamps ISO 8601 strings,
+structs (tuples, dataclasses) objects, maps objects when their keys are strings
+and lists of ``[key, value]`` pairs otherwise. CSV holds flat columns only,
+bytes again as base64.
+
+Keys given on the command line (``get KEY``, ``--key``) are parsed as the
+state's key serializer says (``str``, ``int``, ``float``, ``bytes`` as base64,
+anything else as JSON, arrays becoming tuples); ``--key-type`` overrides that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .._cli import CommandContext, command
+from .._errors import ConfigurationError
+from .._serializers import _describe
+from ..timers import TimeDomain
+from ._arrow import arrow_column
+from ._reader import SavepointReader
+
+__all__: list[str] = []
+
+Progressed = Callable[[int, int], None]
+_FORMATS = ("json", "csv", "parquet")
+_SUFFIXES = {".json": "json", ".jsonl": "json", ".ndjson": "json", ".csv": "csv", ".parquet": "parquet"}
+_KEY_TYPES = ("str", "int", "float", "bytes", "json")
+
+
+# --- arguments -------------------------------------------------------------------
+
+
+def _non_negative(text: str) -> int:
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {n}")
+    return n
+
+
+def _add_location(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "location",
+        help="a chk-<n> or savepoint directory (any fsspec URL); with --job, a checkpoints directory",
+    )
+    p.add_argument("--job", help="read this job's latest completed checkpoint under LOCATION")
+    p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
+
+
+def _add_what(p: argparse.ArgumentParser, *, timers: bool) -> None:
+    p.add_argument("--operator", required=True, help="the operator id (statekit state list shows them)")
+    if not timers:
+        p.add_argument("--state", required=True, help="the keyed state's name")
+        return
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--state", help="a keyed state's or operator state's name")
+    which.add_argument(
+        "--timers", choices=[str(d) for d in TimeDomain], help="the operator's pending timers of this domain"
+    )
+
+
+def _add_filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--key-group",
+        type=int,
+        action="extend",
+        nargs="+",
+        metavar="G",
+        help="read only these key groups (repeatable)",
+    )
+    p.add_argument("--key", action="extend", nargs="+", metavar="K", help="read only these keys (repeatable)")
+    p.add_argument("--include-expired", action="store_true", help="also rows whose TTL has expired")
+
+
+def _add_key_type(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--key-type",
+        choices=_KEY_TYPES,
+        help="parse keys as this (default: as the state's key serializer says; bytes are base64)",
+    )
+
+
+def _configure_state(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(title="actions", metavar="ACTION", required=True)
+
+    ls = sub.add_parser("list", help="list the operators, keyed states, timers and operator states")
+    _add_location(ls)
+    ls.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    ls.set_defaults(action=_list)
+
+    show = sub.add_parser("show", help="show the first rows of a state as a table")
+    _add_location(show)
+    _add_what(show, timers=True)
+    show.add_argument(
+        "--limit", type=_non_negative, default=20, metavar="N", help="rows to show (default 20; 0: all)"
+    )
+    _add_filters(show)
+    _add_key_type(show)
+    show.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    show.set_defaults(action=_show)
+
+    get = sub.add_parser("get", help="the value of one key (reads one key-group block)")
+    _add_location(get)
+    _add_what(get, timers=False)
+    get.add_argument("key", metavar="KEY")
+    _add_key_type(get)
+    get.add_argument("--json", action="store_true", help='print {"key", "value", "location", "bytes_read"}')
+    get.set_defaults(action=_get)
+
+    exp = sub.add_parser("export", help="write a state to a JSON lines, CSV or Parquet file")
+    _add_location(exp)
+    _add_what(exp, timers=True)
+    exp.add_argument("--output", "-o", required=True, metavar="PATH", help="the file to write (a local path)")
+    exp.add_argument(
+        "--format",
+        choices=_FORMATS,
+        help="json (JSON lines, bytes as base64), csv (flat columns only) or parquet; "
+        "default: from the output's suffix",
+    )
+    _add_filters(exp)
+    _add_key_type(exp)
+    exp.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
+    exp.set_defaults(action=_export)
+
+
+@command("state", "read the state in checkpoints and savepoints: list, show, get, export", _configure_state)
+def _state(args: argparse.Namespace, ctx: CommandContext) -> int:
+    action: Callable[[argparse.Namespace, CommandContext], int] = args.action
+    return action(args, ctx)
+
+
+def _open(args: argparse.Namespace, ctx: CommandContext) -> SavepointReader:
+    if args.job:
+        return SavepointReader.latest(
+            args.location, args.job, storage_options=args.storage_options, registry=ctx.registry
+        )
+    return SavepointReader.open(args.location, storage_options=args.storage_options, registry=ctx.registry)
+
+
+# --- keys ----------------------------------------------------------------------------
+
+
+def parse_key(text: str, key_type: str | None, key_serializer: Mapping[str, Any]) -> Any:
+    """The key ``text`` stands for, as a key of ``key_serializer`` (a serializer config).
+
+    ``key_type`` (one of ``str``, ``int``, ``float``, ``bytes``, ``json``)
+    overrides what the serializer suggests.
+
+    Raises:
+        ConfigurationError: If ``text`` does not parse, or the result is no key of ``key_serializer``.
+    """
+    ident = str(key_serializer.get("id", "str"))
+    kind = key_type or (ident if ident in _KEY_TYPES else "json")
+    try:
+        if kind == "str":
+            key: Any = text
+        elif kind == "int":
+            key = int(text)
+        elif kind == "float":
+            key = float(text)
+        elif kind == "bytes":
+            key = base64.b64decode(text, validate=True)
+        else:
+            key = _coerce(json.loads(text), key_serializer)
+    except ValueError as e:  # json's and base64's errors are ValueErrors too
+        raise ConfigurationError(f"key {text!r} is not a valid {kind} ({e})") from None
+    if key_serializer:
+        serializer = arrow_column(dict(key_serializer)).serializer
+        try:
+            hash(key)
+            serializer.serialize(key)
+        except Exception as e:  # noqa: BLE001 - any failure means "not a key of this serializer"
+            raise ConfigurationError(
+                f"key {text!r} read as {type(key).__name__} is no key of the state's key serializer "
+                f"{_describe(dict(key_serializer))} ({e}); pass another --key-type"
+            ) from None
+    return key
+
+
+def _coerce(value: Any, cfg: Mapping[str, Any]) -> Any:
+    """A JSON value as a key of serializer config ``cfg``: arrays become tuples, base64 strings bytes."""
+    ident = cfg.get("id")
+    args: list[Mapping[str, Any]] = list(cfg.get("args", []))
+    if value is None:
+        return None
+    if ident == "optional":
+        return _coerce(value, args[0])
+    if ident == "bytes" and isinstance(value, str):
+        return base64.b64decode(value, validate=True)
+    if ident == "float" and isinstance(value, int):
+        return float(value)
+    if ident == "dataclass":
+        fields = [(str(n), c) for n, c in cfg.get("fields", [])]
+        if isinstance(value, dict):
+            value = [value.get(n) for n, _ in fields]
+        args = [c for _, c in fields]
+    if isinstance(value, list):
+        if ident in ("tuple", "dataclass") and len(value) == len(args):
+            return tuple(_coerce(v, c) for v, c in zip(value, args))
+        if ident in ("tuple...", "list") and args:
+            return tuple(_coerce(v, args[0]) for v in value)
+        return tuple(value)  # a key must be hashable; the serializer check says if it fits
+    return value
+
+
+# --- values as JSON ----------------------------------------------------------------------
+
+Convert = Callable[[Any], Any]
+
+
+def json_converter(typ: pa.DataType) -> Convert | None:
+    """Turns a :meth:`pyarrow.Array.to_pylist` value of ``typ`` into JSON; None when it already is."""
+    t = pa.types
+    if _is_binary(typ):
+        return lambda v: None if v is None else base64.b64encode(v).decode("ascii")
+    if t.is_timestamp(typ) or t.is_date(typ) or t.is_time(typ):
+        return lambda v: None if v is None else v.isoformat()
+    if t.is_map(typ):
+        kc = json_converter(typ.key_type)
+        vc = json_converter(typ.item_type)
+        k: Convert = kc or _same
+        v: Convert = vc or _same
+        if t.is_string(typ.key_type) or t.is_large_string(typ.key_type):
+            return lambda m: None if m is None else {key: v(x) for key, x in m}
+        return lambda m: None if m is None else [[k(key), v(x)] for key, x in m]
+    if t.is_list(typ) or t.is_large_list(typ) or t.is_fixed_size_list(typ):
+        ec = json_converter(typ.value_type)
+        if ec is None:
+            return None
+        conv = ec
+        return lambda xs: None if xs is None else [conv(x) for x in xs]
+    if t.is_struct(typ):
+        convs = [(f.name, json_converter(f.type)) for f in typ]
+        if all(c is None for _, c in convs):
+            return None
+        return lambda d: None if d is None else {n: (d[n] if c is None else c(d[n])) for n, c in convs}
+    return None
+
+
+def _is_binary(typ: pa.DataType) -> bool:
+    t = pa.types
+    return bool(t.is_binary(typ) or t.is_large_binary(typ) or t.is_fixed_size_binary(typ))
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+def _json_rows(batch: pa.RecordBatch | pa.Table) -> list[dict[str, Any]]:
+    convs = [(f.name, c) for f in batch.schema if (c := json_converter(f.type)) is not None]
+    rows: list[dict[str, Any]] = batch.to_pylist()
+    for row in rows:
+        for name, conv in convs:
+            row[name] = conv(row[name])
+    return rows
+
+
+def _dumps(value: Any) -> str:
+    # default=str: anything Arrow gives that JSON has no type for (decimals, durations) as text
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _key_json(key: Any) -> Any:
+    if isinstance(key, bytes):
+        return base64.b64encode(key).decode("ascii")
+    if isinstance(key, tuple):
+        return [_key_json(k) for k in key]
+    return key
+
+
+# --- what to read ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One state (keyed, operator or timers) of one operator: its schema and its batches."""
+
+    title: str
+    schema: pa.Schema
+    batches: Callable[[Progressed | None], Iterator[pa.RecordBatch]]
+    rows: int | None = None
+    """Known without reading (operator state and timers are read whole)."""
+
+
+def _source(reader: SavepointReader, args: argparse.Namespace) -> _Source:
+    op = args.operator
+    filtered = args.key or args.key_group
+    if args.timers:
+        table = reader.read_timers(op, args.timers)
+        return _whole(f"{op} {args.timers} timers", table, filtered)
+    info = {o.id: o for o in reader.operators()}.get(op)
+    name = args.state
+    if info is not None and name in info.operator_states and all(s.name != name for s in info.states):
+        return _whole(f"{op}/{name} (operator state)", reader.read_operator_state(op, name), filtered)
+    state = reader.state(op, name)  # raises, naming the operators or states there are
+    keys = None
+    if args.key:
+        keys = [parse_key(k, args.key_type, state.key_serializer) for k in args.key]
+    groups = None
+    if args.key_group:
+        groups = sorted(set(args.key_group))
+        bad = [g for g in groups if not 0 <= g < reader.max_parallelism]
+        if bad:
+            raise ConfigurationError(
+                f"key group {bad[0]} is out of range: {reader.location} has key groups "
+                f"0-{reader.max_parallelism - 1}"
+            )
+
+    def batches(progress: Progressed | None) -> Iterator[pa.RecordBatch]:
+        return reader.read(
+            op,
+            name,
+            key_groups=groups,
+            keys=keys,
+            include_expired=args.include_expired,
+            progress=progress,
+        )
+
+    return _Source(f"{op}/{name}", reader.schema(op, name), batches)
+
+
+def _whole(title: str, table: pa.Table, filtered: bool) -> _Source:
+    if filtered:
+        raise ConfigurationError(f"--key and --key-group select rows of keyed state; {title} is read whole")
+    return _Source(title, table.schema, lambda progress: iter(table.to_batches()), table.num_rows)
+
+
+@contextlib.contextmanager
+def _progress(ctx: CommandContext, title: str, enabled: bool) -> Iterator[Progressed | None]:
+    if not enabled or not ctx.err_console.is_terminal:  # a log gets no bar (rich would leave a blank line)
+        yield None
+        return
+    columns = (
+        TextColumn(f"reading {escape(title)}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("key-group blocks"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=ctx.err_console, transient=True) as bar:
+        task = bar.add_task("read", total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+# --- statekit state list -------------------------------------------------------------------
+
+
+def _list(args: argparse.Namespace, ctx: CommandContext) -> int:
+    with _open(args, ctx) as reader:
+        meta = reader.checkpoint.metadata
+        operators: list[dict[str, Any]] = []
+        for info in reader.operators():
+            key_cfg = info.states[0].key_serializer if info.states else {}
+            operators.append(
+                {
+                    "id": info.id,
+                    "parallelism": info.parallelism,
+                    "key_type": _describe(key_cfg) if key_cfg else None,
+                    "entries": info.entries,
+                    "bytes": info.bytes,
+                    "formats": list(info.formats),
+                    "backends": list(info.backends),
+                    "states": [
+                        {
+                            "name": s.name,
+                            "kind": s.kind,
+                            "type": s.type_name,
+                            "serializer": s.serializer,
+                            "namespace_type": (
+                                None if s.namespace_serializer is None else _describe(s.namespace_serializer)
+                            ),
+                            "ttl": s.ttl,
+                            "bytes": s.bytes,
+                        }
+                        for s in info.states
+                        if s.timer_domain is None
+                    ],
+                    "timers": [
+                        {"domain": s.timer_domain, "state": s.name, "bytes": s.bytes}
+                        for s in info.states
+                        if s.timer_domain is not None
+                    ],
+                    "operator_states": list(info.operator_states),
+                }
+            )
+        summary = {
+            "location": reader.location,
+            "kind": meta.kind,
+            "job_id": meta.job_id,
+            "checkpoint_id": meta.checkpoint_id,
+            "max_parallelism": reader.max_parallelism,
+            "watermark": reader.watermark,
+            "operators": operators,
+        }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    c = ctx.console
+    c.print(f"[bold]{escape(meta.kind)} {meta.checkpoint_id}[/] of job [bold]{escape(meta.job_id)}[/]")
+    c.print(f"  location          {escape(reader.location)}", soft_wrap=True)
+    c.print(f"  max parallelism   {reader.max_parallelism}")
+    c.print(f"  watermark         {'-' if reader.watermark is None else reader.watermark}")
+    ops = Table("operator", "parallelism", "key", "entries", "bytes", "format")
+    for o in operators:
+        fmt = ", ".join(o["formats"]) or "-"
+        if o["backends"]:
+            fmt += f" ({', '.join(o['backends'])})"
+        ops.add_row(
+            escape(o["id"]),
+            str(o["parallelism"]),
+            escape(o["key_type"] or "-"),
+            f"{o['entries']:,}",
+            f"{o['bytes']:,}",
+            escape(fmt),
+        )
+    c.print(ops)
+    states = Table("operator", "state", "kind", "type", "TTL", "bytes")
+    for o in operators:
+        for s in o["states"]:
+            ttl = s["ttl"]
+            typ = (
+                s["type"] if s["namespace_type"] is None else f"{s['type']} (namespace {s['namespace_type']})"
+            )
+            states.add_row(
+                escape(o["id"]),
+                escape(s["name"]),
+                escape(s["kind"]),
+                escape(typ),
+                "-" if not ttl else f"{ttl['ttl_ms']} ms, {ttl['update_type']}",
+                f"{s['bytes']:,}",
+            )
+        for t in o["timers"]:
+            states.add_row(escape(o["id"]), escape(t["state"]), "timers", t["domain"], "-", f"{t['bytes']:,}")
+        for name in o["operator_states"]:
+            states.add_row(escape(o["id"]), escape(name), "operator state", "-", "-", "-")
+    c.print(states)
+    return 0
+
+
+# --- statekit state show -------------------------------------------------------------------
+
+
+def _show(args: argparse.Namespace, ctx: CommandContext) -> int:
+    limit: int = args.limit
+    with _open(args, ctx) as reader:
+        src = _source(reader, args)
+        rows: list[dict[str, Any]] = []
+        more = False
+        it = src.batches(None)
+        for batch in it:
+            if limit and len(rows) + batch.num_rows > limit:
+                rows.extend(_json_rows(batch.slice(0, limit - len(rows))))
+                more = True
+                break
+            rows.extend(_json_rows(batch))
+            if limit and len(rows) == limit:
+                # One more block says whether there is more; counting it all could read everything.
+                more = next(it, None) is not None
+                break
+        total = src.rows if src.rows is not None else None if more else len(rows)
+        location = reader.location
+    if args.json:
+        out = {
+            "location": location,
+            "state": src.title,
+            "columns": src.schema.names,
+            "rows": rows,
+            "total": total,
+        }
+        print(json.dumps(out, indent=2, ensure_ascii=False, default=str))
+        return 0
+    table = Table(*map(escape, src.schema.names))
+    for row in rows:
+        table.add_row(*(_cell(v) for v in row.values()))
+    ctx.console.print(f"[bold]{escape(src.title)}[/] of {escape(location)}", soft_wrap=True)
+    ctx.console.print(table)
+    if total is None:
+        ctx.console.print(f"first {_rows(len(rows))}; there are more (--limit 0 shows and counts all)")
+    elif total > len(rows):
+        ctx.console.print(f"{len(rows)} of {_rows(total)}")
+    else:
+        ctx.console.print(_rows(total))
+    return 0
+
+
+def _rows(n: int) -> str:
+    return f"{n:,} row" if n == 1 else f"{n:,} rows"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "[dim]null[/]"
+    return escape(value if isinstance(value, str) else _dumps(value))
+
+
+# --- statekit state get -------------------------------------------------------------------
+
+
+def _get(args: argparse.Namespace, ctx: CommandContext) -> int:
+    op, name = args.operator, args.state
+    with _open(args, ctx) as reader:
+        info = reader.state(op, name)
+        key = parse_key(args.key, args.key_type, info.key_serializer)
+        value = reader.get(op, name, key)
+        schema = reader.schema(op, name)
+        location, bytes_read = reader.location, reader.bytes_read
+    if value is None:
+        hint = ""
+        if info.namespace_serializer is not None:
+            hint = f" (outside any namespace; statekit state show --key {args.key} shows its namespaces)"
+        print(
+            f"statekit: no value for key {key!r} in state {name!r} of operator {op!r} in {location}{hint}",
+            file=sys.stderr,
+        )
+        return 1
+    conv = json_converter(schema.field("value").type) or _same
+    if info.kind == "list":
+        shown: Any = [conv(v) for v in value]
+    elif info.kind == "map":
+        uk_type = schema.field("user_key").type
+        if pa.types.is_string(uk_type) or pa.types.is_large_string(uk_type):
+            shown = {k: conv(v) for k, v in value.items()}
+        else:
+            kc = json_converter(uk_type) or _same
+            shown = [[kc(k), conv(v)] for k, v in value.items()]
+    else:
+        shown = conv(value)
+    if args.json:
+        out = {"key": _key_json(key), "value": shown, "location": location, "bytes_read": bytes_read}
+        print(json.dumps(out, indent=2, ensure_ascii=False, default=str))
+    else:
+        print(_dumps(shown))
+    return 0
+
+
+# --- statekit state export -------------------------------------------------------------------
+
+
+class _Writer:
+    """Writes record batches to one file in one format."""
+
+    def __init__(self, fmt: str, path: str, schema: pa.Schema) -> None:
+        self.fmt = fmt
+        self._file = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self._writer: Any = None
+        self._schema = schema
+        # CSV cannot hold raw bytes: its bytes columns are written as base64 text.
+        self._binary = [i for i, f in enumerate(schema) if _is_binary(f.type)]
+        try:
+            if fmt == "parquet":
+                import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+                self._writer = pq.ParquetWriter(self._file, schema)
+            elif fmt == "csv":
+                import pyarrow.csv as pcsv  # type: ignore[import-untyped]
+
+                for i in self._binary:
+                    self._schema = self._schema.set(i, pa.field(schema.field(i).name, pa.string()))
+                self._writer = pcsv.CSVWriter(self._file, self._schema)
+        except BaseException:
+            self._file.close()
+            raise
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self.fmt == "json":
+            self._file.write("".join(_dumps(row) + "\n" for row in _json_rows(batch)).encode())
+        elif self.fmt == "csv":
+            cols = list(batch.columns)
+            for i in self._binary:
+                cols[i] = pa.array(
+                    [None if v is None else base64.b64encode(v).decode("ascii") for v in cols[i].to_pylist()],
+                    pa.string(),
+                )
+            self._writer.write_batch(pa.RecordBatch.from_arrays(cols, schema=self._schema))
+        else:
+            self._writer.write_batch(batch)
+
+    def close(self) -> None:
+        try:
+            if self._writer is not None:
+                self._writer.close()
+        finally:
+            self._file.close()
+
+
+def _check_csv(src: _Source) -> None:
+    nested = [f for f in src.schema if pa.types.is_nested(f.type)]
+    if nested:
+        cols = ", ".join(f"{f.name} ({f.type})" for f in nested)
+        raise ConfigurationError(
+            f"{src.title} has nested columns, which CSV cannot hold: {cols}; "
+            "export it with --format json or --format parquet"
+        )
+
+
+def _export(args: argparse.Namespace, ctx: CommandContext) -> int:
+    path: str = args.output
+    fmt: str | None = args.format or _SUFFIXES.get(os.path.splitext(path)[1].lower())
+    if fmt is None:
+        raise ConfigurationError(
+            f"cannot tell the format of {path} from its suffix; pass --format json|csv|parquet"
+        )
+    rows = 0
+    with _open(args, ctx) as reader:
+        src = _source(reader, args)
+        if fmt == "csv":
+            _check_csv(src)
+        # Written beside the target and renamed at the end, so a failed export leaves no partial file.
+        head, tail = os.path.split(path)
+        tmp = os.path.join(head, f".{tail}.{os.getpid()}.partial")
+        try:
+            try:
+                writer = _Writer(fmt, tmp, src.schema)
+            except OSError as e:
+                raise ConfigurationError(f"cannot write {path}: {e.strerror or e}") from None
+            try:
+                with _progress(ctx, src.title, not args.no_progress) as progress:
+                    for batch in src.batches(progress):
+                        writer.write(batch)
+                        rows += batch.num_rows
+            finally:
+                writer.close()
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+            raise
+    ctx.console.print(f"{_rows(rows)} written to {escape(path)} ({fmt})", soft_wrap=True)
+    return 0
