@@ -15,7 +15,6 @@ output. A second run with the same directory resumes where the first stopped.
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -24,11 +23,10 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from statekit import (
     CheckpointStorage,
-    KeyGroupRange,
     default_registry,
     load_checkpoint,
-    serializer_for,
 )
+from statekit.state_processor import SavepointReader
 
 from ._function import COUNT_STATE, JOB_OUTPUT_SCHEMA, CountPerUrlWithDeadLetters
 from ._parse import MALFORMED_KEY, AccessRecord, parse_line
@@ -286,42 +284,21 @@ def checkpoint_info(settings: JobSettings, storage: CheckpointStorage | None = N
 def read_state(settings: JobSettings) -> StateSummary:
     """Every URL's count and the malformed total, from the latest statekit checkpoint.
 
-    The checkpoint written by the Spark subtasks is restored whole into one
-    subtask of the backend that wrote it (native checkpoints, such as
-    RocksDB's, need their own backend; canonical ones restore anywhere) here in
-    the driver: this reads exactly what the next run will resume from.
+    Read as data with :class:`~statekit.state_processor.SavepointReader`: a
+    canonical checkpoint without any backend, a native one (RocksDB's) through
+    the backend that wrote it. This is exactly what the next run resumes from.
     """
     storage = checkpoint_storage(settings)
     summary = checkpoint_info(settings, storage)
     if summary.location is None:
         return summary
-    cp = load_checkpoint(storage, summary.location)
-    maxp = cp.metadata.max_parallelism
-    full = KeyGroupRange.of(0, maxp - 1)
-    registry = default_registry()
-    backend = registry.create_backend(cp.metadata.backend or settings.backend, {})
     counts: dict[str, int] = {}
-    entries = 0
-    for operator_id, subtasks in cp.metadata.operators.items():
-        if not any(st.keyed for st in subtasks):
-            continue
-        with tempfile.TemporaryDirectory(prefix="urlcount-read-") as local_dir:
-            keyed = backend.create_keyed_backend(
-                key_serializer=serializer_for(str),
-                key_group_range=full,
-                max_parallelism=maxp,
-                local_dir=local_dir,
-            )
-            try:
-                cp.restore_subtask(operator_id, 0, 1, keyed, None)
-                entries += keyed.num_entries()
-                count = keyed.get_state(COUNT_STATE)
-                for key in list(keyed.keys(COUNT_STATE.name)):
-                    keyed.set_current_key(key)
-                    counts[key] = count.value()
-            finally:
-                keyed.close()
-    summary.entries = entries
+    with SavepointReader.open(summary.location, storage=storage) as reader:
+        for op in reader.operators():
+            if any(s.name == COUNT_STATE.name for s in op.states):
+                for batch in reader.read(op.id, COUNT_STATE.name):
+                    counts.update(zip(batch.column("key").to_pylist(), batch.column("value").to_pylist()))
+    summary.entries = len(counts)
     summary.malformed = counts.pop(MALFORMED_KEY, 0)
     summary.counts = counts
     return summary
