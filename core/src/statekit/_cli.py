@@ -175,7 +175,10 @@ except ModuleNotFoundError as _missing:
         'statekit state needs pyarrow, which is not installed. Install it with: pip install "statekit[arrow]"'
     )
 
-    @command("state", f"read state as data ({_HINT})", lambda p: p.add_argument("args", nargs="*"))
+    def _any_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("args", nargs="*")
+
+    @command("state", f"read state as data ({_HINT})", _any_arguments)
     def _state_unavailable(args: argparse.Namespace, ctx: CommandContext) -> int:
         from ._errors import ConfigurationError
 
