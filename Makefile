@@ -41,6 +41,7 @@ bench: install
 	$(PY) bench/bench_snapshot_restore.py
 	cd bench && ../$(PY) bench_rocksdb.py
 	cd bench && ../$(PY) bench_lmdb.py
+	$(PY) bench/bench_state_reader.py
 	$(PY) bench/bench_spark_urlcount.py
 
 ## The main job: the URL-count demo on Spark with the embedded defaults.
