@@ -18,8 +18,13 @@ Backend, checkpoint storage and their options come from Spark's configuration
 ``n`` holds the state after the ``n``-th completed micro-batch; it completes
 after the sink has the batch's outputs, so state reflects every input record
 exactly once, whatever Spark retries. Restarting a query with another
-``spark.statekit.parallelism`` redistributes the state by key group. See
-``docs/spark.md``.
+``spark.statekit.parallelism`` redistributes the state by key group.
+
+:func:`register_state_source` makes any checkpoint or savepoint readable as a
+DataFrame: ``spark.read.format("statekit-state").option("state", "count").load(location)``;
+:func:`write_savepoint` writes DataFrames into a savepoint a job starts from,
+in parallel by key group.
+See ``docs/spark.md``.
 """
 
 from __future__ import annotations
@@ -35,7 +40,17 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installa
     ) from exc
 
 from ._api import KeyedDataFrame, ProcessedStream, keyed
+from ._bootstrap import write_savepoint
 from ._driver import BatchInfo
 from ._sparkconf import spark_configuration
+from ._state_source import register_state_source
 
-__all__ = ["BatchInfo", "KeyedDataFrame", "ProcessedStream", "keyed", "spark_configuration"]
+__all__ = [
+    "BatchInfo",
+    "KeyedDataFrame",
+    "ProcessedStream",
+    "keyed",
+    "register_state_source",
+    "spark_configuration",
+    "write_savepoint",
+]

@@ -40,7 +40,7 @@ from .._snapshot import (
 from .._state import VOID_NAMESPACE
 from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX, WATERMARK_PROPERTY, TimeDomain
 from ..timers._service import decode_timer
-from ._arrow import ArrowColumn, arrow_column
+from ._arrow import ArrowColumn, arrow_column, arrow_type
 
 __all__ = ["OperatorInfo", "SavepointReader", "StateInfo", "open_storage"]
 
@@ -550,6 +550,62 @@ class SavepointReader:
             return rows[0]["value"]
         return None
 
+    def timer_schema(self, operator: str, namespace_serializer: TypeSerializer | None = None) -> pa.Schema:
+        """The schema of :meth:`timers`: ``key``, ``timestamp`` (ms), ``namespace``, ``key_group``."""
+        ops = {o.id: o for o in self.operators()}
+        if operator not in ops:
+            self.state(operator, "")  # raises, naming the operators
+        key_type = arrow_column(self._key_serializer(operator)).type if ops[operator].states else pa.null()
+        ns_type = pa.binary() if namespace_serializer is None else arrow_type(namespace_serializer)
+        return pa.schema(
+            [
+                pa.field("key", key_type),
+                pa.field("timestamp", pa.int64()),
+                pa.field("namespace", ns_type),
+                pa.field("key_group", pa.int32()),
+            ]
+        )
+
+    def timers(
+        self,
+        operator: str,
+        domain: TimeDomain | str = TimeDomain.EVENT_TIME,
+        *,
+        key_groups: Iterable[int] | None = None,
+        namespace_serializer: TypeSerializer | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """The pending timers of ``operator`` in ``domain``, one record batch per key group.
+
+        Columns as :meth:`timer_schema`. ``namespace`` is null for timers
+        without one; otherwise its bytes, or its value when
+        ``namespace_serializer`` (the function's ``timer_namespace``) is given.
+        """
+        name = TIMER_STATE_NAMES[TimeDomain(domain)]
+        schema = self.timer_schema(operator, namespace_serializer)
+        if not any(s.name == name for o in self.operators() if o.id == operator for s in o.states):
+            return
+        ns_col = None if namespace_serializer is None else arrow_column(namespace_serializer.config())
+        for batch in self.read(operator, name, key_groups=key_groups):
+            stamps, namespaces = [], []
+            for code in batch.column("user_key").to_pylist():
+                ts, nsb = decode_timer(code)
+                stamps.append(ts)
+                raw = None if nsb[0] == 0 else nsb[1:]
+                namespaces.append(
+                    raw
+                    if raw is None or namespace_serializer is None
+                    else namespace_serializer.deserialize(raw)
+                )
+            yield pa.RecordBatch.from_arrays(
+                [
+                    batch.column("key"),
+                    pa.array(stamps, pa.int64()),
+                    pa.array(namespaces, pa.binary()) if ns_col is None else ns_col.array(namespaces),
+                    batch.column("key_group"),
+                ],
+                schema=schema,
+            )
+
     def read_timers(
         self,
         operator: str,
@@ -557,52 +613,9 @@ class SavepointReader:
         *,
         namespace_serializer: TypeSerializer | None = None,
     ) -> pa.Table:
-        """The pending timers of ``operator`` in ``domain``.
-
-        Columns: ``key``, ``timestamp`` (ms), ``namespace``, ``key_group``.
-
-        ``namespace`` is null for timers without one; otherwise its bytes, or
-        its value when ``namespace_serializer`` (the function's
-        ``timer_namespace``) is given.
-        """
-        name = TIMER_STATE_NAMES[TimeDomain(domain)]
-        ops = {o.id: o for o in self.operators()}
-        if operator not in ops:
-            self.state(operator, name)  # raises, naming the operators
-        key_type = arrow_column(self._key_serializer(operator)).type if ops[operator].states else pa.null()
-        ns_col = None if namespace_serializer is None else arrow_column(namespace_serializer.config())
-        schema = pa.schema(
-            [
-                pa.field("key", key_type),
-                pa.field("timestamp", pa.int64()),
-                pa.field("namespace", pa.binary() if ns_col is None else ns_col.type),
-                pa.field("key_group", pa.int32()),
-            ]
-        )
-        if not any(s.name == name for s in ops[operator].states):
-            return schema.empty_table()
-        cols: dict[str, list[Any]] = {"key": [], "timestamp": [], "namespace": [], "key_group": []}
-        for batch in self.read(operator, name):
-            for key, code, kg in zip(
-                batch.column("key").to_pylist(),
-                batch.column("user_key").to_pylist(),
-                batch.column("key_group"),
-            ):
-                ts, nsb = decode_timer(code)
-                raw = None if nsb[0] == 0 else nsb[1:]
-                cols["key"].append(key)
-                cols["timestamp"].append(ts)
-                cols["namespace"].append(
-                    raw
-                    if raw is None or namespace_serializer is None
-                    else namespace_serializer.deserialize(raw)
-                )
-                cols["key_group"].append(kg.as_py())
-        if ns_col is not None:
-            cols["namespace"] = [
-                None if v is None else ns_col.to_arrow(v) if ns_col.to_arrow else v for v in cols["namespace"]
-            ]
-        return pa.table(cols, schema=schema)
+        """:meth:`timers` gathered into one table."""
+        batches = list(self.timers(operator, domain, namespace_serializer=namespace_serializer))
+        return pa.Table.from_batches(batches, schema=self.timer_schema(operator, namespace_serializer))
 
     # --- operator state -------------------------------------------------------------
 

@@ -1,0 +1,298 @@
+"""Bootstrapping a savepoint from Spark DataFrames, written in parallel by key group.
+
+Two Spark stages, no collect of state to the driver:
+
+1. per state, rows are routed to the partition of the subtask that owns their
+   key (the key group computed by Spark SQL for ``str`` and ``int`` keys, as
+   the runner routes records) and sorted by key group; each task turns its
+   key groups' rows into the canonical format's sections;
+2. the sections of every state are routed by subtask again and each task
+   writes its subtask's file through the savepoint's writer (shipped to the
+   task), checks it back, and returns its metadata entry.
+
+The driver writes ``_metadata`` last, so a failed job leaves no savepoint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from .._checkpoint import SubtaskState, complete_checkpoint, write_keyed_file
+from .._contracts import CheckpointStorage, CheckpointWriter
+from .._errors import ConfigurationError, StateError
+from .._keyed import RegisteredState
+from .._keygroups import (
+    KeyGroupRange,
+    key_group_for_bytes,
+    key_group_range_for_operator,
+    validate_parallelism,
+)
+from .._serializers import IntSerializer, StrSerializer, TypeSerializer
+from .._snapshot import SnapshotHeader
+from .._state import StateDescriptor
+from ..state_processor._arrow import arrow_column
+from ..state_processor._reader import storage_at
+from ..state_processor._writer import (
+    BOOTSTRAP_BACKEND,
+    _columns,
+    _entries,
+    _verify,
+    _writing,
+    encode_section,
+)
+from ._routing import routing_values, sql_key_group, supports_sql_routing
+
+__all__ = ["write_savepoint"]
+
+_KG = "__statekit_kg"
+_SUBTASK = "__statekit_subtask"
+_ROUTE = "__statekit_route"
+_SECTIONS = T.StructType(
+    [
+        T.StructField("subtask", T.IntegerType(), False),
+        T.StructField("key_group", T.IntegerType(), False),
+        T.StructField("state", T.IntegerType(), False),
+        T.StructField("entries", T.LongType(), False),
+        T.StructField("keys", T.BinaryType(), False),
+        T.StructField("namespaces", T.BinaryType(), False),
+        T.StructField("values", T.BinaryType(), False),
+    ]
+)
+_FILES = T.StructType(
+    [T.StructField("subtask", T.IntegerType(), False), T.StructField("keyed", T.StringType())]
+)
+
+
+def write_savepoint(
+    target_dir: str,
+    states: Mapping[StateDescriptor, DataFrame],
+    *,
+    operator: str = "process",
+    max_parallelism: int = 128,
+    parallelism: int | None = None,
+    key_serializer: TypeSerializer | None = None,
+    namespace_serializers: Mapping[str, TypeSerializer] | None = None,
+    job_id: str = "bootstrap",
+    storage: CheckpointStorage | None = None,
+    storage_options: str | Mapping[str, Any] | None = None,
+    now_ms: int | None = None,
+) -> str:
+    """Write a canonical savepoint of ``operator``'s keyed states from DataFrames; returns its location.
+
+    Each DataFrame has the columns :meth:`statekit.state_processor.SavepointReader.read`
+    gives for its state (``key``, ``value``, and ``namespace``, ``position``,
+    ``user_key``, ``last_access`` where they apply), so a state read with the
+    ``statekit-state`` data source can be written back. A job starts from the
+    result with ``restore=<location>``, on any backend.
+
+    Args:
+        target_dir: The directory (any fsspec URL the executors can reach) to
+            create ``savepoint-<job>-<hex>`` in.
+        states: Each state's descriptor and its rows.
+        parallelism: Files (and Spark tasks) per stage; default Spark's default
+            parallelism, at most ``max_parallelism``.
+        key_serializer: The keys' serializer; default ``str`` for string keys,
+            ``int`` for integral ones.
+        namespace_serializers: Per state name, for states with namespaces.
+
+    Raises:
+        ConfigurationError: On a storage the executors cannot write to, or a bad parallelism.
+        StateError: On missing columns or duplicate keys (nothing is completed).
+    """
+    if not states:
+        raise ConfigurationError("write_savepoint needs at least one state")
+    frames = list(states.items())
+    session = frames[0][1].sparkSession
+    p = parallelism or min(max_parallelism, session.sparkContext.defaultParallelism)
+    validate_parallelism(p, max_parallelism)
+    ns_sers = dict(namespace_serializers or {})
+    metas = []
+    for desc, df in frames:
+        meta = RegisteredState.of(desc, ns_sers.get(desc.name)).meta()
+        missing = [c for c in _columns(meta) if c not in df.columns and c != "last_access"]
+        if missing:
+            raise StateError(
+                f"state {desc.name!r}: the DataFrame lacks columns {missing}; a {meta['kind']} state takes "
+                f"{_columns(meta)}, as the statekit-state data source reads it"
+            )
+        metas.append(meta)
+    ks = key_serializer or _default_key_serializer(frames[0][1].schema["key"].dataType)
+    store = storage or storage_at(target_dir, storage_options=storage_options)
+    if type(store).__name__ == "JobManagerCheckpointStorage":
+        raise ConfigurationError(
+            "write_savepoint writes from Spark's executors; the jobmanager storage lives in one process: "
+            "give a filesystem location (any fsspec URL the executors reach)"
+        )
+    writer = store.begin_savepoint(job_id, target_dir)
+    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    values = F.array(*(F.lit(v).cast("bigint") for v in routing_values(session, p)))
+    try:
+        sections = None
+        for idx, ((_, df), meta) in enumerate(zip(frames, metas)):
+            routed = _route(_with_key_group(df, ks, max_parallelism), p, max_parallelism, values)
+            encoded = routed.sortWithinPartitions(_KG).mapInArrow(
+                _EncodeSections(idx, meta, ks.config(), now, p, max_parallelism), _SECTIONS
+            )
+            sections = encoded if sections is None else sections.unionByName(encoded)
+        assert sections is not None
+        files = (
+            sections.withColumn(_ROUTE, F.element_at(values, F.col("subtask") + F.lit(1)))
+            .repartition(p, _ROUTE)
+            .drop(_ROUTE)
+            .mapInArrow(_WriteFiles(store, writer, operator, ks.config(), metas, max_parallelism, p), _FILES)
+        )
+        written = {int(r["subtask"]): json.loads(r["keyed"]) for r in files.collect()}
+        subtasks = []
+        for i in range(p):
+            sub = SubtaskState(operator, i, key_group_range_for_operator(max_parallelism, p, i))
+            if i in written:
+                sub.keyed, sub.states = written[i], list(metas)
+            subtasks.append(sub)
+        return complete_checkpoint(
+            writer,
+            job_id=job_id,
+            checkpoint_id=0,
+            max_parallelism=max_parallelism,
+            subtasks=subtasks,
+            kind="savepoint",
+            properties={"bootstrapped_by": "statekit.spark.write_savepoint"},
+        )
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _default_key_serializer(key_type: T.DataType) -> TypeSerializer:
+    if isinstance(key_type, T.StringType):
+        return StrSerializer()
+    if isinstance(key_type, T.ByteType | T.ShortType | T.IntegerType | T.LongType):
+        return IntSerializer()
+    raise ConfigurationError(
+        f"keys of Spark type {key_type}: pass key_serializer= (string keys default to str, integral "
+        "ones to int)"
+    )
+
+
+def _with_key_group(df: DataFrame, ks: TypeSerializer, max_parallelism: int) -> DataFrame:
+    if supports_sql_routing(ks, df.schema["key"].dataType):
+        return sql_key_group(df, "key", ks, max_parallelism, _KG)
+    schema = T.StructType([*df.schema.fields, T.StructField(_KG, T.IntegerType(), False)])
+    return df.mapInArrow(_PythonKeyGroups(ks, max_parallelism), schema)
+
+
+def _route(df: DataFrame, p: int, max_parallelism: int, values: Any) -> DataFrame:
+    subtask = F.expr(f"CAST(CAST({_KG} AS BIGINT) * {p} DIV {max_parallelism} AS INT)")
+    return (
+        df.withColumn(_SUBTASK, subtask)
+        .withColumn(_ROUTE, F.element_at(values, F.col(_SUBTASK) + F.lit(1)))
+        .repartition(p, _ROUTE)
+    )
+
+
+class _PythonKeyGroups:
+    """Key groups computed in Python, for keys Spark SQL cannot serialize."""
+
+    def __init__(self, serializer: TypeSerializer, max_parallelism: int) -> None:
+        self.serializer = serializer
+        self.max_parallelism = max_parallelism
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        ser, maxp = self.serializer, self.max_parallelism
+        for batch in batches:
+            kgs = [key_group_for_bytes(ser.serialize(k), maxp) for k in batch.column("key").to_pylist()]
+            yield batch.append_column(_KG, pa.array(kgs, pa.int32()))
+
+
+class _EncodeSections:
+    """Stage 1: one state's rows of a subtask, sorted by key group, into sections."""
+
+    def __init__(
+        self, index: int, meta: dict[str, Any], key_config: dict[str, Any], now: int, p: int, maxp: int
+    ) -> None:
+        self.index, self.meta, self.key_config, self.now, self.p, self.maxp = (
+            index,
+            meta,
+            key_config,
+            now,
+            p,
+            maxp,
+        )
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        got = list(batches)
+        if not got:
+            return
+        table = pa.Table.from_batches(got)
+        if table.num_rows == 0:
+            return
+        keys = arrow_column(self.key_config).serializer
+        ns_cfg = self.meta.get("namespace_serializer")
+        ns = None if ns_cfg is None else arrow_column(ns_cfg).serializer
+        stored = arrow_column(self.meta["stored_serializer"]).serializer
+        kgs = table.column(_KG).to_pylist()
+        data = table.drop_columns([c for c in (_KG, _SUBTASK, _ROUTE) if c in table.column_names])
+        out: dict[str, list[Any]] = {f.name: [] for f in _SECTIONS.fields}
+        start = 0
+        for end in range(1, len(kgs) + 1):
+            if end < len(kgs) and kgs[end] == kgs[start]:
+                continue
+            kg = kgs[start]
+            entries, _ = _entries(self.meta, data.slice(start, end - start), self.now)
+            n, k, s, v = encode_section(entries, keys, ns, stored, self.meta["name"])
+            for name, value in zip(
+                out, ((kg * self.p) // self.maxp, kg, self.index, n, k, s, v), strict=True
+            ):
+                out[name].append(value)
+            start = end
+        yield pa.RecordBatch.from_pydict(out, schema=_arrow_schema(_SECTIONS))
+
+
+class _WriteFiles:
+    """Stage 2: every state's sections of a subtask into its canonical file."""
+
+    def __init__(
+        self,
+        storage: CheckpointStorage,
+        writer: CheckpointWriter,
+        operator: str,
+        key_config: dict[str, Any],
+        metas: list[dict[str, Any]],
+        maxp: int,
+        p: int,
+    ) -> None:
+        self.storage, self.writer, self.operator = storage, writer, operator
+        self.key_config, self.metas, self.maxp, self.p = key_config, metas, maxp, p
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        blocks: dict[int, dict[int, list[tuple[int, tuple[int, bytes, bytes, bytes]]]]] = {}
+        for batch in batches:
+            cols = [batch.column(f.name).to_pylist() for f in _SECTIONS.fields]
+            for sub, kg, idx, n, k, s, v in zip(*cols, strict=True):
+                blocks.setdefault(sub, {}).setdefault(kg, []).append((idx, (n, k, s, v)))
+        out: dict[str, list[Any]] = {"subtask": [], "keyed": []}
+        for sub, by_kg in blocks.items():
+            kgr: KeyGroupRange = key_group_range_for_operator(self.maxp, self.p, sub)
+            header = SnapshotHeader(self.maxp, kgr, self.key_config, self.metas, backend=BOOTSTRAP_BACKEND)
+            keyed = write_keyed_file(
+                self.writer, f"{self.operator}-{sub}.keyed", header, _writing(header, by_kg)
+            )
+            state = SubtaskState(self.operator, sub, kgr, keyed, None, list(self.metas))
+            _verify(self.storage, self.writer.location, state)
+            out["subtask"].append(sub)
+            out["keyed"].append(json.dumps(keyed))
+        if out["subtask"]:
+            yield pa.RecordBatch.from_pydict(out, schema=_arrow_schema(_FILES))
+
+
+def _arrow_schema(schema: T.StructType) -> Any:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema)
