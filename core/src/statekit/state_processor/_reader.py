@@ -10,6 +10,7 @@ needs, and a point query reads the file's header and one block.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 import time
@@ -112,7 +113,9 @@ def storage_at(
     """The ``filesystem`` storage rooted at ``directory``."""
     raw: dict[str, object] = {"checkpoints-dir": directory}
     if storage_options:
-        raw["storage-options"] = storage_options
+        raw["storage-options"] = (
+            storage_options if isinstance(storage_options, str) else json.dumps(dict(storage_options))
+        )
     storage: CheckpointStorage = (registry or default_registry()).create_storage("filesystem", raw)
     return storage
 
