@@ -203,7 +203,7 @@ def test_a_corrupt_block_is_an_error_naming_the_file_and_key_group_never_half_a_
     assert good
 
 
-def test_native_checkpoints_need_their_backend_or_a_savepoint(tmp_path: Path) -> None:
+def test_native_checkpoints_need_their_backend_or_a_savepoint(tmp_path: Path, monkeypatch: Any) -> None:
     if "rocksdb" not in BACKENDS:
         pytest.skip("rocksdb is not installed")
     runner = url_runner(tmp_path, "rocksdb", **{"statekit.checkpoint.interval-records": 200})
@@ -216,6 +216,18 @@ def test_native_checkpoints_need_their_backend_or_a_savepoint(tmp_path: Path) ->
     from statekit_storage import _plugin
 
     only_storage.register_plugin(_plugin.filesystem, "statekit-storage")
+    # With the backend: a point query restores only the subtask that owns the key.
+    restored: list[int] = []
+    real = SavepointReader._native_part
+    monkeypatch.setattr(
+        SavepointReader,
+        "_native_part",
+        lambda self, op, st: restored.append(st.subtask_index) or real(self, op, st),
+    )
+    model = Counter(r["url"] for r in records)
+    url = records[0]["url"]
+    assert SavepointReader.open(latest).get("process", "count", url) == model[url]
+    assert len(restored) == 1
     reader = SavepointReader.open(latest, registry=only_storage)
     assert [o.id for o in reader.operators()]  # the metadata is read without the backend
     with pytest.raises(

@@ -24,7 +24,6 @@ from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-from .._checkpoint import CompletedCheckpoint
 from .._errors import ConfigurationError, CorruptSnapshotError, StateError
 from .._snapshot import CANONICAL_FORMAT
 from ..state_processor import SavepointReader
@@ -377,22 +376,18 @@ class _StateReader(DataSourceReader):
             return
         target = to_arrow_schema(self._schema, timezone="UTC")
         opts = self._opts
-        with SavepointReader.open(partition.location, storage_options=opts.storage_options) as full:
-            cp = full.checkpoint
-            by_index = {st.subtask_index: st for st in cp.metadata.operators.get(opts.operator, [])}
+        # Reading a chunk's key groups restores (for a native snapshot) only the subtask that owns them.
+        with SavepointReader.open(partition.location, storage_options=opts.storage_options) as reader:
             for chunk in partition.chunks:
-                # A reader of this one subtask file: reading a native snapshot restores only it.
-                meta = dataclasses.replace(cp.metadata, operators={opts.operator: [by_index[chunk.subtask]]})
-                with SavepointReader(CompletedCheckpoint(cp.storage, cp.location, meta)) as one:
-                    try:
-                        for batch in self._batches(one, chunk.key_groups):
-                            for start in range(0, batch.num_rows, _MAX_ROWS_PER_BATCH):
-                                yield _conform(batch.slice(start, _MAX_ROWS_PER_BATCH), target)
-                    except CorruptSnapshotError as e:
-                        # Files are named relative to their checkpoint: say which checkpoint.
-                        if partition.location in str(e):
-                            raise
-                        raise CorruptSnapshotError(f"{partition.location}/{e}") from None
+                try:
+                    for batch in self._batches(reader, chunk.key_groups):
+                        for start in range(0, batch.num_rows, _MAX_ROWS_PER_BATCH):
+                            yield _conform(batch.slice(start, _MAX_ROWS_PER_BATCH), target)
+                except CorruptSnapshotError as e:
+                    # Files are named relative to their checkpoint: say which checkpoint.
+                    if partition.location in str(e):
+                        raise
+                    raise CorruptSnapshotError(f"{partition.location}/{e}") from None
 
     def _batches(self, reader: SavepointReader, key_groups: tuple[int, ...]) -> Iterator[pa.RecordBatch]:
         opts = self._opts

@@ -10,6 +10,7 @@ needs, and a point query reads the file's header and one block.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import tempfile
@@ -188,7 +189,7 @@ class SavepointReader:
         self._cp = checkpoint
         self._serializers = dict(serializers or {})
         self._registry = registry
-        self._parts: dict[str, list[_Part]] = {}
+        self._parts: dict[str, dict[int, _Part]] = {}
         self._native_dir: tempfile.TemporaryDirectory[str] | None = None
         #: Bytes read from state files so far (headers, blocks, indexes).
         self.bytes_read = 0
@@ -283,7 +284,11 @@ class SavepointReader:
         return None if w is None else int(w)
 
     def operators(self) -> list[OperatorInfo]:
-        """Every operator, with its states, sizes and formats (from ``_metadata``; nothing else is read)."""
+        """Every operator, with its states, sizes and formats.
+
+        From ``_metadata``, and one file header per operator with keyed state
+        (for its key serializer; native snapshots record it in the metadata).
+        """
         out = []
         for op, sts in self._cp.metadata.operators.items():
             keyed = [st.keyed for st in sts if st.keyed]
@@ -362,35 +367,34 @@ class SavepointReader:
 
     # --- the parts to read ----------------------------------------------------------
 
-    def _keyed_parts(self, operator: str) -> list[_Part]:
-        parts = self._parts.get(operator)
-        if parts is not None:
-            return parts
+    def _keyed_parts(self, operator: str, key_groups: set[int] | None = None) -> list[_Part]:
+        """The files of ``operator``'s subtasks that own any of ``key_groups`` (all when None).
+
+        A native subtask is restored (once) only when one of its key groups is read.
+        """
+        cache = self._parts.setdefault(operator, {})
         cp = self._cp
-        full = KeyGroupRange.of(0, cp.metadata.max_parallelism - 1)
-        sts = [st for st in cp.metadata.operators.get(operator, []) if st.keyed]
-        if cp.keyed_formats(operator) - {CANONICAL_FORMAT}:
-            parts = [self._native_part(operator, st) for st in sts]
-        else:
+        sts = [
+            st
+            for st in cp.metadata.operators.get(operator, [])
+            if st.keyed and (key_groups is None or any(kg in st.key_group_range for kg in key_groups))
+        ]
+        missing = [st for st in sts if st.subtask_index not in cache]
+        if missing and cp.keyed_formats(operator) - {CANONICAL_FORMAT}:
+            for st in missing:
+                cache[st.subtask_index] = self._counted(self._native_part(operator, st))
+        elif missing:
+            full = KeyGroupRange.of(0, cp.metadata.max_parallelism - 1)
             handles = {h.key_group_range.start: h for h in cp.keyed_handles(operator, full)}
-            parts = [
-                _Part(st.subtask_index, handles[st.key_group_range.start])
-                for st in sts
-                if st.key_group_range.start in handles
-            ]
-        for p in parts:
-            p.handle = KeyedStateHandle(
-                _Counting(p.handle.stream, self),
-                p.handle.key_group_range,
-                p.handle.offsets,
-                p.handle.header_length,
-                p.handle.format,
-                p.handle.backend,
-                p.handle.size,
-                p.handle.entries,
-            )
-        self._parts[operator] = parts
-        return parts
+            for st in missing:
+                h = handles.get(st.key_group_range.start)
+                if h is not None:
+                    cache[st.subtask_index] = self._counted(_Part(st.subtask_index, h))
+        return [cache[st.subtask_index] for st in sts if st.subtask_index in cache]
+
+    def _counted(self, part: _Part) -> _Part:
+        part.handle = dataclasses.replace(part.handle, stream=_Counting(part.handle.stream, self))
+        return part
 
     def _native_part(self, operator: str, st: SubtaskState) -> _Part:
         """Restore a native subtask into its own backend, and write it canonically to a temporary file."""
@@ -453,7 +457,7 @@ class SavepointReader:
         checked. When no key groups are chosen, each file's index is checked
         against the metadata too, so a block left out of it is an error.
         """
-        for part in self._keyed_parts(operator):
+        for part in self._keyed_parts(operator, key_groups):
             blocks = sorted(kg for kg in part.handle.offsets if key_groups is None or kg in key_groups)
             if not blocks:
                 continue
@@ -515,7 +519,7 @@ class SavepointReader:
             kgs = by_key if kgs is None else kgs & by_key
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
         total = sum(
-            1 for p in self._keyed_parts(operator) for kg in p.handle.offsets if kgs is None or kg in kgs
+            1 for p in self._keyed_parts(operator, kgs) for kg in p.handle.offsets if kgs is None or kg in kgs
         )
         for done, (kg, _, sections, where) in enumerate(self.blocks(operator, kgs, state=state), 1):
             for sec in sections:
