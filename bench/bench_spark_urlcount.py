@@ -149,7 +149,9 @@ def _run_query(writer_start: Callable[[], Any], sink: CountingSink) -> Outcome:
     return sink.outcome(seconds)
 
 
-def run_statekit(spark: Any, logs: str, work: str, files_per_trigger: int) -> Outcome:
+def run_statekit(
+    spark: Any, logs: str, work: str, files_per_trigger: int, infos: list[Any] | None = None
+) -> Outcome:
     """statekit's CountPerUrl through statekit.spark: heap backend, filesystem checkpoints."""
     from statekit.spark import keyed
     from statekit_urlcount import CountPerUrl
@@ -159,7 +161,10 @@ def run_statekit(spark: Any, logs: str, work: str, files_per_trigger: int) -> Ou
     spark.conf.set("spark.statekit.checkpoints.dir", os.path.join(work, "statekit-checkpoints"))
     sink = CountingSink()
     stream = keyed(_stream(spark, logs, files_per_trigger), key="url", key_type=str).process(
-        CountPerUrl, output_schema=OUTPUT_SCHEMA, job_id="bench-urlcount"
+        CountPerUrl,
+        output_schema=OUTPUT_SCHEMA,
+        job_id="bench-urlcount",
+        on_batch=None if infos is None else infos.append,
     )
     return _run_query(
         lambda: stream.foreach_batch(sink).start(
@@ -257,6 +262,57 @@ def run_stateless(spark: Any, logs: str) -> Outcome:
     return Outcome(seconds, counts, len(rows), 1)
 
 
+# --- the breakdown (--profile) ---------------------------------------------------------------
+
+DRIVER_PHASES = ("prepare", "tasks", "sink", "checkpoint", "retention")
+TASK_PHASES = ("input", "convert", "records", "output", "timers", "snapshot")
+
+
+def spark_side(spark: Any, logs: str, parallelism: int) -> list[tuple[float, float]]:
+    """Per input file: Spark's scan and parse alone, then with statekit's routing and shuffle (noop sink)."""
+    from statekit import serializer_for
+    from statekit.spark._routing import route, routing_values
+
+    values = routing_values(spark, parallelism)
+    out = []
+    for name in sorted(os.listdir(logs)):
+        df = spark.read.schema(SCHEMA).json(os.path.join(logs, name)).select("url")
+        t0 = time.perf_counter()
+        df.write.format("noop").mode("overwrite").save()
+        scan = time.perf_counter() - t0
+        routed = route(
+            df, key_column="url", serializer=serializer_for(str), parallelism=parallelism,
+            max_parallelism=128, route_values=values,
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        routed.write.format("noop").mode("overwrite").save()
+        out.append((scan, time.perf_counter() - t0))
+    return out
+
+
+def print_breakdown(infos: list[Any], spark_times: list[tuple[float, float]], parallelism: int) -> None:
+    """Per micro-batch: where statekit's wall time went (driver phases; task phases per task, averaged)."""
+    print()
+    print("breakdown per micro-batch (seconds). Driver wall time, then what the Python tasks spent, averaged")
+    print(f"over the {parallelism} tasks of the batch (they run in parallel, one per core). 'scan+parse' and")
+    print("'+route+shuffle' are the same file read by Spark alone into a noop sink (measured separately).")
+    head = ["batch", "records", "total", *DRIVER_PHASES, *(f"task {p}" for p in TASK_PHASES),
+            "scan+parse", "+route+shuffle"]  # fmt: skip
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    sums = [0.0] * (len(head) - 2)
+    for i, info in enumerate(infos):
+        ph = info.phases
+        total = sum(ph.get(p, 0.0) for p in DRIVER_PHASES)
+        cells = [total, *(ph.get(p, 0.0) for p in DRIVER_PHASES)]
+        cells += [ph.get(f"task_{p}", 0.0) / parallelism for p in TASK_PHASES]
+        cells += list(spark_times[i]) if i < len(spark_times) else [0.0, 0.0]
+        sums = [a + b for a, b in zip(sums, cells)]
+        print(f"| {info.batch_id} | {info.records:,} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+    n = max(len(infos), 1)
+    print("| mean | | " + " | ".join(f"{c / n:.3f}" for c in sums) + " |")
+
+
 # --- the run -------------------------------------------------------------------------------
 
 
@@ -313,6 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="time each job N times, keep the best")
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
     ap.add_argument("--workdir", help="where logs and checkpoints go (default: a temporary directory)")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the runs, print where statekit's time went per micro-batch (see BatchInfo.phases)",
+    )
     args = ap.parse_args(argv)
     only = set(args.only or LABELS)
     per_record = args.baseline_output == "per-record"
@@ -348,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB if name == "tws" else HDFS)
         fpt = args.files_per_trigger
         if name == "statekit":
-            return run_statekit(spark, logs_dir, d, fpt)
+            return run_statekit(spark, logs_dir, d, fpt, infos if tag != "warmup" else None)
         if name == "apply":
             return run_apply_in_pandas_with_state(spark, logs_dir, d, fpt, per_record)
         if name == "tws":
@@ -365,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warm-up: {LABELS[name]} ...", flush=True)
             run(name, warm_logs, "warmup", partitions[0])
     rates: dict[tuple[str, int], float] = {}
+    infos: list[Any] = []
     for name, shuffle in plan:
         print(f"timing: {LABELS[name]}, shuffle partitions {shuffle} ...", flush=True)
         rows = (
@@ -380,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"({outcome.batches} batches, {outcome.rows:,} rows out, counts exact)",
                 flush=True,
             )
+    if args.profile and "statekit" in only:
+        per_file = spark_side(spark, logs, args.statekit_parallelism) if args.files_per_trigger == 1 else []
+        print_breakdown(infos[-args.files // args.files_per_trigger :], per_file, args.statekit_parallelism)
     spark.stop()
 
     print()

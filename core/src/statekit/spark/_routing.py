@@ -35,6 +35,7 @@ __all__ = [
     "RESERVED_COLUMNS",
     "ROUTE_COLUMN",
     "SUBTASK_COLUMN",
+    "key_group_columns",
     "route",
     "routing_values",
     "sql_key_group",
@@ -96,14 +97,28 @@ def _key_bytes(key: Column, serializer: TypeSerializer) -> Column:
     return F.unhex(F.concat(*(F.substring(h, 15 - 2 * i, 2) for i in range(8))))
 
 
+def key_group_columns(
+    key_column: str, serializer: TypeSerializer, max_parallelism: int, out: str
+) -> list[Column]:
+    """Columns for one ``select`` that end in ``out``, the key group of ``key_column``.
+
+    Each murmur step is a column of its own that the next one names (Spark's
+    lateral column aliases), so no expression is duplicated and the whole chain
+    is analysed once, in one projection; drop the ``<out>__h<i>`` columns after.
+    """
+    names = [f"{out}__h{i}" for i in range(len(_MURMUR_STEPS) + 1)]
+    cols = [F.crc32(_key_bytes(F.col(key_column), serializer)).alias(names[0])]
+    for i, step in enumerate(_MURMUR_STEPS):
+        cols.append(step(F.col(names[i])).alias(names[i + 1]))
+    cols.append(F.pmod(F.col(names[-1]), F.lit(max_parallelism)).cast("int").alias(out))
+    return cols
+
+
 def sql_key_group(df: DataFrame, key_column: str, serializer: TypeSerializer, max_parallelism: int,
                   out: str) -> DataFrame:  # fmt: skip
     """``df`` with column ``out``: the key group of ``key_column``, computed by Spark."""
-    tmp = f"{out}__h"
-    df = df.withColumn(tmp, F.crc32(_key_bytes(F.col(key_column), serializer)))
-    for step in _MURMUR_STEPS:
-        df = df.withColumn(tmp, step(F.col(tmp)))
-    return df.withColumn(out, F.pmod(F.col(tmp), F.lit(max_parallelism)).cast("int")).drop(tmp)
+    cols = key_group_columns(key_column, serializer, max_parallelism, out)
+    return df.select("*", *cols).select(*df.columns, out)
 
 
 class _PythonSubtasks:
@@ -158,25 +173,35 @@ def route(
     max_parallelism: int,
     route_values: list[int],
 ) -> DataFrame:
-    """``df`` plus one marker row per subtask, partitioned so that partition ``i`` holds subtask ``i``."""
+    """``df`` plus one marker row per subtask, partitioned so that partition ``i`` holds subtask ``i``.
+
+    A handful of projections, each analysed once: the routing plan costs the
+    driver a few milliseconds per micro-batch, not one analysis per step.
+    """
+    # bigint, as in routing_values: Spark hashes an int and a bigint of one value differently.
+    values = F.array(*(F.lit(v).cast("bigint") for v in route_values))
+    route_of = F.element_at(values, F.col(SUBTASK_COLUMN) + F.lit(1)).alias(ROUTE_COLUMN)
     key_type = df.schema[key_column].dataType
     if supports_sql_routing(serializer, key_type):
         kg = "__statekit_kg"
-        with_kg = sql_key_group(df, key_column, serializer, max_parallelism, kg)
         # Flink's operator index kg * p // maxp, in integer arithmetic.
         index = F.expr(f"CAST(CAST({kg} AS BIGINT) * {parallelism} DIV {max_parallelism} AS INT)")
-        rows = with_kg.withColumn(SUBTASK_COLUMN, index).drop(kg)
+        rows = df.select(
+            "*",
+            *key_group_columns(key_column, serializer, max_parallelism, kg),
+            index.alias(SUBTASK_COLUMN),
+            F.lit(False).alias(MARKER_COLUMN),
+            route_of,
+        ).select(*df.columns, SUBTASK_COLUMN, MARKER_COLUMN, ROUTE_COLUMN)
     else:
         schema = T.StructType([*df.schema.fields, T.StructField(SUBTASK_COLUMN, T.IntegerType(), False)])
-        rows = df.mapInArrow(_PythonSubtasks(key_column, serializer, max_parallelism, parallelism), schema)
-    rows = rows.withColumn(MARKER_COLUMN, F.lit(False))
+        rows = df.mapInArrow(
+            _PythonSubtasks(key_column, serializer, max_parallelism, parallelism), schema
+        ).select("*", F.lit(False).alias(MARKER_COLUMN), route_of)
     markers = df.sparkSession.range(parallelism).select(
-        F.col("id").cast("int").alias(SUBTASK_COLUMN), F.lit(True).alias(MARKER_COLUMN)
+        *(F.lit(None).cast(f.dataType).alias(f.name) for f in df.schema.fields),
+        F.col("id").cast("int").alias(SUBTASK_COLUMN),
+        F.lit(True).alias(MARKER_COLUMN),
+        F.element_at(values, F.col("id").cast("int") + F.lit(1)).alias(ROUTE_COLUMN),
     )
-    # bigint, as in routing_values: Spark hashes an int and a bigint of one value differently.
-    values = F.array(*(F.lit(v).cast("bigint") for v in route_values))
-    return (
-        rows.unionByName(markers, allowMissingColumns=True)
-        .withColumn(ROUTE_COLUMN, F.element_at(values, F.col(SUBTASK_COLUMN) + F.lit(1)))
-        .repartition(parallelism, ROUTE_COLUMN)
-    )
+    return rows.union(markers).repartition(parallelism, ROUTE_COLUMN)
