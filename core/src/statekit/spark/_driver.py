@@ -31,8 +31,8 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark import StorageLevel
@@ -108,6 +108,15 @@ class BatchInfo:
         late_records: Rows at or below the watermark the batch ran with.
         timers_fired: Timers that fired in the batch.
         watermark: The event-time watermark the next batch runs with.
+        phases: Where the batch's time went, in seconds. On the driver (wall
+            time): ``prepare`` (the checkpoint to start from, the plan),
+            ``tasks`` (the Spark job that scans, routes and processes every
+            row and writes the snapshots), ``sink``, ``checkpoint`` (completing
+            it), ``retention``. Summed over the tasks: ``task_input`` (waiting
+            for input rows: shuffle read and Arrow transfer), ``task_convert``
+            (Arrow to Python), ``task_records`` (the record loop: state access,
+            the function, output rows), ``task_output`` (output Arrow batches),
+            ``task_timers``, ``task_snapshot``, ``task_task`` (the whole task).
     """
 
     batch_id: int
@@ -124,6 +133,7 @@ class BatchInfo:
     late_records: int = 0
     timers_fired: int = 0
     watermark: int = MIN_WATERMARK
+    phases: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -289,6 +299,9 @@ class Coordinator:
     ) -> BatchInfo:
         """Process one micro-batch exactly once, or skip it if it was done; see the module doc."""
         spec = self.spec
+        clock = time.perf_counter
+        started = clock()
+        phases: dict[str, float] = {}
         batch_timestamp = time.time_ns() // 1_000_000
         latest = self.latest()
         skip, source = self._source(latest, batch_id, query)
@@ -355,8 +368,12 @@ class Coordinator:
         processed = processed.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             # One pass computes (and caches) every partition; the sink then reads the cache.
+            t = clock()
+            phases["prepare"] = t - started
             rows = processed.where(F.col(HANDLE_COLUMN).isNotNull()).select(HANDLE_COLUMN).collect()
+            phases["tasks"] = clock() - t
             reports = self._reports([r[0] for r in rows])
+            t = clock()
             outputs = processed.where(F.col(HANDLE_COLUMN).isNull())
             if late_schema is not None:
                 assert spec.late_sink is not None
@@ -367,6 +384,8 @@ class Coordinator:
                 outputs = outputs.where(F.col(LATE_COLUMN).isNull())
             if spec.sink is not None:
                 spec.sink(outputs.select(*spec.output_schema.names), batch_id)
+            phases["sink"] = clock() - t
+            t = clock()
             new_watermark = self._next_watermark(watermark, reports, end_of_input)
             properties: dict[str, Any] = {
                 QUERY_PROPERTY: query,
@@ -384,6 +403,7 @@ class Coordinator:
                 subtasks=[SubtaskState.from_json(r["state"]) for r in reports],
                 properties=properties,
             )
+            phases["checkpoint"] = clock() - t
         finally:
             processed.unpersist()
             with contextlib.suppress(Exception):
@@ -391,7 +411,12 @@ class Coordinator:
         self.registry.hook.statekit_checkpoint_completed(
             job_id=spec.job_id, checkpoint_id=n, location=location
         )
+        t = clock()
         apply_retention(self.storage, spec.job_id, self.retained)
+        phases["retention"] = clock() - t
+        for r in reports:
+            for name, secs in (r.get("phases") or {}).items():
+                phases[f"task_{name}"] = phases.get(f"task_{name}", 0.0) + float(secs)
         reused = sum(1 for r in reports if r["reused"])
         info = BatchInfo(
             batch_id,
@@ -408,6 +433,7 @@ class Coordinator:
             late_records=sum(int(r.get("late", 0)) for r in reports),
             timers_fired=sum(int(r.get("fired", 0)) for r in reports),
             watermark=new_watermark,
+            phases=phases,
         )
         et = spec.event_time
         if info.late_records and spec.late_sink is None and et is not None and et.late != "process":

@@ -26,6 +26,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +80,9 @@ LATE_COLUMN = "__statekit_late"
 #: Late rows carry the input column ``c`` as ``LATE_PREFIX + c``.
 LATE_PREFIX = "__statekit_late_"
 _FLUSH_ROWS = 8192
+_NO_SUBTASK = object()
+#: What a task reports it spent its time on (seconds), see ``BatchInfo.phases``.
+TASK_PHASES = ("input", "convert", "records", "output", "timers", "snapshot")
 
 
 @dataclass(frozen=True)
@@ -410,7 +414,9 @@ class _Output:
         self._known = frozenset(self.names)
 
     def add(self, record: Any) -> None:
-        if isinstance(record, dict):
+        if type(record) is tuple and len(record) == self._width:  # the common case, first
+            self.rows.append(record)
+        elif isinstance(record, dict):
             if not self._known.issuperset(record):
                 unknown = sorted(set(record) - self._known)
                 raise ValueError(f"output record has fields {unknown} that the output schema lacks")
@@ -431,12 +437,13 @@ class _Output:
             )
 
     def flush(self) -> Any:
-        rows, self.rows = self.rows, []
-        columns = list(zip(*rows)) if rows else [() for _ in self.names]
+        rows = list(self.rows)
+        self.rows.clear()  # the same list: the task appends to it directly
         arrays = []
-        for name, values, typ in zip(self.names, columns, self.schema.types):
+        for i, (name, typ) in enumerate(zip(self.names, self.schema.types)):
             try:
-                arrays.append(pa.array(list(values), type=typ))
+                # A list per column (not zip(*rows), which unpacks every row as an argument).
+                arrays.append(pa.array([r[i] for r in rows], type=typ))
             except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
                 raise TypeError(f"output column {name!r} ({typ}): {exc}") from exc
         n = len(rows)
@@ -498,26 +505,48 @@ class _PartitionTask:
         et = plan.event_time
         watermark = plan.watermark
         late_to_function = et is not None and et.late is LatePolicy.PROCESS
+        pending = out.rows
+        append, width = pending.append, len(out.names)
+        key_column = plan.key_column
+        clock = time.perf_counter
+        phases = dict.fromkeys(TASK_PHASES, 0.0)
+        started = clock()
         try:
-            for batch in batches:
+            it = iter(batches)
+            while True:
+                t = clock()
+                batch = next(it, None)
+                phases["input"] += clock() - t
+                if batch is None:
+                    break
+                t = clock()
                 subtasks = batch.column(SUBTASK_COLUMN).to_pylist()
                 markers = batch.column(MARKER_COLUMN).to_pylist()
                 records = batch.select(list(plan.input_columns)).to_pylist()
                 times = _event_times(batch, et) if et is not None else None
                 late_rows: list[int] = []
+                t_loop = clock()
+                phases["convert"] += t_loop - t
+                cur: Any = _NO_SUBTASK
                 for row, (index, marker, record) in enumerate(zip(subtasks, markers, records)):
-                    st = active.get(index)
-                    if st is None:
-                        if index is None:
-                            raise ValueError(
-                                f"null key in column {plan.key_column!r}: every record needs a key"
-                            )
-                        st, hit = _acquire(plan, index, source)
-                        st.clock.now = plan.batch_timestamp_ms
-                        st.timers.set_watermark(watermark)
-                        active[index] = st
-                        if hit:
-                            reused.add(index)
+                    if index != cur:
+                        # Rows come grouped by subtask: bind its state and function once per run.
+                        found = active.get(index)
+                        if found is not None:
+                            st = found
+                        else:
+                            if index is None:
+                                raise ValueError(
+                                    f"null key in column {plan.key_column!r}: every record needs a key"
+                                )
+                            st, hit = _acquire(plan, index, source)
+                            st.clock.now = plan.batch_timestamp_ms
+                            st.timers.set_watermark(watermark)
+                            active[index] = st
+                            if hit:
+                                reused.add(index)
+                        cur = index
+                        set_key, pctx, process = st.keyed.set_current_key, st.pctx, st.function.process
                     if marker:
                         continue
                     ts = None
@@ -532,21 +561,30 @@ class _PartitionTask:
                                     continue
                             if st.max_event_time is None or ts > st.max_event_time:
                                 st.max_event_time = ts
-                    key = record[plan.key_column]
-                    st.keyed.set_current_key(key)
-                    st.pctx.current_key = key
-                    st.pctx.timestamp = ts
+                    key = record[key_column]
+                    set_key(key)
+                    pctx.current_key = key
+                    pctx.timestamp = ts
                     st.records += 1
-                    result = st.function.process(record, st.pctx)
+                    result = process(record, pctx)
                     if result is not None:
                         for o in result:
-                            out.add(o)
+                            if type(o) is tuple and len(o) == width:  # out.add's common case, inline
+                                append(o)
+                            else:
+                                out.add(o)
                             st.outputs += 1
-                    if len(out.rows) >= _FLUSH_ROWS:
-                        yield out.flush()
+                        if len(pending) >= _FLUSH_ROWS:
+                            t = clock()
+                            flushed = out.flush()
+                            phases["output"] += clock() - t
+                            yield flushed
+                            t_loop += clock() - t  # the flush and the consumer's turn are not the loop's
+                phases["records"] += clock() - t_loop
                 if late_rows:
                     yield out.late(batch, late_rows)
             # The batch's time: timers due at its watermark and timestamp fire, in order per subtask.
+            t = clock()
             fire_until = MAX_WATERMARK if plan.end_of_input else watermark
             for _, st in sorted(active.items()):
                 st.timers.set_watermark(fire_until)
@@ -554,11 +592,16 @@ class _PartitionTask:
                 st.fire(TimeDomain.PROCESSING_TIME, plan.batch_timestamp_ms, out)
                 if len(out.rows) >= _FLUSH_ROWS:
                     yield out.flush()
+            phases["timers"] += clock() - t
             if out.rows:
-                yield out.flush()
+                t = clock()
+                flushed = out.flush()
+                phases["output"] += clock() - t
+                yield flushed
+            t_snapshot = clock()
             storage = _storage(plan.config)
             writer = _AttemptWriter(storage.begin_checkpoint(plan.job_id, plan.checkpoint_id), attempt)
-            descriptions = []
+            states = []
             for index, st in sorted(active.items()):
                 state = write_subtask_state(
                     writer,
@@ -573,6 +616,12 @@ class _PartitionTask:
                         else None
                     ),
                 )
+                states.append((index, state))
+            phases["snapshot"] = clock() - t_snapshot
+            phases["task"] = clock() - started
+            descriptions = []
+            for index, state in states:
+                st = active[index]
                 descriptions.append(
                     json.dumps(
                         {
@@ -587,6 +636,7 @@ class _PartitionTask:
                             "pid": os.getpid(),
                             "attempt": attempt,
                             "attempt_number": tc.attemptNumber() if tc is not None else 0,
+                            "phases": phases,
                         },
                         separators=(",", ":"),
                     )
