@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sparkutil import assert_exact_outputs, assert_exact_state, driver_env, write_inputs
+from sparkutil import assert_exact_outputs, assert_exact_state, driver_env, restored_state, write_inputs
 
-from jobs import make_records
+from jobs import make_records, model_state
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "spark_driver.py"
@@ -226,3 +226,67 @@ def test_standalone_cluster_state_lives_in_executors(tmp_path: Path) -> None:
     all_records = records + make_records(600, seed=11)
     assert summary["records"] == len(all_records)
     assert_exact_outputs(tmp_path / "out", all_records)
+
+
+def test_a_second_driver_on_the_same_job_fences_off_the_first(tmp_path: Path) -> None:
+    """Two real drivers, one statekit job and checkpoints directory: only the newer completes checkpoints.
+
+    The first driver stops in its sink of batch 2 (its checkpoint 3 written but for
+    ``_metadata``); the second starts meanwhile, as a new query restoring the job's
+    latest checkpoint, and runs to its end. Then the first goes on, and is refused.
+    """
+    records = make_records(1200, seed=13)
+    write_inputs(tmp_path / "in", records, 6)
+    checkpoints = tmp_path / "statekit"
+    common = [
+        "--input", str(tmp_path / "in"), "--job-id", "twice", "--checkpoints-dir", str(checkpoints),
+        "--retained", "50",
+    ]  # fmt: skip
+    go = tmp_path / "go"
+    first_log = tmp_path / "driver-1.log"
+    first = start_driver(
+        [*common, "--out", str(tmp_path / "out-1"), "--spark-checkpoint", str(tmp_path / "spark-1"),
+         "--wait-in-sink", "2", "--wait-for", str(go)],
+        first_log,
+    )  # fmt: skip
+    report = Path(f"{first_log}.jsonl")
+    while first.poll() is None and '"waiting_in_sink"' not in (report.read_text() if report.exists() else ""):
+        time.sleep(0.2)
+    assert first.poll() is None, f"the first driver ended early; see {first_log}"
+    second_log = tmp_path / "driver-2.log"
+    second = start_driver(
+        [*common, "--out", str(tmp_path / "out-2"), "--spark-checkpoint", str(tmp_path / "spark-2"),
+         "--restore", "latest"],
+        second_log,
+    )  # fmt: skip
+    try:
+        finish(second, second_log)
+    finally:
+        go.touch()
+    first.wait(timeout=300)
+    assert first.returncode == 3, f"the first driver was not refused; see {first_log}"
+    error = json.loads(report.read_text().splitlines()[-1])["error"]
+    assert "FencedError" in error and "is fenced off" in error, error
+    newest = max((checkpoints / "twice" / "runs").iterdir(), key=lambda p: int(p.name.split("-")[1]))
+    assert newest.name.startswith("run-2-")
+    assert f"a newer run {newest.name.split('-')[2][:12]} (epoch 2)" in error, error
+    assert f"pid {second.pid} on host" in error, error
+
+    from statekit import load_checkpoint
+    from statekit.spark._driver import QUERY_PROPERTY
+    from statekit_storage import FileSystemCheckpointStorage
+
+    storage = FileSystemCheckpointStorage(str(checkpoints))
+    made_by = [load_checkpoint(storage, loc).metadata.properties[QUERY_PROPERTY]
+               for loc in storage.list_checkpoints("twice")]  # fmt: skip
+    # Checkpoints 1 and 2 by the first query, then only the second's: the first completed none after.
+    assert len(set(made_by[:2])) == 1 and made_by[0] not in made_by[2:] and len(made_by) == 2 + 6
+    # The second restored the first's checkpoint 2 (its batches 0 and 1), then read every file as a
+    # new query: its state is exactly both, with nothing of the first's batch 2.
+    restored = restored_state(storage, "twice", location=storage.list_checkpoints("twice")[1])
+    assert sum(c for c, _, _ in restored.values()) == 2 * len(records) // 6
+    expected = model_state(records)
+    for url, (c, m, b) in restored.items():
+        c2, m2, b2 = expected.get(url, (0, 0, 0))
+        expected[url] = (c + c2, m + m2, b + b2)
+    assert restored_state(storage, "twice") == expected

@@ -16,6 +16,7 @@ exception fits, the error also inherits it, so callers may catch either::
     │   └── CorruptSnapshotError
     ├── CheckpointError
     │   ├── CheckpointNotFoundError (FileNotFoundError)
+    │   ├── FencedError
     │   └── StateSizeLimitError
     └── StateAccessError (RuntimeError)
 """
@@ -27,6 +28,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "ConfigurationError",
     "CorruptSnapshotError",
+    "FencedError",
     "IncompatibleSerializerError",
     "MaxParallelismMismatchError",
     "PluginConflictError",
@@ -94,6 +96,15 @@ class CheckpointError(StateError):
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """No completed checkpoint or savepoint exists at the given place."""
+
+
+class FencedError(CheckpointError):
+    """A newer run of the same job took over its checkpoints: this run completes no more.
+
+    Raised before a checkpoint's files or ``_metadata`` are written, naming the
+    newer run. Unlike other checkpoint failures it stops the job (a periodic
+    checkpoint does not swallow it), and the fenced run deletes nothing.
+    """
 
 
 class StateSizeLimitError(CheckpointError):
