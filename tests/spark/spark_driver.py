@@ -14,12 +14,14 @@ wrote batch ``B``, before its checkpoint completes: the worst moment to die.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
@@ -39,6 +41,7 @@ def main() -> None:
     parser.add_argument("--wait-for", help="the file --wait-in-sink waits for")
     parser.add_argument("--restore", help="restore= of start(): where a new query's state comes from")
     parser.add_argument("--retained", type=int, default=1, help="statekit.checkpoints.retained")
+    parser.add_argument("--stall-once", help="marker directory of sparkjobs.StallOnceCountUrls")
     parser.add_argument("--backend", default="heap")
     parser.add_argument("--windowed", action="store_true", help="count per URL and minute of @timestamp")
     parser.add_argument("--report", required=True, help="JSON lines: one per batch, then a summary")
@@ -128,9 +131,14 @@ def main() -> None:
             emit({"summary": {"fired_up_to": ran[-2] if len(ran) > 1 else None}})
             spark.stop()
             return
+        function: Any = CountUrls
+        if args.stall_once:
+            from sparkjobs import StallOnceCountUrls
+
+            function = functools.partial(StallOnceCountUrls, args.stall_once)
         processed = (
             keyed(stream_of(spark, Path(args.input)), "url")
-            .process(CountUrls, OUTPUT, job_id=args.job_id, on_batch=lambda i: (batches.append(i), report(i)))
+            .process(function, OUTPUT, job_id=args.job_id, on_batch=lambda i: (batches.append(i), report(i)))
             .foreach_batch(sink)
         )
         query = processed.start(
