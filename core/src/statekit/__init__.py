@@ -23,6 +23,7 @@ from ._contracts import (
     SupportsRunFencing,
 )
 from ._errors import (
+    BackendIOError,
     CheckpointError,
     CheckpointNotFoundError,
     ConfigurationError,
@@ -112,6 +113,7 @@ __all__ = [
     "AggregateFunction",
     "AggregatingState",
     "AggregatingStateDescriptor",
+    "BackendIOError",
     "CheckpointError",
     "CheckpointNotFoundError",
     "CheckpointOutputStream",

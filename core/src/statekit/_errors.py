@@ -6,6 +6,7 @@ exception fits, the error also inherits it, so callers may catch either::
     StateError
     ├── ConfigurationError (ValueError)
     │   └── UnknownPluginError (LookupError)
+    ├── BackendIOError (OSError)
     ├── PluginError
     │   └── PluginConflictError
     ├── SerializationError (ValueError)
@@ -24,6 +25,7 @@ exception fits, the error also inherits it, so callers may catch either::
 from __future__ import annotations
 
 __all__ = [
+    "BackendIOError",
     "CheckpointError",
     "CheckpointNotFoundError",
     "ConfigurationError",
@@ -53,6 +55,15 @@ class ConfigurationError(StateError, ValueError):
 
 class UnknownPluginError(ConfigurationError, LookupError):
     """A backend or storage name is not provided by any installed plugin."""
+
+
+class BackendIOError(StateError, OSError):
+    """A backend's engine cannot write (or read) its files in its local directory: a full disk, an I/O error.
+
+    Names the directory and the space left on its disk; the engine's own error
+    is the cause. The local files are a working copy: restore the job from its
+    latest checkpoint once there is room.
+    """
 
 
 class PluginError(StateError):
