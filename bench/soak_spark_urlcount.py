@@ -108,6 +108,13 @@ def main() -> None:
     parser.add_argument("--backend", default="heap")
     parser.add_argument("--retained", type=int, default=3)
     parser.add_argument("--csv", help="write every sample here")
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the session, e.g. spark.driver.memory=1g (bounds the JVM's heap)",
+    )
     parser.add_argument("--work", help="work directory (default: a temporary one, removed)")
     args = parser.parse_args()
 
@@ -129,7 +136,7 @@ def main() -> None:
         late_fraction=0.0,
     ).counts
 
-    spark = local_spark_session("statekit-soak")
+    spark = local_spark_session("statekit-soak", conf=dict(kv.split("=", 1) for kv in args.spark_conf))
     for key, value in {
         "spark.statekit.backend": args.backend,
         "spark.statekit.checkpoints.dir": str(checkpoints),
@@ -219,7 +226,8 @@ def main() -> None:
             writer.writerows(asdict(s) for s in samples)
     tenth = max(1, len(samples) // 10)
     print(
-        f"\n{len(samples)} micro-batches in {total:.0f}s, backend {args.backend}, retained {args.retained}; "
+        f"\n{len(samples)} micro-batches in {total:.0f}s, backend {args.backend}, retained {args.retained}, "
+        f"Spark settings {args.spark_conf or 'default'}; "
         f"counts exact: {exact} ({len(counts)} URLs, {rows[0]} output rows)"
     )
     print(f"{'series':<18}{'first tenth':>14}{'last tenth':>14}{'max':>12}{'slope/100 batches':>20}")
