@@ -88,6 +88,7 @@ def test_the_newer_runner_fences_off_the_older_one(make_runner: Callable[[], Loc
     assert state_of_runner(fresh) == model_state(RECORDS)
 
 
+@pytest.mark.parametrize("make_runner", ["local", "jobmanager"], indirect=True)
 def test_a_runner_that_only_restores_fences_nobody(make_runner: Callable[[], LocalRunner]) -> None:
     """Inspecting a job's state (restore, read) is no second run of it."""
     running = make_runner()

@@ -42,7 +42,7 @@ from ._contracts import (
     StateBackend,
     SupportsNativeSnapshot,
 )
-from ._errors import CheckpointError, FencedError, StateError
+from ._errors import CheckpointError, CorruptSnapshotError, FencedError
 from ._fencing import RunFence
 from ._function import (
     KeyedProcessFunction,
@@ -305,6 +305,7 @@ class LocalRunner:
         # Claimed when the runner first runs or checkpoints, not when it only restores:
         # a runner made to inspect a job's state does not fence the job's running one.
         self._fence = RunFence(self.storage, job_id, "LocalRunner")
+        self._step_over = False  # the first checkpoint after claiming must skip an id (see _claim)
 
     # --- life cycle ----------------------------------------------------------------
 
@@ -542,7 +543,9 @@ class LocalRunner:
         result = RunResult()
         if restore is not None and not self._opened:
             result.restored_from = self.restore(restore)
-        self._claim()
+        # A store that is down now fails the first checkpoint instead (which claims again).
+        with contextlib.suppress(CheckpointError):
+            self._claim()
         if not self._opened:
             self._open()
         late_before = self.late_records
@@ -638,23 +641,26 @@ class LocalRunner:
         return states
 
     def _claim(self) -> None:
-        """Register this run as the job's newest (see statekit._fencing), once.
+        """Register this run as the job's newest (see statekit._fencing), if not yet done.
 
         If the run it displaces had not ended, that run may still be writing the
         checkpoint after the latest completed one, under the same file names this
-        run would use: this run's checkpoints then start one id further.
+        run would use: this run's checkpoints then start one id further. A store
+        that fails here makes the next call try again.
         """
-        if self._fence.epoch is not None:
-            self._fence.check()
-            return
-        self._fence.claim()
-        if self._fence.displaced is None:
+        if self._fence.epoch is None:
+            self._fence.claim()
+            self._step_over = self._fence.displaced is not None
+        if not self._step_over:
             return
         latest = self.storage.latest_checkpoint(self.job_id)
         if latest is not None:
-            with contextlib.suppress(StateError):  # unreadable: the restore or retention will say so
+            try:
                 newest = load_checkpoint(self.storage, latest).checkpoint_id
-                self._next_checkpoint_id = max(self._next_checkpoint_id, newest + 2)
+            except CorruptSnapshotError:
+                newest = 0  # the restore or retention will say what is wrong with it
+            self._next_checkpoint_id = max(self._next_checkpoint_id, newest + 2)
+        self._step_over = False
 
     def checkpoint(self) -> str:
         """Take a checkpoint now; returns its location. Older ones are retained per policy.
@@ -663,8 +669,7 @@ class LocalRunner:
             FencedError: If a newer run of the job took over; nothing is written or deleted.
             CheckpointError: If the checkpoint fails; the previous one stays the latest.
         """
-        if self._fence.epoch is None:
-            self._claim()  # may move the next id past a checkpoint the displaced run had in flight
+        self._claim()  # may move the next id past a checkpoint the displaced run had in flight
         cid = self._next_checkpoint_id
         self._next_checkpoint_id += 1
         self._fence.check()  # before anything is written: a fenced run writes nothing
