@@ -55,7 +55,6 @@ def test_endpoint_stops_mid_upload_the_batch_fails_and_the_restarted_query_is_ex
     options = {
         "client_kwargs": {"endpoint_url": faulty.endpoint},
         "config_kwargs": {"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 1}},
-        "skip_instance_cache": True,
     }
     # Credentials as a user passes them to executors whose environment lacks them.
     secret = {"key": "testing", "secret": "testing"}
