@@ -30,7 +30,7 @@ def _local(tmp_path: Path, s3: dict[str, str]) -> Callable[[], LocalRunner]:
 
 
 def _s3(tmp_path: Path, s3: dict[str, str]) -> Callable[[], LocalRunner]:
-    options = json.dumps({"client_kwargs": {"endpoint_url": s3["endpoint_url"]}, "skip_instance_cache": True})
+    options = json.dumps({"client_kwargs": {"endpoint_url": s3["endpoint_url"]}})
     url = f"s3://{s3['bucket']}/two-runners-{uuid.uuid4().hex[:8]}"
     conf = {**INTERVAL, "statekit.checkpoint.storage.filesystem.storage-options": options}
     return lambda: count_urls_runner(url, conf)
