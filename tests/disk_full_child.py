@@ -1,7 +1,7 @@
 """Runs a job whose backend local directory is a small tmpfs until the disk is full (test_disk_full.py).
 
 ``python disk_full_child.py BACKEND LOCAL_DIR CHECKPOINTS_DIR RECORDS``; prints one JSON
-line: the failed checkpoints' messages and, if the job stopped, its error.
+line: the failed checkpoints' messages and, if the job stopped, its error (type, message, cause).
 """
 
 from __future__ import annotations
@@ -35,5 +35,10 @@ try:
         result = runner.run(RecordSource(records(n)))
     failed = result.failed_checkpoints
 except Exception as e:  # noqa: BLE001 - reported to the test
-    error = {"type": f"{type(e).__module__}.{type(e).__name__}", "message": str(e)}
+    cause = e.__cause__
+    error = {
+        "type": f"{type(e).__module__}.{type(e).__name__}",
+        "message": str(e),
+        "cause": None if cause is None else f"{type(cause).__module__}.{type(cause).__name__}: {cause}",
+    }
 print(json.dumps({"failed_checkpoints": failed, "error": error}))

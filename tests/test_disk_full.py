@@ -122,9 +122,15 @@ def test_a_full_local_disk_of_the_backend_keeps_the_previous_checkpoint_and_resu
         check=True,
     )
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    # The disk filled up: the job stopped with the engine's error naming it, or checkpoints failed.
-    messages = [*report["failed_checkpoints"], (report["error"] or {}).get("message", "")]
-    assert any("No space left on device" in m or "Input/output error" in m for m in messages), report
+    # The disk filled up: the job stopped with statekit's error naming the directory, the engine's
+    # error chained to it (20 MB of state cannot fit in 8 MiB: it must stop).
+    error = report["error"]
+    assert error is not None and error["type"] == "statekit._errors.BackendIOError", report
+    assert f"the {backend} backend cannot write its state in {local}/" in error["message"], error
+    assert "bytes are free on its disk). Free space on that disk" in error["message"], error
+    engine = "lmdb." if backend == "lmdb" else "builtins.Exception: IO error"
+    assert error["cause"].startswith(engine), error
+    assert "No space left on device" in error["cause"] or "Input/output error" in error["cause"], error
     if backend == "lmdb":  # a snapshot copy that ran out of room fails its checkpoint, not the job
         assert all("cannot copy the LMDB snapshot" in m for m in report["failed_checkpoints"]), report
     # The previous checkpoint is intact and resumes exactly, on a disk with room.

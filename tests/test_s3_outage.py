@@ -85,7 +85,8 @@ def test_endpoint_stops_mid_upload_the_job_goes_on_and_nothing_is_left(faulty: F
     assert r.storage.latest_checkpoint("job") == f"s3://{BUCKET}/{prefix}/job/chk-2"
     done = r.run(src)  # records 401..600: checkpoints 5 and 6 complete, and clean up
     assert [c.rsplit("/", 1)[1] for c in done.checkpoints] == ["chk-5", "chk-6"]
-    assert {k.split("/")[1] for k in stored(faulty, prefix)} == {"chk-6"}  # no orphans of 3 and 4
+    # No orphans of 3 and 4 (runs/ holds the record of this run, for fencing).
+    assert {k.split("/")[1] for k in stored(faulty, prefix)} == {"chk-6", "runs"}
     fresh = make_runner(faulty, prefix)
     assert fresh.restore("latest") == f"s3://{BUCKET}/{prefix}/job/chk-6"
     assert state_of_runner(fresh) == model_state(RECORDS)

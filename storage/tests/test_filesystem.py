@@ -240,12 +240,40 @@ def test_metadata_atomicity_by_protocol(root: Root, job_id: str, monkeypatch: py
     monkeypatch.setattr(fs, "open", open_)
     root.storage().begin_checkpoint(job_id, 1).complete(b"M" * 5000)
     if root.kind in ("local", "file"):
-        (_, temp), (mv_, src, dst) = calls
+        # A complete temp file, published by a hard link (which fails if _metadata exists: see below).
+        ((_, temp),) = calls
         assert re.fullmatch(r"\._metadata\.[0-9a-f]{16}\.inprogress", temp)
-        assert (mv_, src, dst) == ("mv", temp, "_metadata")
+        assert root.names(root.sub("chk", job_id, "chk-1")) == ["_metadata"]
     else:
         # One put (which may open the file inside it), never a temp file or a rename.
         assert calls[0] == ("put", "_metadata") and {c[1:] for c in calls} == {("_metadata",)}
+
+
+def test_metadata_is_never_replaced_by_a_writer_that_slipped_past_the_check(
+    root: Root, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs completing one checkpoint: the second fails even if it checked before the first wrote.
+
+    ``exists`` answering False plays the race (the check came before the other
+    writer's _metadata); what refuses the write is the store's own exclusive
+    create: a hard link on local disks, a conditional put (If-None-Match) on the
+    moto S3 server. (memory:// decides with ``exists`` itself, in this process.)
+    """
+    if root.kind == "memory":
+        pytest.skip("memory:// has no create primitive of its own: its exclusive open calls exists()")
+    storage = root.storage()
+    storage.begin_checkpoint(job_id, 1).complete(b"first")
+    fs = root.fs
+    original_exists = fs.exists
+    monkeypatch.setattr(
+        fs, "exists", lambda path, **kw: False if path.endswith("_metadata") else original_exists(path, **kw)
+    )
+    with pytest.raises(CheckpointError, match="already complete"):
+        storage.begin_checkpoint(job_id, 1).complete(b"second")
+    monkeypatch.undo()
+    location = root.sub("chk", job_id, "chk-1")
+    assert storage.read_metadata(location) == b"first"
+    assert root.names(location) == ["_metadata"]  # and no temp file left behind
 
 
 def test_local_metadata_never_seen_partial(tmp_path: Any, job_id: str) -> None:

@@ -6,16 +6,22 @@ one JSON line per completed batch and a summary line at the end, into ``--report
 
 ``--kill-in-sink B`` SIGKILLs the driver's process group right after the sink
 wrote batch ``B``, before its checkpoint completes: the worst moment to die.
+``--wait-in-sink B --wait-for FILE`` instead waits there until ``FILE`` exists
+(another driver takes over the job meanwhile). A query that fails reports
+``{"error": ...}`` and the driver exits with status 3.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
@@ -31,6 +37,11 @@ def main() -> None:
     parser.add_argument("--parallelism", type=int, nargs="+", default=[2])
     parser.add_argument("--checkpoints-dir", help="filesystem storage here; default: jobmanager")
     parser.add_argument("--kill-in-sink", type=int, default=None)
+    parser.add_argument("--wait-in-sink", type=int, default=None)
+    parser.add_argument("--wait-for", help="the file --wait-in-sink waits for")
+    parser.add_argument("--restore", help="restore= of start(): where a new query's state comes from")
+    parser.add_argument("--retained", type=int, default=1, help="statekit.checkpoints.retained")
+    parser.add_argument("--stall-once", help="marker directory of sparkjobs.StallOnceCountUrls")
     parser.add_argument("--backend", default="heap")
     parser.add_argument("--windowed", action="store_true", help="count per URL and minute of @timestamp")
     parser.add_argument("--report", required=True, help="JSON lines: one per batch, then a summary")
@@ -57,6 +68,7 @@ def main() -> None:
         .config("spark.executor.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
     )
     builder = builder.config("spark.statekit.backend", args.backend)
+    builder = builder.config("spark.statekit.checkpoints.retained", str(args.retained))
     if args.checkpoints_dir:
         builder = builder.config("spark.statekit.checkpoints.dir", args.checkpoints_dir)
     else:
@@ -81,6 +93,10 @@ def main() -> None:
         if batch_id == args.kill_in_sink:
             emit({"killing_in_sink": batch_id})
             os.killpg(os.getpgid(0), signal.SIGKILL)
+        if batch_id == args.wait_in_sink:
+            emit({"waiting_in_sink": batch_id})
+            while not os.path.exists(args.wait_for):
+                time.sleep(0.1)
 
     def report(info: BatchInfo) -> None:
         emit({"batch": info.__dict__})
@@ -115,13 +131,25 @@ def main() -> None:
             emit({"summary": {"fired_up_to": ran[-2] if len(ran) > 1 else None}})
             spark.stop()
             return
+        function: Any = CountUrls
+        if args.stall_once:
+            from sparkjobs import StallOnceCountUrls
+
+            function = functools.partial(StallOnceCountUrls, args.stall_once)
         processed = (
             keyed(stream_of(spark, Path(args.input)), "url")
-            .process(CountUrls, OUTPUT, job_id=args.job_id, on_batch=lambda i: (batches.append(i), report(i)))
+            .process(function, OUTPUT, job_id=args.job_id, on_batch=lambda i: (batches.append(i), report(i)))
             .foreach_batch(sink)
         )
-        query = processed.start(checkpoint_location=args.spark_checkpoint, trigger={"availableNow": True})
-        query.awaitTermination()
+        query = processed.start(
+            checkpoint_location=args.spark_checkpoint, trigger={"availableNow": True}, restore=args.restore
+        )
+        try:
+            query.awaitTermination()
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            emit({"error": str(e)})
+            spark.stop()
+            sys.exit(3)
         if len(args.parallelism) > 1 and p == args.parallelism[0]:
             # Feed the next run: more files, as a live source would.
             from sparkutil import write_inputs

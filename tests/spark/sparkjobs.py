@@ -79,3 +79,56 @@ def flaky_windowed_count(marker_dir: str, seed: str = "") -> Any:
             return super().process(record, ctx)
 
     return Flaky
+
+
+class StallOnceCountUrls(CountUrls):
+    """CountUrls whose first task attempt that *reused* a subtask kept open by its executor stalls.
+
+    Only once per job (the first to create ``<marker_dir>/stalled.json``), from
+    micro-batch 1 on: it writes its Python worker's pid, subtask, batch and task
+    attempt there and waits (for ``<marker_dir>/release``, at most two minutes),
+    so a test can kill that executor while the task runs. The subtask's state
+    lived only in that executor's cache and in the checkpoint storage: the retry
+    must restore it from the storage.
+    """
+
+    def __init__(self, marker_dir: str) -> None:
+        self.marker_dir = marker_dir
+        self._opened_in: int | None = None
+        self._checked: int | None = None
+
+    def open(self, ctx: RuntimeContext) -> None:
+        from pyspark import TaskContext
+
+        super().open(ctx)
+        tc = TaskContext.get()
+        self._opened_in = tc.taskAttemptId() if tc is not None else None
+
+    def process(self, record: dict[str, Any], ctx: ProcessContext) -> Iterable[Any]:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        if tc is not None and tc.taskAttemptId() != self._checked:
+            self._checked = tc.taskAttemptId()
+            batch = int(tc.getLocalProperty("streaming.sql.batchId") or -1)
+            reused = self._opened_in != tc.taskAttemptId()
+            if batch >= 1 and reused and tc.attemptNumber() == 0:
+                self._stall_once(batch, tc.taskAttemptId())
+        return super().process(record, ctx)
+
+    def _stall_once(self, batch: int, task: int) -> None:
+        import json
+        import time
+
+        flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
+        try:
+            fd = os.open(os.path.join(self.marker_dir, "stalled.json"), flags)
+        except FileExistsError:
+            return  # another task stalled already
+        info = {"pid": os.getpid(), "subtask": self.index, "batch": batch, "task": task}
+        os.write(fd, json.dumps(info).encode())
+        os.close(fd)
+        release = os.path.join(self.marker_dir, "release")
+        deadline = time.monotonic() + 120
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.1)

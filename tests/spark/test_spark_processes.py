@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sparkutil import assert_exact_outputs, assert_exact_state, driver_env, write_inputs
+from cluster import Cluster, standalone_cluster
+from sparkutil import assert_exact_outputs, assert_exact_state, driver_env, restored_state, write_inputs
 
-from jobs import make_records
+from jobs import make_records, model_state
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "spark_driver.py"
@@ -132,91 +134,27 @@ def test_windowed_driver_killed_in_the_sink_then_restarted_emits_each_window_onc
     assert len(got) > 100
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A master and two workers on 127.0.0.1, shared by this module's cluster tests (each its own app)."""
+    with standalone_cluster(tmp_path_factory.mktemp("cluster")) as c:
+        yield c
 
 
-def _wait_for(path: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text(errors="replace"):
-            return
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} never appeared in {path}:\n{path.read_text(errors='replace')[-3000:]}")
-
-
-def test_standalone_cluster_state_lives_in_executors(tmp_path: Path) -> None:
+def test_standalone_cluster_state_lives_in_executors(tmp_path: Path, cluster: Cluster) -> None:
     """A master and two workers on 127.0.0.1; the driver's jobmanager storage gets the snapshots."""
-    import pyspark
-
-    spark_home = Path(pyspark.__file__).resolve().parent
-    spark_class = str(spark_home / "bin" / "spark-class")
-    env = {**driver_env(), "SPARK_HOME": str(spark_home), "SPARK_NO_DAEMONIZE": "1"}
-    port = _free_port()
-    master_url = f"spark://127.0.0.1:{port}"
-    started: list[subprocess.Popen[bytes]] = []
-
-    def launch(name: str, cmd: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
-        log = tmp_path / f"{name}.log"
-        proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
-        started.append(proc)
-        return proc, log
-
-    try:
-        master, master_log = launch("master", [
-            spark_class, "org.apache.spark.deploy.master.Master",
-            "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(_free_port()),
-        ])  # fmt: skip
-        _wait_for(master_log, "I have been elected leader", master)
-        workers = [
-            launch(
-                f"worker{i}",
-                [
-                    spark_class,
-                    "org.apache.spark.deploy.worker.Worker",
-                    master_url,
-                    "--host",
-                    "127.0.0.1",
-                    "--cores",
-                    "1",
-                    "--memory",
-                    "1g",
-                    "--webui-port",
-                    str(_free_port()),
-                    "--work-dir",
-                    str(tmp_path / f"work{i}"),
-                ],
-            )  # fmt: skip
-            for i in range(2)
-        ]
-        for worker, worker_log in workers:
-            _wait_for(worker_log, "Successfully registered with master", worker)
-
-        records = make_records(1600, seed=5)
-        write_inputs(tmp_path / "in", records, 2)
-        log = tmp_path / "driver.log"
-        driver = start_driver(
-            [
-                "--master", master_url, "--input", str(tmp_path / "in"), "--out", str(tmp_path / "out"),
-                "--spark-checkpoint", str(tmp_path / "spark"), "--job-id", "cluster",
-                "--parallelism", "3", "2",  # jobmanager storage; the restarted query rescales 3 -> 2
-            ],
-            log,
-        )  # fmt: skip
-        lines = finish(driver, log, timeout=400)
-    finally:
-        for proc in reversed(started):
-            proc.terminate()
-        for proc in reversed(started):
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    records = make_records(1600, seed=5)
+    write_inputs(tmp_path / "in", records, 2)
+    log = tmp_path / "driver.log"
+    driver = start_driver(
+        [
+            "--master", cluster.master_url, "--input", str(tmp_path / "in"), "--out", str(tmp_path / "out"),
+            "--spark-checkpoint", str(tmp_path / "spark"), "--job-id", "cluster",
+            "--parallelism", "3", "2",  # jobmanager storage; the restarted query rescales 3 -> 2
+        ],
+        log,
+    )  # fmt: skip
+    lines = finish(driver, log, timeout=400)
 
     summary = lines[-1]["summary"]
     assert summary["state_ok"], summary
@@ -226,3 +164,144 @@ def test_standalone_cluster_state_lives_in_executors(tmp_path: Path) -> None:
     all_records = records + make_records(600, seed=11)
     assert summary["records"] == len(all_records)
     assert_exact_outputs(tmp_path / "out", all_records)
+
+
+def _parent_of(pid: int) -> int:
+    # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may hold spaces, so split after its ")".
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _executor_of(python_pid: int) -> int:
+    """The executor JVM (CoarseGrainedExecutorBackend) a Python worker runs under."""
+    pid = python_pid
+    while pid > 1:
+        pid = _parent_of(pid)
+        if b"CoarseGrainedExecutorBackend" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    raise AssertionError(f"Python worker {python_pid} runs under no executor JVM")
+
+
+def test_an_executor_killed_mid_batch_its_tasks_rerun_on_the_other_from_the_storage(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    """SIGKILL the executor JVM running a statekit task; Spark reruns it elsewhere, counts stay exact.
+
+    The task stalls (sparkjobs.StallOnceCountUrls) on a subtask its executor kept
+    open from the previous batch, so that state exists only in the dying executor
+    and in the checkpoint storage (a local directory): the rerun must restore it.
+    """
+    records = make_records(2000, seed=17)
+    # A task reuses a subtask when it lands on the executor that ran it in the previous batch,
+    # as likely as not: ten batches give nine chances for the stall (all missed: 1 in 512).
+    write_inputs(tmp_path / "in", records, 10)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    checkpoints = tmp_path / "statekit"
+    log = tmp_path / "driver.log"
+    driver = start_driver(
+        [
+            "--master", cluster.master_url, "--input", str(tmp_path / "in"), "--out", str(tmp_path / "out"),
+            "--spark-checkpoint", str(tmp_path / "spark"), "--job-id", "lost",
+            "--checkpoints-dir", str(checkpoints), "--parallelism", "2", "--stall-once", str(markers),
+        ],
+        log,
+    )  # fmt: skip
+    stalled = markers / "stalled.json"
+    try:
+        info: dict[str, Any] = {}
+        while driver.poll() is None and not info:
+            with contextlib.suppress(FileNotFoundError, ValueError):  # not there, or half-written
+                info = json.loads(stalled.read_text())
+            time.sleep(0.2)
+        assert info, f"no task stalled on a subtask its executor kept open; see {log}"
+        executor = _executor_of(info["pid"])
+        assert _parent_of(executor) in {w.proc.pid for w in cluster.workers}  # one of our workers'
+        os.kill(executor, signal.SIGKILL)
+        while Path(f"/proc/{executor}").exists() and _state_of(executor) != "Z":
+            time.sleep(0.1)
+    finally:
+        (markers / "release").touch()
+    lines = finish(driver, log, timeout=400)
+
+    summary = lines[-1]["summary"]
+    assert summary["state_ok"] and summary["records"] == len(records), summary
+    batches = {line["batch"]["batch_id"]: line["batch"] for line in lines if "batch" in line}
+    hit = batches[info["batch"]]
+    assert not hit["skipped"] and info["pid"] not in hit["executor_pids"]
+    # The killed executor held the subtask's only open copy: the rerun restored it from the storage.
+    assert hit["restored_subtasks"] >= 1, hit
+    from statekit_storage import FileSystemCheckpointStorage
+
+    assert_exact_state(FileSystemCheckpointStorage(str(checkpoints)), "lost", records)
+    assert_exact_outputs(tmp_path / "out", records)
+
+
+def _state_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "X"
+
+
+def test_a_second_driver_on_the_same_job_fences_off_the_first(tmp_path: Path) -> None:
+    """Two real drivers, one statekit job and checkpoints directory: only the newer completes checkpoints.
+
+    The first driver stops in its sink of batch 2 (its checkpoint 3 written but for
+    ``_metadata``); the second starts meanwhile, as a new query restoring the job's
+    latest checkpoint, and runs to its end. Then the first goes on, and is refused.
+    """
+    records = make_records(1200, seed=13)
+    write_inputs(tmp_path / "in", records, 6)
+    checkpoints = tmp_path / "statekit"
+    common = [
+        "--input", str(tmp_path / "in"), "--job-id", "twice", "--checkpoints-dir", str(checkpoints),
+        "--retained", "50",
+    ]  # fmt: skip
+    go = tmp_path / "go"
+    first_log = tmp_path / "driver-1.log"
+    first = start_driver(
+        [*common, "--out", str(tmp_path / "out-1"), "--spark-checkpoint", str(tmp_path / "spark-1"),
+         "--wait-in-sink", "2", "--wait-for", str(go)],
+        first_log,
+    )  # fmt: skip
+    report = Path(f"{first_log}.jsonl")
+    while first.poll() is None and '"waiting_in_sink"' not in (report.read_text() if report.exists() else ""):
+        time.sleep(0.2)
+    assert first.poll() is None, f"the first driver ended early; see {first_log}"
+    second_log = tmp_path / "driver-2.log"
+    second = start_driver(
+        [*common, "--out", str(tmp_path / "out-2"), "--spark-checkpoint", str(tmp_path / "spark-2"),
+         "--restore", "latest"],
+        second_log,
+    )  # fmt: skip
+    try:
+        finish(second, second_log)
+    finally:
+        go.touch()
+    first.wait(timeout=300)
+    assert first.returncode == 3, f"the first driver was not refused; see {first_log}"
+    error = json.loads(report.read_text().splitlines()[-1])["error"]
+    assert "FencedError" in error and "is fenced off" in error, error
+    newest = max((checkpoints / "twice" / "runs").iterdir(), key=lambda p: int(p.name.split("-")[1]))
+    assert newest.name.startswith("run-2-")
+    assert f"a newer run {newest.name.split('-')[2][:12]} (epoch 2)" in error, error
+    assert f"pid {second.pid} on host" in error, error
+
+    from statekit import load_checkpoint
+    from statekit.spark._driver import QUERY_PROPERTY
+    from statekit_storage import FileSystemCheckpointStorage
+
+    storage = FileSystemCheckpointStorage(str(checkpoints))
+    made_by = [load_checkpoint(storage, loc).metadata.properties[QUERY_PROPERTY]
+               for loc in storage.list_checkpoints("twice")]  # fmt: skip
+    # Checkpoints 1 and 2 by the first query, then only the second's: the first completed none after.
+    assert len(set(made_by[:2])) == 1 and made_by[0] not in made_by[2:] and len(made_by) == 2 + 6
+    # The second restored the first's checkpoint 2 (its batches 0 and 1), then read every file as a
+    # new query: its state is exactly both, with nothing of the first's batch 2.
+    restored = restored_state(storage, "twice", location=storage.list_checkpoints("twice")[1])
+    assert sum(c for c, _, _ in restored.values()) == 2 * len(records) // 6
+    expected = model_state(records)
+    for url, (c, m, b) in restored.items():
+        c2, m2, b2 = expected.get(url, (0, 0, 0))
+        expected[url] = (c + c2, m + m2, b + b2)
+    assert restored_state(storage, "twice") == expected

@@ -28,6 +28,7 @@ __all__ = [
     "SupportsBatchUpdate",
     "SupportsNativeSnapshot",
     "SupportsOrphanCleanup",
+    "SupportsRunFencing",
 ]
 
 
@@ -265,3 +266,38 @@ class SupportsOrphanCleanup(Protocol):
     def discard_orphans(self, job_id: str, referenced: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
         """Delete incomplete checkpoints older than the newest completed one, and shared files
         no ``(checkpoint location, description)`` of ``referenced`` names; return what was deleted."""
+
+
+@runtime_checkable
+class SupportsRunFencing(Protocol):
+    """A checkpoint storage that records which run of a job is the newest, so older ones are fenced off.
+
+    Two runners (two Spark drivers, two ``LocalRunner`` processes) started on the
+    same job must not both complete its checkpoints. Each run registers when it
+    starts and gets an *epoch*, higher than every epoch recorded before (Flink's
+    leader epoch, a fencing token); before writing a checkpoint and again before
+    its ``_metadata`` the runner asks for the newest run and stops with
+    :class:`statekit.FencedError` if it is not itself.
+
+    Registering needs no atomic compare-and-swap: each run's record has a name of
+    its own, the newest is the highest ``(epoch, run_id)``, so two runs that
+    register at the same moment with the same epoch still agree which is newer.
+    A storage without this protocol is not fenced (and the docs of the storage
+    should say so).
+    """
+
+    def register_run(self, job_id: str, run_id: str, description: Mapping[str, Any]) -> int:
+        """Record run ``run_id`` of ``job_id`` with an epoch above every one recorded; return the epoch.
+
+        ``description`` is JSON-able (host, pid, start time, runner); it is
+        returned by :meth:`newest_run` to name the run in errors.
+        """
+
+    def newest_run(self, job_id: str) -> tuple[int, str, dict[str, Any]] | None:
+        """``(epoch, run_id, description)`` of the newest registered run of ``job_id``, if any.
+
+        The newest is the highest ``(epoch, run_id)``.
+        """
+
+    def end_run(self, job_id: str, run_id: str) -> None:
+        """Mark run ``run_id`` as ended (best effort): a run that takes over after it need not wait for it."""

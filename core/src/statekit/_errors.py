@@ -6,6 +6,7 @@ exception fits, the error also inherits it, so callers may catch either::
     StateError
     ├── ConfigurationError (ValueError)
     │   └── UnknownPluginError (LookupError)
+    ├── BackendIOError (OSError)
     ├── PluginError
     │   └── PluginConflictError
     ├── SerializationError (ValueError)
@@ -16,6 +17,7 @@ exception fits, the error also inherits it, so callers may catch either::
     │   └── CorruptSnapshotError
     ├── CheckpointError
     │   ├── CheckpointNotFoundError (FileNotFoundError)
+    │   ├── FencedError
     │   └── StateSizeLimitError
     └── StateAccessError (RuntimeError)
 """
@@ -23,10 +25,12 @@ exception fits, the error also inherits it, so callers may catch either::
 from __future__ import annotations
 
 __all__ = [
+    "BackendIOError",
     "CheckpointError",
     "CheckpointNotFoundError",
     "ConfigurationError",
     "CorruptSnapshotError",
+    "FencedError",
     "IncompatibleSerializerError",
     "MaxParallelismMismatchError",
     "PluginConflictError",
@@ -51,6 +55,15 @@ class ConfigurationError(StateError, ValueError):
 
 class UnknownPluginError(ConfigurationError, LookupError):
     """A backend or storage name is not provided by any installed plugin."""
+
+
+class BackendIOError(StateError, OSError):
+    """A backend's engine cannot write (or read) its files in its local directory: a full disk, an I/O error.
+
+    Names the directory and the space left on its disk; the engine's own error
+    is the cause. The local files are a working copy: restore the job from its
+    latest checkpoint once there is room.
+    """
 
 
 class PluginError(StateError):
@@ -94,6 +107,15 @@ class CheckpointError(StateError):
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """No completed checkpoint or savepoint exists at the given place."""
+
+
+class FencedError(CheckpointError):
+    """A newer run of the same job took over its checkpoints: this run completes no more.
+
+    Raised before a checkpoint's files or ``_metadata`` are written, naming the
+    newer run. Unlike other checkpoint failures it stops the job (a periodic
+    checkpoint does not swallow it), and the fenced run deletes nothing.
+    """
 
 
 class StateSizeLimitError(CheckpointError):

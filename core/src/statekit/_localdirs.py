@@ -15,7 +15,9 @@ import shutil
 import socket
 import tempfile
 
-__all__ = ["OWNER_FILE", "create_instance_dir", "remove_stale_instance_dirs"]
+from ._errors import BackendIOError
+
+__all__ = ["OWNER_FILE", "create_instance_dir", "local_write_error", "remove_stale_instance_dirs"]
 
 #: The file in each working directory that names its owner: ``<pid> <host>``.
 OWNER_FILE = ".statekit-owner"
@@ -76,3 +78,25 @@ def create_instance_dir(parent: str | None, prefix: str) -> str:
             shutil.rmtree(path)
         raise
     return path
+
+
+def local_write_error(backend: str, directory: str, cause: BaseException) -> BackendIOError:
+    """The error for a write ``backend``'s engine could not make in ``directory``; raise it ``from cause``.
+
+    Example (in a backend's write path)::
+
+        try:
+            db.write(batch)
+        except EngineIOError as e:
+            raise local_write_error("mydb", self.instance_dir, e) from e
+    """
+    try:
+        free = f"{shutil.disk_usage(directory).free:,} bytes are free on its disk"
+    except OSError:
+        free = "its free space is unknown"
+    return BackendIOError(
+        f"the {backend} backend cannot write its state in {directory}: {cause} ({free}). Free space on "
+        "that disk, or set statekit.local-dir to a directory on a larger one, then restart the job from "
+        "its latest checkpoint (restore='latest'): the local files are a working copy, nothing "
+        "checkpointed is lost"
+    )

@@ -16,6 +16,7 @@ one would.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -41,7 +42,8 @@ from ._contracts import (
     StateBackend,
     SupportsNativeSnapshot,
 )
-from ._errors import CheckpointError
+from ._errors import CheckpointError, CorruptSnapshotError, FencedError
+from ._fencing import RunFence
 from ._function import (
     KeyedProcessFunction,
     OnTimerContext,
@@ -300,6 +302,10 @@ class LocalRunner:
         self._next_checkpoint_id = 1
         self._route: dict[Any, int] = {}
         self._opened = False
+        # Claimed when the runner first runs or checkpoints, not when it only restores:
+        # a runner made to inspect a job's state does not fence the job's running one.
+        self._fence = RunFence(self.storage, job_id, "LocalRunner")
+        self._step_over = False  # the first checkpoint after claiming must skip an id (see _claim)
 
     # --- life cycle ----------------------------------------------------------------
 
@@ -408,6 +414,7 @@ class LocalRunner:
             st.operator.close()
         self._subtasks = []
         self._opened = False
+        self._fence.end()
         if self._local_root is not None:
             shutil.rmtree(self._local_root, ignore_errors=True)
             self._local_root = None
@@ -536,6 +543,9 @@ class LocalRunner:
         result = RunResult()
         if restore is not None and not self._opened:
             result.restored_from = self.restore(restore)
+        # A store that is down now fails the first checkpoint instead (which claims again).
+        with contextlib.suppress(CheckpointError):
+            self._claim()
         if not self._opened:
             self._open()
         late_before = self.late_records
@@ -587,6 +597,8 @@ class LocalRunner:
     def _periodic_checkpoint(self, result: RunResult) -> None:
         try:
             result.checkpoints.append(self.checkpoint())
+        except FencedError:
+            raise  # not a failed checkpoint: another run owns the job now, this one must stop
         except CheckpointError as e:
             # As in Flink, a failed checkpoint does not fail the job (the previous one stays),
             # unless more fail in a row than statekit.checkpoint.tolerable-failures.
@@ -628,15 +640,45 @@ class LocalRunner:
         states.append(write_subtask_state(writer, SOURCE_OPERATOR, 0, None, self._source_op))
         return states
 
+    def _claim(self) -> None:
+        """Register this run as the job's newest (see statekit._fencing), if not yet done.
+
+        If the run it displaces had not ended, that run may still be writing the
+        checkpoint after the latest completed one, under the same file names this
+        run would use: this run's checkpoints then start one id further. A store
+        that fails here makes the next call try again.
+        """
+        if self._fence.epoch is None:
+            self._fence.claim()
+            self._step_over = self._fence.displaced is not None
+        if not self._step_over:
+            return
+        latest = self.storage.latest_checkpoint(self.job_id)
+        if latest is not None:
+            try:
+                newest = load_checkpoint(self.storage, latest).checkpoint_id
+            except CorruptSnapshotError:
+                newest = 0  # the restore or retention will say what is wrong with it
+            self._next_checkpoint_id = max(self._next_checkpoint_id, newest + 2)
+        self._step_over = False
+
     def checkpoint(self) -> str:
-        """Take a checkpoint now; returns its location. Older ones are retained per policy."""
+        """Take a checkpoint now; returns its location. Older ones are retained per policy.
+
+        Raises:
+            FencedError: If a newer run of the job took over; nothing is written or deleted.
+            CheckpointError: If the checkpoint fails; the previous one stays the latest.
+        """
+        self._claim()  # may move the next id past a checkpoint the displaced run had in flight
         cid = self._next_checkpoint_id
-        writer = self.storage.begin_checkpoint(self.job_id, cid)
         self._next_checkpoint_id += 1
+        self._fence.check()  # before anything is written: a fenced run writes nothing
+        writer = self.storage.begin_checkpoint(self.job_id, cid)
         native = cid if self.native_checkpoints else None
         states: list[SubtaskState] = []
         try:
             states = self._write_all(writer, self.storage.max_state_size, native)
+            self._fence.check()  # last, right before _metadata: what makes the checkpoint exist
             location = complete_checkpoint(
                 writer,
                 job_id=self.job_id,
@@ -645,6 +687,10 @@ class LocalRunner:
                 subtasks=states,
                 properties=self._time_properties(),
             )
+        except FencedError:
+            # The files may be the newer run's by now: delete nothing, its cleanup deletes ours.
+            self._notify_native(cid, complete=False)
+            raise
         except BaseException:
             writer.abort()
             discard_native_uploads(self.storage, writer.location, states, cid)

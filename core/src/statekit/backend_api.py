@@ -26,7 +26,7 @@ from ._kvlayout import (
     ttl_timestamp,
 )
 from ._kvstate import KVColumn, KVListState, KVMapState, KVValueState, OrderedKVBackendBase, group_entries
-from ._localdirs import OWNER_FILE, create_instance_dir, remove_stale_instance_dirs
+from ._localdirs import OWNER_FILE, create_instance_dir, local_write_error, remove_stale_instance_dirs
 from ._native import (
     NativeFile,
     NativeSnapshot,
@@ -104,6 +104,7 @@ __all__ = [
     "StreamStateHandle",
     "WriterNativeOutput",
     "create_instance_dir",
+    "local_write_error",
     "decode_operator_snapshot",
     "decode_varint",
     "encode_varint",

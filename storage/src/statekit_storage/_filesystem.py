@@ -18,15 +18,18 @@ only how ``_metadata`` is made atomic depends on the protocol (see
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import posixpath
 import re
 import secrets
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fsspec.core import split_protocol, url_to_fs  # type: ignore[import-untyped]
+from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
 from statekit import (
     CheckpointError,
@@ -48,6 +51,10 @@ METADATA_FILE = "_metadata"
 #: The largest ``_metadata`` read; a larger one is refused as corrupt before it is loaded.
 MAX_METADATA_SIZE = 256 << 20
 _CHECKPOINT_DIR = re.compile(r"chk-(0|[1-9][0-9]*)")
+#: ``<job>/runs/``: one record per run of the job, for fencing (see ``register_run``).
+RUNS_DIR = "runs"
+_RUN_RECORD = re.compile(r"run-([1-9][0-9]{0,17})-([0-9a-f]{1,64})\.json")
+_MAX_RUN_RECORD = 64 << 10
 # Filesystems with real directories and an atomic rename; the others (object stores,
 # memory://) have neither, and a single put is what makes a file appear whole.
 _RENAMING = frozenset({"file", "local", "hdfs", "arrow_hdfs", "viewfs", "sftp", "ssh"})
@@ -220,6 +227,67 @@ def _resolve_env(value: Any, key: str) -> Any:
     return value
 
 
+def _publish(fs: Any, path: str, data: bytes, *, exclusive: bool, has_directories: bool) -> None:
+    """Make file ``path`` appear whole, holding ``data``, or not at all.
+
+    Where rename is atomic (local files, HDFS) a temporary file in the same
+    directory is renamed into place; on object stores one put makes the object
+    appear whole. ``exclusive`` refuses to replace an existing file, raising
+    ``FileExistsError``: atomically on local disks (a hard link, which fails if
+    the name exists) and on S3 (a conditional put, ``If-None-Match: *``); on other
+    stores by a check just before the write, which a writer racing in between
+    can slip past.
+    """
+    if not has_directories:
+        if not exclusive:
+            fs.pipe_file(path, data)
+            return
+        try:
+            fs.pipe_file(path, data, mode="create")
+        except TypeError:  # an fsspec implementation that knows no modes
+            if fs.exists(path):
+                raise FileExistsError(path) from None
+            fs.pipe_file(path, data)
+        return
+    parent, name = posixpath.split(path)
+    fs.makedirs(parent, exist_ok=True)
+    temp = f"{parent}/.{name}.{secrets.token_hex(8)}.inprogress"
+    try:
+        with fs.open(temp, "wb") as out:
+            out.write(data)
+            out.flush()
+            # The rename publishes the file: its bytes must be on disk first.
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                os.fsync(out.fileno())
+        if exclusive and isinstance(fs, LocalFileSystem) and _link_no_clobber(temp, path):
+            fs.rm_file(temp)
+            return
+        if exclusive and fs.exists(path):
+            raise FileExistsError(path)
+        fs.mv(temp, path)
+    except BaseException:
+        with contextlib.suppress(*FS_ERRORS):
+            fs.rm_file(temp)
+        raise
+
+
+def _link_no_clobber(source: str, target: str) -> bool:
+    """Hard-link ``source`` as ``target`` unless ``target`` exists (then ``FileExistsError``).
+
+    False where the file system has no hard links (some network and FUSE file
+    systems): the caller falls back to check-then-rename.
+    """
+    try:
+        os.link(source, target)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
+            return False
+        raise
+    return True
+
+
 class _MemoryOutputStream:
     """Buffers a stream in memory; it becomes an :class:`InlineStreamHandle`."""
 
@@ -359,28 +427,14 @@ class _FileWriter:
         """
         fs, meta = self._fs, f"{self._path}/{METADATA_FILE}"
         fs.invalidate_cache(self._path)
+        already = CheckpointError(f"{self._url} is already complete; its {METADATA_FILE} is never replaced")
         try:
             if fs.exists(meta):
-                raise CheckpointError(
-                    f"{self._url} is already complete; its {METADATA_FILE} is never replaced"
-                )
-            if not self.has_directories:
-                fs.pipe_file(meta, bytes(metadata))
-                return self._url
-            fs.makedirs(self._path, exist_ok=True)
-            temp = f"{self._path}/.{METADATA_FILE}.{secrets.token_hex(8)}.inprogress"
-            try:
-                with fs.open(temp, "wb") as out:
-                    out.write(metadata)
-                    out.flush()
-                    # The rename publishes the file: its bytes must be on disk first.
-                    with contextlib.suppress(AttributeError, OSError, ValueError):
-                        os.fsync(out.fileno())
-                fs.mv(temp, meta)
-            except BaseException:
-                with contextlib.suppress(*FS_ERRORS):
-                    fs.rm_file(temp)
-                raise
+                raise already
+            # Exclusive: of two writers completing one checkpoint (two runs of a job), one fails.
+            _publish(fs, meta, bytes(metadata), exclusive=True, has_directories=self.has_directories)
+        except FileExistsError:
+            raise already from None
         except FS_ERRORS as exc:
             raise CheckpointError(f"cannot write {_join(self._url, METADATA_FILE)}: {exc}") from exc
         finally:
@@ -774,6 +828,86 @@ class FileSystemCheckpointStorage:
         except FS_ERRORS as exc:
             raise CheckpointError(f"cannot delete what failed checkpoints left in {job}: {exc}") from exc
         return deleted
+
+    # --- fencing (statekit.SupportsRunFencing) --------------------------------------------
+
+    def _runs(self, job_id: str) -> tuple[Any, str, list[tuple[int, str]]]:
+        """The filesystem, the ``<job>/runs`` path and the ``(epoch, run id)`` of each record there."""
+        runs = _join(self.job_dir(job_id), RUNS_DIR)
+        fs, path = self._files.open(runs)
+        try:
+            names = _list_names(fs, path)
+        except FS_ERRORS as exc:
+            raise CheckpointError(f"cannot list the runs of job {job_id!r} in {runs}: {exc}") from exc
+        return fs, path, sorted((int(m[1]), m[2]) for n in names if (m := _RUN_RECORD.fullmatch(n)))
+
+    def register_run(self, job_id: str, run_id: str, description: Mapping[str, Any]) -> int:
+        """Writes ``<job>/runs/run-<epoch>-<run id>.json``, ``epoch`` one above the highest there.
+
+        Records older than the run this one displaces are deleted (best effort).
+        See :class:`statekit.SupportsRunFencing`.
+
+        Raises:
+            CheckpointError: If the store fails.
+        """
+        if not re.fullmatch(r"[0-9a-f]{1,64}", run_id):
+            raise CheckpointError(f"invalid run id {run_id!r}: expected up to 64 lowercase hex digits")
+        fs, path, runs = self._runs(job_id)
+        epoch = (runs[-1][0] if runs else 0) + 1
+        record = f"{path}/run-{epoch}-{run_id}.json"
+        data = json.dumps({**description, "run_id": run_id, "epoch": epoch}, sort_keys=True).encode()
+        try:
+            _publish(fs, record, data, exclusive=False, has_directories=_has_directories(fs))
+        except FS_ERRORS as exc:
+            where = fs.unstrip_protocol(record)
+            raise CheckpointError(f"cannot record a run of job {job_id!r} at {where}: {exc}") from exc
+        for old_epoch, old_run in runs:
+            if old_epoch < epoch - 1:
+                with contextlib.suppress(*FS_ERRORS):
+                    fs.rm_file(f"{path}/run-{old_epoch}-{old_run}.json")
+        fs.invalidate_cache(path)
+        return epoch
+
+    def newest_run(self, job_id: str) -> tuple[int, str, dict[str, Any]] | None:
+        """``(epoch, run id, description)`` of the highest ``(epoch, run id)`` under ``<job>/runs``.
+
+        Raises:
+            CheckpointError: If the store fails.
+        """
+        fs, path, runs = self._runs(job_id)
+        if not runs:
+            return None
+        epoch, run_id = runs[-1]
+        return epoch, run_id, self._read_run(fs, f"{path}/run-{epoch}-{run_id}.json")
+
+    def _read_run(self, fs: Any, record: str) -> dict[str, Any]:
+        # Only for naming the run: an unreadable record still is the newest.
+        try:
+            obj = json.loads(bytes(fs.cat_file(record, start=0, end=_MAX_RUN_RECORD)))
+        except FileNotFoundError:
+            return {"runner": "a run whose record was deleted"}
+        except FS_ERRORS as exc:
+            return {"runner": f"a run whose record {fs.unstrip_protocol(record)} cannot be read ({exc})"}
+        except ValueError:
+            return {"runner": f"a run whose record {fs.unstrip_protocol(record)} is damaged"}
+        return obj if isinstance(obj, dict) else {}
+
+    def end_run(self, job_id: str, run_id: str) -> None:
+        """Adds ``ended_ms`` to run ``run_id``'s record, if it is still there.
+
+        Raises:
+            CheckpointError: If the store fails.
+        """
+        fs, path, runs = self._runs(job_id)
+        for epoch, rid in runs:
+            if rid == run_id:
+                record = f"{path}/run-{epoch}-{rid}.json"
+                description = {**self._read_run(fs, record), "ended_ms": time.time_ns() // 1_000_000}
+                data = json.dumps(description, sort_keys=True).encode()
+                try:
+                    _publish(fs, record, data, exclusive=False, has_directories=_has_directories(fs))
+                except FS_ERRORS as exc:
+                    raise CheckpointError(f"cannot record the end of a run at {record}: {exc}") from exc
 
 
 def find_latest_checkpoint(directory: str, *, storage_options: Mapping[str, Any] | None = None) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -124,6 +125,7 @@ class JobManagerCheckpointStorage:
         self.savepoints_dir = None if savepoints_dir is None else _normalize_dir(savepoints_dir)
         self._files = _Files(storage_options or {}, (self.savepoints_dir,), DEFAULT_INLINE_THRESHOLD)
         self._completed: dict[str, dict[int, bytes]] = {}  # job id -> checkpoint id -> metadata
+        self._runs: dict[str, dict[str, tuple[int, dict[str, Any]]]] = {}  # job id -> run id -> record
         self._lock = threading.Lock()
 
     @classmethod
@@ -143,7 +145,7 @@ class JobManagerCheckpointStorage:
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickles the configuration only: checkpoints stay with the coordinating process."""
-        return {**self.__dict__, "_completed": {}, "_lock": None}
+        return {**self.__dict__, "_completed": {}, "_runs": {}, "_lock": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Restores the configuration, with no checkpoints."""
@@ -233,6 +235,34 @@ class JobManagerCheckpointStorage:
             raise CheckpointError(f"refusing to delete a file of {location}: not a jobmanager checkpoint")
 
     def forget_job(self, job_id: str) -> None:
-        """Forgets every checkpoint of ``job_id`` held here."""
+        """Forgets every checkpoint (and run) of ``job_id`` held here."""
         with self._lock:
             self._completed.pop(job_id, None)
+            self._runs.pop(job_id, None)
+
+    # --- fencing (statekit.SupportsRunFencing): runs sharing this object ----------------------
+
+    def register_run(self, job_id: str, run_id: str, description: Mapping[str, Any]) -> int:
+        """Records run ``run_id`` with an epoch above every run of ``job_id`` recorded here."""
+        with self._lock:
+            runs = self._runs.setdefault(job_id, {})
+            epoch = max((e for e, _ in runs.values()), default=0) + 1
+            runs[run_id] = (epoch, dict(description))
+        return epoch
+
+    def newest_run(self, job_id: str) -> tuple[int, str, dict[str, Any]] | None:
+        """The newest run of ``job_id`` registered with this object, if any."""
+        with self._lock:
+            runs = self._runs.get(job_id, {})
+            if not runs:
+                return None
+            run_id = max(runs, key=lambda r: (runs[r][0], r))
+            epoch, description = runs[run_id]
+            return epoch, run_id, dict(description)
+
+    def end_run(self, job_id: str, run_id: str) -> None:
+        """Marks run ``run_id`` ended."""
+        with self._lock:
+            record = self._runs.get(job_id, {}).get(run_id)
+            if record is not None:
+                record[1]["ended_ms"] = time.time_ns() // 1_000_000

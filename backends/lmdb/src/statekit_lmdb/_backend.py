@@ -36,6 +36,7 @@ from statekit.backend_api import (
     StateEntries,
     StateKind,
     create_instance_dir,
+    local_write_error,
 )
 
 from ._full_snapshot import LMDBNativeSnapshot
@@ -354,6 +355,7 @@ class LMDBKeyedStateBackend(OrderedKVBackendBase):
 
         Raises:
             MapSizeLimitError: If the map is at ``max-map-size`` and still too small.
+            BackendIOError: If LMDB cannot write its files (a full disk); names the directory.
         """
         env = self._lmdb_live()
         # Ended first: an open read transaction keeps the pages the commit frees from reuse.
@@ -372,6 +374,12 @@ class LMDBKeyedStateBackend(OrderedKVBackendBase):
                         txn.abort()
                     self._lmdb_grow()
                     continue
+                except lmdb.Error as e:
+                    with contextlib.suppress(lmdb.Error):
+                        txn.abort()
+                    if _is_io_error(e):
+                        raise local_write_error("lmdb", self.instance_dir, e) from e
+                    raise
                 except BaseException:
                     with contextlib.suppress(lmdb.Error):
                         txn.abort()
@@ -551,6 +559,15 @@ class LMDBKeyedStateBackend(OrderedKVBackendBase):
                 col.close()
         finally:
             shutil.rmtree(self.instance_dir, ignore_errors=True)
+
+
+def _is_io_error(e: Exception) -> bool:
+    """Whether LMDB failed to write its files: no space (``DiskError``), ``EIO`` from the OS, or a
+    panic after such a failure (LMDB then refuses every write transaction)."""
+    text = str(e)
+    return isinstance(e, (lmdb.DiskError, lmdb.PanicError)) or any(
+        s in text for s in ("Input/output error", "No space left on device")
+    )
 
 
 def _write_buffer(txn: Any, col: KVColumn) -> None:

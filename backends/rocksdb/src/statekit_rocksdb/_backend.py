@@ -14,6 +14,7 @@ write buffer and what else every ordered key-value engine shares are core's
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import itertools
 import os
@@ -45,6 +46,7 @@ from statekit.backend_api import (
     OrderedKVBackendBase,
     StateEntries,
     create_instance_dir,
+    local_write_error,
 )
 
 from ._incremental import RocksDBNativeSnapshot, UploadTracker
@@ -274,11 +276,25 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
         """Write buffered updates, flush every memtable, hard-link a RocksDB checkpoint; its directory."""
         self.kv_write_buffered()
         db = self._rocksdb_live()
-        for col in self.kv_columns:
-            col.engine[0].flush(True)
         directory = os.path.join(self.instance_dir, f"{kind}-{os.urandom(6).hex()}")
-        Checkpoint(db).create_checkpoint(directory)
+        with self._rocksdb_writing():
+            for col in self.kv_columns:
+                col.engine[0].flush(True)
+            Checkpoint(db).create_checkpoint(directory)
         return directory
+
+    @contextlib.contextmanager
+    def _rocksdb_writing(self) -> Iterator[None]:
+        """RocksDB's I/O errors (a full disk) become statekit's BackendIOError naming the directory."""
+        try:
+            yield
+        except Exception as e:
+            # rocksdict raises plain Exceptions carrying RocksDB's status text. After a failed
+            # background flush RocksDB refuses every write with that same "IO error".
+            text = str(e)
+            if text.startswith("IO error") or "No space left on device" in text:
+                raise local_write_error("rocksdb", self.instance_dir, e) from e
+            raise
 
     # --- the engine under OrderedKVBackendBase ------------------------------------------------------
 
@@ -316,7 +332,8 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
                 else:
                     put(k, v, handle)
             col.buffer.clear()
-        db.write(batch, self._rocksdb_engine.write_options)
+        with self._rocksdb_writing():
+            db.write(batch, self._rocksdb_engine.write_options)
 
     def kv_load(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
         """One WriteBatch for a few entries; else an SST file written and ingested (no write path)."""
@@ -328,16 +345,18 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
             batch = WriteBatch(raw_mode=True)
             for k, v in items:
                 batch.put(k, v, handle)
-            db.write(batch, self._rocksdb_engine.write_options)
+            with self._rocksdb_writing():
+                db.write(batch, self._rocksdb_engine.write_options)
             return
         path = os.path.join(self.instance_dir, f"ingest-{os.urandom(6).hex()}.sst")
         writer = SstFileWriter(self._rocksdb_engine.db_options())
-        writer.open(path)
         try:
-            for k, v in items:
-                writer[k] = v
-            writer.finish()
-            cf.ingest_external_file([path])
+            with self._rocksdb_writing():
+                writer.open(path)
+                for k, v in items:
+                    writer[k] = v
+                writer.finish()
+                cf.ingest_external_file([path])
         finally:
             if os.path.exists(path):
                 os.unlink(path)

@@ -326,4 +326,7 @@ class ProcessedStream:
             end_of_input = spec.event_time is not None and coordinator.config.get(
                 "statekit.timers.end-of-input"
             ) != "keep"
-        return coordinator.process_batch(spec.df, batch_id, STATIC_QUERY, end_of_input=end_of_input)
+        try:
+            return coordinator.process_batch(spec.df, batch_id, STATIC_QUERY, end_of_input=end_of_input)
+        finally:
+            coordinator.fence.end()  # a static run ends here; a streaming one runs until killed

@@ -50,6 +50,7 @@ from .._checkpoint import (
 from .._config import Configuration
 from .._contracts import CheckpointStorage
 from .._errors import CheckpointError, ConfigurationError
+from .._fencing import RunFence
 from .._function import KeyedProcessFunction
 from .._keygroups import compute_default_max_parallelism, validate_parallelism
 from .._registry import PluginRegistry, default_registry
@@ -210,6 +211,11 @@ class Coordinator:
         self.restore = restore
         self.retained = int(conf.get("statekit.checkpoints.retained") or 1)
         self.run_id = uuid.uuid4().hex
+        sc = session.sparkContext
+        # The newest run of the job: an older driver still running it is fenced off from now on.
+        runner = f"Spark driver of app {sc.applicationId} ({sc.appName})"
+        self.fence = RunFence(self.storage, spec.job_id, runner)
+        self.fence.claim()
         latest = self.latest()
         base = latest if restore in (None, "latest") else load_checkpoint(self.storage, restore)
         p = conf.get("statekit.parallelism")
@@ -303,6 +309,7 @@ class Coordinator:
         started = clock()
         phases: dict[str, float] = {}
         batch_timestamp = time.time_ns() // 1_000_000
+        self.fence.check()  # before anything is written or aborted: the files may be a newer run's
         latest = self.latest()
         skip, source = self._source(latest, batch_id, query)
         if skip:
@@ -395,6 +402,7 @@ class Coordinator:
             }
             if new_watermark != MIN_WATERMARK:
                 properties[WATERMARK_PROPERTY] = new_watermark
+            self.fence.check()  # last, right before _metadata: what makes the checkpoint exist
             location = complete_checkpoint(
                 self.storage.begin_checkpoint(spec.job_id, n),
                 job_id=spec.job_id,
