@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,15 @@ def write_inputs(directory: Path, records: list[dict[str, Any]], files: int, *, 
     """Split ``records`` over ``files`` JSON-lines files named ``part-<start + i>.json``."""
     directory.mkdir(parents=True, exist_ok=True)
     size = -(-len(records) // files)
+    # Spark's file source takes files in modification-time order; files written within one
+    # millisecond would tie and come in any order, so each gets its own second, in order.
+    base = time.time_ns() // 1_000_000_000 * 1_000_000_000
     for i in range(files):
         chunk = records[i * size : (i + 1) * size]
         tmp = directory / f".part-{start + i:04d}.tmp"
         tmp.write_text("".join(json.dumps(r) + "\n" for r in chunk))
+        stamp = base + (start + i) * 1_000_000_000
+        os.utime(tmp, ns=(stamp, stamp))
         os.replace(tmp, directory / f"part-{start + i:04d}.json")  # the file source sees whole files only
 
 
