@@ -12,7 +12,7 @@ from statekit import ProcessContext, RuntimeContext
 
 
 class FlakyCountUrls(CountUrls):
-    """CountUrls whose tasks fail midway on their first attempt, about every other task at random.
+    """CountUrls whose tasks fail midway on their first attempt: partition 0's, and every other at random.
 
     The failure comes after the task changed state for a few records, so a runner
     that kept or reused that state would count those records twice. Each
@@ -38,7 +38,11 @@ class FlakyCountUrls(CountUrls):
             if tc.taskAttemptId() != self._attempt:
                 self._attempt, self._n = tc.taskAttemptId(), 0
             self._n += 1
-            pick = random.Random(f"{self.seed}/{tc.stageId()}/{tc.partitionId()}").random() < 0.5
+            # Partition 0 always fails once, so every run injects at least one failure.
+            pick = (
+                tc.partitionId() == 0
+                or random.Random(f"{self.seed}/{tc.stageId()}/{tc.partitionId()}").random() < 0.5
+            )
             if self._n == self.FAIL_AT and pick:
                 name = f"stage{tc.stageId()}-part{tc.partitionId()}-{tc.taskAttemptId()}"
                 with open(os.path.join(self.marker_dir, name), "w"):
@@ -48,7 +52,8 @@ class FlakyCountUrls(CountUrls):
 
 
 def flaky_windowed_count(marker_dir: str, seed: str = "") -> Any:
-    """A count per URL and minute (WindowedAggregate) whose first task attempts fail midway at random.
+    """A count per URL and minute (WindowedAggregate) whose first task attempts fail midway (partition 0's
+    and others at random).
 
     The failure comes after the task added records to windows and registered
     timers, so a retry that kept that state would count them twice or fire a
@@ -70,7 +75,11 @@ def flaky_windowed_count(marker_dir: str, seed: str = "") -> Any:
                 if tc.taskAttemptId() != self._attempt:
                     self._attempt, self._n = tc.taskAttemptId(), 0
                 self._n += 1
-                pick = random.Random(f"{seed}/{tc.stageId()}/{tc.partitionId()}").random() < 0.5
+                # Partition 0 always fails once, so every run injects at least one failure.
+                pick = (
+                    tc.partitionId() == 0
+                    or random.Random(f"{seed}/{tc.stageId()}/{tc.partitionId()}").random() < 0.5
+                )
                 if self._n == 5 and pick:
                     name = f"stage{tc.stageId()}-part{tc.partitionId()}-{tc.taskAttemptId()}"
                     with open(os.path.join(marker_dir, name), "w"):
