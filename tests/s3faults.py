@@ -9,9 +9,10 @@ request still arriving on an open keep-alive connection gets a ``503`` with
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
@@ -114,3 +115,21 @@ def put_of(part: str) -> Request:
 def get_of(part: str) -> Request:
     """GETs (downloads) of paths containing ``part``."""
     return lambda method, path: method == "GET" and part in path
+
+
+@contextlib.contextmanager
+def serving(bucket: str) -> Iterator[FaultyS3]:
+    """A :class:`FaultyS3` of the caller's own with ``bucket`` created; healed and stopped on exit.
+
+    Needs the dummy credentials the ``s3_endpoint`` fixture sets.
+    """
+    import boto3
+
+    server = FaultyS3()
+    server.start()
+    try:
+        boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+        yield server
+    finally:
+        server.heal()
+        server.stop()

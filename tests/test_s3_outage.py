@@ -20,7 +20,7 @@ import boto3
 import pytest
 
 from jobs import count_urls_runner, make_records, model_state, state_of_runner
-from s3faults import FaultyS3, get_of, put_of
+from s3faults import FaultyS3, get_of, put_of, serving
 from statekit import CheckpointError, LocalRunner, RecordSource
 
 pytest.importorskip("s3fs")
@@ -31,11 +31,8 @@ BUCKET = "outage"
 @pytest.fixture(scope="module")
 def s3(s3_endpoint: dict[str, str]) -> Iterator[FaultyS3]:
     """Our own server (the session's stays up); s3_endpoint sets the dummy credentials."""
-    server = FaultyS3()
-    server.start()
-    boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
-    yield server
-    server.stop()
+    with serving(BUCKET) as server:
+        yield server
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from jobs import CountUrls, make_records
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 pytest.importorskip("statekit_rocksdb")
-from s3faults import FaultyS3, put_of  # noqa: E402
+from s3faults import FaultyS3, put_of, serving  # noqa: E402
 
 BUCKET = "spark-outage"
 
@@ -30,14 +30,8 @@ BUCKET = "spark-outage"
 @pytest.fixture
 def faulty(s3_endpoint: dict[str, str]) -> Iterator[FaultyS3]:
     """A moto server of this test's own, serving one bucket; healed and stopped after the test."""
-    import boto3
-
-    server = FaultyS3()
-    server.start()
-    boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
-    yield server
-    server.heal()
-    server.stop()
+    with serving(BUCKET) as server:
+        yield server
 
 
 def keys(server: FaultyS3, prefix: str) -> list[str]:
