@@ -22,6 +22,7 @@ from ._checkpoint import (
 from ._cli import CommandContext, command
 from ._contracts import CheckpointStorage
 from ._errors import ConfigurationError
+from ._locations import filesystem_storage, parent_location
 from ._operator import decode_operator_snapshot
 from ._registry import default_registry
 from ._serializers import _describe, serializer_from_config
@@ -33,16 +34,7 @@ _CHUNK = 4 << 20
 
 
 def _storage(ctx: CommandContext, directory: str, options: str | None) -> CheckpointStorage:
-    raw: dict[str, object] = {"checkpoints-dir": directory}
-    if options:
-        raw["storage-options"] = options
-    storage: CheckpointStorage = ctx.registry.create_storage("filesystem", raw)
-    return storage
-
-
-def _parent(path: str) -> str:
-    stripped = path.rstrip("/")
-    return stripped.rsplit("/", 1)[0] if "/" in stripped else "."
+    return filesystem_storage(directory, storage_options=options, registry=ctx.registry)
 
 
 def _when(ms: int) -> str:
@@ -141,7 +133,7 @@ def _list(args: argparse.Namespace, ctx: CommandContext) -> int:
 
 
 def _inspect(args: argparse.Namespace, ctx: CommandContext) -> int:
-    storage = _storage(ctx, _parent(args.path), args.storage_options)
+    storage = _storage(ctx, parent_location(args.path), args.storage_options)
     meta = CheckpointMetadata.from_bytes(storage.read_metadata(args.path), args.path)
     summary = _summary(args.path, meta)
     states: dict[str, dict[str, Any]] = {}
@@ -341,7 +333,7 @@ def _native_to_canonical(
 
 
 def _convert(args: argparse.Namespace, ctx: CommandContext) -> int:
-    storage = _storage(ctx, _parent(args.checkpoint), args.storage_options)
+    storage = _storage(ctx, parent_location(args.checkpoint), args.storage_options)
     if args.no_progress:
         location = convert_to_savepoint(storage, args.checkpoint, args.target)
     else:

@@ -35,11 +35,11 @@ from .._keygroups import (
     key_group_range_for_operator,
     validate_parallelism,
 )
+from .._locations import filesystem_storage
 from .._serializers import IntSerializer, StrSerializer, TypeSerializer
 from .._snapshot import SnapshotHeader
 from .._state import StateDescriptor
 from ..state_processor._arrow import arrow_column
-from ..state_processor._reader import storage_at
 from ..state_processor._writer import (
     BOOTSTRAP_BACKEND,
     _columns,
@@ -125,7 +125,7 @@ def write_savepoint(
             )
         metas.append(meta)
     ks = key_serializer or _default_key_serializer(frames[0][1].schema["key"].dataType)
-    store = storage or storage_at(target_dir, storage_options=storage_options)
+    store = storage or filesystem_storage(target_dir, storage_options=storage_options)
     if type(store).__name__ == "JobManagerCheckpointStorage":
         raise ConfigurationError(
             "write_savepoint writes from Spark's executors; the jobmanager storage lives in one process: "

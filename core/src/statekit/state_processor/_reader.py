@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import tempfile
 import time
@@ -25,6 +24,7 @@ from .._checkpoint import CompletedCheckpoint, SubtaskState, load_checkpoint
 from .._contracts import CheckpointStorage
 from .._errors import CheckpointError, CheckpointNotFoundError, CorruptSnapshotError, StateError
 from .._keygroups import KeyGroupRange, key_group_for_bytes
+from .._locations import filesystem_storage, parent_location
 from .._operator import OperatorStateMode
 from .._registry import PluginRegistry, default_registry
 from .._serializers import TypeSerializer, _describe
@@ -102,28 +102,7 @@ def open_storage(
     It is rooted at the location's parent directory, so handles stay confined
     to the checkpoint's job directory, as on restore.
     """
-    return storage_at(_parent(location), storage_options=storage_options, registry=registry)
-
-
-def storage_at(
-    directory: str,
-    *,
-    storage_options: str | Mapping[str, Any] | None = None,
-    registry: PluginRegistry | None = None,
-) -> CheckpointStorage:
-    """The ``filesystem`` storage rooted at ``directory``."""
-    raw: dict[str, object] = {"checkpoints-dir": directory}
-    if storage_options:
-        raw["storage-options"] = (
-            storage_options if isinstance(storage_options, str) else json.dumps(dict(storage_options))
-        )
-    storage: CheckpointStorage = (registry or default_registry()).create_storage("filesystem", raw)
-    return storage
-
-
-def _parent(path: str) -> str:
-    stripped = path.rstrip("/")
-    return stripped.rsplit("/", 1)[0] if "/" in stripped else "."
+    return filesystem_storage(parent_location(location), storage_options=storage_options, registry=registry)
 
 
 class _FileHandle:
@@ -238,7 +217,7 @@ class SavepointReader:
             CheckpointNotFoundError: If the job has no completed checkpoint.
         """
         if storage is None:
-            storage = storage_at(checkpoints_dir, storage_options=storage_options, registry=registry)
+            storage = filesystem_storage(checkpoints_dir, storage_options=storage_options, registry=registry)
         loc = storage.latest_checkpoint(job_id)
         if loc is None:
             raise CheckpointNotFoundError(

@@ -32,6 +32,7 @@ from .._keygroups import (
     key_group_range_for_operator,
     validate_parallelism,
 )
+from .._locations import filesystem_storage
 from .._operator import OperatorSnapshot
 from .._registry import PluginRegistry
 from .._serializers import TypeSerializer, serializer_for, serializer_from_config
@@ -48,7 +49,7 @@ from .._snapshot import (
 from .._state import VOID_NAMESPACE, StateDescriptor
 from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX
 from ._arrow import arrow_column
-from ._reader import SavepointReader, storage_at
+from ._reader import SavepointReader
 
 __all__ = ["SavepointWriter"]
 
@@ -349,7 +350,7 @@ class SavepointWriter:
                     f"target {target_dir} is inside the source {src}; a rewrite never writes into its "
                     "source: choose another directory"
                 )
-        st = storage or storage_at(target_dir, storage_options=storage_options, registry=registry)
+        st = storage or filesystem_storage(target_dir, storage_options=storage_options, registry=registry)
         writer = st.begin_savepoint(self.job_id, target_dir)
         try:
             subtasks: list[SubtaskState] = []
