@@ -31,7 +31,6 @@ from .._errors import ConfigurationError, StateError
 from .._keyed import RegisteredState
 from .._keygroups import (
     KeyGroupRange,
-    key_group_for_bytes,
     key_group_range_for_operator,
     validate_parallelism,
 )
@@ -48,13 +47,10 @@ from ..state_processor._writer import (
     _writing,
     encode_section,
 )
-from ._routing import routing_values, sql_key_group, supports_sql_routing
+from ._routing import KEY_GROUP_COLUMN, RESERVED_COLUMNS, ROUTE_COLUMN, route, routing_values
 
 __all__ = ["write_savepoint"]
 
-_KG = "__statekit_kg"
-_SUBTASK = "__statekit_subtask"
-_ROUTE = "__statekit_route"
 _SECTIONS = T.StructType(
     [
         T.StructField("subtask", T.IntegerType(), False),
@@ -133,20 +129,24 @@ def write_savepoint(
         )
     writer = store.begin_savepoint(job_id, target_dir)
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-    values = F.array(*(F.lit(v).cast("bigint") for v in routing_values(session, p)))
+    route_values = routing_values(session, p)
+    values = F.array(*(F.lit(v).cast("bigint") for v in route_values))
     try:
         sections = None
         for idx, ((_, df), meta) in enumerate(zip(frames, metas)):
-            routed = _route(_with_key_group(df, ks, max_parallelism), p, max_parallelism, values)
-            encoded = routed.sortWithinPartitions(_KG).mapInArrow(
+            routed = route(
+                df, key_column="key", serializer=ks, parallelism=p, max_parallelism=max_parallelism,
+                route_values=route_values, markers=False,
+            )  # fmt: skip
+            encoded = routed.sortWithinPartitions(KEY_GROUP_COLUMN).mapInArrow(
                 _EncodeSections(idx, meta, ks.config(), now, p, max_parallelism), _SECTIONS
             )
             sections = encoded if sections is None else sections.unionByName(encoded)
         assert sections is not None
         files = (
-            sections.withColumn(_ROUTE, F.element_at(values, F.col("subtask") + F.lit(1)))
-            .repartition(p, _ROUTE)
-            .drop(_ROUTE)
+            sections.withColumn(ROUTE_COLUMN, F.element_at(values, F.col("subtask") + F.lit(1)))
+            .repartition(p, ROUTE_COLUMN)
+            .drop(ROUTE_COLUMN)
             .mapInArrow(_WriteFiles(store, writer, operator, ks.config(), metas, max_parallelism, p), _FILES)
         )
         written = {int(r["subtask"]): json.loads(r["keyed"]) for r in files.collect()}
@@ -181,36 +181,6 @@ def _default_key_serializer(key_type: T.DataType) -> TypeSerializer:
     )
 
 
-def _with_key_group(df: DataFrame, ks: TypeSerializer, max_parallelism: int) -> DataFrame:
-    if supports_sql_routing(ks, df.schema["key"].dataType):
-        return sql_key_group(df, "key", ks, max_parallelism, _KG)
-    schema = T.StructType([*df.schema.fields, T.StructField(_KG, T.IntegerType(), False)])
-    return df.mapInArrow(_PythonKeyGroups(ks, max_parallelism), schema)
-
-
-def _route(df: DataFrame, p: int, max_parallelism: int, values: Any) -> DataFrame:
-    subtask = F.expr(f"CAST(CAST({_KG} AS BIGINT) * {p} DIV {max_parallelism} AS INT)")
-    return (
-        df.withColumn(_SUBTASK, subtask)
-        .withColumn(_ROUTE, F.element_at(values, F.col(_SUBTASK) + F.lit(1)))
-        .repartition(p, _ROUTE)
-    )
-
-
-class _PythonKeyGroups:
-    """Key groups computed in Python, for keys Spark SQL cannot serialize."""
-
-    def __init__(self, serializer: TypeSerializer, max_parallelism: int) -> None:
-        self.serializer = serializer
-        self.max_parallelism = max_parallelism
-
-    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
-        ser, maxp = self.serializer, self.max_parallelism
-        for batch in batches:
-            kgs = [key_group_for_bytes(ser.serialize(k), maxp) for k in batch.column("key").to_pylist()]
-            yield batch.append_column(_KG, pa.array(kgs, pa.int32()))
-
-
 class _EncodeSections:
     """Stage 1: one state's rows of a subtask, sorted by key group, into sections."""
 
@@ -237,8 +207,8 @@ class _EncodeSections:
         ns_cfg = self.meta.get("namespace_serializer")
         ns = None if ns_cfg is None else arrow_column(ns_cfg).serializer
         stored = arrow_column(self.meta["stored_serializer"]).serializer
-        kgs = table.column(_KG).to_pylist()
-        data = table.drop_columns([c for c in (_KG, _SUBTASK, _ROUTE) if c in table.column_names])
+        kgs = table.column(KEY_GROUP_COLUMN).to_pylist()
+        data = table.drop_columns([c for c in RESERVED_COLUMNS if c in table.column_names])
         out: dict[str, list[Any]] = {f.name: [] for f in _SECTIONS.fields}
         start = 0
         for end in range(1, len(kgs) + 1):

@@ -4,9 +4,10 @@ Spark's ``repartition(n, col)`` places a row in partition ``pmod(murmur3(col), n
 statekit's owner of a key is ``operator_index(murmur(crc32(key bytes)) % max_parallelism)``
 (Flink's formulas, see :mod:`statekit._keygroups`). The two meet exactly:
 
-1. each row gets its subtask index ``i``: a Spark SQL expression for ``str`` and
-   ``int`` keys (CRC-32 and Flink's 32-bit murmur in 64-bit arithmetic that never
-   overflows, so it is exact under ANSI mode), a vectorized Python pass otherwise;
+1. each row gets its key group (kept in the row: tasks and savepoint writers use
+   it) and subtask index ``i``: a Spark SQL expression for ``str`` and ``int``
+   keys (CRC-32 and Flink's 32-bit murmur in 64-bit arithmetic that never
+   overflows, so it is exact under ANSI mode), a Python pass otherwise;
 2. ``i`` becomes a routing value ``x_i`` chosen once, by asking Spark itself, so
    that ``pmod(hash(x_i), p) == i``; ``repartition(p, x)`` then puts subtask ``i``'s
    rows, and only them, in partition ``i``.
@@ -27,10 +28,11 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from .._keygroups import key_group_for_bytes, operator_index_for_key_group
+from .._keygroups import key_group_for_bytes
 from .._serializers import IntSerializer, StrSerializer, TypeSerializer
 
 __all__ = [
+    "KEY_GROUP_COLUMN",
     "MARKER_COLUMN",
     "RESERVED_COLUMNS",
     "ROUTE_COLUMN",
@@ -38,14 +40,16 @@ __all__ = [
     "key_group_columns",
     "route",
     "routing_values",
+    "with_key_group",
     "sql_key_group",
     "supports_sql_routing",
 ]
 
+KEY_GROUP_COLUMN = "__statekit_kg"
 SUBTASK_COLUMN = "__statekit_subtask"
 MARKER_COLUMN = "__statekit_marker"
 ROUTE_COLUMN = "__statekit_route"
-RESERVED_COLUMNS = (SUBTASK_COLUMN, MARKER_COLUMN, ROUTE_COLUMN)
+RESERVED_COLUMNS = (KEY_GROUP_COLUMN, SUBTASK_COLUMN, MARKER_COLUMN, ROUTE_COLUMN)
 
 _M32 = 0xFFFFFFFF
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
@@ -121,33 +125,41 @@ def sql_key_group(df: DataFrame, key_column: str, serializer: TypeSerializer, ma
     return df.select("*", *cols).select(*df.columns, out)
 
 
-class _PythonSubtasks:
-    """Adds the subtask column in Python, for keys Spark SQL cannot serialize (a module-level class,
+def with_key_group(
+    df: DataFrame, key_column: str, serializer: TypeSerializer, max_parallelism: int
+) -> DataFrame:
+    """``df`` plus :data:`KEY_GROUP_COLUMN`: by Spark SQL for ``str`` and ``int`` keys, else in Python."""
+    if supports_sql_routing(serializer, df.schema[key_column].dataType):
+        return sql_key_group(df, key_column, serializer, max_parallelism, KEY_GROUP_COLUMN)
+    schema = T.StructType([*df.schema.fields, T.StructField(KEY_GROUP_COLUMN, T.IntegerType(), False)])
+    return df.mapInArrow(_PythonKeyGroups(key_column, serializer, max_parallelism), schema)
+
+
+class _PythonKeyGroups:
+    """Adds the key-group column in Python, for keys Spark SQL cannot serialize (a module-level class,
     so that tasks unpickle it by reference)."""
 
-    def __init__(self, key_column: str, serializer: TypeSerializer, max_parallelism: int, parallelism: int):
+    def __init__(self, key_column: str, serializer: TypeSerializer, max_parallelism: int):
         self.key_column = key_column
         self.serializer = serializer
         self.max_parallelism = max_parallelism
-        self.parallelism = parallelism
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         cache: dict[Any, int] = {}
-        maxp, p = self.max_parallelism, self.parallelism
+        maxp = self.max_parallelism
         for batch in batches:
             out = []
             for key in batch.column(self.key_column).to_pylist():
-                i = cache.get(key)
-                if i is None:
+                kg = cache.get(key)
+                if kg is None:
                     if key is None:
                         raise ValueError(f"null key in column {self.key_column!r}: every record needs a key")
                     kg = key_group_for_bytes(self.serializer.serialize(key), maxp)
-                    i = operator_index_for_key_group(maxp, p, kg)
                     if len(cache) > 65536:
                         cache.clear()
-                    cache[key] = i
-                out.append(i)
-            yield batch.append_column(SUBTASK_COLUMN, pa.array(out, type=pa.int32()))
+                    cache[key] = kg
+                out.append(kg)
+            yield batch.append_column(KEY_GROUP_COLUMN, pa.array(out, type=pa.int32()))
 
 
 def routing_values(session: SparkSession, parallelism: int) -> list[int]:
@@ -172,36 +184,32 @@ def route(
     parallelism: int,
     max_parallelism: int,
     route_values: list[int],
+    markers: bool = True,
 ) -> DataFrame:
-    """``df`` plus one marker row per subtask, partitioned so that partition ``i`` holds subtask ``i``.
+    """``df`` plus its key group and subtask, partitioned so that partition ``i`` holds subtask ``i``.
 
-    A handful of projections, each analysed once: the routing plan costs the
-    driver a few milliseconds per micro-batch, not one analysis per step.
+    With ``markers``, one marker row per subtask joins (nulls but for the
+    subtask), so that every subtask runs even without records. A handful of
+    projections, each analysed once: the routing plan costs the driver a few
+    milliseconds per micro-batch, not one analysis per step.
     """
     # bigint, as in routing_values: Spark hashes an int and a bigint of one value differently.
     values = F.array(*(F.lit(v).cast("bigint") for v in route_values))
-    route_of = F.element_at(values, F.col(SUBTASK_COLUMN) + F.lit(1)).alias(ROUTE_COLUMN)
-    key_type = df.schema[key_column].dataType
-    if supports_sql_routing(serializer, key_type):
-        kg = "__statekit_kg"
-        # Flink's operator index kg * p // maxp, in integer arithmetic.
-        index = F.expr(f"CAST(CAST({kg} AS BIGINT) * {parallelism} DIV {max_parallelism} AS INT)")
-        rows = df.select(
-            "*",
-            *key_group_columns(key_column, serializer, max_parallelism, kg),
-            index.alias(SUBTASK_COLUMN),
-            F.lit(False).alias(MARKER_COLUMN),
-            route_of,
-        ).select(*df.columns, SUBTASK_COLUMN, MARKER_COLUMN, ROUTE_COLUMN)
-    else:
-        schema = T.StructType([*df.schema.fields, T.StructField(SUBTASK_COLUMN, T.IntegerType(), False)])
-        rows = df.mapInArrow(
-            _PythonSubtasks(key_column, serializer, max_parallelism, parallelism), schema
-        ).select("*", F.lit(False).alias(MARKER_COLUMN), route_of)
-    markers = df.sparkSession.range(parallelism).select(
-        *(F.lit(None).cast(f.dataType).alias(f.name) for f in df.schema.fields),
-        F.col("id").cast("int").alias(SUBTASK_COLUMN),
-        F.lit(True).alias(MARKER_COLUMN),
-        F.element_at(values, F.col("id").cast("int") + F.lit(1)).alias(ROUTE_COLUMN),
+    # Flink's operator index kg * p // maxp, in integer arithmetic.
+    index = F.expr(f"CAST(CAST({KEY_GROUP_COLUMN} AS BIGINT) * {parallelism} DIV {max_parallelism} AS INT)")
+    rows = with_key_group(df, key_column, serializer, max_parallelism).select(
+        "*",
+        index.alias(SUBTASK_COLUMN),
+        F.lit(False).alias(MARKER_COLUMN),
+        F.element_at(values, F.col(SUBTASK_COLUMN) + F.lit(1)).alias(ROUTE_COLUMN),
     )
-    return rows.union(markers).repartition(parallelism, ROUTE_COLUMN)
+    if markers:
+        marker_rows = df.sparkSession.range(parallelism).select(
+            *(F.lit(None).cast(f.dataType).alias(f.name) for f in df.schema.fields),
+            F.lit(None).cast("int").alias(KEY_GROUP_COLUMN),
+            F.col("id").cast("int").alias(SUBTASK_COLUMN),
+            F.lit(True).alias(MARKER_COLUMN),
+            F.element_at(values, F.col("id").cast("int") + F.lit(1)).alias(ROUTE_COLUMN),
+        )
+        rows = rows.union(marker_rows)
+    return rows.repartition(parallelism, ROUTE_COLUMN)
