@@ -26,6 +26,7 @@ from ._contracts import (
     CheckpointWriter,
     KeyedStateBackend,
     OperatorStateBackend,
+    StateBackend,
     SupportsNativeSnapshot,
     SupportsOrphanCleanup,
 )
@@ -45,6 +46,7 @@ from ._operator import (
     encode_operator_snapshot,
     redistribute_operator_state,
 )
+from ._serializers import serializer_from_config
 from ._snapshot import (
     CANONICAL_FORMAT,
     KeyedStateHandle,
@@ -609,6 +611,33 @@ class CompletedCheckpoint:
             if part is not None:
                 out.append(part)
         return out
+
+    @contextlib.contextmanager
+    def restored_native(
+        self, operator_id: str, subtask: SubtaskState, backend: StateBackend, local_dir: str
+    ) -> Iterator[KeyedStateBackend]:
+        """A keyed backend of ``backend`` (the one that wrote it) holding one subtask's native snapshot.
+
+        For tools that read a native checkpoint without its job: the backend is
+        closed on exit, ``local_dir`` is its working directory.
+        """
+        handles = self.native_handles(operator_id, subtask.key_group_range)
+        keyed = backend.create_keyed_backend(
+            key_serializer=serializer_from_config(handles[0].key_serializer),
+            key_group_range=subtask.key_group_range,
+            max_parallelism=self.metadata.max_parallelism,
+            local_dir=local_dir,
+        )
+        try:
+            if not isinstance(keyed, SupportsNativeSnapshot):
+                raise CheckpointError(
+                    f"{self.location}: operator {operator_id!r} holds native snapshots, which the "
+                    f"{type(keyed).__name__} backend cannot restore"
+                )
+            keyed.restore_native(handles)
+            yield keyed
+        finally:
+            keyed.close()
 
     def operator_states(self, operator_id: str, new_parallelism: int) -> list[OperatorSnapshot]:
         """Operator state of ``operator_id`` redistributed over ``new_parallelism`` subtasks."""

@@ -25,7 +25,7 @@ from ._errors import ConfigurationError
 from ._locations import filesystem_storage, parent_location
 from ._operator import decode_operator_snapshot
 from ._registry import default_registry
-from ._serializers import _describe, serializer_from_config
+from ._serializers import _describe
 from ._snapshot import CANONICAL_FORMAT, read_block, read_header, read_index
 
 __all__: list[str] = []
@@ -315,20 +315,11 @@ def _native_to_canonical(
     """Restore one subtask's native snapshot into its backend and write it canonically."""
     import tempfile
 
-    handles = cp.native_handles(st.operator_id, st.key_group_range)
-    key_serializer = serializer_from_config(handles[0].key_serializer)
-    with tempfile.TemporaryDirectory(prefix="statekit-convert-") as local_dir:
-        keyed = backend.create_keyed_backend(
-            key_serializer=key_serializer,
-            key_group_range=st.key_group_range,
-            max_parallelism=cp.metadata.max_parallelism,
-            local_dir=local_dir,
-        )
-        try:
-            keyed.restore_native(handles)
-            state = write_subtask_state(writer, st.operator_id, st.subtask_index, keyed, None)
-        finally:
-            keyed.close()
+    with (
+        tempfile.TemporaryDirectory(prefix="statekit-convert-") as local_dir,
+        cp.restored_native(st.operator_id, st, backend, local_dir) as keyed,
+    ):
+        state = write_subtask_state(writer, st.operator_id, st.subtask_index, keyed, None)
     return state.keyed, state.states
 
 

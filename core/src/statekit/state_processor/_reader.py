@@ -391,22 +391,12 @@ class SavepointReader:
         if self._native_dir is None:
             self._native_dir = tempfile.TemporaryDirectory(prefix="statekit-read-")
         base = self._native_dir.name
-        handles = self._cp.native_handles(operator, st.key_group_range)
-        from .._serializers import serializer_from_config
-
-        keyed = backend.create_keyed_backend(
-            key_serializer=serializer_from_config(handles[0].key_serializer),
-            key_group_range=st.key_group_range,
-            max_parallelism=self._cp.metadata.max_parallelism,
-            local_dir=tempfile.mkdtemp(dir=base),
-        )
         path = os.path.join(base, f"{operator}-{st.subtask_index}.keyed")
-        try:
-            keyed.restore_native(handles)
-            with open(path, "wb") as f:
-                r = keyed.snapshot().write(f)
-        finally:
-            keyed.close()
+        with (
+            self._cp.restored_native(operator, st, backend, tempfile.mkdtemp(dir=base)) as keyed,
+            open(path, "wb") as f,
+        ):
+            r = keyed.snapshot().write(f)
         handle = KeyedStateHandle(
             _FileHandle(path, f"{self.location} {operator}-{st.subtask_index} (native, via {backend_name})"),
             st.key_group_range,
