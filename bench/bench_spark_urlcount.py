@@ -265,7 +265,6 @@ def run_stateless(spark: Any, logs: str) -> Outcome:
 # --- the breakdown (--profile) ---------------------------------------------------------------
 
 DRIVER_PHASES = ("prepare", "tasks", "sink", "checkpoint", "retention")
-TASK_PHASES = ("input", "convert", "records", "output", "timers", "snapshot")
 
 
 def spark_side(spark: Any, logs: str, parallelism: int) -> list[tuple[float, float]]:
@@ -292,6 +291,8 @@ def spark_side(spark: Any, logs: str, parallelism: int) -> list[tuple[float, flo
 
 def print_breakdown(infos: list[Any], spark_times: list[tuple[float, float]], parallelism: int) -> None:
     """Per micro-batch: where statekit's wall time went (driver phases; task phases per task, averaged)."""
+    from statekit.spark._task import TASK_PHASES
+
     print()
     print("breakdown per micro-batch (seconds). Driver wall time, then what the Python tasks spent, averaged")
     print(f"over the {parallelism} tasks of the batch (they run in parallel, one per core). 'scan+parse' and")

@@ -169,6 +169,8 @@ class SavepointReader:
         self._serializers = dict(serializers or {})
         self._registry = registry
         self._parts: dict[str, dict[int, _Part]] = {}
+        self._layouts: dict[tuple[str, str], StateLayout] = {}
+        self._operators: list[OperatorInfo] | None = None
         self._native_dir: tempfile.TemporaryDirectory[str] | None = None
         #: Bytes read from state files so far (headers, blocks, indexes).
         self.bytes_read = 0
@@ -268,6 +270,11 @@ class SavepointReader:
         From ``_metadata``, and one file header per operator with keyed state
         (for its key serializer; native snapshots record it in the metadata).
         """
+        if self._operators is None:
+            self._operators = self._describe_operators()
+        return list(self._operators)
+
+    def _describe_operators(self) -> list[OperatorInfo]:
         out = []
         for op, sts in self._cp.metadata.operators.items():
             keyed = [st.keyed for st in sts if st.keyed]
@@ -443,9 +450,17 @@ class SavepointReader:
 
     # --- reading keyed state ----------------------------------------------------------
 
+    def layout(self, operator: str, state: str) -> StateLayout:
+        """How ``state``'s sections decode and become record batches (made once per state)."""
+        layout = self._layouts.get((operator, state))
+        if layout is None:
+            layout = StateLayout.of(self.state(operator, state), self._serializers.get(state))
+            self._layouts[(operator, state)] = layout
+        return layout
+
     def schema(self, operator: str, state: str) -> pa.Schema:
         """The Arrow schema :meth:`read` gives for ``state``."""
-        return _Layout.of(self.state(operator, state), self._serializers.get(state)).schema
+        return self.layout(operator, state).schema
 
     def read(
         self,
@@ -477,8 +492,7 @@ class SavepointReader:
         Raises:
             CorruptSnapshotError: Naming the file and key group of a damaged block.
         """
-        info = self.state(operator, state)
-        layout = _Layout.of(info, self._serializers.get(state))
+        layout = self.layout(operator, state)
         wanted_keys: set[Any] | None = None
         kgs: set[int] | None = None if key_groups is None else {int(g) for g in key_groups}
         if keys is not None:
@@ -648,7 +662,7 @@ class _Counting:
 
 
 @dataclass(frozen=True)
-class _Layout:
+class StateLayout:
     """How one state's sections become record batches."""
 
     info: StateInfo
@@ -660,7 +674,7 @@ class _Layout:
     schema: pa.Schema
 
     @classmethod
-    def of(cls, info: StateInfo, custom: TypeSerializer | None) -> _Layout:
+    def of(cls, info: StateInfo, custom: TypeSerializer | None) -> StateLayout:
         key = arrow_column(info.key_serializer)
         ns = None if info.namespace_serializer is None else arrow_column(info.namespace_serializer)
         cfg = info.serializer
@@ -702,27 +716,34 @@ class _Layout:
         fields.append(pa.field("key_group", pa.int32(), nullable=False))
         return cls(info, key, ns, stored, user_key, value, pa.schema(fields))
 
-    def batch(
-        self, sec: Section, kg: int, include_expired: bool, now: int, keys: set[Any] | None, where: str
-    ) -> pa.RecordBatch:
-        """The rows of one section."""
+    def decode(
+        self, sec: Section, kg: int, where: str, void: Any = None
+    ) -> tuple[list[Any], list[Any], list[Any]]:
+        """A section's keys, namespaces (``void`` for none) and stored values.
+
+        Raises:
+            CorruptSnapshotError: Naming the file and key group, if they do not decode.
+        """
         n = sec.count
         try:
-            ks = self.key.serializer.decode_column(sec.keys, n)
-            nss = decode_namespaces(
-                sec.namespaces,
-                n,
-                None if self.namespace is None else self.namespace.serializer,
-                None,
-                sec.state,
+            ns = None if self.namespace is None else self.namespace.serializer
+            return (
+                self.key.serializer.decode_column(sec.keys, n),
+                decode_namespaces(sec.namespaces, n, ns, void, sec.state),
+                self.stored.serializer.decode_column(sec.values, n),
             )
-            vals = self.stored.serializer.decode_column(sec.values, n)
         except StateError as e:
             raise CorruptSnapshotError(f"{where}: key group {kg}, state {sec.state!r}: {e}") from None
         except (ValueError, IndexError, TypeError, UnicodeDecodeError, OverflowError) as e:
             raise CorruptSnapshotError(
                 f"{where}: key group {kg}, state {sec.state!r}: undecodable values ({type(e).__name__}: {e})"
             ) from None
+
+    def batch(
+        self, sec: Section, kg: int, include_expired: bool, now: int, keys: set[Any] | None, where: str
+    ) -> pa.RecordBatch:
+        """The rows of one section."""
+        ks, nss, vals = self.decode(sec, kg, where)
         if keys is not None:
             sel = [i for i, k in enumerate(ks) if k in keys]
             ks, nss, vals = [ks[i] for i in sel], [nss[i] for i in sel], [vals[i] for i in sel]

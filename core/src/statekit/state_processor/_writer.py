@@ -39,7 +39,6 @@ from .._serializers import TypeSerializer, serializer_for, serializer_from_confi
 from .._snapshot import (
     SnapshotHeader,
     SnapshotWriteResult,
-    decode_namespaces,
     encode_namespaces,
     read_block,
     read_header,
@@ -49,7 +48,7 @@ from .._snapshot import (
 from .._state import VOID_NAMESPACE, StateDescriptor
 from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX
 from ._arrow import arrow_column
-from ._reader import SavepointReader
+from ._reader import SavepointReader, StateInfo, StateLayout
 
 __all__ = ["SavepointWriter"]
 
@@ -413,7 +412,6 @@ class SavepointWriter:
             ks: TypeSerializer | None = None
             for kg, header, sections, where in self._source.blocks(op_id, wanted):
                 key_cfg = header.key_serializer
-                by_name = {m["name"]: m for m in header.states}
                 for sec in sections:
                     item = kept.get(sec.state)
                     if item is None:
@@ -424,12 +422,12 @@ class SavepointWriter:
                             (idx, (sec.count, sec.keys, sec.namespaces, sec.values))
                         )
                         continue
-                    old_meta = by_name[sec.state]
-                    entries = _decode(old_meta, header.key_serializer, sec, where, kg)
+                    layout = self._source.layout(op_id, sec.state)
+                    entries = list(zip(*layout.decode(sec, kg, where, VOID_NAMESPACE)))
                     if state.fn is not None:
-                        entries = _mapped(entries, state.fn, old_meta)
+                        entries = _mapped(entries, state.fn, layout.info)
                     if same_maxp:
-                        blocks.setdefault(kg, []).append((idx, _encode(state, old_meta, key_cfg, entries)))
+                        blocks.setdefault(kg, []).append((idx, _encode(state, layout, entries)))
                         continue
                     if ks is None:
                         ks = serializer_from_config(header.key_serializer)
@@ -442,8 +440,9 @@ class SavepointWriter:
                 by_kg: dict[int, list[_Entry]] = {}
                 for new_kg, e in items:
                     by_kg.setdefault(new_kg, []).append(e)
+                layout = self._source.layout(op_id, state.source_name)
                 for kg, entries in by_kg.items():
-                    blocks.setdefault(kg, []).append((idx, _encode(state, state.meta, key_cfg, entries)))
+                    blocks.setdefault(kg, []).append((idx, _encode(state, layout, entries)))
         for idx, new in enumerate(op.states.values()):
             if not isinstance(new, _NewState):
                 continue
@@ -489,26 +488,9 @@ def _meta_of(reader: SavepointReader, operator: str, name: str) -> dict[str, Any
     raise StateError(f"state {name!r} of operator {operator!r} is declared by no subtask")
 
 
-def _decode(meta: dict[str, Any], key_cfg: dict[str, Any], sec: Any, where: str, kg: int) -> list[_Entry]:
-    """Entries of a section, decoded with serializers rebuilt from the configs."""
-    from .._errors import CorruptSnapshotError
-
-    try:
-        keys = arrow_column(key_cfg).serializer.decode_column(sec.keys, sec.count)
-        ns_cfg = meta.get("namespace_serializer")
-        nss = decode_namespaces(
-            sec.namespaces, sec.count, None if ns_cfg is None else arrow_column(ns_cfg).serializer,
-            VOID_NAMESPACE, sec.state,
-        )  # fmt: skip
-        vals = arrow_column(meta["stored_serializer"]).serializer.decode_column(sec.values, sec.count)
-    except (StateError, ValueError, IndexError, TypeError, UnicodeDecodeError) as e:
-        raise CorruptSnapshotError(f"{where}: key group {kg}, state {sec.state!r}: {e}") from None
-    return list(zip(keys, nss, vals))
-
-
-def _mapped(entries: list[_Entry], fn: Callable[[Any], Any], meta: dict[str, Any]) -> list[_Entry]:
+def _mapped(entries: list[_Entry], fn: Callable[[Any], Any], info: StateInfo) -> list[_Entry]:
     """``fn`` applied to what the job reads of each entry, TTL timestamps kept."""
-    kind, ttl = meta["kind"], meta.get("ttl") is not None
+    kind, ttl = info.kind, info.ttl is not None
     out = []
     stored: Any
     for k, ns, v in entries:
@@ -552,13 +534,11 @@ def encode_section(
         raise SerializationError(f"state {state!r}: a value does not fit its serializer: {e}") from None
 
 
-def _encode(
-    state: _KeptState, old_meta: dict[str, Any], key_cfg: Any, entries: list[_Entry]
-) -> _SectionBytes:
-    stored = state.new_stored or arrow_column(old_meta["stored_serializer"]).serializer
-    ns_cfg = state.meta.get("namespace_serializer")
-    ns = None if ns_cfg is None else arrow_column(ns_cfg).serializer
-    return encode_section(entries, arrow_column(key_cfg).serializer, ns, stored, state.meta["name"])
+def _encode(state: _KeptState, layout: StateLayout, entries: list[_Entry]) -> _SectionBytes:
+    """A kept state's entries encoded with its source's serializers (or its new descriptor's)."""
+    ns = None if layout.namespace is None else layout.namespace.serializer
+    stored = state.new_stored or layout.stored.serializer
+    return encode_section(entries, layout.key.serializer, ns, stored, state.meta["name"])
 
 
 def _verify(storage: CheckpointStorage, location: str, sub: SubtaskState) -> None:
