@@ -11,80 +11,75 @@ from jobs import CountUrls
 from statekit import ProcessContext, RuntimeContext
 
 
-class FlakyCountUrls(CountUrls):
-    """CountUrls whose tasks fail midway on their first attempt: partition 0's, and every other at random.
+class FailFirstAttempts:
+    """Fails a task's first attempt at its ``FAIL_AT``-th record: partition 0's always, others at random.
 
-    The failure comes after the task changed state for a few records, so a runner
-    that kept or reused that state would count those records twice. Each
-    injected failure leaves a file in ``marker_dir``.
+    Partition 0 always fails once, so every run injects at least one failure.
+    Each injected failure leaves a file in ``marker_dir`` ("" injects none).
     """
 
     FAIL_AT = 5
 
-    def __init__(self, marker_dir: str, seed: str = "") -> None:
+    def __init__(self, marker_dir: str, seed: str) -> None:
         self.marker_dir = marker_dir
         self.seed = seed
         self._attempt = -1
         self._n = 0
 
+    def __call__(self) -> None:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        if not self.marker_dir or tc is None or tc.attemptNumber() != 0:
+            return
+        if tc.taskAttemptId() != self._attempt:
+            self._attempt, self._n = tc.taskAttemptId(), 0
+        self._n += 1
+        pick = (
+            tc.partitionId() == 0
+            or random.Random(f"{self.seed}/{tc.stageId()}/{tc.partitionId()}").random() < 0.5
+        )
+        if self._n == self.FAIL_AT and pick:
+            name = f"stage{tc.stageId()}-part{tc.partitionId()}-{tc.taskAttemptId()}"
+            with open(os.path.join(self.marker_dir, name), "w"):
+                pass
+            raise RuntimeError(f"injected failure in {name}")
+
+
+class FlakyCountUrls(CountUrls):
+    """CountUrls whose tasks fail midway on their first attempt (see :class:`FailFirstAttempts`).
+
+    The failure comes after the task changed state for a few records, so a runner
+    that kept or reused that state would count those records twice.
+    """
+
+    def __init__(self, marker_dir: str, seed: str = "") -> None:
+        self.fail = FailFirstAttempts(marker_dir, seed)
+
     def open(self, ctx: RuntimeContext) -> None:
         super().open(ctx)
 
     def process(self, record: dict[str, Any], ctx: ProcessContext) -> Iterable[Any]:
-        from pyspark import TaskContext
-
-        tc = TaskContext.get()
-        if tc is not None and tc.attemptNumber() == 0:
-            if tc.taskAttemptId() != self._attempt:
-                self._attempt, self._n = tc.taskAttemptId(), 0
-            self._n += 1
-            # Partition 0 always fails once, so every run injects at least one failure.
-            pick = (
-                tc.partitionId() == 0
-                or random.Random(f"{self.seed}/{tc.stageId()}/{tc.partitionId()}").random() < 0.5
-            )
-            if self._n == self.FAIL_AT and pick:
-                name = f"stage{tc.stageId()}-part{tc.partitionId()}-{tc.taskAttemptId()}"
-                with open(os.path.join(self.marker_dir, name), "w"):
-                    pass
-                raise RuntimeError(f"injected failure in {name}")
+        self.fail()
         return super().process(record, ctx)
 
 
 def flaky_windowed_count(marker_dir: str, seed: str = "") -> Any:
-    """A count per URL and minute (WindowedAggregate) whose first task attempts fail midway (partition 0's
-    and others at random).
+    """A count per URL and minute (WindowedAggregate) whose first task attempts fail midway.
 
     The failure comes after the task added records to windows and registered
     timers, so a retry that kept that state would count them twice or fire a
-    timer twice. Each injected failure leaves a file in ``marker_dir`` ("" for none).
+    timer twice. See :class:`FailFirstAttempts` ("" for no failures).
     """
     from statekit.windows import Count, TumblingEventTimeWindows, WindowedAggregate
 
     class Flaky(WindowedAggregate):
         def __init__(self) -> None:
             super().__init__(TumblingEventTimeWindows("1 minute"), Count())
-            self._attempt = -1
-            self._n = 0
+            self.fail = FailFirstAttempts(marker_dir, seed)
 
         def process(self, record: Any, ctx: ProcessContext) -> Any:
-            from pyspark import TaskContext
-
-            tc = TaskContext.get()
-            if marker_dir and tc is not None and tc.attemptNumber() == 0:
-                if tc.taskAttemptId() != self._attempt:
-                    self._attempt, self._n = tc.taskAttemptId(), 0
-                self._n += 1
-                # Partition 0 always fails once, so every run injects at least one failure.
-                pick = (
-                    tc.partitionId() == 0
-                    or random.Random(f"{seed}/{tc.stageId()}/{tc.partitionId()}").random() < 0.5
-                )
-                if self._n == 5 and pick:
-                    name = f"stage{tc.stageId()}-part{tc.partitionId()}-{tc.taskAttemptId()}"
-                    with open(os.path.join(marker_dir, name), "w"):
-                        pass
-                    raise RuntimeError(f"injected failure in {name}")
+            self.fail()
             return super().process(record, ctx)
 
     return Flaky
