@@ -15,8 +15,9 @@ import os
 import shutil
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.console import Console
 
@@ -168,13 +169,20 @@ def _settings(args: argparse.Namespace, logs: str, state: str, output: str | Non
     )
 
 
-def _run_once(args: argparse.Namespace, console: Console, settings: JobSettings, title: str) -> RunReport:
+def _run_displayed(
+    args: argparse.Namespace, console: Console, settings: Any, title: str, run: Callable[..., RunReport]
+) -> RunReport:
+    """``run(spark, settings, ...)`` on a local Spark session, with the live progress display."""
     spark = local_spark_session(master=args.master)
     try:
         with ProgressDisplay(console, settings, title=title, enabled=not args.no_progress) as display:
-            report = run_job(spark, settings, on_batch=display.on_batch, on_poll=display.on_poll)
+            return run(spark, settings, on_batch=display.on_batch, on_poll=display.on_poll)
     finally:
         spark.stop()
+
+
+def _run_once(args: argparse.Namespace, console: Console, settings: JobSettings, title: str) -> RunReport:
+    report = _run_displayed(args, console, settings, title, run_job)
     verb = "resumed from its checkpoint and read" if report.resumed else "read"
     console.print(
         f"{title}: {verb} {_plural(report.records, 'new line')} in {_plural(len(report.batches), 'batch')}, "
@@ -209,12 +217,7 @@ def _windowed(args: argparse.Namespace, console: Console) -> int:
         window=args.window,
         delay=args.delay,
     )
-    spark = local_spark_session(master=args.master)
-    try:
-        with ProgressDisplay(console, settings, title="windowed", enabled=not args.no_progress) as display:
-            report = run_windowed_job(spark, settings, on_batch=display.on_batch, on_poll=display.on_poll)
-    finally:
-        spark.stop()
+    report = _run_displayed(args, console, settings, "windowed", run_windowed_job)
     verb = "resumed from its checkpoint and read" if report.resumed else "read"
     console.print(
         f"windowed: {verb} {_plural(report.records, 'new line')} in {_plural(len(report.batches), 'batch')}, "
