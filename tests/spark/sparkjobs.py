@@ -7,7 +7,7 @@ import random
 from collections.abc import Iterable
 from typing import Any
 
-from jobs import CountUrls
+from jobs import CountUrls, CountUrlsBatch
 from statekit import ProcessContext, RuntimeContext
 
 
@@ -62,6 +62,17 @@ class FlakyCountUrls(CountUrls):
     def process(self, record: dict[str, Any], ctx: ProcessContext) -> Iterable[Any]:
         self.fail()
         return super().process(record, ctx)
+
+
+class FlakyCountUrlsBatch(CountUrlsBatch):
+    """CountUrlsBatch whose tasks fail midway on their first attempt (at their fifth key)."""
+
+    def __init__(self, marker_dir: str, seed: str = "") -> None:
+        self.fail = FailFirstAttempts(marker_dir, seed)
+
+    def process_batch(self, rows: Any, ctx: ProcessContext) -> Any:
+        self.fail()
+        return super().process_batch(rows, ctx)
 
 
 def flaky_windowed_count(marker_dir: str, seed: str = "") -> Any:

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
 
-from jobs import CountUrls, make_records, model_state, state_of_runner
+from jobs import CountUrls, CountUrlsBatch, make_records, model_state, state_of_runner
 from statekit import Configuration, LocalRunner, ProcessContext
 from statekit._checkpoint import SubtaskState, complete_checkpoint
 from statekit.serializers import StrSerializer
@@ -46,10 +46,24 @@ class FailOnce(CountUrls):
         return super().process(record, ctx)
 
 
+class FailOnceBatch(CountUrlsBatch):
+    """Once armed, fails at the third key it sees: after it changed the state of two."""
+
+    countdown = 0
+
+    def process_batch(self, rows: Any, ctx: ProcessContext) -> Any:
+        if FailOnceBatch.countdown > 0:
+            FailOnceBatch.countdown -= 1
+            if FailOnceBatch.countdown == 0:
+                raise RuntimeError("injected")
+        return super().process_batch(rows, ctx)
+
+
 class Driver:
     """Plays the driver of one subtask: plans tasks, completes checkpoints."""
 
-    def __init__(self, tmp_path: Path, function: Any = CountUrls) -> None:
+    def __init__(self, tmp_path: Path, function: Any = CountUrls, *, vectorized: bool = False) -> None:
+        self.vectorized = vectorized
         self.dir = str(tmp_path / "ckpt")
         self.storage = FileSystemCheckpointStorage(self.dir)
         self.function = function
@@ -64,6 +78,7 @@ class Driver:
             restore_attempts=self.latest[2] if self.latest else {}, parallelism=1, max_parallelism=128,
             config=Configuration({"statekit.checkpoints.dir": self.dir}), function_factory=self.function,
             key_column="url", key_serializer=StrSerializer(), input_columns=COLUMNS, output_schema=OUTPUT,
+            vectorized=self.vectorized,
         )  # fmt: skip
 
     def run_task(self, plan: TaskPlan, records: list[dict[str, Any]]) -> tuple[list[Any], dict[str, Any]]:
@@ -107,7 +122,7 @@ class Driver:
 @pytest.fixture(autouse=True)
 def _fresh_cache() -> Any:
     reset_cache()
-    FailOnce.countdown = 0
+    FailOnce.countdown = FailOnceBatch.countdown = 0
     yield
     reset_cache()
 
@@ -137,6 +152,38 @@ def test_a_task_that_fails_midway_leaves_nothing_behind(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="injected"):
         driver.run_task(plan, RECORDS[300:])
     outputs, report = driver.run_task(plan, RECORDS[300:])  # the retried attempt
+    assert report["reused"] is False and len(outputs) == 300
+    driver.complete(plan, report)
+    assert driver.state() == model_state(RECORDS)
+
+
+def test_a_batch_function_gets_each_key_once_with_the_per_record_outcome(tmp_path: Path) -> None:
+    def outputs(driver: Driver) -> list[list[Any]]:
+        got = []
+        for part in (RECORDS[:300], RECORDS[300:]):
+            plan = driver.plan()
+            out, report = driver.run_task(plan, part)
+            assert report["records"] == report["outputs"] == len(part)
+            driver.complete(plan, report)
+            got.append(sorted(out))
+        assert report["reused"] is True
+        return got
+
+    want = outputs(Driver(tmp_path / "a"))
+    reset_cache()  # the two drivers' subtasks have the same cache key
+    vectorized = Driver(tmp_path / "b", CountUrlsBatch, vectorized=True)
+    assert outputs(vectorized) == want
+    assert vectorized.state() == model_state(RECORDS)
+
+
+def test_a_batch_function_task_that_fails_midway_leaves_nothing_behind(tmp_path: Path) -> None:
+    driver = Driver(tmp_path, FailOnceBatch, vectorized=True)
+    driver.batch(RECORDS[:300])
+    FailOnceBatch.countdown = 3
+    plan = driver.plan()
+    with pytest.raises(RuntimeError, match="injected"):
+        driver.run_task(plan, RECORDS[300:])
+    outputs, report = driver.run_task(plan, RECORDS[300:])
     assert report["reused"] is False and len(outputs) == 300
     driver.complete(plan, report)
     assert driver.state() == model_state(RECORDS)
@@ -180,6 +227,32 @@ def test_output_records_are_tuples_rows_dicts_or_single_values() -> None:
     out.add(("a", "not a number"))
     with pytest.raises(TypeError, match="output column 'n'"):
         out.flush()
+
+
+def test_output_columns_and_records_keep_their_order() -> None:
+    import numpy as np
+    import pandas as pd
+
+    out = _Output(Driver(Path("/nonexistent")).plan())
+    assert out.add_columns({"url": ["a", "b"], "n": range(1, 3)}) == 2
+    out.add(("c", 3))
+    out.add_columns(pa.record_batch({"n": pa.array([4, 5], pa.int32()), "url": ["d", "e"]}))
+    out.add_columns({"url": ["f"], "n": [6]})
+    out.add_columns(pd.DataFrame({"url": ["g", "h"], "n": np.array([7, 8])}))
+    out.add_columns({"n": [9]})  # a missing column is null
+    assert out.add_result([("i", 10)]) == 1
+    assert out.add_columns({"url": [], "n": []}) == 0
+    assert out.size == 10
+    batch = out.flush()
+    assert batch.column("url").to_pylist() == [*"abcdefgh", None, "i"]
+    assert batch.column("n").to_pylist() == list(range(1, 11)) and batch.schema == out.schema
+    assert out.size == 0 and out.flush().num_rows == 0
+    with pytest.raises(ValueError, match=r"columns \['count'\] that the output schema lacks"):
+        out.add_columns({"url": ["a"], "count": [1]})
+    with pytest.raises(TypeError, match="returns a pyarrow RecordBatch"):
+        out.add_columns([("a", 1)])
+    with pytest.raises(TypeError, match="output column 'n'"):
+        out.add_columns({"url": pa.array(["a"]), "n": pa.array(["x"])})
 
 
 def test_modules_executors_cannot_import_are_shipped_by_value(tmp_path: Path) -> None:

@@ -41,7 +41,13 @@ from ._errors import (
     StateSizeLimitError,
     UnknownPluginError,
 )
-from ._function import KeyedProcessFunction, OnTimerContext, ProcessContext, RuntimeContext
+from ._function import (
+    KeyedBatchFunction,
+    KeyedProcessFunction,
+    OnTimerContext,
+    ProcessContext,
+    RuntimeContext,
+)
 from ._keygroups import (
     KeyGroupRange,
     compute_default_max_parallelism,
@@ -92,6 +98,7 @@ __all__ = [
     "CompletedCheckpoint",
     "FileSource",
     "EventTime",
+    "KeyedBatchFunction",
     "KeyedProcessFunction",
     "LocalRunner",
     "OnTimerContext",

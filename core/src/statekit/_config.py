@@ -161,6 +161,9 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "Number of parallel subtasks; unset: the runner decides."),
     ConfigOption("statekit.max-parallelism", int, None,
         "Number of key groups, the upper bound for rescaling; unset: computed from the parallelism."),
+    ConfigOption("statekit.batch-size", int, 10_000,
+        "Embedded runner: records per micro-batch for a KeyedBatchFunction (a due checkpoint also "
+        "ends a batch); on Spark a micro-batch is Spark's."),
     ConfigOption("statekit.key-cache-size", int, 131072,
         "Entries in the cache of serialized keys and their key groups."),
     ConfigOption("statekit.timers.end-of-input", str, "fire",

@@ -34,6 +34,7 @@ from ._checkpoint import (
     load_checkpoint,
     write_subtask_state,
 )
+from ._columnar import group_runs, output_rows, require_pyarrow
 from ._config import Configuration
 from ._contracts import (
     CheckpointStorage,
@@ -42,9 +43,10 @@ from ._contracts import (
     StateBackend,
     SupportsNativeSnapshot,
 )
-from ._errors import CheckpointError, CorruptSnapshotError, FencedError
+from ._errors import CheckpointError, ConfigurationError, CorruptSnapshotError, FencedError
 from ._fencing import RunFence
 from ._function import (
+    KeyedBatchFunction,
     KeyedProcessFunction,
     OnTimerContext,
     ProcessContext,
@@ -280,6 +282,9 @@ class LocalRunner:
         self.retained = int(conf.get("statekit.checkpoints.retained") or 1)
         self._failed_in_a_row = 0  # periodic checkpoints that failed since the last one that completed
         self.key_cache_size = int(conf.get("statekit.key-cache-size") or 131072)
+        self.batch_size = int(conf.get("statekit.batch-size"))
+        if self.batch_size < 1:
+            raise ConfigurationError(f"statekit.batch-size must be at least 1, not {self.batch_size}")
         self.native_checkpoints = conf.get("statekit.checkpoint.format") != "canonical"
         self.local_dir_parent = conf.get("statekit.local-dir")
         self._local_root: str | None = None
@@ -480,6 +485,114 @@ class LocalRunner:
             self._fire_processing_time(outputs)
         return outputs
 
+    @property
+    def vectorized(self) -> bool:
+        """Whether the function is a :class:`~statekit.KeyedBatchFunction` (records go in micro-batches)."""
+        if not self._subtasks:
+            self._subtasks = self._create()
+        return isinstance(self._subtasks[0].function, KeyedBatchFunction)
+
+    def process_batch(self, records: Sequence[Any]) -> list[Any]:
+        """Process ``records`` now as one micro-batch (no source, no periodic checkpoints); its outputs.
+
+        A :class:`~statekit.KeyedBatchFunction` gets each key's records (dicts)
+        as one Arrow record batch and its outputs come back as dicts, one per
+        row; a :class:`KeyedProcessFunction` processes them one by one. With
+        event time, records at or below the watermark the batch starts with are
+        late, and the watermark moves after the batch (as on Spark).
+        """
+        if not self._opened:
+            self._open()
+        if not self.vectorized:
+            return [o for record in records for o in self.process(record)]
+        pa = require_pyarrow()
+        kept: list[Any] = []
+        max_ts: int | None = None
+        for record in records:
+            if self._event_time_of is not None:
+                ts = self._event_time_of(record)
+                if ts is not None:
+                    if ts <= self._watermark:
+                        self.late_records += 1
+                        if not self._late_to_function:
+                            if self.late_sink is not None:
+                                self.late_sink(record)
+                            else:
+                                self._late_unsunk += 1
+                            continue
+                    if max_ts is None or ts > max_ts:
+                        max_ts = ts
+            if not isinstance(record, Mapping):
+                raise TypeError(
+                    "a KeyedBatchFunction gets its records as Arrow columns, so on the LocalRunner records "
+                    f"must be dicts of column values, not {type(record).__name__}"
+                )
+            kept.append(record)
+        outputs: list[Any] = []
+        if kept:
+            keys = [self.key_selector(r) for r in kept]
+            serialize = self.key_serializer.serialize
+            order, runs = group_runs(
+                [(self._subtask_of(k), k) for k in keys], fallback=lambda sk: (sk[0], serialize(sk[1]))
+            )
+            table = pa.RecordBatch.from_pylist([kept[i] for i in order])
+            for (index, key), offset, length in runs:
+                st = self._subtasks[index]
+                st.keyed.set_current_key(key)
+                pctx = st.pctx
+                pctx.current_key = key
+                pctx.timestamp = None
+                outputs.extend(output_rows(st.function.process_batch(table.slice(offset, length), pctx)))
+        if max_ts is not None and max_ts > self._max_event_time:
+            self._max_event_time = max_ts
+            self.advance_watermark(max_ts - self._delay, outputs)
+        if self._processing_hint.earliest != NO_TIMER:
+            self._fire_processing_time(outputs)
+        return outputs
+
+    def _run_batches(
+        self, src: ReplayableSource, result: RunResult, max_records: int | None
+    ) -> tuple[int, bool]:
+        """:meth:`run`'s loop for a batch function: micro-batches of ``statekit.batch-size`` records.
+
+        A batch also ends where a periodic checkpoint is due and at
+        ``max_records``, so checkpoints and the kept position fall between
+        batches. Returns the records since the last checkpoint and whether the
+        source was exhausted.
+        """
+        interval = self.checkpoint_interval
+        since = 0
+        buffer: list[Any] = []
+        last: Any = None  # the position after the buffered records
+
+        def flush() -> None:
+            nonlocal since
+            outputs = self.process_batch(buffer)
+            self._position = last
+            result.records += len(buffer)
+            result.outputs += len(outputs)
+            if self.sink is not None:
+                for o in outputs:
+                    self.sink(o)
+            since += len(buffer)
+            buffer.clear()
+
+        for record, position in src.read(self._position):
+            buffer.append(record)
+            last = position
+            total = result.records + len(buffer)
+            stop = max_records is not None and total >= max_records
+            if stop or len(buffer) >= self.batch_size or (interval and since + len(buffer) >= interval):
+                flush()
+                if interval and since >= interval:
+                    since = 0
+                    self._periodic_checkpoint(result)
+                if stop:
+                    return since, False
+        if buffer:
+            flush()
+        return since, True
+
     def _fire_processing_time(self, outputs: list[Any]) -> list[Any]:
         hint = self._processing_hint
         now = self.clock()
@@ -556,21 +669,24 @@ class LocalRunner:
         sink = self.sink
         since = 0
         exhausted = True
-        for record, position in src.read(self._position):
-            outputs = self.process(record)
-            self._position = position
-            result.records += 1
-            result.outputs += len(outputs)
-            if sink is not None:
-                for o in outputs:
-                    sink(o)
-            since += 1
-            if interval and since >= interval:
-                since = 0
-                self._periodic_checkpoint(result)
-            if max_records is not None and result.records >= max_records:
-                exhausted = False
-                break
+        if self.vectorized:
+            since, exhausted = self._run_batches(src, result, max_records)
+        else:
+            for record, position in src.read(self._position):
+                outputs = self.process(record)
+                self._position = position
+                result.records += 1
+                result.outputs += len(outputs)
+                if sink is not None:
+                    for o in outputs:
+                        sink(o)
+                since += 1
+                if interval and since >= interval:
+                    since = 0
+                    self._periodic_checkpoint(result)
+                if max_records is not None and result.records >= max_records:
+                    exhausted = False
+                    break
         if exhausted:
             final = self._end_of_input()
             result.outputs += len(final)

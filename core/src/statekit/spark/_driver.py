@@ -51,7 +51,7 @@ from .._config import Configuration
 from .._contracts import CheckpointStorage
 from .._errors import CheckpointError, ConfigurationError
 from .._fencing import RunFence
-from .._function import KeyedProcessFunction
+from .._function import KeyedBatchFunction, KeyedProcessFunction
 from .._keygroups import compute_default_max_parallelism, validate_parallelism
 from .._registry import PluginRegistry, default_registry
 from .._runner import checkpoint_storage_from_config, state_backend_from_config
@@ -206,6 +206,14 @@ class Coordinator:
         conf = spark_configuration(session, spec.config)
         conf.validate(self.registry)
         state_backend_from_config(conf, self.registry)  # fail on the driver, not in every task
+        # Made once here too: a factory that makes no function fails now, not in every task.
+        function = spec.function_factory()
+        if not isinstance(function, KeyedProcessFunction):
+            raise TypeError(
+                f"the function factory made a {type(function).__name__}, not a KeyedProcessFunction "
+                "or KeyedBatchFunction"
+            )
+        self.vectorized = isinstance(function, KeyedBatchFunction)
         self.config = conf
         self.storage = driver_storage(conf, self.registry)
         self.restore = restore
@@ -360,6 +368,7 @@ class Coordinator:
             batch_timestamp_ms=batch_timestamp,
             end_of_input=end_of_input,
             late_schema=late_schema,
+            vectorized=self.vectorized,
         )
         routed = route(
             df,

@@ -35,6 +35,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql import types as T
 
 from .._checkpoint import CheckpointMetadata, CompletedCheckpoint, write_subtask_state
+from .._columnar import group_runs, is_columnar, output_columns
 from .._config import Configuration
 from .._contracts import (
     CheckpointOutputStream,
@@ -47,11 +48,12 @@ from .._contracts import (
 )
 from .._errors import CheckpointError
 from .._function import (
+    KeyedBatchFunction,
     KeyedProcessFunction,
     OnTimerContext,
     ProcessContext,
     RuntimeContext,
-    fire_timers,
+    fire_timer_results,
     timer_service_for,
 )
 from .._keygroups import key_group_range_for_operator
@@ -113,6 +115,8 @@ class TaskPlan:
     end_of_input: bool = False
     late_schema: T.StructType | None = None
     """The input schema, when late rows go to a late-records sink."""
+    vectorized: bool = False
+    """The function is a :class:`~statekit.KeyedBatchFunction`: one call per key and batch."""
 
 
 def internal_schema(output_schema: T.StructType, late_schema: T.StructType | None = None) -> T.StructType:
@@ -150,9 +154,9 @@ class _Subtask:
 
     def fire(self, domain: TimeDomain, until: int, out: _Output) -> None:
         before = self.timers.fired
-        for o in fire_timers(self.function, self.tctx, domain, until):
-            out.add(o)
-            self.outputs += 1
+        self.outputs += sum(
+            out.add_result(r) for r in fire_timer_results(self.function, self.tctx, domain, until)
+        )
         self.fired += self.timers.fired - before
 
     def close(self) -> None:
@@ -399,7 +403,12 @@ class _BatchClock:
 
 
 class _Output:
-    """Collects the user's output records and turns them into Arrow batches of the internal schema."""
+    """Collects the user's output and turns it into Arrow batches of the internal schema.
+
+    Records (tuples, dicts...) gather in ``rows``, which the per-record loop
+    appends to directly; a batch function's columns gather per column. What was
+    added keeps its order: switching between the two materializes what is pending.
+    """
 
     def __init__(self, plan: TaskPlan) -> None:
         from pyspark.sql.pandas.types import to_arrow_schema
@@ -412,14 +421,27 @@ class _Output:
         self.rows: list[tuple[Any, ...]] = []
         self._width = len(self.names)
         self._known = frozenset(self.names)
+        self._types = list(self.schema.types[: self._width])
+        # Column mode: Python values per column, and Arrow chunks already made (in order).
+        self._values: list[list[Any]] = [[] for _ in self.names]
+        self._pending = 0  # rows in _values
+        self._chunks: list[list[Any]] = [[] for _ in self.names]
+        self._chunked = 0  # rows in _chunks
+
+    @property
+    def size(self) -> int:
+        """Rows collected and not yet flushed."""
+        return len(self.rows) + self._pending + self._chunked
 
     def add(self, record: Any) -> None:
         if type(record) is tuple and len(record) == self._width:  # the common case, first
+            self._materialize_pending()
             self.rows.append(record)
         elif isinstance(record, dict):
             if not self._known.issuperset(record):
                 unknown = sorted(set(record) - self._known)
                 raise ValueError(f"output record has fields {unknown} that the output schema lacks")
+            self._materialize_pending()
             self.rows.append(tuple(record.get(n) for n in self.names))
         elif isinstance(record, (tuple, list)):
             if len(record) != self._width:
@@ -427,8 +449,10 @@ class _Output:
                     f"output record {record!r} has {len(record)} fields, the output schema {self._width}: "
                     f"{', '.join(self.names)}"
                 )
+            self._materialize_pending()
             self.rows.append(tuple(record))
         elif self._width == 1:
+            self._materialize_pending()
             self.rows.append((record,))
         else:
             raise TypeError(
@@ -436,17 +460,81 @@ class _Output:
                 f"got {type(record).__name__}"
             )
 
+    def add_result(self, result: Any) -> int:
+        """What a function returned: columns, or an iterable of records; the number of rows added."""
+        if result is None:
+            return 0
+        if is_columnar(result):
+            return self.add_columns(result)
+        n = 0
+        for record in result:
+            self.add(record)
+            n += 1
+        return n
+
+    def add_columns(self, result: Any) -> int:
+        """A batch function's output (Arrow, pandas or a mapping of columns); its number of rows."""
+        columns, n = output_columns(result, self.names)
+        if n == 0:
+            return 0
+        if self.rows:
+            self._materialize_rows()
+        cols = list(columns.values())
+        if all(c is None or isinstance(c, (list, tuple, range)) for c in cols):
+            # Python values (the cheap case for a few rows per key): gathered, converted at flush.
+            for values, col in zip(self._values, cols):
+                values.extend(itertools.repeat(None, n) if col is None else col)
+            self._pending += n
+            return n
+        # Arrow, numpy or pandas columns: converted now, after what is pending.
+        self._materialize_pending()
+        for i, col in enumerate(cols):
+            self._chunks[i].append(pa.nulls(n, self._types[i]) if col is None else self._array(i, col))
+        self._chunked += n
+        return n
+
+    def _array(self, i: int, values: Any) -> Any:
+        typ = self._types[i]
+        try:
+            if isinstance(values, pa.ChunkedArray):
+                values = values.combine_chunks()
+            if isinstance(values, pa.Array):
+                return values if values.type == typ else values.cast(typ)
+            return pa.array(values, type=typ)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            raise TypeError(f"output column {self.names[i]!r} ({typ}): {exc}") from exc
+
+    def _materialize_pending(self) -> None:
+        """Columns gathered as Python values become Arrow chunks (before anything added after them)."""
+        if self._pending:
+            for i, values in enumerate(self._values):
+                self._chunks[i].append(self._array(i, values))
+            self._values = [[] for _ in self.names]
+            self._chunked += self._pending
+            self._pending = 0
+
+    def _materialize_rows(self) -> None:
+        rows = self.rows
+        for i in range(self._width):
+            self._chunks[i].append(self._array(i, [r[i] for r in rows]))
+        self._chunked += len(rows)
+        rows.clear()
+
     def flush(self) -> Any:
-        rows = list(self.rows)
-        self.rows.clear()  # the same list: the task appends to it directly
-        arrays = []
-        for i, (name, typ) in enumerate(zip(self.names, self.schema.types)):
-            try:
-                # A list per column (not zip(*rows), which unpacks every row as an argument).
-                arrays.append(pa.array([r[i] for r in rows], type=typ))
-            except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
-                raise TypeError(f"output column {name!r} ({typ}): {exc}") from exc
-        n = len(rows)
+        if self._chunked or self._pending:
+            self._materialize_pending()
+            if self.rows:
+                self._materialize_rows()
+            arrays = [chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks) for chunks in self._chunks]
+            n = self._chunked
+            self._chunks = [[] for _ in self.names]
+            self._chunked = 0
+        else:
+            rows = list(self.rows)
+            self.rows.clear()  # the same list: the task appends to it directly
+            # A list per column (not zip(*rows), which unpacks every row as an argument).
+            arrays = [self._array(i, [r[i] for r in rows]) for i in range(self._width)]
+            n = len(rows)
         for typ in self.schema.types[len(self.names) : -1]:
             arrays.append(pa.nulls(n, typ))
         arrays.append(pa.nulls(n, pa.string()))
@@ -496,12 +584,55 @@ class _PartitionTask:
         plan = self.plan
         tc = TaskContext.get()
         attempt_id = tc.taskAttemptId() if tc is not None else f"local{next(_LOCAL_ATTEMPTS)}"
-        attempt = f"{plan.token[:12]}-{attempt_id}"
-        source = _RestoreSource(plan, self.metadata)
-        out = _Output(plan)
-        active: dict[int, _Subtask] = {}
-        reused: set[int] = set()
+        run = _TaskRun(plan, _RestoreSource(plan, self.metadata), f"{plan.token[:12]}-{attempt_id}")
         done = False
+        try:
+            if plan.vectorized:
+                yield from run.process_groups(batches)
+            else:
+                yield from run.process_records(batches)
+            yield from run.fire_timers()
+            handles = run.snapshot(tc.attemptNumber() if tc is not None else 0)
+            done = True
+            yield handles
+        finally:
+            if not done:
+                for st in run.active.values():
+                    st.close()
+
+
+class _TaskRun:
+    """One task attempt: the subtasks it serves, their outputs, and where its time went."""
+
+    def __init__(self, plan: TaskPlan, source: _RestoreSource, attempt: str) -> None:
+        self.plan = plan
+        self.source = source
+        self.attempt = attempt
+        self.out = _Output(plan)
+        self.active: dict[int, _Subtask] = {}
+        self.reused: set[int] = set()
+        self.phases = dict.fromkeys(TASK_PHASES, 0.0)
+        self.started = time.perf_counter()
+
+    def subtask(self, index: Any) -> _Subtask:
+        """The subtask ``index``, acquired (restored or reused) on its first row."""
+        st = self.active.get(index)
+        if st is not None:
+            return st
+        plan = self.plan
+        if index is None:
+            raise ValueError(f"null key in column {plan.key_column!r}: every record needs a key")
+        st, hit = _acquire(plan, index, self.source)
+        st.clock.now = plan.batch_timestamp_ms
+        st.timers.set_watermark(plan.watermark)
+        self.active[index] = st
+        if hit:
+            self.reused.add(index)
+        return st
+
+    def process_records(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The per-record loop: ``process`` per row, in the order rows arrive."""
+        plan, out, phases = self.plan, self.out, self.phases
         et = plan.event_time
         watermark = plan.watermark
         late_to_function = et is not None and et.late is LatePolicy.PROCESS
@@ -509,149 +640,206 @@ class _PartitionTask:
         append, width = pending.append, len(out.names)
         key_column = plan.key_column
         clock = time.perf_counter
-        phases = dict.fromkeys(TASK_PHASES, 0.0)
-        started = clock()
-        try:
-            it = iter(batches)
-            while True:
-                t = clock()
-                batch = next(it, None)
-                phases["input"] += clock() - t
-                if batch is None:
-                    break
-                t = clock()
-                subtasks = batch.column(SUBTASK_COLUMN).to_pylist()
-                markers = batch.column(MARKER_COLUMN).to_pylist()
-                records = batch.select(list(plan.input_columns)).to_pylist()
-                times = _event_times(batch, et) if et is not None else None
-                late_rows: list[int] = []
-                t_loop = clock()
-                phases["convert"] += t_loop - t
-                cur: Any = _NO_SUBTASK
-                for row, (index, marker, record) in enumerate(zip(subtasks, markers, records)):
-                    if index != cur:
-                        # Rows come grouped by subtask: bind its state and function once per run.
-                        found = active.get(index)
-                        if found is not None:
-                            st = found
-                        else:
-                            if index is None:
-                                raise ValueError(
-                                    f"null key in column {plan.key_column!r}: every record needs a key"
-                                )
-                            st, hit = _acquire(plan, index, source)
-                            st.clock.now = plan.batch_timestamp_ms
-                            st.timers.set_watermark(watermark)
-                            active[index] = st
-                            if hit:
-                                reused.add(index)
-                        cur = index
-                        set_key, pctx, process = st.keyed.set_current_key, st.pctx, st.function.process
-                    if marker:
-                        continue
-                    ts = None
-                    if times is not None:
-                        ts = times[row]
-                        if ts is not None:
-                            if ts <= watermark:
-                                st.late += 1
-                                if not late_to_function:
-                                    if out.late_columns:
-                                        late_rows.append(row)
-                                    continue
-                            if st.max_event_time is None or ts > st.max_event_time:
-                                st.max_event_time = ts
-                    key = record[key_column]
-                    set_key(key)
-                    pctx.current_key = key
-                    pctx.timestamp = ts
-                    st.records += 1
-                    result = process(record, pctx)
-                    if result is not None:
-                        for o in result:
-                            if type(o) is tuple and len(o) == width:  # out.add's common case, inline
-                                append(o)
-                            else:
-                                out.add(o)
-                            st.outputs += 1
-                        if len(pending) >= _FLUSH_ROWS:
-                            t = clock()
-                            flushed = out.flush()
-                            phases["output"] += clock() - t
-                            yield flushed
-                            t_loop += clock() - t  # the flush and the consumer's turn are not the loop's
-                phases["records"] += clock() - t_loop
-                if late_rows:
-                    yield out.late(batch, late_rows)
-            # The batch's time: timers due at its watermark and timestamp fire, in order per subtask.
+        it = iter(batches)
+        while True:
             t = clock()
-            fire_until = MAX_WATERMARK if plan.end_of_input else watermark
-            for _, st in sorted(active.items()):
-                st.timers.set_watermark(fire_until)
-                st.fire(TimeDomain.EVENT_TIME, fire_until, out)
-                st.fire(TimeDomain.PROCESSING_TIME, plan.batch_timestamp_ms, out)
-                if len(out.rows) >= _FLUSH_ROWS:
-                    yield out.flush()
-            phases["timers"] += clock() - t
-            if out.rows:
-                t = clock()
-                flushed = out.flush()
-                phases["output"] += clock() - t
-                yield flushed
-            t_snapshot = clock()
-            storage = _storage(plan.config)
-            writer = _AttemptWriter(storage.begin_checkpoint(plan.job_id, plan.checkpoint_id), attempt)
-            states = []
-            for index, st in sorted(active.items()):
-                state = write_subtask_state(
-                    writer,
-                    plan.operator_id,
-                    index,
-                    st.keyed,
-                    st.operator,
-                    max_state_size=storage.max_state_size,
-                    native_checkpoint_id=(
-                        plan.checkpoint_id
-                        if plan.config.get("statekit.checkpoint.format") != "canonical"
-                        else None
-                    ),
+            batch = next(it, None)
+            phases["input"] += clock() - t
+            if batch is None:
+                return
+            t = clock()
+            subtasks = batch.column(SUBTASK_COLUMN).to_pylist()
+            markers = batch.column(MARKER_COLUMN).to_pylist()
+            records = batch.select(list(plan.input_columns)).to_pylist()
+            times = _event_times(batch, et) if et is not None else None
+            late_rows: list[int] = []
+            t_loop = clock()
+            phases["convert"] += t_loop - t
+            cur: Any = _NO_SUBTASK
+            for row, (index, marker, record) in enumerate(zip(subtasks, markers, records)):
+                if index != cur:
+                    # Rows come grouped by subtask: bind its state and function once per run.
+                    st = self.subtask(index)
+                    cur = index
+                    set_key, pctx, process = st.keyed.set_current_key, st.pctx, st.function.process
+                if marker:
+                    continue
+                ts = None
+                if times is not None:
+                    ts = times[row]
+                    if ts is not None:
+                        if ts <= watermark:
+                            st.late += 1
+                            if not late_to_function:
+                                if out.late_columns:
+                                    late_rows.append(row)
+                                continue
+                        if st.max_event_time is None or ts > st.max_event_time:
+                            st.max_event_time = ts
+                key = record[key_column]
+                set_key(key)
+                pctx.current_key = key
+                pctx.timestamp = ts
+                st.records += 1
+                result = process(record, pctx)
+                if result is not None:
+                    for o in result:
+                        if type(o) is tuple and len(o) == width:  # out.add's common case, inline
+                            append(o)
+                        else:
+                            out.add(o)
+                        st.outputs += 1
+                    if len(pending) >= _FLUSH_ROWS:
+                        t = clock()
+                        flushed = out.flush()
+                        phases["output"] += clock() - t
+                        yield flushed
+                        t_loop += clock() - t  # the flush and the consumer's turn are not the loop's
+            phases["records"] += clock() - t_loop
+            if late_rows:
+                yield out.late(batch, late_rows)
+
+    def process_groups(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The vectorized loop: every input row first, then ``process_batch`` once per subtask and key."""
+        plan, out, phases = self.plan, self.out, self.phases
+        clock = time.perf_counter
+        t = clock()
+        received = [b for b in batches if b.num_rows]
+        phases["input"] += clock() - t
+        if not received:
+            return
+        t = clock()
+        batch = pa.Table.from_batches(received).combine_chunks().to_batches()[0]
+        subtasks = batch.column(SUBTASK_COLUMN).to_pylist()
+        markers = batch.column(MARKER_COLUMN).to_pylist()
+        keys = batch.column(plan.key_column).to_pylist()
+        rows: list[int] = []
+        late_rows: list[int] = []
+        et = plan.event_time
+        times = _event_times(batch, et) if et is not None else None
+        late_to_function = et is not None and et.late is LatePolicy.PROCESS
+        watermark = plan.watermark
+        for row, (index, marker) in enumerate(zip(subtasks, markers)):
+            st = self.subtask(index)
+            if marker:
+                continue
+            if times is not None:
+                ts = times[row]
+                if ts is not None:
+                    if ts <= watermark:
+                        st.late += 1
+                        if not late_to_function:
+                            if out.late_columns:
+                                late_rows.append(row)
+                            continue
+                    if st.max_event_time is None or ts > st.max_event_time:
+                        st.max_event_time = ts
+            rows.append(row)
+        serialize = plan.key_serializer.serialize
+        order, runs = group_runs(
+            list(zip(subtasks, keys)), rows, fallback=lambda sk: (sk[0], serialize(sk[1]))
+        )
+        grouped = batch.select(list(plan.input_columns)).take(pa.array(order, pa.int64()))
+        t_loop = clock()
+        phases["convert"] += t_loop - t
+        cur: Any = _NO_SUBTASK
+        for (index, key), offset, length in runs:
+            if index != cur:
+                st = self.active[index]
+                cur = index
+                function = st.function
+                assert isinstance(function, KeyedBatchFunction)  # plan.vectorized says so
+                set_key, pctx, process_batch = st.keyed.set_current_key, st.pctx, function.process_batch
+                pctx.timestamp = None
+            set_key(key)
+            pctx.current_key = key
+            st.records += length
+            result = process_batch(grouped.slice(offset, length), pctx)
+            if result is not None:
+                st.outputs += out.add_columns(result)
+                if out.size >= _FLUSH_ROWS:
+                    t = clock()
+                    flushed = out.flush()
+                    phases["output"] += clock() - t
+                    yield flushed
+                    t_loop += clock() - t
+        phases["records"] += clock() - t_loop
+        if late_rows:
+            yield out.late(batch, late_rows)
+
+    def fire_timers(self) -> Iterator[Any]:
+        """The batch's time: timers due at its watermark and timestamp fire, in order per subtask."""
+        plan, out, clock = self.plan, self.out, time.perf_counter
+        t = clock()
+        fire_until = MAX_WATERMARK if plan.end_of_input else plan.watermark
+        for _, st in sorted(self.active.items()):
+            st.timers.set_watermark(fire_until)
+            st.fire(TimeDomain.EVENT_TIME, fire_until, out)
+            st.fire(TimeDomain.PROCESSING_TIME, plan.batch_timestamp_ms, out)
+            if out.size >= _FLUSH_ROWS:
+                yield out.flush()
+        self.phases["timers"] += clock() - t
+        if out.size:
+            t = clock()
+            flushed = out.flush()
+            self.phases["output"] += clock() - t
+            yield flushed
+
+    def snapshot(self, attempt_number: int) -> Any:
+        """Every subtask's snapshot into the batch's checkpoint; the handle rows that describe them.
+
+        The subtasks go back into the process cache, marked with this attempt.
+        """
+        plan, phases, clock = self.plan, self.phases, time.perf_counter
+        t_snapshot = clock()
+        storage = _storage(plan.config)
+        writer = _AttemptWriter(storage.begin_checkpoint(plan.job_id, plan.checkpoint_id), self.attempt)
+        states = []
+        for index, st in sorted(self.active.items()):
+            state = write_subtask_state(
+                writer,
+                plan.operator_id,
+                index,
+                st.keyed,
+                st.operator,
+                max_state_size=storage.max_state_size,
+                native_checkpoint_id=(
+                    plan.checkpoint_id
+                    if plan.config.get("statekit.checkpoint.format") != "canonical"
+                    else None
+                ),
+            )
+            states.append((index, state))
+        phases["snapshot"] = clock() - t_snapshot
+        phases["task"] = clock() - self.started
+        descriptions = []
+        for index, state in states:
+            st = self.active[index]
+            descriptions.append(
+                json.dumps(
+                    {
+                        "subtask": index,
+                        "state": state.to_json(),
+                        "records": st.records,
+                        "outputs": st.outputs,
+                        "late": st.late,
+                        "fired": st.fired,
+                        "max_event_time": st.max_event_time,
+                        "reused": index in self.reused,
+                        "pid": os.getpid(),
+                        "attempt": self.attempt,
+                        "attempt_number": attempt_number,
+                        "phases": phases,
+                    },
+                    separators=(",", ":"),
                 )
-                states.append((index, state))
-            phases["snapshot"] = clock() - t_snapshot
-            phases["task"] = clock() - started
-            descriptions = []
-            for index, state in states:
-                st = active[index]
-                descriptions.append(
-                    json.dumps(
-                        {
-                            "subtask": index,
-                            "state": state.to_json(),
-                            "records": st.records,
-                            "outputs": st.outputs,
-                            "late": st.late,
-                            "fired": st.fired,
-                            "max_event_time": st.max_event_time,
-                            "reused": index in reused,
-                            "pid": os.getpid(),
-                            "attempt": attempt,
-                            "attempt_number": tc.attemptNumber() if tc is not None else 0,
-                            "phases": phases,
-                        },
-                        separators=(",", ":"),
-                    )
-                )
-            with _LOCK:
-                for index, st in active.items():
-                    st.token, st.attempt, st.records, st.outputs = plan.token, attempt, 0, 0
-                    st.late, st.fired, st.max_event_time = 0, 0, None
-                    _CACHE[(plan.job_id, plan.operator_id, index)] = st
-            done = True
-            yield out.handles(descriptions)
-        finally:
-            if not done:
-                for st in active.values():
-                    st.close()
+            )
+        with _LOCK:
+            for index, st in self.active.items():
+                st.token, st.attempt, st.records, st.outputs = plan.token, self.attempt, 0, 0
+                st.late, st.fired, st.max_event_time = 0, 0, None
+                _CACHE[(plan.job_id, plan.operator_id, index)] = st
+        return self.out.handles(descriptions)
 
 
 def _event_times(batch: Any, et: EventTime) -> list[int | None]:

@@ -19,7 +19,9 @@ from ._function import (
     OUTPUT_SCHEMA,
     WINDOWED_OUTPUT_SCHEMA,
     CountPerUrl,
+    CountPerUrlVectorized,
     CountPerUrlWithDeadLetters,
+    CountPerUrlWithDeadLettersVectorized,
     RequestsPerUrlPerWindow,
 )
 from ._generate import (
@@ -81,7 +83,9 @@ __all__ = [
     "AccessRecord",
     "BatchStats",
     "CountPerUrl",
+    "CountPerUrlVectorized",
     "CountPerUrlWithDeadLetters",
+    "CountPerUrlWithDeadLettersVectorized",
     "GenerateResult",
     "JobSettings",
     "Malformed",

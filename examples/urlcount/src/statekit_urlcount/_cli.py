@@ -70,6 +70,14 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no live display")
 
 
+def _add_vectorized_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--vectorized",
+        action="store_true",
+        help="count with the vectorized function (a URL's lines of a micro-batch at once); same output",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``statekit-urlcount``."""
     parser = argparse.ArgumentParser(
@@ -95,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--output", default=None, help="counts and dead letters (default <state>/output)")
     _add_run_options(r)
+    _add_vectorized_option(r)
 
     w = sub.add_parser(
         "windowed",
@@ -126,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--more-files", type=int, default=2, help="files added before the second run")
     _add_generate_options(d, records=200_000, files=4)
     _add_run_options(d)
+    _add_vectorized_option(d)
     return parser
 
 
@@ -166,6 +176,7 @@ def _settings(args: argparse.Namespace, logs: str, state: str, output: str | Non
         files_per_trigger=args.files_per_trigger,
         parallelism=args.parallelism,
         backend=args.backend,
+        vectorized=args.vectorized,
     )
 
 

@@ -1,0 +1,304 @@
+"""KeyedBatchFunction on the LocalRunner: the same state and outputs as per record, a key's rows at once."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Iterable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+
+from statekit import (  # noqa: E402
+    AggregateFunction,
+    AggregatingStateDescriptor,
+    ConfigurationError,
+    EventTime,
+    KeyedBatchFunction,
+    KeyedProcessFunction,
+    ListStateDescriptor,
+    LocalRunner,
+    MapStateDescriptor,
+    OnTimerContext,
+    ProcessContext,
+    RecordSource,
+    ReducingStateDescriptor,
+    RuntimeContext,
+    StateTtlConfig,
+    ValueStateDescriptor,
+)
+from statekit._columnar import group_runs, output_columns, output_rows  # noqa: E402
+
+COUNT = ValueStateDescriptor("count", int, default=0)
+SEQS = ListStateDescriptor("seqs", int)
+TOTAL = ReducingStateDescriptor("total", lambda a, b: a + b, int)
+BY_METHOD = MapStateDescriptor("by_method", str, int)
+SEEN = ListStateDescriptor("keys_seen", str)
+
+
+class MeanBytes(AggregateFunction[int, tuple[int, int], float]):
+    def create_accumulator(self) -> tuple[int, int]:
+        return (0, 0)
+
+    def add(self, value: int, acc: tuple[int, int]) -> tuple[int, int]:
+        return (acc[0] + value, acc[1] + 1)
+
+    def get_result(self, acc: tuple[int, int]) -> float:
+        return acc[0] / acc[1]
+
+    def merge(self, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+        return (a[0] + b[0], a[1] + b[1])
+
+
+MEAN = AggregatingStateDescriptor("mean", MeanBytes(), tuple[int, int])
+RECENT = ValueStateDescriptor("recent", int, ttl=StateTtlConfig(timedelta(hours=1)))
+
+
+def records(n: int, *, keys: int = 20, seed: int = 5) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [
+        {
+            "url": f"/u{rng.randrange(keys)}",
+            "seq": i,
+            "method": rng.choice(["GET", "POST"]),
+            "bytes": rng.randint(1, 100),
+        }
+        for i in range(n)
+    ]
+
+
+class PerRecord(KeyedProcessFunction):
+    """Every state kind, per record; emits (url, count so far, seq)."""
+
+    def open(self, ctx: RuntimeContext) -> None:
+        self.count = ctx.get_state(COUNT)
+        self.seqs = ctx.get_state(SEQS)
+        self.total = ctx.get_state(TOTAL)
+        self.by_method = ctx.get_state(BY_METHOD)
+        self.mean = ctx.get_state(MEAN)
+        self.recent = ctx.get_state(RECENT)
+        self.seen = ctx.get_list_state(SEEN)
+
+    def process(self, record: dict[str, Any], ctx: ProcessContext) -> Iterable[Any]:
+        n = self.count.value() + 1
+        self.count.update(n)
+        self.seqs.add(record["seq"])
+        self.total.add(record["bytes"])
+        m = record["method"]
+        self.by_method.put(m, (self.by_method.get(m) or 0) + 1)
+        self.mean.add(record["bytes"])
+        self.recent.update(record["seq"])
+        if n == 1:
+            self.seen.add(ctx.current_key)
+        yield {"url": ctx.current_key, "count": n, "seq": record["seq"]}
+
+
+class Vectorized(KeyedBatchFunction):
+    """:class:`PerRecord` a key's rows at a time; checks each call gets all of them, in order."""
+
+    calls: list[tuple[str, list[int]]] = []
+
+    def open(self, ctx: RuntimeContext) -> None:
+        PerRecord.open(self, ctx)  # type: ignore[arg-type]
+
+    def process_batch(self, rows: Any, ctx: ProcessContext) -> Any:
+        assert isinstance(rows, pa.RecordBatch)
+        assert set(rows.column("url").to_pylist()) == {ctx.current_key}
+        seqs = rows.column("seq").to_pylist()
+        Vectorized.calls.append((ctx.current_key, seqs))
+        n, m = self.count.value(), rows.num_rows
+        self.count.update(n + m)
+        self.seqs.add_all(seqs)
+        self.total.add(sum(rows.column("bytes").to_pylist()))
+        for method, k in Counter(rows.column("method").to_pylist()).items():
+            self.by_method.put(method, (self.by_method.get(method) or 0) + k)
+        for b in rows.column("bytes").to_pylist():
+            self.mean.add(b)
+        self.recent.update(seqs[-1])
+        if n == 0:
+            self.seen.add(ctx.current_key)
+        return pa.table({"url": [ctx.current_key] * m, "count": list(range(n + 1, n + m + 1)), "seq": seqs})
+
+
+def state_of(runner: LocalRunner) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    seen: list[str] = []
+    for ctx in runner.subtasks:
+        kb = ctx.keyed_backend
+        handles = [kb.get_state(d) for d in (COUNT, SEQS, TOTAL, BY_METHOD, MEAN, RECENT)]
+        for key in list(kb.keys("count")):
+            kb.set_current_key(key)
+            c, s, t, bm, mean, recent = handles
+            out[key] = (c.value(), s.get(), t.get(), dict(bm.items()), mean.get(), recent.value())
+        seen += ctx.get_list_state(SEEN).get()
+    out["__seen__"] = sorted(seen)
+    return out
+
+
+def run(
+    function: Any, recs: list[dict[str, Any]], tmp: Path, **conf: Any
+) -> tuple[list[Any], dict[str, Any]]:
+    got: list[Any] = []
+    config = {"statekit.parallelism": 2, "statekit.checkpoints.dir": str(tmp), **conf}
+    with LocalRunner(function, key_selector=lambda r: r["url"], config=config, sink=got.append) as runner:
+        runner.run(RecordSource(recs))
+        return got, state_of(runner)
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 10_000])
+def test_vectorized_state_and_outputs_equal_per_record(tmp_path: Path, batch_size: int) -> None:
+    recs = records(500)
+    want_out, want_state = run(PerRecord, recs, tmp_path / "a")
+    Vectorized.calls = []
+    got_out, got_state = run(Vectorized, recs, tmp_path / "b", **{"statekit.batch-size": batch_size})
+    assert got_state == want_state
+    assert sorted(got_out, key=lambda o: o["seq"]) == want_out
+    # One call per key and micro-batch, its rows in arrival order.
+    batches = [recs[i : i + batch_size] for i in range(0, len(recs), batch_size)]
+    want_calls = sorted(
+        (k, [r["seq"] for r in b if r["url"] == k]) for b in batches for k in {r["url"] for r in b}
+    )
+    assert sorted(Vectorized.calls) == want_calls
+
+
+def test_checkpoint_crash_restore_and_rescale_are_exact(tmp_path: Path) -> None:
+    recs = records(900)
+    conf = {
+        "statekit.checkpoints.dir": str(tmp_path),
+        "statekit.checkpoint.interval-records": 100,
+        "statekit.batch-size": 64,
+    }
+    out: list[Any] = []
+    first = LocalRunner(
+        Vectorized,
+        key_selector=lambda r: r["url"],
+        sink=out.append,
+        config={**conf, "statekit.parallelism": 2},
+    )
+    result = first.run(RecordSource(recs), max_records=450)
+    assert result.records == 450 and len(result.checkpoints) == 4  # at 100, 200, 300, 400
+    first.close()  # a crash after 450: the 50 records after the last checkpoint come again
+    out = [o for o in out if o["seq"] < 400]
+    second = LocalRunner(
+        Vectorized,
+        key_selector=lambda r: r["url"],
+        sink=out.append,
+        config={**conf, "statekit.parallelism": 3},
+    )  # rescaled
+    result = second.run(RecordSource(recs), restore="latest")
+    assert result.records == 500
+    _, want_state = run(PerRecord, recs, tmp_path / "per-record")
+    assert state_of(second) == want_state
+    second.close()
+    counts: dict[str, list[int]] = {}
+    for o in sorted(out, key=lambda o: o["seq"]):
+        counts.setdefault(o["url"], []).append(o["count"])
+    assert counts == {u: list(range(1, c + 1)) for u, c in Counter(r["url"] for r in recs).items()}
+
+
+class SessionTotals(KeyedBatchFunction):
+    """Event time: a key's bytes until its rows stop for 10 s, emitted by a timer as columns."""
+
+    def open(self, ctx: RuntimeContext) -> None:
+        self.total = ctx.get_state(TOTAL)
+
+    def process_batch(self, rows: Any, ctx: ProcessContext) -> Any:
+        assert ctx.timestamp is None
+        self.total.add(sum(rows.column("bytes").to_pylist()))
+        ctx.timer_service.register_event_time_timer(max(rows.column("ts").to_pylist()) + 10_000)
+        return None
+
+    def on_timer(self, timestamp: int, ctx: OnTimerContext) -> Any:
+        return {"url": [ctx.current_key], "total": [self.total.get()], "at": [timestamp]}
+
+
+def test_event_time_timers_and_late_rows(tmp_path: Path) -> None:
+    recs = [
+        {"url": "/a", "ts": 1_000, "bytes": 1},
+        {"url": "/b", "ts": 2_000, "bytes": 2},
+        {"url": "/a", "ts": 3_000, "bytes": 4},  # batch 1: watermark 3000 after it
+        {"url": "/a", "ts": 2_500, "bytes": 100},  # late in batch 2
+        {"url": "/b", "ts": 20_000, "bytes": 8},
+    ]
+    out: list[Any] = []
+    late: list[Any] = []
+    runner = LocalRunner(
+        SessionTotals,
+        key_selector=lambda r: r["url"],
+        sink=out.append,
+        late_sink=late.append,
+        event_time=EventTime("ts", 0),
+        config={"statekit.batch-size": 3, "statekit.checkpoints.dir": str(tmp_path)},
+    )
+    result = runner.run(RecordSource(recs))
+    runner.close()
+    assert late == [recs[3]] and result.late_records == 1
+    # Batch 2's watermark (20000) passes /b's first timer (12000) and /a's (13000), in timestamp order,
+    # after batch 2's rows; /b's second (30000) fires at the end of input.
+    assert out == [
+        {"url": "/b", "total": 10, "at": 12_000},
+        {"url": "/a", "total": 5, "at": 13_000},
+        {"url": "/b", "total": 10, "at": 30_000},
+    ]
+
+
+def test_process_of_one_record_is_a_batch_of_one(tmp_path: Path) -> None:
+    with LocalRunner(Vectorized, key_selector=lambda r: r["url"]) as runner:
+        assert runner.process({"url": "/a", "seq": 1, "method": "GET", "bytes": 3}) == [
+            {"url": "/a", "count": 1, "seq": 1}
+        ]
+        assert runner.process_batch(records(3, keys=1)) == [
+            {"url": "/u0", "count": i + 1, "seq": i} for i in range(3)
+        ]
+
+
+class Bad(KeyedBatchFunction):
+    def process_batch(self, rows: Any, ctx: ProcessContext) -> Any:
+        return ["not", "columns"]
+
+
+def test_bad_records_outputs_and_settings_are_named() -> None:
+    with LocalRunner(Vectorized, key_selector=lambda r: r[0]) as runner:
+        with pytest.raises(TypeError, match="must be dicts"):
+            runner.process_batch([("/a", 1)])
+    with LocalRunner(Bad, key_selector=lambda r: r["url"]) as runner:
+        with pytest.raises(TypeError, match="returns a pyarrow RecordBatch or Table"):
+            runner.process_batch([{"url": "/a"}])
+    with pytest.raises(ConfigurationError, match="batch-size must be at least 1"):
+        LocalRunner(Vectorized, key_selector=lambda r: r["url"], config={"statekit.batch-size": 0})
+
+
+def test_group_runs_keeps_first_appearance_and_arrival_order() -> None:
+    order, runs = group_runs(["b", "a", "b", "c", "a", "b"])
+    assert order == [0, 2, 5, 1, 4, 3]
+    assert runs == [("b", 0, 3), ("a", 3, 2), ("c", 5, 1)]
+    order, runs = group_runs(["b", "a", "b", "c"], [1, 2, 3])
+    assert order == [1, 2, 3] and runs == [("a", 0, 1), ("b", 1, 1), ("c", 2, 1)]
+    # Unhashable keys group by a stand-in, and come back as they were.
+    order, runs = group_runs([{"k": 1}, {"k": 2}, {"k": 1}], fallback=repr)
+    assert order == [0, 2, 1] and runs == [({"k": 1}, 0, 2), ({"k": 2}, 2, 1)]
+
+
+def test_output_columns_of_every_form() -> None:
+    pd = pytest.importorskip("pandas")
+    want = [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}]
+    forms = [
+        {"a": [1, 2], "b": ["x", "y"]},
+        {"a": range(1, 3), "b": ("x", "y")},
+        pa.record_batch({"a": [1, 2], "b": ["x", "y"]}),
+        pa.table({"a": [1, 2], "b": ["x", "y"]}),
+        pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}),
+    ]
+    for form in forms:
+        assert output_rows(form) == want, form
+    assert output_rows({"a": None, "b": ["x"]}) == [{"a": None, "b": "x"}]
+    cols, n = output_columns({"b": ["x"]}, ["a", "b"])
+    assert n == 1 and cols == {"a": None, "b": ["x"]}
+    with pytest.raises(ValueError, match="different lengths"):
+        output_columns({"a": [1], "b": []}, None)
+    with pytest.raises(ValueError, match=r"columns \['c'\] that the output schema lacks"):
+        output_columns({"c": [1]}, ["a", "b"])
