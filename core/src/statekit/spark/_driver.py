@@ -57,9 +57,17 @@ from .._registry import PluginRegistry, default_registry
 from .._runner import checkpoint_storage_from_config, state_backend_from_config
 from .._serializers import TypeSerializer
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY, EventTime
-from ._routing import route, routing_values
+from ._routing import Router, routing_values
 from ._sparkconf import spark_configuration
-from ._task import HANDLE_COLUMN, LATE_COLUMN, LATE_PREFIX, TaskPlan, internal_schema, make_task
+from ._task import (
+    HANDLE_COLUMN,
+    LATE_COLUMN,
+    LATE_PREFIX,
+    InlineMetadata,
+    TaskPlan,
+    internal_schema,
+    make_task,
+)
 
 __all__ = [
     "ATTEMPTS_PROPERTY",
@@ -86,6 +94,8 @@ STATIC_QUERY = "static"
 Sink = Callable[[DataFrame, int], None]
 
 _DRIVER_STORAGES: dict[str, CheckpointStorage] = {}
+#: Checkpoint metadata up to this size is shipped inside the tasks, larger as a broadcast.
+_INLINE_METADATA = 256 * 1024
 _DRIVER_LOCK = threading.Lock()
 
 
@@ -237,7 +247,15 @@ class Coordinator:
         validate_parallelism(self.parallelism, self.max_parallelism)
         if base is not None:
             self._validate(base)
-        self.route_values = routing_values(session, self.parallelism)
+        self.router = Router(
+            session,
+            spec.df.schema,
+            key_column=spec.key_column,
+            serializer=spec.key_serializer,
+            parallelism=self.parallelism,
+            max_parallelism=self.max_parallelism,
+            route_values=routing_values(session, self.parallelism),
+        )
         self.timezone = session.conf.get("spark.sql.session.timeZone")
         self.local_dir = session.sparkContext.getConf().get("spark.local.dir")
 
@@ -343,7 +361,9 @@ class Coordinator:
         watermark = _watermark_of(source)
         late_schema = df.schema if spec.event_time is not None and spec.late_sink is not None else None
         sc = self.session.sparkContext
-        metadata = sc.broadcast(self.storage.read_metadata(source.location) if source else b"")
+        data = self.storage.read_metadata(source.location) if source else b""
+        # Small metadata travels inside the task; a broadcast costs the driver a few ms per batch.
+        metadata: Any = InlineMetadata(data) if len(data) <= _INLINE_METADATA else sc.broadcast(data)
         plan = TaskPlan(
             job_id=spec.job_id,
             operator_id=spec.operator_id,
@@ -370,17 +390,12 @@ class Coordinator:
             late_schema=late_schema,
             vectorized=self.vectorized,
         )
-        routed = route(
-            df,
-            key_column=spec.key_column,
-            serializer=spec.key_serializer,
-            parallelism=self.parallelism,
-            max_parallelism=self.max_parallelism,
-            route_values=self.route_values,
-        )
+        routed = self.router.route(df)
         processed = routed.mapInArrow(
             make_task(plan, metadata), internal_schema(spec.output_schema, late_schema)
         )
+        if query != STATIC_QUERY:
+            _as_stateful_query(df.sparkSession)
         processed = processed.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             # One pass computes (and caches) every partition; the sink then reads the cache.
@@ -423,8 +438,9 @@ class Coordinator:
             phases["checkpoint"] = clock() - t
         finally:
             processed.unpersist()
-            with contextlib.suppress(Exception):
-                metadata.destroy()
+            if not isinstance(metadata, InlineMetadata):
+                with contextlib.suppress(Exception):
+                    metadata.destroy()
         self.registry.hook.statekit_checkpoint_completed(
             job_id=spec.job_id, checkpoint_id=n, location=location
         )
@@ -487,6 +503,23 @@ class Coordinator:
     def _notify(self, info: BatchInfo) -> None:
         if self.spec.on_batch is not None:
             self.spec.on_batch(info)
+
+
+def _as_stateful_query(session: SparkSession) -> None:
+    """Adaptive query execution off in a streaming query's session, as Spark does for stateful queries.
+
+    Spark runs the batches of its own stateful queries (``foreachBatch``
+    included) without AQE; statekit's queries are stateful too. With AQE every
+    stage of the routed plan (scan and routing, the cached tasks) and of the
+    sink runs as a Spark job of its own, which costs a local Spark tens of
+    milliseconds each per micro-batch, and the plan has nothing for AQE to
+    adapt (its partitions are the subtasks). The session is the query's own (a
+    clone made when the query started), so nothing outside the query changes.
+    A static ``run()`` shares the user's session and leaves it alone.
+    """
+    key = "spark.sql.adaptive.enabled"
+    if session.conf.get(key, "true") != "false":
+        session.conf.set(key, "false")
 
 
 def _attempts(source: CompletedCheckpoint | None) -> dict[int, str]:

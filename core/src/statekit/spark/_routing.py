@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -37,7 +37,8 @@ __all__ = [
     "RESERVED_COLUMNS",
     "ROUTE_COLUMN",
     "SUBTASK_COLUMN",
-    "key_group_columns",
+    "Router",
+    "key_group_exprs",
     "route",
     "routing_values",
     "with_key_group",
@@ -55,32 +56,35 @@ _M32 = 0xFFFFFFFF
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 
 
-def _mul32(c: Column, m: int) -> Column:
+def _mul32(c: str, m: int) -> str:
     """``(c * m) mod 2**32`` for ``0 <= c < 2**32``, in 16-bit halves: no product reaches 2**49."""
-    low = c.bitwiseAND(0xFFFF) * F.lit(m)
-    high = F.shiftleft((F.shiftright(c, 16) * F.lit(m)).bitwiseAND(0xFFFF), 16)
-    return (low + high).bitwiseAND(_M32)
+    return f"((({c} & 65535) * {m}) + shiftleft((shiftright({c}, 16) * {m}) & 65535, 16)) & {_M32}"
 
 
-def _rotl(c: Column, r: int) -> Column:
-    return F.shiftleft(c, r).bitwiseAND(_M32).bitwiseOR(F.shiftright(c, 32 - r))
+def _rotl(c: str, r: int) -> str:
+    return f"(shiftleft({c}, {r}) & {_M32}) | shiftright({c}, {32 - r})"
 
 
-# Flink's MathUtils.murmurHash(int), one step per column so no expression is duplicated.
-_MURMUR_STEPS: tuple[Callable[[Column], Column], ...] = (
+# Flink's MathUtils.murmurHash(int) as Spark SQL, one step per column so no expression is duplicated.
+_MURMUR_STEPS: tuple[Callable[[str], str], ...] = (
     lambda c: _mul32(c, 0xCC9E2D51),
     lambda c: _rotl(c, 15),
     lambda c: _mul32(c, 0x1B873593),
     lambda c: _rotl(c, 13),
-    lambda c: (c * F.lit(5) + F.lit(0xE6546B64)).bitwiseAND(_M32).bitwiseXOR(F.lit(4)),
-    lambda c: c.bitwiseXOR(F.shiftright(c, 16)),
+    lambda c: f"(({c} * 5 + {0xE6546B64}) & {_M32}) ^ 4",
+    lambda c: f"{c} ^ shiftright({c}, 16)",
     lambda c: _mul32(c, 0x85EBCA6B),
-    lambda c: c.bitwiseXOR(F.shiftright(c, 13)),
+    lambda c: f"{c} ^ shiftright({c}, 13)",
     lambda c: _mul32(c, 0xC2B2AE35),
-    lambda c: c.bitwiseXOR(F.shiftright(c, 16)),
+    lambda c: f"{c} ^ shiftright({c}, 16)",
     # Java's Math.abs of the int; abs(MIN_VALUE) is MIN_VALUE, which Flink maps to 0.
-    lambda c: F.when(c >= F.lit(0x80000000), F.lit(0x100000000) - c).otherwise(c).bitwiseAND(0x7FFFFFFF),
+    lambda c: f"(CASE WHEN {c} >= {0x80000000} THEN {0x100000000} - {c} ELSE {c} END) & {0x7FFFFFFF}",
 )
+
+
+def _quote(name: str) -> str:
+    """A column name as a Spark SQL identifier."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def supports_sql_routing(serializer: TypeSerializer, data_type: T.DataType) -> bool:
@@ -92,37 +96,37 @@ def supports_sql_routing(serializer: TypeSerializer, data_type: T.DataType) -> b
     return False
 
 
-def _key_bytes(key: Column, serializer: TypeSerializer) -> Column:
-    if type(serializer) is StrSerializer:
-        return key.cast("binary")  # Spark strings are UTF-8: the serializer's bytes
-    # IntSerializer: 8 bytes, little-endian two's complement. hex() of a negative
-    # long is its two's complement; swap the byte pairs of the padded hex.
-    h = F.lpad(F.hex(key.cast("bigint")), 16, "0")
-    return F.unhex(F.concat(*(F.substring(h, 15 - 2 * i, 2) for i in range(8))))
-
-
-def key_group_columns(
-    key_column: str, serializer: TypeSerializer, max_parallelism: int, out: str
-) -> list[Column]:
-    """Columns for one ``select`` that end in ``out``, the key group of ``key_column``.
+def key_group_exprs(key_column: str, serializer: TypeSerializer, max_parallelism: int, out: str) -> list[str]:
+    """SQL expressions for one ``selectExpr`` that end in ``out``, the key group of ``key_column``.
 
     Each murmur step is a column of its own that the next one names (Spark's
-    lateral column aliases), so no expression is duplicated and the whole chain
-    is analysed once, in one projection; drop the ``<out>__h<i>`` columns after.
+    lateral column aliases), so no expression is duplicated. They are text:
+    the JVM parses and analyses them in one call, instead of the thousand Py4J
+    calls that building the same expressions as Columns costs. Drop the
+    ``<out>__*`` columns after.
     """
     names = [f"{out}__h{i}" for i in range(len(_MURMUR_STEPS) + 1)]
-    cols = [F.crc32(_key_bytes(F.col(key_column), serializer)).alias(names[0])]
+    key = _quote(key_column)
+    exprs = []
+    if type(serializer) is StrSerializer:
+        key_bytes = f"CAST({key} AS BINARY)"  # Spark strings are UTF-8: the serializer's bytes
+    else:
+        # IntSerializer: 8 bytes, little-endian two's complement. hex() of a negative
+        # long is its two's complement; swap the byte pairs of the padded hex.
+        exprs.append(f"lpad(hex(CAST({key} AS BIGINT)), 16, '0') AS {out}__hex")
+        key_bytes = f"unhex(concat({', '.join(f'substring({out}__hex, {15 - 2 * i}, 2)' for i in range(8))}))"
+    exprs.append(f"crc32({key_bytes}) AS {names[0]}")
     for i, step in enumerate(_MURMUR_STEPS):
-        cols.append(step(F.col(names[i])).alias(names[i + 1]))
-    cols.append(F.pmod(F.col(names[-1]), F.lit(max_parallelism)).cast("int").alias(out))
-    return cols
+        exprs.append(f"{step(names[i])} AS {names[i + 1]}")
+    exprs.append(f"CAST(pmod({names[-1]}, {max_parallelism}) AS INT) AS {out}")
+    return exprs
 
 
 def sql_key_group(df: DataFrame, key_column: str, serializer: TypeSerializer, max_parallelism: int,
                   out: str) -> DataFrame:  # fmt: skip
     """``df`` with column ``out``: the key group of ``key_column``, computed by Spark."""
-    cols = key_group_columns(key_column, serializer, max_parallelism, out)
-    return df.select("*", *cols).select(*df.columns, out)
+    exprs = key_group_exprs(key_column, serializer, max_parallelism, out)
+    return df.selectExpr("*", *exprs).select(*df.columns, out)
 
 
 def with_key_group(
@@ -176,6 +180,68 @@ def routing_values(session: SparkSession, parallelism: int) -> list[int]:
     return [found[i] for i in range(parallelism)]
 
 
+class Router:
+    """Routes the micro-batches of one query run: everything that does not depend on the rows, made once.
+
+    The routing expressions are SQL text and the marker rows one DataFrame,
+    built for the input's schema when the router is made, so that routing a
+    batch costs a handful of Py4J calls (a ``selectExpr``, a ``select``, a
+    ``union`` and a ``repartition``), not the analysis of a freshly built plan.
+    """
+
+    def __init__(
+        self,
+        session: SparkSession,
+        schema: T.StructType,
+        *,
+        key_column: str,
+        serializer: TypeSerializer,
+        parallelism: int,
+        max_parallelism: int,
+        route_values: list[int],
+        markers: bool = True,
+    ) -> None:
+        self.key_column = key_column
+        self.serializer = serializer
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+        self.columns = [_quote(n) for n in schema.names]
+        self.sql = supports_sql_routing(serializer, schema[key_column].dataType)
+        self.key_group = (
+            key_group_exprs(key_column, serializer, max_parallelism, KEY_GROUP_COLUMN) if self.sql else []
+        )
+        # bigint, as in routing_values: Spark hashes an int and a bigint of one value differently.
+        values = ", ".join(f"CAST({v} AS BIGINT)" for v in route_values)
+        # Flink's operator index kg * p // maxp, in integer arithmetic.
+        index = f"CAST(CAST({KEY_GROUP_COLUMN} AS BIGINT) * {parallelism} DIV {max_parallelism} AS INT)"
+        self.tail = [
+            f"{index} AS {SUBTASK_COLUMN}",
+            f"false AS {MARKER_COLUMN}",
+            f"element_at(array({values}), {SUBTASK_COLUMN} + 1) AS {ROUTE_COLUMN}",
+        ]
+        self.keep = [*self.columns, KEY_GROUP_COLUMN, SUBTASK_COLUMN, MARKER_COLUMN, ROUTE_COLUMN]
+        self.marker_rows: DataFrame | None = None
+        if markers:
+            self.marker_rows = session.range(parallelism).selectExpr(
+                *(f"CAST(NULL AS {f.dataType.simpleString()}) AS {_quote(f.name)}" for f in schema.fields),
+                f"CAST(NULL AS INT) AS {KEY_GROUP_COLUMN}",
+                f"CAST(id AS INT) AS {SUBTASK_COLUMN}",
+                f"true AS {MARKER_COLUMN}",
+                f"element_at(array({values}), CAST(id AS INT) + 1) AS {ROUTE_COLUMN}",
+            )
+
+    def route(self, df: DataFrame) -> DataFrame:
+        """``df`` (of the router's schema) plus key group and subtask; partition ``i`` holds subtask ``i``."""
+        if self.sql:
+            rows = df.selectExpr("*", *self.key_group, *self.tail).select(*self.keep)
+        else:
+            keyed = with_key_group(df, self.key_column, self.serializer, self.max_parallelism)
+            rows = keyed.selectExpr("*", *self.tail)
+        if self.marker_rows is not None:
+            rows = rows.union(self.marker_rows)
+        return rows.repartition(self.parallelism, ROUTE_COLUMN)
+
+
 def route(
     df: DataFrame,
     *,
@@ -189,27 +255,11 @@ def route(
     """``df`` plus its key group and subtask, partitioned so that partition ``i`` holds subtask ``i``.
 
     With ``markers``, one marker row per subtask joins (nulls but for the
-    subtask), so that every subtask runs even without records. A handful of
-    projections, each analysed once: the routing plan costs the driver a few
-    milliseconds per micro-batch, not one analysis per step.
+    subtask), so that every subtask runs even without records. A query run
+    routes every batch through one :class:`Router` instead.
     """
-    # bigint, as in routing_values: Spark hashes an int and a bigint of one value differently.
-    values = F.array(*(F.lit(v).cast("bigint") for v in route_values))
-    # Flink's operator index kg * p // maxp, in integer arithmetic.
-    index = F.expr(f"CAST(CAST({KEY_GROUP_COLUMN} AS BIGINT) * {parallelism} DIV {max_parallelism} AS INT)")
-    rows = with_key_group(df, key_column, serializer, max_parallelism).select(
-        "*",
-        index.alias(SUBTASK_COLUMN),
-        F.lit(False).alias(MARKER_COLUMN),
-        F.element_at(values, F.col(SUBTASK_COLUMN) + F.lit(1)).alias(ROUTE_COLUMN),
-    )
-    if markers:
-        marker_rows = df.sparkSession.range(parallelism).select(
-            *(F.lit(None).cast(f.dataType).alias(f.name) for f in df.schema.fields),
-            F.lit(None).cast("int").alias(KEY_GROUP_COLUMN),
-            F.col("id").cast("int").alias(SUBTASK_COLUMN),
-            F.lit(True).alias(MARKER_COLUMN),
-            F.element_at(values, F.col("id").cast("int") + F.lit(1)).alias(ROUTE_COLUMN),
-        )
-        rows = rows.union(marker_rows)
-    return rows.repartition(parallelism, ROUTE_COLUMN)
+    router = Router(
+        df.sparkSession, df.schema, key_column=key_column, serializer=serializer, parallelism=parallelism,
+        max_parallelism=max_parallelism, route_values=route_values, markers=markers,
+    )  # fmt: skip
+    return router.route(df)

@@ -68,6 +68,7 @@ from ._routing import MARKER_COLUMN, SUBTASK_COLUMN
 __all__ = [
     "HANDLE_COLUMN",
     "LATE_COLUMN",
+    "InlineMetadata",
     "LATE_PREFIX",
     "TaskPlan",
     "internal_schema",
@@ -239,6 +240,13 @@ class _AttemptWriter:
 
     def abort(self) -> None:
         """Nothing to do: the driver cleans up unfinished checkpoints."""
+
+
+@dataclass(frozen=True)
+class InlineMetadata:
+    """The restore checkpoint's metadata shipped inside the task, read as a broadcast's ``value``."""
+
+    value: bytes
 
 
 @dataclass
