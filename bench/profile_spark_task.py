@@ -8,6 +8,7 @@ cProfile: converting input rows, the record loop, state access, the user
 function, building output rows and Arrow batches, the snapshot.
 
     python bench/profile_spark_task.py [--records 100000] [--urls 100000] [--batches 3]
+        [--no-profile] [--vectorized]
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from statekit._keygroups import key_group_for_bytes, operator_index_for_key_grou
 from statekit._serializers import StrSerializer
 from statekit.spark._routing import MARKER_COLUMN, SUBTASK_COLUMN
 from statekit.spark._task import TaskPlan, make_task, reset_cache
-from statekit_urlcount import CountPerUrl
+from statekit_urlcount import CountPerUrl, CountPerUrlVectorized
 
 
 def batches_for(records: int, urls: int, subtask: int, parallelism: int, seed: int) -> list[pa.RecordBatch]:
@@ -68,6 +69,8 @@ def main() -> None:
     ap.add_argument("--urls", type=int, default=100_000)
     ap.add_argument("--batches", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--no-profile", action="store_true", help="time only (cProfile slows the loop down)")
+    ap.add_argument("--vectorized", action="store_true", help="CountPerUrlVectorized instead of CountPerUrl")
     args = ap.parse_args()
     from pyspark.sql import types as T
 
@@ -95,7 +98,8 @@ def main() -> None:
             parallelism=2,
             max_parallelism=128,
             config=config,
-            function_factory=CountPerUrl,
+            function_factory=CountPerUrlVectorized if args.vectorized else CountPerUrl,
+            vectorized=args.vectorized,
             key_column="url",
             key_serializer=StrSerializer(),
             input_columns=("url",),
@@ -106,11 +110,13 @@ def main() -> None:
         )
         task = make_task(plan, None)
         t0 = time.perf_counter()
-        if b:
+        profiled = b and not args.no_profile
+        if profiled:
             prof.enable()
         out: list[Any] = list(task(iter(data)))
-        if b:
+        if profiled:
             prof.disable()
+        if b:
             total += time.perf_counter() - t0
             rows += sum(d.num_rows for d in data)
         handle = out[-1].column("__statekit_handle").to_pylist()[-1]
@@ -121,8 +127,8 @@ def main() -> None:
         f"{rows:,} rows of subtask 0 over {args.batches - 1} profiled batches: {total:.3f} s, "
         f"{rows / total:,.0f} rows/s"
     )
-    stats = pstats.Stats(prof)
-    stats.sort_stats("tottime").print_stats(args.top)
+    if not args.no_profile:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
 
 
 if __name__ == "__main__":

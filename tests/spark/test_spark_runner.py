@@ -401,6 +401,26 @@ def test_executors_reuse_open_state_between_batches(
         assert min(ids) < last.checkpoint_id, ids
 
 
+def test_a_streaming_query_turns_aqe_off_in_its_own_session_only(
+    session: Any, tmp_path: Path, job_id: str
+) -> None:
+    """As Spark does for stateful queries: AQE off for the query's batches, the user's session unchanged."""
+    configure(
+        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 2}
+    )
+    session.conf.set("spark.sql.adaptive.enabled", "true")
+    write_inputs(tmp_path / "in", RECORDS[:600], 2)
+    seen: list[tuple[int, str, int]] = []
+
+    def sink(df: Any, batch_id: int) -> None:
+        seen.append((batch_id, df.sparkSession.conf.get("spark.sql.adaptive.enabled"), df.count()))
+
+    processed = keyed(stream_of(session, tmp_path / "in"), "url").process(CountUrls, OUTPUT, job_id=job_id)
+    run_to_end(processed.foreach_batch(sink), tmp_path / "spark")
+    assert seen == [(0, "false", 300), (1, "false", 300)]
+    assert session.conf.get("spark.sql.adaptive.enabled") == "true"
+
+
 def test_state_moves_between_spark_and_the_embedded_runner(session: Any, tmp_path: Path, job_id: str) -> None:
     """A Spark checkpoint restores into LocalRunner; its savepoint starts a Spark job at a new parallelism."""
     configure(

@@ -222,7 +222,8 @@ class Router:
         self.keep = [*self.columns, KEY_GROUP_COLUMN, SUBTASK_COLUMN, MARKER_COLUMN, ROUTE_COLUMN]
         self.marker_rows: DataFrame | None = None
         if markers:
-            self.marker_rows = session.range(parallelism).selectExpr(
+            # One partition: one small task in the scan stage, not one per subtask.
+            self.marker_rows = session.range(0, parallelism, 1, 1).selectExpr(
                 *(f"CAST(NULL AS {f.dataType.simpleString()}) AS {_quote(f.name)}" for f in schema.fields),
                 f"CAST(NULL AS INT) AS {KEY_GROUP_COLUMN}",
                 f"CAST(id AS INT) AS {SUBTASK_COLUMN}",

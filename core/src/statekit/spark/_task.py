@@ -721,19 +721,25 @@ class _TaskRun:
         subtasks = batch.column(SUBTASK_COLUMN).to_pylist()
         markers = batch.column(MARKER_COLUMN).to_pylist()
         keys = batch.column(plan.key_column).to_pylist()
-        rows: list[int] = []
+        served = set(subtasks)
+        for index in sorted(served, key=lambda i: (i is None, i)):
+            self.subtask(index)  # every subtask whose rows (or marker) came here runs and snapshots
         late_rows: list[int] = []
         et = plan.event_time
-        times = _event_times(batch, et) if et is not None else None
-        late_to_function = et is not None and et.late is LatePolicy.PROCESS
-        watermark = plan.watermark
-        for row, (index, marker) in enumerate(zip(subtasks, markers)):
-            st = self.subtask(index)
-            if marker:
-                continue
-            if times is not None:
+        if et is None:
+            rows = [row for row, marker in enumerate(markers) if not marker]
+        else:
+            rows = []
+            times = _event_times(batch, et)
+            late_to_function = et.late is LatePolicy.PROCESS
+            watermark = plan.watermark
+            active = self.active
+            for row, (index, marker) in enumerate(zip(subtasks, markers)):
+                if marker:
+                    continue
                 ts = times[row]
                 if ts is not None:
+                    st = active[index]
                     if ts <= watermark:
                         st.late += 1
                         if not late_to_function:
@@ -742,11 +748,16 @@ class _TaskRun:
                             continue
                     if st.max_event_time is None or ts > st.max_event_time:
                         st.max_event_time = ts
-            rows.append(row)
+                rows.append(row)
         serialize = plan.key_serializer.serialize
-        order, runs = group_runs(
-            list(zip(subtasks, keys)), rows, fallback=lambda sk: (sk[0], serialize(sk[1]))
-        )
+        if len(served) == 1:  # the usual case: one subtask per partition, group on the key alone
+            (only,) = served
+            order, key_runs = group_runs(keys, rows, fallback=serialize)
+            runs = [((only, key), offset, length) for key, offset, length in key_runs]
+        else:
+            order, runs = group_runs(
+                list(zip(subtasks, keys)), rows, fallback=lambda sk: (sk[0], serialize(sk[1]))
+            )
         grouped = batch.select(list(plan.input_columns)).take(pa.array(order, pa.int64()))
         t_loop = clock()
         phases["convert"] += t_loop - t
