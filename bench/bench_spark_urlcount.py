@@ -7,6 +7,10 @@ the same directory:
 
 - statekit: ``keyed(df, key="url").process(CountPerUrl)`` through
   :mod:`statekit.spark`, heap backend, filesystem checkpoints;
+- statekit vectorized: the same with ``CountPerUrlVectorized`` (a
+  ``KeyedBatchFunction``: one call per URL and micro-batch);
+- the streaming floor: the same stream, micro-batches and sink without any
+  state (each row becomes ``(url, 1)``), what every streaming query pays here;
 - ``applyInPandasWithState`` with a counting function (Spark's default HDFS
   state store provider);
 - ``transformWithStateInPandas`` with a ``ValueState``, RocksDB state store
