@@ -14,7 +14,6 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 
 from statekit import (  # noqa: E402
-    AggregateFunction,
     AggregatingStateDescriptor,
     ConfigurationError,
     EventTime,
@@ -32,6 +31,7 @@ from statekit import (  # noqa: E402
     ValueStateDescriptor,
 )
 from statekit._columnar import group_runs, output_columns, output_rows  # noqa: E402
+from statekit.testing._semantics_state import Mean  # noqa: E402
 
 COUNT = ValueStateDescriptor("count", int, default=0)
 SEQS = ListStateDescriptor("seqs", int)
@@ -40,21 +40,7 @@ BY_METHOD = MapStateDescriptor("by_method", str, int)
 SEEN = ListStateDescriptor("keys_seen", str)
 
 
-class MeanBytes(AggregateFunction[int, tuple[int, int], float]):
-    def create_accumulator(self) -> tuple[int, int]:
-        return (0, 0)
-
-    def add(self, value: int, acc: tuple[int, int]) -> tuple[int, int]:
-        return (acc[0] + value, acc[1] + 1)
-
-    def get_result(self, acc: tuple[int, int]) -> float:
-        return acc[0] / acc[1]
-
-    def merge(self, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
-        return (a[0] + b[0], a[1] + b[1])
-
-
-MEAN = AggregatingStateDescriptor("mean", MeanBytes(), tuple[int, int])
+MEAN = AggregatingStateDescriptor("mean", Mean(), tuple[int, int])
 RECENT = ValueStateDescriptor("recent", int, ttl=StateTtlConfig(timedelta(hours=1)))
 
 

@@ -46,10 +46,10 @@ def _partitions_hold_their_subtasks(spark: Any, df: Any, serializer: Any, p: int
     import pyarrow as pa
     from pyspark import TaskContext
 
-    from statekit.spark._routing import MARKER_COLUMN, SUBTASK_COLUMN, route, routing_values
+    from statekit.spark._routing import MARKER_COLUMN, SUBTASK_COLUMN, Router, routing_values
 
-    routed = route(df, key_column="k", serializer=serializer, parallelism=p, max_parallelism=maxp,
-                   route_values=routing_values(spark, p))  # fmt: skip
+    routed = Router(spark, df.schema, key_column="k", serializer=serializer, parallelism=p,
+                    max_parallelism=maxp, route_values=routing_values(spark, p)).route(df)  # fmt: skip
 
     def check(batches: Any) -> Any:
         part = TaskContext.get().partitionId()

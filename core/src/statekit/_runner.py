@@ -460,14 +460,8 @@ class LocalRunner:
     def _process_timed(self, record: Any) -> list[Any]:
         """:meth:`process` with event time: lateness, the record's timestamp, the watermark."""
         ts = self._event_time_of(record)  # type: ignore[misc]
-        if ts is not None and ts <= self._watermark:
-            self.late_records += 1
-            if not self._late_to_function:
-                if self.late_sink is not None:
-                    self.late_sink(record)
-                else:
-                    self._late_unsunk += 1
-                return self._fire_processing_time([])
+        if ts is not None and self._left_out_late(record, ts):
+            return self._fire_processing_time([])
         key = self.key_selector(record)
         st = self._subtasks[self._subtask_of(key)]
         st.keyed.set_current_key(key)
@@ -512,14 +506,8 @@ class LocalRunner:
             if self._event_time_of is not None:
                 ts = self._event_time_of(record)
                 if ts is not None:
-                    if ts <= self._watermark:
-                        self.late_records += 1
-                        if not self._late_to_function:
-                            if self.late_sink is not None:
-                                self.late_sink(record)
-                            else:
-                                self._late_unsunk += 1
-                            continue
+                    if self._left_out_late(record, ts):
+                        continue
                     if max_ts is None or ts > max_ts:
                         max_ts = ts
             if not isinstance(record, Mapping):
@@ -592,6 +580,22 @@ class LocalRunner:
         if buffer:
             flush()
         return since, True
+
+    def _left_out_late(self, record: Any, ts: int) -> bool:
+        """Whether ``record`` (event time ``ts``) is late and not processed: counted, sent to the late sink.
+
+        Under the ``process`` late policy a late record is counted and processed (False).
+        """
+        if ts > self._watermark:
+            return False
+        self.late_records += 1
+        if self._late_to_function:
+            return False
+        if self.late_sink is not None:
+            self.late_sink(record)
+        else:
+            self._late_unsunk += 1
+        return True
 
     def _fire_processing_time(self, outputs: list[Any]) -> list[Any]:
         hint = self._processing_hint

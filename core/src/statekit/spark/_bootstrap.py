@@ -47,7 +47,7 @@ from ..state_processor._writer import (
     _writing,
     encode_section,
 )
-from ._routing import KEY_GROUP_COLUMN, RESERVED_COLUMNS, ROUTE_COLUMN, route, routing_values
+from ._routing import KEY_GROUP_COLUMN, RESERVED_COLUMNS, ROUTE_COLUMN, Router, routing_values
 
 __all__ = ["write_savepoint"]
 
@@ -134,10 +134,11 @@ def write_savepoint(
     try:
         sections = None
         for idx, ((_, df), meta) in enumerate(zip(frames, metas)):
-            routed = route(
-                df, key_column="key", serializer=ks, parallelism=p, max_parallelism=max_parallelism,
-                route_values=route_values, markers=False,
+            router = Router(
+                session, df.schema, key_column="key", serializer=ks, parallelism=p,
+                max_parallelism=max_parallelism, route_values=route_values, markers=False,
             )  # fmt: skip
+            routed = router.route(df)
             encoded = routed.sortWithinPartitions(KEY_GROUP_COLUMN).mapInArrow(
                 _EncodeSections(idx, meta, ks.config(), now, p, max_parallelism), _SECTIONS
             )

@@ -39,7 +39,6 @@ __all__ = [
     "SUBTASK_COLUMN",
     "Router",
     "key_group_exprs",
-    "route",
     "routing_values",
     "with_key_group",
     "sql_key_group",
@@ -241,26 +240,3 @@ class Router:
         if self.marker_rows is not None:
             rows = rows.union(self.marker_rows)
         return rows.repartition(self.parallelism, ROUTE_COLUMN)
-
-
-def route(
-    df: DataFrame,
-    *,
-    key_column: str,
-    serializer: TypeSerializer,
-    parallelism: int,
-    max_parallelism: int,
-    route_values: list[int],
-    markers: bool = True,
-) -> DataFrame:
-    """``df`` plus its key group and subtask, partitioned so that partition ``i`` holds subtask ``i``.
-
-    With ``markers``, one marker row per subtask joins (nulls but for the
-    subtask), so that every subtask runs even without records. A query run
-    routes every batch through one :class:`Router` instead.
-    """
-    router = Router(
-        df.sparkSession, df.schema, key_column=key_column, serializer=serializer, parallelism=parallelism,
-        max_parallelism=max_parallelism, route_values=route_values, markers=markers,
-    )  # fmt: skip
-    return router.route(df)

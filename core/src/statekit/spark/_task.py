@@ -638,12 +638,28 @@ class _TaskRun:
             self.reused.add(index)
         return st
 
+    def late(self, st: _Subtask, ts: int, row: int, late_rows: list[int]) -> bool:
+        """Whether row ``row`` (event time ``ts``) is late and left out; counts it, notes the event time.
+
+        A late row (at or below the batch's watermark) goes to ``late_rows``
+        when a late-records sink takes it, or to the function under the
+        ``process`` policy (then this returns False).
+        """
+        if ts <= self.plan.watermark:
+            st.late += 1
+            et = self.plan.event_time
+            if et is None or et.late is not LatePolicy.PROCESS:
+                if self.out.late_columns:
+                    late_rows.append(row)
+                return True
+        if st.max_event_time is None or ts > st.max_event_time:
+            st.max_event_time = ts
+        return False
+
     def process_records(self, batches: Iterator[Any]) -> Iterator[Any]:
         """The per-record loop: ``process`` per row, in the order rows arrive."""
         plan, out, phases = self.plan, self.out, self.phases
         et = plan.event_time
-        watermark = plan.watermark
-        late_to_function = et is not None and et.late is LatePolicy.PROCESS
         pending = out.rows
         append, width = pending.append, len(out.names)
         key_column = plan.key_column
@@ -675,15 +691,8 @@ class _TaskRun:
                 ts = None
                 if times is not None:
                     ts = times[row]
-                    if ts is not None:
-                        if ts <= watermark:
-                            st.late += 1
-                            if not late_to_function:
-                                if out.late_columns:
-                                    late_rows.append(row)
-                                continue
-                        if st.max_event_time is None or ts > st.max_event_time:
-                            st.max_event_time = ts
+                    if ts is not None and self.late(st, ts, row, late_rows):
+                        continue
                 key = record[key_column]
                 set_key(key)
                 pctx.current_key = key
@@ -731,23 +740,13 @@ class _TaskRun:
         else:
             rows = []
             times = _event_times(batch, et)
-            late_to_function = et.late is LatePolicy.PROCESS
-            watermark = plan.watermark
             active = self.active
             for row, (index, marker) in enumerate(zip(subtasks, markers)):
                 if marker:
                     continue
                 ts = times[row]
-                if ts is not None:
-                    st = active[index]
-                    if ts <= watermark:
-                        st.late += 1
-                        if not late_to_function:
-                            if out.late_columns:
-                                late_rows.append(row)
-                            continue
-                    if st.max_event_time is None or ts > st.max_event_time:
-                        st.max_event_time = ts
+                if ts is not None and self.late(active[index], ts, row, late_rows):
+                    continue
                 rows.append(row)
         serialize = plan.key_serializer.serialize
         if len(served) == 1:  # the usual case: one subtask per partition, group on the key alone
