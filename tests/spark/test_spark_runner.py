@@ -410,14 +410,17 @@ def test_a_streaming_query_turns_aqe_off_in_its_own_session_only(
     )
     session.conf.set("spark.sql.adaptive.enabled", "true")
     write_inputs(tmp_path / "in", RECORDS[:600], 2)
-    seen: list[tuple[int, str, int]] = []
+    seen: list[tuple[int, str, str, int]] = []
 
     def sink(df: Any, batch_id: int) -> None:
-        seen.append((batch_id, df.sparkSession.conf.get("spark.sql.adaptive.enabled"), df.count()))
+        conf = df.sparkSession.conf
+        seen.append((batch_id, conf.get("spark.sql.adaptive.enabled"),
+                     conf.get("spark.sql.inMemoryColumnarStorage.compressed"), df.count()))  # fmt: skip
 
     processed = keyed(stream_of(session, tmp_path / "in"), "url").process(CountUrls, OUTPUT, job_id=job_id)
     run_to_end(processed.foreach_batch(sink), tmp_path / "spark")
-    assert seen == [(0, "false", 300), (1, "false", 300)]
+    # The batch's own cache is made uncompressed; the setting is back before the sink runs.
+    assert seen == [(0, "false", "true", 300), (1, "false", "true", 300)]
     assert session.conf.get("spark.sql.adaptive.enabled") == "true"
 
 

@@ -396,7 +396,9 @@ class Coordinator:
         )
         if query != STATIC_QUERY:
             _as_stateful_query(df.sparkSession)
-        processed = processed.persist(StorageLevel.MEMORY_AND_DISK)
+            processed = _persist_uncompressed(processed, df.sparkSession)
+        else:
+            processed = processed.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             # One pass computes (and caches) every partition; the sink then reads the cache.
             t = clock()
@@ -520,6 +522,27 @@ def _as_stateful_query(session: SparkSession) -> None:
     key = "spark.sql.adaptive.enabled"
     if session.conf.get(key, "true") != "false":
         session.conf.set(key, "false")
+
+
+def _persist_uncompressed(processed: DataFrame, session: SparkSession) -> DataFrame:
+    """``processed`` cached without compressing its columns, in a streaming query's own session.
+
+    The cache lives for one micro-batch (the sink reads it, then it is
+    dropped): compressing it costs CPU the batch waits for and saves memory
+    for a moment. The cache takes the setting when it is made, so it is set
+    for the ``persist`` alone and restored (a sink's own caches are compressed
+    as configured).
+    """
+    key = "spark.sql.inMemoryColumnarStorage.compressed"
+    before = session.conf.get(key, None)
+    session.conf.set(key, "false")
+    try:
+        return processed.persist(StorageLevel.MEMORY_AND_DISK)
+    finally:
+        if before is None:
+            session.conf.unset(key)
+        else:
+            session.conf.set(key, before)
 
 
 def _attempts(source: CompletedCheckpoint | None) -> dict[int, str]:
