@@ -24,6 +24,7 @@ from ._contracts import (
 )
 from ._errors import (
     BackendIOError,
+    BadRecordError,
     CheckpointError,
     CheckpointNotFoundError,
     ConfigurationError,
@@ -35,6 +36,7 @@ from ._errors import (
     PluginError,
     SerializationError,
     SnapshotError,
+    SourceError,
     StateAccessError,
     StateError,
     StateMigrationError,
@@ -86,6 +88,7 @@ from ._state import (
     ValueState,
     ValueStateDescriptor,
 )
+from .sources import BadRecord, BadRecordPolicy, InputLostWarning, LogSource, LostInput
 from .timers import EventTime, TimeDomain, TimerService
 
 __version__ = "0.1.0"
@@ -97,6 +100,13 @@ __all__ = [
     "CheckpointMetadata",
     "CompletedCheckpoint",
     "FileSource",
+    "LogSource",
+    "BadRecord",
+    "BadRecordError",
+    "BadRecordPolicy",
+    "InputLostWarning",
+    "LostInput",
+    "SourceError",
     "EventTime",
     "KeyedBatchFunction",
     "KeyedProcessFunction",

@@ -57,9 +57,17 @@ class ConfigOption:
     Core options use their full key as ``name``; plugin options use a short name
     (``"block-cache-size"``) that the plugin's key prefix completes.
 
+    An ``int`` is a count (``"1k"`` is refused) unless declared ``byte_size=True``;
+    ``minimum`` and ``maximum`` bound ints and floats (inclusive); ``off`` names
+    the value that turns an int option off, accepted as itself or as the word
+    ``off`` and exempt from the bounds.
+
     Example::
 
-        ConfigOption("block-cache-size", int, 8 << 20, "Bytes of RocksDB block cache.")
+        ConfigOption("block-cache-size", int, 8 << 20, "Bytes of RocksDB block cache.", byte_size=True)
+        ConfigOption("write-buffer-count", int, 2, "Memtables per state.", minimum=1)
+        ConfigOption("interval-records", int, 0, "Records between checkpoints.", minimum=1, off=0)
+        ConfigOption("max-ratio", float, None, "Share of bad records.", minimum=0.0, maximum=1.0)
         ConfigOption("compression", str, "lz4", "Block compression.", choices=("none", "lz4"))
 
     Attributes:
@@ -156,23 +164,44 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
     ConfigOption("statekit.checkpoint.tolerable-failures", int, None,
         "Embedded runner: checkpoints that may fail in a row; one more fails the job (as Flink's "
         "execution.checkpointing.tolerable-failed-checkpoints). Unset: a failed checkpoint never "
-        "fails the job."),
+        "fails the job.", minimum=0),
     ConfigOption("statekit.parallelism", int, None,
-        "Number of parallel subtasks; unset: the runner decides."),
+        "Number of parallel subtasks; unset: the runner decides.", minimum=1),
     ConfigOption("statekit.max-parallelism", int, None,
-        "Number of key groups, the upper bound for rescaling; unset: computed from the parallelism."),
+        "Number of key groups, the upper bound for rescaling; unset: computed from the parallelism.",
+        minimum=1),
     ConfigOption("statekit.batch-size", int, 10_000,
         "Embedded runner: records per micro-batch for a KeyedBatchFunction (a due checkpoint also "
-        "ends a batch); on Spark a micro-batch is Spark's."),
+        "ends a batch); on Spark a micro-batch is Spark's.", minimum=1),
     ConfigOption("statekit.key-cache-size", int, 131072,
-        "Entries in the cache of serialized keys and their key groups."),
+        "Entries in the cache of serialized keys and their key groups.", minimum=1),
     ConfigOption("statekit.timers.end-of-input", str, "fire",
         "At the end of a bounded input (LocalRunner.run reaching the end of its source, Spark's "
-        "run()): fire moves the watermark to the end of time so every event-time timer fires, as "
-        "Flink does; keep leaves them for a later run over more input.",
+        "run()): fire fires every pending event-time timer as at the end of time (Flink's end of "
+        "input, stop --drain) but keeps the watermark the records made, so a later run over more "
+        "input goes on from it; keep leaves the timers for that later run (stop without --drain: "
+        "for input that grows, such as logs).",
         choices=("fire", "keep")),
+    ConfigOption("statekit.restore.fallback", bool, True,
+        "LocalRunner, restore='latest': when the newest checkpoint is damaged (a corrupt or missing "
+        "file), restore the next older retained one, with a warning, and report it in "
+        "RunResult.skipped_checkpoints; false: fail naming the damaged file. Spark never falls back "
+        "(its offset log must match the checkpoint)."),
     ConfigOption("statekit.plugins.strict", bool, False,
         "Fail instead of warning when an installed plugin cannot be loaded."),
+    ConfigOption("statekit.bad-records.policy", str, "fail",
+        "A record whose line does not parse (or is not UTF-8), whose key cannot be computed or has "
+        "the wrong type, or whose columns clash in an Arrow batch: fail stops the job with an error "
+        "naming the file, byte offset, line and text; dead-letter skips it into the dead letters.",
+        choices=("fail", "dead-letter")),
+    ConfigOption("statekit.bad-records.dead-letter-path", str, None,
+        "Embedded runner: the JSON-lines file dead letters are appended to (stage, error, file, "
+        "offset, line, raw text, job id, time); keep it outside the input directory."),
+    ConfigOption("statekit.bad-records.max", int, None,
+        "With dead-letter: more bad records than this in one run fail the job; unset: no limit."),
+    ConfigOption("statekit.bad-records.max-ratio", float, None,
+        "With dead-letter: a share of bad records among those read in one run (0 to 1) above which "
+        "the job fails, checked at each periodic checkpoint and at the end of the input; unset: no limit."),
 )  # fmt: skip
 _CORE_BY_KEY = {option.name: option for option in CORE_OPTIONS}
 

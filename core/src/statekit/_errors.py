@@ -7,6 +7,8 @@ exception fits, the error also inherits it, so callers may catch either::
     ├── ConfigurationError (ValueError)
     │   └── UnknownPluginError (LookupError)
     ├── BackendIOError (OSError)
+    ├── BadRecordError (ValueError)
+    ├── SourceError
     ├── PluginError
     │   └── PluginConflictError
     ├── SerializationError (ValueError)
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 __all__ = [
     "BackendIOError",
+    "BadRecordError",
     "CheckpointError",
     "CheckpointNotFoundError",
     "ConfigurationError",
@@ -37,6 +40,7 @@ __all__ = [
     "PluginError",
     "SerializationError",
     "SnapshotError",
+    "SourceError",
     "StateAccessError",
     "StateError",
     "StateMigrationError",
@@ -63,6 +67,37 @@ class BackendIOError(StateError, OSError):
     Names the directory and the space left on its disk; the engine's own error
     is the cause. The local files are a working copy: restore the job from its
     latest checkpoint once there is room.
+    """
+
+
+class BadRecordError(StateError, ValueError):
+    """An input record cannot be processed: its line does not parse, it has no usable key, its columns clash.
+
+    The message names the place (file, byte offset, line number) and the raw
+    text, cut short; ``bad`` holds them all (a :class:`statekit.sources.BadRecord`).
+    Raised under ``statekit.bad-records.policy=fail`` and when a dead-letter
+    budget is spent (see docs/operations.md#input-files).
+
+    Attributes:
+        bad: The record and where it came from.
+    """
+
+    def __init__(self, message: str, bad: object = None) -> None:
+        super().__init__(message)
+        self.bad = bad
+
+    def __reduce__(self) -> tuple[type[BadRecordError], tuple[str, object]]:
+        """Pickles with its fields (Spark sends task errors to the driver)."""
+        return (BadRecordError, (str(self), self.bad))
+
+
+class SourceError(StateError):
+    """A source cannot follow its input as promised.
+
+    For example, a checkpointed position that names a file no longer there in
+    a form that cannot be matched again, or input lost (a file moved away
+    before it was read to its end) under ``on_lost="fail"``. The message names
+    the file and the reason.
     """
 
 

@@ -50,7 +50,9 @@ from ._parse import (
     TIMESTAMP_REASONS,
     AccessRecord,
     Malformed,
+    MalformedLine,
     parse_line,
+    parse_request,
     parse_timestamp,
 )
 from ._session import local_spark_session
@@ -89,6 +91,8 @@ __all__ = [
     "GenerateResult",
     "JobSettings",
     "Malformed",
+    "MalformedLine",
+    "PendingWindows",
     "RequestsPerUrlPerWindow",
     "RunReport",
     "StateSummary",
@@ -100,6 +104,7 @@ __all__ = [
     "local_spark_session",
     "parse_batches",
     "parse_line",
+    "parse_request",
     "parse_timed_batches",
     "parse_timed_line",
     "parse_timestamp",

@@ -23,7 +23,9 @@ __all__ = [
     "TIMESTAMP_REASONS",
     "AccessRecord",
     "Malformed",
+    "MalformedLine",
     "parse_line",
+    "parse_request",
     "parse_timestamp",
 ]
 
@@ -169,3 +171,38 @@ def parse_line(line: str, *, require_timestamp: bool = False) -> AccessRecord | 
         request=_text(obj.get("request")),
         time_ms=time_ms,
     )
+
+
+class MalformedLine(ValueError):
+    """Raised by :func:`parse_request` for a line that is not a request.
+
+    Attributes:
+        malformed: Why (its ``reason`` is one of :data:`REASONS` or :data:`TIMESTAMP_REASONS`).
+    """
+
+    def __init__(self, malformed: Malformed) -> None:
+        detail = f": {malformed.detail}" if malformed.detail else ""
+        super().__init__(f"{malformed.reason}{detail}")
+        self.malformed = malformed
+
+
+def parse_request(line: str, *, require_timestamp: bool = False) -> dict[str, Any]:
+    """:func:`parse_line` for statekit's bad-records policy: a request as a dict, or :class:`MalformedLine`.
+
+    Give it to a :class:`~statekit.LogSource` and a malformed line becomes a
+    bad record: with ``statekit.bad-records.policy=dead-letter`` it is written
+    to the dead letters with its file, offset, line number and reason, and the
+    job goes on; the rule is :func:`parse_line`'s, unchanged. Example::
+
+        LogSource("logs/", parse=parse_request)
+
+        >>> parse_request('{"url": "/api/a", "request": "GET"}')["url"]
+        '/api/a'
+
+    Raises:
+        MalformedLine: If the line is not a request.
+    """
+    parsed = parse_line(line, require_timestamp=require_timestamp)
+    if isinstance(parsed, Malformed):
+        raise MalformedLine(parsed)
+    return {"url": parsed.url, "request": parsed.request, "time_ms": parsed.time_ms}
