@@ -121,7 +121,7 @@ def test_missing_file_names_it(root: Root, job_id: str) -> None:
     handle = write(writer, "gone.bin", b"abc")
     location = writer.complete(b"m")
     handle.discard()
-    with pytest.raises(CheckpointError, match=r"gone\.bin.* is missing"):
+    with pytest.raises(CorruptSnapshotError, match=r"gone\.bin: the file is missing"):
         roundtrip(storage, location, handle).read()
 
 

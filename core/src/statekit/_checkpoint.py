@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import struct
 import time
 import warnings
@@ -32,6 +33,7 @@ from ._contracts import (
 )
 from ._errors import (
     CheckpointError,
+    CorruptCheckpointError,
     CorruptSnapshotError,
     MaxParallelismMismatchError,
     StateError,
@@ -53,6 +55,7 @@ from ._snapshot import (
     ProgressCallback,
     SnapshotHeader,
     SnapshotWriteResult,
+    _where,
 )
 
 __all__ = [
@@ -62,7 +65,10 @@ __all__ = [
     "apply_retention",
     "complete_checkpoint",
     "discard_native_uploads",
+    "highest_checkpoint_id",
     "load_checkpoint",
+    "metadata_at",
+    "naming_damage",
     "write_keyed_file",
     "write_operator_file",
     "write_subtask_state",
@@ -432,6 +438,28 @@ def discard_native_uploads(
                     storage.discard_shared(location, f["handle"])
 
 
+_CHECKPOINT_NAME = re.compile(r"chk-(0|[1-9][0-9]*)/?$")
+
+
+def highest_checkpoint_id(storage: CheckpointStorage, job_id: str) -> int:
+    """The highest id of the completed checkpoints of ``job_id`` (damaged ones included), or 0.
+
+    A new checkpoint must be numbered above it: an id is never used twice, so a
+    restore of an older checkpoint never writes into a newer one. The id comes
+    from the location's ``chk-<n>`` name where the storage uses it, else from
+    the metadata (an unreadable one then counts as nothing: its name told nothing).
+    """
+    highest = 0
+    for location in storage.list_checkpoints(job_id):
+        match = _CHECKPOINT_NAME.search(location)
+        if match is not None:
+            highest = max(highest, int(match[1]))
+            continue
+        with contextlib.suppress(CorruptSnapshotError, CheckpointError):
+            highest = max(highest, load_checkpoint(storage, location).checkpoint_id)
+    return highest
+
+
 def apply_retention(storage: CheckpointStorage, job_id: str, retained: int) -> list[str]:
     """Discard all but the newest ``retained`` checkpoints, unreferenced shared files, and orphans.
 
@@ -494,8 +522,37 @@ def apply_retention(storage: CheckpointStorage, job_id: str, retained: int) -> l
     return drop
 
 
+@contextlib.contextmanager
+def naming_damage(location: str) -> Iterator[None]:
+    """Turn a :class:`CorruptSnapshotError` raised inside into a ``CorruptCheckpointError`` of ``location``.
+
+    So every corruption error of a checkpoint reads ``checkpoint <location>:
+    <file>: <what is wrong>``, wherever the damaged bytes were found.
+    """
+    try:
+        yield
+    except CorruptCheckpointError:
+        raise
+    except CorruptSnapshotError as e:
+        raise CorruptCheckpointError(location, str(e)) from e
+
+
+def metadata_at(location: str, data: bytes) -> CheckpointMetadata:
+    """Parse the ``_metadata`` bytes of the checkpoint at ``location``.
+
+    Raises:
+        CorruptCheckpointError: Naming ``<location>/_metadata``, if they are damaged.
+    """
+    with naming_damage(location):
+        return CheckpointMetadata.from_bytes(data, f"{location.rstrip('/')}/_metadata")
+
+
 class CompletedCheckpoint:
-    """A loaded checkpoint or savepoint, from which subtasks are restored."""
+    """A loaded checkpoint or savepoint, from which subtasks are restored.
+
+    Every method that reads its files raises :class:`CorruptCheckpointError`
+    naming this checkpoint and the damaged file.
+    """
 
     def __init__(self, storage: CheckpointStorage, location: str, metadata: CheckpointMetadata) -> None:
         self.storage = storage
@@ -558,6 +615,10 @@ class CompletedCheckpoint:
 
     def keyed_handles(self, operator_id: str, key_groups: KeyGroupRange) -> list[KeyedStateHandle]:
         """The canonical keyed snapshot handles of ``operator_id`` that hold any of ``key_groups``."""
+        with naming_damage(self.location):
+            return self._keyed_handles(operator_id, key_groups)
+
+    def _keyed_handles(self, operator_id: str, key_groups: KeyGroupRange) -> list[KeyedStateHandle]:
         out = []
         for st in self.metadata.operators.get(operator_id, []):
             k = st.keyed
@@ -593,6 +654,10 @@ class CompletedCheckpoint:
 
     def native_handles(self, operator_id: str, key_groups: KeyGroupRange) -> list[NativeStateHandle]:
         """The native keyed snapshot handles of ``operator_id`` that hold any of ``key_groups``."""
+        with naming_damage(self.location):
+            return self._native_handles(operator_id, key_groups)
+
+    def _native_handles(self, operator_id: str, key_groups: KeyGroupRange) -> list[NativeStateHandle]:
         out = []
         for st in self.metadata.operators.get(operator_id, []):
             k = st.keyed
@@ -634,13 +699,18 @@ class CompletedCheckpoint:
                     f"{self.location}: operator {operator_id!r} holds native snapshots, which the "
                     f"{type(keyed).__name__} backend cannot restore"
                 )
-            keyed.restore_native(handles)
+            with naming_damage(self.location):
+                keyed.restore_native(handles)
             yield keyed
         finally:
             keyed.close()
 
     def operator_states(self, operator_id: str, new_parallelism: int) -> list[OperatorSnapshot]:
         """Operator state of ``operator_id`` redistributed over ``new_parallelism`` subtasks."""
+        with naming_damage(self.location):
+            return self._operator_states(operator_id, new_parallelism)
+
+    def _operator_states(self, operator_id: str, new_parallelism: int) -> list[OperatorSnapshot]:
         old: list[OperatorSnapshot | None] = []
         for st in self.metadata.operators.get(operator_id, []):
             if st.operator:
@@ -652,11 +722,11 @@ class CompletedCheckpoint:
                 crc = st.operator.get("crc32")  # absent in checkpoints of statekit before it was added
                 if crc is not None and crc != zlib.crc32(data):
                     raise CorruptSnapshotError(
-                        f"{_describe(h)}: its CRC-32 is not the one {self.location}/_metadata records for "
+                        f"{_where(h)}: its CRC-32 is not the one {self.location}/_metadata records for "
                         f"operator {operator_id!r} subtask {st.subtask_index}; the file was replaced or "
                         "the metadata is damaged"
                     )
-                old.append(decode_operator_snapshot(data, _describe(h)))
+                old.append(decode_operator_snapshot(data, _where(h)))
             else:
                 old.append(None)
         return redistribute_operator_state(old, new_parallelism)
@@ -671,7 +741,26 @@ class CompletedCheckpoint:
         *,
         operator_states: Sequence[OperatorSnapshot] | None = None,
     ) -> None:
-        """Restore one new subtask's keyed and operator state."""
+        """Restore one new subtask's keyed and operator state.
+
+        Raises:
+            CorruptCheckpointError: If a file it reads is damaged or missing.
+        """
+        with naming_damage(self.location):
+            self._restore_subtask(
+                operator_id, subtask_index, parallelism, keyed, operator, operator_states=operator_states
+            )
+
+    def _restore_subtask(
+        self,
+        operator_id: str,
+        subtask_index: int,
+        parallelism: int,
+        keyed: KeyedStateBackend | None,
+        operator: OperatorStateBackend | None,
+        *,
+        operator_states: Sequence[OperatorSnapshot] | None = None,
+    ) -> None:
         if keyed is not None:
             expected = key_group_range_for_operator(self.metadata.max_parallelism, parallelism, subtask_index)
             if keyed.key_group_range != expected:
@@ -703,17 +792,13 @@ def _has_state(sts: Sequence[SubtaskState]) -> bool:
     )
 
 
-def _describe(h: Any) -> str:
-    try:
-        j = h.to_json()
-        return str(j.get("path") or j.get("name") or j.get("type"))
-    except Exception:  # noqa: BLE001 - only for messages
-        return repr(h)
-
-
 def load_checkpoint(storage: CheckpointStorage, location: str) -> CompletedCheckpoint:
-    """Read and check the metadata at ``location``."""
-    data = storage.read_metadata(location)
-    return CompletedCheckpoint(
-        storage, location, CheckpointMetadata.from_bytes(data, f"{location}/_metadata")
-    )
+    """Read and check the metadata at ``location``.
+
+    Raises:
+        CheckpointNotFoundError: If there is no completed checkpoint or savepoint there.
+        CorruptCheckpointError: If its ``_metadata`` is damaged.
+    """
+    with naming_damage(location):
+        data = storage.read_metadata(location)
+    return CompletedCheckpoint(storage, location, metadata_at(location, data))

@@ -8,11 +8,14 @@ and ``statekit.checkpoint.storage.<name>.<option>``.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import math
+import numbers
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,6 +31,7 @@ __all__ = [
     "ConfigOption",
     "Configuration",
     "PluginKind",
+    "is_statekit_key",
     "parse_plugin_options",
 ]
 
@@ -38,16 +42,19 @@ PLUGIN_KEY_PREFIXES: Mapping[PluginKind, str] = MappingProxyType(
     {"backend": "statekit.backend.", "storage": "statekit.checkpoint.storage."}
 )
 
-_SIZE = re.compile(r"([+-]?\d+)\s*(?:([kmgt])(?:i?b)?|b)?", re.IGNORECASE)
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_SIZE = re.compile(r"([0-9]+)\s*(?:([kmgt])(?:i?b)?|b)?", re.IGNORECASE)  # no sign: sizes are >= 0
 _MULTIPLES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off"})
+_OFF = "off"  # the word that turns off an option declared with off=
 _EXPECTED: Mapping[type, str] = {
-    int: "an integer, optionally with a size suffix such as 64mb or 5MiB",
+    int: "an integer (no size suffix: this is a count)",
     float: "a number",
     bool: "a boolean (true or false)",
     str: "a string",
 }
+_EXPECTED_SIZE = "a size in bytes: an integer, optionally with a suffix such as 64mb or 5MiB"
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,15 @@ class ConfigOption:
         default: The value when unset; may be ``None``.
         doc: One or two sentences for users, shown by ``statekit plugins``.
         choices: For ``str`` options, the allowed values, if restricted.
+        minimum: For ``int`` and ``float`` options, the smallest value allowed.
+        maximum: For ``int`` and ``float`` options, the largest value allowed.
+        byte_size: For ``int`` options, a number of bytes: binary size suffixes
+            (``"64mb"``) are accepted and the value is never negative.
+        off: For ``int`` options, the value meaning "off" (``"off"`` parses to it).
+
+    Raises:
+        ConfigurationError: If the declaration is inconsistent (``minimum`` on a
+            string, a default out of range, ...).
     """
 
     name: str
@@ -83,32 +99,91 @@ class ConfigOption:
     default: Any = None
     doc: str = ""
     choices: tuple[str, ...] | None = None
+    _: KW_ONLY
+    minimum: int | float | None = None
+    maximum: int | float | None = None
+    byte_size: bool = False
+    off: int | None = None
+
+    def __post_init__(self) -> None:
+        numeric = self.type in (int, float)
+        misplaced = [
+            what
+            for what, wrong in (
+                ("choices", self.choices is not None and self.type is not str),
+                ("minimum", self.minimum is not None and not numeric),
+                ("maximum", self.maximum is not None and not numeric),
+                ("byte_size", self.byte_size and self.type is not int),
+                ("off", self.off is not None and self.type is not int),
+                ("a negative minimum", self.byte_size and (self.minimum or 0) < 0),
+            )
+            if wrong
+        ]
+        if misplaced:
+            raise ConfigurationError(
+                f"option {self.name}: {', '.join(misplaced)} cannot apply to an option of type "
+                f"{self.type.__name__}"
+            )
+        if self.minimum is not None and self.maximum is not None and self.minimum > self.maximum:
+            raise ConfigurationError(f"option {self.name}: minimum {self.minimum} > maximum {self.maximum}")
+        if self.default is not None:
+            self.parse(self.default, self.name)  # a default the option would refuse is a bug
 
     @property
     def type_name(self) -> str:
-        """Describes the accepted values in a few words, for messages and listings."""
-        return " | ".join(self.choices) if self.choices is not None else self.type.__name__
+        """Describes the accepted values in a few words, for messages and listings.
+
+        Example: ``"int"``, ``"size"``, ``"int >= 1 | off"``, ``"none | lz4"``.
+        """
+        if self.choices is not None:
+            return " | ".join(self.choices)
+        name = "size" if self.byte_size else self.type.__name__
+        if self.minimum is not None:
+            name += f" >= {self.minimum}"
+        if self.maximum is not None:
+            name += f" <= {self.maximum}"
+        return name + (f" | {_OFF}" if self.off is not None else "")
 
     def parse(self, raw: object, key: str) -> Any:
-        """Converts a raw value (often a string from Spark's conf) to the option's type.
+        """Converts a raw value (often a string from Spark's conf) to the option's type and checks its range.
 
-        ``int`` options also accept binary size suffixes: ``"64mb"``, ``"5 MiB"``,
-        ``"1k"`` (multiples of 1024). Booleans accept true/false, 1/0, yes/no, on/off.
+        Byte sizes also accept binary size suffixes: ``"64mb"``, ``"5 MiB"``, ``"1k"``
+        (multiples of 1024); other ints are plain integers. Booleans accept
+        true/false, 1/0, yes/no, on/off (as strings; the numbers 1 and 0 are no booleans).
 
         Args:
             raw: The value as given; ``None`` means unset and yields the default.
             key: The full key, named in the error message.
 
         Raises:
-            ConfigurationError: If ``raw`` does not fit the option's type or choices.
+            ConfigurationError: If ``raw`` does not fit the option's type or
+                choices, or out of its range. The message never shows a secret.
         """
         if raw is None:
             return self.default
         value = self._convert(raw)
         if value is None:
-            expected = f"one of {', '.join(self.choices)}" if self.choices else _EXPECTED[self.type]
-            raise ConfigurationError(f"invalid value {redact(raw, key)!r} for {key}: expected {expected}")
-        return value
+            raise ConfigurationError(
+                f"invalid value {redact(raw, key)!r} for {key}: expected {self._expected()}"
+            )
+        if self.off is not None and value == self.off:
+            return value
+        minimum = 0 if self.byte_size and self.minimum is None else self.minimum
+        if minimum is not None and value < minimum:
+            wrong = f"at least {minimum}"
+        elif self.maximum is not None and value > self.maximum:
+            wrong = f"at most {self.maximum}"
+        else:
+            return value
+        alternative = f" or {_OFF}" if self.off is not None else ""
+        raise ConfigurationError(f"{key} must be {wrong}{alternative}, not {redact(raw, key)!r}")
+
+    def _expected(self) -> str:
+        if self.choices:
+            return f"one of {', '.join(self.choices)}"
+        if self.byte_size:
+            return _EXPECTED_SIZE
+        return _EXPECTED[self.type] + (f" or {_OFF}" if self.off is not None else "")
 
     def _convert(self, raw: object) -> Any:
         # None signals a bad value; no option type has None as a valid parsed value.
@@ -118,22 +193,29 @@ class ConfigOption:
                 return raw
             lowered = (text or "").lower()
             return True if lowered in _TRUE else False if lowered in _FALSE else None
-        if isinstance(raw, bool):  # bool is an int subclass, but True is no size
+        if isinstance(raw, bool):  # bool is an int subclass, but True is no count
             return None
         if self.type is int:
-            if isinstance(raw, int):
-                return raw
-            match = _SIZE.fullmatch(text or "")
+            if isinstance(raw, numbers.Integral):  # numpy's ints too
+                return int(raw)
+            text = text or ""
+            if self.off is not None and text.lower() == _OFF:
+                return self.off
+            if not self.byte_size:
+                return int(text) if _INTEGER.fullmatch(text) else None
+            match = _SIZE.fullmatch(text)
             if match is None:
                 return None
             return int(match[1]) * _MULTIPLES.get((match[2] or "").lower(), 1)
         if self.type is float:
-            if isinstance(raw, int | float):
-                return float(raw)
-            try:
-                return float(text) if text else None
-            except ValueError:
-                return None
+            number: float | None = None
+            if isinstance(raw, numbers.Real):
+                number = float(raw)
+            elif text:
+                with contextlib.suppress(ValueError):
+                    number = float(text)
+            # NaN passes every range check, and no option means infinity.
+            return number if number is not None and math.isfinite(number) else None
         value = os.fspath(raw) if isinstance(raw, os.PathLike) else raw
         if not isinstance(value, str) or (self.choices is not None and value not in self.choices):
             return None
@@ -151,7 +233,7 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
     ConfigOption("statekit.savepoints.dir", str, None,
         "Default URL or path for savepoints."),
     ConfigOption("statekit.checkpoints.retained", int, 1,
-        "Number of completed checkpoints kept; older ones are deleted."),
+        "Number of completed checkpoints kept; older ones are deleted.", minimum=1),
     ConfigOption("statekit.checkpoint.format", str, "native",
         "Format of checkpoints: native (the backend's own, incremental where it can; canonical for "
         "backends without one) or canonical. Savepoints are always canonical.",
@@ -160,7 +242,8 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "Directory under which on-disk backends keep their working files; unset: the system's "
         "temporary directory (LocalRunner) or Spark's local directories (on Spark)."),
     ConfigOption("statekit.checkpoint.interval-records", int, 0,
-        "Embedded runner: records between checkpoints; 0 turns periodic checkpoints off."),
+        "Embedded runner: records between checkpoints; off (or 0, the default) turns periodic "
+        "checkpoints off.", minimum=1, off=0),
     ConfigOption("statekit.checkpoint.tolerable-failures", int, None,
         "Embedded runner: checkpoints that may fail in a row; one more fails the job (as Flink's "
         "execution.checkpointing.tolerable-failed-checkpoints). Unset: a failed checkpoint never "
@@ -208,6 +291,14 @@ _CORE_BY_KEY = {option.name: option for option in CORE_OPTIONS}
 
 def _core_option(key: str) -> ConfigOption:
     option = _CORE_BY_KEY.get(key)
+    corrected = None if option is not None else _misspelled_namespace(key)
+    if corrected is not None:
+        plugin_key = any(corrected.startswith(p) for p in PLUGIN_KEY_PREFIXES.values())
+        close = [corrected] if plugin_key else difflib.get_close_matches(corrected, _CORE_BY_KEY, n=1)
+        hint = f" Did you mean {close[0]}?" if close else ""
+        raise ConfigurationError(
+            f"unknown option {key}: keys start with 'statekit.' (or 'spark.statekit.').{hint}"
+        )
     if option is None:
         close = difflib.get_close_matches(key, _CORE_BY_KEY, n=1)
         hint = f" Did you mean {close[0]}?" if close else ""
@@ -216,6 +307,40 @@ def _core_option(key: str) -> ConfigOption:
             f"unknown option {key};{hint} valid options: {', '.join([*_CORE_BY_KEY, *patterns])}"
         )
     return option
+
+
+def _near(word: str, target: str) -> bool:
+    # Close enough that no other product's keys come near: "state", "stage", "statestore" do not.
+    return difflib.SequenceMatcher(None, word, target).ratio() >= 0.8
+
+
+def _misspelled_namespace(key: str) -> str | None:
+    """``key`` with its namespace corrected to ``statekit.`` if that is misspelled, else None.
+
+    Misspelled: ``StateKit.``, ``statekti.``, a lost dot (``statekitbackend``),
+    or a near miss of the ``spark.`` in front of a statekit key (``sprak.statekit.``).
+    """
+    head, dot, rest = key.partition(".")
+    lowered = head.lower()
+    if lowered == "statekit":
+        return None if head == "statekit" else f"statekit.{rest}"
+    if lowered.startswith("statekit"):
+        return "statekit." + head[len("statekit") :].lstrip("._-") + dot + rest
+    if dot and _near(lowered, "statekit"):
+        return f"statekit.{rest}"
+    if dot and head != "spark" and _near(lowered, "spark") and is_statekit_key(rest):
+        return _misspelled_namespace(rest) or rest
+    return None
+
+
+def is_statekit_key(key: str) -> bool:
+    """Whether ``key`` (after any ``spark.`` prefix) is statekit's to check.
+
+    It is when it starts with ``statekit.``, and also when its namespace is a
+    near miss (``statekti.``, ``StateKit.``, ``statekitbackend``): such a key is
+    kept so that :meth:`Configuration.validate` refuses it instead of ignoring it.
+    """
+    return key.startswith("statekit.") or _misspelled_namespace(key) is not None
 
 
 def parse_plugin_options(
@@ -234,15 +359,18 @@ def parse_plugin_options(
 
     Raises:
         ConfigurationError: On an undeclared name (listing the declared ones) or an
-            ill-typed value.
+            ill-typed or out-of-range value.
     """
     declared = {option.name: option for option in options}
     unknown = sorted(set(raw) - set(declared))
     if unknown:
         valid = ", ".join(f"{o.name} ({o.type_name}, default {o.default!r})" for o in options)
+        close = [m for name in unknown for m in difflib.get_close_matches(name, declared, n=1)]
+        hint = f" Did you mean {', '.join(key_prefix + name for name in close)}?" if close else ""
         raise ConfigurationError(
             f"unknown option{'s' if len(unknown) > 1 else ''} "
-            f"{', '.join(key_prefix + name for name in unknown)}; valid options of {where}: {valid or 'none'}"
+            f"{', '.join(key_prefix + name for name in unknown)};{hint} valid options of {where}: "
+            f"{valid or 'none'}"
         )
     return {o.name: o.parse(raw.get(o.name), key_prefix + o.name) for o in options}
 
@@ -268,7 +396,7 @@ class Configuration:
         normalized: dict[str, object] = {}
         for key, value in (values or {}).items():
             full = key.removeprefix("spark.")
-            if not full.startswith("statekit."):
+            if not is_statekit_key(full):
                 continue
             if full in normalized and normalized[full] != value:
                 raise ConfigurationError(
@@ -320,7 +448,7 @@ class Configuration:
         Plugin options have short names; read them with :meth:`plugin_options`.
 
         Raises:
-            ConfigurationError: If the key is no core option or its value is ill-typed.
+            ConfigurationError: If the key is no core option or its value is ill-typed or out of range.
         """
         if isinstance(option, str):
             option = _core_option(option)
@@ -346,21 +474,37 @@ class Configuration:
         prefix = f"{PLUGIN_KEY_PREFIXES[kind]}{name}."
         return {key[len(prefix) :]: value for key, value in self._values.items() if key.startswith(prefix)}
 
-    def validate(self, registry: PluginRegistry) -> None:
+    def validate(
+        self, registry: PluginRegistry, *, backend_given: bool = False, storage_given: bool = False
+    ) -> None:
         """Checks every key and value against the core options and the installed plugins.
 
         The selected backend and storage must be installed, and so must every plugin
         that has options set, selected or not, so a typo fails here and not later.
+        With ``statekit.plugins.strict``, no installed plugin may have failed to load.
+        Every runner calls this before it starts.
+
+        Args:
+            registry: The installed plugins.
+            backend_given: The runner was handed a backend object (``backend=``),
+                so the backend this configuration selects by name need not be
+                installed. Every key is checked all the same.
+            storage_given: The same for the checkpoint storage (``storage=``).
 
         Raises:
             UnknownPluginError: If a named plugin is not installed.
-            ConfigurationError: On an unknown key (listing the valid ones) or an
-                ill-typed value.
+            ConfigurationError: On an unknown key (listing the valid ones), an
+                ill-typed value or one out of range.
+            PluginError: In strict mode, naming each plugin that failed to load.
         """
-        plugins: set[tuple[PluginKind, str]] = {
-            ("backend", self.backend_name),
-            ("storage", self.storage_name),
-        }
+        if self.get("statekit.plugins.strict"):
+            # First: a plugin that failed to load is why a name would not be installed.
+            registry.require_all_loaded("statekit.plugins.strict is true")
+        plugins: set[tuple[PluginKind, str]] = set()
+        if not backend_given:
+            plugins.add(("backend", self.backend_name))
+        if not storage_given:
+            plugins.add(("storage", self.storage_name))
         for key in self._values:
             if key in _CORE_BY_KEY:
                 self.get(key)

@@ -205,13 +205,23 @@ class CheckpointWriter(Protocol):
         """Where the checkpoint or savepoint lives (``restore`` takes this)."""
 
     def create_stream(self, name: str, *, shared: bool = False) -> CheckpointOutputStream:
-        """A stream for file ``name``; ``shared`` files may be referenced by later checkpoints."""
+        """A stream for file ``name``; ``shared`` files may be referenced by later checkpoints.
+
+        Raises ``CheckpointError`` if the checkpoint is already complete: a
+        completed checkpoint's files are never written again.
+        """
 
     def complete(self, metadata: bytes) -> str:
-        """Write the metadata last and atomically; returns :attr:`location`."""
+        """Write the metadata last and atomically; returns :attr:`location`.
+
+        Raises ``CheckpointError`` if the checkpoint is already complete.
+        """
 
     def abort(self) -> None:
-        """Delete what this unfinished checkpoint wrote (never shared files)."""
+        """Delete what this unfinished checkpoint wrote (never shared files).
+
+        Raises ``CheckpointError`` (deleting nothing) if the checkpoint is complete.
+        """
 
 
 @runtime_checkable

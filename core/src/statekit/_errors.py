@@ -17,6 +17,7 @@ exception fits, the error also inherits it, so callers may catch either::
     │   └── MaxParallelismMismatchError
     ├── SnapshotError
     │   └── CorruptSnapshotError
+    │       └── CorruptCheckpointError (also a CheckpointError)
     ├── CheckpointError
     │   ├── CheckpointNotFoundError (FileNotFoundError)
     │   ├── FencedError
@@ -32,6 +33,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "ConfigurationError",
+    "CorruptCheckpointError",
     "CorruptSnapshotError",
     "FencedError",
     "IncompatibleSerializerError",
@@ -138,6 +140,30 @@ class CorruptSnapshotError(SnapshotError):
 
 class CheckpointError(StateError):
     """A checkpoint or savepoint could not be taken, completed or loaded."""
+
+
+class CorruptCheckpointError(CorruptSnapshotError, CheckpointError):
+    """A completed checkpoint or savepoint cannot be restored: a file it names is damaged or missing.
+
+    The message has one form everywhere, ``checkpoint <location>: <file>: <what is
+    wrong>``, where ``<file>`` is the full path or URL of the bad file (or
+    ``<location>/_metadata``). Raised before anything is restored; a runner that
+    restores ``"latest"`` may fall back to an older checkpoint (see
+    docs/operations.md).
+
+    Attributes:
+        location: The checkpoint's or savepoint's directory.
+        problem: ``<file>: <what is wrong>``.
+    """
+
+    def __init__(self, location: str, problem: str) -> None:
+        super().__init__(f"checkpoint {location}: {problem}")
+        self.location = location
+        self.problem = problem
+
+    def __reduce__(self) -> tuple[type[CorruptCheckpointError], tuple[str, str]]:
+        """Pickles with its fields (Spark sends task errors to the driver)."""
+        return (CorruptCheckpointError, (self.location, self.problem))
 
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):

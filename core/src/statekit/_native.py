@@ -105,7 +105,7 @@ class NativeFile:
         """
         if self.stream.size != self.size:
             raise CorruptSnapshotError(
-                f"{_where(self.stream)} (native file {self.name}) has {self.stream.size} bytes, "
+                f"{_where(self.stream)}: native file {self.name} has {self.stream.size} bytes, "
                 f"the checkpoint says {self.size}; the file is truncated or was replaced"
             )
         crc = 0
@@ -119,7 +119,7 @@ class NativeFile:
             yield data
         if pos != self.size or crc != self.crc32:
             raise CorruptSnapshotError(
-                f"{_where(self.stream)} (native file {self.name}): checksum mismatch; the file is corrupt"
+                f"{_where(self.stream)}: native file {self.name}: checksum mismatch; the file is corrupt"
             )
 
     def read(self) -> bytes:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import tempfile
 import warnings
@@ -27,10 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from ._checkpoint import (
+    CompletedCheckpoint,
     SubtaskState,
     apply_retention,
     complete_checkpoint,
     discard_native_uploads,
+    highest_checkpoint_id,
     load_checkpoint,
     write_subtask_state,
 )
@@ -43,7 +44,13 @@ from ._contracts import (
     StateBackend,
     SupportsNativeSnapshot,
 )
-from ._errors import CheckpointError, ConfigurationError, CorruptSnapshotError, FencedError
+from ._errors import (
+    BadRecordError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    FencedError,
+)
 from ._fencing import RunFence
 from ._function import (
     KeyedBatchFunction,
@@ -67,6 +74,8 @@ from ._registry import PluginRegistry, default_registry
 from ._serializers import serializer_for
 from ._state import ListStateDescriptor
 from ._ttl import Clock, system_clock
+from ._verify import verify_loaded
+from .sources import BadRecord, BadRecordPolicy, LogSource, bad_record_error
 from .timers import (
     MAX_WATERMARK,
     MIN_WATERMARK,
@@ -118,43 +127,17 @@ class RecordSource:
             yield self.records[i], i + 1
 
 
-class FileSource:
-    """Lines of text files, in name order; the position is ``[file name, byte offset]``.
+#: The rotation-safe :class:`~statekit.sources.LogSource` under its old name. The
+#: FileSource it replaces identified a file by its name and lost or repeated lines
+#: when logs rotated; a checkpoint holding that source's ``[file name, byte offset]``
+#: position is still restored (files named before it count as read, as they did),
+#: or refused naming the file when that cannot be done safely.
+FileSource = LogSource
 
-    ``parse`` turns a line (``str`` without its newline) into a record. Files
-    may grow between runs; lines are read only once complete (newline-ended).
-    """
 
-    def __init__(
-        self,
-        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-        *,
-        parse: Callable[[str], Any] = str,
-    ) -> None:
-        if isinstance(paths, (str, os.PathLike)):
-            p = os.fspath(paths)
-            paths = sorted(os.path.join(p, f) for f in os.listdir(p)) if os.path.isdir(p) else [p]
-        self.paths = [os.fspath(p) for p in paths]
-        self.parse = parse
-
-    def read(self, position: Any) -> Iterator[tuple[Any, Any]]:
-        """Lines after ``position``."""
-        start_name, start_off = position or [None, 0]
-        started = start_name is None
-        for path in self.paths:
-            name = os.path.basename(path)
-            offset = 0
-            if not started:
-                if name != start_name:
-                    continue
-                started, offset = True, int(start_off)
-            with open(path, "rb") as f:
-                f.seek(offset)
-                for raw in f:
-                    if not raw.endswith(b"\n"):
-                        break  # an incomplete last line: read it when it is complete
-                    offset += len(raw)
-                    yield self.parse(raw[:-1].decode("utf-8", "replace")), [name, offset]
+def _problem_of(e: Exception) -> str:
+    """What is wrong, without the ``checkpoint <location>:`` a CorruptCheckpointError starts with."""
+    return e.problem if isinstance(e, CorruptCheckpointError) else str(e)
 
 
 def state_backend_from_config(config: Configuration, registry: PluginRegistry | None = None) -> StateBackend:
@@ -198,11 +181,71 @@ class RunResult:
     checkpoints: list[str] = field(default_factory=list)
     failed_checkpoints: list[str] = field(default_factory=list)
     restored_from: str | None = None
+    skipped_checkpoints: list[tuple[str, str]] = field(default_factory=list)
+    """``(location, reason)`` of each newer checkpoint ``restore="latest"`` could not restore and skipped."""
     late_records: int = 0
     """Records at or below the watermark (see :class:`~statekit.timers.LatePolicy`)."""
+    bad_records: int = 0
+    """Records skipped into dead letters (see ``statekit.bad-records.policy``); not in :attr:`records`."""
     timers_fired: int = 0
     watermark: int = MIN_WATERMARK
-    """The event-time watermark when the run ended."""
+    """The event-time watermark when the run ended: the one the records made, also after an end of
+    input fired every timer. ``MAX_WATERMARK`` only when the job's restored watermark is the end of
+    time (a checkpoint an older statekit wrote at an end of input): then every record is late, with
+    a warning."""
+
+
+class _BadKey(BadRecordError):
+    """A record whose key or event time cannot be computed, or that Arrow refuses: no state was touched."""
+
+    bad: BadRecord
+
+    @classmethod
+    def of(cls, stage: str, record: Any, exc: BaseException) -> _BadKey:
+        bad = BadRecord(stage, f"{type(exc).__name__}: {exc}", raw=repr(record))
+        return cls(str(bad_record_error(bad)), bad)
+
+
+def _reject(rejected: Callable[[int, BadRecord], None] | None, i: int, error: _BadKey) -> None:
+    if rejected is None:
+        raise error
+    rejected(i, error.bad)
+
+
+def _placed(bad: BadRecord, src: Any, position: Any) -> BadRecord:
+    """``bad`` with the place its source gives for ``position`` (file, offset, line, raw text), if any."""
+    locate = getattr(src, "locate", None)
+    place = locate(position) if locate is not None else None
+    if place is None:
+        # A source without files: the position (a RecordSource's index) is all there is.
+        return BadRecord(bad.stage, bad.error, None, None, None, f"{bad.raw} (position {position!r})")
+    return BadRecord(bad.stage, bad.error, place.file, place.offset, place.line, place.raw)
+
+
+def _arrow_culprit(pa: Any, rows: Sequence[Mapping[str, Any]]) -> tuple[int, str] | None:
+    """The first row whose value of some column Arrow cannot put with the rows before it, and the column.
+
+    Columns are the first row's keys, as ``RecordBatch.from_pylist`` infers
+    them; a conflict found in a prefix stays in every longer one, so a
+    binary search finds the shortest failing prefix.
+    """
+    for name in rows[0]:
+        values = [r.get(name) for r in rows]
+        try:
+            pa.array(values)
+            continue
+        except pa.ArrowException:
+            pass
+        lo, hi = 1, len(values)  # values[:hi] fails
+        while lo < hi:
+            mid = (lo + hi) // 2
+            try:
+                pa.array(values[:mid])
+                lo = mid + 1
+            except pa.ArrowException:
+                hi = mid
+        return lo - 1, name
+    return None
 
 
 class _Subtask:
@@ -244,6 +287,12 @@ class LocalRunner:
         result = runner.run(FileSource("logs/", parse=json.loads), restore="latest")
     """
 
+    dead_letter_sink: Callable[[BadRecord], None] | None = None
+    """Called with every bad record skipped under ``statekit.bad-records.policy=dead-letter``
+    (besides or instead of ``statekit.bad-records.dead-letter-path``): set it on the runner
+    before :meth:`run`."""
+    _bad_policy: BadRecordPolicy | None = None  # the running run()'s; None: raise
+
     def __init__(
         self,
         function: Callable[[], KeyedProcessFunction],
@@ -266,10 +315,16 @@ class LocalRunner:
         conf = config if isinstance(config, Configuration) else Configuration.from_mapping(config or {})
         self.config = conf
         self.registry = registry or default_registry()
+        # As the Spark driver does: unknown keys, ill-typed or out-of-range values and options of
+        # plugins not installed fail here, also beside backend and storage objects.
+        conf.validate(self.registry, backend_given=backend is not None, storage_given=storage is not None)
         self.function_factory = function
         self.key_selector = key_selector
         self.key_serializer = serializer_for(key_type)
-        self.parallelism = int(parallelism or conf.get("statekit.parallelism") or 1)
+        # `is None`, not `or`: parallelism=0 must fail in validate_parallelism, not mean 1.
+        self.parallelism = int(
+            parallelism if parallelism is not None else conf.get("statekit.parallelism") or 1
+        )
         maxp = conf.get("statekit.max-parallelism")
         self.max_parallelism = int(maxp) if maxp else compute_default_max_parallelism(self.parallelism)
         validate_parallelism(self.parallelism, self.max_parallelism)
@@ -278,13 +333,11 @@ class LocalRunner:
         self.job_id = job_id
         self.operator_id = operator_id
         self.clock = clock or system_clock
-        self.checkpoint_interval = int(conf.get("statekit.checkpoint.interval-records") or 0)
-        self.retained = int(conf.get("statekit.checkpoints.retained") or 1)
+        self.checkpoint_interval = int(conf.get("statekit.checkpoint.interval-records"))  # 0: off
+        self.retained = int(conf.get("statekit.checkpoints.retained"))
         self._failed_in_a_row = 0  # periodic checkpoints that failed since the last one that completed
-        self.key_cache_size = int(conf.get("statekit.key-cache-size") or 131072)
-        self.batch_size = int(conf.get("statekit.batch-size"))
-        if self.batch_size < 1:
-            raise ConfigurationError(f"statekit.batch-size must be at least 1, not {self.batch_size}")
+        self.key_cache_size = int(conf.get("statekit.key-cache-size"))
+        self.batch_size = int(conf.get("statekit.batch-size"))  # >= 1: its option's minimum
         self.native_checkpoints = conf.get("statekit.checkpoint.format") != "canonical"
         self.local_dir_parent = conf.get("statekit.local-dir")
         self._local_root: str | None = None
@@ -311,6 +364,10 @@ class LocalRunner:
         # a runner made to inspect a job's state does not fence the job's running one.
         self._fence = RunFence(self.storage, job_id, "LocalRunner")
         self._step_over = False  # the first checkpoint after claiming must skip an id (see _claim)
+        self._ids_known = False  # whether _next_checkpoint_id is above every completed checkpoint
+        self._restored_from: str | None = None
+        self.skipped_checkpoints: list[tuple[str, str]] = []
+        """What the last ``restore("latest")`` skipped: ``(location, reason)`` of each damaged checkpoint."""
 
     # --- life cycle ----------------------------------------------------------------
 
@@ -356,25 +413,82 @@ class LocalRunner:
         return _Subtask(keyed, op, function, ctx, timers)
 
     def restore(self, location: str = "latest") -> str | None:
-        """Restore from a checkpoint or savepoint location, or the latest checkpoint.
+        """Restore from a checkpoint or savepoint location, or the newest restorable checkpoint.
+
+        With ``"latest"``, the newest completed checkpoint is checked first (its
+        metadata, and that every file it names is there with its size) and
+        restored, every block's checksum verified as it is read. If it is
+        damaged, the next older retained one is tried, with a warning naming
+        what was skipped and why (:attr:`skipped_checkpoints`), unless
+        ``statekit.restore.fallback`` is off. Incompatible state (another max
+        parallelism, other serializers) never falls back: it fails at once.
 
         Returns the location restored from (None when ``"latest"`` finds none).
         Every check runs and every byte is verified before the runner's state
-        is replaced; on error the runner is unchanged.
+        is replaced; on error the runner is unchanged. Checkpoints taken after a
+        restore are numbered above every checkpoint of the job, so no existing
+        one is ever written into.
+
+        Raises:
+            CorruptCheckpointError: If the checkpoint (with ``"latest"``: every
+                retained one) is damaged, naming each damaged file.
         """
         if self._opened:
             raise CheckpointError("restore before the runner starts processing")
-        if location == "latest":
-            latest = self.storage.latest_checkpoint(self.job_id)
-            if latest is None:
-                return None
-            location = latest
-        cp = load_checkpoint(self.storage, location)
+        self.skipped_checkpoints = []
+        if location != "latest":
+            self._restore_checkpoint(load_checkpoint(self.storage, location))
+            return location
+        candidates = self.storage.list_checkpoints(self.job_id)
+        fallback = self.config.get("statekit.restore.fallback")
+        skipped: list[tuple[str, str]] = []
+        for candidate in reversed(candidates):
+            try:
+                cp = load_checkpoint(self.storage, candidate)
+                problems = verify_loaded(cp, deep=False)
+                if problems:
+                    damage = "; ".join(f"{p.file}: {p.problem}" for p in problems)
+                    raise CorruptCheckpointError(candidate, damage)
+                self._restore_checkpoint(cp)
+            except (CorruptCheckpointError, CheckpointNotFoundError) as e:
+                skipped.append((candidate, str(e)))
+                if not fallback:
+                    raise CorruptCheckpointError(
+                        candidate,
+                        f"{_problem_of(e)}. statekit.restore.fallback is off, so no older checkpoint is "
+                        "tried: restore one by its location (statekit checkpoints list shows them), or a "
+                        "savepoint",
+                    ) from e
+                older = len(candidates) - len(skipped)
+                then = f"trying the next older of {older} retained checkpoints" if older else "none is older"
+                warnings.warn(
+                    f"restore skipped {e}; {then}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                continue
+            self.skipped_checkpoints = skipped
+            return candidate
+        if not skipped:
+            return None
+        listing = "; ".join(f"{loc}: {reason}" for loc, reason in skipped)
+        raise CorruptCheckpointError(
+            skipped[0][0],
+            f"none of the {len(skipped)} retained checkpoints of job {self.job_id!r} can be restored "
+            f"({listing}). "
+            "Restore a savepoint (runner.run(source, restore='<savepoint>')), or start without restore "
+            "after moving the job's checkpoint directory away",
+        )
+
+    def _restore_checkpoint(self, cp: CompletedCheckpoint) -> None:
+        """Restore everything from ``cp``, or raise and leave the runner unchanged."""
         cp.validate(
             max_parallelism=self.max_parallelism,
             operators={self.operator_id: self.parallelism, SOURCE_OPERATOR: 1},
             allow_non_restored_state=self.allow_non_restored_state,
         )
+        # Known before anything is replaced: a failing listing leaves the runner unchanged too.
+        highest = highest_checkpoint_id(self.storage, self.job_id)
         fresh = self._create()
         source_op = OperatorStateBackendImpl()
         try:
@@ -389,17 +503,20 @@ class LocalRunner:
             for st in fresh:
                 st.keyed.close()
             raise
+        for st in self._subtasks:  # an earlier restore's subtasks, replaced now
+            st.keyed.close()
         self._subtasks = fresh
         self._source_op = source_op
         self._position = json.loads(positions[0]) if positions else None
         self._watermark = int(cp.metadata.properties.get(WATERMARK_PROPERTY, MIN_WATERMARK))
+        self._restored_from = cp.location
         self._failed_in_a_row = 0  # a restored job starts counting afresh, as a restarted Flink job
         self._max_event_time = MIN_WATERMARK
-        self._next_checkpoint_id = cp.checkpoint_id + 1
+        # Never an id that exists: chk-<n> of a newer checkpoint than the restored one stays untouched.
+        self._next_checkpoint_id = max(self._next_checkpoint_id, cp.checkpoint_id, highest) + 1
         self.registry.hook.statekit_restore_done(
             job_id=self.job_id, checkpoint_id=cp.checkpoint_id, subtask_index=0, parallelism=self.parallelism
         )
-        return location
 
     def _open(self) -> None:
         if not self._subtasks:
@@ -447,8 +564,11 @@ class LocalRunner:
             self._open()
         if self._event_time_of is not None:
             return self._process_timed(record)
-        key = self.key_selector(record)
-        st = self._subtasks[self._subtask_of(key)]
+        try:
+            key = self.key_selector(record)
+            st = self._subtasks[self._subtask_of(key)]
+        except Exception as e:  # before any state is touched: the record alone is bad
+            raise _BadKey.of("key", record, e) from e
         st.keyed.set_current_key(key)
         st.pctx.current_key = key
         out = st.function.process(record, st.pctx)
@@ -459,11 +579,17 @@ class LocalRunner:
 
     def _process_timed(self, record: Any) -> list[Any]:
         """:meth:`process` with event time: lateness, the record's timestamp, the watermark."""
-        ts = self._event_time_of(record)  # type: ignore[misc]
+        try:
+            ts = self._event_time_of(record)  # type: ignore[misc]
+        except Exception as e:
+            raise _BadKey.of("event-time", record, e) from e
         if ts is not None and self._left_out_late(record, ts):
             return self._fire_processing_time([])
-        key = self.key_selector(record)
-        st = self._subtasks[self._subtask_of(key)]
+        try:
+            key = self.key_selector(record)
+            st = self._subtasks[self._subtask_of(key)]
+        except Exception as e:
+            raise _BadKey.of("key", record, e) from e
         st.keyed.set_current_key(key)
         pctx = st.pctx
         pctx.current_key = key
@@ -493,37 +619,84 @@ class LocalRunner:
         as one Arrow record batch and its outputs come back as dicts, one per
         row; a :class:`KeyedProcessFunction` processes them one by one. With
         event time, records at or below the watermark the batch starts with are
-        late, and the watermark moves after the batch (as on Spark).
+        late, and the watermark moves after the batch (as on Spark). A bad
+        record (its key or event time cannot be computed, its columns clash
+        with the rows before it) raises :class:`~statekit.BadRecordError`.
+        """
+        return self._process_batch(records, None)
+
+    def _process_batch(
+        self, records: Sequence[Any], rejected: Callable[[int, BadRecord], None] | None
+    ) -> list[Any]:
+        """:meth:`process_batch`; a bad record (at index ``i``) goes to ``rejected(i, bad)`` and is left out.
+
+        Bad records are found before any state is touched: event times and keys
+        that cannot be computed, records that are no dicts, and the records
+        whose column values clash with the rows before them in Arrow. Without
+        ``rejected`` the first one raises.
         """
         if not self._opened:
             self._open()
         if not self.vectorized:
-            return [o for record in records for o in self.process(record)]
+            outputs: list[Any] = []
+            for i, record in enumerate(records):
+                try:
+                    outputs.extend(self.process(record))
+                except _BadKey as e:
+                    if rejected is None:
+                        raise
+                    rejected(i, e.bad)
+            return outputs
         pa = require_pyarrow()
-        kept: list[Any] = []
-        max_ts: int | None = None
-        for record in records:
+        kept: list[int] = []  # indexes into records
+        stamps: list[int | None] = []
+        routes: list[tuple[int, Any]] = []  # (subtask, key) of each kept record
+        for i, record in enumerate(records):
+            ts = None
             if self._event_time_of is not None:
-                ts = self._event_time_of(record)
-                if ts is not None:
-                    if self._left_out_late(record, ts):
-                        continue
-                    if max_ts is None or ts > max_ts:
-                        max_ts = ts
+                try:
+                    ts = self._event_time_of(record)
+                except Exception as e:  # noqa: BLE001 - any failure here makes the record bad
+                    _reject(rejected, i, _BadKey.of("event-time", record, e))
+                    continue
+                if ts is not None and self._left_out_late(record, ts):
+                    continue
             if not isinstance(record, Mapping):
-                raise TypeError(
+                problem = TypeError(
                     "a KeyedBatchFunction gets its records as Arrow columns, so on the LocalRunner records "
                     f"must be dicts of column values, not {type(record).__name__}"
                 )
-            kept.append(record)
-        outputs: list[Any] = []
+                if rejected is None:
+                    raise problem
+                rejected(i, _BadKey.of("arrow", record, problem).bad)
+                continue
+            try:
+                key = self.key_selector(record)
+                route = (self._subtask_of(key), key)
+            except Exception as e:  # noqa: BLE001 - any failure here makes the record bad
+                _reject(rejected, i, _BadKey.of("key", record, e))
+                continue
+            kept.append(i)
+            stamps.append(ts)
+            routes.append(route)
+        outputs = []
+        serialize = self.key_serializer.serialize
+        while kept:
+            order, runs = group_runs(routes, fallback=lambda sk: (sk[0], serialize(sk[1])))
+            rows = [records[kept[j]] for j in order]
+            try:
+                table = pa.RecordBatch.from_pylist(rows)
+                break
+            except pa.ArrowException as e:
+                clash = _arrow_culprit(pa, rows)
+                if clash is None:
+                    raise
+                j, column = order[clash[0]], clash[1]
+                problem = type(e)(f"column {column!r}: {e}")
+                _reject(rejected, kept[j], _BadKey.of("arrow", records[kept[j]], problem))
+                del kept[j], stamps[j], routes[j]
+        max_ts = max((t for t in stamps if t is not None), default=None)
         if kept:
-            keys = [self.key_selector(r) for r in kept]
-            serialize = self.key_serializer.serialize
-            order, runs = group_runs(
-                [(self._subtask_of(k), k) for k in keys], fallback=lambda sk: (sk[0], serialize(sk[1]))
-            )
-            table = pa.RecordBatch.from_pylist([kept[i] for i in order])
             for (index, key), offset, length in runs:
                 st = self._subtasks[index]
                 st.keyed.set_current_key(key)
@@ -551,22 +724,46 @@ class LocalRunner:
         interval = self.checkpoint_interval
         since = 0
         buffer: list[Any] = []
-        last: Any = None  # the position after the buffered records
+        places: list[Any] = []  # the position after each buffered record, to name a bad one
+        last: Any = None  # the position after the buffered records (and bad lines after them)
+        marked = 0  # bad lines read since the last batch, handled already
+
+        def rejected(i: int, bad: BadRecord) -> None:
+            self._on_bad(_placed(bad, src, places[i]), result)
 
         def flush() -> None:
-            nonlocal since
-            outputs = self.process_batch(buffer)
+            nonlocal since, marked
+            bad_before = result.bad_records
+            outputs = self._process_batch(buffer, rejected)
             self._position = last
-            result.records += len(buffer)
+            result.records += len(buffer) - (result.bad_records - bad_before)
             result.outputs += len(outputs)
             if self.sink is not None:
                 for o in outputs:
                     self.sink(o)
-            since += len(buffer)
+            since += len(buffer) + marked
+            marked = 0
             buffer.clear()
+            places.clear()
 
-        for record, position in src.read(self._position):
+        read: Callable[[Any], Iterator[tuple[Any, Any]]] = getattr(src, "read_marked", src.read)
+        for record, position in read(self._position):
+            if record.__class__ is BadRecord:
+                self._on_bad(record, result)
+                last = position
+                marked += 1
+                if buffer:
+                    continue
+                self._position = position
+                since += marked
+                marked = 0
+                if interval and since >= interval:
+                    since = 0
+                    self._bad_records_budget(result)
+                    self._periodic_checkpoint(result)
+                continue
             buffer.append(record)
+            places.append(position)
             last = position
             total = result.records + len(buffer)
             stop = max_records is not None and total >= max_records
@@ -574,12 +771,25 @@ class LocalRunner:
                 flush()
                 if interval and since >= interval:
                     since = 0
+                    self._bad_records_budget(result)
                     self._periodic_checkpoint(result)
                 if stop:
                     return since, False
         if buffer:
             flush()
         return since, True
+
+    def _on_bad(self, bad: BadRecord, result: RunResult) -> None:
+        """Apply the bad-records policy to ``bad``: raise, or dead-letter it and check the count budget."""
+        result.bad_records += 1
+        if self._bad_policy is None:
+            raise bad_record_error(bad)
+        self._bad_policy.handle(bad)
+
+    def _bad_records_budget(self, result: RunResult) -> None:
+        """Fail if the share of bad records is above ``statekit.bad-records.max-ratio``."""
+        if self._bad_policy is not None:
+            self._bad_policy.check_ratio(result.records + result.bad_records)
 
     def _left_out_late(self, record: Any, ts: int) -> bool:
         """Whether ``record`` (event time ``ts``) is late and not processed: counted, sent to the late sink.
@@ -615,11 +825,17 @@ class LocalRunner:
         """Move the event-time watermark to ``watermark`` (never back) and fire the timers it passes.
 
         Runs by itself as records arrive; call it to inject a watermark (e.g.
-        idle input). Returns the fired timers' outputs (also appended to ``outputs``).
+        idle input). ``MAX_WATERMARK`` ends the input as the end of the source
+        does under ``statekit.timers.end-of-input=fire``: every event-time timer
+        fires and the watermark stays the one the records made (see
+        :meth:`_fire_at_end_of_time`). Returns the fired timers' outputs (also
+        appended to ``outputs``).
         """
         out = [] if outputs is None else outputs
         if not self._opened:
             self._open()
+        if watermark == MAX_WATERMARK:
+            return self._fire_at_end_of_time(out)
         if watermark <= self._watermark:
             return out
         self._watermark = watermark
@@ -634,13 +850,33 @@ class LocalRunner:
         return self._watermark
 
     def _end_of_input(self) -> list[Any]:
-        """At the end of a bounded input, as Flink: the watermark goes to the end of time."""
+        """At the end of a bounded input under ``fire``, as Flink's: every event-time timer fires."""
         if not self.fire_at_end_of_input:
             return []
-        pending = any(st.timers.pending(TimeDomain.EVENT_TIME) for st in self._subtasks)
-        if self.event_time is None and not pending:
-            return []
-        return self.advance_watermark(MAX_WATERMARK)
+        return self._fire_at_end_of_time([])
+
+    def _fire_at_end_of_time(self, outputs: list[Any]) -> list[Any]:
+        """Fire every pending event-time timer as at the end of time, and keep the event-time watermark.
+
+        Flink ends a bounded input with the maximum watermark and never resumes
+        that job. Here a later run over grown input may restore the final
+        checkpoint, so the end of time lasts for this pass only: the timers
+        fire with ``current_watermark()`` at ``MAX_WATERMARK`` (as in Flink, and
+        how ``on_timer`` tells the end of input from time passing), then every
+        subtask's watermark is the one the records made again, and that is what
+        :attr:`watermark` and a checkpoint hold. A later run's records are late
+        exactly as in an uninterrupted run's; the fired timers are gone, their
+        outputs emitted once.
+        """
+        if not any(st.timers.pending(TimeDomain.EVENT_TIME) for st in self._subtasks):
+            return outputs
+        for st in self._subtasks:
+            st.timers.set_watermark(MAX_WATERMARK)
+            try:
+                st.fire(TimeDomain.EVENT_TIME, MAX_WATERMARK, outputs)
+            finally:
+                st.timers.end_of_time_passed(self._watermark)
+        return outputs
 
     def run(
         self,
@@ -660,6 +896,7 @@ class LocalRunner:
         result = RunResult()
         if restore is not None and not self._opened:
             result.restored_from = self.restore(restore)
+            result.skipped_checkpoints = list(self.skipped_checkpoints)
         # A store that is down now fails the first checkpoint instead (which claims again).
         with contextlib.suppress(CheckpointError):
             self._claim()
@@ -673,24 +910,44 @@ class LocalRunner:
         sink = self.sink
         since = 0
         exhausted = True
-        if self.vectorized:
-            since, exhausted = self._run_batches(src, result, max_records)
-        else:
-            for record, position in src.read(self._position):
-                outputs = self.process(record)
-                self._position = position
-                result.records += 1
-                result.outputs += len(outputs)
-                if sink is not None:
-                    for o in outputs:
-                        sink(o)
-                since += 1
-                if interval and since >= interval:
-                    since = 0
-                    self._periodic_checkpoint(result)
-                if max_records is not None and result.records >= max_records:
-                    exhausted = False
-                    break
+        policy = self._bad_policy = BadRecordPolicy.from_config(
+            self.config, sink=self.dead_letter_sink, job_id=self.job_id
+        )
+        try:
+            if self.vectorized:
+                since, exhausted = self._run_batches(src, result, max_records)
+            else:
+                # A source that can hands bad lines over as BadRecords, so the position moves past them.
+                read: Callable[[Any], Iterator[tuple[Any, Any]]] = getattr(src, "read_marked", src.read)
+                for record, position in read(self._position):
+                    if record.__class__ is BadRecord:
+                        self._on_bad(record, result)
+                        outputs: Sequence[Any] = ()
+                    else:
+                        try:
+                            outputs = self.process(record)
+                        except _BadKey as e:
+                            self._on_bad(_placed(e.bad, src, position), result)
+                            outputs = ()
+                        else:
+                            result.records += 1
+                    self._position = position
+                    result.outputs += len(outputs)
+                    if sink is not None:
+                        for o in outputs:
+                            sink(o)
+                    since += 1
+                    if interval and since >= interval:
+                        since = 0
+                        self._bad_records_budget(result)
+                        self._periodic_checkpoint(result)
+                    if max_records is not None and result.records >= max_records:
+                        exhausted = False
+                        break
+            if exhausted:
+                self._bad_records_budget(result)
+        finally:
+            policy.close()
         if exhausted:
             final = self._end_of_input()
             result.outputs += len(final)
@@ -705,6 +962,16 @@ class LocalRunner:
         result.late_records = self.late_records - late_before
         result.timers_fired = sum(st.timers.fired for st in self._subtasks) - fired_before
         result.watermark = self._watermark
+        if self._watermark == MAX_WATERMARK and result.late_records:
+            # Only a restored watermark can be the end of time (an end of input here keeps the
+            # event-time one) and nothing lowers it: every record is late, so say so loudly.
+            warnings.warn(
+                _end_of_time_message(
+                    f"job {self.job_id!r}", self._restored_from, f"all {result.late_records} records"
+                ),
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if self._late_unsunk:
             warnings.warn(
                 f"{self._late_unsunk} late records (event time at or below the watermark) were "
@@ -763,24 +1030,46 @@ class LocalRunner:
     def _claim(self) -> None:
         """Register this run as the job's newest (see statekit._fencing), if not yet done.
 
-        If the run it displaces had not ended, that run may still be writing the
-        checkpoint after the latest completed one, under the same file names this
-        run would use: this run's checkpoints then start one id further. A store
-        that fails here makes the next call try again.
+        The first claim also numbers this run's checkpoints above every completed
+        one of the job, restored or not: an id is never used twice. If the run
+        it displaces had not ended, that run may still be writing the checkpoint
+        after the latest completed one, under the same file names this run would
+        use: this run's checkpoints then start one id further. A store that
+        fails here makes the next call try again.
         """
         if self._fence.epoch is None:
             self._fence.claim()
             self._step_over = self._fence.displaced is not None
-        if not self._step_over:
+            self._ids_known = False
+        if self._ids_known:
             return
-        latest = self.storage.latest_checkpoint(self.job_id)
-        if latest is not None:
-            try:
-                newest = load_checkpoint(self.storage, latest).checkpoint_id
-            except CorruptSnapshotError:
-                newest = 0  # the restore or retention will say what is wrong with it
-            self._next_checkpoint_id = max(self._next_checkpoint_id, newest + 2)
+        highest = highest_checkpoint_id(self.storage, self.job_id)
+        self._next_checkpoint_id = max(self._next_checkpoint_id, highest + (2 if self._step_over else 1))
+        self._ids_known = True
         self._step_over = False
+
+    def _begin_checkpoint(self) -> tuple[int, CheckpointWriter]:
+        """The id and writer of the next checkpoint, in a directory nothing else was written into.
+
+        Files of an earlier attempt at the same id that never completed (a run
+        killed mid-checkpoint) are deleted first. An id whose checkpoint is
+        complete (one this run could not know of) is never written into: the ids
+        move above every completed one and the next is tried.
+        """
+        for _ in range(2):
+            cid = self._next_checkpoint_id
+            self._next_checkpoint_id += 1
+            try:
+                self.storage.begin_checkpoint(self.job_id, cid).abort()
+            except CheckpointError:  # complete: move above every completed checkpoint
+                highest = highest_checkpoint_id(self.storage, self.job_id)
+                self._next_checkpoint_id = max(self._next_checkpoint_id, highest + 1)
+                continue
+            return cid, self.storage.begin_checkpoint(self.job_id, cid)
+        raise CheckpointError(
+            f"checkpoint {cid} of job {self.job_id!r} is complete already and the job's checkpoints keep "
+            "moving: another run writes them without being fenced (check statekit.checkpoints.dir)"
+        )
 
     def checkpoint(self) -> str:
         """Take a checkpoint now; returns its location. Older ones are retained per policy.
@@ -790,10 +1079,8 @@ class LocalRunner:
             CheckpointError: If the checkpoint fails; the previous one stays the latest.
         """
         self._claim()  # may move the next id past a checkpoint the displaced run had in flight
-        cid = self._next_checkpoint_id
-        self._next_checkpoint_id += 1
         self._fence.check()  # before anything is written: a fenced run writes nothing
-        writer = self.storage.begin_checkpoint(self.job_id, cid)
+        cid, writer = self._begin_checkpoint()
         native = cid if self.native_checkpoints else None
         states: list[SubtaskState] = []
         try:
@@ -873,3 +1160,16 @@ class LocalRunner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _end_of_time_message(job: str, checkpoint: str | None, records: str) -> str:
+    """The warning for records that met a restored watermark at the end of time (both runners)."""
+    where = f"checkpoint {checkpoint}" if checkpoint else "the checkpoint it restored"
+    return (
+        f"{job}: the event-time watermark of {where} is the end of time, so {records} were late "
+        "and no event-time timer will fire again. Older statekit versions checkpointed that "
+        "watermark after firing the timers at the end of an input (statekit.timers.end-of-input=fire); "
+        "now the end of input keeps the watermark the records made. Way out: restore a checkpoint or "
+        "savepoint taken before that end of input (`statekit checkpoints list` shows the retained "
+        "ones), so the records after it are read again"
+    )

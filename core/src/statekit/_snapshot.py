@@ -306,8 +306,14 @@ def write_canonical(
 
 
 def _where(stream: StreamStateHandle) -> str:
+    """The stream as messages name it: its full URL where the handle knows one."""
+    url = getattr(stream, "url", None)
+    if isinstance(url, str) and url:
+        return url
     try:
         j = stream.to_json()
+        if j.get("type") == "inline":
+            return f"{j.get('name')} (inline in _metadata)"
         return str(j.get("path") or j.get("name") or stream)
     except Exception:  # noqa: BLE001 - only for the message
         return repr(stream)

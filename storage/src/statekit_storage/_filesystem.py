@@ -392,6 +392,7 @@ class _FileWriter:
         self._fs, self._path = files.open(url)
         self._shared_dir = shared_dir
         self.has_directories = _has_directories(self._fs)
+        self._open_checked = False
 
     @property
     def location(self) -> str:
@@ -408,12 +409,33 @@ class _FileWriter:
                 raise CheckpointError(f"cannot create {self._fs.unstrip_protocol(path)}: {exc}") from exc
 
     def create_stream(self, name: str, *, shared: bool = False) -> CheckpointOutputStream:
-        """A stream for file ``name`` (in the shared directory if ``shared``)."""
+        """A stream for file ``name`` (in the shared directory if ``shared``).
+
+        Raises:
+            CheckpointError: If the checkpoint is already complete: its files are never written again.
+        """
         relative = f"{self._shared_dir}/{_check_name(name)}" if shared else _check_name(name)
+        if not self._open_checked:
+            # Once per writer: a stream written into a completed checkpoint would damage it.
+            self._check_not_complete()
+            self._open_checked = True
         path = posixpath.normpath(f"{self._path}/{relative}")
         return _FileOutputStream(
             self._fs, path, relative, self._files.inline_threshold, make_dirs=self.has_directories
         )
+
+    def _check_not_complete(self) -> None:
+        meta = f"{self._path}/{METADATA_FILE}"
+        try:
+            self._fs.invalidate_cache(self._path)
+            complete = bool(self._fs.exists(meta))
+        except FS_ERRORS as exc:
+            raise CheckpointError(f"cannot read {_join(self._url, METADATA_FILE)}: {exc}") from exc
+        if complete:
+            raise CheckpointError(
+                f"{self._url} is a completed checkpoint: its files are never written again (a checkpoint "
+                "id is used once; the runner numbers new checkpoints above every existing one)"
+            )
 
     def complete(self, metadata: bytes) -> str:
         """Writes ``_metadata`` atomically; returns :attr:`location`.

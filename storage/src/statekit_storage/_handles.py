@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
+
 from statekit import CheckpointError, CorruptSnapshotError
 from statekit.backend_api import BytesStreamHandle
 
@@ -37,6 +39,8 @@ def _filesystem_errors() -> tuple[type[Exception], ...]:
 
 #: Exceptions of a failing store, turned into :class:`statekit.CheckpointError` naming the file.
 FS_ERRORS = _filesystem_errors()
+#: What asking a file's size may raise besides a missing file (an odd answer of a store).
+_SIZE_ERRORS: tuple[type[Exception], ...] = (*FS_ERRORS, TypeError, ValueError)
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,7 +95,9 @@ class FileStreamHandle:
 
     @property
     def url(self) -> str:
-        """The file's URL, for messages."""
+        """The file's URL, for messages: a plain path for local files, as locations are given."""
+        if isinstance(self.fs, LocalFileSystem):
+            return str(self.path)
         return str(self.fs.unstrip_protocol(self.path))
 
     def read(self, offset: int = 0, length: int | None = None) -> bytes:
@@ -99,7 +105,8 @@ class FileStreamHandle:
 
         Raises:
             CorruptSnapshotError: If the range lies outside the file, or the file is shorter.
-            CheckpointError: If the file is missing or cannot be read.
+            CorruptSnapshotError: If the file is missing.
+            CheckpointError: If the store fails.
         """
         end = self.size if length is None else offset + length
         if offset < 0 or end < offset or end > self.size:
@@ -111,15 +118,33 @@ class FileStreamHandle:
         try:
             data: bytes = self.fs.cat_file(self.path, start=offset, end=end)
         except FileNotFoundError:
-            raise CheckpointError(f"state file {self.url} is missing") from None
+            # A file its checkpoint names is gone: the checkpoint is damaged, not the store down.
+            raise CorruptSnapshotError(f"{self.url}: the file is missing") from None
         except FS_ERRORS as exc:
-            raise CheckpointError(f"cannot read state file {self.url}: {exc}") from exc
+            # Object stores refuse a range past the end (S3: InvalidRange) instead of reading short.
+            raise self._shorter_than_recorded(end) or CheckpointError(
+                f"cannot read state file {self.url}: {exc}"
+            ) from exc
         if len(data) != end - offset:
             raise CorruptSnapshotError(
                 f"{self.url}: expected {end - offset} bytes at offset {offset}, got {len(data)}; "
                 "the file is truncated"
             )
         return data
+
+    def _shorter_than_recorded(self, end: int) -> CorruptSnapshotError | None:
+        """The error to raise if the file now holds fewer than ``end`` bytes; None if not (or unknown)."""
+        try:
+            actual = int(self.fs.size(self.path))
+        except FileNotFoundError:
+            return CorruptSnapshotError(f"{self.url}: the file is missing")
+        except _SIZE_ERRORS:
+            return None
+        if actual >= end:
+            return None
+        return CorruptSnapshotError(
+            f"{self.url}: has {actual} bytes, the checkpoint records {self.size}; the file is truncated"
+        )
 
     def discard(self) -> None:
         """Deletes the file; a missing file is no error.

@@ -61,8 +61,18 @@ class _MemoryWriter:
         """``jobmanager://<job id>/chk-<n>``."""
         return f"{_SCHEME}{self._job_id}/chk-{self._checkpoint_id}"
 
+    def _complete(self) -> bool:
+        with self._storage._lock:
+            return self._checkpoint_id in self._storage._completed.get(self._job_id, {})
+
     def create_stream(self, name: str, *, shared: bool = False) -> _MemoryOutputStream:
-        """An in-memory stream; its handle is always inline (``shared`` changes nothing)."""
+        """An in-memory stream; its handle is always inline (``shared`` changes nothing).
+
+        Raises:
+            CheckpointError: If the checkpoint is already complete.
+        """
+        if self._complete():
+            raise CheckpointError(f"{self.location} is a completed checkpoint: it is never written again")
         return _MemoryOutputStream(_check_name(name))
 
     def complete(self, metadata: bytes) -> str:
@@ -79,7 +89,13 @@ class _MemoryWriter:
         return self.location
 
     def abort(self) -> None:
-        """Nothing to delete: streams were only in memory."""
+        """Nothing to delete: streams were only in memory.
+
+        Raises:
+            CheckpointError: If the checkpoint is complete (as every storage's writer).
+        """
+        if self._complete():
+            raise CheckpointError(f"{self.location} is complete; abort() deletes only unfinished ones")
 
 
 class JobManagerCheckpointStorage:

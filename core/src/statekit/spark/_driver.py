@@ -45,17 +45,19 @@ from .._checkpoint import (
     SubtaskState,
     apply_retention,
     complete_checkpoint,
+    highest_checkpoint_id,
     load_checkpoint,
 )
 from .._config import Configuration
 from .._contracts import CheckpointStorage
-from .._errors import CheckpointError, ConfigurationError
+from .._errors import CheckpointError, ConfigurationError, CorruptCheckpointError
 from .._fencing import RunFence
 from .._function import KeyedBatchFunction, KeyedProcessFunction
 from .._keygroups import compute_default_max_parallelism, validate_parallelism
 from .._registry import PluginRegistry, default_registry
-from .._runner import checkpoint_storage_from_config, state_backend_from_config
+from .._runner import _end_of_time_message, checkpoint_storage_from_config, state_backend_from_config
 from .._serializers import TypeSerializer
+from .._verify import verify_loaded
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY, EventTime
 from ._routing import Router, routing_values
 from ._sparkconf import spark_configuration
@@ -234,8 +236,11 @@ class Coordinator:
         runner = f"Spark driver of app {sc.applicationId} ({sc.appName})"
         self.fence = RunFence(self.storage, spec.job_id, runner)
         self.fence.claim()
+        # Ids only go up: a new checkpoint is numbered above every completed one, damaged ones too.
+        self._floor = highest_checkpoint_id(self.storage, spec.job_id)
+        self._checked: set[str] = set()  # checkpoints whose files were checked before tasks read them
         latest = self.latest()
-        base = latest if restore in (None, "latest") else load_checkpoint(self.storage, restore)
+        base = latest if restore in (None, "latest") else _load(self.storage, restore)
         p = conf.get("statekit.parallelism")
         if p is None and base is not None:
             p = _parallelism_of(base, spec.operator_id)
@@ -267,9 +272,35 @@ class Coordinator:
         )
 
     def latest(self) -> CompletedCheckpoint | None:
-        """The job's latest completed checkpoint, if any."""
+        """The job's latest completed checkpoint, if any.
+
+        A damaged one fails the query (Spark's offset log must match the checkpoint a
+        query continues from: an older one is not exactly once), with the ways out.
+        A query told to restore a given location ignores a damaged newest checkpoint
+        and numbers its own above it.
+
+        Raises:
+            CorruptCheckpointError: If the latest checkpoint's metadata is damaged.
+        """
         location = self.storage.latest_checkpoint(self.spec.job_id)
-        return None if location is None else load_checkpoint(self.storage, location)
+        if location is None:
+            return None
+        try:
+            return _load(self.storage, location)
+        except CorruptCheckpointError:
+            if self.restore not in (None, "latest"):
+                return None
+            raise
+
+    def _check_files(self, source: CompletedCheckpoint) -> None:
+        """Once per checkpoint: every file ``source`` names is there with its size, before tasks read it."""
+        if source.location in self._checked:
+            return
+        problems = verify_loaded(source, deep=False)
+        if problems:
+            damage = "; ".join(f"{p.file}: {p.problem}" for p in problems)
+            raise CorruptCheckpointError(source.location, damage + _SPARK_WAYS_OUT)
+        self._checked.add(source.location)
 
     # --- deciding what a batch is ------------------------------------------------------
 
@@ -289,7 +320,7 @@ class Coordinator:
                 return True, latest
             if self.restore is None:
                 return False, None
-            return False, latest if self.restore == "latest" else load_checkpoint(self.storage, self.restore)
+            return False, latest if self.restore == "latest" else _load(self.storage, self.restore)
         if latest is not None and props.get(QUERY_PROPERTY) == query:
             last = int(props[BATCH_PROPERTY])
             if batch_id <= last:
@@ -322,7 +353,7 @@ class Coordinator:
             return False, None
         if self.restore == "latest":
             return False, latest
-        return False, load_checkpoint(self.storage, self.restore)
+        return False, _load(self.storage, self.restore)
 
     # --- one batch ------------------------------------------------------------------
 
@@ -353,7 +384,9 @@ class Coordinator:
             return info
         if source is not None:
             self._validate(source)
-        n = max(latest.checkpoint_id if latest else 0, source.checkpoint_id if source else 0) + 1
+            self._check_files(source)
+        n = max(latest.checkpoint_id if latest else 0, source.checkpoint_id if source else 0, self._floor) + 1
+        self._floor = n
         # Files of an attempt at checkpoint n that never completed (a driver that died mid-batch).
         with contextlib.suppress(CheckpointError):
             self.storage.begin_checkpoint(spec.job_id, n).abort()
@@ -403,7 +436,13 @@ class Coordinator:
             # One pass computes (and caches) every partition; the sink then reads the cache.
             t = clock()
             phases["prepare"] = t - started
-            rows = processed.where(F.col(HANDLE_COLUMN).isNotNull()).select(HANDLE_COLUMN).collect()
+            try:
+                rows = processed.where(F.col(HANDLE_COLUMN).isNotNull()).select(HANDLE_COLUMN).collect()
+            except Exception as e:
+                damage = _task_damage(e, source)
+                if damage is None:
+                    raise
+                raise damage from e
             phases["tasks"] = clock() - t
             reports = self._reports([r[0] for r in rows])
             t = clock()
@@ -419,7 +458,7 @@ class Coordinator:
                 spec.sink(outputs.select(*spec.output_schema.names), batch_id)
             phases["sink"] = clock() - t
             t = clock()
-            new_watermark = self._next_watermark(watermark, reports, end_of_input)
+            new_watermark = self._next_watermark(watermark, reports, source.location if source else None)
             properties: dict[str, Any] = {
                 QUERY_PROPERTY: query,
                 BATCH_PROPERTY: batch_id,
@@ -482,10 +521,25 @@ class Coordinator:
         self._notify(info)
         return info
 
-    def _next_watermark(self, current: int, reports: list[dict[str, Any]], end_of_input: bool) -> int:
-        """The watermark the next batch runs with: the largest event time seen minus the delay."""
-        if end_of_input:
-            return MAX_WATERMARK
+    def _next_watermark(self, current: int, reports: list[dict[str, Any]], source: str | None) -> int:
+        """The watermark the next batch runs with: the largest event time seen minus the delay.
+
+        Also after an end of input: its tasks fired every timer as at the end
+        of time, but the end of time lasts for that firing only (as on the
+        LocalRunner), so a later batch over more rows goes on from the
+        watermark the rows made. A ``current`` watermark at the end of time
+        comes from a checkpoint (``source``) an older statekit wrote at an end
+        of input; its rows are all late, which is said here.
+        """
+        if current == MAX_WATERMARK:
+            late = sum(int(r.get("late", 0)) for r in reports)
+            if late:
+                warnings.warn(
+                    _end_of_time_message(f"statekit job {self.spec.job_id!r}", source, f"all {late} rows"),
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            return current
         et = self.spec.event_time
         if et is None:
             return current
@@ -543,6 +597,35 @@ def _persist_uncompressed(processed: DataFrame, session: SparkSession) -> DataFr
             session.conf.unset(key)
         else:
             session.conf.set(key, before)
+
+
+_SPARK_WAYS_OUT = (
+    ". A Spark query never falls back to an older checkpoint: Spark's offset log must match the "
+    "checkpoint it continues from. Ways out: restore a savepoint, or an older checkpoint "
+    "(`statekit checkpoints list` shows them with their status), into a new query (a new "
+    "checkpoint_location, start(restore='<location>')); see docs/operations.md#restore-rules"
+)
+
+
+def _load(storage: CheckpointStorage, location: str) -> CompletedCheckpoint:
+    """:func:`load_checkpoint`, a damaged checkpoint's error carrying Spark's ways out."""
+    try:
+        return load_checkpoint(storage, location)
+    except CorruptCheckpointError as e:
+        raise CorruptCheckpointError(e.location, e.problem + _SPARK_WAYS_OUT) from e
+
+
+def _task_damage(e: Exception, source: CompletedCheckpoint | None) -> CorruptCheckpointError | None:
+    """The damage a task found restoring ``source`` (its error travels as text through Py4J), if any."""
+    if source is None:
+        return None
+    marker = f"CorruptCheckpointError: checkpoint {source.location}: "
+    text = str(e)
+    start = text.find(marker)
+    if start < 0:
+        return None
+    problem = text[start + len(marker) :].splitlines()[0].strip()
+    return CorruptCheckpointError(source.location, problem + _SPARK_WAYS_OUT)
 
 
 def _attempts(source: CompletedCheckpoint | None) -> dict[int, str]:

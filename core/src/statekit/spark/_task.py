@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql import types as T
 
-from .._checkpoint import CheckpointMetadata, CompletedCheckpoint, write_subtask_state
+from .._checkpoint import CompletedCheckpoint, metadata_at, write_subtask_state
 from .._columnar import group_runs, is_columnar, output_columns
 from .._config import Configuration
 from .._contracts import (
@@ -263,7 +263,7 @@ class _RestoreSource:
             return None
         if self._checkpoint is None:
             data = self.metadata.value
-            meta = CheckpointMetadata.from_bytes(data, f"{self.plan.restore_location}/_metadata")
+            meta = metadata_at(self.plan.restore_location, data)
             self._checkpoint = CompletedCheckpoint(
                 _storage(self.plan.config), self.plan.restore_location, meta
             )
@@ -793,6 +793,10 @@ class _TaskRun:
         for _, st in sorted(self.active.items()):
             st.timers.set_watermark(fire_until)
             st.fire(TimeDomain.EVENT_TIME, fire_until, out)
+            if plan.end_of_input:
+                # The end of time lasts for this firing only (the checkpoint keeps the rows'
+                # watermark): a subtask this process keeps for the next batch must not keep it.
+                st.timers.end_of_time_passed(plan.watermark)
             st.fire(TimeDomain.PROCESSING_TIME, plan.batch_timestamp_ms, out)
             if out.size >= _FLUSH_ROWS:
                 yield out.flush()
