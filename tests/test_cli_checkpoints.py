@@ -1,4 +1,4 @@
-"""``statekit checkpoints list|inspect`` and ``statekit savepoint convert``."""
+"""``statekit checkpoints list|inspect|verify`` and ``statekit savepoint convert``, damaged input too."""
 
 from __future__ import annotations
 
@@ -103,9 +103,10 @@ def test_convert_writes_a_native_rocksdb_checkpoint_as_a_canonical_savepoint(
     r.run(RecordSource(RECORDS))
     chk = r.checkpoint()
     r.close()
-    assert json.loads((Path(chk) / "_metadata").read_bytes()[8:-4])["operators"]["process"][0]["keyed"][
-        "format"
-    ] == "statekit-rocksdb-1"
+    assert (
+        json.loads((Path(chk) / "_metadata").read_bytes()[8:-4])["operators"]["process"][0]["keyed"]["format"]
+        == "statekit-rocksdb-1"
+    )
     assert main(["savepoint", "convert", chk, "--target", str(tmp_path / "sp"), "--no-progress"]) == 0
     location = capsys.readouterr().out.strip().rsplit(" ", 1)[-1]
     heap = runner(tmp_path / "other", 3)  # a canonical savepoint: any backend, any parallelism
@@ -137,3 +138,277 @@ def test_inspect_missing_location_is_a_clear_error(
 ) -> None:
     assert main(["checkpoints", "inspect", str(tmp_path / "nope")]) == 2
     assert "no completed checkpoint or savepoint" in capsys.readouterr().err
+
+
+# --- damaged checkpoints: list marks them, verify finds them -------------------------------
+
+
+@pytest.fixture
+def three(tmp_path: Path) -> Path:
+    """Job ``job``'s chk-1, chk-2 and chk-3 (every state in files of its own) under ``ckpt``."""
+    r = runner(tmp_path / "ckpt", 2)
+    src = RecordSource(RECORDS)
+    for _ in range(3):
+        r.run(src, max_records=500)
+        r.checkpoint()
+    r.close()
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "job").glob("chk-*")) == ["chk-1", "chk-2", "chk-3"]
+    return tmp_path / "ckpt"
+
+
+def flip(path: Path, offset: int, count: int = 1) -> None:
+    data = bytearray(path.read_bytes())
+    for i in range(offset, offset + count):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def flip_a_block(chk: Path) -> tuple[Path, int]:
+    """Flips one byte in the middle of a key-group block of subtask 1's keyed file; its file and key group."""
+    meta = json.loads((chk / "_metadata").read_bytes()[8:-4])
+    keyed = meta["operators"]["process"][1]["keyed"]
+    kg, (offset, length) = sorted(keyed["offsets"].items(), key=lambda kv: int(kv[0]))[1]
+    victim = chk / keyed["handle"]["path"]
+    flip(victim, offset + length // 2)
+    return victim, int(kg)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def tsv(out: str) -> list[dict[str, str]]:
+    header, *rows = out.splitlines()
+    return [dict(zip(header.split("\t"), row.split("\t"), strict=True)) for row in rows]
+
+
+def test_list_shows_every_checkpoint_when_the_newest_metadata_is_corrupt(
+    three: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flip(three / "job" / "chk-3" / "_metadata", 100, 4)
+    code, out, err = run_cli(capsys, "checkpoints", "list", str(three))
+    assert code == 0
+    rows = tsv(out)
+    assert [(r["job"], r["id"], r["status"]) for r in rows[:2]] == [
+        ("job", "1", "complete"),
+        ("job", "2", "complete"),
+    ]
+    assert rows[2]["id"] == "3" and rows[2]["location"] == str(three / "job" / "chk-3")
+    assert rows[2]["status"].startswith("unreadable: _metadata: ") and "checksum" in rows[2]["status"]
+    assert rows[2]["operators (parallelism)"] == "-"
+    assert "1 of 3 checkpoints cannot be restored" in err
+
+    code, out, _ = run_cli(capsys, "checkpoints", "list", str(three), "--json")
+    listed = json.loads(out)
+    assert code == 0 and [r["checkpoint_id"] for r in listed] == [1, 2, 3]
+    assert [r["status"] for r in listed] == ["complete", "complete", "unreadable"]
+    (problem,) = listed[2]["problems"]
+    assert problem["file"] == f"{three}/job/chk-3/_metadata" and "checksum" in problem["problem"]
+    assert listed[2]["kind"] is None and listed[1]["operators"]["process"]["parallelism"] == 2
+
+
+def test_list_and_inspect_name_a_missing_file_with_its_full_path(
+    three: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    chk = three / "job" / "chk-2"
+    (chk / "process-0.operator").unlink()
+    code, out, _ = run_cli(capsys, "checkpoints", "list", str(three), "--job", "job")
+    assert code == 0
+    statuses = [r["status"] for r in tsv(out)]
+    assert statuses == ["complete", "unreadable: process-0.operator: the file is missing", "complete"]
+
+    code, out, _ = run_cli(capsys, "checkpoints", "inspect", str(chk), "--json")
+    info = json.loads(out)
+    assert code == 0 and info["status"] == "unreadable"
+    assert [p["file"].removeprefix("file://") for p in info["problems"]] == [str(chk / "process-0.operator")]
+    code, out, _ = run_cli(capsys, "checkpoints", "inspect", str(chk))
+    assert "status            unreadable" in out and f"{chk}/process-0.operator: the file is missing" in out
+
+
+def test_verify_reads_every_block_and_reports_each_damaged_file_in_full(
+    three: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(capsys, "checkpoints", "verify", str(three))
+    assert code == 0 and [r["status"] for r in tsv(out)] == ["verified"] * 3
+    assert err == "3 checkpoints: 3 verified, 0 unreadable\n"
+
+    victim, kg = flip_a_block(three / "job" / "chk-3")
+    (three / "job" / "chk-1" / "process-1.keyed").unlink()
+    # The quick check of list sees the missing file; only verify reads the flipped block.
+    code, out, _ = run_cli(capsys, "checkpoints", "list", str(three))
+    assert [r["status"].split(":")[0] for r in tsv(out)] == ["unreadable", "complete", "complete"]
+
+    code, out, err = run_cli(capsys, "checkpoints", "verify", str(three))
+    assert code == 1
+    rows = {r["checkpoint"]: r for r in tsv(out)}
+    assert set(rows) == {str(three / "job" / f"chk-{i}") for i in (1, 2, 3)}
+    assert rows[str(three / "job" / "chk-2")]["status"] == "verified"
+    bad = rows[str(three / "job" / "chk-3")]
+    assert (bad["status"], bad["file"].removeprefix("file://")) == ("unreadable", str(victim))
+    assert f"key group {kg}" in bad["problem"] and "checksum" in bad["problem"]
+    missing = rows[str(three / "job" / "chk-1")]
+    assert missing["file"].endswith("/job/chk-1/process-1.keyed") and "missing" in missing["problem"]
+    assert err == "3 checkpoints: 1 verified, 2 unreadable (2 damaged files)\n"
+
+    # One checkpoint, given as its directory (relative, or its _metadata file): the same answer.
+    code, out, _ = run_cli(capsys, "checkpoints", "verify", str(victim.parent / "_metadata"), "--json")
+    assert code == 1
+    (result,) = json.loads(out)
+    assert result["location"] == str(victim.parent) and result["status"] == "unreadable"
+    assert [p["file"].removeprefix("file://") for p in result["problems"]] == [str(victim)]
+    assert run_cli(capsys, "checkpoints", "verify", str(three / "job" / "chk-2"))[0] == 0
+
+
+def test_verify_names_a_corrupt_metadata_and_checks_a_savepoint(
+    three: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["savepoint", "convert", str(three / "job" / "chk-3"), "--target", str(tmp_path / "sp")]) == 0
+    (savepoint,) = (tmp_path / "sp").glob("savepoint-*")
+    capsys.readouterr()
+    assert run_cli(capsys, "checkpoints", "verify", str(savepoint))[0] == 0
+    flip(three / "job" / "chk-3" / "_metadata", 40)
+    code, out, _ = run_cli(capsys, "checkpoints", "verify", str(three), "--job", "job", "--json")
+    assert code == 1
+    results = json.loads(out)
+    assert [r["status"] for r in results] == ["verified", "verified", "unreadable"]
+    assert [p["file"] for p in results[2]["problems"]] == [f"{three}/job/chk-3/_metadata"]
+
+
+@pytest.mark.parametrize("action", ["list", "verify"])
+def test_nothing_there_exits_2_saying_what_is_there_instead(
+    action: str, three: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "empty").mkdir()
+    cases = [
+        ([str(tmp_path / "nope")], f"no checkpoints at {tmp_path / 'nope'}: it does not exist"),
+        (
+            [str(tmp_path / "a-file")],
+            f"no checkpoints at {tmp_path / 'a-file'}: it is a file, not a directory",
+        ),
+        (
+            [str(three), "--job", "nojob"],
+            f"job 'nojob' has no completed checkpoint under {three}; jobs with checkpoints there: job",
+        ),
+        ([str(tmp_path / "empty")], f"no completed checkpoint under {tmp_path / 'empty'}"),
+        (
+            [str(three / "job")],
+            f"it is the directory of job 'job': pass its parent, {three} (with --job job)",
+        ),
+    ]
+    if action == "list":  # verify takes a checkpoint itself
+        cases.append(([str(three / "job" / "chk-1")], "it is a checkpoint itself"))
+    for argv, message in cases:
+        code, out, err = run_cli(capsys, "checkpoints", action, *argv)
+        assert (code, out) == (2, ""), argv
+        assert err.startswith("statekit: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_list_piped_is_tab_separated_and_never_cut(three: Path) -> None:
+    for columns in ("40", "80"):
+        out = subprocess.run(
+            [sys.executable, "-m", "statekit", "checkpoints", "list", str(three)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"COLUMNS": columns, "PATH": ""},
+        ).stdout
+        assert "…" not in out
+        assert [r["location"] for r in tsv(out)] == [str(three / "job" / f"chk-{i}") for i in (1, 2, 3)]
+        assert tsv(out)[0]["operators (parallelism)"] == "__source__ (1), process (2)"
+
+
+def test_list_on_a_narrow_terminal_folds_the_location_instead_of_cutting_it(three: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from statekit._cli import CommandContext, build_parser
+
+    buf = io.StringIO()
+    ctx = CommandContext(console=Console(file=buf, force_terminal=True, width=70, color_system=None))
+    args = build_parser().parse_args(["checkpoints", "list", str(three)])
+    assert args.run(args, ctx) == 0
+    out = buf.getvalue()
+    assert "…" not in out
+    last_column = "".join(line.split("│")[-2].strip() for line in out.splitlines() if line.startswith("│"))
+    for i in (1, 2, 3):
+        assert str(three / "job" / f"chk-{i}") in last_column
+
+
+def test_unknown_storage_option_is_one_line_error_and_good_ones_list_s3(
+    s3_endpoint: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("s3fs")
+    url = f"s3://{s3_endpoint['bucket']}/cli-options"
+    options = {"client_kwargs": {"endpoint_url": s3_endpoint["endpoint_url"]}, "skip_instance_cache": True}
+    r = LocalRunner(
+        CountUrls,
+        key_selector=lambda rec: rec["url"],
+        config={
+            "statekit.checkpoints.dir": url,
+            "statekit.parallelism": 2,
+            "statekit.checkpoint.storage.filesystem.storage-options": json.dumps(options),
+        },
+    )
+    r.run(RecordSource(RECORDS[:200]))
+    r.checkpoint()
+    r.close()
+    code, out, _ = run_cli(capsys, "checkpoints", "list", url, "--storage-options", json.dumps(options))
+    assert code == 0 and [(row["id"], row["status"]) for row in tsv(out)] == [("1", "complete")]
+    assert run_cli(capsys, "checkpoints", "verify", url, "--storage-options", json.dumps(options))[0] == 0
+
+    for bogus in ({**options, "endpoint": "x"}, {**options, "client_kwargs": {"endpoint": "x"}}):
+        for argv in (["checkpoints", "list", url], ["checkpoints", "inspect", f"{url}/job/chk-1"]):
+            code, out, err = run_cli(capsys, *argv, "--storage-options", json.dumps(bogus))
+            assert (code, out) == (2, ""), err
+            assert err.startswith(f"statekit: error: cannot open s3://{s3_endpoint['bucket']}")
+            assert "unexpected keyword argument 'endpoint'" in err and err.count("\n") == 1
+
+
+def test_relative_paths_are_reported_in_full(
+    three: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    victim, _ = flip_a_block(three / "job" / "chk-2")
+    monkeypatch.chdir(three)
+    code, out, _ = run_cli(capsys, "checkpoints", "verify", "job/chk-2/", "--json")
+    (result,) = json.loads(out)
+    assert code == 1 and result["location"] == str(three / "job" / "chk-2")
+    code, out, _ = run_cli(capsys, "checkpoints", "inspect", "job/chk-1", "--json")
+    assert code == 0 and json.loads(out)["location"] == str(three / "job" / "chk-1")
+    code, _, err = run_cli(capsys, "savepoint", "convert", "job/chk-2", "--target", "sp", "--no-progress")
+    assert code == 2 and err.startswith(f"statekit: error: checkpoint {three}/job/chk-2: {victim}: ")
+    assert not (three / "sp").exists()  # a damaged checkpoint is refused before anything is written
+
+
+def test_convert_draws_its_copy_on_a_terminal_only(three: Path, tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from statekit._cli import CommandContext, build_parser
+
+    for terminal in (True, False):
+        out, err = io.StringIO(), io.StringIO()
+        ctx = CommandContext(
+            console=Console(file=out), err_console=Console(file=err, force_terminal=terminal, width=100)
+        )
+        target = tmp_path / f"sp-{terminal}"
+        args = build_parser().parse_args(
+            ["savepoint", "convert", str(three / "job" / "chk-3"), "--target", str(target)]
+        )
+        assert args.run(args, ctx) == 0
+        (savepoint,) = target.glob("savepoint-*")
+        assert out.getvalue() == f"savepoint written to {savepoint}\n"
+        assert ("copying" in err.getvalue()) is terminal
+        assert terminal or err.getvalue() == ""  # a log gets no bar and no blank line
+
+
+@pytest.mark.parametrize("action", [["checkpoints", "inspect"], ["checkpoints", "verify"], ["state", "list"]])
+def test_a_missing_location_at_the_root_is_not_found(
+    action: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_cli(capsys, *action, "/no-such-statekit-location")
+    assert code == 2 and "/no-such-statekit-location" in err and "statekit.checkpoints.dir" not in err

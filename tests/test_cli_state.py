@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
+import shlex
 import shutil
 from collections import Counter
 from collections.abc import Iterable
@@ -209,19 +211,103 @@ def test_show_key_and_key_group_filters(sp: str, capsys: pytest.CaptureFixture[s
     }
 
 
-def test_show_table_says_there_are_more_rows(
-    sp: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("COLUMNS", "200")
-    code, out, _ = run(capsys, "show", sp, "--operator", "process", "--state", "bytes", "--limit", "3")
-    assert code == 0
-    lines = out.splitlines()
+def test_show_table_says_there_are_more_rows(sp: str) -> None:
+    buf = io.StringIO()
+    ctx = CommandContext(console=Console(file=buf, force_terminal=True, width=200, color_system=None))
+    args = build_parser().parse_args(
+        ["state", "show", sp, "--operator", "process", "--state", "bytes", "--limit", "3"]
+    )
+    assert args.run(args, ctx) == 0
+    lines = buf.getvalue().splitlines()
     assert lines[0] == f"process/bytes of {sp}"
     assert lines[-1] == "first 3 rows; there are more (--limit 0 shows and counts all)"
     shown = [line.split("│")[1:3] for line in lines if line.startswith("│")]
     totals = {u: b for u, (_, _, b) in model_state(RECORDS).items()}
     assert [(k.strip(), int(v)) for k, v in shown] == [(k.strip(), totals[k.strip()]) for k, _ in shown]
     assert len(shown) == 3
+
+
+def test_show_piped_is_only_tab_separated_rows_notes_on_stderr(
+    sp: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "show", sp, "--operator", "process", "--state", "bytes", "--limit", "3")
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header == "key\tvalue\tkey_group"
+    totals = {u: b for u, (_, _, b) in model_state(RECORDS).items()}
+    cells = [row.split("\t") for row in rows]
+    assert len(cells) == 3
+    assert cells == [[key, str(totals[key]), str(key_group(key))] for key, _, _ in cells]
+    assert err.splitlines() == [
+        f"process/bytes of {sp}",
+        "first 3 rows; there are more (--limit 0 shows and counts all)",
+    ]
+
+
+ODD_KEYS = ["\x00malformed", "tab\there", "esc\x1b[31mred\x1b[0m", "new\nline", "bidi\u202eevil", "plain"]
+
+
+@pytest.fixture(scope="module")
+def odd_sp(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A savepoint whose keys hold control characters (the URL count's ``"\\u0000malformed"`` among them)."""
+    root = tmp_path_factory.mktemp("odd")
+    r = count_urls_runner(str(root / "ckpt"))
+    r.run(RecordSource([{"url": k, "request": "GET", "bytes": 1} for k in ODD_KEYS]))
+    location = r.savepoint(str(root / "sp"))
+    r.close()
+    return location
+
+
+ESCAPED = {
+    "\x00malformed": "\\u0000malformed",
+    "tab\there": "tab\\there",
+    "esc\x1b[31mred\x1b[0m": "esc\\u001b[31mred\\u001b[0m",
+    "new\nline": "new\\nline",
+    "bidi\u202eevil": "bidi\\u202eevil",
+    "plain": "plain",
+}
+
+
+def no_control_characters(text: str, allowed: str = "\n") -> bool:
+    return not any(
+        (ord(c) < 32 and c not in allowed) or 0x7F <= ord(c) <= 0x9F or c == "\u202e" for c in text
+    )
+
+
+def test_show_escapes_control_characters_in_keys_piped_and_on_a_terminal(
+    odd_sp: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "show", odd_sp, "--operator", "process", "--state", "count", "--limit", "0")
+    assert code == 0 and no_control_characters(out, allowed="\n\t")  # tabs separate the cells
+    header, *rows = out.splitlines()
+    assert header == "key\tvalue\tkey_group"
+    assert all(row.count("\t") == 2 for row in rows)  # a key's tab does not make a column
+    assert sorted(r.split("\t")[0] for r in rows) == sorted(ESCAPED.values())
+
+    buf = io.StringIO()
+    ctx = CommandContext(console=Console(file=buf, force_terminal=True, width=120, color_system=None))
+    args = build_parser().parse_args(
+        ["state", "show", odd_sp, "--operator", "process", "--state", "count", "--limit", "0"]
+    )
+    assert args.run(args, ctx) == 0
+    shown = buf.getvalue()
+    assert no_control_characters(shown)
+    keys = {line.split("│")[1].strip() for line in shown.splitlines() if line.startswith("│")}
+    assert set(ESCAPED.values()) <= keys
+
+    # --json keeps the exact keys, as JSON
+    info = run_json(capsys, "show", odd_sp, "--operator", "process", "--state", "count", "--limit", "0")
+    assert sorted(r["key"] for r in info["rows"]) == sorted(ODD_KEYS)
+
+
+def test_get_miss_escapes_what_it_quotes(odd_sp: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "get", odd_sp, "--operator", "process", "--state", "count", "no\x1b[2Jkey")
+    assert (code, out) == (1, "")
+    assert no_control_characters(err) and "'no\\x1b[2Jkey'" in err
+    assert run(capsys, "get", odd_sp, "--operator", "process", "--state", "count", "\x00malformed")[:2] == (
+        0,
+        "1\n",
+    )
 
 
 def test_show_operator_state_and_timers(sp: str, sizes_sp: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -416,8 +502,49 @@ def test_export_of_a_corrupt_block_fails_naming_file_and_key_group_and_leaves_no
         "--no-progress",
     )
     assert code == 2 and not out.exists() and list(tmp_path.glob(".count.parquet*")) == []
-    assert err.startswith(f"statekit: error: {victim.name}: ") and f"key group {kg}" in err
+    # The full location: the checkpoint's directory and the file's full path, as everywhere.
+    assert err.startswith(f"statekit: error: checkpoint {bad}: {victim}: ")
+    assert f"key group {kg}" in err
     assert err.count("\n") == 1
+
+
+def test_export_refuses_to_replace_a_file_unless_told_to(
+    sp: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "count.json"
+    out.write_text("precious\n")
+    argv = ["export", sp, "--operator", "process", "--state", "count", "-o", str(out), "--no-progress"]
+    code, stdout, err = run(capsys, *argv)
+    assert (code, stdout) == (2, "")
+    assert err == f"statekit: error: {out} exists; pass --overwrite to replace it\n"
+    assert out.read_text() == "precious\n" and sorted(p.name for p in tmp_path.iterdir()) == ["count.json"]
+
+    assert run(capsys, *argv, "--overwrite")[0] == 0
+    assert {r["key"]: r["value"] for r in read_back(out, "json")} == MODEL
+
+    (tmp_path / "dir.json").mkdir()
+    code, _, err = run(capsys, *argv[:-3], "-o", str(tmp_path / "dir.json"), "--overwrite", "--no-progress")
+    assert code == 2 and err == f"statekit: error: cannot write {tmp_path / 'dir.json'}: it is a directory\n"
+
+
+def test_export_never_replaces_a_file_made_while_it_ran(
+    sp: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import statekit.state_processor._cli as state_cli
+
+    out = tmp_path / "count.json"
+    real = state_cli._Writer.close
+
+    def close_then_someone_writes(self: Any) -> None:
+        real(self)
+        out.write_text("written meanwhile\n")
+
+    monkeypatch.setattr(state_cli._Writer, "close", close_then_someone_writes)
+    code, _, err = run(
+        capsys, "export", sp, "--operator", "process", "--state", "count", "-o", str(out), "--no-progress"
+    )
+    assert code == 2 and "exists (it was made during the export); pass --overwrite" in err
+    assert out.read_text() == "written meanwhile\n" and [p.name for p in tmp_path.iterdir()] == ["count.json"]
 
 
 def test_export_draws_blocks_done_of_total(sp: str, tmp_path: Path) -> None:
@@ -485,3 +612,67 @@ def test_without_pyarrow_every_other_command_works_and_state_says_what_to_instal
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert 'pip install "statekit[arrow]"' in done.stderr
+
+
+# --- the docs and the commands agree ---------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def documented_command_lines() -> list[tuple[str, list[str]]]:
+    """Every concrete ``statekit`` command in the docs' code blocks (not synopses), split as a shell would."""
+    found = []
+    for doc in [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]:
+        fenced = False
+        for line in doc.read_text().splitlines():
+            if line.startswith("```"):
+                fenced = not fenced
+                continue
+            text = line.strip().removeprefix("$ ")
+            if not fenced or not text.startswith("statekit "):
+                continue
+            text = re.split(r" #| \| | \|\| ", text)[0]
+            if re.search(r"[\[\]<>…]|\b[A-Z]{3,}\b|\w\|\w", text):  # a synopsis: placeholders, choices
+                continue
+            found.append((doc.name, shlex.split(text)[1:]))
+    return found
+
+
+def test_the_docs_commands_parse_and_use_the_examples_job_and_directory() -> None:
+    urlcount_cli = pytest.importorskip("statekit_urlcount._cli")
+    from statekit_urlcount import JobSettings
+
+    state_dir = urlcount_cli.build_parser().parse_args(["run"]).state
+    settings = JobSettings(logs_dir="logs", state_dir=state_dir)
+    commands = documented_command_lines()
+    assert {doc for doc, _ in commands} >= {"state-as-data.md", "operations.md"}
+    for doc, argv in commands:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"{doc}: `statekit {shlex.join(argv)}` is no valid command")
+        if getattr(args, "job", None) is not None and not args.job.startswith("$"):
+            assert args.job == settings.job_id, (doc, argv)
+        where = getattr(args, "location", None) or getattr(args, "path", None) or ""
+        if where.startswith(state_dir):
+            assert where == settings.statekit_checkpoints, (doc, argv)
+    with_job = [argv for doc, argv in commands if doc == "state-as-data.md" and "--job" in argv]
+    assert len(with_job) >= 3
+
+
+def test_plugins_takes_no_storage_options_and_the_docs_do_not_say_it_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["plugins", "--storage-options", "{}"]) == 2
+    assert "unrecognized arguments: --storage-options" in capsys.readouterr().err
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    assert "Every command takes `--storage-options" not in operations
+    assert "`plugins` reads none and takes none" in operations
+
+
+def test_a_relative_location_is_reported_in_full(
+    sp: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(Path(sp).parent)
+    got = run_json(capsys, "get", Path(sp).name, "--operator", "process", "--state", "count", "/api/5")
+    assert (got["location"], got["value"]) == (sp, MODEL["/api/5"])

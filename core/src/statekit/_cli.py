@@ -12,28 +12,142 @@ decorated function in this module (or a module this one imports)::
         return 0
 
 A command that raises :class:`~statekit.StateError` prints one line to stderr and
-exits with status 2.
+exits with status 2 (:data:`EXIT_ERROR`); the exit statuses are the same for
+every command (:data:`EXIT_OK`, :data:`EXIT_PROBLEM`, :data:`EXIT_ERROR`,
+:data:`EXIT_INTERRUPTED`, :data:`EXIT_BROKEN_PIPE`; docs/operations.md lists them).
+
+Tables go through :func:`print_table`: drawn on a terminal, tab-separated when
+stdout is a pipe or a file, never cut to a width, control characters escaped.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import re
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
+from rich.text import Text
 
 from ._errors import StateError
 from ._registry import PluginRegistry, RegisteredPlugin, default_registry
 
-__all__ = ["CommandContext", "build_parser", "command", "main"]
+__all__ = [
+    "EXIT_BROKEN_PIPE",
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_PROBLEM",
+    "Cell",
+    "CommandContext",
+    "build_parser",
+    "command",
+    "full_location",
+    "main",
+    "print_table",
+    "printable",
+]
+
+#: The command did what was asked, and found nothing wrong.
+EXIT_OK = 0
+#: The command did what was asked, and the answer is "no": ``checkpoints verify``
+#: found a damaged checkpoint, ``state get`` found no value for the key.
+EXIT_PROBLEM = 1
+#: The command could not do what was asked: a usage error, nothing at the location,
+#: no such job, an unreadable store, bad options, damaged data in its way, a file
+#: it will not overwrite.
+EXIT_ERROR = 2
+#: Interrupted (Ctrl-C): 128 + SIGINT, as a shell reports it.
+EXIT_INTERRUPTED = 130
+#: Whoever read stdout stopped reading (``| head``): 128 + SIGPIPE, as for a program SIGPIPE ended.
+EXIT_BROKEN_PIPE = 141
+
+# C0 and C1 controls and DEL (a NUL, an escape sequence that recolours or retitles a
+# terminal), line and paragraph separators, bidirectional overrides (text that reads
+# differently than it is), lone surrogates (which cannot even be encoded).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_SHORT_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def printable(text: str) -> str:
+    r"""``text`` with every control character written as its JSON escape.
+
+    What a table shows of data it does not control (keys, values, ids, paths):
+    ``"\x00malformed"`` is shown as ``\u0000malformed``, a tab as ``\t``, so no
+    byte of the data reaches the terminal as a control and tab-separated output
+    keeps its columns. The escapes are those ``--json`` uses.
+
+    Example::
+
+        >>> printable("\x00malformed\tx")
+        '\\u0000malformed\\tx'
+    """
+    return _UNSAFE.sub(lambda m: _SHORT_ESCAPES.get(m[0]) or f"\\u{ord(m[0]):04x}", text)
+
+
+def full_location(path: str) -> str:
+    """``path`` as output names it: a local path made absolute, without a trailing ``/_metadata``.
+
+    So every location a command prints, and every error it reports, is the full
+    one whatever directory the command ran in. URLs stay as they are.
+    """
+    stripped = path.rstrip("/")
+    if stripped and not stripped.endswith(":"):  # "/" and "memory://" stay what they are
+        path = stripped
+    if path.endswith("/_metadata"):
+        path = path[: -len("/_metadata")]
+    return os.path.abspath(os.path.expanduser(path)) if "://" not in path else path
+
+
+#: A table cell: text, None (shown as ``null``), or lines (one per line on a terminal,
+#: joined with ", " in tab-separated output).
+Cell = str | None | Sequence[str]
+
+
+def _cell_text(cell: Cell, separator: str) -> str:
+    if cell is None:
+        return "null"
+    if isinstance(cell, str):
+        return printable(cell)
+    return separator.join(printable(line) for line in cell)
+
+
+def print_table(console: Console, columns: Sequence[str], rows: Iterable[Sequence[Cell]]) -> None:
+    """Prints ``rows`` under ``columns``: a drawn table on a terminal, tab-separated lines elsewhere.
+
+    On a terminal, cells too long for it fold onto more lines; they are never
+    cut. When stdout is a pipe or a file, one header line and one line per row,
+    cells separated by tabs and nothing cut to a width, for ``cut -f`` and
+    ``awk -F'\\t'``. Either way every cell goes through :func:`printable`, and
+    none is read as rich markup.
+
+    Args:
+        console: Where to print; its ``is_terminal`` chooses the form.
+        columns: The headings.
+        rows: One sequence of cells per row, as many as ``columns``.
+    """
+    if not console.is_terminal:
+        # Written past rich: it would expand the tabs into spaces.
+        out = console.file
+        out.write("\t".join(printable(c) for c in columns) + "\n")
+        for row in rows:
+            out.write("\t".join(_cell_text(cell, ", ") for cell in row) + "\n")
+        out.flush()
+        return
+    # "fold": a path without spaces would otherwise be cut, ending in "…".
+    table = Table(*(Column(header=Text(printable(c)), overflow="fold") for c in columns))
+    for row in rows:
+        table.add_row(*(Text("null", style="dim") if c is None else Text(_cell_text(c, "\n")) for c in row))
+    console.print(table)
 
 
 @dataclass
@@ -43,6 +157,15 @@ class CommandContext:
     injected_registry: PluginRegistry | None = None
     console: Console = field(default_factory=Console)
     err_console: Console = field(default_factory=lambda: Console(stderr=True))
+
+    def note(self, text: str) -> None:
+        """Prints a line about the output (a title, a row count), not part of it.
+
+        On stdout on a terminal; on stderr when stdout is a pipe or a file, which
+        then holds only the data. ``text`` is plain text, not markup.
+        """
+        console = self.console if self.console.is_terminal else self.err_console
+        console.print(printable(text), markup=False, highlight=False, soft_wrap=True)
 
     @property
     def registry(self) -> PluginRegistry:
@@ -122,8 +245,16 @@ def main(argv: Sequence[str] | None = None, *, registry: PluginRegistry | None =
     try:
         return run(args, CommandContext(registry))
     except StateError as exc:
-        print(f"statekit: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
+        print(f"statekit: error: {printable(' '.join(str(exc).split()))}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("statekit: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # Python would report the pipe again when it flushes stdout at exit: point it at nothing.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 def _plugin_record(plugin: RegisteredPlugin) -> dict[str, Any]:
@@ -150,17 +281,23 @@ def _plugins(args: argparse.Namespace, ctx: CommandContext) -> int:
     records = [_plugin_record(plugin) for plugin in plugins]
     if args.json:
         print(json.dumps(records, indent=2, default=str))
-        return 0
+        return EXIT_OK
     if not records:
-        ctx.console.print("No statekit plugins are installed.")
-        return 0
-    table = Table("kind", "name", "distribution", "version", "options", "description")
-    for r in records:
-        options = "\n".join(f"{o['name']}={o['default']!r} ({o['type']})" for o in r["options"])
-        cells = (r["kind"], r["name"], r["distribution"], r["version"], options, r["description"])
-        table.add_row(*map(escape, cells))  # "statekit[rocksdb]" is no markup
-    ctx.console.print(table)
-    return 0
+        ctx.note("No statekit plugins are installed.")
+        return EXIT_OK
+    rows = [
+        (
+            r["kind"],
+            r["name"],
+            r["distribution"],
+            r["version"],
+            [f"{o['name']}={o['default']!r} ({o['type']})" for o in r["options"]],
+            r["description"],
+        )
+        for r in records
+    ]
+    print_table(ctx.console, ("kind", "name", "distribution", "version", "options", "description"), rows)
+    return EXIT_OK
 
 
 # Commands that work on stored checkpoints live in their own module; importing it registers them.

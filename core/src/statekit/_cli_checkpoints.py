@@ -1,34 +1,66 @@
-"""``statekit checkpoints ...`` and ``statekit savepoint ...``: work on stored state, no job needed."""
+"""``statekit checkpoints ...`` and ``statekit savepoint ...``: work on stored state, no job needed.
+
+``checkpoints list`` checks each checkpoint quickly (its metadata parses, every
+file it names is there with its size: status ``complete``) and marks the others
+``unreadable`` with the reason; ``checkpoints verify`` reads every byte and
+compares every checksum (status ``verified``), and exits 1 when anything is
+damaged. Problems name the checkpoint's directory and the file's full path.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
-from collections.abc import Callable
+import os
+import posixpath
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-from rich.table import Table
 
 from ._checkpoint import (
     CheckpointMetadata,
     CompletedCheckpoint,
     SubtaskState,
     complete_checkpoint,
+    load_checkpoint,
     write_subtask_state,
 )
-from ._cli import CommandContext, command
+from ._cli import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    Cell,
+    CommandContext,
+    command,
+    full_location,
+    print_table,
+    printable,
+)
 from ._contracts import CheckpointStorage
-from ._errors import ConfigurationError
+from ._errors import (
+    CheckpointNotFoundError,
+    ConfigurationError,
+    CorruptCheckpointError,
+    CorruptSnapshotError,
+    StateError,
+)
 from ._locations import filesystem_storage, parent_location
-from ._operator import decode_operator_snapshot
 from ._registry import default_registry
 from ._serializers import _describe
-from ._snapshot import CANONICAL_FORMAT, read_block, read_header, read_index
+from ._snapshot import CANONICAL_FORMAT
+from ._verify import CheckpointProblem, verify_checkpoint, verify_loaded
 
 __all__: list[str] = []
+
+#: ``status`` of a checkpoint whose metadata parses and whose files are all there, with their sizes.
+COMPLETE = "complete"
+#: ``status`` of a checkpoint whose every byte was read and every checksum compared.
+VERIFIED = "verified"
+#: ``status`` of a checkpoint that cannot be restored; its ``problems`` say why.
+UNREADABLE = "unreadable"
 
 _CHUNK = 4 << 20
 
@@ -68,74 +100,242 @@ def _summary(location: str, meta: CheckpointMetadata) -> dict[str, Any]:
     }
 
 
+def _unknown_summary(job: str, location: str) -> dict[str, Any]:
+    """:func:`_summary`'s fields for a checkpoint whose metadata cannot be read: what its path says."""
+    name = posixpath.basename(location.rstrip("/"))
+    number = name.removeprefix("chk-")
+    return {
+        "location": location,
+        "job_id": job,
+        "checkpoint_id": int(number) if number.isdigit() else None,
+        "kind": None,
+        "time": None,
+        "max_parallelism": None,
+        "backend": None,
+        "operators": {},
+        "properties": {},
+    }
+
+
+def _status(problems: Sequence[CheckpointProblem], good: str) -> dict[str, Any]:
+    return {
+        "status": UNREADABLE if problems else good,
+        "problems": [{"file": p.file, "problem": p.problem} for p in problems],
+    }
+
+
+def _in(location: str, file: str) -> str:
+    """``file`` relative to ``location`` when it lies there (a table has the location in a column)."""
+    for prefix in (location.rstrip("/") + "/", "file://" + location.rstrip("/") + "/"):
+        if file.startswith(prefix):
+            return file[len(prefix) :]
+    return file
+
+
+def _local_path(url: str) -> str | None:
+    """The local path ``url`` names, or None for a URL of another protocol."""
+    if url.startswith("file://"):
+        return url[len("file://") :]
+    return None if "://" in url else url
+
+
+def _is_checkpoint(storage: CheckpointStorage, path: str) -> bool:
+    """Whether ``path`` holds a ``_metadata`` (a damaged one too): a checkpoint, not a directory of them."""
+    try:
+        storage.read_metadata(path)
+    except CheckpointNotFoundError:
+        return False
+    except CorruptSnapshotError:
+        return True
+    return True
+
+
+def _jobs(
+    ctx: CommandContext, storage: CheckpointStorage, args: argparse.Namespace, directory: str
+) -> list[str]:
+    """The jobs to look at under ``directory``: ``args.job``, or every job with a completed checkpoint.
+
+    Raises:
+        CheckpointNotFoundError: If there is nothing to look at: ``directory`` is
+            missing or a file, ``args.job`` has no completed checkpoint there, or no job has one.
+        ConfigurationError: If the storage cannot list jobs and no ``--job`` is given.
+    """
+    local = _local_path(directory)
+    if local is not None and not os.path.isdir(local):
+        what = "it is a file, not a directory" if os.path.exists(local) else "it does not exist"
+        raise CheckpointNotFoundError(f"no checkpoints at {directory}: {what}")
+    list_jobs = getattr(storage, "list_jobs", None)
+    if args.job is None and list_jobs is None:
+        raise ConfigurationError("this storage cannot list jobs; pass --job")
+    if args.job is not None and storage.list_checkpoints(args.job):
+        return [args.job]
+    # Listing the jobs reads every job's directory: only when no --job is given, or it has nothing.
+    known: list[str] = [] if list_jobs is None else list(list_jobs())
+    if args.job is not None:
+        others = ""
+        if list_jobs is not None:
+            others = (
+                f"; jobs with checkpoints there: {', '.join(known)}" if known else "; nor has any other job"
+            )
+        raise CheckpointNotFoundError(
+            f"job {args.job!r} has no completed checkpoint under {directory}{others}"
+        )
+    if not known:
+        hint = _not_a_checkpoints_directory(ctx, args, directory)
+        raise CheckpointNotFoundError(f"no completed checkpoint under {directory}{hint}")
+    return known
+
+
+def _not_a_checkpoints_directory(ctx: CommandContext, args: argparse.Namespace, directory: str) -> str:
+    """What ``directory`` is instead, when it is a checkpoint itself or one job's directory; else ""."""
+    parent = _storage(ctx, parent_location(directory), args.storage_options)
+    if _is_checkpoint(parent, directory):
+        return f"; it is a checkpoint itself: statekit checkpoints inspect (or verify) {directory}"
+    name = posixpath.basename(directory.rstrip("/"))
+    with contextlib.suppress(StateError):  # a name that is no valid job id is no job's directory
+        if parent.list_checkpoints(name):
+            return (
+                f"; it is the directory of job {name!r}: pass its parent, "
+                f"{parent_location(directory)} (with --job {name})"
+            )
+    return ""
+
+
+@contextlib.contextmanager
+def _working(ctx: CommandContext, what: str) -> Iterator[None]:
+    """A spinner saying ``what`` on a terminal's stderr; nothing in a log."""
+    if not ctx.err_console.is_terminal:
+        yield
+        return
+    with ctx.err_console.status(escape(printable(what))):
+        yield
+
+
 # --- statekit checkpoints ---------------------------------------------------------
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
 
 
 def _configure_checkpoints(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(title="actions", metavar="ACTION", required=True)
-    ls = sub.add_parser("list", help="list the completed checkpoints under a checkpoints directory")
+    ls = sub.add_parser(
+        "list",
+        help="list the completed checkpoints under a checkpoints directory, marking the unreadable ones",
+    )
     ls.add_argument("directory", help="the statekit.checkpoints.dir (any fsspec URL)")
     ls.add_argument("--job", help="only this job id")
-    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    ls.add_argument("--storage-options", help="fsspec storage options as a JSON object")
+    _add_common(ls)
     ls.set_defaults(action=_list)
     insp = sub.add_parser(
         "inspect", help="show a checkpoint's or savepoint's operators, states and key groups"
     )
     insp.add_argument("path", help="a chk-<n> or savepoint directory (any fsspec URL)")
-    insp.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    insp.add_argument("--storage-options", help="fsspec storage options as a JSON object")
+    _add_common(insp)
     insp.set_defaults(action=_inspect)
+    ver = sub.add_parser(
+        "verify",
+        help="read every block of checkpoints and report each damaged file; exit 1 if any is",
+    )
+    ver.add_argument(
+        "path",
+        help="a chk-<n> or savepoint directory, or a checkpoints directory: every checkpoint of "
+        "every job (or of --job) under it (any fsspec URL)",
+    )
+    ver.add_argument("--job", help="with a checkpoints directory: only this job's checkpoints")
+    _add_common(ver)
+    ver.set_defaults(action=_verify)
 
 
-@command("checkpoints", "list and inspect checkpoints and savepoints", _configure_checkpoints)
+@command("checkpoints", "list, inspect and verify checkpoints and savepoints", _configure_checkpoints)
 def _checkpoints(args: argparse.Namespace, ctx: CommandContext) -> int:
+    for name in ("path", "directory"):
+        if hasattr(args, name):
+            setattr(args, name, full_location(getattr(args, name)))
     action: Callable[[argparse.Namespace, CommandContext], int] = args.action
     return action(args, ctx)
 
 
+def _listed(storage: CheckpointStorage, job: str, location: str) -> dict[str, Any] | None:
+    """One row of ``checkpoints list``: the summary and the quick check; None if it is gone meanwhile."""
+    try:
+        try:
+            cp = load_checkpoint(storage, location)
+        except CorruptCheckpointError as e:
+            problems = verify_checkpoint(storage, location, deep=False) or [
+                CheckpointProblem(location, f"{location.rstrip('/')}/_metadata", e.problem)
+            ]
+            return {**_unknown_summary(job, location), **_status(problems, COMPLETE)}
+        problems = verify_loaded(cp, deep=False)
+        if problems:
+            # Files go missing while retention deletes the checkpoint: then it is gone, not damaged.
+            storage.read_metadata(location)
+    except CheckpointNotFoundError:
+        return None  # deleted after it was listed: retention of a running job
+    return {**_summary(location, cp.metadata), **_status(problems, COMPLETE)}
+
+
+_LIST_COLUMNS = (
+    "job",
+    "id",
+    "time",
+    "backend",
+    "operators (parallelism)",
+    "entries",
+    "bytes",
+    "status",
+    "location",
+)
+
+
+def _list_cells(r: dict[str, Any]) -> tuple[Cell, ...]:
+    status = r["status"]
+    if r["problems"]:
+        status += ": " + "; ".join(f"{_in(r['location'], p['file'])}: {p['problem']}" for p in r["problems"])
+    if r["kind"] is None:  # the metadata could not be read: nothing but the path is known
+        known: tuple[Cell, ...] = ("-",) * 5
+    else:
+        ops = r["operators"].values()
+        known = (
+            r["time"],
+            r["backend"] or "-",
+            ", ".join(f"{op} ({o['parallelism']})" for op, o in r["operators"].items()),
+            f"{sum(o['entries'] for o in ops):,}",
+            f"{sum(o['bytes'] for o in ops):,}",
+        )
+    number = "-" if r["checkpoint_id"] is None else str(r["checkpoint_id"])
+    return (r["job_id"], number, *known, status, r["location"])
+
+
 def _list(args: argparse.Namespace, ctx: CommandContext) -> int:
     storage = _storage(ctx, args.directory, args.storage_options)
-    list_jobs = getattr(storage, "list_jobs", None)
-    if args.job:
-        jobs = [args.job]
-    elif list_jobs is not None:
-        jobs = list(list_jobs())
-    else:
-        raise ConfigurationError("this storage cannot list jobs; pass --job")
     rows = []
-    for job in jobs:
-        for loc in storage.list_checkpoints(job):
-            rows.append(_summary(loc, CheckpointMetadata.from_bytes(storage.read_metadata(loc), loc)))
+    for job in _jobs(ctx, storage, args, args.directory):
+        for location in storage.list_checkpoints(job):
+            row = _listed(storage, job, location)
+            if row is not None:
+                rows.append(row)
     if args.json:
         print(json.dumps(rows, indent=2))
-        return 0
-    if not rows:
-        ctx.console.print(f"No completed checkpoints under {escape(args.directory)}.")
-        return 0
-    table = Table("job", "id", "time", "backend", "operators (parallelism)", "entries", "bytes", "location")
-    for r in rows:
-        ops = ", ".join(f"{op} ({o['parallelism']})" for op, o in r["operators"].items())
-        entries = sum(o["entries"] for o in r["operators"].values())
-        size = sum(o["bytes"] for o in r["operators"].values())
-        cells = (
-            r["job_id"],
-            str(r["checkpoint_id"]),
-            r["time"],
-            r["backend"],
-            ops,
-            f"{entries:,}",
-            f"{size:,}",
+        return EXIT_OK
+    print_table(ctx.console, _LIST_COLUMNS, [_list_cells(r) for r in rows])
+    bad = sum(r["status"] == UNREADABLE for r in rows)
+    if bad:
+        ctx.note(
+            f"{bad} of {len(rows)} checkpoints cannot be restored; "
+            "statekit checkpoints verify reads every block of the others"
         )
-        table.add_row(*map(escape, cells), escape(r["location"]))
-    ctx.console.print(table)
-    return 0
+    return EXIT_OK
 
 
 def _inspect(args: argparse.Namespace, ctx: CommandContext) -> int:
     storage = _storage(ctx, parent_location(args.path), args.storage_options)
-    meta = CheckpointMetadata.from_bytes(storage.read_metadata(args.path), args.path)
-    summary = _summary(args.path, meta)
+    cp = load_checkpoint(storage, args.path)
+    meta = cp.metadata
+    problems = verify_loaded(cp, deep=False)
+    summary = {**_summary(args.path, meta), **_status(problems, COMPLETE)}
     states: dict[str, dict[str, Any]] = {}
     subtasks = []
     for op, sts in meta.operators.items():
@@ -159,42 +359,108 @@ def _inspect(args: argparse.Namespace, ctx: CommandContext) -> int:
             )
     if args.json:
         print(json.dumps({**summary, "subtasks": subtasks, "states": states}, indent=2))
-        return 0
+        return EXIT_OK
     c = ctx.console
-    c.print(f"[bold]{escape(meta.kind)} {meta.checkpoint_id}[/] of job [bold]{escape(meta.job_id)}[/]")
-    c.print(f"  location          {escape(args.path)}")
-    c.print(f"  taken             {summary['time']}")
-    c.print(f"  max parallelism   {meta.max_parallelism}")
-    c.print(f"  backend           {escape(meta.backend or '-')}")
-    if meta.properties:
-        c.print(f"  properties        {escape(json.dumps(meta.properties))}")
-    table = Table(
-        "operator", "subtask", "key groups", "entries", "bytes", "format", "stored as", "op. state bytes"
+    c.print(
+        f"[bold]{escape(printable(meta.kind))} {meta.checkpoint_id}[/] of job "
+        f"[bold]{escape(printable(meta.job_id))}[/]",
+        soft_wrap=True,
     )
-    for s in subtasks:
-        kg = "-" if s["key_groups"] is None else f"{s['key_groups'][0]}-{s['key_groups'][1]}"
-        table.add_row(
-            escape(s["operator"]),
-            str(s["subtask"]),
-            kg,
-            f"{s['entries']:,}",
-            f"{s['bytes']:,}",
-            escape(str(s["format"] or "-")),
-            escape(str(s["handle"] or "-")),
-            f"{s['operator_state_bytes']:,}",
+
+    def line(label: str, value: str) -> None:
+        c.print(f"  {label:<18}{printable(value)}", markup=False, highlight=False, soft_wrap=True)
+
+    line("location", args.path)
+    line("taken", summary["time"])
+    line("max parallelism", str(meta.max_parallelism))
+    line("backend", meta.backend or "-")
+    if meta.properties:
+        line("properties", json.dumps(meta.properties))
+    if problems:
+        line("status", f"{UNREADABLE}: it cannot be restored")
+        for p in problems:
+            line("", f"{p.file}: {p.problem}")
+    else:
+        line("status", f"{COMPLETE}: every file is there with its size (verify reads every block)")
+    print_table(
+        c,
+        ("operator", "subtask", "key groups", "entries", "bytes", "format", "stored as", "op. state bytes"),
+        [
+            (
+                s["operator"],
+                str(s["subtask"]),
+                "-" if s["key_groups"] is None else f"{s['key_groups'][0]}-{s['key_groups'][1]}",
+                f"{s['entries']:,}",
+                f"{s['bytes']:,}",
+                str(s["format"] or "-"),
+                str(s["handle"] or "-"),
+                f"{s['operator_state_bytes']:,}",
+            )
+            for s in subtasks
+        ],
+    )
+    if not c.is_terminal:
+        c.file.write("\n")  # two tab-separated tables: a blank line between them
+    print_table(
+        c,
+        ("operator/state", "kind", "serializer", "TTL"),
+        [
+            (
+                name,
+                str(s.get("kind")),
+                _describe(s.get("serializer") or {}),
+                "-" if not s.get("ttl") else f"{s['ttl']['ttl_ms']} ms, {s['ttl']['update_type']}",
+            )
+            for name, s in states.items()
+        ],
+    )
+    return EXIT_OK
+
+
+def _verify_targets(args: argparse.Namespace, ctx: CommandContext) -> tuple[CheckpointStorage, list[str]]:
+    """The storage and the checkpoints ``verify`` reads: the one at ``args.path``, or those under it."""
+    if args.job is None:
+        storage = _storage(ctx, parent_location(args.path), args.storage_options)
+        if _is_checkpoint(storage, args.path):
+            return storage, [args.path]
+    storage = _storage(ctx, args.path, args.storage_options)
+    jobs = _jobs(ctx, storage, args, args.path)
+    return storage, [location for job in jobs for location in storage.list_checkpoints(job)]
+
+
+def _verify(args: argparse.Namespace, ctx: CommandContext) -> int:
+    storage, locations = _verify_targets(args, ctx)
+    results: list[dict[str, Any]] = []
+    for location in locations:
+        try:
+            with _working(ctx, f"verifying {location}"):
+                problems = verify_checkpoint(storage, location, deep=True)
+        except CheckpointNotFoundError:
+            if len(locations) == 1:
+                raise
+            ctx.note(f"{location} was deleted while verifying (retention of a running job); skipped")
+            continue
+        results.append({"location": location, **_status(problems, VERIFIED)})
+    bad = [r for r in results if r["problems"]]
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        rows: list[tuple[Cell, ...]] = []
+        for r in results:
+            rows.extend((r["location"], UNREADABLE, p["file"], p["problem"]) for p in r["problems"])
+            if not r["problems"]:
+                rows.append((r["location"], VERIFIED, "-", "-"))
+        print_table(ctx.console, ("checkpoint", "status", "file", "problem"), rows)
+        files = sum(len(r["problems"]) for r in bad)
+        ctx.note(
+            f"{_count(len(results), 'checkpoint')}: {len(results) - len(bad)} verified, {len(bad)} unreadable"
+            + (f" ({_count(files, 'damaged file')})" if files else "")
         )
-    c.print(table)
-    st_table = Table("operator/state", "kind", "serializer", "TTL")
-    for name, s in states.items():
-        ttl = s.get("ttl")
-        st_table.add_row(
-            escape(name),
-            escape(str(s.get("kind"))),
-            escape(_describe(s.get("serializer") or {})),
-            "-" if not ttl else f"{ttl['ttl_ms']} ms, {ttl['update_type']}",
-        )
-    c.print(st_table)
-    return 0
+    return EXIT_PROBLEM if bad else EXIT_OK
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}" if n == 1 else f"{n:,} {what}s"
 
 
 # --- statekit savepoint -----------------------------------------------------------
@@ -215,6 +481,7 @@ def _configure_savepoint(parser: argparse.ArgumentParser) -> None:
 
 @command("savepoint", "make savepoints from checkpoints, without a running job", _configure_savepoint)
 def _savepoint(args: argparse.Namespace, ctx: CommandContext) -> int:
+    args.checkpoint = full_location(args.checkpoint)
     action: Callable[[argparse.Namespace, CommandContext], int] = args.action
     return action(args, ctx)
 
@@ -228,14 +495,18 @@ def convert_to_savepoint(
 ) -> str:
     """Copy a completed checkpoint into a new self-contained canonical savepoint; returns its location.
 
-    Every file is copied (shared ones too, so the savepoint stands alone) and
-    read back through its checksums on the way: a corrupt checkpoint fails here.
+    Every file is copied (shared ones too, so the savepoint stands alone).
     Native snapshots (rocksdb's) are restored, subtask by subtask, into the
     backend that wrote them, which must be installed, and written canonically.
+
+    Raises:
+        CorruptCheckpointError: Naming every damaged or missing file, found by
+            reading all of them through their checksums before anything is written.
     """
-    cp = CompletedCheckpoint(
-        storage, checkpoint, CheckpointMetadata.from_bytes(storage.read_metadata(checkpoint))
-    )
+    cp = load_checkpoint(storage, checkpoint)
+    problems = verify_loaded(cp, deep=True)
+    if problems:
+        raise CorruptCheckpointError(checkpoint, "; ".join(f"{p.file}: {p.problem}" for p in problems))
     meta = cp.metadata
     native = {
         (st.operator_id, st.subtask_index)
@@ -265,15 +536,6 @@ def convert_to_savepoint(
     done = 0
     writer = storage.begin_savepoint(meta.job_id, target_dir)
     try:
-        # Verify before copying: keyed snapshots by every checksum, operator state whole.
-        for (_, _, part), h in handles.items():
-            if part == "keyed":
-                header, _ = read_header(h)
-                names = [st["name"] for st in header.states]
-                for kg, (off, ln) in read_index(h).items():
-                    read_block(h, kg, off, ln, names)
-            else:
-                decode_operator_snapshot(h.read(), str(h.to_json().get("path", "operator state")))
         new_states = []
         for sts in meta.operators.values():
             for st in sts:
@@ -325,7 +587,8 @@ def _native_to_canonical(
 
 def _convert(args: argparse.Namespace, ctx: CommandContext) -> int:
     storage = _storage(ctx, parent_location(args.checkpoint), args.storage_options)
-    if args.no_progress:
+    # A log gets no bar (rich would leave a blank line in it).
+    if args.no_progress or not ctx.err_console.is_terminal:
         location = convert_to_savepoint(storage, args.checkpoint, args.target)
     else:
         columns = (TextColumn("copying"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
@@ -337,5 +600,5 @@ def _convert(args: argparse.Namespace, ctx: CommandContext) -> int:
                 args.target,
                 progress=lambda d, t: bar.update(task, completed=d, total=t),
             )
-    ctx.console.print(f"savepoint written to {escape(location)}", soft_wrap=True)
-    return 0
+    ctx.console.print(printable(f"savepoint written to {location}"), markup=False, soft_wrap=True)
+    return EXIT_OK

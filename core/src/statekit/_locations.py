@@ -15,7 +15,8 @@ __all__ = ["filesystem_storage", "parent_location"]
 def parent_location(path: str) -> str:
     """The directory a ``chk-<n>`` or savepoint location lies in."""
     stripped = path.rstrip("/")
-    return stripped.rsplit("/", 1)[0] if "/" in stripped else "."
+    # "/sp" lies in "/", not in "" (which would be no directory at all)
+    return (stripped.rsplit("/", 1)[0] or "/") if "/" in stripped else "."
 
 
 def filesystem_storage(

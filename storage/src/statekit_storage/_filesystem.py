@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import inspect
 import json
 import os
 import posixpath
@@ -28,6 +29,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import fsspec.asyn  # type: ignore[import-untyped]
 from fsspec.core import split_protocol, url_to_fs  # type: ignore[import-untyped]
 from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
@@ -143,6 +145,23 @@ def _contained_path(base: str, relative: object) -> str | None:
     root = _root_of(base)
     path = posixpath.normpath(f"{base}/{relative}")
     return path if path.startswith(root.rstrip("/") + "/") else None
+
+
+#: What opening a filesystem raises for a bad URL or options (a keyword its client does not take:
+#: ``TypeError``), or when its store fails.
+_OPEN_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, *FS_ERRORS)
+
+
+def _make_client(fs: Any) -> None:
+    """Creates the client of a filesystem that makes it on first use (s3fs), now.
+
+    s3fs passes its storage options on to botocore only when it first needs a
+    client: an option nobody takes would otherwise escape as a ``TypeError`` from
+    the first read or listing, wherever that is, instead of failing here.
+    """
+    set_session = getattr(fs, "set_session", None)
+    if inspect.iscoroutinefunction(set_session) and not getattr(fs, "asynchronous", True):
+        fsspec.asyn.sync(fs.loop, set_session)
 
 
 def _remove_tree(fs: Any, path: str) -> None:
@@ -505,6 +524,8 @@ class _Files:
         options = self.storage_options if protocol in self._protocols else {}
         try:
             fs, path = url_to_fs(url, **options)
+            if options:
+                _make_client(fs)
         except ImportError as exc:
             extra = _EXTRAS.get(protocol)
             advice = (
@@ -514,10 +535,12 @@ class _Files:
             raise ConfigurationError(
                 f"{url} needs support for the {protocol!r} protocol, which is not installed ({exc}). {advice}"
             ) from exc
-        except (OSError, ValueError, TypeError) as exc:
+        except _OPEN_ERRORS as exc:
             # The first line only: libhdfs lists every path it tried; the cause keeps them.
             reason = (str(exc).strip() or repr(exc)).splitlines()[0]
             hint = _HDFS_HINT if _EXTRAS.get(protocol) == "hdfs" else ""
+            if isinstance(exc, TypeError):
+                hint += f" Check the storage options: the {protocol!r} filesystem does not take one of them."
             raise ConfigurationError(f"cannot open {url}: {reason}.{hint}") from exc
         return fs, str(path)
 
@@ -613,7 +636,7 @@ class _Files:
             try:
                 size = int(fs.size(path))
             except FileNotFoundError:
-                raise CheckpointError(f"state file {fs.unstrip_protocol(path)} is missing") from None
+                raise CorruptSnapshotError(f"{fs.unstrip_protocol(path)}: the file is missing") from None
             except FS_ERRORS as exc:
                 raise CheckpointError(f"cannot read state file {fs.unstrip_protocol(path)}: {exc}") from exc
         return FileStreamHandle(fs, path, str(relative), size)

@@ -30,9 +30,18 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from .._cli import CommandContext, command
+from .._checkpoint import naming_damage
+from .._cli import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    Cell,
+    CommandContext,
+    command,
+    full_location,
+    print_table,
+    printable,
+)
 from .._errors import ConfigurationError
 from .._serializers import _describe
 from ..timers import TimeDomain
@@ -138,22 +147,39 @@ def _configure_state(parser: argparse.ArgumentParser) -> None:
     )
     _add_filters(exp)
     _add_key_type(exp)
+    exp.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace PATH if it exists (else an existing PATH is an error)",
+    )
     exp.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
     exp.set_defaults(action=_export)
 
 
 @command("state", "read the state in checkpoints and savepoints: list, show, get, export", _configure_state)
 def _state(args: argparse.Namespace, ctx: CommandContext) -> int:
+    args.location = full_location(args.location)
     action: Callable[[argparse.Namespace, CommandContext], int] = args.action
     return action(args, ctx)
 
 
-def _open(args: argparse.Namespace, ctx: CommandContext) -> SavepointReader:
+@contextlib.contextmanager
+def _open(args: argparse.Namespace, ctx: CommandContext) -> Iterator[SavepointReader]:
+    """The reader of ``args.location`` (or of ``args.job``'s latest checkpoint under it).
+
+    Damage found while it reads is reported as ``checkpoint <location>: <file>:
+    <what is wrong>``, the form of every corruption error.
+    """
     if args.job:
-        return SavepointReader.latest(
+        reader = SavepointReader.latest(
             args.location, args.job, storage_options=args.storage_options, registry=ctx.registry
         )
-    return SavepointReader.open(args.location, storage_options=args.storage_options, registry=ctx.registry)
+    else:
+        reader = SavepointReader.open(
+            args.location, storage_options=args.storage_options, registry=ctx.registry
+        )
+    with reader, naming_damage(reader.location):
+        yield reader
 
 
 # --- keys ----------------------------------------------------------------------------
@@ -413,47 +439,52 @@ def _list(args: argparse.Namespace, ctx: CommandContext) -> int:
         }
     if args.json:
         print(json.dumps(summary, indent=2))
-        return 0
+        return EXIT_OK
     c = ctx.console
-    c.print(f"[bold]{escape(meta.kind)} {meta.checkpoint_id}[/] of job [bold]{escape(meta.job_id)}[/]")
-    c.print(f"  location          {escape(reader.location)}", soft_wrap=True)
-    c.print(f"  max parallelism   {reader.max_parallelism}")
-    c.print(f"  watermark         {'-' if reader.watermark is None else reader.watermark}")
-    ops = Table("operator", "parallelism", "key", "entries", "bytes", "format")
+    c.print(
+        f"[bold]{escape(printable(meta.kind))} {meta.checkpoint_id}[/] of job "
+        f"[bold]{escape(printable(meta.job_id))}[/]",
+        soft_wrap=True,
+    )
+    for label, value in (
+        ("location", reader.location),
+        ("max parallelism", str(reader.max_parallelism)),
+        ("watermark", "-" if reader.watermark is None else str(reader.watermark)),
+    ):
+        c.print(f"  {label:<18}{printable(value)}", markup=False, highlight=False, soft_wrap=True)
+    op_rows: list[tuple[Cell, ...]] = []
     for o in operators:
         fmt = ", ".join(o["formats"]) or "-"
         if o["backends"]:
             fmt += f" ({', '.join(o['backends'])})"
-        ops.add_row(
-            escape(o["id"]),
-            str(o["parallelism"]),
-            escape(o["key_type"] or "-"),
-            f"{o['entries']:,}",
-            f"{o['bytes']:,}",
-            escape(fmt),
+        op_rows.append(
+            (
+                o["id"],
+                str(o["parallelism"]),
+                o["key_type"] or "-",
+                f"{o['entries']:,}",
+                f"{o['bytes']:,}",
+                fmt,
+            )
         )
-    c.print(ops)
-    states = Table("operator", "state", "kind", "type", "TTL", "bytes")
+    print_table(c, ("operator", "parallelism", "key", "entries", "bytes", "format"), op_rows)
+    state_rows: list[tuple[Cell, ...]] = []
     for o in operators:
         for s in o["states"]:
             ttl = s["ttl"]
             typ = (
                 s["type"] if s["namespace_type"] is None else f"{s['type']} (namespace {s['namespace_type']})"
             )
-            states.add_row(
-                escape(o["id"]),
-                escape(s["name"]),
-                escape(s["kind"]),
-                escape(typ),
-                "-" if not ttl else f"{ttl['ttl_ms']} ms, {ttl['update_type']}",
-                f"{s['bytes']:,}",
-            )
+            ttl_text = "-" if not ttl else f"{ttl['ttl_ms']} ms, {ttl['update_type']}"
+            state_rows.append((o["id"], s["name"], s["kind"], typ, ttl_text, f"{s['bytes']:,}"))
         for t in o["timers"]:
-            states.add_row(escape(o["id"]), escape(t["state"]), "timers", t["domain"], "-", f"{t['bytes']:,}")
+            state_rows.append((o["id"], t["state"], "timers", t["domain"], "-", f"{t['bytes']:,}"))
         for name in o["operator_states"]:
-            states.add_row(escape(o["id"]), escape(name), "operator state", "-", "-", "-")
-    c.print(states)
-    return 0
+            state_rows.append((o["id"], name, "operator state", "-", "-", "-"))
+    if not c.is_terminal:
+        c.file.write("\n")  # two tab-separated tables: a blank line between them
+    print_table(c, ("operator", "state", "kind", "type", "TTL", "bytes"), state_rows)
+    return EXIT_OK
 
 
 # --- statekit state show -------------------------------------------------------------------
@@ -487,29 +518,27 @@ def _show(args: argparse.Namespace, ctx: CommandContext) -> int:
             "total": total,
         }
         print(json.dumps(out, indent=2, ensure_ascii=False, default=str))
-        return 0
-    table = Table(*map(escape, src.schema.names))
-    for row in rows:
-        table.add_row(*(_cell(v) for v in row.values()))
-    ctx.console.print(f"[bold]{escape(src.title)}[/] of {escape(location)}", soft_wrap=True)
-    ctx.console.print(table)
+        return EXIT_OK
+    ctx.note(f"{src.title} of {location}")
+    print_table(ctx.console, src.schema.names, [[_cell(v) for v in row.values()] for row in rows])
     if total is None:
-        ctx.console.print(f"first {_rows(len(rows))}; there are more (--limit 0 shows and counts all)")
+        ctx.note(f"first {_rows(len(rows))}; there are more (--limit 0 shows and counts all)")
     elif total > len(rows):
-        ctx.console.print(f"{len(rows)} of {_rows(total)}")
+        ctx.note(f"{len(rows)} of {_rows(total)}")
     else:
-        ctx.console.print(_rows(total))
-    return 0
+        ctx.note(_rows(total))
+    return EXIT_OK
 
 
 def _rows(n: int) -> str:
     return f"{n:,} row" if n == 1 else f"{n:,} rows"
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any) -> str | None:
+    """A value as a table shows it: text as it is, anything else as JSON (escaped by print_table)."""
     if value is None:
-        return "[dim]null[/]"
-    return escape(value if isinstance(value, str) else _dumps(value))
+        return None
+    return value if isinstance(value, str) else _dumps(value)
 
 
 # --- statekit state get -------------------------------------------------------------------
@@ -527,11 +556,9 @@ def _get(args: argparse.Namespace, ctx: CommandContext) -> int:
         hint = ""
         if info.namespace_serializer is not None:
             hint = f" (outside any namespace; statekit state show --key {args.key} shows its namespaces)"
-        print(
-            f"statekit: no value for key {key!r} in state {name!r} of operator {op!r} in {location}{hint}",
-            file=sys.stderr,
-        )
-        return 1
+        message = f"no value for key {key!r} in state {name!r} of operator {op!r} in {location}{hint}"
+        print(f"statekit: {printable(message)}", file=sys.stderr)
+        return EXIT_PROBLEM
     conv = json_converter(schema.field("value").type) or _same
     if info.kind == "list":
         shown: Any = [conv(v) for v in value]
@@ -549,7 +576,7 @@ def _get(args: argparse.Namespace, ctx: CommandContext) -> int:
         print(json.dumps(out, indent=2, ensure_ascii=False, default=str))
     else:
         print(_dumps(shown))
-    return 0
+    return EXIT_OK
 
 
 # --- statekit state export -------------------------------------------------------------------
@@ -619,6 +646,7 @@ def _export(args: argparse.Namespace, ctx: CommandContext) -> int:
         raise ConfigurationError(
             f"cannot tell the format of {path} from its suffix; pass --format json|csv|parquet"
         )
+    _check_target(path, args.overwrite)
     rows = 0
     with _open(args, ctx) as reader:
         src = _source(reader, args)
@@ -639,10 +667,35 @@ def _export(args: argparse.Namespace, ctx: CommandContext) -> int:
                         rows += batch.num_rows
             finally:
                 writer.close()
-            os.replace(tmp, path)
+            _publish(tmp, path, args.overwrite)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tmp)
             raise
-    ctx.console.print(f"{_rows(rows)} written to {escape(path)} ({fmt})", soft_wrap=True)
-    return 0
+    ctx.console.print(printable(f"{_rows(rows)} written to {path} ({fmt})"), markup=False, soft_wrap=True)
+    return EXIT_OK
+
+
+def _check_target(path: str, overwrite: bool) -> None:
+    """Refuses, before anything is read, a directory, or an existing file unless ``overwrite``."""
+    if os.path.isdir(path):
+        raise ConfigurationError(f"cannot write {path}: it is a directory")
+    if not overwrite and os.path.lexists(path):
+        raise ConfigurationError(f"{path} exists; pass --overwrite to replace it")
+
+
+def _publish(tmp: str, path: str, overwrite: bool) -> None:
+    """Renames the finished ``tmp`` to ``path``; without ``overwrite``, never over a file made meanwhile."""
+    if overwrite:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)  # fails if path exists, where a rename would replace it
+    except FileExistsError:
+        raise ConfigurationError(f"{path} exists (it was made during the export); pass --overwrite") from None
+    except OSError:  # a file system without hard links: check, then rename
+        if os.path.lexists(path):
+            raise ConfigurationError(f"{path} exists; pass --overwrite to replace it") from None
+        os.replace(tmp, path)
+        return
+    os.remove(tmp)

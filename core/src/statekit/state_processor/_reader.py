@@ -648,6 +648,12 @@ class _Counting:
     def size(self) -> int:
         return int(self._inner.size)
 
+    @property
+    def url(self) -> str | None:
+        """The wrapped file's URL, so that messages name it in full."""
+        url = getattr(self._inner, "url", None)
+        return url if isinstance(url, str) else None
+
     def read(self, offset: int = 0, length: int | None = None) -> bytes:
         data: bytes = self._inner.read(offset, length)
         self._reader.bytes_read += len(data)
