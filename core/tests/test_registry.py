@@ -6,13 +6,14 @@ import sys
 import textwrap
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from statekit._config import ConfigOption
+from statekit import KeyedProcessFunction, LocalRunner, ProcessContext, RecordSource
+from statekit._config import ConfigOption, Configuration
 from statekit._errors import ConfigurationError, PluginConflictError, PluginError, UnknownPluginError
 from statekit._registry import (
     BackendSpec,
@@ -36,7 +37,7 @@ CALLS = []
 def statekit_register_backends(register):
     register(BackendSpec(
         "{name}", "{engine}:make",
-        options=(ConfigOption("cache-size", int, 1024, "Bytes of cache."),),
+        options=(ConfigOption("cache-size", int, 1024, "Bytes of cache.", byte_size=True),),
         description="A fake backend.",
     ))
 
@@ -286,3 +287,80 @@ def test_default_registry_is_cached_until_reset(make_dist: MakeDist) -> None:
             assert "fakedb" in default_registry().backends()
     finally:
         reset_default_registry()
+
+
+class _Echo(KeyedProcessFunction):
+    def process(self, record: Any, ctx: ProcessContext) -> Iterable[Any]:
+        yield record
+
+
+def _runner(config: dict[str, object], registry: PluginRegistry | None = None) -> LocalRunner:
+    return LocalRunner(_Echo, key_selector=lambda r: r, config=config, registry=registry)
+
+
+@pytest.mark.parametrize("strict", [True, "true", "1", "on"])
+@pytest.mark.parametrize("which", ["default", "explicit"])
+def test_plugins_strict_fails_a_local_run_naming_the_broken_plugin(
+    make_dist: MakeDist, strict: object, which: str
+) -> None:
+    make_dist("brokenplugin", "raise RuntimeError('boom')\n", name="broken", version="0.3")
+    reset_default_registry()
+    try:
+        with pytest.warns(PluginLoadWarning, match="brokenplugin"):
+            registry = default_registry() if which == "default" else PluginRegistry.load()
+        with pytest.raises(PluginError) as info:
+            _runner({"statekit.plugins.strict": strict}, None if which == "default" else registry)
+    finally:
+        reset_default_registry()
+    message = str(info.value)
+    assert "plugin 'broken'" in message and "brokenplugin 0.3" in message
+    assert "RuntimeError('boom')" in message and "statekit.plugins.strict" in message
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_without_strict_a_broken_plugin_is_skipped_and_the_job_runs(make_dist: MakeDist) -> None:
+    make_dist("brokenplugin", "raise RuntimeError('boom')\n", name="broken")
+    with pytest.warns(PluginLoadWarning, match="statekit.plugins.strict=true to fail instead"):
+        registry = PluginRegistry.load()
+    [failure] = [f for f in registry.load_failures if f.distribution == "brokenplugin"]
+    assert (failure.entry_point, failure.version, repr(failure.error)) == (
+        "broken", "1.0", "RuntimeError('boom')"
+    )  # fmt: skip
+    for strict in (False, "false", None):
+        config = {} if strict is None else {"statekit.plugins.strict": strict}
+        with _runner(config, registry) as runner:
+            assert runner.run(RecordSource(["a", "b"])).records == 2
+
+
+def test_strict_validation_is_what_the_spark_driver_runs(make_dist: MakeDist) -> None:
+    make_dist("brokenplugin", "import no_such_module_xyz\n", name="broken")
+    with pytest.warns(PluginLoadWarning):
+        registry = PluginRegistry.load()
+    conf = Configuration({"spark.statekit.plugins.strict": "true"})
+    with pytest.raises(PluginError, match=r"plugin 'broken' = .* of brokenplugin 1\.0: ModuleNotFoundError"):
+        conf.validate(registry)  # the Coordinator's call: conf.validate(self.registry)
+    Configuration({"spark.statekit.plugins.strict": "false"}).validate(registry)
+
+
+def test_require_all_loaded_names_every_failure(make_dist: MakeDist) -> None:
+    make_dist("brokenone", "raise RuntimeError('one')\n", name="one")
+    make_dist("brokentwo", "raise ValueError('two')\n", name="two")
+    with pytest.warns(PluginLoadWarning):
+        registry = PluginRegistry.load()
+    with pytest.raises(PluginError) as info:
+        registry.require_all_loaded("because")
+    message = str(info.value)
+    assert "brokenone 1.0: RuntimeError('one')" in message
+    assert "brokentwo 1.0: ValueError('two')" in message
+    assert message.endswith("(because)")
+    PluginRegistry().require_all_loaded()  # nothing failed: nothing to say
+
+
+def test_an_unknown_name_mentions_plugins_that_failed_to_load(make_dist: MakeDist) -> None:
+    make_dist("brokenplugin", "raise RuntimeError('boom')\n", name="mydb")
+    with pytest.warns(PluginLoadWarning):
+        registry = PluginRegistry.load()
+    with pytest.raises(
+        UnknownPluginError, match=r"Installed but failed to load: plugin 'mydb' .*brokenplugin"
+    ):
+        registry.backend_spec("mydb")

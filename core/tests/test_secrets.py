@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
 from statekit import ConfigOption, Configuration, ConfigurationError
-from statekit._secrets import REDACTED, redact, secret_keys_in
+from statekit._secrets import REDACTED, SPARK_DEFAULT_REDACTION, is_secret_key, redact, secret_keys_in
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCY"
+SECRET_DIGITS = "735091628374650192"  # a numeric secret, e.g. a PIN-like token under a secret key
 
 
 def test_redact_hides_secret_keys_inside_mappings_lists_and_json() -> None:
@@ -25,13 +27,14 @@ def test_redact_hides_secret_keys_inside_mappings_lists_and_json() -> None:
     assert SECRET not in json.dumps(shown)
     assert shown["secret"] == REDACTED and shown["client_kwargs"]["aws_session_token"] == REDACTED
     assert shown["client_kwargs"]["endpoint_url"] == "http://127.0.0.1:9000"
-    assert shown["key"] == "AKIAEXAMPLE"  # an access key id is an identifier, not a secret
+    assert shown["key"] == REDACTED  # an access key id is half a credential
     assert SECRET not in redact(json.dumps(options))
     assert redact(SECRET, "spark.hadoop.fs.s3a.secret.key") == REDACTED
     assert redact('{"secret": "' + SECRET + '"') == REDACTED  # unparseable JSON: hidden whole
     assert sorted(secret_keys_in(json.dumps(options))) == [
         "account_key",
         "client_kwargs.aws_session_token",
+        "key",
         "list.0.password",
         "sas_token",
         "secret",
@@ -54,3 +57,81 @@ def test_configuration_repr_and_option_errors_never_show_secrets() -> None:
     with pytest.raises(ConfigurationError) as info:
         ConfigOption("statekit.x.password", int).parse(SECRET, "statekit.x.password")
     assert SECRET not in str(info.value)
+
+
+KEY_ID = "AKIAIOSFODNN7KEYIDMARKER"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["key", "KEY", "key_id", "access_key_id", "aws_access_key_id", "AWS_ACCESS_KEY_ID", "username",
+     "client_id", "client-id", "statekit.checkpoint.storage.x.key", "spark.hadoop.fs.s3a.access.key"],
+)  # fmt: skip
+def test_key_ids_are_secret(name: str) -> None:
+    assert is_secret_key(name)
+    assert redact(KEY_ID, name) == REDACTED
+    assert KEY_ID not in json.dumps(redact(json.dumps({name: KEY_ID})))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["statekit.key-cache-size", "partition_key", "keys", "monkey", "endpoint_url", "region_name", "user"],
+)
+def test_names_that_only_contain_key_are_not(name: str) -> None:
+    assert not is_secret_key(name)
+    assert redact({name: "value"}) == {name: "value"}
+
+
+def test_a_key_id_without_a_secret_is_hidden_in_the_configuration_repr() -> None:
+    options = json.dumps({"key": KEY_ID, "client_kwargs": {"endpoint_url": "http://h:9000"}})
+    conf = Configuration({"statekit.checkpoint.storage.filesystem.storage-options": options})
+    assert KEY_ID not in repr(conf)
+    assert "http://h:9000" in repr(conf)
+    assert secret_keys_in(options) == ["key"]
+
+
+def test_spark_is_warned_of_a_key_id_it_would_show() -> None:
+    pytest.importorskip("pyspark")
+    from statekit.spark._sparkconf import _warn_of_shown_secrets
+
+    key = "spark.statekit.checkpoint.storage.filesystem.storage-options"
+    with pytest.warns(RuntimeWarning, match=r"storage-options holds credentials \(key\)") as caught:
+        _warn_of_shown_secrets({key: json.dumps({"key": KEY_ID})}, SPARK_DEFAULT_REDACTION)
+    assert KEY_ID not in str(caught[0].message)
+    # With the secret beside it, Spark's regex matches the value and hides all of it: no warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_of_shown_secrets(
+            {key: json.dumps({"key": KEY_ID, "secret": "${env:S}"})}, SPARK_DEFAULT_REDACTION
+        )
+
+
+def exception_chain_text(exc: BaseException) -> str:
+    """All that an exception chain carries for a tool to print: messages, args, attributes, notes."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        parts += [str(e), repr(e), repr(e.args), repr(getattr(e, "__dict__", {}))]
+        todo += [e.__cause__, e.__context__]
+    return "\n".join(parts)
+
+
+@pytest.mark.parametrize(
+    ("option", "raw"),
+    [(ConfigOption("statekit.x.storage-options", int), json.dumps({"secret": SECRET})),
+     (ConfigOption("statekit.x.storage-options", int), {"key": KEY_ID}),
+     (ConfigOption("statekit.x.storage-options", bool), '{"secret": "' + SECRET + '"'),
+     (ConfigOption("statekit.x.client-secret", int, minimum=10**30), int(SECRET_DIGITS)),
+     (ConfigOption("statekit.x.key", str, choices=("a",)), KEY_ID)],
+)  # fmt: skip
+def test_option_errors_keep_no_secret_anywhere_in_their_chain(option: ConfigOption, raw: object) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        option.parse(raw, option.name)
+    text = exception_chain_text(info.value)
+    assert SECRET not in text and KEY_ID not in text and SECRET_DIGITS not in text
+    assert option.name in str(info.value)

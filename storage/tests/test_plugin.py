@@ -55,7 +55,10 @@ def test_create_by_name(registry: PluginRegistry, tmp_path: Path) -> None:
 
 
 def test_unknown_and_bad_options(registry: PluginRegistry, tmp_path: Path) -> None:
-    unknown = r"unknown option .*filesystem\.inline-treshold; valid options .*checkpoints-dir"
+    unknown = (
+        r"unknown option .*filesystem\.inline-treshold; Did you mean .*filesystem\.inline-threshold\? "
+        r"valid options .*checkpoints-dir"
+    )
     with pytest.raises(ConfigurationError, match=unknown):
         registry.create_storage("filesystem", {"checkpoints-dir": str(tmp_path), "inline-treshold": 1})
     with pytest.raises(ConfigurationError, match="unknown option .*checkpoints-dir.*max-state-size"):
@@ -64,7 +67,7 @@ def test_unknown_and_bad_options(registry: PluginRegistry, tmp_path: Path) -> No
         registry.create_storage("filesystem")
     with pytest.raises(ConfigurationError, match="inline-threshold"):
         registry.create_storage("filesystem", {"checkpoints-dir": str(tmp_path), "inline-threshold": "lots"})
-    with pytest.raises(ConfigurationError, match="inline threshold must be 0 or more"):
+    with pytest.raises(ConfigurationError, match="filesystem.inline-threshold must be at least 0, not -1"):
         registry.create_storage("filesystem", {"checkpoints-dir": str(tmp_path), "inline-threshold": -1})
     with pytest.raises(ConfigurationError, match=r"filesystem\.storage-options: not JSON"):
         registry.create_storage("filesystem", {"checkpoints-dir": str(tmp_path), "storage-options": "{nope"})

@@ -26,9 +26,9 @@ from ._config import PLUGIN_KEY_PREFIXES, ConfigOption, PluginKind, parse_plugin
 from ._errors import PluginConflictError, PluginError, UnknownPluginError
 
 __all__ = [
-    "KNOWN_EXTRAS", "STRICT_PLUGINS_ENV", "BackendSpec", "PluginLoadWarning", "PluginRegistry",
-    "RegisteredPlugin", "StatekitHookspecs", "StorageSpec", "default_registry", "hookimpl", "hookspec",
-    "reset_default_registry",
+    "KNOWN_EXTRAS", "STRICT_PLUGINS_ENV", "BackendSpec", "PluginLoadFailure", "PluginLoadWarning",
+    "PluginRegistry", "RegisteredPlugin", "StatekitHookspecs", "StorageSpec", "default_registry",
+    "hookimpl", "hookspec", "reset_default_registry",
 ]  # fmt: skip
 
 hookspec = pluggy.HookspecMarker("statekit")
@@ -50,6 +50,30 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
 
 class PluginLoadWarning(UserWarning):
     """An installed plugin could not be loaded and was skipped."""
+
+
+@dataclass(frozen=True)
+class PluginLoadFailure:
+    """Records an installed plugin that could not be loaded and was skipped.
+
+    Attributes:
+        entry_point: The entry point's name in the group ``"statekit"``.
+        value: What the entry point names (``"module"`` or ``"module:object"``).
+        distribution: The distribution that declares the entry point.
+        version: Its version.
+        error: What loading raised.
+    """
+
+    entry_point: str
+    value: str
+    distribution: str
+    version: str
+    error: Exception
+
+    @property
+    def where(self) -> str:
+        """The plugin, as messages name it: entry point, what it names, distribution and version."""
+        return f"plugin {self.entry_point!r} = {self.value!r} of {self.distribution} {self.version}".rstrip()
 
 
 @dataclass(frozen=True)
@@ -110,7 +134,7 @@ class BackendSpec(_PluginSpec):
             register(BackendSpec(
                 name="mydb",
                 factory="my_backend._backend:MyBackend",  # imported on first use
-                options=(ConfigOption("cache-size", int, 1 << 20, "Bytes of cache."),),
+                options=(ConfigOption("cache-size", int, 1 << 20, "Bytes of cache.", byte_size=True),),
                 description="My database as a keyed state backend.",
             ))
 
@@ -184,13 +208,16 @@ class PluginRegistry:
         self._pm = pluggy.PluginManager("statekit")
         self._pm.add_hookspecs(StatekitHookspecs)
         self._plugins: dict[PluginKind, dict[str, RegisteredPlugin]] = {"backend": {}, "storage": {}}
+        self._failures: list[PluginLoadFailure] = []
 
     @classmethod
     def load(cls, group: str = "statekit", *, strict: bool = False) -> PluginRegistry:
         """Loads every plugin named by an entry point in ``group``.
 
         A plugin that fails to load is skipped with a :class:`PluginLoadWarning`,
-        so one broken package does not stop jobs that do not use it.
+        so one broken package does not stop jobs that do not use it; it is kept in
+        :attr:`load_failures`, so that a configuration with
+        ``statekit.plugins.strict`` can fail later (:meth:`require_all_loaded`).
 
         ``strict`` (or ``STATEKIT_STRICT_PLUGINS=1``) raises instead.
 
@@ -212,15 +239,37 @@ class PluginRegistry:
             except PluginConflictError:
                 raise
             except Exception as exc:  # any failure of third-party code is the plugin's
-                where = f"plugin {ep.name!r} = {ep.value!r} of {distribution} {version}".rstrip()
+                failure = PluginLoadFailure(ep.name, ep.value, distribution, version, exc)
                 if strict:
-                    raise PluginError(f"cannot load {where}: {exc!r}") from exc
+                    raise PluginError(f"cannot load {failure.where}: {exc!r}") from exc
+                registry._failures.append(failure)
                 warnings.warn(
-                    f"skipped {where}: {exc!r} (set {STRICT_PLUGINS_ENV}=1 to fail instead)",
+                    f"skipped {failure.where}: {exc!r} (set {STRICT_PLUGINS_ENV}=1 or "
+                    "statekit.plugins.strict=true to fail instead)",
                     PluginLoadWarning,
                     stacklevel=2,
                 )
         return registry
+
+    @property
+    def load_failures(self) -> tuple[PluginLoadFailure, ...]:
+        """The installed plugins :meth:`load` skipped because they failed to load."""
+        return tuple(self._failures)
+
+    def require_all_loaded(self, reason: str = "strict plugin loading") -> None:
+        """Fails if any installed plugin failed to load: ``statekit.plugins.strict``.
+
+        Args:
+            reason: Why every plugin must load, ending the message.
+
+        Raises:
+            PluginError: Naming each plugin that failed, its distribution and the
+                error; the first error is the cause.
+        """
+        if not self._failures:
+            return
+        failed = "; ".join(f"{f.where}: {f.error!r}" for f in self._failures)
+        raise PluginError(f"cannot load {failed} ({reason})") from self._failures[0].error
 
     def register_plugin(
         self, plugin: object, dist_name: str = "<local>", version: str = "", *, plugin_name: str | None = None
@@ -330,6 +379,8 @@ class PluginRegistry:
         close = difflib.get_close_matches(name, installed, n=1)
         if close:
             message += f" Did you mean '{close[0]}'?"
+        if self._failures:  # the plugin may be one of them
+            message += f" Installed but failed to load: {', '.join(f.where for f in self._failures)}."
         requirement = KNOWN_EXTRAS[kind].get(name)
         if requirement:
             message += f' Install it with: pip install "{requirement}"'

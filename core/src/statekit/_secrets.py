@@ -2,8 +2,10 @@
 
 A value is secret when its key looks like one (:data:`SECRET_KEY`: Spark's
 default ``spark.redaction.regex`` and a few more names fsspec implementations
-use). Configuration values are often JSON (fsspec storage options), so
-:func:`redact` looks inside JSON strings, mappings and lists too.
+use) or names the id of a key (:data:`KEY_ID`: s3fs's ``key``, ``client_id``):
+an access key id is half a credential and names the account it opens, so it is
+hidden like the secret. Configuration values are often JSON (fsspec storage
+options), so :func:`redact` looks inside JSON strings, mappings and lists too.
 """
 
 from __future__ import annotations
@@ -13,7 +15,15 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["REDACTED", "SECRET_KEY", "SPARK_DEFAULT_REDACTION", "redact", "secret_keys_in"]
+__all__ = [
+    "KEY_ID",
+    "REDACTED",
+    "SECRET_KEY",
+    "SPARK_DEFAULT_REDACTION",
+    "is_secret_key",
+    "redact",
+    "secret_keys_in",
+]
 
 #: Spark's default ``spark.redaction.regex``: keys it hides on its UI and in its event logs.
 SPARK_DEFAULT_REDACTION = r"(?i)secret|password|token|access[.]?key"
@@ -22,8 +32,22 @@ SECRET_KEY = re.compile(
     r"(?i)secret|password|passwd|passphrase|token|access[._-]?key|account[._-]?key|credential|private[._-]?key"
     r"|sas[._-]?token|connection[._-]?string|session[._-]?key|signature"
 )
+#: Names (the whole name, or a dotted key's last part) of key ids: s3fs's and ossfs's ``key`` and its
+#: alias ``username``, Azure's ``client_id``. Matched whole: ``key-cache-size`` is no key id.
+KEY_ID = re.compile(r"(?i)key|key[._-]?id|user[._-]?name|client[._-]?id")
 #: What is shown instead of a secret (Spark's own text).
 REDACTED = "*********(redacted)"
+
+
+def is_secret_key(name: str) -> bool:
+    """Whether the value under ``name`` (a configuration key or a key inside a JSON value) is never shown.
+
+    Example::
+
+        is_secret_key("secret"), is_secret_key("key"), is_secret_key("statekit.key-cache-size")
+        # (True, True, False)
+    """
+    return bool(SECRET_KEY.search(name) or KEY_ID.fullmatch(name.rpartition(".")[2]))
 
 
 def _looks_like_json(value: str) -> bool:
@@ -33,16 +57,17 @@ def _looks_like_json(value: str) -> bool:
 def redact(value: Any, key: str = "") -> Any:
     """``value`` with every secret replaced by :data:`REDACTED`.
 
-    Secret is the whole value of a key matching :data:`SECRET_KEY`, and any
-    entry with such a key inside a mapping, a list or a JSON string. A string
+    Secret is the whole value of a key for which :func:`is_secret_key` holds,
+    and any entry with such a key inside a mapping, a list or a JSON string. A string
     that looks like JSON but does not parse is hidden whole: what it holds
     cannot be told apart.
 
     Example::
 
-        redact('{"key": "AKIA", "secret": "s3cr3t"}')  # '{"key": "AKIA", "secret": "*********(redacted)"}'
+        redact('{"endpoint_url": "http://h:9000", "secret": "s3cr3t"}')
+        # '{"endpoint_url": "http://h:9000", "secret": "*********(redacted)"}'
     """
-    if key and SECRET_KEY.search(key):
+    if key and is_secret_key(key):
         return REDACTED
     if isinstance(value, Mapping):
         return {k: redact(v, str(k)) for k, v in value.items()}
@@ -58,7 +83,12 @@ def redact(value: Any, key: str = "") -> Any:
 
 
 def secret_keys_in(value: Any, path: str = "") -> list[str]:
-    """Where ``value`` (a mapping, list or JSON string) holds secrets, as paths (``client_kwargs.secret``)."""
+    """Where ``value`` (a mapping, list or JSON string) holds secrets or key ids, as paths.
+
+    Example::
+
+        secret_keys_in('{"key": "AKIA", "client_kwargs": {"secret": "s"}}')  # ['key', 'client_kwargs.secret']
+    """
     found: list[str] = []
     items: Iterable[tuple[str, Any]]
     if isinstance(value, str) and _looks_like_json(value):
@@ -74,7 +104,7 @@ def secret_keys_in(value: Any, path: str = "") -> list[str]:
         return found
     for k, v in items:
         where = f"{path}.{k}" if path else k
-        if SECRET_KEY.search(k):
+        if is_secret_key(k):
             found.append(where)
         else:
             found.extend(secret_keys_in(v, where))

@@ -206,12 +206,15 @@ def _parse_json_object(raw: str | Mapping[str, Any] | None, key: str) -> dict[st
         return {}
     if isinstance(raw, Mapping):
         return dict(raw)
+    where: str | None = None
     try:
         value = json.loads(raw)
-    except ValueError as exc:
-        # Not the value, nor the decoder's message, which quotes part of it: it may hold a secret.
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep to decode
         where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
-        raise ConfigurationError(f"invalid value for {key}: not JSON (malformed{where})") from None
+    if where is not None:
+        # Raised here, not in the handler: the decoder's error (its .doc is the whole value, secrets
+        # included) would stay reachable as __context__ even with "from None".
+        raise ConfigurationError(f"invalid value for {key}: not JSON (malformed{where})")
     if not isinstance(value, dict):
         raise ConfigurationError(
             f"invalid value for {key}: expected a JSON object, got {type(value).__name__}"

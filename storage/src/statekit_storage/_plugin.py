@@ -57,6 +57,7 @@ FILESYSTEM = StorageSpec(
         ConfigOption(
             "inline-threshold", int, DEFAULT_INLINE_THRESHOLD,
             "Streams of at most this many bytes are stored inside _metadata instead of as files.",
+            byte_size=True,
         ),
         _STORAGE_OPTIONS,
         _SECRET_STORAGE_OPTIONS,
@@ -71,6 +72,7 @@ JOBMANAGER = StorageSpec(
         ConfigOption(
             "max-state-size", int, DEFAULT_MAX_STATE_SIZE,
             "Largest snapshot of one state, in bytes; a larger one fails the checkpoint.",
+            byte_size=True, minimum=1,
         ),
         _SAVEPOINTS_DIR,
         _STORAGE_OPTIONS,

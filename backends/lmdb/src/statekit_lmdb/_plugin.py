@@ -17,11 +17,12 @@ OPTIONS = (
         "initial-map-size", int, 64 << 20,
         "Bytes of address space (LMDB map size) an environment starts with; the map grows by "
         "doubling when full, up to max-map-size. Reserved, not allocated: the file grows with the data.",
+        byte_size=True, minimum=1,
     ),
     ConfigOption(
         "max-map-size", int, 1 << 40,
         "Bytes the map of one environment (one subtask's state) may grow to; beyond, writes fail "
-        "with an error naming this option.",
+        "with an error naming this option.", byte_size=True, minimum=1,
     ),
     ConfigOption(
         "sync", bool, False,
@@ -44,17 +45,17 @@ OPTIONS = (
     ConfigOption(
         "write-batch-size", int, 1024,
         "Updates kept in the backend's write buffer (read back from it) before they are committed "
-        "in one write transaction; also committed at every snapshot.",
+        "in one write transaction; also committed at every snapshot.", minimum=1,
     ),
     ConfigOption(
         "max-states", int, 256,
         "States (named databases) one environment may hold; LMDB's reader table gets a slot per "
-        "state and 126 for pending snapshots.",
+        "state and 126 for pending snapshots.", minimum=1,
     ),
     ConfigOption(
         "ttl-sweep-interval", int, 1000,
         "Accesses of a TTL state between two background sweeps of its entries; each sweep checks "
-        "cleanup_incremental_size x this many entries and deletes the expired ones.",
+        "cleanup_incremental_size x this many entries and deletes the expired ones.", minimum=1,
     ),
 )  # fmt: skip
 

@@ -17,11 +17,13 @@ OPTIONS = (
         "memory-budget", int, None,
         "Bytes that block cache and memtables of all instances of this backend in one process "
         "share (a block cache of this size, memtables charged to it); unset: block-cache-size and "
-        "write buffers apply separately.",
+        "write buffers apply separately.", byte_size=True, minimum=1,
     ),
-    ConfigOption("block-cache-size", int, 64 << 20, "Bytes of block cache (without memory-budget)."),
-    ConfigOption("write-buffer-size", int, 32 << 20, "Bytes of one memtable of one state."),
-    ConfigOption("write-buffer-count", int, 2, "Memtables per state before writes stall."),
+    ConfigOption("block-cache-size", int, 64 << 20, "Bytes of block cache (without memory-budget).",
+                 byte_size=True),
+    ConfigOption("write-buffer-size", int, 32 << 20, "Bytes of one memtable of one state.",
+                 byte_size=True, minimum=1),
+    ConfigOption("write-buffer-count", int, 2, "Memtables per state before writes stall.", minimum=1),
     ConfigOption(
         "compression", str, "lz4", "Block compression.", choices=("none", "lz4", "zstd", "snappy")
     ),
@@ -32,12 +34,12 @@ OPTIONS = (
     ConfigOption(
         "write-batch-size", int, 1024,
         "Updates kept in the backend's write buffer (read back from it) before they are written "
-        "to RocksDB in one WriteBatch; also written at every snapshot.",
+        "to RocksDB in one WriteBatch; also written at every snapshot.", minimum=1,
     ),
     ConfigOption(
         "ttl-sweep-interval", int, 1000,
         "Accesses of a TTL state between two background sweeps of its keys; each sweep checks "
-        "cleanup_incremental_size x this many entries and deletes the expired ones.",
+        "cleanup_incremental_size x this many entries and deletes the expired ones.", minimum=1,
     ),
 )  # fmt: skip
 

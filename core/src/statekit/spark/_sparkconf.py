@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
-from .._config import Configuration
+from .._config import Configuration, is_statekit_key
 from .._secrets import SPARK_DEFAULT_REDACTION, secret_keys_in
 
 __all__ = ["spark_configuration"]
@@ -46,7 +46,11 @@ def spark_configuration(
 
 
 def _warn_of_shown_secrets(values: Mapping[str, object], redaction_regex: str) -> None:
-    """Warn (naming keys, never values) of credentials under keys Spark's UI shows in clear."""
+    """Warn (naming keys, never values) of credentials under keys Spark's UI shows in clear.
+
+    Access key ids count: Spark's default regex hides ``access.key`` and ``secret``,
+    but not s3fs's ``key``, so ``{"key": "AKIA…"}`` alone would be shown.
+    """
     try:
         hidden = re.compile(redaction_regex)
     except re.error:  # a Java-only regex: judge by Spark's default
@@ -70,4 +74,5 @@ def _warn_of_shown_secrets(values: Mapping[str, object], redaction_regex: str) -
 
 
 def _ours(key: str) -> bool:
-    return key.removeprefix("spark.").startswith("statekit.")
+    # Near misses too (spark.statekti.…), so that validation refuses them as the LocalRunner does.
+    return is_statekit_key(key.removeprefix("spark."))

@@ -25,7 +25,9 @@ def statekit_register_backends(register: Callable[[BackendSpec], None]) -> None:
                     "(checkpoints are what survives a crash), so 'off' is safe and fastest.",
                     choices=("off", "normal", "full"),
                 ),
-                ConfigOption("cache-size", int, 2 << 20, "Bytes of SQLite page cache per subtask."),
+                ConfigOption(
+                    "cache-size", int, 2 << 20, "Bytes of SQLite page cache per subtask.", byte_size=True
+                ),
             ),
             description="Keyed state in SQLite files, one per subtask; snapshots are read transactions.",
         )
