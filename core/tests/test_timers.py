@@ -5,8 +5,11 @@ from __future__ import annotations
 import io
 import json
 import struct
+import warnings
 import zlib
+from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +30,14 @@ from statekit import (
 )
 from statekit.backend_api import BytesStreamHandle, KeyedStateHandle
 from statekit.testing import ManualClock
-from statekit.timers import MAX_WATERMARK, TIMER_STATE_NAMES, decode_timer, encode_timer, parse_duration_ms
+from statekit.timers import (
+    MAX_WATERMARK,
+    TIMER_STATE_NAMES,
+    WATERMARK_PROPERTY,
+    decode_timer,
+    encode_timer,
+    parse_duration_ms,
+)
 from statekit.windows import (
     Count,
     SlidingEventTimeWindows,
@@ -88,7 +98,7 @@ def test_event_timers_fire_in_timestamp_order_once_when_the_watermark_passes() -
         ("a", 30, "event-time", None, 2),
     ]
     assert result.timers_fired == 5
-    assert result.watermark == MAX_WATERMARK
+    assert result.watermark == 26  # the end of time lasted for the firing only
 
 
 def test_a_deleted_timer_never_fires_and_a_re_registered_one_fires_once() -> None:
@@ -144,6 +154,189 @@ def test_end_of_input_keep_leaves_timers_for_the_next_run(tmp_path: Any) -> None
     with runner(sink=out.append, config=conf) as r:
         result = r.run(RecordSource(records), restore="latest")
     assert result.records == 1 and [o[1] for o in out] == [50]
+
+
+# --- the end of input with fire: the end of time lasts for the firing only -----------------------
+
+SIZE, DELAY = 10, 3
+
+
+def windowed_runner(conf: dict[str, Any], out: list[Any], late: list[Any]) -> LocalRunner:
+    return LocalRunner(
+        lambda: WindowedAggregate(TumblingEventTimeWindows(SIZE), Count()),
+        key_selector=lambda r: r["k"],
+        event_time=EventTime("ts", DELAY),
+        sink=out.append,
+        late_sink=late.append,
+        config=conf,
+    )
+
+
+def window_model(records: list[dict[str, Any]]) -> tuple[list[bool], list[int]]:
+    """The LocalRunner's rule: per record, whether it is late, and the watermark after it."""
+    watermark = -(2**63)
+    late, marks = [], []
+    for r in records:
+        late.append(r["ts"] <= watermark)
+        if not late[-1]:
+            watermark = max(watermark, r["ts"] - DELAY)
+        marks.append(watermark)
+    return late, marks
+
+
+def window_counts(records: list[dict[str, Any]], late: list[bool]) -> Counter[tuple[str, int]]:
+    return Counter((r["k"], r["ts"] - r["ts"] % SIZE) for r, is_late in zip(records, late) if not is_late)
+
+
+def emitted(out: list[Any]) -> Counter[tuple[str, int]]:
+    """Window results as counts per (key, window start), added up over repeated results."""
+    totals: Counter[tuple[str, int]] = Counter()
+    for key, start, end, n in out:
+        assert end - start == SIZE
+        totals[(key, start)] += n
+    return totals
+
+
+@pytest.mark.parametrize("resume", ["restored", "same-runner"])
+def test_a_run_after_an_end_of_input_that_fired_goes_on_from_the_records_watermark(
+    tmp_path: Any, resume: str
+) -> None:
+    # Three keys; every 7th record 6 ms behind (DELAY is 3: late), every 5th 2 ms behind (not late).
+    records = [{"k": "abc"[i % 3], "ts": 2 * i - 6 * (i % 7 == 3) - 2 * (i % 5 == 1)} for i in range(200)]
+    split = 93  # mid-window: key a's [180, 190) has records at 180 (run 1) and 186 (run 2)
+    late, marks = window_model(records)
+    assert 20 < sum(late) < 40 and not late[1]
+    conf = {
+        "statekit.checkpoints.dir": str(tmp_path),
+        "statekit.checkpoint.interval-records": 7,
+        "statekit.parallelism": 2,
+    }  # statekit.timers.end-of-input: fire, the default
+    source = RecordSource(records)
+    out1: list[Any] = []
+    out2: list[Any] = []
+    late_seen: list[Any] = []
+    first = windowed_runner(conf, out1, late_seen)
+    result1 = first.run(RecordSource(records[:split]))
+    # Every window run 1 saw was emitted, those still open at its end too; the watermark is the records'.
+    assert emitted(out1) == window_counts(records[:split], late[:split])
+    assert result1.watermark == first.watermark == marks[split - 1]
+    if resume == "restored":
+        first.close()
+        second = windowed_runner(conf, out2, late_seen)
+        assert second.restore("latest") == result1.checkpoints[-1]
+        assert second.watermark == marks[split - 1]  # what the final checkpoint holds
+    else:
+        second = first
+        second.sink = out2.append
+    result2 = second.run(source)
+    second.close()
+    # Run 2 processed the new records, late exactly where one uninterrupted run finds them late.
+    assert result2.records == len(records) - split
+    assert result2.late_records == sum(late[split:])
+    assert late_seen == [r for r, is_late in zip(records, late) if is_late]
+    assert result2.timers_fired > 0 and result2.watermark == marks[-1]
+    # Run 2 emitted only its own records: run 1's results were not emitted again. A window open at
+    # the split was emitted twice, with the records of each run; the results add up to the model.
+    assert emitted(out2) == window_counts(records[split:], late[split:])
+    twice = set(emitted(out1)) & set(emitted(out2))
+    assert twice and all(start + SIZE - 1 > marks[split - 1] for _, start in twice)
+    assert emitted(out1 + out2) == window_counts(records, late)
+
+
+class WatermarkAtTimer(KeyedProcessFunction):
+    """Registers ``ts + 5`` per record; reports the watermark ``process`` and ``on_timer`` read."""
+
+    def process(self, record: dict[str, Any], ctx: ProcessContext) -> Iterable[Any]:
+        assert ctx.timestamp is not None
+        ctx.timer_service.register_event_time_timer(ctx.timestamp + 5)
+        yield ("process", record["ts"], ctx.timer_service.current_watermark())
+
+    def on_timer(self, timestamp: int, ctx: OnTimerContext) -> Iterable[Any]:
+        yield ("timer", timestamp, ctx.timer_service.current_watermark())
+
+
+def test_on_timer_reads_the_end_of_time_at_the_end_of_input_and_the_records_watermark_after() -> None:
+    out: list[Any] = []
+    r = LocalRunner(
+        WatermarkAtTimer, key_selector=lambda r: r["k"], event_time=EventTime("ts"), sink=out.append
+    )
+    records = [{"k": "a", "ts": 1}, {"k": "b", "ts": 2}]
+    r.run(RecordSource(records))
+    assert out == [
+        ("process", 1, -(2**63)),
+        ("process", 2, 1),
+        ("timer", 6, MAX_WATERMARK),  # how a function tells the end of input from time passing
+        ("timer", 7, MAX_WATERMARK),
+    ]
+    assert r.watermark == 2
+    out.clear()
+    records += [{"k": "a", "ts": 3}, {"k": "a", "ts": 20}]  # the same runner reads on, past 2 records
+    r.run(RecordSource(records))
+    assert out == [("process", 3, 2), ("process", 20, 3), ("timer", 8, 20), ("timer", 25, MAX_WATERMARK)]
+    assert r.watermark == 20
+    # advance_watermark(MAX_WATERMARK) is the same end of input.
+    assert r.process({"k": "b", "ts": 30}) == [("process", 30, 20)]
+    assert r.advance_watermark(MAX_WATERMARK) == [("timer", 35, MAX_WATERMARK)]
+    assert r.watermark == 30 and r.advance_watermark(MAX_WATERMARK) == []
+    r.close()
+
+
+def test_a_restored_watermark_at_the_end_of_time_warns_when_records_arrive(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = {"statekit.checkpoints.dir": str(tmp_path), "statekit.checkpoint.interval-records": 100}
+    records = [{"k": "a", "ts": 1, "reg": [5]}, {"k": "b", "ts": 2}]
+    with runner(config=conf) as old:
+        old.run(RecordSource(records))
+        # What statekit wrote before the end of time lasted for the firing only.
+        monkeypatch.setattr(old, "_time_properties", lambda: {WATERMARK_PROPERTY: MAX_WATERMARK})
+        location = old.checkpoint()
+    late: list[Any] = []
+    with runner(config=conf) as r, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = r.run(RecordSource(records), restore="latest")  # nothing new: nothing to warn of
+    assert result.records == 0 and result.restored_from == location
+    records += [{"k": "a", "ts": 10**12, "reg": [10**12 + 1]}, {"k": "c", "ts": 10**12 + 1}]
+    with runner(config=conf, late_sink=late.append) as r, pytest.warns(RuntimeWarning) as caught:
+        result = r.run(RecordSource(records), restore="latest")
+    assert result.late_records == 2 and late == records[2:] and result.timers_fired == 0
+    assert result.watermark == MAX_WATERMARK
+    [warning] = [w for w in caught.list if "end of time" in str(w.message)]
+    text = str(warning.message)
+    assert location in text and "all 2 records were late" in text
+    assert "restore a checkpoint or savepoint taken before that end of input" in text
+
+
+def test_the_timers_example_of_the_docs_runs_over_a_log_that_grows(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page = Path(__file__).resolve().parents[2] / "docs" / "state.md"
+    if not page.exists():
+        pytest.skip("docs are not part of this checkout")
+    section = page.read_text().split("## Timers and event time", 1)[1]
+    example = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "logs").mkdir()
+    log = tmp_path / "logs" / "access.log"
+    minute = 60_000
+
+    def append(*lines: dict[str, Any]) -> None:
+        with log.open("a") as f:
+            f.writelines(json.dumps(line) + "\n" for line in lines)
+
+    def run_example() -> dict[str, Any]:
+        namespace: dict[str, Any] = {}
+        exec(compile(example, str(page), "exec"), namespace)
+        return namespace
+
+    append(*({"url": "/a" if i % 2 else "/b", "ts": i * minute} for i in range(8)), {"url": "/a"})
+    first = run_example()  # a record without "ts" is processed, and nothing is quiet yet
+    assert first["result"].records == 9 and first["alerts"] == []
+    append({"url": "/c", "ts": 20 * minute}, {"url": "/c", "ts": 21 * minute})
+    second = run_example()
+    # /a's last request was at minute 7, /b's at minute 6: the new log says both went quiet.
+    assert second["result"].records == 2 and second["result"].late_records == 0
+    assert sorted(second["alerts"]) == [("/a", 12 * minute), ("/b", 11 * minute)]
 
 
 def test_processing_time_timers_fire_when_the_clock_reaches_them() -> None:

@@ -302,11 +302,15 @@ class ProcessedStream:
                 returns ``skipped=True``). Batch ids must grow; gaps are fine.
                 None: one more than the last.
             restore: Where the state comes from; see above.
-            end_of_input: After this batch, move the watermark to the end of
-                time so every event-time timer fires (Flink's end of a bounded
-                input); later batches then find every row late. None: the
-                ``statekit.timers.end-of-input`` option (``fire`` or ``keep``)
-                for jobs with event time or timers.
+            end_of_input: After this batch's rows, fire every pending
+                event-time timer as at the end of time (Flink's end of a
+                bounded input). The checkpoint keeps the watermark the rows
+                made, so a later ``run`` over more rows goes on from it (a
+                window that fired is emitted again with its later rows). None:
+                the ``statekit.timers.end-of-input`` option (``fire`` or
+                ``keep``) for jobs with event time, False for the others; a job
+                fed batch after batch wants ``keep``, or False until its last
+                batch (see docs/state.md, "The end of the input").
 
         Raises:
             TypeError: If the DataFrame is streaming.

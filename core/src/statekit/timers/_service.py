@@ -306,6 +306,17 @@ class TimerService:
         if watermark > self._watermark:
             self._watermark = watermark
 
+    def end_of_time_passed(self, watermark: int) -> None:
+        """Set the watermark back to ``watermark`` after an end-of-input pass at ``MAX_WATERMARK``.
+
+        The runners fire every timer at the end of a bounded input with the
+        watermark at the end of time (``statekit.timers.end-of-input=fire``),
+        then call this: the end of time lasts for that pass only, so functions
+        that go on over more input (the same subtask, kept for the next batch)
+        read the watermark the records made, as a restored run would.
+        """
+        self._watermark = watermark
+
     def next_timestamp(self, domain: TimeDomain) -> int | None:
         """The earliest live timer of ``domain``, if any."""
         d = self._domains[domain]

@@ -58,11 +58,13 @@ from ._parse import (
 from ._session import local_spark_session
 from ._windowed import (
     WINDOWED_PARSED_SCHEMA,
+    PendingWindows,
     WindowedSettings,
     build_windowed_stream,
     format_time_ms,
     parse_timed_batches,
     parse_timed_line,
+    pending_windows,
     read_output,
     read_timed_lines,
     run_windowed_job,
@@ -108,6 +110,7 @@ __all__ = [
     "parse_timed_batches",
     "parse_timed_line",
     "parse_timestamp",
+    "pending_windows",
     "read_output",
     "read_state",
     "read_timed_lines",

@@ -25,9 +25,16 @@ from ._generate import GenerateResult, generate_logs
 from ._job import JobSettings, RunReport, run_job
 from ._progress import ProgressDisplay, top_urls_table, top_windows_table
 from ._session import local_spark_session
-from ._windowed import WindowedSettings, format_time_ms, read_output, run_windowed_job
+from ._windowed import (
+    PendingWindows,
+    WindowedSettings,
+    format_time_ms,
+    pending_windows,
+    read_output,
+    run_windowed_job,
+)
 
-__all__ = ["DemoReport", "build_parser", "demo", "main", "next_file_index"]
+__all__ = ["DemoReport", "build_parser", "demo", "main", "next_file_index", "windowed_summary"]
 
 _DEMO_MARKER = ".statekit-urlcount-demo"
 
@@ -229,17 +236,40 @@ def _windowed(args: argparse.Namespace, console: Console) -> int:
         delay=args.delay,
     )
     report = _run_displayed(args, console, settings, "windowed", run_windowed_job)
+    console.print(windowed_summary(report, settings, pending_windows(settings)), highlight=False)
+    console.print(top_windows_table(read_output(settings.windows_dir), args.top))
+    return 0
+
+
+def windowed_summary(report: RunReport, settings: WindowedSettings, pending: PendingWindows) -> str:
+    """The ``windowed`` command's closing line: what the run read and emitted, and what is still open.
+
+    The watermark shown is the one the latest checkpoint holds (the next
+    batch's). Spark fires a window in the batch after the one whose rows
+    moved the watermark past its end, so windows ending before that watermark
+    may still be open: the line counts them from the checkpoint instead of
+    implying they were emitted.
+    """
     verb = "resumed from its checkpoint and read" if report.resumed else "read"
-    console.print(
+    line = (
         f"windowed: {verb} {_plural(report.records, 'new line')} in {_plural(len(report.batches), 'batch')}, "
         f"{report.seconds:.1f} s; emitted {_plural(report.windows, 'window')} to {settings.windows_dir}; "
         f"{report.late:,} late lines written to {settings.late_dir}; {report.malformed:,} malformed lines "
-        f"written to {settings.dead_letter_dir}; watermark now {format_time_ms(report.watermark)} (windows "
-        "ending after it are emitted when newer logs move it on)",
-        highlight=False,
+        f"written to {settings.dead_letter_dir}; watermark now {format_time_ms(pending.watermark)}; "
     )
-    console.print(top_windows_table(read_output(settings.windows_dir), args.top))
-    return 0
+    if not pending.ends:
+        return line + "no window is open"
+    later = len(pending.ends) - pending.due
+    parts = []
+    if pending.due:
+        parts.append(
+            f"{pending.due:,} ending at or before it, emitted by the first batch of the next run (Spark "
+            "runs one once newer logs arrive)"
+        )
+    if later:
+        parts.append(f"{later:,} ending after it, emitted once newer logs move the watermark past their end")
+    opened = _plural(len(pending.ends), "window")
+    return f"{line}{opened} open in statekit's state, not emitted yet: {'; '.join(parts)}"
 
 
 @dataclass

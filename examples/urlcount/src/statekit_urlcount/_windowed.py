@@ -30,10 +30,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from statekit import EventTime, LocalRunner
+from statekit import EventTime, LocalRunner, TimeDomain
+from statekit.state_processor import SavepointReader
 
 from ._function import WINDOWED_OUTPUT_SCHEMA, RequestsPerUrlPerWindow
-from ._job import BatchStats, JobSettings, RunReport, run_stream
+from ._job import BatchStats, JobSettings, RunReport, checkpoint_storage, run_stream
 from ._parse import MALFORMED_KEY, AccessRecord, parse_line
 
 if TYPE_CHECKING:
@@ -44,11 +45,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "WINDOWED_PARSED_SCHEMA",
+    "PendingWindows",
     "WindowedSettings",
     "build_windowed_stream",
     "format_time_ms",
     "parse_timed_batches",
     "parse_timed_line",
+    "pending_windows",
     "read_output",
     "read_timed_lines",
     "run_windowed_job",
@@ -140,9 +143,13 @@ def windowed_local_runner(
 
     ``config`` is statekit's (e.g. ``{"statekit.checkpoint.storage": "jobmanager"}``);
     outputs (:data:`~statekit_urlcount.WINDOWED_OUTPUT_SCHEMA` tuples) go to
-    ``sink``, late lines' records to ``late_sink``. At the end of the input the
-    watermark goes to the end of time, so every open window is emitted.
-    Example::
+    ``sink``, late lines' records to ``late_sink``. At the end of the input
+    every open window is emitted, as at the end of time, and the watermark
+    stays the lines' (``statekit.timers.end-of-input=fire``, the default): a
+    later run over newer logs goes on from it, and emits a window that was
+    open at the end again, with its newer lines. For logs that grow, ``config``
+    ``{"statekit.timers.end-of-input": "keep"}`` leaves the open windows for
+    that later run instead. Example::
 
         windows, late = [], []
         runner = windowed_local_runner(
@@ -166,6 +173,53 @@ def format_time_ms(ms: int | None) -> str:
     if ms is None or not -(2**62) < ms < 2**62:
         return "-"
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class PendingWindows:
+    """The windows the job's latest checkpoint holds open: counted in statekit's state, not emitted.
+
+    Attributes:
+        watermark: The watermark that checkpoint holds, which the next batch
+            runs with (None before any event time).
+        ends: Each open window's end (epoch ms, exclusive), one per URL and window.
+    """
+
+    watermark: int | None = None
+    ends: tuple[int, ...] = ()
+
+    @property
+    def due(self) -> int:
+        """Open windows that end at or before the watermark.
+
+        On Spark a batch fires the timers of the watermark it *ran* with, and
+        the watermark it reports (and checkpoints) is the next batch's: the
+        windows between the two are due, and the next batch emits them after
+        its rows. Spark runs no batch without new input, so that takes newer
+        logs.
+        """
+        if self.watermark is None:
+            return 0
+        return sum(1 for end in self.ends if end - 1 <= self.watermark)
+
+
+def pending_windows(settings: WindowedSettings) -> PendingWindows:
+    """The open windows and the watermark of the job's latest statekit checkpoint (none: empty).
+
+    Read as data: each open window of a URL is a pending event-time timer at
+    the window's last millisecond (the job registers no other timer).
+    """
+    storage = checkpoint_storage(settings)
+    location = storage.latest_checkpoint(settings.job_id)
+    if location is None:
+        return PendingWindows()
+    with SavepointReader.open(location, storage=storage) as reader:
+        ends = tuple(
+            last + 1
+            for batch in reader.timers("process", TimeDomain.EVENT_TIME)
+            for last in batch.column("timestamp").to_pylist()
+        )
+        return PendingWindows(reader.watermark, ends)
 
 
 class _WindowedSink:
