@@ -1,4 +1,4 @@
-"""The checkpoint lifecycle never damages itself: ids only go up, the newest restorable checkpoint is restored.
+"""The checkpoint lifecycle never damages itself: ids only go up, the newest good checkpoint is restored.
 
 On real files and on a real S3 endpoint (moto's server on 127.0.0.1), with the
 heap and the RocksDB backend (whose native checkpoints share files).
@@ -67,6 +67,10 @@ class Place:
         for i in range(start, min(start + flips, len(data))):
             data[i] ^= 0xFF
         self.fs.pipe_file(self.path(relative), bytes(data))
+        self.fs.invalidate_cache()
+
+    def truncate(self, relative: str, by: int) -> None:
+        self.fs.pipe_file(self.path(relative), self.fs.cat_file(self.path(relative))[:-by])
         self.fs.invalidate_cache()
 
     def remove(self, relative: str) -> None:
@@ -178,21 +182,19 @@ def restore_latest(place: Place, backend: str, **conf: Any) -> tuple[LocalRunner
     return r, result, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
 
 
-DAMAGES: dict[str, Callable[[Place], str]] = {
-    "metadata flipped": lambda p: (p.damage("chk-3/_metadata", flips=4), "chk-3/_metadata")[1],
-    "keyed block flipped": lambda p: (p.damage("chk-3/process-1.keyed"), "chk-3/process-1.keyed")[1],
-    "keyed file missing": lambda p: (p.remove("chk-3/process-0.keyed"), "chk-3/process-0.keyed")[1],
-    "operator file truncated": lambda p: (
-        p.fs.pipe_file(p.path("chk-3/process-1.operator"), p.fs.cat_file(p.path("chk-3/process-1.operator"))[:-3]),
-        "chk-3/process-1.operator",
-    )[1],
+DAMAGES: dict[str, tuple[str, Callable[[Place, str], None]]] = {
+    "metadata flipped": ("chk-3/_metadata", Place.damage),
+    "keyed block flipped": ("chk-3/process-1.keyed", Place.damage),
+    "keyed file missing": ("chk-3/process-0.keyed", Place.remove),
+    "operator file truncated": ("chk-3/process-1.operator", lambda p, f: p.truncate(f, 3)),
 }
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
 def test_a_damaged_newest_checkpoint_falls_back_to_the_next_older_one(place: Place, damage: str) -> None:
     three_checkpoints(place, "heap")
-    bad = DAMAGES[damage](place)
+    bad, do = DAMAGES[damage]
+    do(place, bad)
     r, result, warned = restore_latest(place, "heap")
     with r:
         assert result.restored_from == place.location(2)
