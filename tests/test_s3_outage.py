@@ -80,12 +80,14 @@ def test_endpoint_stops_mid_upload_the_job_goes_on_and_nothing_is_left(faulty: F
     # Nothing half-written reads as complete: chk-3 has files but no _metadata.
     assert any(k.startswith("job/chk-3/") for k in stored(faulty, prefix))
     assert r.storage.latest_checkpoint("job") == f"s3://{BUCKET}/{prefix}/job/chk-2"
-    done = r.run(src)  # records 401..600: checkpoints 5 and 6 complete, and clean up
-    assert [c.rsplit("/", 1)[1] for c in done.checkpoints] == ["chk-5", "chk-6"]
-    # No orphans of 3 and 4 (runs/ holds the record of this run, for fencing).
-    assert {k.split("/")[1] for k in stored(faulty, prefix)} == {"chk-6", "runs"}
+    # The second failure came at its fencing check, before it took an id or wrote a byte: the
+    # ids go on from there, and cleanup deletes what chk-3's failed attempt left.
+    done = r.run(src)  # records 401..600: checkpoints 4 and 5 complete, and clean up
+    assert [c.rsplit("/", 1)[1] for c in done.checkpoints] == ["chk-4", "chk-5"]
+    # No orphans of the failed attempt (runs/ holds the record of this run, for fencing).
+    assert {k.split("/")[1] for k in stored(faulty, prefix)} == {"chk-5", "runs"}
     fresh = make_runner(faulty, prefix)
-    assert fresh.restore("latest") == f"s3://{BUCKET}/{prefix}/job/chk-6"
+    assert fresh.restore("latest") == f"s3://{BUCKET}/{prefix}/job/chk-5"
     assert state_of_runner(fresh) == model_state(RECORDS)
 
 
