@@ -41,7 +41,7 @@ import tracemalloc
 from dataclasses import dataclass, field
 
 from statekit import EventTime, LocalRunner
-from statekit._registry import default_registry
+from statekit.plugins._registry import default_registry
 from statekit.timers import TIMER_STATE_NAMES, TimeDomain
 from statekit.windows import Count, TumblingEventTimeWindows, WindowedAggregate
 

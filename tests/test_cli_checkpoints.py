@@ -11,7 +11,7 @@ import pytest
 
 from jobs import CountUrls, make_records, model_state, state_of_runner
 from statekit import LocalRunner, RecordSource
-from statekit._cli import main
+from statekit.cli._cli import main
 
 RECORDS = make_records(1500, urls=30, seed=9)
 
@@ -325,7 +325,7 @@ def test_list_on_a_narrow_terminal_folds_the_location_instead_of_cutting_it(thre
 
     from rich.console import Console
 
-    from statekit._cli import CommandContext, build_parser
+    from statekit.cli._cli import CommandContext, build_parser
 
     buf = io.StringIO()
     ctx = CommandContext(console=Console(file=buf, force_terminal=True, width=70, color_system=None))
@@ -388,7 +388,7 @@ def test_convert_draws_its_copy_on_a_terminal_only(three: Path, tmp_path: Path) 
 
     from rich.console import Console
 
-    from statekit._cli import CommandContext, build_parser
+    from statekit.cli._cli import CommandContext, build_parser
 
     for terminal in (True, False):
         out, err = io.StringIO(), io.StringIO()

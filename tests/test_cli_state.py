@@ -28,8 +28,8 @@ from statekit import (
     ValueStateDescriptor,
     key_group_for_bytes,
 )
-from statekit._cli import CommandContext, build_parser, main
-from statekit._serializers import StrSerializer
+from statekit.cli._cli import CommandContext, build_parser, main
+from statekit.serialization._serializers import StrSerializer
 
 RECORDS = make_records(1200, urls=40, seed=3)
 FIRST = 500  # chk-1 holds these records, chk-2 all of them
@@ -605,7 +605,7 @@ def test_without_pyarrow_every_other_command_works_and_state_says_what_to_instal
 
     code = (
         "import sys; sys.modules['pyarrow'] = None\n"
-        "from statekit import _cli\n"
+        "from statekit.cli import _cli\n"
         "assert _cli.main(['plugins', '--json']) == 0\n"
         "sys.exit(_cli.main(['state', 'list', 'anywhere']))\n"
     )

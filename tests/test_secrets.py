@@ -16,7 +16,7 @@ import pytest
 
 from jobs import CountUrls, make_records
 from statekit import CheckpointError, ConfigurationError, LocalRunner, RecordSource, StateError
-from statekit._cli import main
+from statekit.cli._cli import main
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYSECRETMARKER"
 RECORDS = make_records(300, urls=20, seed=5)

@@ -30,7 +30,7 @@ from statekit import (  # noqa: E402
     StateTtlConfig,
     ValueStateDescriptor,
 )
-from statekit._columnar import group_runs, output_columns, output_rows  # noqa: E402
+from statekit.runtime._columnar import group_runs, output_columns, output_rows  # noqa: E402
 from statekit.testing._semantics_state import Mean  # noqa: E402
 
 COUNT = ValueStateDescriptor("count", int, default=0)

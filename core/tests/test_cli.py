@@ -14,10 +14,16 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-import statekit._cli as cli
-from statekit._config import ConfigOption
+import statekit.cli._cli as cli
 from statekit._errors import ConfigurationError
-from statekit._registry import BackendSpec, PluginRegistry, StorageSpec, hookimpl, reset_default_registry
+from statekit.plugins._config import ConfigOption
+from statekit.plugins._registry import (
+    BackendSpec,
+    PluginRegistry,
+    StorageSpec,
+    hookimpl,
+    reset_default_registry,
+)
 
 
 class _FakePlugin:
@@ -183,11 +189,11 @@ def test_interrupt_and_errors_with_control_characters(
 
 
 def test_a_reader_that_stops_reading_ends_the_command_quietly_with_141() -> None:
-    src = Path(cli.__file__).resolve().parents[1]
+    src = Path(cli.__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
     code = (
         "import sys\n"
-        "from statekit import _cli as cli\n"
+        "from statekit.cli import _cli as cli\n"
         "@cli.command('many', 'prints many rows')\n"
         "def _many(args, ctx):\n"
         "    cli.print_table(ctx.console, ['n'], ([str(i)] for i in range(10**6)))\n"
@@ -248,7 +254,7 @@ def test_broken_plugin_in_strict_mode_exits_2(
 
 
 def test_python_dash_m_statekit() -> None:
-    src = Path(cli.__file__).resolve().parents[1]
+    src = Path(cli.__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
         [sys.executable, "-m", "statekit", "plugins", "--json"],

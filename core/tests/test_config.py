@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from statekit import KeyedProcessFunction, LocalRunner, ProcessContext
-from statekit._config import CORE_OPTIONS, ConfigOption, Configuration, parse_plugin_options
 from statekit._errors import ConfigurationError, UnknownPluginError
-from statekit._registry import BackendSpec, PluginRegistry, StorageSpec, default_registry, hookimpl
+from statekit.plugins._config import CORE_OPTIONS, ConfigOption, Configuration, parse_plugin_options
+from statekit.plugins._registry import BackendSpec, PluginRegistry, StorageSpec, default_registry, hookimpl
 
 SIZE = ConfigOption("x-size", int, byte_size=True)
 COUNT = ConfigOption("x-count", int)

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from statekit._errors import ConfigurationError
-from statekit._keygroups import (
+from statekit.serialization._keygroups import (
     DEFAULT_LOWER_MAX_PARALLELISM,
     UPPER_MAX_PARALLELISM,
     KeyGroupRange,
@@ -27,7 +27,7 @@ from statekit._keygroups import (
     stable_hash,
     validate_parallelism,
 )
-from statekit._serializers import IntSerializer, StrSerializer
+from statekit.serialization._serializers import IntSerializer, StrSerializer
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -276,8 +276,8 @@ def test_key_group_for_bytes_accepts_any_buffer() -> None:
 
 _SUBPROCESS_SCRIPT = r"""
 import json, sys
-from statekit._keygroups import key_group_for_bytes
-from statekit._serializers import StrSerializer
+from statekit.serialization._keygroups import key_group_for_bytes
+from statekit.serialization._serializers import StrSerializer
 keys = json.loads(sys.stdin.read())
 ser = StrSerializer()
 out = {

@@ -17,7 +17,8 @@ from statekit._errors import (
     IncompatibleSerializerError,
     StateMigrationError,
 )
-from statekit._operator import (
+from statekit.serialization._serializers import IntSerializer, pack_parts
+from statekit.state._operator import (
     OperatorStateBackendImpl,
     OperatorStateData,
     OperatorStateMode,
@@ -25,8 +26,7 @@ from statekit._operator import (
     encode_operator_snapshot,
     redistribute_operator_state,
 )
-from statekit._serializers import IntSerializer, pack_parts
-from statekit._state import ListStateDescriptor, MapStateDescriptor, StateTtlConfig
+from statekit.state._state import ListStateDescriptor, MapStateDescriptor, StateTtlConfig
 
 SPLIT, UNION, BROADCAST = OperatorStateMode.SPLIT, OperatorStateMode.UNION, OperatorStateMode.BROADCAST
 INT_CFG = [IntSerializer().config()]

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from statekit import KeyedProcessFunction, LocalRunner, ProcessContext, RecordSource
-from statekit._config import ConfigOption, Configuration
 from statekit._errors import ConfigurationError, PluginConflictError, PluginError, UnknownPluginError
-from statekit._registry import (
+from statekit.plugins._config import ConfigOption, Configuration
+from statekit.plugins._registry import (
     BackendSpec,
     PluginLoadWarning,
     PluginRegistry,
@@ -28,8 +28,8 @@ from statekit._registry import (
 GROUP = "statekit"
 
 PLUGIN_SOURCE = """
-from statekit._config import ConfigOption
-from statekit._registry import BackendSpec, StorageSpec, hookimpl
+from statekit.plugins._config import ConfigOption
+from statekit.plugins._registry import BackendSpec, StorageSpec, hookimpl
 
 CALLS = []
 
@@ -128,7 +128,8 @@ def test_strict_mode_makes_a_broken_plugin_fatal(
 
 def test_hook_with_a_misspelled_name_is_a_broken_Plugin(make_dist: MakeDist) -> None:
     source = (
-        "from statekit._registry import hookimpl\n@hookimpl\ndef statekit_register_backend(register): pass\n"
+        "from statekit.plugins._registry import hookimpl\n"
+        "@hookimpl\ndef statekit_register_backend(register): pass\n"
     )
     make_dist("typoplugin", source, name="typo")
     with pytest.warns(PluginLoadWarning, match="typoplugin.*statekit_register_backend"):
@@ -149,7 +150,7 @@ def test_conflict_names_both_distributions(make_dist: MakeDist) -> None:
 def test_unknown_known_name_lists_installed_and_the_extra(
     make_dist: MakeDist, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import statekit._registry as registry_module
+    import statekit.plugins._registry as registry_module
 
     make_dist("fakeplugin")
     registry = PluginRegistry.load()

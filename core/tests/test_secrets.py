@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from statekit import ConfigOption, Configuration, ConfigurationError
-from statekit._secrets import REDACTED, SPARK_DEFAULT_REDACTION, is_secret_key, redact, secret_keys_in
+from statekit.plugins._secrets import REDACTED, SPARK_DEFAULT_REDACTION, is_secret_key, redact, secret_keys_in
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCY"
 SECRET_DIGITS = "735091628374650192"  # a numeric secret, e.g. a PIN-like token under a secret key

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from statekit._errors import IncompatibleSerializerError, SerializationError
-from statekit._serializers import (
+from statekit.serialization._serializers import (
     BoolSerializer,
     BytesSerializer,
     DataclassSerializer,

@@ -33,8 +33,8 @@ from statekit import (
     default_registry,
     serializer_for,
 )
-from statekit._checkpoint import complete_checkpoint, write_subtask_state
 from statekit.backend_api import CANONICAL_FORMAT
+from statekit.checkpoints._checkpoint import complete_checkpoint, write_subtask_state
 from statekit.spark import register_state_source
 from statekit.spark._state_source import StateDataSource, _Options, plan_partitions, spark_schema
 from statekit.state_processor import SavepointReader

@@ -8,8 +8,6 @@ configuration. Backend authors also use :mod:`statekit.backend_api`;
 
 from __future__ import annotations
 
-from ._checkpoint import CheckpointMetadata, CompletedCheckpoint, load_checkpoint
-from ._config import CORE_OPTIONS, ConfigOption, Configuration
 from ._contracts import (
     CheckpointOutputStream,
     CheckpointStorage,
@@ -44,21 +42,9 @@ from ._errors import (
     StateSizeLimitError,
     UnknownPluginError,
 )
-from ._function import (
-    KeyedBatchFunction,
-    KeyedProcessFunction,
-    OnTimerContext,
-    ProcessContext,
-    RuntimeContext,
-)
-from ._keygroups import (
-    KeyGroupRange,
-    compute_default_max_parallelism,
-    key_group_for_bytes,
-    key_group_range_for_operator,
-    operator_index_for_key_group,
-)
-from ._registry import (
+from .checkpoints._checkpoint import CheckpointMetadata, CompletedCheckpoint, load_checkpoint
+from .plugins._config import CORE_OPTIONS, ConfigOption, Configuration
+from .plugins._registry import (
     BackendSpec,
     PluginLoadWarning,
     PluginRegistry,
@@ -68,9 +54,24 @@ from ._registry import (
     hookimpl,
     hookspec,
 )
-from ._runner import FileSource, LocalRunner, RecordSource, ReplayableSource, RunResult
-from ._serializers import PickleSerializer, TypeSerializer, serializer_for
-from ._state import (
+from .runtime._function import (
+    KeyedBatchFunction,
+    KeyedProcessFunction,
+    OnTimerContext,
+    ProcessContext,
+    RuntimeContext,
+)
+from .runtime._runner import FileSource, LocalRunner, RecordSource, ReplayableSource, RunResult
+from .serialization._keygroups import (
+    KeyGroupRange,
+    compute_default_max_parallelism,
+    key_group_for_bytes,
+    key_group_range_for_operator,
+    operator_index_for_key_group,
+)
+from .serialization._serializers import PickleSerializer, TypeSerializer, serializer_for
+from .sources import BadRecord, BadRecordPolicy, InputLostWarning, LogSource, LostInput
+from .state._state import (
     VOID_NAMESPACE,
     AggregateFunction,
     AggregatingState,
@@ -89,7 +90,6 @@ from ._state import (
     ValueState,
     ValueStateDescriptor,
 )
-from .sources import BadRecord, BadRecordPolicy, InputLostWarning, LogSource, LostInput
 from .timers import EventTime, TimeDomain, TimerService
 
 __version__ = "0.1.0"

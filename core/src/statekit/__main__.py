@@ -1,6 +1,6 @@
 """Runs the statekit command line: ``python -m statekit``."""
 
-from ._cli import main
+from .cli._cli import main
 
 __all__: list[str] = []
 

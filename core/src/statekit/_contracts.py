@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ._keygroups import KeyGroupRange
-from ._native import NativeSnapshot, NativeStateHandle
-from ._operator import BroadcastState, OperatorListState, OperatorSnapshot
-from ._serializers import TypeSerializer
-from ._snapshot import KeyedStateHandle, StreamStateHandle
-from ._state import ListStateDescriptor, MapStateDescriptor, StateDescriptor
+from .serialization._keygroups import KeyGroupRange
+from .serialization._serializers import TypeSerializer
+from .snapshots._native import NativeSnapshot, NativeStateHandle
+from .snapshots._snapshot import KeyedStateHandle, StreamStateHandle
+from .state._operator import BroadcastState, OperatorListState, OperatorSnapshot
+from .state._state import ListStateDescriptor, MapStateDescriptor, StateDescriptor
 
 __all__ = [
     "CheckpointOutputStream",

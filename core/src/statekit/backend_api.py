@@ -7,27 +7,8 @@ key, TTL, reducing and aggregating state and canonical snapshots.
 
 from __future__ import annotations
 
-from ._keyed import (
-    AggregatingStateImpl,
-    KeyedBackendBase,
-    KeyedSnapshot,
-    ReducingStateImpl,
-    RegisteredState,
-    StateEntries,
-    merge_list_namespaces,
-)
-from ._kvlayout import (
-    EntryCodec,
-    KeyLayout,
-    decode_varint,
-    encode_varint,
-    entry_codec,
-    prefix_end,
-    ttl_timestamp,
-)
-from ._kvstate import KVColumn, KVListState, KVMapState, KVValueState, OrderedKVBackendBase, group_entries
-from ._localdirs import OWNER_FILE, create_instance_dir, local_write_error, remove_stale_instance_dirs
-from ._native import (
+from .runtime._localdirs import OWNER_FILE, create_instance_dir, local_write_error, remove_stale_instance_dirs
+from .snapshots._native import (
     NativeFile,
     NativeSnapshot,
     NativeSnapshotOutput,
@@ -35,18 +16,7 @@ from ._native import (
     WriterNativeOutput,
     upload_native_file,
 )
-from ._operator import (
-    BroadcastState,
-    OperatorListState,
-    OperatorStateBackendImpl,
-    OperatorStateData,
-    OperatorStateMode,
-    decode_operator_snapshot,
-    encode_operator_snapshot,
-    redistribute_operator_state,
-)
-from ._slots import SlotListState, SlotMapState, SlotState, SlotValueState
-from ._snapshot import (
+from .snapshots._snapshot import (
     CANONICAL_FORMAT,
     BytesStreamHandle,
     KeyedStateHandle,
@@ -61,8 +31,45 @@ from ._snapshot import (
     read_index,
     write_canonical,
 )
-from ._state import StateKind
-from ._ttl import Clock, purge_expired, system_clock, ttl_serializer
+from .state._keyed import (
+    AggregatingStateImpl,
+    KeyedBackendBase,
+    KeyedSnapshot,
+    ReducingStateImpl,
+    RegisteredState,
+    StateEntries,
+    merge_list_namespaces,
+)
+from .state._kvlayout import (
+    EntryCodec,
+    KeyLayout,
+    decode_varint,
+    encode_varint,
+    entry_codec,
+    prefix_end,
+    ttl_timestamp,
+)
+from .state._kvstate import (
+    KVColumn,
+    KVListState,
+    KVMapState,
+    KVValueState,
+    OrderedKVBackendBase,
+    group_entries,
+)
+from .state._operator import (
+    BroadcastState,
+    OperatorListState,
+    OperatorStateBackendImpl,
+    OperatorStateData,
+    OperatorStateMode,
+    decode_operator_snapshot,
+    encode_operator_snapshot,
+    redistribute_operator_state,
+)
+from .state._slots import SlotListState, SlotMapState, SlotState, SlotValueState
+from .state._state import StateKind
+from .state._ttl import Clock, purge_expired, system_clock, ttl_serializer
 
 __all__ = [
     "CANONICAL_FORMAT",

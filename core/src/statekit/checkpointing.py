@@ -10,7 +10,7 @@ a :class:`CompletedCheckpoint` and calls its ``validate`` and
 
 from __future__ import annotations
 
-from ._checkpoint import (
+from .checkpoints._checkpoint import (
     CheckpointMetadata,
     CompletedCheckpoint,
     SubtaskState,

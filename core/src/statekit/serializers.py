@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._serializers import (
+from .serialization._serializers import (
     BoolSerializer,
     BytesSerializer,
     DataclassSerializer,

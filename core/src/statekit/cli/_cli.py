@@ -38,8 +38,8 @@ from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
 
-from ._errors import StateError
-from ._registry import PluginRegistry, RegisteredPlugin, default_registry
+from .._errors import StateError
+from ..plugins._registry import PluginRegistry, RegisteredPlugin, default_registry
 
 __all__ = [
     "EXIT_BROKEN_PIPE",
@@ -304,7 +304,7 @@ def _plugins(args: argparse.Namespace, ctx: CommandContext) -> int:
 from . import _cli_checkpoints as _cli_checkpoints  # noqa: E402
 
 try:  # statekit state reads state as Arrow: it needs the optional pyarrow
-    from .state_processor import _cli as _cli_state  # noqa: F401
+    from ..state_processor import _cli as _cli_state  # noqa: F401
 except ModuleNotFoundError as _missing:
     if _missing.name != "pyarrow":
         raise
@@ -317,6 +317,6 @@ except ModuleNotFoundError as _missing:
 
     @command("state", f"read state as data ({_HINT})", _any_arguments)
     def _state_unavailable(args: argparse.Namespace, ctx: CommandContext) -> int:
-        from ._errors import ConfigurationError
+        from .._errors import ConfigurationError
 
         raise ConfigurationError(_HINT)

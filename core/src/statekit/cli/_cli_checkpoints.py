@@ -21,7 +21,15 @@ from typing import Any
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from ._checkpoint import (
+from .._contracts import CheckpointStorage
+from .._errors import (
+    CheckpointNotFoundError,
+    ConfigurationError,
+    CorruptCheckpointError,
+    CorruptSnapshotError,
+    StateError,
+)
+from ..checkpoints._checkpoint import (
     CheckpointMetadata,
     CompletedCheckpoint,
     SubtaskState,
@@ -29,6 +37,11 @@ from ._checkpoint import (
     load_checkpoint,
     write_subtask_state,
 )
+from ..checkpoints._locations import filesystem_storage, parent_location
+from ..checkpoints._verify import CheckpointProblem, verify_checkpoint, verify_loaded
+from ..plugins._registry import default_registry
+from ..serialization._serializers import _describe
+from ..snapshots._snapshot import CANONICAL_FORMAT
 from ._cli import (
     EXIT_OK,
     EXIT_PROBLEM,
@@ -39,19 +52,6 @@ from ._cli import (
     print_table,
     printable,
 )
-from ._contracts import CheckpointStorage
-from ._errors import (
-    CheckpointNotFoundError,
-    ConfigurationError,
-    CorruptCheckpointError,
-    CorruptSnapshotError,
-    StateError,
-)
-from ._locations import filesystem_storage, parent_location
-from ._registry import default_registry
-from ._serializers import _describe
-from ._snapshot import CANONICAL_FORMAT
-from ._verify import CheckpointProblem, verify_checkpoint, verify_loaded
 
 __all__: list[str] = []
 

@@ -19,7 +19,7 @@ from dataclasses import KW_ONLY, dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._errors import ConfigurationError
+from .._errors import ConfigurationError
 from ._secrets import redact
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 
 import pluggy
 
+from .._errors import PluginConflictError, PluginError, UnknownPluginError
 from ._config import PLUGIN_KEY_PREFIXES, ConfigOption, PluginKind, parse_plugin_options
-from ._errors import PluginConflictError, PluginError, UnknownPluginError
 
 __all__ = [
     "KNOWN_EXTRAS", "STRICT_PLUGINS_ENV", "BackendSpec", "PluginLoadFailure", "PluginLoadWarning",

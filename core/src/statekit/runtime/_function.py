@@ -27,13 +27,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
+from .._contracts import KeyedStateBackend, OperatorStateBackend
+from ..serialization._serializers import TypeSerializer, serializer_for
+from ..state._operator import BroadcastState, OperatorListState
+from ..state._state import ListStateDescriptor, MapStateDescriptor, StateDescriptor
+from ..state._ttl import Clock
+from ..timers import TIMER_STATE_PREFIX, ProcessingTimeHint, TimeDomain, TimerService
 from ._columnar import is_columnar, output_rows, require_pyarrow
-from ._contracts import KeyedStateBackend, OperatorStateBackend
-from ._operator import BroadcastState, OperatorListState
-from ._serializers import TypeSerializer, serializer_for
-from ._state import ListStateDescriptor, MapStateDescriptor, StateDescriptor
-from ._ttl import Clock
-from .timers import TIMER_STATE_PREFIX, ProcessingTimeHint, TimeDomain, TimerService
 
 __all__ = [
     "KeyedBatchFunction",

@@ -15,7 +15,7 @@ import shutil
 import socket
 import tempfile
 
-from ._errors import BackendIOError
+from .._errors import BackendIOError
 
 __all__ = ["OWNER_FILE", "create_instance_dir", "local_write_error", "remove_stale_instance_dirs"]
 

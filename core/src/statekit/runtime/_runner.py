@@ -25,7 +25,21 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from ._checkpoint import (
+from .._contracts import (
+    CheckpointStorage,
+    CheckpointWriter,
+    KeyedStateBackend,
+    StateBackend,
+    SupportsNativeSnapshot,
+)
+from .._errors import (
+    BadRecordError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    FencedError,
+)
+from ..checkpoints._checkpoint import (
     CompletedCheckpoint,
     SubtaskState,
     apply_retention,
@@ -35,48 +49,23 @@ from ._checkpoint import (
     load_checkpoint,
     write_subtask_state,
 )
-from ._columnar import group_runs, output_rows, require_pyarrow
-from ._config import Configuration
-from ._contracts import (
-    CheckpointStorage,
-    CheckpointWriter,
-    KeyedStateBackend,
-    StateBackend,
-    SupportsNativeSnapshot,
-)
-from ._errors import (
-    BadRecordError,
-    CheckpointError,
-    CheckpointNotFoundError,
-    CorruptCheckpointError,
-    FencedError,
-)
-from ._fencing import RunFence
-from ._function import (
-    KeyedBatchFunction,
-    KeyedProcessFunction,
-    OnTimerContext,
-    ProcessContext,
-    RuntimeContext,
-    fire_timers,
-    timer_service_for,
-)
-from ._keygroups import (
+from ..checkpoints._fencing import RunFence
+from ..checkpoints._verify import verify_loaded
+from ..plugins._config import Configuration
+from ..plugins._registry import PluginRegistry, default_registry
+from ..serialization._keygroups import (
     compute_default_max_parallelism,
     key_group_for_bytes,
     key_group_range_for_operator,
     operator_index_for_key_group,
     validate_parallelism,
 )
-from ._localdirs import create_instance_dir
-from ._operator import OperatorStateBackendImpl
-from ._registry import PluginRegistry, default_registry
-from ._serializers import serializer_for
-from ._state import ListStateDescriptor
-from ._ttl import Clock, system_clock
-from ._verify import verify_loaded
-from .sources import BadRecord, BadRecordPolicy, LogSource, bad_record_error
-from .timers import (
+from ..serialization._serializers import serializer_for
+from ..sources import BadRecord, BadRecordPolicy, LogSource, bad_record_error
+from ..state._operator import OperatorStateBackendImpl
+from ..state._state import ListStateDescriptor
+from ..state._ttl import Clock, system_clock
+from ..timers import (
     MAX_WATERMARK,
     MIN_WATERMARK,
     NO_TIMER,
@@ -87,6 +76,17 @@ from .timers import (
     TimeDomain,
     TimerService,
 )
+from ._columnar import group_runs, output_rows, require_pyarrow
+from ._function import (
+    KeyedBatchFunction,
+    KeyedProcessFunction,
+    OnTimerContext,
+    ProcessContext,
+    RuntimeContext,
+    fire_timers,
+    timer_service_for,
+)
+from ._localdirs import create_instance_dir
 
 __all__ = [
     "FileSource",
@@ -1028,7 +1028,7 @@ class LocalRunner:
         return states
 
     def _claim(self) -> None:
-        """Register this run as the job's newest (see statekit._fencing), if not yet done.
+        """Register this run as the job's newest (see statekit.checkpoints._fencing), if not yet done.
 
         The first claim also numbers this run's checkpoints above every completed
         one of the job, restored or not: an id is never used twice. If the run

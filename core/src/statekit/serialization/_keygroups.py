@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ._errors import ConfigurationError
+from .._errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_LOWER_MAX_PARALLELISM",

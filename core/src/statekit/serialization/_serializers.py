@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any, ClassVar
 
-from ._errors import IncompatibleSerializerError, SerializationError
+from .._errors import IncompatibleSerializerError, SerializationError
 
 __all__ = [
     "BoolSerializer",

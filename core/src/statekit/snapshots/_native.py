@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
-from ._errors import CorruptSnapshotError
-from ._keygroups import KeyGroupRange
+from .._errors import CorruptSnapshotError
+from ..serialization._keygroups import KeyGroupRange
 from ._snapshot import ProgressCallback, StreamStateHandle, _where
 
 __all__ = [

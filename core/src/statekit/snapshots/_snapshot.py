@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
-from ._errors import CorruptSnapshotError, SnapshotError
-from ._keygroups import KeyGroupRange
-from ._serializers import TypeSerializer
+from .._errors import CorruptSnapshotError, SnapshotError
+from ..serialization._keygroups import KeyGroupRange
+from ..serialization._serializers import TypeSerializer
 
 __all__ = [
     "CANONICAL_FORMAT",

@@ -11,12 +11,12 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 from pyspark.sql.streaming.query import StreamingQuery
 
-from .._config import Configuration
 from .._contracts import CheckpointStorage
 from .._errors import CheckpointError, ConfigurationError
-from .._function import KeyedProcessFunction
-from .._registry import default_registry
-from .._serializers import serializer_for
+from ..plugins._config import Configuration
+from ..plugins._registry import default_registry
+from ..runtime._function import KeyedProcessFunction
+from ..serialization._serializers import serializer_for
 from ..timers import EventTime
 from ._driver import (
     BATCH_PROPERTY,

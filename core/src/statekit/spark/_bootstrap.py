@@ -25,19 +25,19 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from .._checkpoint import SubtaskState, complete_checkpoint, write_keyed_file
 from .._contracts import CheckpointStorage, CheckpointWriter
 from .._errors import ConfigurationError, StateError
-from .._keyed import RegisteredState
-from .._keygroups import (
+from ..checkpoints._checkpoint import SubtaskState, complete_checkpoint, write_keyed_file
+from ..checkpoints._locations import filesystem_storage
+from ..serialization._keygroups import (
     KeyGroupRange,
     key_group_range_for_operator,
     validate_parallelism,
 )
-from .._locations import filesystem_storage
-from .._serializers import IntSerializer, StrSerializer, TypeSerializer
-from .._snapshot import SnapshotHeader
-from .._state import StateDescriptor
+from ..serialization._serializers import IntSerializer, StrSerializer, TypeSerializer
+from ..snapshots._snapshot import SnapshotHeader
+from ..state._keyed import RegisteredState
+from ..state._state import StateDescriptor
 from ..state_processor._arrow import arrow_column
 from ..state_processor._writer import (
     BOOTSTRAP_BACKEND,

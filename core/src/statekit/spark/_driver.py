@@ -40,7 +40,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from .._checkpoint import (
+from .._contracts import CheckpointStorage
+from .._errors import CheckpointError, ConfigurationError, CorruptCheckpointError
+from ..checkpoints._checkpoint import (
     CompletedCheckpoint,
     SubtaskState,
     apply_retention,
@@ -48,16 +50,14 @@ from .._checkpoint import (
     highest_checkpoint_id,
     load_checkpoint,
 )
-from .._config import Configuration
-from .._contracts import CheckpointStorage
-from .._errors import CheckpointError, ConfigurationError, CorruptCheckpointError
-from .._fencing import RunFence
-from .._function import KeyedBatchFunction, KeyedProcessFunction
-from .._keygroups import compute_default_max_parallelism, validate_parallelism
-from .._registry import PluginRegistry, default_registry
-from .._runner import _end_of_time_message, checkpoint_storage_from_config, state_backend_from_config
-from .._serializers import TypeSerializer
-from .._verify import verify_loaded
+from ..checkpoints._fencing import RunFence
+from ..checkpoints._verify import verify_loaded
+from ..plugins._config import Configuration
+from ..plugins._registry import PluginRegistry, default_registry
+from ..runtime._function import KeyedBatchFunction, KeyedProcessFunction
+from ..runtime._runner import _end_of_time_message, checkpoint_storage_from_config, state_backend_from_config
+from ..serialization._keygroups import compute_default_max_parallelism, validate_parallelism
+from ..serialization._serializers import TypeSerializer
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY, EventTime
 from ._routing import Router, routing_values
 from ._sparkconf import spark_configuration
@@ -664,7 +664,7 @@ def check_columns(df: DataFrame, key_column: str) -> None:
 
 def check_key_type(serializer: TypeSerializer, data_type: T.DataType, key_column: str) -> None:
     """Refuse, before anything runs, a ``str`` or ``int`` key type over a column of another type."""
-    from .._serializers import IntSerializer, StrSerializer
+    from ..serialization._serializers import IntSerializer, StrSerializer
     from ._routing import supports_sql_routing
 
     if type(serializer) in (StrSerializer, IntSerializer) and not supports_sql_routing(serializer, data_type):

@@ -2,7 +2,7 @@
 
 Spark's ``repartition(n, col)`` places a row in partition ``pmod(murmur3(col), n)``.
 statekit's owner of a key is ``operator_index(murmur(crc32(key bytes)) % max_parallelism)``
-(Flink's formulas, see :mod:`statekit._keygroups`). The two meet exactly:
+(Flink's formulas, see :mod:`statekit.serialization._keygroups`). The two meet exactly:
 
 1. each row gets its key group (kept in the row: tasks and savepoint writers use
    it) and subtask index ``i``: a Spark SQL expression for ``str`` and ``int``
@@ -28,8 +28,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from .._keygroups import key_group_for_bytes
-from .._serializers import IntSerializer, StrSerializer, TypeSerializer
+from ..serialization._keygroups import key_group_for_bytes
+from ..serialization._serializers import IntSerializer, StrSerializer, TypeSerializer
 
 __all__ = [
     "KEY_GROUP_COLUMN",

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
-from .._config import Configuration, is_statekit_key
-from .._secrets import SPARK_DEFAULT_REDACTION, secret_keys_in
+from ..plugins._config import Configuration, is_statekit_key
+from ..plugins._secrets import SPARK_DEFAULT_REDACTION, secret_keys_in
 
 __all__ = ["spark_configuration"]
 

@@ -25,7 +25,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from .._errors import ConfigurationError, CorruptSnapshotError, StateError
-from .._snapshot import CANONICAL_FORMAT
+from ..snapshots._snapshot import CANONICAL_FORMAT
 from ..state_processor import SavepointReader
 from ..state_processor._arrow import ENCODING_KEY
 from ..timers import TIMER_STATE_NAMES, TimeDomain

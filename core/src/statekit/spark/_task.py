@@ -34,9 +34,6 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql import types as T
 
-from .._checkpoint import CompletedCheckpoint, metadata_at, write_subtask_state
-from .._columnar import group_runs, is_columnar, output_columns
-from .._config import Configuration
 from .._contracts import (
     CheckpointOutputStream,
     CheckpointStorage,
@@ -47,7 +44,11 @@ from .._contracts import (
     SupportsNativeSnapshot,
 )
 from .._errors import CheckpointError
-from .._function import (
+from ..checkpoints._checkpoint import CompletedCheckpoint, metadata_at, write_subtask_state
+from ..plugins._config import Configuration
+from ..plugins._registry import default_registry
+from ..runtime._columnar import group_runs, is_columnar, output_columns
+from ..runtime._function import (
     KeyedBatchFunction,
     KeyedProcessFunction,
     OnTimerContext,
@@ -56,12 +57,11 @@ from .._function import (
     fire_timer_results,
     timer_service_for,
 )
-from .._keygroups import key_group_range_for_operator
-from .._operator import OperatorSnapshot
-from .._registry import default_registry
-from .._runner import checkpoint_storage_from_config, state_backend_from_config
-from .._serializers import TypeSerializer
-from .._ttl import system_clock
+from ..runtime._runner import checkpoint_storage_from_config, state_backend_from_config
+from ..serialization._keygroups import key_group_range_for_operator
+from ..serialization._serializers import TypeSerializer
+from ..state._operator import OperatorSnapshot
+from ..state._ttl import system_clock
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, EventTime, LatePolicy, TimeDomain, TimerService
 from ._routing import MARKER_COLUMN, SUBTASK_COLUMN
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from ._errors import (
+from .._errors import (
     CorruptSnapshotError,
     MaxParallelismMismatchError,
     SerializationError,
@@ -26,10 +26,10 @@ from ._errors import (
     StateAccessError,
     StateMigrationError,
 )
-from ._keygroups import KeyGroupRange, key_group_for_bytes
-from ._native import NativeStateHandle
-from ._serializers import SerializerConfig, TypeSerializer, serializer_from_config
-from ._snapshot import (
+from ..serialization._keygroups import KeyGroupRange, key_group_for_bytes
+from ..serialization._serializers import SerializerConfig, TypeSerializer, serializer_from_config
+from ..snapshots._native import NativeStateHandle
+from ..snapshots._snapshot import (
     BytesStreamHandle,
     KeyedStateHandle,
     ProgressCallback,
@@ -44,6 +44,7 @@ from ._snapshot import (
     read_index,
     write_canonical,
 )
+from ..timers._service import TIMER_STATE_NAMES
 from ._state import (
     VOID_NAMESPACE,
     AggregateFunction,
@@ -58,7 +59,6 @@ from ._state import (
     ValueState,
 )
 from ._ttl import Clock, TtlListState, TtlMapState, TtlValueState, purge_expired, system_clock, ttl_serializer
-from .timers._service import TIMER_STATE_NAMES
 
 __all__ = [
     "AggregatingStateImpl",

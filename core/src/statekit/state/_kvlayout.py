@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import CorruptSnapshotError
+from .._errors import CorruptSnapshotError
+from ..serialization._serializers import DictSerializer, ListSerializer, TupleSerializer, TypeSerializer
 from ._keyed import RegisteredState
-from ._serializers import DictSerializer, ListSerializer, TupleSerializer, TypeSerializer
 from ._state import StateKind
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Keyed state on an ordered key-value engine: handles, buffered writes, scans, bulk loads, TTL sweeps.
 
 Every ordered engine (RocksDB, LMDB, yours) stores state the same way, in the
-layout of :mod:`statekit._kvlayout`: a value per key and namespace, a list
+layout of :mod:`statekit.state._kvlayout`: a value per key and namespace, a list
 element per entry under a sequence suffix, a map entry per user key. What
 differs is how bytes are read, written and frozen. :class:`OrderedKVBackendBase`
 does the rest once:
@@ -30,12 +30,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import CorruptSnapshotError, StateAccessError
+from .._errors import CorruptSnapshotError, StateAccessError
+from ..serialization._keygroups import KeyGroupRange
+from ..serialization._serializers import TypeSerializer
+from ..snapshots._native import NativeStateHandle
 from ._keyed import KeyedBackendBase, RegisteredState, StateEntries, merge_list_namespaces
-from ._keygroups import KeyGroupRange
 from ._kvlayout import KeyLayout, encode_varint, entry_codec, ttl_timestamp
-from ._native import NativeStateHandle
-from ._serializers import TypeSerializer
 from ._state import VOID_NAMESPACE, StateKind
 from ._ttl import Clock
 

@@ -23,8 +23,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._errors import CorruptSnapshotError, SerializationError, StateMigrationError
-from ._serializers import TypeSerializer, pack_parts, unpack_parts
+from .._errors import CorruptSnapshotError, SerializationError, StateMigrationError
+from ..serialization._serializers import TypeSerializer, pack_parts, unpack_parts
 from ._state import ListStateDescriptor, MapStateDescriptor, list_elements
 
 __all__ = [

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ._errors import StateAccessError
+from .._errors import StateAccessError
 from ._keyed import RegisteredState, merge_list_namespaces
 from ._state import VOID_NAMESPACE, list_elements
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
-from ._serializers import (
+from ..serialization._serializers import (
     DictSerializer,
     ListSerializer,
     NullableSerializer,

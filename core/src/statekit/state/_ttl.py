@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from ._serializers import (
+from ..serialization._serializers import (
     DictSerializer,
     IntSerializer,
     ListSerializer,

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from .._errors import SerializationError
-from .._serializers import (
+from ..serialization._serializers import (
     BoolSerializer,
     BytesSerializer,
     DictSerializer,

@@ -31,8 +31,9 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .._checkpoint import naming_damage
-from .._cli import (
+from .._errors import ConfigurationError
+from ..checkpoints._checkpoint import naming_damage
+from ..cli._cli import (
     EXIT_OK,
     EXIT_PROBLEM,
     Cell,
@@ -42,8 +43,7 @@ from .._cli import (
     print_table,
     printable,
 )
-from .._errors import ConfigurationError
-from .._serializers import _describe
+from ..serialization._serializers import _describe
 from ..timers import TimeDomain
 from ._arrow import arrow_column
 from ._reader import SavepointReader

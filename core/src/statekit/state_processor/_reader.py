@@ -20,15 +20,14 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from .._checkpoint import CompletedCheckpoint, SubtaskState, load_checkpoint
 from .._contracts import CheckpointStorage
 from .._errors import CheckpointError, CheckpointNotFoundError, CorruptSnapshotError, StateError
-from .._keygroups import KeyGroupRange, key_group_for_bytes
-from .._locations import filesystem_storage, parent_location
-from .._operator import OperatorStateMode
-from .._registry import PluginRegistry, default_registry
-from .._serializers import TypeSerializer, _describe
-from .._snapshot import (
+from ..checkpoints._checkpoint import CompletedCheckpoint, SubtaskState, load_checkpoint
+from ..checkpoints._locations import filesystem_storage, parent_location
+from ..plugins._registry import PluginRegistry, default_registry
+from ..serialization._keygroups import KeyGroupRange, key_group_for_bytes
+from ..serialization._serializers import TypeSerializer, _describe
+from ..snapshots._snapshot import (
     CANONICAL_FORMAT,
     KeyedStateHandle,
     Section,
@@ -39,7 +38,8 @@ from .._snapshot import (
     read_header,
     read_index,
 )
-from .._state import VOID_NAMESPACE
+from ..state._operator import OperatorStateMode
+from ..state._state import VOID_NAMESPACE
 from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX, WATERMARK_PROPERTY, TimeDomain
 from ..timers._service import decode_timer
 from ._arrow import ArrowColumn, arrow_column, arrow_type

@@ -17,26 +17,24 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._checkpoint import (
+from .._contracts import CheckpointStorage
+from .._errors import ConfigurationError, SerializationError, StateError, StateMigrationError
+from ..checkpoints._checkpoint import (
     SubtaskState,
     complete_checkpoint,
     write_keyed_file,
     write_operator_file,
 )
-from .._contracts import CheckpointStorage
-from .._errors import ConfigurationError, SerializationError, StateError, StateMigrationError
-from .._keyed import RegisteredState
-from .._keygroups import (
+from ..checkpoints._locations import filesystem_storage
+from ..plugins._registry import PluginRegistry
+from ..serialization._keygroups import (
     KeyGroupRange,
     key_group_for_bytes,
     key_group_range_for_operator,
     validate_parallelism,
 )
-from .._locations import filesystem_storage
-from .._operator import OperatorSnapshot
-from .._registry import PluginRegistry
-from .._serializers import TypeSerializer, serializer_for, serializer_from_config
-from .._snapshot import (
+from ..serialization._serializers import TypeSerializer, serializer_for, serializer_from_config
+from ..snapshots._snapshot import (
     SnapshotHeader,
     SnapshotWriteResult,
     encode_namespaces,
@@ -45,7 +43,9 @@ from .._snapshot import (
     read_index,
     write_canonical,
 )
-from .._state import VOID_NAMESPACE, StateDescriptor
+from ..state._keyed import RegisteredState
+from ..state._operator import OperatorSnapshot
+from ..state._state import VOID_NAMESPACE, StateDescriptor
 from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX
 from ._arrow import arrow_column
 from ._reader import SavepointReader, StateInfo, StateLayout

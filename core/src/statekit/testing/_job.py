@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._checkpoint import complete_checkpoint, load_checkpoint, write_subtask_state
 from .._contracts import (
     CheckpointStorage,
     KeyedStateBackend,
@@ -32,11 +31,15 @@ from .._contracts import (
     SupportsNativeSnapshot,
 )
 from .._errors import CorruptSnapshotError
-from .._keygroups import key_group_for_bytes, key_group_range_for_operator, operator_index_for_key_group
-from .._native import NativeFile, NativeStateHandle
-from .._operator import OperatorSnapshot, redistribute_operator_state
-from .._serializers import StrSerializer, TypeSerializer, serializer_from_config
-from .._snapshot import (
+from ..checkpoints._checkpoint import complete_checkpoint, load_checkpoint, write_subtask_state
+from ..serialization._keygroups import (
+    key_group_for_bytes,
+    key_group_range_for_operator,
+    operator_index_for_key_group,
+)
+from ..serialization._serializers import StrSerializer, TypeSerializer, serializer_from_config
+from ..snapshots._native import NativeFile, NativeStateHandle
+from ..snapshots._snapshot import (
     CANONICAL_FORMAT,
     BytesStreamHandle,
     KeyedStateHandle,
@@ -44,7 +47,8 @@ from .._snapshot import (
     iter_blocks,
     read_header,
 )
-from .._state import VOID_NAMESPACE, ListStateDescriptor, MapStateDescriptor
+from ..state._operator import OperatorSnapshot, redistribute_operator_state
+from ..state._state import VOID_NAMESPACE, ListStateDescriptor, MapStateDescriptor
 from ._model import NAMESPACE_SERIALIZER, KeyedStateSpec
 
 __all__ = [

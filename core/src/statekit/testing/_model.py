@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._serializers import serializer_for
-from .._state import (
+from ..serialization._serializers import serializer_for
+from ..state._state import (
     VOID_NAMESPACE,
     AggregateFunction,
     AggregatingStateDescriptor,

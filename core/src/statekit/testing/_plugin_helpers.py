@@ -28,13 +28,13 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from .._checkpoint import load_checkpoint
 from .._contracts import StateBackend
-from .._keygroups import KeyGroupRange
-from .._runner import LocalRunner
-from .._serializers import StrSerializer, TypeSerializer
-from .._state import ValueStateDescriptor
-from .._ttl import Clock
+from ..checkpoints._checkpoint import load_checkpoint
+from ..runtime._runner import LocalRunner
+from ..serialization._keygroups import KeyGroupRange
+from ..serialization._serializers import StrSerializer, TypeSerializer
+from ..state._state import ValueStateDescriptor
+from ..state._ttl import Clock
 from ._job import DecodedEntry, KitNativeOutput, decode_canonical, snapshot_handle
 
 __all__ = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from .._keygroups import key_group_range_for_operator, operator_index_for_key_group
+from ..serialization._keygroups import key_group_range_for_operator, operator_index_for_key_group
 from ._job import DecodedEntry, Job, decode_canonical, snapshot_handle
 from ._model import NAMESPACES, KeyedModel, OperatorModel, Slot
 

@@ -20,14 +20,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .._errors import CheckpointError, CheckpointNotFoundError, CorruptSnapshotError
-from .._keyed import KeyedBackendBase, KeyedSnapshot, RegisteredState, StateEntries
-from .._keygroups import KeyGroupRange
-from .._native import NativeSnapshotOutput, NativeStateHandle
-from .._operator import OperatorStateBackendImpl
-from .._serializers import TypeSerializer
-from .._slots import SlotListState, SlotMapState, SlotState, SlotValueState
-from .._snapshot import BytesStreamHandle, KeyedStateHandle, ProgressCallback, StreamStateHandle
-from .._ttl import Clock
+from ..serialization._keygroups import KeyGroupRange
+from ..serialization._serializers import TypeSerializer
+from ..snapshots._native import NativeSnapshotOutput, NativeStateHandle
+from ..snapshots._snapshot import BytesStreamHandle, KeyedStateHandle, ProgressCallback, StreamStateHandle
+from ..state._keyed import KeyedBackendBase, KeyedSnapshot, RegisteredState, StateEntries
+from ..state._operator import OperatorStateBackendImpl
+from ..state._slots import SlotListState, SlotMapState, SlotState, SlotValueState
+from ..state._ttl import Clock
 
 __all__ = [
     "REFERENCE_NATIVE_FORMAT",

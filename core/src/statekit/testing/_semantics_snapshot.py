@@ -22,15 +22,15 @@ from .._errors import (
     StateAccessError,
     StateMigrationError,
 )
-from .._keygroups import (
+from ..serialization._keygroups import (
     KeyGroupRange,
     key_group_for_bytes,
     key_group_range_for_operator,
     operator_index_for_key_group,
 )
-from .._serializers import IntSerializer, StrSerializer, serializer_for
-from .._snapshot import BytesStreamHandle, KeyedStateHandle
-from .._state import (
+from ..serialization._serializers import IntSerializer, StrSerializer, serializer_for
+from ..snapshots._snapshot import BytesStreamHandle, KeyedStateHandle
+from ..state._state import (
     VOID_NAMESPACE,
     AggregatingStateDescriptor,
     ListStateDescriptor,

@@ -15,9 +15,9 @@ import pytest
 
 from .._contracts import SupportsBatchUpdate
 from .._errors import StateAccessError, StateMigrationError
-from .._keygroups import KeyGroupRange, key_group_for_bytes
-from .._serializers import StrSerializer, serializer_for
-from .._state import (
+from ..serialization._keygroups import KeyGroupRange, key_group_for_bytes
+from ..serialization._serializers import StrSerializer, serializer_for
+from ..state._state import (
     VOID_NAMESPACE,
     AggregateFunction,
     AggregatingStateDescriptor,

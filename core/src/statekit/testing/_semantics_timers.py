@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from .._contracts import SupportsNativeSnapshot
-from .._keygroups import KeyGroupRange, key_group_for_bytes
-from .._serializers import StrSerializer
+from ..serialization._keygroups import KeyGroupRange, key_group_for_bytes
+from ..serialization._serializers import StrSerializer
 from ..timers import MAX_WATERMARK, TIMER_STATE_NAMES, TimeDomain, TimerService
 from ._job import snapshot_handle
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from .._errors import StateAccessError, StateMigrationError
-from .._serializers import serializer_for
-from .._state import (
+from ..serialization._serializers import serializer_for
+from ..state._state import (
     AggregateFunction,
     AggregatingStateDescriptor,
     ListStateDescriptor,

@@ -20,10 +20,10 @@ from typing import Any, ClassVar
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from .._checkpoint import apply_retention
 from .._contracts import SupportsNativeSnapshot
-from .._snapshot import KeyedStateHandle
-from .._state import StateKind, StateTtlConfig, TtlUpdateType, TtlVisibility
+from ..checkpoints._checkpoint import apply_retention
+from ..snapshots._snapshot import KeyedStateHandle
+from ..state._state import StateKind, StateTtlConfig, TtlUpdateType, TtlVisibility
 from ._clock import ManualClock
 from ._job import (
     BackendFactory,

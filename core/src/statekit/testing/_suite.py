@@ -30,9 +30,9 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from .._contracts import CheckpointStorage, KeyedStateBackend, SupportsNativeSnapshot
 from .._errors import CheckpointError, CheckpointNotFoundError, PluginError, StateError
-from .._keygroups import KeyGroupRange
-from .._registry import default_registry
-from .._serializers import StrSerializer, TypeSerializer
+from ..plugins._registry import default_registry
+from ..serialization._keygroups import KeyGroupRange
+from ..serialization._serializers import StrSerializer, TypeSerializer
 from ._clock import ManualClock
 from ._job import BackendFactory, StorageFactory, new_job_id
 from ._properties import (

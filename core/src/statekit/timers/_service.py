@@ -24,8 +24,8 @@ from typing import Any
 
 from .._contracts import KeyedStateBackend
 from .._errors import SerializationError, StateAccessError
-from .._serializers import BoolSerializer, BytesSerializer, TypeSerializer
-from .._state import VOID_NAMESPACE, MapStateDescriptor
+from ..serialization._serializers import BoolSerializer, BytesSerializer, TypeSerializer
+from ..state._state import VOID_NAMESPACE, MapStateDescriptor
 from ._eventtime import MIN_WATERMARK
 
 __all__ = [

@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .._function import KeyedProcessFunction, OnTimerContext, ProcessContext, RuntimeContext
-from .._serializers import TypeSerializer, serializer_for
-from .._state import AggregateFunction, AggregatingStateDescriptor
+from ..runtime._function import KeyedProcessFunction, OnTimerContext, ProcessContext, RuntimeContext
+from ..serialization._serializers import TypeSerializer, serializer_for
+from ..state._state import AggregateFunction, AggregatingStateDescriptor
 from ..timers import parse_duration_ms
 
 __all__ = [

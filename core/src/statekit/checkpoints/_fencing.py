@@ -19,8 +19,8 @@ import time
 import uuid
 from typing import Any
 
-from ._contracts import CheckpointStorage, SupportsRunFencing
-from ._errors import FencedError
+from .._contracts import CheckpointStorage, SupportsRunFencing
+from .._errors import FencedError
 
 __all__ = ["RunFence", "describe_run"]
 

@@ -21,11 +21,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .._contracts import CheckpointStorage
+from .._errors import CorruptCheckpointError, CorruptSnapshotError
+from ..snapshots._snapshot import (
+    CANONICAL_FORMAT,
+    StreamStateHandle,
+    _where,
+    read_block,
+    read_header,
+    read_index,
+)
+from ..state._operator import decode_operator_snapshot
 from ._checkpoint import CompletedCheckpoint, _typed, load_checkpoint
-from ._contracts import CheckpointStorage
-from ._errors import CorruptCheckpointError, CorruptSnapshotError
-from ._operator import decode_operator_snapshot
-from ._snapshot import CANONICAL_FORMAT, StreamStateHandle, _where, read_block, read_header, read_index
 
 __all__ = ["CheckpointProblem", "verify_checkpoint", "verify_loaded"]
 

@@ -6,8 +6,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ._contracts import CheckpointStorage
-from ._registry import PluginRegistry, default_registry
+from .._contracts import CheckpointStorage
+from ..plugins._registry import PluginRegistry, default_registry
 
 __all__ = ["filesystem_storage", "parent_location"]
 

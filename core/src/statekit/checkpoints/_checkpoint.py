@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._contracts import (
+from .._contracts import (
     CheckpointStorage,
     CheckpointWriter,
     KeyedStateBackend,
@@ -31,7 +31,7 @@ from ._contracts import (
     SupportsNativeSnapshot,
     SupportsOrphanCleanup,
 )
-from ._errors import (
+from .._errors import (
     CheckpointError,
     CorruptCheckpointError,
     CorruptSnapshotError,
@@ -40,22 +40,22 @@ from ._errors import (
     StateMigrationError,
     StateSizeLimitError,
 )
-from ._keygroups import KeyGroupRange, key_group_range_for_operator, validate_parallelism
-from ._native import NativeStateHandle, WriterNativeOutput
-from ._operator import (
-    OperatorSnapshot,
-    decode_operator_snapshot,
-    encode_operator_snapshot,
-    redistribute_operator_state,
-)
-from ._serializers import serializer_from_config
-from ._snapshot import (
+from ..serialization._keygroups import KeyGroupRange, key_group_range_for_operator, validate_parallelism
+from ..serialization._serializers import serializer_from_config
+from ..snapshots._native import NativeStateHandle, WriterNativeOutput
+from ..snapshots._snapshot import (
     CANONICAL_FORMAT,
     KeyedStateHandle,
     ProgressCallback,
     SnapshotHeader,
     SnapshotWriteResult,
     _where,
+)
+from ..state._operator import (
+    OperatorSnapshot,
+    decode_operator_snapshot,
+    encode_operator_snapshot,
+    redistribute_operator_state,
 )
 
 __all__ = [
