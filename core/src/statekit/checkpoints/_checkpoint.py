@@ -480,7 +480,7 @@ def apply_retention(storage: CheckpointStorage, job_id: str, retained: int) -> l
     def shared_of(loc: str, *, kept: bool = False) -> dict[str, dict[str, Any]]:
         nonlocal unreadable
         try:
-            meta = CheckpointMetadata.from_bytes(storage.read_metadata(loc), loc)
+            meta = load_checkpoint(storage, loc).metadata
         except StateError as e:
             # Its shared files stay (orphans beat deleting a kept file), and while a kept
             # one is unreadable no file can be told to be an orphan.

@@ -442,16 +442,18 @@ class LocalRunner:
         candidates = self.storage.list_checkpoints(self.job_id)
         fallback = self.config.get("statekit.restore.fallback")
         skipped: list[tuple[str, str]] = []
+        damage: list[str] = []  # what is wrong with each skipped one, for the final error
         for candidate in reversed(candidates):
             try:
                 cp = load_checkpoint(self.storage, candidate)
                 problems = verify_loaded(cp, deep=False)
                 if problems:
-                    damage = "; ".join(f"{p.file}: {p.problem}" for p in problems)
-                    raise CorruptCheckpointError(candidate, damage)
+                    found = "; ".join(f"{p.file}: {p.problem}" for p in problems)
+                    raise CorruptCheckpointError(candidate, found)
                 self._restore_checkpoint(cp)
             except (CorruptCheckpointError, CheckpointNotFoundError) as e:
                 skipped.append((candidate, str(e)))
+                damage.append(_problem_of(e) if isinstance(e, CorruptCheckpointError) else str(e))
                 if not fallback:
                     raise CorruptCheckpointError(
                         candidate,
@@ -460,24 +462,29 @@ class LocalRunner:
                         "savepoint",
                     ) from e
                 older = len(candidates) - len(skipped)
-                then = f"trying the next older of {older} retained checkpoints" if older else "none is older"
-                warnings.warn(
-                    f"restore skipped {e}; {then}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+                if older:  # with none older, the error below says it all
+                    warnings.warn(
+                        f"restore skipped {e}; trying the next older of {older} retained checkpoints",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
                 continue
             self.skipped_checkpoints = skipped
             return candidate
         if not skipped:
             return None
-        listing = "; ".join(f"{loc}: {reason}" for loc, reason in skipped)
+        retained = len(candidates)
         raise CorruptCheckpointError(
             skipped[0][0],
-            f"none of the {len(skipped)} retained checkpoints of job {self.job_id!r} can be restored "
-            f"({listing}). "
-            "Restore a savepoint (runner.run(source, restore='<savepoint>')), or start without restore "
-            "after moving the job's checkpoint directory away",
+            f"{'; '.join(damage)}. No retained checkpoint of job {self.job_id!r} can be restored "
+            f"({retained} retained). Ways out: restore a savepoint (run(source, restore='<savepoint>')), "
+            "or move the job's checkpoint directory away and start afresh"
+            + (
+                "; and keep statekit.checkpoints.retained at 2 or more, so a damaged checkpoint has an "
+                "older one to fall back to"
+                if retained < 2
+                else ""
+            ),
         )
 
     def _restore_checkpoint(self, cp: CompletedCheckpoint) -> None:
