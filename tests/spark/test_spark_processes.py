@@ -305,3 +305,50 @@ def test_a_second_driver_on_the_same_job_fences_off_the_first(tmp_path: Path) ->
         c2, m2, b2 = expected.get(url, (0, 0, 0))
         expected[url] = (c + c2, m + m2, b + b2)
     assert restored_state(storage, "twice") == expected
+
+
+def test_log_source_driver_killed_in_the_sink_then_files_rotate_counts_exactly(tmp_path: Path) -> None:
+    """read_logs, driver killed: offsets in Spark's log, the batch replayed, the file rotated meanwhile."""
+    records = make_records(1600, seed=13)
+    logs = tmp_path / "in"
+    logs.mkdir()
+
+    def append(name: str, chunk: list[dict[str, Any]], extra: str = "") -> None:
+        with (logs / name).open("a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in chunk) + extra)
+
+    append("access.log", records[:700], '{"url": "/broken"\n')
+    append("access.log", records[700:900])
+    checkpoints, dead = tmp_path / "statekit", tmp_path / "dead"
+    args = [
+        "--input", str(logs / "access.log"), "--out", str(tmp_path / "out"),
+        "--spark-checkpoint", str(tmp_path / "spark"), "--job-id", "logs",
+        "--checkpoints-dir", str(checkpoints), "--parallelism", "2",
+        "--log-source", "--max-lines", "500", "--dead-letters", str(dead),
+    ]  # fmt: skip
+    first = start_driver([*args, "--kill-in-sink", "1"], tmp_path / "driver-1.log")
+    first.wait(timeout=300)
+    assert first.returncode == -signal.SIGKILL
+    assert latest_id(checkpoints, "logs") == 1  # batch 1 is in Spark's offset log, not done
+
+    # While the job is down: lines appended, then a rename rotation, the old file still written to.
+    append("access.log", records[900:1100])
+    os.rename(logs / "access.log", logs / "access.log.1")
+    append("access.log", records[1100:1500])
+    append("access.log.1", records[1500:])
+
+    log = tmp_path / "driver-2.log"
+    lines = finish(start_driver(args, log), log)
+    summary = lines[-1]["summary"]
+    assert summary["state_ok"] and summary["records"] == len(records)
+    batches = [line["batch"] for line in lines if "batch" in line]
+    assert batches[0]["batch_id"] == 1 and not batches[0]["skipped"]  # replayed from the offset log
+    # Batch 0 held lines 1-500; batch 1 (501-1000, line 701 malformed) and the rest came again.
+    assert sum(b["records"] for b in batches) == len(records) - 500
+
+    from statekit_storage import FileSystemCheckpointStorage
+
+    assert_exact_state(FileSystemCheckpointStorage(str(checkpoints)), "logs", records)
+    assert_exact_outputs(tmp_path / "out", records)
+    letters = [json.loads(x) for p in dead.iterdir() for x in p.read_text().splitlines()]
+    assert [(x["raw"], x["line"]) for x in letters] == [('{"url": "/broken"', 701)]

@@ -55,9 +55,9 @@ def test_demo_resumes_from_the_checkpoint_with_exact_counts(tmp_path, backend):
     all_counts, all_dead = _expected(logs)
     assert len(logs) == 5
 
-    # The first run: three files, one per micro-batch.
+    # The first run: three files, read through statekit's log source in one micro-batch.
     assert not report.first.resumed
-    assert [b.batch_id for b in report.first.batches] == [0, 1, 2]
+    assert [b.batch_id for b in report.first.batches] == [0]
     assert report.first.records == 6000
     assert report.first.state.counts == dict(first_counts)
     assert report.first.state.malformed == sum(first_dead.values()) == 120
@@ -65,12 +65,12 @@ def test_demo_resumes_from_the_checkpoint_with_exact_counts(tmp_path, backend):
     # The second run, in a new SparkSession: resumes, reads only the two new files, counts go on.
     assert report.second.resumed
     assert report.second.restored_from == report.first.state.location  # exactly where run 1 ended
-    assert [b.batch_id for b in report.second.batches] == [3, 4]
+    assert [b.batch_id for b in report.second.batches] == [1]
     assert report.second.records == 2500
     assert report.second.state.counts == dict(all_counts)
     assert report.second.state.malformed == sum(all_dead.values()) == 170
     assert report.second.state.checkpoint_id > report.first.state.checkpoint_id
-    assert report.second.state.entries == len(all_counts) + 1  # every URL, and the malformed key
+    assert report.second.state.entries == len(all_counts)  # every URL; malformed lines are dead letters
     assert MALFORMED_KEY not in report.second.state.counts
 
     # The output: per batch, the latest count of each URL touched; the last one seen is the total.
@@ -79,10 +79,12 @@ def test_demo_resumes_from_the_checkpoint_with_exact_counts(tmp_path, backend):
         latest[row["url"]] = row["count"]
     assert latest == dict(all_counts)
 
-    # Every malformed line is in the dead-letter output once, with its reason.
+    # Every malformed line is in the dead-letter output once, with its reason and place.
     dead = _json_rows(work / "state" / "output" / "dead-letter")
-    assert Counter((r["reason"], r["line"]) for r in dead) == all_dead
-    assert sorted(r["malformed_so_far"] for r in dead) == list(range(1, 171))
+    reasons = Counter((r["error"].removeprefix("MalformedLine: ").split(":")[0], r["raw"]) for r in dead)
+    assert reasons == all_dead
+    assert len({(r["file"], r["offset"]) for r in dead}) == len(dead) == 170
+    assert {r["stage"] for r in dead} == {"parse"}
 
     assert report.ok
     assert "all checks passed" in printed

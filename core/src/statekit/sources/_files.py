@@ -23,7 +23,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ __all__ = [
     "Candidate",
     "Tracked",
     "Watch",
+    "find_copy",
     "fingerprint",
     "list_candidates",
     "matches",
@@ -198,3 +199,24 @@ def matches(c: Candidate, t: Tracked, *, extend_to: int = FINGERPRINT_BYTES) -> 
     if len(head) > t.fp_len:
         t.fp_len, t.fp = len(head), fingerprint(head)
     return True
+
+
+def find_copy(
+    t: Tracked, cands: Sequence[Candidate], exclude: Container[tuple[int, int]] = ()
+) -> Candidate | None:
+    """The file, under another inode, that holds what was read of ``t``: what ``copytruncate`` leaves.
+
+    Rotations of ``t``'s own name come first, then the largest file; files
+    whose ``(dev, ino)`` is in ``exclude`` (``t``'s own inode, files already
+    bound to others) are not considered. The LogSource's scan and the Spark
+    source's tasks share it, so both find a file again by the same rule.
+    """
+    stem = os.path.basename(t.path)
+    others = sorted(
+        (c for c in cands if (c.dev, c.ino) not in exclude),
+        key=lambda c: (not os.path.basename(c.path).startswith(stem), -c.size),
+    )
+    for c in others:
+        if matches(c, t):
+            return c
+    return None

@@ -28,6 +28,7 @@ from ._files import (
     PARTIAL_END,
     Candidate,
     Tracked,
+    find_copy,
     fingerprint,
     list_candidates,
     matches,
@@ -329,6 +330,20 @@ class LogSource:
 
     # --- finding the files ----------------------------------------------------------
 
+    def locate_files(self, tracked: list[Tracked]) -> list[tuple[Tracked, Candidate]]:
+        """Where each known file is now, then the new files, in the order a read takes them.
+
+        What :meth:`read` does before reading, for readers that keep their
+        position elsewhere (the Spark source plans its micro-batches with it).
+        Each entry of ``tracked`` is re-bound to the file that holds it now
+        (its path, and its inode for a ``copytruncate`` copy, are updated);
+        new files follow at offset 0. Files that cannot be found are left out
+        and reported as by :meth:`read` (:attr:`lost`, a warning, or
+        :class:`~statekit.SourceError` under ``on_lost="fail"``).
+        """
+        self.lost = []
+        return self._scan(tracked)
+
     def _scan(self, tracked: list[Tracked]) -> list[tuple[Tracked, Candidate]]:
         """Binds each known file to the file that holds it now; lists new files; reports lost ones."""
         cands = list_candidates(watches_for(self.paths, self.pattern))
@@ -345,18 +360,11 @@ class LogSource:
                 continue
             same = by_inode.get((t.dev, t.ino))
             # A copy of what was read under another inode: what copytruncate leaves.
-            # Rotations of the file's own name first, then the largest.
-            stem = os.path.basename(t.path)
-            others = sorted(
-                (c for c in cands if (c.dev, c.ino) not in claimed and c is not same),
-                key=lambda c: (not os.path.basename(c.path).startswith(stem), -c.size),
-            )
-            for c in others:
-                if matches(c, t):
-                    bound[i] = c
-                    claimed.add((c.dev, c.ino))
-                    t.dev, t.ino = c.dev, c.ino
-                    break
+            c = find_copy(t, cands, claimed | {(t.dev, t.ino)})
+            if c is not None:
+                bound[i] = c
+                claimed.add((c.dev, c.ino))
+                t.dev, t.ino = c.dev, c.ino
             else:
                 reason = (
                     "was truncated or rewritten in place (as by logrotate's copytruncate), with no copy of "

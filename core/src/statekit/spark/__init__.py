@@ -20,6 +20,10 @@ after the sink has the batch's outputs, so state reflects every input record
 exactly once, whatever Spark retries. Restarting a query with another
 ``spark.statekit.parallelism`` redistributes the state by key group.
 
+:func:`read_logs` reads log files that grow and rotate as a stream, exactly once,
+with the position in Spark's offset log (Spark's own file source reads a file
+once, when it appears, and misses what is appended later).
+
 :func:`register_state_source` makes any checkpoint or savepoint readable as a
 DataFrame: ``spark.read.format("statekit-state").option("state", "count").load(location)``;
 :func:`write_savepoint` writes DataFrames into a savepoint a job starts from,
@@ -42,14 +46,18 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installa
 from ._api import KeyedDataFrame, ProcessedStream, keyed
 from ._bootstrap import write_savepoint
 from ._driver import BatchInfo
+from ._log_source import LOG_SOURCE_NAME, read_logs, register_log_source
 from ._sparkconf import spark_configuration
 from ._state_source import register_state_source
 
 __all__ = [
+    "LOG_SOURCE_NAME",
     "BatchInfo",
     "KeyedDataFrame",
     "ProcessedStream",
     "keyed",
+    "read_logs",
+    "register_log_source",
     "register_state_source",
     "spark_configuration",
     "write_savepoint",

@@ -364,7 +364,7 @@ def demo(args: argparse.Namespace, console: Console) -> DemoReport:
         (
             "first run: malformed lines counted",
             first.state.malformed == first_gen.malformed_total,
-            f"{first.state.malformed:,} in state, {first_gen.malformed_total:,} generated",
+            f"{first.state.malformed:,} dead letters, {first_gen.malformed_total:,} generated",
         )
     )
     checks.append(
@@ -392,7 +392,7 @@ def demo(args: argparse.Namespace, console: Console) -> DemoReport:
         (
             "malformed total continues exactly",
             second.state.malformed == both.malformed_total,
-            f"{second.state.malformed:,} in state, {both.malformed_total:,} generated",
+            f"{second.state.malformed:,} dead letters, {both.malformed_total:,} generated",
         )
     )
     dead = _count_json_lines(settings.dead_letter_dir)

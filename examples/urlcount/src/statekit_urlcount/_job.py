@@ -2,14 +2,18 @@
 
 The pipeline, one streaming query::
 
-    readStream.text(logs)                       one row per line
-      .mapInArrow(parse_batches)                url | reason | line   (malformed -> MALFORMED_KEY)
-      keyed(key="url").process(CountPerUrlWithDeadLetters)   statekit state, checkpointed per batch
-      .foreach_batch(sink)                      output/counts/batch=N, output/dead-letter/batch=N
+    read_logs(logs, parse=parse_request)        url | request | time_ms; a malformed line is a bad
+                                                record, dead-lettered by statekit's policy into
+                                                output/dead-letter/ (file, offset, line, raw, error)
+      keyed(key="url").process(CountPerUrl)     statekit state, checkpointed per batch
+      .foreach_batch(sink)                      output/counts/batch=N
 
-Everything a run needs lives under one state directory: Spark's checkpoint
-(the file source's progress), statekit's checkpoints (the counts), and the
-output. A second run with the same directory resumes where the first stopped.
+:func:`statekit.spark.read_logs` follows the log files as they grow and
+rotate (Spark's own file source reads a file once, when it appears, and would
+miss the lines appended to a growing ``access.log``). Everything a run needs
+lives under one state directory: Spark's checkpoint (the source's offsets),
+statekit's checkpoints (the counts), and the output. A second run with the
+same directory resumes where the first stopped.
 """
 
 from __future__ import annotations
@@ -28,13 +32,8 @@ from statekit import (
 )
 from statekit.state_processor import SavepointReader
 
-from ._function import (
-    COUNT_STATE,
-    JOB_OUTPUT_SCHEMA,
-    CountPerUrlWithDeadLetters,
-    CountPerUrlWithDeadLettersVectorized,
-)
-from ._parse import MALFORMED_KEY, AccessRecord, parse_line
+from ._function import COUNT_STATE, OUTPUT_SCHEMA, CountPerUrl, CountPerUrlVectorized
+from ._parse import MALFORMED_KEY, AccessRecord, parse_line, parse_request
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
@@ -50,6 +49,7 @@ __all__ = [
     "StateSummary",
     "build_stream",
     "checkpoint_info",
+    "dead_letters",
     "parse_batches",
     "read_state",
     "run_job",
@@ -68,6 +68,9 @@ K = TypeVar("K", bound=_BatchSink)
 #: The schema :func:`parse_batches` produces from Spark's text source.
 PARSED_SCHEMA = "url string, reason string, line string"
 
+#: The records :func:`~statekit_urlcount.parse_request` makes of a line, as the job reads them.
+REQUEST_SCHEMA = "url string, request string, time_ms long"
+
 
 @dataclass(frozen=True)
 class JobSettings:
@@ -82,12 +85,15 @@ class JobSettings:
             ``output_dir`` says otherwise, the output.
         output_dir: Where counts and dead letters go; default ``<state_dir>/output``.
         job_id: statekit's job id (its checkpoints' folder name).
-        files_per_trigger: Log files per micro-batch (Spark's ``maxFilesPerTrigger``).
+        files_per_trigger: Log files per micro-batch of the windowed job (Spark's
+            ``maxFilesPerTrigger``); the count job reads through ``read_logs``, see
+            ``lines_per_trigger``.
         parallelism: statekit subtasks (``spark.statekit.parallelism``).
         backend: ``spark.statekit.backend``.
-        vectorized: Run :class:`CountPerUrlWithDeadLettersVectorized` (a key's
-            lines of a micro-batch at once) instead of the per-record function;
-            the outputs and state are the same.
+        vectorized: Run :class:`CountPerUrlVectorized` (a key's lines of a
+            micro-batch at once) instead of the per-record function; the
+            outputs and state are the same.
+        lines_per_trigger: Lines per micro-batch of the count job at most (None: all there are).
     """
 
     logs_dir: str
@@ -98,6 +104,7 @@ class JobSettings:
     parallelism: int = 2
     backend: str = "heap"
     vectorized: bool = False
+    lines_per_trigger: int | None = None
 
     @property
     def spark_checkpoint(self) -> str:
@@ -116,7 +123,7 @@ class JobSettings:
 
     @property
     def dead_letter_dir(self) -> str:
-        """Per micro-batch, every malformed line with its reason (JSON lines)."""
+        """Every malformed line, as statekit's dead letters (JSON lines: file, offset, line, raw, error)."""
         return os.path.join(self.output_dir or os.path.join(self.state_dir, "output"), "dead-letter")
 
 
@@ -308,15 +315,28 @@ def read_state(settings: JobSettings) -> StateSummary:
                 for batch in reader.read(op.id, COUNT_STATE.name):
                     counts.update(zip(batch.column("key").to_pylist(), batch.column("value").to_pylist()))
     summary.entries = len(counts)
-    summary.malformed = counts.pop(MALFORMED_KEY, 0)
+    # Older runs counted malformed lines under a reserved key; they are dead letters now.
+    summary.malformed = counts.pop(MALFORMED_KEY, 0) + len(dead_letters(settings.dead_letter_dir))
     summary.counts = counts
     return summary
+
+
+def dead_letters(directory: str) -> list[str]:
+    """The dead-letter lines under ``directory`` (files of statekit's log source), none if it is absent."""
+    out: list[str] = []
+    if os.path.isdir(directory):
+        for name in sorted(os.listdir(directory)):
+            if name.endswith(".json") and not name.startswith("."):
+                with open(os.path.join(directory, name), encoding="utf-8") as f:
+                    out += f.read().splitlines()
+    return out
 
 
 class _Sink:
     """The ``foreach_batch`` callback and ``on_batch`` listener of one run.
 
-    The sink writes counts and dead letters, idempotently per batch id;
+    The sink writes counts, idempotently per batch id (the log source has
+    written the batch's dead letters by then, one file per range it read);
     statekit then completes the batch's checkpoint and reports it, and the
     batch's :class:`BatchStats` go to ``on_batch``.
     """
@@ -327,6 +347,7 @@ class _Sink:
         self.batches: list[BatchStats] = []
         self._pending: dict[int, tuple[int, int, int]] = {}
         self._last = time.perf_counter()
+        self._letters = _letter_files(settings.dead_letter_dir)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         """Writes one batch's outputs."""
@@ -342,17 +363,15 @@ class _Sink:
             .agg(F.max("count").alias("count"), F.count(F.lit(1)).alias("requests"))
         )
         per_url.write.mode("overwrite").json(os.path.join(self.settings.counts_dir, name))
-        dead = batch_df.where(F.col("url").isNull()).select(
-            F.lit(batch_id).alias("batch"), "reason", "line", F.col("count").alias("malformed_so_far")
-        )
-        dead.write.mode("overwrite").json(os.path.join(self.settings.dead_letter_dir, name))
-        row = batch_df.agg(
-            F.count(F.lit(1)).alias("records"),
-            F.count("url").alias("requests"),
-            F.countDistinct("url").alias("urls"),
-        ).first()
+        # The batch's dead letters are the files the source wrote since the last batch
+        # (a replayed batch rewrites its own, which this run has not seen).
+        files = _letter_files(self.settings.dead_letter_dir)
+        malformed = sum(_count_lines(p) for p in sorted(files - self._letters))
+        self._letters = files
+        row = batch_df.agg(F.count(F.lit(1)).alias("requests"), F.countDistinct("url").alias("urls")).first()
         if row is not None:
-            self._pending[batch_id] = (int(row["records"]), int(row["requests"]), int(row["urls"]))
+            requests = int(row["requests"])
+            self._pending[batch_id] = (requests + malformed, requests, int(row["urls"]))
 
     def checkpointed(self, info: BatchInfo) -> None:
         """statekit's report that the batch's checkpoint is complete."""
@@ -376,14 +395,28 @@ class _Sink:
 
 
 def build_stream(spark: SparkSession, settings: JobSettings, sink: _Sink) -> ProcessedStream:
-    """Defines the streaming job (not started): text files -> parse -> statekit -> sink."""
-    from statekit.spark import keyed
+    """Defines the streaming job (not started): log files -> parse -> statekit -> sink.
 
-    lines = spark.readStream.option("maxFilesPerTrigger", settings.files_per_trigger).text(settings.logs_dir)
-    parsed = lines.mapInArrow(parse_batches, PARSED_SCHEMA)
-    stream = keyed(parsed, key="url", key_type=str).process(
-        CountPerUrlWithDeadLettersVectorized if settings.vectorized else CountPerUrlWithDeadLetters,
-        output_schema=JOB_OUTPUT_SCHEMA,
+    Malformed lines are bad records of the log source, skipped into
+    :attr:`JobSettings.dead_letter_dir` by ``statekit.bad-records.policy=dead-letter``.
+    """
+    from statekit.spark import keyed, read_logs
+
+    requests = read_logs(
+        spark,
+        settings.logs_dir,
+        parse=parse_request,
+        schema=REQUEST_SCHEMA,
+        max_lines_per_trigger=settings.lines_per_trigger,
+        job_id=settings.job_id,
+        config={
+            "statekit.bad-records.policy": "dead-letter",
+            "statekit.bad-records.dead-letter-path": os.path.abspath(settings.dead_letter_dir),
+        },
+    )
+    stream = keyed(requests, key="url", key_type=str).process(
+        CountPerUrlVectorized if settings.vectorized else CountPerUrl,
+        output_schema=OUTPUT_SCHEMA,
         job_id=settings.job_id,
         on_batch=sink.checkpointed,
     )
@@ -455,3 +488,15 @@ def run_stream(
         if query.isActive:
             query.stop()
     return RunReport(sink.batches, time.perf_counter() - t0, read_state(settings))
+
+
+def _letter_files(directory: str) -> set[str]:
+    if not os.path.isdir(directory):
+        return set()
+    names = os.listdir(directory)
+    return {os.path.join(directory, n) for n in names if n.endswith(".json") and not n.startswith(".")}
+
+
+def _count_lines(path: str) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
