@@ -28,6 +28,8 @@ test: lint typecheck pytest
 
 lint: install
 	$(VENV)/bin/ruff check core backends storage examples tests bench conftest.py
+	# The layers and no-circle contracts of pyproject.toml's [tool.importlinter]; no cache in the tree.
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: install
 	$(VENV)/bin/mypy --strict -p statekit -p statekit_heap -p statekit_rocksdb -p statekit_lmdb -p statekit_storage -p statekit_sqlite -p statekit_urlcount

@@ -530,7 +530,7 @@ def test_export_refuses_to_replace_a_file_unless_told_to(
 def test_export_never_replaces_a_file_made_while_it_ran(
     sp: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import statekit.state_processor._cli as state_cli
+    import statekit.cli._cli_state as state_cli
 
     out = tmp_path / "count.json"
     real = state_cli._Writer.close

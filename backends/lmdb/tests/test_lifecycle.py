@@ -1,4 +1,4 @@
-"""Local directories, options and TTL cleanup of the LMDB backend."""
+"""Local directories (the kit's lifecycle tests), options and TTL cleanup of the LMDB backend."""
 
 from __future__ import annotations
 
@@ -12,78 +12,33 @@ from statekit import (
     Configuration,
     ConfigurationError,
     CorruptSnapshotError,
-    KeyedProcessFunction,
-    LocalRunner,
     StateAccessError,
     StateTtlConfig,
     ValueStateDescriptor,
     default_registry,
 )
-from statekit.testing import run_killed_job, snapshot_handle, value_state_contents
+from statekit.testing import OnDiskLifecycleTests, instance_dirs, snapshot_handle
 
 COUNT = ValueStateDescriptor("count", int, default=0)
 
 
-class Count(KeyedProcessFunction):
-    def open(self, ctx: Any) -> None:
-        self.c = ctx.get_state(COUNT)
+class TestLMDBLifecycle(OnDiskLifecycleTests):
+    """The kit's on-disk lifecycle: restore cycles (both formats), a killed process, a closed backend."""
 
-    def process(self, record: Any, ctx: Any) -> None:
-        self.c.update(self.c.value() + 1)
-
-
-def instances(local: Path) -> list[Path]:
-    return sorted(local.rglob("lmdb-*"))
+    @pytest.fixture
+    def backend_name(self) -> str:
+        return "lmdb"
 
 
-@pytest.mark.parametrize("fmt", ["native", "canonical"])
-def test_twenty_restore_cycles_leave_only_the_live_instances(tmp_path: Path, fmt: str) -> None:
-    local = tmp_path / "local"
-    conf = {
-        "statekit.backend": "lmdb",
-        "statekit.checkpoints.dir": str(tmp_path / "chk"),
-        "statekit.local-dir": str(local),
-        "statekit.parallelism": 2,
-        "statekit.checkpoint.format": fmt,
-    }
-    for cycle in range(20):
-        r = LocalRunner(Count, key_selector=lambda x: x, config=conf)
-        r.restore("latest")
-        for i in range(50):
-            r.process(f"k{i % 7}")
-        r.checkpoint()
-        assert len(instances(local)) == 2  # one environment per subtask, nothing left from earlier cycles
-        if cycle % 2:
-            r.close()
-        else:  # a failed run: the subtasks' backends are dropped without a clean shutdown of the job
-            for ctx in r.subtasks:
-                ctx.keyed_backend.close()
-            r.close()
-        assert instances(local) == []
-    r = LocalRunner(Count, key_selector=lambda x: x, config=conf)
-    r.restore("latest")
-    total = sum(value_state_contents(r, COUNT).values())
-    assert total == 20 * 50
-    r.close()
-
-
-def test_a_closed_backend_refuses_use_and_releases_its_files(make_backend: Any, tmp_path: Path) -> None:
+def test_a_snapshot_pending_at_close_cannot_be_written(make_backend: Any, tmp_path: Path) -> None:
     b = make_backend(local_dir=tmp_path / "l")
     s = b.get_state(COUNT)
     b.set_current_key("a")
     s.update(1)
     snap = b.snapshot()  # pending while the backend closes
-    native = b.native_snapshot(1)
     b.close()
-    assert instances(tmp_path / "l") == []
-    with pytest.raises(StateAccessError, match="closed"):
-        s.value()
-    with pytest.raises(StateAccessError, match="closed"):
-        b.set_current_key("b")
     with pytest.raises(StateAccessError, match="closed before it was written"):
         snap.to_handle()
-    native.release()
-    b.close()  # idempotent
 
 
 def test_a_failed_native_restore_changes_nothing_and_leaves_no_files(
@@ -104,14 +59,14 @@ def test_a_failed_native_restore_changes_nothing_and_leaves_no_files(
         target.restore_native([corrupt])
     assert target.num_entries() == 0
     # No download left behind: the live environment and the owner file only.
-    assert sorted(p.name for p in instances(tmp_path / "t")[0].iterdir()) == [".statekit-owner", "db"]
+    assert sorted(p.name for p in instance_dirs(tmp_path / "t")[0].iterdir()) == [".statekit-owner", "db"]
     alien = dataclasses.replace(handle, meta={**handle.meta, "lmdb_version": [1, 0, 0]})
     with pytest.raises(Exception, match="savepoint"):
         target.restore_native([alien])
     target.restore_native([handle])  # still restorable
     assert target.num_entries() == 100
     target.close()
-    assert instances(tmp_path / "t") == []
+    assert instance_dirs(tmp_path / "t") == []
 
 
 def test_options_are_validated_by_name() -> None:
@@ -232,19 +187,3 @@ def test_a_native_restore_drops_what_a_full_snapshot_would(make_backend: Any, cl
         assert sorted(target.keys("v")) == sorted(f"new{i}" for i in range(50))
         target.set_current_key("new3")
         assert t.value() == 3
-
-
-def test_environments_of_a_killed_process_are_removed_by_the_next_run(tmp_path: Path) -> None:
-    import signal
-
-    local = tmp_path / "local"
-    proc = run_killed_job("lmdb", local)  # two subtasks
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    assert len(instances(local)) == 2  # SIGKILL: nobody could clean up
-    r = LocalRunner(
-        Count, key_selector=lambda x: x, config={"statekit.backend": "lmdb", "statekit.local-dir": str(local)}
-    )
-    r.process("a")
-    assert len(instances(local)) == 1  # only the live one: the dead process's environments are gone
-    r.close()
-    assert instances(local) == []

@@ -1,9 +1,8 @@
-"""Local directories, options and the TTL sweep of the RocksDB backend."""
+"""Local directories (the kit's lifecycle tests), options and the TTL sweep of the RocksDB backend."""
 
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,70 +10,25 @@ import pytest
 from statekit import (
     Configuration,
     ConfigurationError,
-    KeyedProcessFunction,
-    LocalRunner,
-    StateAccessError,
     StateTtlConfig,
     ValueStateDescriptor,
     default_registry,
 )
-from statekit.testing import run_killed_job, snapshot_handle, value_state_contents
+from statekit.testing import OnDiskLifecycleTests, snapshot_handle
 
 COUNT = ValueStateDescriptor("count", int, default=0)
 
 
-class Count(KeyedProcessFunction):
-    def open(self, ctx: Any) -> None:
-        self.c = ctx.get_state(COUNT)
+class TestRocksDBLifecycle(OnDiskLifecycleTests):
+    """The kit's on-disk lifecycle: restore cycles, a killed process, a closed backend."""
 
-    def process(self, record: Any, ctx: Any) -> None:
-        self.c.update(self.c.value() + 1)
+    # Native only, as before the kit had these tests: canonical restores into RocksDB are the
+    # conformance kit's (tests/test_conformance.py), and the cycles cost about 4 s per format here.
+    restore_formats = ("native",)
 
-
-def instances(local: Path) -> list[Path]:
-    return sorted(local.rglob("rocksdb-*"))
-
-
-def test_twenty_restore_cycles_leave_only_the_live_instances(tmp_path: Path) -> None:
-    local = tmp_path / "local"
-    conf = {
-        "statekit.backend": "rocksdb",
-        "statekit.checkpoints.dir": str(tmp_path / "chk"),
-        "statekit.local-dir": str(local),
-        "statekit.parallelism": 2,
-    }
-    for cycle in range(20):
-        r = LocalRunner(Count, key_selector=lambda x: x, config=conf)
-        r.restore("latest")
-        for i in range(50):
-            r.process(f"k{i % 7}")
-        r.checkpoint()
-        assert len(instances(local)) == 2  # one instance per subtask, nothing left from earlier cycles
-        if cycle % 2:
-            r.close()
-        else:  # a failed run: the subtasks' backends are dropped without a clean shutdown of the job
-            for ctx in r.subtasks:
-                ctx.keyed_backend.close()
-            r.close()
-        assert instances(local) == []
-    r = LocalRunner(Count, key_selector=lambda x: x, config=conf)
-    r.restore("latest")
-    total = sum(value_state_contents(r, COUNT).values())
-    assert total == 20 * 50
-    r.close()
-
-
-def test_a_closed_backend_refuses_use_and_releases_its_files(make_backend: Any, tmp_path: Path) -> None:
-    b = make_backend(local_dir=tmp_path / "l")
-    s = b.get_state(COUNT)
-    b.set_current_key("a")
-    s.update(1)
-    snap = b.snapshot()  # pending while the backend closes
-    b.close()
-    assert instances(tmp_path / "l") == []
-    with pytest.raises(StateAccessError):
-        s.value()
-    snap.release()
+    @pytest.fixture
+    def backend_name(self) -> str:
+        return "rocksdb"
 
 
 def test_options_are_validated_by_name() -> None:
@@ -135,21 +89,3 @@ def test_the_ttl_sweep_deletes_expired_entries_in_bounded_steps(
     assert raw_count(b) == 1  # only the live entry is left
     b.set_current_key("fresh")
     assert s.value() == 0
-
-
-def test_instances_of_a_killed_process_are_removed_by_the_next_run(tmp_path: Path) -> None:
-    import signal
-
-    local = tmp_path / "local"
-    proc = run_killed_job("rocksdb", local)  # two subtasks
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    assert len(instances(local)) == 2  # SIGKILL: nobody could clean up
-    r = LocalRunner(
-        Count,
-        key_selector=lambda x: x,
-        config={"statekit.backend": "rocksdb", "statekit.local-dir": str(local)},
-    )
-    r.process("a")
-    assert len(instances(local)) == 1  # only the live one: the dead process's directories are gone
-    r.close()
-    assert instances(local) == []

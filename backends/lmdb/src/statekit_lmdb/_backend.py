@@ -42,6 +42,7 @@ from statekit.backend_api import (
 from ._full_snapshot import LMDBNativeSnapshot
 from ._layout import BULK_CHUNK, DATA_FILE, DB_PREFIX, MAX_KEY_SIZE, db_name, iterate
 from ._plugin import OPTIONS
+from ._restore import restore_instance
 from ._views import PinnedView
 
 __all__ = ["LMDB_NATIVE_FORMAT", "LMDBKeyedStateBackend", "LMDBStateBackend", "MapSizeLimitError"]
@@ -493,9 +494,10 @@ class LMDBKeyedStateBackend(OrderedKVBackendBase):
 
     def restore_native(self, handles: Sequence[NativeStateHandle]) -> None:
         """Restore native snapshots of any parallelism; see ``_restore``."""
-        from ._restore import restore_native
-
-        restore_native(self, handles)
+        plan = self.kv_plan_native_restore(handles, self.native_format)
+        if plan.base is not None:
+            restore_instance(self, plan.parts, plan.ranges, plan.base)
+        self.kv_finish_native_restore(plan)
 
     def native_meta(self) -> dict[str, Any]:
         """What a native snapshot taken now records besides its file (see docs/backends/lmdb.md)."""

@@ -18,20 +18,67 @@ SST files there is no immutable unit to upload once and reference.)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from statekit import StateAccessError
-from statekit.backend_api import NativeSnapshotOutput, NativeStateHandle
+from statekit.backend_api import (
+    KeyLayout,
+    NativeSnapshotOutput,
+    NativeStateHandle,
+    ProgressCallback,
+    RegisteredState,
+)
 
 from ._layout import DATA_FILE
+from ._views import PinnedView
 
-if TYPE_CHECKING:
-    from statekit.backend_api import ProgressCallback
+__all__ = ["LMDBNativeSnapshot", "SnapshotSource"]
 
-    from ._backend import LMDBKeyedStateBackend
-    from ._views import PinnedView
 
-__all__ = ["LMDBNativeSnapshot"]
+class SnapshotSource(Protocol):
+    """What a native snapshot needs of the environment it is taken of.
+
+    :class:`~statekit_lmdb.LMDBKeyedStateBackend` is one; naming only these
+    keeps this step below the backend, which creates its snapshots here.
+    """
+
+    @property
+    def layout(self) -> KeyLayout:
+        """The composite key layout."""
+        ...
+
+    def lmdb_pin(self, kind: str) -> PinnedView:
+        """Commit every buffer and pin a read transaction."""
+        ...
+
+    def lmdb_unpin(self, view: PinnedView) -> None:
+        """End ``view``'s transaction and delete its copy."""
+        ...
+
+    def registered_state(self, name: str) -> RegisteredState | None:
+        """The state ``name`` as stored."""
+        ...
+
+    def stored_state_metas(self) -> list[dict[str, Any]]:
+        """The snapshot entries of every stored state."""
+        ...
+
+    def native_meta(self) -> dict[str, Any]:
+        """What a native snapshot taken now records besides its file."""
+        ...
+
+    def native_handle(
+        self,
+        checkpoint_id: int,
+        files: Sequence[Any],
+        *,
+        states: list[dict[str, Any]],
+        meta: dict[str, Any],
+        entries: int = 0,
+    ) -> NativeStateHandle:
+        """A handle of this environment's native snapshot."""
+        ...
 
 
 class LMDBNativeSnapshot:
@@ -39,7 +86,7 @@ class LMDBNativeSnapshot:
 
     def __init__(
         self,
-        backend: LMDBKeyedStateBackend,
+        backend: SnapshotSource,
         checkpoint_id: int,
         view: PinnedView,
         states: list[dict[str, Any]],
@@ -55,7 +102,7 @@ class LMDBNativeSnapshot:
         self._kinds = {r.name: r.storage_kind for r in regs if r is not None}
 
     @classmethod
-    def take(cls, backend: LMDBKeyedStateBackend, checkpoint_id: int) -> LMDBNativeSnapshot:
+    def take(cls, backend: SnapshotSource, checkpoint_id: int) -> LMDBNativeSnapshot:
         """Commit buffered writes and pin the state: O(1), nothing is copied yet."""
         view = backend.lmdb_pin(f"chk-{checkpoint_id}")
         return cls(backend, checkpoint_id, view, backend.stored_state_metas(), backend.native_meta())

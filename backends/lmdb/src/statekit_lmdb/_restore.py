@@ -29,20 +29,62 @@ import os
 import shutil
 import struct
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import lmdb
 
-from statekit import CorruptSnapshotError, SnapshotError
-from statekit.backend_api import NativeStateHandle
+from statekit import CorruptSnapshotError, KeyGroupRange, SnapshotError
+from statekit.backend_api import KeyLayout, NativeStateHandle
 
 from ._layout import BULK_CHUNK, DATA_FILE, db_name, state_names
 
-if TYPE_CHECKING:
-    from ._backend import LMDBKeyedStateBackend
+__all__ = ["RestoreTarget", "restore_instance"]
 
-__all__ = ["restore_native"]
+
+class RestoreTarget(Protocol):
+    """What a restore needs of the (empty) environment it fills.
+
+    :class:`~statekit_lmdb.LMDBKeyedStateBackend` is one; naming only these
+    keeps this step below the backend, which calls it.
+    """
+
+    @property
+    def key_group_range(self) -> KeyGroupRange:
+        """The key groups the environment owns."""
+        ...
+
+    @property
+    def layout(self) -> KeyLayout:
+        """The composite key layout."""
+        ...
+
+    @property
+    def instance_dir(self) -> str:
+        """The instance's local directory; downloads are staged inside it."""
+        ...
+
+    @property
+    def env(self) -> Any:
+        """The live LMDB environment."""
+        ...
+
+    @property
+    def lmdb_options(self) -> Mapping[str, Any]:
+        """The plugin's options."""
+        ...
+
+    def lmdb_replace_env(self, data_file: str) -> None:
+        """Make ``data_file`` the live environment."""
+        ...
+
+    def delete_range(self, name: str, lower: bytes, upper: bytes | None) -> None:
+        """Delete state ``name``'s entries with a key in ``[lower, upper)``."""
+        ...
+
+    def kv_load(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
+        """Load sorted, distinct entries into state ``name``."""
+        ...
 
 
 def _check_readable(h: NativeStateHandle) -> None:
@@ -75,17 +117,24 @@ def _download(h: NativeStateHandle, directory: str) -> str:
     return path
 
 
-def restore_native(backend: LMDBKeyedStateBackend, handles: Sequence[NativeStateHandle]) -> None:
-    """Restore ``backend`` (empty) from native snapshots overlapping its key groups; see the module."""
-    plan = backend.kv_plan_native_restore(handles, backend.native_format)
-    own, parts, ranges, best = backend.key_group_range, plan.parts, plan.ranges, plan.base
+def restore_instance(
+    backend: RestoreTarget,
+    parts: Sequence[NativeStateHandle],
+    ranges: Mapping[int, KeyGroupRange],
+    best: NativeStateHandle,
+) -> None:
+    """Fill ``backend``'s empty environment from the snapshots ``parts``; see the module.
+
+    The backend has checked and planned the restore (``kv_plan_native_restore``):
+    ``parts`` overlap its key groups, ``ranges`` holds each one's key groups by
+    ``id``, and ``best`` is the part overlapping most.
+    """
+    own = backend.key_group_range
     for h in parts:
         _check_readable(h)
-    if best is None:
-        backend.kv_finish_native_restore(plan)
-        return
     # Deleting an entry costs about 1.3 times copying one (measured on 1M entries): adopt from 60 %.
-    base = best if 5 * plan.overlap(best, own) >= 3 * len(ranges[id(best)]) else None
+    overlap = len(ranges[id(best)].intersection(own))
+    base = best if 5 * overlap >= 3 * len(ranges[id(best)]) else None
     lower, upper = backend.layout.group_range(own.start, own.end)
     staging = os.path.join(backend.instance_dir, f"restore-{os.urandom(4).hex()}")
     try:
@@ -106,11 +155,10 @@ def restore_native(backend: LMDBKeyedStateBackend, handles: Sequence[NativeState
                 _copy_range(backend, files[id(h)], max_dbs, lower, upper)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    backend.kv_finish_native_restore(plan)
 
 
 def _copy_range(
-    backend: LMDBKeyedStateBackend, data_file: str, max_dbs: int, lower: bytes, upper: bytes | None
+    backend: RestoreTarget, data_file: str, max_dbs: int, lower: bytes, upper: bytes | None
 ) -> None:
     """Copy the entries in ``[lower, upper)`` of another environment's data file into the live one."""
     # Nothing writes the file: no lock file, no reader table.

@@ -50,14 +50,14 @@ from statekit.backend_api import (
 )
 
 from ._incremental import RocksDBNativeSnapshot, UploadTracker
+from ._layout import CF_PREFIX
 from ._plugin import OPTIONS
+from ._restore import restore_instance
 
 __all__ = ["ROCKSDB_NATIVE_FORMAT", "RocksDBKeyedStateBackend", "RocksDBStateBackend"]
 
 #: The native snapshot format: a RocksDB checkpoint's files (see docs/backends/rocksdb.md).
 ROCKSDB_NATIVE_FORMAT = "statekit-rocksdb-1"
-#: Column families of states are named ``state:<state name>``; ``default`` stays empty.
-CF_PREFIX = "state:"
 # Entries loaded at once above which a restore writes SST files and ingests them.
 _INGEST_THRESHOLD = 20_000
 # Entries (RocksDB's estimate) up to which a canonical snapshot copies the state into memory.
@@ -432,9 +432,12 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
 
     def restore_native(self, handles: Sequence[NativeStateHandle]) -> None:
         """Restore RocksDB checkpoints of any parallelism; see ``_restore``."""
-        from ._restore import restore_native
-
-        restore_native(self, handles)
+        plan = self.kv_plan_native_restore(handles, self.native_format)
+        if plan.base is not None:
+            restore_instance(self, plan.base, plan.parts, plan.ranges[id(plan.base)])
+            # Flink's NO_CLAIM mode: later checkpoints upload every file again (UploadTracker.restored).
+            self.uploads.restored()
+        self.kv_finish_native_restore(plan)
 
     def native_meta(self) -> dict[str, Any]:
         """What a native snapshot taken now records besides its files (see docs/backends/rocksdb.md)."""

@@ -22,17 +22,13 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from statekit import StateAccessError
-from statekit.backend_api import NativeFile, NativeSnapshotOutput, NativeStateHandle
+from statekit.backend_api import NativeFile, NativeSnapshotOutput, NativeStateHandle, ProgressCallback
 
-if TYPE_CHECKING:
-    from statekit.backend_api import ProgressCallback
-
-    from ._backend import RocksDBKeyedStateBackend
-
-__all__ = ["RocksDBNativeSnapshot", "UploadTracker"]
+__all__ = ["RocksDBNativeSnapshot", "SnapshotSource", "UploadTracker"]
 
 
 class UploadTracker:
@@ -89,12 +85,53 @@ class UploadTracker:
             self.confirmed = {n: f for n, f in self.confirmed.items() if n in live}
 
 
+class SnapshotSource(Protocol):
+    """What a native snapshot needs of the instance it is taken of.
+
+    :class:`~statekit_rocksdb.RocksDBKeyedStateBackend` is one; naming only
+    these keeps this step below the backend, which creates its snapshots here.
+    """
+
+    @property
+    def uploads(self) -> UploadTracker:
+        """The instance's upload bookkeeping."""
+        ...
+
+    def checkpoint_locally(self, kind: str) -> str:
+        """Flush and hard-link a RocksDB checkpoint of the instance; its directory."""
+        ...
+
+    def stored_state_metas(self) -> list[dict[str, Any]]:
+        """The snapshot entries of every stored state."""
+        ...
+
+    def native_meta(self) -> dict[str, Any]:
+        """What a native snapshot taken now records besides its files."""
+        ...
+
+    def estimate_entries(self) -> int:
+        """RocksDB's estimate of the number of entries."""
+        ...
+
+    def native_handle(
+        self,
+        checkpoint_id: int,
+        files: Sequence[Any],
+        *,
+        states: list[dict[str, Any]],
+        meta: dict[str, Any],
+        entries: int = 0,
+    ) -> NativeStateHandle:
+        """A handle of this instance's native snapshot."""
+        ...
+
+
 class RocksDBNativeSnapshot:
     """A RocksDB checkpoint of one instance, hard-linked locally, uploaded by :meth:`write`."""
 
     def __init__(
         self,
-        backend: RocksDBKeyedStateBackend,
+        backend: SnapshotSource,
         checkpoint_id: int,
         directory: str,
         states: list[dict[str, Any]],
@@ -109,7 +146,7 @@ class RocksDBNativeSnapshot:
         self._entries = entries
 
     @classmethod
-    def take(cls, backend: RocksDBKeyedStateBackend, checkpoint_id: int) -> RocksDBNativeSnapshot:
+    def take(cls, backend: SnapshotSource, checkpoint_id: int) -> RocksDBNativeSnapshot:
         """Flush buffered writes and memtables, then create the checkpoint (hard links) locally."""
         directory = backend.checkpoint_locally(f"chk-{checkpoint_id}")
         files = set(os.listdir(directory))

@@ -25,19 +25,65 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from rocksdict import AccessType, Options, Rdict, SstFileWriter
 
-from statekit import CorruptSnapshotError
-from statekit.backend_api import NativeStateHandle
+from statekit import CorruptSnapshotError, KeyGroupRange
+from statekit.backend_api import KeyLayout, KVColumn, NativeStateHandle
 
-from ._backend import CF_PREFIX
+from ._layout import CF_PREFIX
 
-if TYPE_CHECKING:
-    from ._backend import RocksDBKeyedStateBackend
+__all__ = ["RestoreTarget", "restore_instance"]
 
-__all__ = ["restore_native"]
+
+class RestoreTarget(Protocol):
+    """What a restore needs of the (empty) instance it replaces.
+
+    :class:`~statekit_rocksdb.RocksDBKeyedStateBackend` is one; naming only
+    these keeps this step below the backend, which calls it.
+    """
+
+    @property
+    def key_group_range(self) -> KeyGroupRange:
+        """The key groups the instance owns."""
+        ...
+
+    @property
+    def layout(self) -> KeyLayout:
+        """The composite key layout."""
+        ...
+
+    @property
+    def instance_dir(self) -> str:
+        """The instance's local directory; downloads are staged inside it."""
+        ...
+
+    @property
+    def db_path(self) -> str:
+        """The live database's directory."""
+        ...
+
+    @property
+    def db(self) -> Any:
+        """The live rocksdict database."""
+        ...
+
+    def rocksdb_close_db(self) -> None:
+        """Close the live database, releasing its files."""
+        ...
+
+    def rocksdb_open(self, path: str) -> None:
+        """Open the live database at ``path``."""
+        ...
+
+    def engine_options(self) -> Options:
+        """The options every column family and SST writer of the instance uses."""
+        ...
+
+    def kv_column(self, name: str, create: bool = True) -> KVColumn | None:
+        """The column of state ``name``."""
+        ...
 
 
 def _download(h: NativeStateHandle, directory: str) -> None:
@@ -54,14 +100,19 @@ def _download(h: NativeStateHandle, directory: str) -> None:
         raise CorruptSnapshotError("native RocksDB snapshot has no CURRENT file; it is incomplete")
 
 
-def restore_native(backend: RocksDBKeyedStateBackend, handles: Sequence[NativeStateHandle]) -> None:
-    """Restore ``backend`` (empty) from native snapshots overlapping its key groups; see the module."""
-    plan = backend.kv_plan_native_restore(handles, backend.native_format)
-    base = plan.base
-    if base is None:
-        backend.kv_finish_native_restore(plan)
-        return
-    own, parts, ranges = backend.key_group_range, plan.parts, plan.ranges
+def restore_instance(
+    backend: RestoreTarget,
+    base: NativeStateHandle,
+    parts: Sequence[NativeStateHandle],
+    base_range: KeyGroupRange,
+) -> None:
+    """Replace ``backend``'s empty instance with ``base``, clipped, plus the other ``parts``' keys.
+
+    The backend has checked and planned the restore (``kv_plan_native_restore``):
+    ``parts`` are the snapshots overlapping its key groups, ``base`` the one
+    overlapping most (one of ``parts``), holding ``base_range``. See the module.
+    """
+    own = backend.key_group_range
     staging = os.path.join(backend.instance_dir, f"restore-{os.urandom(4).hex()}")
     try:
         base_dir = os.path.join(staging, "base")
@@ -77,21 +128,19 @@ def restore_native(backend: RocksDBKeyedStateBackend, handles: Sequence[NativeSt
         os.replace(base_dir, backend.db_path)
         backend.rocksdb_open(backend.db_path)
         lower, upper = backend.layout.group_range(own.start, own.end)
-        if ranges[id(base)] != own:
+        if base_range != own:
             _clip(backend, lower, upper)
         for _, d in others:
             _ingest_range(backend, d, lower, upper, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    backend.uploads.restored()
-    backend.kv_finish_native_restore(plan)
 
 
 def _state_families(path: str) -> list[str]:
     return [n for n in Rdict.list_cf(path) if n.startswith(CF_PREFIX)]
 
 
-def _clip(backend: RocksDBKeyedStateBackend, lower: bytes, upper: bytes | None) -> None:
+def _clip(backend: RestoreTarget, lower: bytes, upper: bytes | None) -> None:
     """Drop every key outside ``[lower, upper)`` from every state's column family: two range deletions."""
     top = b"\xff" * (backend.layout.group_width + 1)
     for cf_name in _state_families(backend.db_path):
@@ -110,7 +159,7 @@ def _clip(backend: RocksDBKeyedStateBackend, lower: bytes, upper: bytes | None) 
 
 
 def _ingest_range(
-    backend: RocksDBKeyedStateBackend, directory: str, lower: bytes, upper: bytes | None, staging: str
+    backend: RestoreTarget, directory: str, lower: bytes, upper: bytes | None, staging: str
 ) -> None:
     """Copy the keys in ``[lower, upper)`` of another instance into the live one as ingested SST files."""
     families = _state_families(directory)

@@ -1,0 +1,13 @@
+"""Checkpoints and savepoints: what subtasks write, what completes them, and how they are found again.
+
+What it holds: ``_checkpoint`` (subtask states, ``_metadata`` written last,
+retention, restore plans), ``_fencing`` (of two runs of one job, only the
+newest completes checkpoints), ``_locations`` (paths and URLs to the
+``filesystem`` storage that reaches them) and ``_verify`` (checking a
+checkpoint's files without restoring it).
+
+What it may import: ``timers``, ``_contracts``, ``state``, ``snapshots``,
+``serialization``, ``plugins`` (a location names its storage plugin) and
+``statekit._errors``; never a runner, the CLI or Spark, which all use it.
+The public names are re-exported by :mod:`statekit.checkpointing`.
+"""

@@ -1,7 +1,9 @@
 """The ``statekit`` command line (also ``python -m statekit``).
 
-Each subcommand is a function registered with :func:`command`; adding one is a
-decorated function in this module (or a module this one imports)::
+This module is the registry of subcommands: each is a function registered with
+:func:`command`, in this module or in a command module of this package that
+imports it (``statekit.cli`` imports every command module, so importing this one
+registers them all); adding one is a decorated function::
 
     def _configure_inspect(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("path")
@@ -38,7 +40,7 @@ from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
 
-from .._errors import StateError
+from .._errors import ConfigurationError, StateError
 from ..plugins._registry import PluginRegistry, RegisteredPlugin, default_registry
 
 __all__ = [
@@ -55,6 +57,7 @@ __all__ = [
     "main",
     "print_table",
     "printable",
+    "unavailable_command",
 ]
 
 #: The command did what was asked, and found nothing wrong.
@@ -300,23 +303,22 @@ def _plugins(args: argparse.Namespace, ctx: CommandContext) -> int:
     return EXIT_OK
 
 
-# Commands that work on stored checkpoints live in their own module; importing it registers them.
-from . import _cli_checkpoints as _cli_checkpoints  # noqa: E402
+def unavailable_command(name: str, summary: str, hint: str) -> None:
+    """Registers ``name`` as a command whose optional dependency is missing.
 
-try:  # statekit state reads state as Arrow: it needs the optional pyarrow
-    from ..state_processor import _cli as _cli_state  # noqa: F401
-except ModuleNotFoundError as _missing:
-    if _missing.name != "pyarrow":
-        raise
-    _HINT = (
-        'statekit state needs pyarrow, which is not installed. Install it with: pip install "statekit[arrow]"'
-    )
+    It accepts any arguments and fails with ``hint`` (what to install), so
+    ``statekit --help`` still lists it and every other command works.
 
-    def _any_arguments(parser: argparse.ArgumentParser) -> None:
+    Args:
+        name: The subcommand's name.
+        summary: What the command would do, for ``statekit --help`` (the hint follows it).
+        hint: One sentence saying what is missing and how to install it.
+    """
+
+    def any_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("args", nargs="*")
 
-    @command("state", f"read state as data ({_HINT})", _any_arguments)
-    def _state_unavailable(args: argparse.Namespace, ctx: CommandContext) -> int:
-        from .._errors import ConfigurationError
+    def fail(args: argparse.Namespace, ctx: CommandContext) -> int:
+        raise ConfigurationError(hint)
 
-        raise ConfigurationError(_HINT)
+    command(name, f"{summary} ({hint})", any_arguments)(fail)

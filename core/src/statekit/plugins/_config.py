@@ -17,20 +17,19 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from .._errors import ConfigurationError
 from ._secrets import redact
-
-if TYPE_CHECKING:
-    from ._registry import PluginRegistry
 
 __all__ = [
     "CORE_OPTIONS",
     "PLUGIN_KEY_PREFIXES",
     "ConfigOption",
     "Configuration",
+    "InstalledPlugins",
     "PluginKind",
+    "PluginOptions",
     "is_statekit_key",
     "parse_plugin_options",
 ]
@@ -375,6 +374,36 @@ def parse_plugin_options(
     return {o.name: o.parse(raw.get(o.name), key_prefix + o.name) for o in options}
 
 
+class PluginOptions(Protocol):
+    """What a plugin declares about its options (:class:`~statekit.BackendSpec` is one)."""
+
+    @property
+    def options(self) -> Sequence[ConfigOption]:
+        """The plugin's options."""
+        ...
+
+
+class InstalledPlugins(Protocol):
+    """What :meth:`Configuration.validate` asks of the installed plugins.
+
+    :class:`~statekit.PluginRegistry` is one. Configuration sits below the
+    registry (the registry parses plugin options with :func:`parse_plugin_options`),
+    so it names only what it asks.
+    """
+
+    def require_all_loaded(self, reason: str) -> None:
+        """Raises :class:`~statekit.PluginError` naming each plugin that failed to load."""
+        ...
+
+    def backend_spec(self, name: str) -> PluginOptions:
+        """The installed backend ``name``; raises :class:`~statekit.UnknownPluginError` if none."""
+        ...
+
+    def storage_spec(self, name: str) -> PluginOptions:
+        """The installed checkpoint storage ``name``; raises :class:`~statekit.UnknownPluginError` if none."""
+        ...
+
+
 class Configuration:
     """An immutable set of ``statekit.*`` keys and their raw values.
 
@@ -475,7 +504,7 @@ class Configuration:
         return {key[len(prefix) :]: value for key, value in self._values.items() if key.startswith(prefix)}
 
     def validate(
-        self, registry: PluginRegistry, *, backend_given: bool = False, storage_given: bool = False
+        self, registry: InstalledPlugins, *, backend_given: bool = False, storage_given: bool = False
     ) -> None:
         """Checks every key and value against the core options and the installed plugins.
 

@@ -44,7 +44,6 @@ from ..snapshots._snapshot import (
     read_index,
     write_canonical,
 )
-from ..timers._service import TIMER_STATE_NAMES
 from ._state import (
     VOID_NAMESPACE,
     AggregateFunction,
@@ -58,6 +57,7 @@ from ._state import (
     TtlVisibility,
     ValueState,
 )
+from ._timerstate import TIMER_STATE_NAMES
 from ._ttl import Clock, TtlListState, TtlMapState, TtlValueState, purge_expired, system_clock, ttl_serializer
 
 __all__ = [

@@ -31,6 +31,7 @@ SIGKILL, leaving its local directories behind).
 from __future__ import annotations
 
 from ._clock import ManualClock
+from ._lifecycle import OnDiskLifecycleTests, instance_dirs
 from ._plugin_helpers import (
     DecodedEntry,
     KitNativeOutput,
@@ -56,12 +57,14 @@ __all__ = [
     "KitNativeOutput",
     "MachineConfig",
     "ManualClock",
+    "OnDiskLifecycleTests",
     "PropertyViolation",
     "ReferenceCheckpointStorage",
     "ReferenceKeyedStateBackend",
     "ReferenceStateBackend",
     "StateBackendTests",
     "decode_canonical",
+    "instance_dirs",
     "keyed_backends",
     "keyed_checkpoint_part",
     "kit_settings",

@@ -50,6 +50,7 @@ from ..snapshots._snapshot import (
 from ..state._operator import OperatorSnapshot, redistribute_operator_state
 from ..state._state import VOID_NAMESPACE, ListStateDescriptor, MapStateDescriptor
 from ._model import NAMESPACE_SERIALIZER, KeyedStateSpec
+from ._violation import NATIVE_REFERENCES_COMPLETED, PropertyViolation
 
 __all__ = [
     "BROADCAST",
@@ -191,8 +192,6 @@ class NativeCheckpoints:
 
 def check_native_references(handle: NativeStateHandle, completed: set[int], context: str) -> None:
     """Raise :class:`PropertyViolation` if ``handle`` references an upload of an uncompleted checkpoint."""
-    from ._properties import NATIVE_REFERENCES_COMPLETED, PropertyViolation  # _properties imports this module
-
     for f in handle.files:
         stream = f.stream
         uploaded_by = stream.checkpoint_id if isinstance(stream, KitNativeStream) else f.checkpoint_id

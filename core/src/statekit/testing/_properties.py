@@ -1,6 +1,8 @@
-"""The named properties of the conformance kit, and the checks that enforce them.
+"""The checks that enforce the conformance kit's named properties.
 
-Each check raises :class:`PropertyViolation` naming its property and saying, in
+The properties' names and :class:`PropertyViolation` live in ``_violation``
+(re-exported here), below the harness (``_job``), which raises them too. Each
+check raises :class:`PropertyViolation` naming its property and saying, in
 terms of key groups, keys, namespaces and subtasks, what the backend holds and
 what it should hold. The state machines call them at the right moments; a
 failing run is then reported by Hypothesis with the shortest sequence of
@@ -15,6 +17,21 @@ from typing import Any
 from ..serialization._keygroups import key_group_range_for_operator, operator_index_for_key_group
 from ._job import DecodedEntry, Job, decode_canonical, snapshot_handle
 from ._model import NAMESPACES, KeyedModel, OperatorModel, Slot
+from ._violation import (
+    AGREES_WITH_MODEL,
+    BROADCAST_REDISTRIBUTION,
+    EVEN_SPLIT_REDISTRIBUTION,
+    NATIVE_REFERENCES_COMPLETED,
+    PROPERTIES,
+    RESCALE_KEY_GROUP_OWNERSHIP,
+    SAVEPOINT_PORTABILITY,
+    SNAPSHOT_ISOLATION,
+    SNAPSHOT_RESTORE_ROUND_TRIP,
+    STORAGE_ROUND_TRIP,
+    TTL_NEVER_RETURNS_EXPIRED,
+    UNION_REDISTRIBUTION,
+    PropertyViolation,
+)
 
 __all__ = [
     "AGREES_WITH_MODEL",
@@ -37,50 +54,7 @@ __all__ = [
     "check_same_entries",
 ]
 
-AGREES_WITH_MODEL = "backend_agrees_with_model"
-SNAPSHOT_RESTORE_ROUND_TRIP = "snapshot_restore_round_trip"
-RESCALE_KEY_GROUP_OWNERSHIP = "rescale_key_group_ownership"
-EVEN_SPLIT_REDISTRIBUTION = "even_split_redistribution"
-UNION_REDISTRIBUTION = "union_redistribution"
-BROADCAST_REDISTRIBUTION = "broadcast_redistribution"
-SAVEPOINT_PORTABILITY = "savepoint_portability"
-TTL_NEVER_RETURNS_EXPIRED = "ttl_never_returns_expired"
-SNAPSHOT_ISOLATION = "snapshot_isolation"
-STORAGE_ROUND_TRIP = "storage_round_trip"
-NATIVE_REFERENCES_COMPLETED = "native_references_only_completed_uploads"
-
-PROPERTIES: Mapping[str, str] = {
-    AGREES_WITH_MODEL: "after every operation, the backend holds and returns what the model says",
-    SNAPSHOT_RESTORE_ROUND_TRIP: "restore(snapshot(s)) == s, canonical and native",
-    RESCALE_KEY_GROUP_OWNERSHIP: "after a rescale every key group is owned by exactly one subtask, "
-    "and the subtasks' keyed state together equals the model",
-    EVEN_SPLIT_REDISTRIBUTION: "even-split lists keep their order and their sizes differ by at most one",
-    UNION_REDISTRIBUTION: "union lists are the concatenation of the old ones on every subtask",
-    BROADCAST_REDISTRIBUTION: "broadcast state is equal on every subtask",
-    SAVEPOINT_PORTABILITY: "a savepoint taken on any backend restores into every backend with the same state",
-    TTL_NEVER_RETURNS_EXPIRED: "under never_return_expired, an expired entry is never returned",
-    SNAPSHOT_ISOLATION: "a snapshot is unaffected by writes made after it was taken",
-    STORAGE_ROUND_TRIP: "a checkpoint or savepoint restores the state it was taken of, and retention "
-    "keeps exactly the newest checkpoints",
-    NATIVE_REFERENCES_COMPLETED: "a native snapshot references only files that checkpoints the backend was "
-    "told completed uploaded; an upload of an aborted (or never confirmed) checkpoint is never referenced",
-}
-"""Every named property with what it says."""
-
 _SHOWN = 8  # differences listed per violation
-
-
-class PropertyViolation(AssertionError):
-    """A backend or storage broke a named property of the conformance kit.
-
-    Attributes:
-        property: The property's name (a key of :data:`PROPERTIES`).
-    """
-
-    def __init__(self, prop: str, message: str) -> None:
-        """Names the property and what broke it."""
-        super().__init__(f"[{prop}] {PROPERTIES.get(prop, '')}\n{message}")
-        self.property = prop
 
 
 def _ns(ns: Any) -> str:

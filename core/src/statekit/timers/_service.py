@@ -16,7 +16,6 @@ queue until popped (or until the queue is compacted) and are skipped.
 
 from __future__ import annotations
 
-import enum
 import heapq
 import struct
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ from .._contracts import KeyedStateBackend
 from .._errors import SerializationError, StateAccessError
 from ..serialization._serializers import BoolSerializer, BytesSerializer, TypeSerializer
 from ..state._state import VOID_NAMESPACE, MapStateDescriptor
+from ..state._timerstate import TIMER_STATE_NAMES, TIMER_STATE_PREFIX, TimeDomain
 from ._eventtime import MIN_WATERMARK
 
 __all__ = [
@@ -40,22 +40,6 @@ __all__ = [
 ]
 
 
-class TimeDomain(enum.StrEnum):
-    """Which clock a timer follows."""
-
-    EVENT_TIME = "event-time"
-    """Fires when the watermark reaches the timer's timestamp."""
-    PROCESSING_TIME = "processing-time"
-    """Fires when the wall clock (on Spark: the micro-batch's timestamp) reaches it."""
-
-
-#: Keyed state names that start with this are statekit's own (user states may not use it).
-TIMER_STATE_PREFIX = "__statekit_timers_"
-#: The internal state holding each domain's timers.
-TIMER_STATE_NAMES: dict[TimeDomain, str] = {
-    TimeDomain.EVENT_TIME: TIMER_STATE_PREFIX + "event",
-    TimeDomain.PROCESSING_TIME: TIMER_STATE_PREFIX + "processing",
-}
 _TS = struct.Struct(">Q")
 _OFFSET = 2**63
 _VOID = b"\x00"

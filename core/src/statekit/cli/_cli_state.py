@@ -33,7 +33,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .._errors import ConfigurationError
 from ..checkpoints._checkpoint import naming_damage
-from ..cli._cli import (
+from ..serialization._serializers import _describe
+from ..state_processor._arrow import arrow_column
+from ..state_processor._reader import SavepointReader
+from ..timers import TimeDomain
+from ._cli import (
     EXIT_OK,
     EXIT_PROBLEM,
     Cell,
@@ -43,10 +47,6 @@ from ..cli._cli import (
     print_table,
     printable,
 )
-from ..serialization._serializers import _describe
-from ..timers import TimeDomain
-from ._arrow import arrow_column
-from ._reader import SavepointReader
 
 __all__: list[str] = []
 
