@@ -35,22 +35,15 @@ from .._contracts import (
 from .._errors import (
     BadRecordError,
     CheckpointError,
-    CheckpointNotFoundError,
-    CorruptCheckpointError,
-    FencedError,
 )
 from ..checkpoints._checkpoint import (
     CompletedCheckpoint,
     SubtaskState,
-    apply_retention,
-    complete_checkpoint,
-    discard_native_uploads,
     highest_checkpoint_id,
     load_checkpoint,
     write_subtask_state,
 )
 from ..checkpoints._fencing import RunFence
-from ..checkpoints._verify import verify_loaded
 from ..plugins._config import Configuration
 from ..plugins._registry import PluginRegistry, default_registry
 from ..serialization._keygroups import (
@@ -77,6 +70,7 @@ from ..timers import (
     TimerService,
 )
 from ._columnar import group_runs, output_rows, require_pyarrow
+from ._coordinator import CheckpointCoordinator
 from ._function import (
     KeyedBatchFunction,
     KeyedProcessFunction,
@@ -133,11 +127,6 @@ class RecordSource:
 #: position is still restored (files named before it count as read, as they did),
 #: or refused naming the file when that cannot be done safely.
 FileSource = LogSource
-
-
-def _problem_of(e: Exception) -> str:
-    """What is wrong, without the ``checkpoint <location>:`` a CorruptCheckpointError starts with."""
-    return e.problem if isinstance(e, CorruptCheckpointError) else str(e)
 
 
 def state_backend_from_config(config: Configuration, registry: PluginRegistry | None = None) -> StateBackend:
@@ -334,11 +323,8 @@ class LocalRunner:
         self.operator_id = operator_id
         self.clock = clock or system_clock
         self.checkpoint_interval = int(conf.get("statekit.checkpoint.interval-records"))  # 0: off
-        self.retained = int(conf.get("statekit.checkpoints.retained"))
-        self._failed_in_a_row = 0  # periodic checkpoints that failed since the last one that completed
         self.key_cache_size = int(conf.get("statekit.key-cache-size"))
         self.batch_size = int(conf.get("statekit.batch-size"))  # >= 1: its option's minimum
-        self.native_checkpoints = conf.get("statekit.checkpoint.format") != "canonical"
         self.local_dir_parent = conf.get("statekit.local-dir")
         self._local_root: str | None = None
         self.sink = sink
@@ -357,14 +343,18 @@ class LocalRunner:
         self._subtasks: list[_Subtask] = []
         self._source_op = OperatorStateBackendImpl()
         self._position: Any = None
-        self._next_checkpoint_id = 1
         self._route: dict[Any, int] = {}
         self._opened = False
-        # Claimed when the runner first runs or checkpoints, not when it only restores:
-        # a runner made to inspect a job's state does not fence the job's running one.
-        self._fence = RunFence(self.storage, job_id, "LocalRunner")
-        self._step_over = False  # the first checkpoint after claiming must skip an id (see _claim)
-        self._ids_known = False  # whether _next_checkpoint_id is above every completed checkpoint
+        self._coordinator = CheckpointCoordinator(
+            self.storage,
+            job_id,
+            max_parallelism=self.max_parallelism,
+            retained=int(conf.get("statekit.checkpoints.retained")),
+            native=conf.get("statekit.checkpoint.format") != "canonical",
+            tolerable_failures=conf.get("statekit.checkpoint.tolerable-failures"),
+            fallback=bool(conf.get("statekit.restore.fallback")),
+            registry=self.registry,
+        )
         self._restored_from: str | None = None
         self.skipped_checkpoints: list[tuple[str, str]] = []
         """What the last ``restore("latest")`` skipped: ``(location, reason)`` of each damaged checkpoint."""
@@ -439,53 +429,8 @@ class LocalRunner:
         if location != "latest":
             self._restore_checkpoint(load_checkpoint(self.storage, location))
             return location
-        candidates = self.storage.list_checkpoints(self.job_id)
-        fallback = self.config.get("statekit.restore.fallback")
-        skipped: list[tuple[str, str]] = []
-        damage: list[str] = []  # what is wrong with each skipped one, for the final error
-        for candidate in reversed(candidates):
-            try:
-                cp = load_checkpoint(self.storage, candidate)
-                problems = verify_loaded(cp, deep=False)
-                if problems:
-                    found = "; ".join(f"{p.file}: {p.problem}" for p in problems)
-                    raise CorruptCheckpointError(candidate, found)
-                self._restore_checkpoint(cp)
-            except (CorruptCheckpointError, CheckpointNotFoundError) as e:
-                skipped.append((candidate, str(e)))
-                damage.append(_problem_of(e) if isinstance(e, CorruptCheckpointError) else str(e))
-                if not fallback:
-                    raise CorruptCheckpointError(
-                        candidate,
-                        f"{_problem_of(e)}. statekit.restore.fallback is off, so no older checkpoint is "
-                        "tried: restore one by its location (statekit checkpoints list shows them), or a "
-                        "savepoint",
-                    ) from e
-                older = len(candidates) - len(skipped)
-                if older:  # with none older, the error below says it all
-                    warnings.warn(
-                        f"restore skipped {e}; trying the next older of {older} retained checkpoints",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
-                continue
-            self.skipped_checkpoints = skipped
-            return candidate
-        if not skipped:
-            return None
-        retained = len(candidates)
-        raise CorruptCheckpointError(
-            skipped[0][0],
-            f"{'; '.join(damage)}. No retained checkpoint of job {self.job_id!r} can be restored "
-            f"({retained} retained). Ways out: restore a savepoint (run(source, restore='<savepoint>')), "
-            "or move the job's checkpoint directory away and start afresh"
-            + (
-                "; and keep statekit.checkpoints.retained at 2 or more, so a damaged checkpoint has an "
-                "older one to fall back to"
-                if retained < 2
-                else ""
-            ),
-        )
+        restored, self.skipped_checkpoints = self._coordinator.restore_newest(self._restore_checkpoint)
+        return restored
 
     def _restore_checkpoint(self, cp: CompletedCheckpoint) -> None:
         """Restore everything from ``cp``, or raise and leave the runner unchanged."""
@@ -517,10 +462,8 @@ class LocalRunner:
         self._position = json.loads(positions[0]) if positions else None
         self._watermark = int(cp.metadata.properties.get(WATERMARK_PROPERTY, MIN_WATERMARK))
         self._restored_from = cp.location
-        self._failed_in_a_row = 0  # a restored job starts counting afresh, as a restarted Flink job
         self._max_event_time = MIN_WATERMARK
-        # Never an id that exists: chk-<n> of a newer checkpoint than the restored one stays untouched.
-        self._next_checkpoint_id = max(self._next_checkpoint_id, cp.checkpoint_id, highest) + 1
+        self._coordinator.restored(cp, highest)
         self.registry.hook.statekit_restore_done(
             job_id=self.job_id, checkpoint_id=cp.checkpoint_id, subtask_index=0, parallelism=self.parallelism
         )
@@ -543,7 +486,7 @@ class LocalRunner:
             st.operator.close()
         self._subtasks = []
         self._opened = False
-        self._fence.end()
+        self._coordinator.end()
         if self._local_root is not None:
             shutil.rmtree(self._local_root, ignore_errors=True)
             self._local_root = None
@@ -906,7 +849,7 @@ class LocalRunner:
             result.skipped_checkpoints = list(self.skipped_checkpoints)
         # A store that is down now fails the first checkpoint instead (which claims again).
         with contextlib.suppress(CheckpointError):
-            self._claim()
+            self._coordinator.claim()
         if not self._opened:
             self._open()
         late_before = self.late_records
@@ -989,25 +932,7 @@ class LocalRunner:
         return result
 
     def _periodic_checkpoint(self, result: RunResult) -> None:
-        try:
-            result.checkpoints.append(self.checkpoint())
-        except FencedError:
-            raise  # not a failed checkpoint: another run owns the job now, this one must stop
-        except CheckpointError as e:
-            # As in Flink, a failed checkpoint does not fail the job (the previous one stays),
-            # unless more fail in a row than statekit.checkpoint.tolerable-failures.
-            result.failed_checkpoints.append(str(e))
-            self._failed_in_a_row += 1
-            tolerable = self.config.get("statekit.checkpoint.tolerable-failures")
-            if tolerable is not None and self._failed_in_a_row > tolerable:
-                raise CheckpointError(
-                    f"{self._failed_in_a_row} checkpoints failed in a row, more than "
-                    f"statekit.checkpoint.tolerable-failures={tolerable}: the job stops (restart it with "
-                    f"restore='latest' once the cause is fixed). The last failure: {e}"
-                ) from e
-            warnings.warn(f"checkpoint failed, the job goes on: {e}", RuntimeWarning, stacklevel=2)
-        else:
-            self._failed_in_a_row = 0
+        self._coordinator.periodic(self.checkpoint, result.checkpoints, result.failed_checkpoints)
 
     # --- checkpoints and savepoints ------------------------------------------------------
 
@@ -1034,50 +959,6 @@ class LocalRunner:
         states.append(write_subtask_state(writer, SOURCE_OPERATOR, 0, None, self._source_op))
         return states
 
-    def _claim(self) -> None:
-        """Register this run as the job's newest (see statekit.checkpoints._fencing), if not yet done.
-
-        The first claim also numbers this run's checkpoints above every completed
-        one of the job, restored or not: an id is never used twice. If the run
-        it displaces had not ended, that run may still be writing the checkpoint
-        after the latest completed one, under the same file names this run would
-        use: this run's checkpoints then start one id further. A store that
-        fails here makes the next call try again.
-        """
-        if self._fence.epoch is None:
-            self._fence.claim()
-            self._step_over = self._fence.displaced is not None
-            self._ids_known = False
-        if self._ids_known:
-            return
-        highest = highest_checkpoint_id(self.storage, self.job_id)
-        self._next_checkpoint_id = max(self._next_checkpoint_id, highest + (2 if self._step_over else 1))
-        self._ids_known = True
-        self._step_over = False
-
-    def _begin_checkpoint(self) -> tuple[int, CheckpointWriter]:
-        """The id and writer of the next checkpoint, in a directory nothing else was written into.
-
-        Files of an earlier attempt at the same id that never completed (a run
-        killed mid-checkpoint) are deleted first. An id whose checkpoint is
-        complete (one this run could not know of) is never written into: the ids
-        move above every completed one and the next is tried.
-        """
-        for _ in range(2):
-            cid = self._next_checkpoint_id
-            self._next_checkpoint_id += 1
-            try:
-                self.storage.begin_checkpoint(self.job_id, cid).abort()
-            except CheckpointError:  # complete: move above every completed checkpoint
-                highest = highest_checkpoint_id(self.storage, self.job_id)
-                self._next_checkpoint_id = max(self._next_checkpoint_id, highest + 1)
-                continue
-            return cid, self.storage.begin_checkpoint(self.job_id, cid)
-        raise CheckpointError(
-            f"checkpoint {cid} of job {self.job_id!r} is complete already and the job's checkpoints keep "
-            "moving: another run writes them without being fenced (check statekit.checkpoints.dir)"
-        )
-
     def checkpoint(self) -> str:
         """Take a checkpoint now; returns its location. Older ones are retained per policy.
 
@@ -1085,43 +966,12 @@ class LocalRunner:
             FencedError: If a newer run of the job took over; nothing is written or deleted.
             CheckpointError: If the checkpoint fails; the previous one stays the latest.
         """
-        self._claim()  # may move the next id past a checkpoint the displaced run had in flight
-        self._fence.check()  # before anything is written: a fenced run writes nothing
-        cid, writer = self._begin_checkpoint()
-        native = cid if self.native_checkpoints else None
-        states: list[SubtaskState] = []
-        try:
-            states = self._write_all(writer, self.storage.max_state_size, native)
-            self._fence.check()  # last, right before _metadata: what makes the checkpoint exist
-            location = complete_checkpoint(
-                writer,
-                job_id=self.job_id,
-                checkpoint_id=cid,
-                max_parallelism=self.max_parallelism,
-                subtasks=states,
-                properties=self._time_properties(),
-            )
-        except FencedError:
-            # The files may be the newer run's by now: delete nothing, its cleanup deletes ours.
-            self._notify_native(cid, complete=False)
-            raise
-        except BaseException:
-            writer.abort()
-            discard_native_uploads(self.storage, writer.location, states, cid)
-            self._notify_native(cid, complete=False)
-            raise
-        # As Flink's notifyCheckpointComplete: from now on the backends may reference its uploads.
-        self._notify_native(cid, complete=True)
-        self.registry.hook.statekit_checkpoint_completed(
-            job_id=self.job_id, checkpoint_id=cid, location=location
-        )
-        apply_retention(self.storage, self.job_id, self.retained)
-        return location
+        return self._coordinator.checkpoint(self._write_all, self._time_properties(), self._notify_native)
 
     def _time_properties(self) -> dict[str, Any]:
         return {} if self._watermark == MIN_WATERMARK else {WATERMARK_PROPERTY: self._watermark}
 
-    def _notify_native(self, checkpoint_id: int, *, complete: bool) -> None:
+    def _notify_native(self, checkpoint_id: int, complete: bool) -> None:
         for st in self._subtasks:
             keyed = st.keyed
             if isinstance(keyed, SupportsNativeSnapshot):
@@ -1132,21 +982,22 @@ class LocalRunner:
 
     def savepoint(self, target_dir: str | None = None) -> str:
         """Take a savepoint now: canonical, self-contained, never deleted by statekit."""
-        writer = self.storage.begin_savepoint(self.job_id, target_dir)
-        try:
-            states = self._write_all(writer, None)
-            return complete_checkpoint(
-                writer,
-                job_id=self.job_id,
-                checkpoint_id=self._next_checkpoint_id - 1,
-                max_parallelism=self.max_parallelism,
-                subtasks=states,
-                kind="savepoint",
-                properties=self._time_properties(),
-            )
-        except BaseException:
-            writer.abort()
-            raise
+        return self._coordinator.savepoint(self._write_all, self._time_properties(), target_dir)
+
+    @property
+    def retained(self) -> int:
+        """Completed checkpoints kept (``statekit.checkpoints.retained``)."""
+        return self._coordinator.retained
+
+    @property
+    def native_checkpoints(self) -> bool:
+        """Whether checkpoints are native where the backend has a format of its own."""
+        return self._coordinator.native
+
+    @property
+    def _fence(self) -> RunFence:
+        """This run's fence (for tests that inspect the run's id)."""
+        return self._coordinator.fence
 
     # --- inspection ----------------------------------------------------------------
 
