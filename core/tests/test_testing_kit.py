@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from statekit import KeyGroupRange
 from statekit.backend_api import KeyedStateHandle, OperatorStateBackendImpl, OperatorStateData, StateKind
@@ -184,6 +185,65 @@ class _Scratch:
         return None
 
 
+class RefusesForeignSavepoints(ReferenceKeyedStateBackend):
+    """Restores only snapshots its own backend wrote: another backend's savepoint comes back empty."""
+
+    backend_name = "picky"
+
+    def restore(self, handles: Sequence[KeyedStateHandle]) -> None:
+        super().restore([h for h in handles if h.backend == self.backend_name])
+
+
+class ReferencesConfirmedUploads(ReferenceKeyedStateBackend):
+    """Follows the completion contract literally: re-references an unchanged upload once confirmed.
+
+    The backend keeps one set of referenceable uploads (those of checkpoints it
+    was told completed), whatever output or storage a snapshot writes to, and
+    forgets it on restore. The kit must pass it.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.contract_pending: dict[int, tuple[bytes, Any]] = {}
+        self.contract_confirmed: tuple[bytes, Any] | None = None
+
+    def native_snapshot(self, checkpoint_id: int) -> Any:
+        inner = super().native_snapshot(checkpoint_id)
+        backend = self
+
+        class _Snap:
+            def write(self, out: Any, **kw: Any) -> Any:
+                scratch = _Scratch(out.checkpoint_id)
+                h = inner.write(scratch, **kw)
+                data = scratch.data
+                last = backend.contract_confirmed
+                if last is not None and last[0] == data:
+                    return dataclasses.replace(h, files=(last[1],))
+                f = out.upload("state.bin", data, shared=True)
+                backend.contract_pending[out.checkpoint_id] = (data, f)
+                return dataclasses.replace(h, files=(f,))
+
+            def release(self) -> None:
+                inner.release()
+
+        return _Snap()
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        done = self.contract_pending.pop(checkpoint_id, None)
+        if done is not None:
+            self.contract_confirmed = done
+        super().notify_checkpoint_complete(checkpoint_id)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        self.contract_pending.pop(checkpoint_id, None)
+        super().notify_checkpoint_aborted(checkpoint_id)
+
+    def restore_native(self, handles: Sequence[Any]) -> None:
+        super().restore_native(handles)
+        self.contract_pending.clear()
+        self.contract_confirmed = None
+
+
 class _BrokenOperator(ReferenceStateBackend):
     operator_class: type[OperatorStateBackendImpl] = OperatorStateBackendImpl
     name = "broken-operator"
@@ -238,8 +298,14 @@ def broken_operator(operator_class: type[OperatorStateBackendImpl]) -> Callable[
     return lambda: type(operator_class.__name__, (_BrokenOperator,), {"operator_class": operator_class})()
 
 
-# What an author's run uses (kit_settings), made reproducible and large enough to find each bug.
-FIND = kit_settings(15, max_examples=500, derandomize=True, database=None)
+# What an author's run uses: the ci profile's examples (statekit's CI, conftest.py) at the steps of
+# each test_property_* (kit_settings, property_step_count), made reproducible.
+CI = kit_settings(
+    StateBackendTests.property_step_count,
+    max_examples=settings.get_profile("ci").max_examples,
+    derandomize=True,
+    database=None,
+)
 
 
 def _violations(e: BaseException) -> list[PropertyViolation]:
@@ -250,17 +316,25 @@ def _violations(e: BaseException) -> list[PropertyViolation]:
     return []
 
 
+def _target(factory: Callable[[], Any], storage: Any, others: dict[str, Any]) -> ConformanceTarget:
+    return ConformanceTarget(factory, factory().name, others, storage, Path(tempfile.mkdtemp(prefix="kit-")))
+
+
 def violation(
-    prop: str, factory: Callable[[], Any], *, storage: Any = ReferenceCheckpointStorage
+    prop: str,
+    factory: Callable[[], Any],
+    *,
+    storage: Any = ReferenceCheckpointStorage,
+    others: dict[str, Any] | None = None,
 ) -> PropertyViolation:
-    """Run property ``prop`` against ``factory``; return the violation of ``prop`` the kit reports.
+    """Run property ``prop`` against ``factory`` at the ci profile; return the violation of ``prop``.
 
     Hypothesis may report several distinct failures at once (an ExceptionGroup);
     one of them must be a violation of ``prop``.
     """
-    target = ConformanceTarget(factory, factory().name, {}, storage, Path(tempfile.mkdtemp(prefix="kit-")))
+    target = _target(factory, storage, others or {})
     with pytest.raises((PropertyViolation, BaseExceptionGroup)) as e:
-        run_property(prop, target, FIND)
+        run_property(prop, target, CI)
     found = _violations(e.value)
     matching = [v for v in found if v.property == prop]
     assert matching, f"expected a violation of {prop}, got {[v.property for v in found]}: {e.value!r}"
@@ -301,7 +375,7 @@ def test_a_backend_that_ignores_ttl_fails_never_returns_expired() -> None:
     assert "is expired" in str(v) and "returned" in str(v)
     s = steps(v)
     assert "state = TtlMachine()" in s
-    assert "state.advance_clock(ms=" in s
+    assert "state.advance_clock(ms=" in s or "state.write_then_expire_then_read(" in s
 
 
 def test_a_backend_whose_snapshot_changes_after_later_writes_fails_isolation() -> None:
@@ -309,6 +383,8 @@ def test_a_backend_whose_snapshot_changes_after_later_writes_fails_isolation() -
     assert v.property == "snapshot_isolation"
     assert "writing the snapshot taken at t=" in str(v)
     s = steps(v)
+    if "state.write_right_after_snapshot(" in s:  # the rule that takes, writes, and writes the snapshot
+        return
     assert "state.take_snapshot(" in s and "state.write_snapshot(" in s
     # A write happened between taking and writing the snapshot.
     taken = s.index("state.take_snapshot(")
@@ -353,6 +429,92 @@ def test_a_storage_listing_newest_first_fails_storage_round_trip() -> None:
     v = violation("storage_round_trip", ReferenceStateBackend, storage=ListsNewestFirst)
     assert v.property == "storage_round_trip"
     assert "the storage lists" in str(v)
+
+
+def test_a_backend_that_refuses_other_backends_savepoints_fails_portability() -> None:
+    picky = {"picky": broken(RefusesForeignSavepoints)}
+    v = violation("savepoint_portability", ReferenceStateBackend, others=picky)
+    assert v.property == "savepoint_portability"
+    assert "into 'picky'" in str(v) and "backend holds '<absent>'" in str(v)
+    assert "state.savepoint_into_every_backend(" in steps(v)
+
+
+def test_every_property_has_a_broken_backend_here() -> None:
+    """Each named property is shown failing a backend (or storage) that breaks its invariant."""
+    names = {n for n in globals() if n.startswith("test_a") and n.endswith(tuple(PROPERTY_TESTS.values()))}
+    missing = [p for p, suffix in PROPERTY_TESTS.items() if not any(n.endswith(suffix) for n in names)]
+    assert not missing, f"no broken variant fails these properties: {missing}"
+    assert set(PROPERTY_TESTS) == set(PROPERTIES) - {"backend_agrees_with_model"}
+
+
+# Property -> how the name of the test showing a broken variant failing it ends.
+PROPERTY_TESTS = {
+    "snapshot_restore_round_trip": "_fails_round_trip",
+    "rescale_key_group_ownership": "_fails_key_group_ownership",
+    "even_split_redistribution": "_fails_even_split",
+    "union_redistribution": "_fails_union",
+    "broadcast_redistribution": "_fails_broadcast",
+    "savepoint_portability": "_fails_portability",
+    "ttl_never_returns_expired": "_fails_never_returns_expired",
+    "snapshot_isolation": "_fails_isolation",
+    "storage_round_trip": "_fails_storage_round_trip",
+    "native_references_only_completed_uploads": "_fails_the_native_property",
+}
+
+
+@pytest.mark.parametrize("prop", ["native_references_only_completed_uploads", "all"])
+def test_a_backend_following_the_completion_contract_literally_passes(prop: str) -> None:
+    """It references every upload of a checkpoint it was told completed, with no regard to outputs."""
+    factory = broken(ReferencesConfirmedUploads)
+    steps_ = StateBackendTests.stateful_step_count if prop == "all" else StateBackendTests.property_step_count
+    settings_ = kit_settings(steps_, max_examples=CI.max_examples, derandomize=True, database=None)
+    run_property(prop, _target(factory, ReferenceCheckpointStorage, {}), settings_)
+
+
+# --- the same on the sqlite example, a third-party backend (when it is installed) ---------------
+
+
+def _sqlite() -> Any:
+    return pytest.importorskip("statekit_sqlite._backend", reason="the sqlite example is not installed")
+
+
+def _sqlite_factory(keyed_class: type) -> Callable[[], Any]:
+    sqlite = _sqlite()
+
+    class _Backend(sqlite.SqliteStateBackend):  # type: ignore[misc, name-defined]
+        name = keyed_class.__name__
+
+        def create_keyed_backend(self, **kw: Any) -> Any:
+            return keyed_class(**kw, synchronous="off")
+
+    return _Backend
+
+
+def test_a_sqlite_snapshot_reading_the_live_database_fails_isolation() -> None:
+    sqlite = _sqlite()
+
+    class ReadsTheLiveDatabase(sqlite.SqliteKeyedStateBackend):  # type: ignore[misc, name-defined]
+        """Its snapshot reader queries the task's own connection when it is written: the live file."""
+
+        def _snapshot_entries(self) -> Callable[[str, int], Any]:
+            return sqlite._SnapshotReader(self._db, self._sqlite_states, self.key_serializer)
+
+    v = violation("snapshot_isolation", _sqlite_factory(ReadsTheLiveDatabase))
+    assert "writing the snapshot taken at t=" in str(v)
+
+
+def test_a_sqlite_restore_dropping_the_last_key_group_fails_key_group_ownership() -> None:
+    sqlite = _sqlite()
+
+    class DropsLastKeyGroup(sqlite.SqliteKeyedStateBackend):  # type: ignore[misc, name-defined]
+        """Its restores skip its last key group (an inclusive end taken as exclusive)."""
+
+        def _load_entries(self, reg: Any, key_group: int, *entries: Any) -> None:
+            if key_group != self.key_group_range.end:
+                super()._load_entries(reg, key_group, *entries)
+
+    v = violation("rescale_key_group_ownership", _sqlite_factory(DropsLastKeyGroup))
+    assert "key groups that lost entries: [" in str(v)
 
 
 # --- the guard ---------------------------------------------------------------------------------------
@@ -468,3 +630,56 @@ def test_an_author_sees_the_failing_property_and_the_steps(pytester: pytest.Pyte
     assert "XPASS(strict)" in out or "[XPASS(strict)]" in out
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed") == 2 and outcomes.get("passed") == 1, outcomes
+
+
+OFF_BY_ONE = """
+import pytest
+from statekit.testing import StateBackendTests, ReferenceStateBackend, ReferenceKeyedStateBackend
+
+
+class _OffByOne:
+    def __init__(self, handle):
+        self._h = handle
+
+    def __getattr__(self, name):
+        return getattr(self._h, name)
+
+    def value(self):
+        v = self._h.value()
+        return v + 1 if isinstance(v, int) else v
+
+
+class OffByOne(ReferenceKeyedStateBackend):
+    def get_state(self, descriptor, *, namespace_serializer=None):
+        return _OffByOne(super().get_state(descriptor, namespace_serializer=namespace_serializer))
+
+
+class OffByOneBackend(ReferenceStateBackend):
+    name = "off-by-one"
+
+    def create_keyed_backend(self, **kw):
+        kw.pop("local_dir", None)
+        return OffByOne(**kw)
+
+
+class TestOffByOne(StateBackendTests):
+    @pytest.fixture
+    def backend_factory(self):
+        return OffByOneBackend
+
+    @pytest.fixture
+    def other_backend_factories(self):
+        return {}
+"""
+
+
+def test_a_failing_semantic_test_shows_the_values(pytester: pytest.Pytester) -> None:
+    """The kit is registered for assertion rewriting (statekit-core's pytest11 entry point)."""
+    pytester.makepyfile(test_inner=OFF_BY_ONE)
+    result = pytester.runpytest_subprocess(
+        "-q", "-p", "no:cacheprovider", "-k", "test_value_update_then_value_per_key"
+    )
+    out = result.stdout.str()
+    assert result.parseoutcomes().get("failed") == 1, out
+    # A bare "AssertionError" would mean the kit's asserts were not rewritten.
+    assert "assert 2 == 1" in out, out

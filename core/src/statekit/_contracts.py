@@ -147,11 +147,26 @@ class SupportsNativeSnapshot(Protocol):
 
     Runners call, for every checkpoint ``n`` they take natively:
     ``native_snapshot(n)`` at the checkpoint point, ``write(out)`` on the
-    result (maybe later, maybe on another thread), then exactly one of
-    ``notify_checkpoint_complete(n)`` (checkpoint ``n`` exists; its uploads may
-    be referenced from now on) or ``notify_checkpoint_aborted(n)`` (it never
-    will). A backend that is never told may never reference ``n``'s uploads.
-    ``statekit.testing`` exercises all of it.
+    result (maybe later, maybe on another thread), then at most one of
+    ``notify_checkpoint_complete(n)`` (checkpoint ``n`` exists) or
+    ``notify_checkpoint_aborted(n)`` (it never will); sometimes neither (a
+    driver that died). ``statekit.testing`` exercises all of it.
+
+    The completion contract. The snapshot of checkpoint n may reference a file (put into its handle
+    a NativeFile that out.upload returned for an earlier checkpoint, instead of uploading the file
+    again) only if the checkpoint m that uploaded it, with shared=True, was confirmed to this
+    backend instance by notify_checkpoint_complete(m) before n's snapshot references it. Nothing
+    else is ever referenced: not an upload of a checkpoint that was aborted
+    (notify_checkpoint_aborted) or never confirmed, even once a later checkpoint completes (the
+    completion of m says nothing about the checkpoints before m), and not a file of a restored
+    snapshot (the first checkpoint after a restore uploads every file). A backend needs to know
+    nothing more: it keeps each checkpoint's uploads by checkpoint id (out.checkpoint_id) until that
+    checkpoint is confirmed or aborted, and one set of referenceable uploads, whatever output or
+    storage a snapshot writes to. Runners and the kit confirm a checkpoint only where every later
+    checkpoint of the backend can reach its files: a runner sends all native checkpoints of a
+    backend into one checkpoint storage, and the kit confirms the native snapshots it writes into
+    memory only while the backend checkpoints nowhere else (its state machines that also checkpoint
+    through a storage abort them).
     """
 
     native_format: str
@@ -164,7 +179,11 @@ class SupportsNativeSnapshot(Protocol):
         """Restore the owned key groups of native snapshots (any parallelism); checks first."""
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` (and every earlier one this backend wrote) completed."""
+        """Checkpoint ``checkpoint_id`` completed: its uploads may be referenced from now on.
+
+        It says nothing about earlier checkpoints this backend was not told
+        about: their uploads are never referenced (see the completion contract above).
+        """
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` will never complete: never reference its uploads."""

@@ -2,7 +2,11 @@
 
 Read ``docs/writing-a-backend.md`` first. A minimal backend subclasses
 :class:`KeyedBackendBase` and stores what it is given; core adds the current
-key, TTL, reducing and aggregating state and canonical snapshots.
+key, TTL, reducing and aggregating state and canonical snapshots. A backend
+on an ordered key-value engine subclasses :class:`OrderedKVBackendBase`; its
+native restores are planned by ``kv_plan_native_restore`` (a
+:class:`KVNativeRestore`) and finished by ``kv_finish_native_restore``, in an
+instance directory made by :func:`create_instance_dir`.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from .state._kvstate import (
     KVColumn,
     KVListState,
     KVMapState,
+    KVNativeRestore,
     KVValueState,
     OrderedKVBackendBase,
     group_entries,
@@ -82,6 +87,7 @@ __all__ = [
     "KVColumn",
     "KVListState",
     "KVMapState",
+    "KVNativeRestore",
     "KVValueState",
     "KeyLayout",
     "KeyedBackendBase",

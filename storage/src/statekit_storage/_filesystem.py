@@ -483,6 +483,7 @@ class _FileWriter:
             raise CheckpointError(f"cannot write {_join(self._url, METADATA_FILE)}: {exc}") from exc
         finally:
             fs.invalidate_cache(self._path)
+        self._open_checked = False  # a stream asked of this writer now finds _metadata and is refused
         return self._url
 
     def abort(self) -> None:

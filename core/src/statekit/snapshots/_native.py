@@ -15,11 +15,25 @@ The life of an upload, for a backend author::
     backend.notify_checkpoint_complete(7)      # from now on, 7's uploads may be referenced
     # or: backend.notify_checkpoint_aborted(7) # 7's uploads must never be referenced
 
-A backend may reference only files of checkpoints it was told completed: an
-upload of a checkpoint that failed (or whose completion never reached the
+An upload of a checkpoint that failed (or whose completion never reached the
 backend) can be deleted at any time. The coordinator counts references per
 shared file (:meth:`NativeStateHandle.shared_descriptions`), and retention
 deletes a shared file once no retained checkpoint references it.
+
+The completion contract. The snapshot of checkpoint n may reference a file (put into its handle a
+NativeFile that out.upload returned for an earlier checkpoint, instead of uploading the file again)
+only if the checkpoint m that uploaded it, with shared=True, was confirmed to this backend instance
+by notify_checkpoint_complete(m) before n's snapshot references it. Nothing else is ever referenced:
+not an upload of a checkpoint that was aborted (notify_checkpoint_aborted) or never confirmed, even
+once a later checkpoint completes (the completion of m says nothing about the checkpoints before m),
+and not a file of a restored snapshot (the first checkpoint after a restore uploads every file). A
+backend needs to know nothing more: it keeps each checkpoint's uploads by checkpoint id
+(out.checkpoint_id) until that checkpoint is confirmed or aborted, and one set of referenceable
+uploads, whatever output or storage a snapshot writes to. Runners and the kit confirm a checkpoint
+only where every later checkpoint of the backend can reach its files: a runner sends all native
+checkpoints of a backend into one checkpoint storage, and the kit confirms the native snapshots it
+writes into memory only while the backend checkpoints nowhere else (its state machines that also
+checkpoint through a storage abort them).
 """
 
 from __future__ import annotations
@@ -251,7 +265,21 @@ class NativeSnapshot(Protocol):
     def write(
         self, out: NativeSnapshotOutput, *, progress: ProgressCallback | None = None
     ) -> NativeStateHandle:
-        """Upload what is new, reference what completed checkpoints uploaded; returns the handle."""
+        """Upload what is new, reference what completed checkpoints uploaded; returns the handle.
+
+        Args:
+            out: Where the files go: ``out.upload(name, path_or_bytes, shared=...)``
+                returns each file's :class:`NativeFile`; ``out.checkpoint_id`` is the
+                checkpoint being written (remember the uploads under it until it is
+                confirmed or aborted; see the completion contract in this module).
+            progress: None, or a callback to call as ``progress(done, total)`` while
+                uploading (files or bytes so far, of how many; the last call with
+                ``done == total``), from the thread ``write`` runs on. Runners and
+                the CLI draw it; ignoring it loses only the display.
+
+        Returns:
+            The snapshot's handle (``KeyedBackendBase.native_handle`` fills it in).
+        """
 
     def release(self) -> None:
         """Give the snapshot up without writing it (idempotent; ``write`` releases too)."""

@@ -546,7 +546,10 @@ class KeyedBackendBase(ABC):
 
         Called synchronously at the snapshot point. The reader is called later,
         possibly while processing goes on, and must return the state as it was
-        at the snapshot point (copy now, or copy on write).
+        at the snapshot point (copy now, or copy on write). It is asked only
+        about states registered at that point, once per owned key group; for a
+        state without entries there (or without a table or column in the
+        frozen view) it returns three empty lists, and never raises.
         """
 
     def _release_snapshot(self, reader: Callable[[str, int], StateEntries]) -> None:  # noqa: B027

@@ -385,8 +385,22 @@ class KVNativeRestore:
     """A checked native restore of an ordered key-value backend: what to load, and the best base.
 
     Made by :meth:`OrderedKVBackendBase.kv_plan_native_restore`, after every
-    check; the engine loads ``parts`` (all overlap the backend's key groups),
-    then calls :meth:`OrderedKVBackendBase.kv_finish_native_restore`.
+    check and before any change; the engine loads ``parts`` (all overlap the
+    backend's key groups) keeping only its own key groups
+    (``layout.group_range(own.start, own.end)``), then calls
+    :meth:`OrderedKVBackendBase.kv_finish_native_restore`, which also runs when
+    there are no parts. Example (``restore_native`` of an engine)::
+
+        plan = self.kv_plan_native_restore(handles, self.native_format)
+        if plan.base is not None:
+            own = self.key_group_range
+            lower, upper = self.layout.group_range(own.start, own.end)
+            for part in plan.parts:   # plan.base first, if the engine adopts it whole
+                ...                   # download part.files (copy_to checks them), load [lower, upper)
+        self.kv_finish_native_restore(plan)   # sequence, restored states, TTL as of the snapshots
+        # and forget every referenceable upload: the next checkpoint uploads everything
+
+    ``docs/writing-a-backend.md`` (native snapshots on an ordered engine) has the whole path.
 
     Attributes:
         metas: Each restored state's descriptor entry.
@@ -407,7 +421,7 @@ class KVNativeRestore:
 
 
 class OrderedKVBackendBase(KeyedBackendBase):
-    """A keyed backend on an ordered key-value engine; see the module docstring.
+    """A keyed backend on an ordered key-value engine (``docs/writing-a-backend.md``, ordered engines).
 
     Subclasses implement :meth:`kv_bind`, :meth:`kv_write`, :meth:`kv_load`,
     ``_snapshot_entries`` (use :meth:`kv_read_group` over a frozen view) and,
@@ -772,7 +786,15 @@ class OrderedKVBackendBase(KeyedBackendBase):
         return plan
 
     def kv_finish_native_restore(self, plan: KVNativeRestore) -> None:
-        """After the engine loaded ``plan.parts``: sequence, states, and TTL as of the snapshots' time."""
+        """After the engine loaded ``plan.parts``: sequence, states, and TTL as of the snapshots' time.
+
+        Sets :attr:`sequence` above every part's, records the restored states
+        (:meth:`adopt_native_states`: undeclared ones become known, their
+        serializers rebuilt from their configs) and deletes what full-snapshot
+        TTL cleanup would have left out at each snapshot's time (:meth:`purge_as_of`).
+        It does not call :meth:`load_undeclared_states` (a native restore has
+        nothing pending); the canonical :meth:`restore` does.
+        """
         if plan.parts:
             self.sequence = max(int(h.meta.get("sequence", 0)) for h in plan.parts)
         self.adopt_native_states(plan.metas)

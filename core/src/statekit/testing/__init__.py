@@ -26,6 +26,26 @@ native snapshots upload, in memory), :func:`value_state_contents` and
 :func:`keyed_checkpoint_part` (what a :class:`~statekit.LocalRunner` holds
 and checkpointed) and :func:`run_killed_job` (a job whose process dies by
 SIGKILL, leaving its local directories behind).
+
+Native snapshots are held to the completion contract, the one rule of
+``docs/writing-a-backend.md`` and :class:`statekit.SupportsNativeSnapshot`, and
+the kit's helpers (:func:`snapshot_handle` with ``native=True``, the state
+machines) follow it:
+
+The completion contract. The snapshot of checkpoint n may reference a file (put into its handle a
+NativeFile that out.upload returned for an earlier checkpoint, instead of uploading the file again)
+only if the checkpoint m that uploaded it, with shared=True, was confirmed to this backend instance
+by notify_checkpoint_complete(m) before n's snapshot references it. Nothing else is ever referenced:
+not an upload of a checkpoint that was aborted (notify_checkpoint_aborted) or never confirmed, even
+once a later checkpoint completes (the completion of m says nothing about the checkpoints before m),
+and not a file of a restored snapshot (the first checkpoint after a restore uploads every file). A
+backend needs to know nothing more: it keeps each checkpoint's uploads by checkpoint id
+(out.checkpoint_id) until that checkpoint is confirmed or aborted, and one set of referenceable
+uploads, whatever output or storage a snapshot writes to. Runners and the kit confirm a checkpoint
+only where every later checkpoint of the backend can reach its files: a runner sends all native
+checkpoints of a backend into one checkpoint storage, and the kit confirms the native snapshots it
+writes into memory only while the backend checkpoints nowhere else (its state machines that also
+checkpoint through a storage abort them).
 """
 
 from __future__ import annotations

@@ -183,7 +183,15 @@ class NativeCheckpoints:
     ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     completed: set[int] = field(default_factory=set)
     stored: set[int] = field(default_factory=set)
-    """The completed checkpoints written through the storage: the only ones its checkpoints may reference."""
+    """The completed checkpoints written through the storage."""
+    confirm_in_memory: bool = True
+    """Whether native snapshots the kit writes into memory are confirmed (notify_checkpoint_complete).
+
+    The completion contract lets a backend reference every upload of a checkpoint it
+    was told completed, so the kit confirms a checkpoint only where the backend's
+    later checkpoints can reach its files: a lineage that also checkpoints through a
+    storage has its in-memory snapshots aborted instead (notify_checkpoint_aborted).
+    """
 
     def next_id(self) -> int:
         """A new checkpoint id, larger than every earlier one."""
@@ -251,7 +259,11 @@ def snapshot_handle(keyed: KeyedStateBackend, *, native: bool = False) -> Any:
     """Snapshot ``keyed`` now and write it into memory; returns the handle a restore takes.
 
     Canonical: a :class:`KeyedStateHandle`. Native: a :class:`NativeStateHandle`
-    of a checkpoint that then completes.
+    of a checkpoint of its own (ids go up across every call) that then completes:
+    ``keyed`` is told ``notify_checkpoint_complete``, so under the completion
+    contract its later native snapshots may reference these in-memory uploads.
+    Use it on a backend whose native snapshots all go through this helper (a
+    plugin's own tests), not on one that also checkpoints through a storage.
     """
     if native:
         return native_snapshot_handle(keyed)[0]
@@ -396,7 +408,7 @@ class Job:
             check_native_references(h, cps.completed, f"{self} subtask {st.index}")
             handles.append(h)
             outputs.append(out)
-        self.settle_native(cid, "complete")
+        self.settle_native(cid, "complete" if cps.confirm_in_memory else "abort")
         return handles
 
     def settle_native(self, checkpoint_id: int, outcome: str) -> None:
@@ -484,10 +496,7 @@ class Job:
                 if state.keyed and "native" in state.keyed:
                     handle = NativeStateHandle.from_json(state.keyed["native"], _unresolved)
                     check_native_references(
-                        handle,
-                        self.native_checkpoints.stored,
-                        f"{self} subtask {state.subtask_index} (a checkpoint through the storage may "
-                        "reference only files of completed checkpoints of that storage)",
+                        handle, self.native_checkpoints.completed, f"{self} subtask {state.subtask_index}"
                     )
             location = complete_checkpoint(
                 writer,

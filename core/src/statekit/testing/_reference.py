@@ -353,7 +353,12 @@ class _Writer:
     def location(self) -> str:
         return self._location
 
+    def _refuse_if_complete(self, what: str) -> None:
+        if self._location in self._storage._metadata:
+            raise CheckpointError(f"{self._location} is complete: {what} refused, nothing changed")
+
     def create_stream(self, name: str, *, shared: bool = False) -> _Stream:
+        self._refuse_if_complete(f"a stream {name!r}")
         return _Stream(self._storage, name)
 
     def complete(self, metadata: bytes) -> str:
@@ -364,7 +369,8 @@ class _Writer:
         return self._location
 
     def abort(self) -> None:
-        """Nothing to do: unreferenced blobs are harmless in a test storage."""
+        """Nothing to delete (unreferenced blobs are harmless in a test storage); a completed one refuses."""
+        self._refuse_if_complete("abort()")
 
 
 class ReferenceCheckpointStorage:

@@ -22,6 +22,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from .._contracts import SupportsNativeSnapshot
 from ..checkpoints._checkpoint import apply_retention
+from ..serialization._keygroups import key_group_for_bytes, key_group_range_for_operator
+from ..serialization._serializers import StrSerializer
 from ..snapshots._snapshot import KeyedStateHandle
 from ..state._state import StateKind, StateTtlConfig, TtlUpdateType, TtlVisibility
 from ._clock import ManualClock
@@ -241,11 +243,16 @@ class _Machine(RuleBasedStateMachine):
         self.next_checkpoint = 1
         # Native snapshots taken directly and checkpoints through the storage share one id sequence.
         self.native_checkpoints = NativeCheckpoints(ids=self._checkpoint_ids())
+        # A backend may reference every upload of a checkpoint it was told completed, so
+        # where checkpoints go through the storage, snapshots written into memory are aborted.
+        self.native_checkpoints.confirm_in_memory = not isinstance(self, StorageRules)
         self.last = "the start"
         # What may have changed since the invariant last ran (checking keyed state is the costly part).
         self.keyed_dirty = True
         self.ops_dirty = True
         self.probe_due = False  # entries can only become visible wrongly when time passes or on restores
+        self._isolation_writes = 0
+        self._operator_marks = 0
 
     def _checkpoint_ids(self) -> Iterator[int]:
         while True:
@@ -324,6 +331,26 @@ class _Machine(RuleBasedStateMachine):
     def _draw_parallelism(self, data: st.DataObject) -> int:
         return data.draw(_PARALLELISMS[self.config.max_parallelism], label="new parallelism")
 
+    def _mark_range_edges(self, parallelism: int) -> None:
+        """Write a value into the first and last key group of every subtask's range, old and new.
+
+        A restore that loses a key group (the plain violation of key-group ownership,
+        an off-by-one at a range's end) shows only where there are entries: random
+        writes to a few keys leave most key groups empty, the edges never.
+        """
+        maxp = self.config.max_parallelism
+        edges: set[int] = set()
+        for p in {self.job.parallelism, parallelism}:
+            for i in range(p):
+                r = key_group_range_for_operator(maxp, p, i)
+                edges.update((r.start, r.end))
+        keys = _edge_keys(maxp)
+        for kg in sorted(edges):
+            key = keys[kg]
+            self.job.at(key, NAMESPACES[0], "value").update(kg)
+            self.model.value_update(key, NAMESPACES[0], kg)
+        self.keyed_dirty = True
+
     def teardown(self) -> None:
         """Close every job; pending snapshots are released unwritten."""
         for p in self.pending:
@@ -398,7 +425,7 @@ class _Machine(RuleBasedStateMachine):
         )
 
     def _decode_native(self, p: _Pending) -> list[Any]:
-        """Write pending native snapshots, complete their checkpoint, restore them in a new job: its state."""
+        """Write pending native snapshots, settle their checkpoint, restore them in a new job: its state."""
         cid = p.native_checkpoint
         assert cid is not None
         handles = []
@@ -406,7 +433,7 @@ class _Machine(RuleBasedStateMachine):
             h = snap.write(KitNativeOutput(cid))
             check_native_references(h, self.native_checkpoints.completed, f"{p.job} subtask {sub.index}")
             handles.append(h)
-        p.job.settle_native(cid, "complete")
+        p.job.settle_native(cid, "complete" if self.native_checkpoints.confirm_in_memory else "abort")
         new = self._new_job(p.job.backend_name, p.job.parallelism)
         try:
             new.restore_from(
@@ -456,6 +483,24 @@ class _Machine(RuleBasedStateMachine):
             self._drop(new)
             raise
         return new
+
+
+_EDGE_KEYS: dict[int, list[str]] = {}
+
+
+def _edge_keys(max_parallelism: int) -> list[str]:
+    """A ``str`` key of every key group of ``max_parallelism`` (the kit's key serializer), by key group."""
+    found = _EDGE_KEYS.get(max_parallelism)
+    if found is None:
+        ser = StrSerializer()
+        by_group: dict[int, str] = {}
+        i = 0
+        while len(by_group) < max_parallelism:
+            key = f"kg-{i}"
+            by_group.setdefault(key_group_for_bytes(ser.serialize(key), max_parallelism), key)
+            i += 1
+        found = _EDGE_KEYS[max_parallelism] = [by_group[kg] for kg in range(max_parallelism)]
+    return found
 
 
 _READ_NAMES = {
@@ -731,6 +776,7 @@ class RoundTripRules(_Machine):
     """Snapshot every subtask and restore into a new job of the same backend and layout."""
 
     def _round_trip(self, *, native: bool, declare_first: bool) -> None:
+        self._mark_range_edges(self.job.parallelism)
         job, now = self.job, self.clock()
         handles = job.keyed_handles(native=native)
         # Canonical snapshots are both what is restored and what the restored job is compared with.
@@ -769,10 +815,12 @@ class RoundTripRules(_Machine):
     @precondition(lambda self: self.native)
     @rule(outcome=st.sampled_from(["abort", "lost"]))
     def native_checkpoint_fails(self, outcome: str) -> None:
-        """A native checkpoint that never completes: aborted, or its completion never arrives.
+        """A native checkpoint that never completes (aborted, or its completion never arrives), then the next.
 
         Its uploads are deleted at once; a later snapshot that references them
         breaks :data:`NATIVE_REFERENCES_COMPLETED` (and its restore would fail).
+        The next checkpoint is taken at once, of the same state: the plain
+        violation (re-referencing what the failed one uploaded) fails here.
         """
         job = self.job
         cid = self.native_checkpoints.next_id()
@@ -784,6 +832,10 @@ class RoundTripRules(_Machine):
             check_native_references(handle, self.native_checkpoints.completed, f"{job} subtask {sub.index}")
             out.delete_all()
         job.settle_native(cid, outcome)
+        if isinstance(self, StorageRules):
+            self._checkpoint()
+        else:
+            job.keyed_handles(native=True)  # checks its references, then settles it
         self.last = (
             f"native checkpoint {cid} of {job}, {'aborted' if outcome == 'abort' else 'never confirmed'}"
         )
@@ -796,7 +848,14 @@ class RescaleRules(_Machine):
     def rescale(self, data: st.DataObject, declare_first: bool) -> None:
         """Snapshot, then restore into ``p'`` new subtasks (1 ≤ p' ≤ max parallelism)."""
         old, now, old_ops = self.job, self.clock(), self.ops
-        p = self._draw_parallelism(data)
+        maxp = self.config.max_parallelism
+        if maxp > 1:  # another parallelism: restoring the same layout is the round trip's
+            p = data.draw(_PARALLELISMS[maxp].filter(lambda n: n != old.parallelism), label="new parallelism")
+        else:
+            p = 1
+        if self.keyed_state:
+            self._mark_range_edges(p)
+        self._mark_operator_state()
         backend = data.draw(st.sampled_from(list(self.backends)), label="into backend")
         native = self.native and backend == old.backend_name and data.draw(st.booleans(), label="native")
         new = self._restored_job(backend, p, declare_first=declare_first, native=native)
@@ -816,6 +875,30 @@ class RescaleRules(_Machine):
         self._replace(new)
         self._compact_union()
         self.last = context
+
+    @rule(data=st.data(), declare_first=st.booleans())
+    def rescale_twice(self, data: st.DataObject, declare_first: bool) -> None:
+        """Two rescales in a row (p to p' to p''): the second restores snapshots of a rescaled job."""
+        self.rescale(data, declare_first)
+        self.rescale(data, declare_first)
+
+    def _mark_operator_state(self) -> None:
+        """Add two distinct elements to every subtask's lists and two entries to the broadcast maps.
+
+        Reordered, split or dropped elements show only in lists of two elements or
+        more, a broadcast map that keeps one entry only in maps of two.
+        """
+        self._operator_marks += 2
+        a, b = 1000 + self._operator_marks, 1001 + self._operator_marks
+        for sub in self.job.subtasks:
+            sub.split.add_all([a, b])
+            self.ops.split[sub.index].extend([a, b])
+            sub.union.add(a)
+            self.ops.union[sub.index].append(a)
+            sub.broadcast.put_all({"edge-a": a, "edge-b": b})
+        for m in self.ops.broadcast:
+            m.update({"edge-a": a, "edge-b": b})
+        self.ops_dirty = True
 
 
 class PortabilityRules(_Machine):
@@ -850,33 +933,55 @@ class StorageRules(_Machine):
     @rule(data=st.data(), savepoint=st.booleans(), declare_first=st.booleans())
     def checkpoint_and_restore(self, data: st.DataObject, savepoint: bool, declare_first: bool) -> None:
         """Write a checkpoint (or savepoint), apply retention, restore it at ``p'``."""
+        if savepoint:
+            job, now = self.job, self.clock()
+            cid = self.next_checkpoint - 1
+            location = job.write_checkpoint(self.storage, self.job_id, cid, savepoint=True)
+            self.saved[location] = _Saved(
+                self.model.copy_entries(), self.ops.copy(), now, job.backend_name, job.parallelism
+            )
+        else:
+            location = self._checkpoint()
+        self._restore_saved(data, location, declare_first)
+
+    @rule()
+    def two_checkpoints(self) -> None:
+        """Two checkpoints in a row: listed oldest first, until retention drops the older one."""
+        first = self._checkpoint()
+        second = self._checkpoint()
+        self.last = f"checkpoints {first} and {second} of {self.job}"
+
+    def _checkpoint(self) -> str:
+        """Write the next checkpoint, check the listing, apply retention, check it again."""
         job, now, storage = self.job, self.clock(), self.storage
-        cid = self.next_checkpoint - 1 if savepoint else self.next_checkpoint
-        location = job.write_checkpoint(storage, self.job_id, cid, savepoint=savepoint)
+        location = job.write_checkpoint(storage, self.job_id, self.next_checkpoint, savepoint=False)
         self.saved[location] = _Saved(
             self.model.copy_entries(),
             self.ops.copy(),
             now,
             job.backend_name,
             job.parallelism,
-            native=job.native and not savepoint,
+            native=job.native,
         )
-        if not savepoint:
-            self.next_checkpoint += 1
-            self.checkpoints.append(location)
-            dropped = apply_retention(storage, self.job_id, self.config.retained)
-            for loc in dropped:
-                self.checkpoints.remove(loc)
-                del self.saved[loc]
-            listed = storage.list_checkpoints(self.job_id)
-            if listed != self.checkpoints or storage.latest_checkpoint(self.job_id) != location:
-                raise PropertyViolation(
-                    STORAGE_ROUND_TRIP,
-                    f"after completing {location} and retaining {self.config.retained}: the storage lists "
-                    f"{listed} (latest {storage.latest_checkpoint(self.job_id)!r}), "
-                    f"expected {self.checkpoints}",
-                )
-        self._restore_saved(data, location, declare_first)
+        self.next_checkpoint += 1
+        self.checkpoints.append(location)
+        self._check_listing(f"completing {location}", location)
+        dropped = apply_retention(storage, self.job_id, self.config.retained)
+        for loc in dropped:
+            self.checkpoints.remove(loc)
+            del self.saved[loc]
+        self._check_listing(f"completing {location} and retaining {self.config.retained}", location)
+        return location
+
+    def _check_listing(self, context: str, latest: str) -> None:
+        storage = self.storage
+        listed = storage.list_checkpoints(self.job_id)
+        if listed != self.checkpoints or storage.latest_checkpoint(self.job_id) != latest:
+            raise PropertyViolation(
+                STORAGE_ROUND_TRIP,
+                f"after {context}: the storage lists {listed} (latest "
+                f"{storage.latest_checkpoint(self.job_id)!r}), expected {self.checkpoints} (oldest first)",
+            )
 
     @precondition(lambda self: bool(self.saved))
     @rule(data=st.data(), declare_first=st.booleans())
@@ -927,6 +1032,24 @@ class IsolationRules(_Machine):
         self.pending.append(_Pending(snaps, job, self.model.copy_entries(), self.clock(), self.last, cid))
         kind = "canonical" if cid is None else f"native (checkpoint {cid})"
         self.last = f"taking {kind} snapshot #{len(self.pending)} of {job}"
+
+    @precondition(lambda self: len(self.pending) < 3)
+    @rule(data=st.data(), key=_keys)
+    def write_right_after_snapshot(self, data: st.DataObject, key: Any) -> None:
+        """Take a snapshot, change a value at once, then write the snapshot: the change must not show.
+
+        The plain violation of isolation (a snapshot that reads the live state when
+        it is written) fails here whenever the rule runs, not only when random steps
+        happen to write between taking a snapshot and writing it.
+        """
+        self.take_snapshot(data)
+        self._isolation_writes += 1
+        value = 1000 + self._isolation_writes  # never stored before: the write always changes the state
+        self.job.at(key, NAMESPACES[0], "value").update(value)
+        self.model.value_update(key, NAMESPACES[0], value)
+        self.keyed_dirty = True
+        self._verify_pending(self.pending.pop())
+        self.last = f"a snapshot, then update({value}) of 'value' at key {key!r}, then writing the snapshot"
 
     @precondition(lambda self: bool(self.pending))
     @rule(data=st.data())
@@ -997,6 +1120,34 @@ class TtlMachine(KeyedRules, ClockRules, RoundTripRules, RescaleRules):
     def init(self, config: MachineConfig) -> None:
         """Start with TTL on every state."""
         self._start(config)
+
+    @rule(key=_keys, value=_ints)
+    def write_then_expire_then_read(self, key: Any, value: int) -> None:
+        """Write every state at ``key``, let the longest TTL pass, read each: none returns anything.
+
+        The plain violation (a read that does not look at timestamps, in any kind
+        of state) fails here whenever the rule runs, whatever the cleanup settings.
+        """
+        ns, m = NAMESPACES[0], self.model
+        writes: dict[str, tuple[Callable[[Any], Any], Callable[[], Any]]] = {
+            "value": (lambda h: h.update(value), lambda: m.value_update(key, ns, value)),
+            "list": (lambda h: h.add(value), lambda: m.list_add_all(key, ns, [value])),
+            "reducing": (lambda h: h.add(value), lambda: m.reducing_add(key, ns, value)),
+            "aggregating": (lambda h: h.add(value), lambda: m.aggregating_add(key, ns, value)),
+            "map": (lambda h: h.put("p", value), lambda: m.map_put_all(key, ns, {"p": value})),
+        }
+        for name in KEYED_STATE_NAMES:
+            self._write(name, key, ns, "a write", *writes[name])
+        ttl_ms = max(m.specs[name].ttl_ms for name in KEYED_STATE_NAMES)
+        self.clock.advance(ttl_ms)  # expired: written at t, read at t + ttl
+        self.probe_due = True
+        for name in KEYED_STATE_NAMES:
+
+            def model(n: str = name) -> Any:
+                return _MODEL_READS[n](m, key, ns)
+
+            self._read(name, key, ns, _READ_NAMES[name], _READS[name], model)
+        self.last = f"a write of every state at key {key!r}, {ttl_ms} ms, then a read of each"
 
 
 class IsolationMachine(KeyedRules, ClockRules, IsolationRules):

@@ -425,6 +425,33 @@ class CheckpointStorageTests(_KitFixtures):
             storage.begin_checkpoint(job, 1).complete(b"second")
         assert storage.read_metadata(storage.list_checkpoints(job)[0]) == b"first"
 
+    def test_a_completed_checkpoint_refuses_new_streams_and_abort(self, storage: CheckpointStorage) -> None:
+        """``create_stream`` and ``abort()`` of a completed checkpoint raise CheckpointError, change nothing.
+
+        Both on the writer that completed it and on a new writer of the same id
+        (a run that numbers a checkpoint again must not damage the completed one).
+        """
+        job = new_job_id()
+        writer = storage.begin_checkpoint(job, 1)
+        payload = bytes(range(256)) * 200  # above any inline threshold: a file of its own
+        out = writer.create_stream("state")
+        out.write(payload)
+        description = json.loads(json.dumps(out.close_and_get_handle().to_json()))
+        location = writer.complete(b"meta")
+        new_writer = storage.begin_checkpoint(job, 1)
+        writers = (("the writer that completed it", writer), ("a new writer", new_writer))
+        for which, w in writers:
+            with pytest.raises(CheckpointError):
+                w.create_stream("state")
+                pytest.fail(f"create_stream on {which} of completed {location} did not raise CheckpointError")
+            with pytest.raises(CheckpointError):
+                w.abort()
+                pytest.fail(f"abort() on {which} of completed {location} did not raise CheckpointError")
+        assert storage.list_checkpoints(job) == [location], f"{location} is no longer listed"
+        assert storage.read_metadata(location) == b"meta", f"the metadata of {location} changed"
+        again = storage.resolve_handle(location, description)
+        assert again.read() == payload, f"a stream of {location} changed after a refused call"
+
     def test_missing_location_raises_not_found(self, storage: CheckpointStorage) -> None:
         with pytest.raises(CheckpointNotFoundError):
             storage.read_metadata(storage.begin_checkpoint(new_job_id(), 7).location)
