@@ -23,6 +23,7 @@ from ._driver import (
     QUERY_PROPERTY,
     STATIC_QUERY,
     BatchInfo,
+    ConnectBatches,
     Coordinator,
     JobSpec,
     Sink,
@@ -31,7 +32,7 @@ from ._driver import (
     driver_storage,
 )
 from ._shipping import ship_by_value
-from ._sparkconf import spark_configuration
+from ._sparkconf import is_connect, spark_configuration
 
 __all__ = ["KeyedDataFrame", "ProcessedStream", "keyed"]
 
@@ -246,6 +247,13 @@ class ProcessedStream:
                 that checkpoint or savepoint. Ignored once the query has
                 completed a batch.
 
+        From a Spark Connect client, the query's micro-batches are coordinated
+        on the server (Connect runs ``foreachBatch`` functions there, in a
+        Python process of the query's own): the sink, ``foreach_late_batch``
+        and ``on_batch`` callbacks run there too, so they must pickle (no
+        locks, no open files) and their side effects happen on the server.
+        See docs/spark.md, "Spark Connect".
+
         Raises:
             TypeError: If the DataFrame is not streaming.
             ConfigurationError: On a bad configuration, before the query starts.
@@ -253,6 +261,8 @@ class ProcessedStream:
         spec = self._spec
         if not spec.df.isStreaming:
             raise TypeError("start() needs a streaming DataFrame; use run() for a static one")
+        if is_connect(spec.df.sparkSession):
+            return self._start_connect(checkpoint_location, trigger, query_name, restore)
         ship_by_value(spec.function_factory)
         coordinator = Coordinator(spec, spec.df.sparkSession, restore=restore)
         started = threading.Event()
@@ -269,7 +279,19 @@ class ProcessedStream:
                 raise CheckpointError("cannot tell which streaming query runs this micro-batch")
             coordinator.process_batch(batch_df, batch_id, query_id)
 
-        writer = spec.df.writeStream.foreachBatch(on_micro_batch)
+        query: StreamingQuery = self._writer(on_micro_batch, checkpoint_location, trigger, query_name).start()
+        query_ids.append(str(query.id))
+        started.set()
+        return query
+
+    def _writer(
+        self,
+        on_micro_batch: Callable[[DataFrame, int], None],
+        checkpoint_location: str | None,
+        trigger: str | Mapping[str, Any] | None,
+        query_name: str | None,
+    ) -> Any:
+        writer = self._spec.df.writeStream.foreachBatch(on_micro_batch)
         if checkpoint_location is not None:
             writer = writer.option("checkpointLocation", checkpoint_location)
         if isinstance(trigger, str):
@@ -278,9 +300,46 @@ class ProcessedStream:
             writer = writer.trigger(**trigger)
         if query_name is not None:
             writer = writer.queryName(query_name)
-        query = writer.start()
-        query_ids.append(str(query.id))
-        started.set()
+        return writer
+
+    def _start_connect(
+        self,
+        checkpoint_location: str | None,
+        trigger: str | Mapping[str, Any] | None,
+        query_name: str | None,
+        restore: str | None,
+    ) -> StreamingQuery:
+        """:meth:`start` from a Spark Connect client: the batches are coordinated on the server."""
+        spec = self._spec
+        session = spec.df.sparkSession
+        if checkpoint_location is None:
+            base = session.conf.get("spark.sql.streaming.checkpointLocation", None)
+            if not base or query_name is None:
+                raise ConfigurationError(
+                    "from a Spark Connect client, start() needs checkpoint_location (or query_name with "
+                    "spark.sql.streaming.checkpointLocation set): the server reads the query's id from it"
+                )
+            checkpoint_location = f"{base.rstrip('/')}/{query_name}"  # where Spark puts a named query
+        # Checked here, so that a bad configuration fails start() and not the query on the server.
+        # The backend itself is made on the server only: its engine need not be installed here.
+        conf = spark_configuration(session, spec.config)
+        conf.validate(default_registry())
+        if conf.storage_name == "jobmanager":
+            raise ConfigurationError(
+                "a streaming query started from a Spark Connect client cannot keep its checkpoints in the "
+                "jobmanager storage: Connect coordinates the query in a server-side Python process that "
+                "ends with the query, and its checkpoints with it. Set spark.statekit.checkpoints.dir "
+                "(the filesystem storage: a path or fsspec URL the Connect server and its executors reach)"
+            )
+        # Connect pickles the function and the callbacks to the server, which may not import the
+        # modules that define them (a script, a notebook, a test suite): those travel by value.
+        for part in (spec.function_factory, spec.sink, spec.late_sink, spec.on_batch):
+            if part is not None:
+                ship_by_value(part)
+        batches = ConnectBatches(
+            dataclasses.replace(spec, config=conf), restore=restore, checkpoint_location=checkpoint_location
+        )
+        query: StreamingQuery = self._writer(batches, checkpoint_location, trigger, query_name).start()
         return query
 
     def run(

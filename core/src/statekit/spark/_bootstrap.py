@@ -48,6 +48,7 @@ from ..state_processor._writer import (
     encode_section,
 )
 from ._routing import KEY_GROUP_COLUMN, RESERVED_COLUMNS, ROUTE_COLUMN, Router, routing_values
+from ._sparkconf import default_parallelism
 
 __all__ = ["write_savepoint"]
 
@@ -89,6 +90,10 @@ def write_savepoint(
     ``statekit-state`` data source can be written back. A job starts from the
     result with ``restore=<location>``, on any backend.
 
+    From a Spark Connect client the savepoint is opened and completed by the
+    client, so ``target_dir`` must be reachable from the client as well as
+    from the executors.
+
     Args:
         target_dir: The directory (any fsspec URL the executors can reach) to
             create ``savepoint-<job>-<hex>`` in.
@@ -107,7 +112,7 @@ def write_savepoint(
         raise ConfigurationError("write_savepoint needs at least one state")
     frames = list(states.items())
     session = frames[0][1].sparkSession
-    p = parallelism or min(max_parallelism, session.sparkContext.defaultParallelism)
+    p = parallelism or min(max_parallelism, default_parallelism(session))
     validate_parallelism(p, max_parallelism)
     ns_sers = dict(namespace_serializers or {})
     metas = []

@@ -26,6 +26,8 @@ is the batch's timestamp, fixed when the driver plans it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import json
 import threading
 import time
@@ -60,12 +62,13 @@ from ..serialization._keygroups import compute_default_max_parallelism, validate
 from ..serialization._serializers import TypeSerializer
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY, EventTime
 from ._routing import Router, routing_values
-from ._sparkconf import spark_configuration
+from ._sparkconf import application, default_parallelism, is_connect, local_dir, spark_configuration
 from ._task import (
     HANDLE_COLUMN,
     LATE_COLUMN,
     LATE_PREFIX,
     InlineMetadata,
+    StoredMetadata,
     TaskPlan,
     internal_schema,
     make_task,
@@ -78,6 +81,7 @@ __all__ = [
     "STATIC_QUERY",
     "TOKEN_PROPERTY",
     "BatchInfo",
+    "ConnectBatches",
     "Coordinator",
     "JobSpec",
     "check_columns",
@@ -168,6 +172,67 @@ class JobSpec:
     late_sink: Sink | None = None
 
 
+class ConnectBatches:
+    """The ``foreachBatch`` function of a query started from a Spark Connect client.
+
+    Spark Connect pickles it to the server, which calls it in a Python
+    process of the query's own, with each micro-batch bound to a session of
+    the query (a Connect session too). So the driver side of statekit runs
+    there: the :class:`Coordinator` is made at the first micro-batch of each
+    query run and lives as long as that process, as it lives as long as
+    ``start()``'s closure on a classic driver.
+
+    A Connect session cannot tell which query runs a batch (classic tasks read
+    it from a local property), so the query's id is read where Spark keeps it:
+    the ``metadata`` file of the query's checkpoint location, written when the
+    query first started and kept across restarts, read through Spark itself
+    (any file system the checkpoint location is on).
+    """
+
+    def __init__(self, spec: JobSpec, *, restore: str | None, checkpoint_location: str) -> None:
+        """``spec`` without its DataFrame (a Connect DataFrame belongs to the client's session)."""
+        # The server puts each batch's DataFrame in; a Connect DataFrame cannot be pickled.
+        self._spec = dataclasses.replace(spec, df=None)  # type: ignore[arg-type]
+        self._restore = restore
+        self._checkpoint_location = checkpoint_location
+        self._coordinator: Coordinator | None = None
+        self._query_id: str | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled once, by the client, before any batch: no coordinator to carry.
+        return {**self.__dict__, "_coordinator": None, "_query_id": None}
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        """Process one micro-batch (on the Connect server's Python process)."""
+        if self._coordinator is None or self._query_id is None:
+            session = batch_df.sparkSession
+            query_id = query_id_at(session, self._checkpoint_location)
+            spec = dataclasses.replace(self._spec, df=batch_df)
+            self._coordinator = Coordinator(spec, session, restore=self._restore)
+            self._query_id = query_id
+        self._coordinator.process_batch(batch_df, batch_id, self._query_id)
+
+
+def query_id_at(session: SparkSession, checkpoint_location: str) -> str:
+    """The id of the streaming query whose checkpoint location this is, as Spark recorded it.
+
+    Raises:
+        CheckpointError: If the location holds no query metadata.
+    """
+    path = checkpoint_location.rstrip("/") + "/metadata"
+    try:
+        rows = session.read.text(path).collect()
+        found = json.loads(rows[0][0])["id"] if rows else None
+    except Exception as e:  # Spark's own errors (a missing file, ...), and bad JSON
+        raise CheckpointError(
+            f"cannot read the streaming query's id from {path} (Spark writes it when a query "
+            f"starts): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
+    if not isinstance(found, str) or not found:
+        raise CheckpointError(f"{path} names no streaming query id")
+    return found
+
+
 def _storage_key(conf: Configuration) -> str:
     name = conf.storage_name
     return json.dumps(
@@ -231,10 +296,9 @@ class Coordinator:
         self.restore = restore
         self.retained = int(conf.get("statekit.checkpoints.retained") or 1)
         self.run_id = uuid.uuid4().hex
-        sc = session.sparkContext
+        self.connect = is_connect(session)
         # The newest run of the job: an older driver still running it is fenced off from now on.
-        runner = f"Spark driver of app {sc.applicationId} ({sc.appName})"
-        self.fence = RunFence(self.storage, spec.job_id, runner)
+        self.fence = RunFence(self.storage, spec.job_id, application(session))
         self.fence.claim()
         # Ids only go up: a new checkpoint is numbered above every completed one, damaged ones too.
         self._floor = highest_checkpoint_id(self.storage, spec.job_id)
@@ -244,7 +308,7 @@ class Coordinator:
         p = conf.get("statekit.parallelism")
         if p is None and base is not None:
             p = _parallelism_of(base, spec.operator_id)
-        self.parallelism = int(p or session.sparkContext.defaultParallelism)
+        self.parallelism = int(p or default_parallelism(session))
         maxp = conf.get("statekit.max-parallelism")
         if maxp is None and base is not None:
             maxp = base.metadata.max_parallelism  # as Flink: unset, it comes from the restored state
@@ -262,7 +326,7 @@ class Coordinator:
             route_values=routing_values(session, self.parallelism),
         )
         self.timezone = session.conf.get("spark.sql.session.timeZone")
-        self.local_dir = session.sparkContext.getConf().get("spark.local.dir")
+        self.local_dir = local_dir(session)
 
     def _validate(self, cp: CompletedCheckpoint) -> None:
         cp.validate(
@@ -393,10 +457,8 @@ class Coordinator:
         token = uuid.uuid4().hex
         watermark = _watermark_of(source)
         late_schema = df.schema if spec.event_time is not None and spec.late_sink is not None else None
-        sc = self.session.sparkContext
         data = self.storage.read_metadata(source.location) if source else b""
-        # Small metadata travels inside the task; a broadcast costs the driver a few ms per batch.
-        metadata: Any = InlineMetadata(data) if len(data) <= _INLINE_METADATA else sc.broadcast(data)
+        metadata = self._ship_metadata(data, source)
         plan = TaskPlan(
             job_id=spec.job_id,
             operator_id=spec.operator_id,
@@ -479,7 +541,7 @@ class Coordinator:
             phases["checkpoint"] = clock() - t
         finally:
             processed.unpersist()
-            if not isinstance(metadata, InlineMetadata):
+            if not isinstance(metadata, (InlineMetadata, StoredMetadata)):
                 with contextlib.suppress(Exception):
                     metadata.destroy()
         self.registry.hook.statekit_checkpoint_completed(
@@ -520,6 +582,23 @@ class Coordinator:
             )
         self._notify(info)
         return info
+
+    def _ship_metadata(self, data: bytes, source: CompletedCheckpoint | None) -> Any:
+        """How the tasks get the restore checkpoint's metadata: inside the task, a broadcast, or the storage.
+
+        Small metadata travels inside the task; a broadcast costs the driver a
+        few ms per batch. A Connect session has no broadcast: the tasks read
+        larger metadata from the checkpoint storage themselves (they reach it:
+        they write there), except from the ``jobmanager`` storage, which lives
+        in the coordinating process only and so always travels inside.
+        """
+        if len(data) <= _INLINE_METADATA:
+            return InlineMetadata(data)
+        if not self.connect:
+            return self.session.sparkContext.broadcast(data)
+        if source is None or self.config.storage_name == "jobmanager":
+            return InlineMetadata(data)
+        return StoredMetadata(source.location, hashlib.sha256(data).hexdigest())
 
     def _next_watermark(self, current: int, reports: list[dict[str, Any]], source: str | None) -> int:
         """The watermark the next batch runs with: the largest event time seen minus the delay.

@@ -1,4 +1,11 @@
-"""statekit's configuration as Spark holds it: ``spark.statekit.*`` keys."""
+"""statekit's configuration as Spark holds it (``spark.statekit.*`` keys), and what a session tells.
+
+Classic sessions and Spark Connect sessions both answer here: a Connect session
+has no ``sparkContext`` (no SparkConf object, no broadcast, no py4j), so what
+the driver side needs of Spark is read through what both kinds offer:
+``spark.conf`` (a Connect server's session configuration holds its SparkConf
+too) and the DataFrame API.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +14,12 @@ import warnings
 from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from ..plugins._config import Configuration, is_statekit_key
 from ..plugins._secrets import SPARK_DEFAULT_REDACTION, secret_keys_in
 
-__all__ = ["spark_configuration"]
+__all__ = ["application", "default_parallelism", "is_connect", "local_dir", "spark_configuration"]
 
 
 def spark_configuration(
@@ -30,19 +38,69 @@ def spark_configuration(
     Raises:
         ConfigurationError: If one source sets a key with and without ``spark.`` to different values.
     """
-    spark_conf = session.sparkContext.getConf()
-    app = {k: v for k, v in spark_conf.getAll() if _ours(k)}
+    if is_connect(session):
+        # The server's session configuration starts as a copy of its SparkConf: one source holds both.
+        app: dict[str, object] = {}
+        redaction = session.conf.get("spark.redaction.regex", SPARK_DEFAULT_REDACTION)
+    else:
+        spark_conf = session.sparkContext.getConf()
+        app = {k: v for k, v in spark_conf.getAll() if _ours(k)}
+        redaction = spark_conf.get("spark.redaction.regex", SPARK_DEFAULT_REDACTION)
     runtime_conf = session.conf.getAll
     runtime = runtime_conf() if callable(runtime_conf) else runtime_conf
     runtime = {k: v for k, v in runtime.items() if _ours(k)}
-    _warn_of_shown_secrets(
-        {**app, **runtime}, spark_conf.get("spark.redaction.regex", SPARK_DEFAULT_REDACTION)
-    )
+    _warn_of_shown_secrets({**app, **runtime}, redaction or SPARK_DEFAULT_REDACTION)
     conf = Configuration.from_mapping(app).with_options(runtime)
     if overrides:
         extra = overrides.as_dict() if isinstance(overrides, Configuration) else dict(overrides)
         conf = conf.with_options(extra)
     return conf
+
+
+def is_connect(session: SparkSession) -> bool:
+    """Whether ``session`` is a Spark Connect client's session (no SparkContext, no py4j).
+
+    Judged by its class's module, so that a client without the Connect
+    packages installed (grpcio…) never imports them to find out.
+    """
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
+def default_parallelism(session: SparkSession) -> int:
+    """Spark's default parallelism: a classic session's SparkContext says, a Connect server's scans show.
+
+    On Connect, ``spark.default.parallelism`` if set; else the number of
+    partitions of a ``range`` scan without an explicit count, which Spark
+    sizes by the same default (or ``spark.sql.leafNodeDefaultParallelism``).
+    That costs one small job, once per query run that has no
+    ``statekit.parallelism`` and no checkpoint to take it from.
+    """
+    if not is_connect(session):
+        return int(session.sparkContext.defaultParallelism)
+    configured = session.conf.get("spark.default.parallelism", None)
+    if configured:
+        return int(configured)
+    row = session.range(0, 1 << 16).agg(F.max(F.spark_partition_id()).alias("last")).first()
+    return int(row["last"]) + 1 if row is not None and row["last"] is not None else 1
+
+
+def application(session: SparkSession) -> str:
+    """Who runs a job, for fencing messages: the Spark application (and that it is a Connect server's)."""
+    if is_connect(session):
+        app_id = session.conf.get("spark.app.id", None) or "?"
+        name = session.conf.get("spark.app.name", None) or "?"
+        return f"Spark Connect server's driver, app {app_id} ({name})"
+    sc = session.sparkContext
+    return f"Spark driver of app {sc.applicationId} ({sc.appName})"
+
+
+def local_dir(session: SparkSession) -> str | None:
+    """The driver's ``spark.local.dir``, if set (tasks fall back to it for their backends' files)."""
+    if is_connect(session):
+        value = session.conf.get("spark.local.dir", None)
+    else:
+        value = session.sparkContext.getConf().get("spark.local.dir")
+    return str(value) if value else None
 
 
 def _warn_of_shown_secrets(values: Mapping[str, object], redaction_regex: str) -> None:

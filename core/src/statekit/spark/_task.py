@@ -20,6 +20,7 @@ or below the watermark are late: counted, and handed to the late-records sink
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import os
@@ -70,6 +71,7 @@ __all__ = [
     "LATE_COLUMN",
     "InlineMetadata",
     "LATE_PREFIX",
+    "StoredMetadata",
     "TaskPlan",
     "internal_schema",
     "make_task",
@@ -249,12 +251,38 @@ class InlineMetadata:
     value: bytes
 
 
+@dataclass(frozen=True)
+class StoredMetadata:
+    """The restore checkpoint's metadata left in the checkpoint storage, for the task to read.
+
+    How a Spark Connect driver ships metadata too large to travel inside every
+    task: it has no broadcast. ``sha256`` is of the bytes the driver read,
+    so a task never restores from other metadata than the driver planned with.
+    """
+
+    location: str
+    sha256: str
+
+    def read(self, config: Configuration) -> bytes:
+        """The metadata bytes, read through the storage ``config`` names.
+
+        Raises:
+            CheckpointError: If they differ from the bytes the driver read.
+        """
+        data = _storage(config).read_metadata(self.location)
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise CheckpointError(
+                f"checkpoint {self.location}: its metadata changed after the driver planned this batch"
+            )
+        return data
+
+
 @dataclass
 class _RestoreSource:
     """The checkpoint a task's subtasks start from, read lazily from the driver's metadata."""
 
     plan: TaskPlan
-    metadata: Any  # a Broadcast of the metadata bytes, or None
+    metadata: Any  # InlineMetadata, StoredMetadata or a Broadcast of the metadata bytes
     _checkpoint: CompletedCheckpoint | None = None
     _operator_states: list[OperatorSnapshot] | None = field(default=None)
 
@@ -262,7 +290,8 @@ class _RestoreSource:
         if self.plan.restore_location is None:
             return None
         if self._checkpoint is None:
-            data = self.metadata.value
+            stored = self.metadata
+            data = stored.read(self.plan.config) if isinstance(stored, StoredMetadata) else stored.value
             meta = metadata_at(self.plan.restore_location, data)
             self._checkpoint = CompletedCheckpoint(
                 _storage(self.plan.config), self.plan.restore_location, meta

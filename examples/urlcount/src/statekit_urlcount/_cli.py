@@ -6,6 +6,7 @@
     statekit-urlcount run --logs logs --state state
     statekit-urlcount windowed --logs logs --state windowed-state --delay "10 seconds"
     statekit-urlcount demo                 # generate, run, add logs, resume, check
+    statekit-urlcount demo --remote sc://localhost:15002   # the same on a Spark Connect server
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from rich.console import Console
 from ._generate import GenerateResult, generate_logs
 from ._job import JobSettings, RunReport, run_job
 from ._progress import ProgressDisplay, top_urls_table, top_windows_table
+from ._remote import remote_spark_session, run_job_remote
 from ._session import local_spark_session
 from ._windowed import (
     PendingWindows,
@@ -85,6 +87,16 @@ def _add_vectorized_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_remote_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--remote",
+        default=None,
+        metavar="sc://HOST:PORT",
+        help="run on a Spark Connect server instead of a local Spark (needs statekit[spark-connect]; "
+        "paths are the server's, and the server's Python needs statekit and statekit-urlcount)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``statekit-urlcount``."""
     parser = argparse.ArgumentParser(
@@ -111,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", default=None, help="counts and dead letters (default <state>/output)")
     _add_run_options(r)
     _add_vectorized_option(r)
+    _add_remote_option(r)
 
     w = sub.add_parser(
         "windowed",
@@ -143,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate_options(d, records=200_000, files=4)
     _add_run_options(d)
     _add_vectorized_option(d)
+    _add_remote_option(d)
     return parser
 
 
@@ -190,8 +204,9 @@ def _settings(args: argparse.Namespace, logs: str, state: str, output: str | Non
 def _run_displayed(
     args: argparse.Namespace, console: Console, settings: Any, title: str, run: Callable[..., RunReport]
 ) -> RunReport:
-    """``run(spark, settings, ...)`` on a local Spark session, with the live progress display."""
-    spark = local_spark_session(master=args.master)
+    """``run(spark, settings, ...)`` on a local (or Connect) Spark session, with the live progress display."""
+    remote = getattr(args, "remote", None)
+    spark = remote_spark_session(remote) if remote else local_spark_session(master=args.master)
     try:
         with ProgressDisplay(console, settings, title=title, enabled=not args.no_progress) as display:
             return run(spark, settings, on_batch=display.on_batch, on_poll=display.on_poll)
@@ -200,7 +215,8 @@ def _run_displayed(
 
 
 def _run_once(args: argparse.Namespace, console: Console, settings: JobSettings, title: str) -> RunReport:
-    report = _run_displayed(args, console, settings, title, run_job)
+    run = run_job_remote if getattr(args, "remote", None) else run_job
+    report = _run_displayed(args, console, settings, title, run)
     verb = "resumed from its checkpoint and read" if report.resumed else "read"
     console.print(
         f"{title}: {verb} {_plural(report.records, 'new line')} in {_plural(len(report.batches), 'batch')}, "
@@ -415,6 +431,11 @@ def demo(args: argparse.Namespace, console: Console) -> DemoReport:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``statekit-urlcount`` and returns its exit status."""
     args = build_parser().parse_args(argv)
+    if getattr(args, "remote", None):
+        # A Connect server resolves relative paths against its own working directory.
+        for name in ("workdir", "logs", "state", "output"):
+            if getattr(args, name, None):
+                setattr(args, name, os.path.abspath(getattr(args, name)))
     console = Console()
     if args.command == "generate":
         return _generate(args, console)

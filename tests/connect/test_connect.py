@@ -1,0 +1,274 @@
+"""statekit from Spark Connect clients, against a real Connect server (one per test session).
+
+Every client is a process of its own (``connect_client.py``), so a client can
+be killed and started again as a user's would be; the server is killed and
+restarted in the test of a driver lost mid-query.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as ds
+from connectserver import ConnectServer
+from sparkutil import assert_exact_outputs, assert_exact_state, driver_env, write_inputs
+
+from jobs import make_records
+
+HERE = Path(__file__).resolve().parent
+CLIENT = HERE / "connect_client.py"
+README = HERE.parents[1] / "README.md"
+
+
+def start_client(server: ConnectServer, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """The test client in a process group of its own; it reports into ``<log>.jsonl``."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, str(CLIENT), *args, "--remote", server.url, "--report", f"{log}.jsonl"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=driver_env(),
+            start_new_session=True,
+        )
+
+
+def finish(proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> list[dict[str, Any]]:
+    """Wait for the client; what it reported."""
+    proc.wait(timeout=timeout)
+    assert proc.returncode == 0, f"client failed ({proc.returncode}); see {log}:\n{log.read_text()[-3000:]}"
+    return [json.loads(line) for line in Path(f"{log}.jsonl").read_text().splitlines()]
+
+
+def completed(checkpoints: Path, job_id: str) -> list[int]:
+    """The ids of the job's completed checkpoints (those with ``_metadata``)."""
+    return sorted(int(p.parent.name[4:]) for p in (checkpoints / job_id).glob("chk-*/_metadata"))
+
+
+def subtasks_of_latest(checkpoints: Path, job_id: str) -> int:
+    from statekit import load_checkpoint
+    from statekit_storage import FileSystemCheckpointStorage
+
+    storage = FileSystemCheckpointStorage(str(checkpoints))
+    latest = storage.latest_checkpoint(job_id)
+    assert latest is not None
+    return len(load_checkpoint(storage, latest).metadata.operators["process"])
+
+
+def latest_batch(checkpoints: Path, job_id: str) -> int | None:
+    """The Spark batch id whose state the job's latest checkpoint holds."""
+    from statekit import load_checkpoint
+    from statekit_storage import FileSystemCheckpointStorage
+
+    storage = FileSystemCheckpointStorage(str(checkpoints))
+    latest = storage.latest_checkpoint(job_id)
+    if latest is None:
+        return None
+    return int(load_checkpoint(storage, latest).metadata.properties["spark_batch_id"])
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=60)
+
+
+def wait_for(condition: Any, proc: subprocess.Popen[bytes], log: Path, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"client ended ({proc.returncode}); see {log}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"timed out; see {log}"
+        time.sleep(0.2)
+
+
+def test_client_killed_then_restarted_with_another_parallelism_counts_exactly(
+    connect_server: ConnectServer, tmp_path: Path
+) -> None:
+    """A client dies while its query runs on; a new client restarts the query rescaled, exactly."""
+    records = make_records(800, seed=21)
+    write_inputs(tmp_path / "in", records[:600], 3)
+    checkpoints = tmp_path / "statekit"
+    args = [
+        "stream", "--input", str(tmp_path / "in"), "--out", str(tmp_path / "out"),
+        "--spark-checkpoint", str(tmp_path / "spark"), "--job-id", "restarted",
+        "--checkpoints-dir", str(checkpoints),
+    ]  # fmt: skip
+
+    # 1. A client starts a query that runs until stopped, and is killed after two batches.
+    log = tmp_path / "client-1.log"
+    first = start_client(connect_server, [*args, "--parallelism", "2", "--trigger", "continuous"], log)
+    wait_for(lambda: (latest_batch(checkpoints, "restarted") or 0) >= 1, first, log)
+    kill_group(first)
+    assert subtasks_of_latest(checkpoints, "restarted") == 2
+
+    # 2. A new client starts the query again with three subtasks. Spark stops the run the dead client
+    #    left on the server; the new run restores the state by key group. More logs arrive once it
+    #    runs (so that the old run cannot take them), and it stops once it has processed them.
+    log = tmp_path / "client-2.log"
+    stop = tmp_path / "stop"
+    more = ["--parallelism", "3", "--trigger", "continuous", "--stop-file", str(stop)]
+    second = start_client(connect_server, [*args, *more], log)
+    wait_for(lambda: Path(f"{log}.jsonl").exists(), second, log)
+    write_inputs(tmp_path / "in", records[600:], 1, start=10)
+    wait_for(lambda: latest_batch(checkpoints, "restarted") == 3, second, log)
+    stop.touch()
+    assert "done" in finish(second, log)[-1]
+    assert subtasks_of_latest(checkpoints, "restarted") == 3
+
+    from statekit_storage import FileSystemCheckpointStorage
+
+    assert_exact_state(FileSystemCheckpointStorage(str(checkpoints)), "restarted", records)
+    assert_exact_outputs(tmp_path / "out", records)
+
+
+def test_server_killed_between_sink_and_checkpoint_then_restarted_counts_exactly(
+    connect_server: ConnectServer, tmp_path: Path
+) -> None:
+    """The Connect server (the Spark driver) dies mid-query, at the worst moment; restarted, exact."""
+    records = make_records(600, seed=22)
+    write_inputs(tmp_path / "in", records, 3)
+    checkpoints, markers = tmp_path / "statekit", tmp_path / "markers"
+    markers.mkdir()
+    args = [
+        "stream", "--input", str(tmp_path / "in"), "--out", str(tmp_path / "out"),
+        "--spark-checkpoint", str(tmp_path / "spark"), "--job-id", "server-killed",
+        "--checkpoints-dir", str(checkpoints), "--hold-in-sink", "1", "--marker-dir", str(markers),
+    ]  # fmt: skip
+
+    log = tmp_path / "client-1.log"
+    first = start_client(connect_server, args, log)
+    # The sink of batch 1 wrote its outputs; checkpoint 2, which would hold batch 1, is not complete.
+    wait_for(lambda: (markers / "in-sink-1").exists(), first, log)
+    connect_server.restart()
+    first.wait(timeout=120)  # its server is gone: the client fails
+    assert first.returncode != 0
+    assert completed(checkpoints, "server-killed")[-1] == 1
+    assert (tmp_path / "out" / "batch_id=1" / "_SUCCESS").exists()
+
+    log = tmp_path / "client-2.log"
+    finish(start_client(connect_server, args, log), log)
+    assert completed(checkpoints, "server-killed")[-1] == 3
+
+    from statekit_storage import FileSystemCheckpointStorage
+
+    assert_exact_state(FileSystemCheckpointStorage(str(checkpoints)), "server-killed", records)
+    assert_exact_outputs(tmp_path / "out", records)
+
+
+def test_static_runs_savepoint_and_state_source_from_a_connect_client(
+    connect_server: ConnectServer, tmp_path: Path
+) -> None:
+    """``run()``, ``write_savepoint`` and ``statekit-state`` from a Connect client."""
+    records = make_records(400, seed=23)
+    write_inputs(tmp_path / "in", records, 4)
+    log = tmp_path / "client.log"
+    args = [
+        "static", "--input", str(tmp_path / "in"), "--job-id", "static",
+        "--checkpoints-dir", str(tmp_path / "statekit"), "--savepoints-dir", str(tmp_path / "savepoints"),
+    ]  # fmt: skip
+    report = finish(start_client(connect_server, args, log), log)[-1]
+    assert "error" not in report, report
+    runs = report["runs"]
+    assert [r["skipped"] for r in runs] == [False, False, True]
+    assert sum(r["records"] for r in runs) == len(records)
+    counts = Counter(r["url"] for r in records)
+    assert report["read"] == dict(counts)
+    assert Path(report["savepoint"]).is_dir()
+    first_half = Counter(r["url"] for r in records[: len(records) // 2])
+    assert report["from_savepoint"]["restored_from"] == report["savepoint"]
+    assert report["after"] == {u: n + first_half[u] for u, n in counts.items()}
+    # What Connect cannot do is refused before the query starts, saying what to use instead.
+    refused = report["jobmanager_refused"]
+    assert refused.startswith("ConfigurationError: a streaming query started from a Spark Connect client")
+    assert "spark.statekit.checkpoints.dir" in refused
+
+
+def readme_spark_code() -> str:
+    """The README's Spark snippet, as written."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## On Spark\n") :]
+    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert match is not None
+    return match.group(1)
+
+
+def quickstart_function() -> str:
+    """``CountPerUrl`` as the README's Quickstart defines it."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Quickstart\n") :]
+    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert match is not None
+    code = match.group(1)
+    start = code.index("class CountPerUrl")
+    return code[start : code.index("\ncounts = ", start)]
+
+
+def test_the_readmes_spark_job_from_a_connect_client(connect_server: ConnectServer, tmp_path: Path) -> None:
+    """The README's Spark snippet, changed only to a remote session, counts exactly across a restart.
+
+    The server's working directory is not the client's, so the snippet's relative
+    paths are made absolute (a Connect server resolves paths on its own side).
+    """
+    snippet = readme_spark_code()
+    for rel in ("logs/", "out/counts", "spark-checkpoints/urlcount", "s3://bucket/statekit"):
+        assert f'"{rel}"' in snippet, rel
+    snippet = snippet.replace('"s3://bucket/statekit"', '"statekit"')
+    for rel in ("logs/", "out/counts", "spark-checkpoints/urlcount", "statekit"):
+        snippet = snippet.replace(f'"{rel}"', f'"{tmp_path / rel}"')
+    script = "\n".join(
+        [
+            "from statekit import KeyedProcessFunction, ValueStateDescriptor",
+            "from pyspark.sql import SparkSession",
+            f"spark = SparkSession.builder.remote({connect_server.url!r}).getOrCreate()",
+            quickstart_function(),
+            snippet,
+            "query.processAllAvailable()",
+            "query.stop()",
+        ]
+    )
+    (tmp_path / "job.py").write_text(script)
+    logs = tmp_path / "logs"
+    records = make_records(600, seed=24)
+    write_inputs(logs, records[:400], 2)
+    for part in (records[:400], records):  # the second run: a new client, more logs
+        done = subprocess.run(
+            [sys.executable, "job.py"], cwd=tmp_path, env=driver_env(), capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        latest: dict[str, int] = {}
+        table = ds.dataset(str(tmp_path / "out" / "counts"), format="parquet", partitioning="hive").to_table()
+        for url, n in zip(table.column("url").to_pylist(), table.column("count").to_pylist()):
+            latest[url] = max(latest.get(url, 0), n)
+        assert latest == dict(Counter(r["url"] for r in part))
+        if part is not records:
+            write_inputs(logs, records[400:], 1, start=5)
+
+
+def test_the_demo_from_a_connect_client(connect_server: ConnectServer, tmp_path: Path) -> None:
+    """``statekit-urlcount demo --remote``: both runs on the Connect server, every check passes."""
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "statekit_urlcount", "demo", "--remote", connect_server.url,
+            "--workdir", "demo", "--records", "2000", "--files", "1", "--more-records", "500",
+            "--more-files", "1", "--urls", "100", "--no-progress",
+        ],
+        cwd=tmp_path, env=driver_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    printed = " ".join(done.stdout.split())  # rich wraps lines
+    assert "all checks passed" in printed
+    assert "✔ second run resumed from the checkpoint" in printed
+    # The batches the server-side sink reported reached the client: one per run.
+    assert "read 500 new lines in 1 batch" in printed
