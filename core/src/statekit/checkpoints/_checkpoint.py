@@ -12,6 +12,7 @@ operator state by mode. Every check runs before any state is touched.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import struct
@@ -20,7 +21,7 @@ import warnings
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .._contracts import (
     CheckpointStorage,
@@ -537,6 +538,22 @@ def naming_damage(location: str) -> Iterator[None]:
         raise CorruptCheckpointError(location, str(e)) from e
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _names_damage(
+    method: Callable[Concatenate[CompletedCheckpoint, _P], _R],
+) -> Callable[Concatenate[CompletedCheckpoint, _P], _R]:
+    """A method of :class:`CompletedCheckpoint` whose damage errors name it (see :func:`naming_damage`)."""
+
+    def named(self: CompletedCheckpoint, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with naming_damage(self.location):
+            return method(self, *args, **kwargs)
+
+    return functools.update_wrapper(named, method)
+
+
 def metadata_at(location: str, data: bytes) -> CheckpointMetadata:
     """Parse the ``_metadata`` bytes of the checkpoint at ``location``.
 
@@ -613,12 +630,9 @@ class CompletedCheckpoint:
             if st.keyed
         }
 
+    @_names_damage
     def keyed_handles(self, operator_id: str, key_groups: KeyGroupRange) -> list[KeyedStateHandle]:
         """The canonical keyed snapshot handles of ``operator_id`` that hold any of ``key_groups``."""
-        with naming_damage(self.location):
-            return self._keyed_handles(operator_id, key_groups)
-
-    def _keyed_handles(self, operator_id: str, key_groups: KeyGroupRange) -> list[KeyedStateHandle]:
         out = []
         for st in self.metadata.operators.get(operator_id, []):
             k = st.keyed
@@ -652,12 +666,9 @@ class CompletedCheckpoint:
                 out.append(part)
         return out
 
+    @_names_damage
     def native_handles(self, operator_id: str, key_groups: KeyGroupRange) -> list[NativeStateHandle]:
         """The native keyed snapshot handles of ``operator_id`` that hold any of ``key_groups``."""
-        with naming_damage(self.location):
-            return self._native_handles(operator_id, key_groups)
-
-    def _native_handles(self, operator_id: str, key_groups: KeyGroupRange) -> list[NativeStateHandle]:
         out = []
         for st in self.metadata.operators.get(operator_id, []):
             k = st.keyed
@@ -705,12 +716,9 @@ class CompletedCheckpoint:
         finally:
             keyed.close()
 
+    @_names_damage
     def operator_states(self, operator_id: str, new_parallelism: int) -> list[OperatorSnapshot]:
         """Operator state of ``operator_id`` redistributed over ``new_parallelism`` subtasks."""
-        with naming_damage(self.location):
-            return self._operator_states(operator_id, new_parallelism)
-
-    def _operator_states(self, operator_id: str, new_parallelism: int) -> list[OperatorSnapshot]:
         old: list[OperatorSnapshot | None] = []
         for st in self.metadata.operators.get(operator_id, []):
             if st.operator:
@@ -731,6 +739,7 @@ class CompletedCheckpoint:
                 old.append(None)
         return redistribute_operator_state(old, new_parallelism)
 
+    @_names_damage
     def restore_subtask(
         self,
         operator_id: str,
@@ -746,21 +755,6 @@ class CompletedCheckpoint:
         Raises:
             CorruptCheckpointError: If a file it reads is damaged or missing.
         """
-        with naming_damage(self.location):
-            self._restore_subtask(
-                operator_id, subtask_index, parallelism, keyed, operator, operator_states=operator_states
-            )
-
-    def _restore_subtask(
-        self,
-        operator_id: str,
-        subtask_index: int,
-        parallelism: int,
-        keyed: KeyedStateBackend | None,
-        operator: OperatorStateBackend | None,
-        *,
-        operator_states: Sequence[OperatorSnapshot] | None = None,
-    ) -> None:
         if keyed is not None:
             expected = key_group_range_for_operator(self.metadata.max_parallelism, parallelism, subtask_index)
             if keyed.key_group_range != expected:
