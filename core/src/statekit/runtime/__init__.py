@@ -2,9 +2,13 @@
 
 What it holds: ``_function`` (``KeyedProcessFunction``, its context and the
 batch function API every runner shares), ``_runner`` (``LocalRunner``: a keyed
-function over records in one process, with checkpoints), ``_columnar``
-(columnar micro-batch rows for batch functions) and ``_localdirs`` (local
-directories owned by a process, removed when it is gone).
+function over records in one process, with checkpoints) and the collaborators
+it hands work to: ``_coordinator`` (``CheckpointCoordinator``: checkpoint ids,
+fencing, completion, retention, what to restore), ``_sources``
+(``SourceReader``: the source position, reading it, bad records) and ``_time``
+(``TimeCoordinator``: the watermark, late records, firing timers); also
+``_columnar`` (columnar micro-batch rows for batch functions) and
+``_localdirs`` (local directories owned by a process, removed when it is gone).
 
 What it may import: ``sources``, ``checkpoints``, ``timers``, ``_contracts``,
 ``state``, ``snapshots``, ``serialization``, ``plugins`` and

@@ -12,18 +12,24 @@ passes them, processing-time timers when the clock reaches them (checked after
 every record). Timers are keyed state, and the watermark is kept in each
 checkpoint's metadata, so a resumed run fires exactly what an uninterrupted
 one would.
+
+The runner keeps the subtasks and routes records to them; the rest it hands
+to collaborators, as Flink does: checkpoints to a
+:class:`~statekit.runtime._coordinator.CheckpointCoordinator`, the input (its
+position, reading it, bad records) to a
+:class:`~statekit.runtime._sources.SourceReader`, and time (the watermark, late
+records, firing timers) to a :class:`~statekit.runtime._time.TimeCoordinator`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 import tempfile
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from .._contracts import (
     CheckpointStorage,
@@ -32,10 +38,7 @@ from .._contracts import (
     StateBackend,
     SupportsNativeSnapshot,
 )
-from .._errors import (
-    BadRecordError,
-    CheckpointError,
-)
+from .._errors import CheckpointError
 from ..checkpoints._checkpoint import (
     CompletedCheckpoint,
     SubtaskState,
@@ -54,21 +57,10 @@ from ..serialization._keygroups import (
     validate_parallelism,
 )
 from ..serialization._serializers import serializer_for
-from ..sources import BadRecord, BadRecordPolicy, LogSource, bad_record_error
+from ..sources import BadRecord, BadRecordPolicy
 from ..state._operator import OperatorStateBackendImpl
-from ..state._state import ListStateDescriptor
 from ..state._ttl import Clock, system_clock
-from ..timers import (
-    MAX_WATERMARK,
-    MIN_WATERMARK,
-    NO_TIMER,
-    WATERMARK_PROPERTY,
-    EventTime,
-    LatePolicy,
-    ProcessingTimeHint,
-    TimeDomain,
-    TimerService,
-)
+from ..timers import MAX_WATERMARK, MIN_WATERMARK, NO_TIMER, EventTime, TimeDomain, TimerService
 from ._columnar import group_runs, output_rows, require_pyarrow
 from ._coordinator import CheckpointCoordinator
 from ._function import (
@@ -81,6 +73,15 @@ from ._function import (
     timer_service_for,
 )
 from ._localdirs import create_instance_dir
+from ._sources import (
+    SOURCE_OPERATOR,
+    FileSource,
+    RecordSource,
+    RejectedRecordError,
+    ReplayableSource,
+    SourceReader,
+)
+from ._time import TimeCoordinator
 
 __all__ = [
     "FileSource",
@@ -91,42 +92,6 @@ __all__ = [
     "checkpoint_storage_from_config",
     "state_backend_from_config",
 ]
-
-SOURCE_OPERATOR = "__source__"
-_POSITION: ListStateDescriptor[str] = ListStateDescriptor("position", str)
-
-
-@runtime_checkable
-class ReplayableSource(Protocol):
-    """Records that can be read again from a position kept in a checkpoint.
-
-    ``read(position)`` yields ``(record, position after the record)``;
-    ``position`` is None to read from the start. Positions must be JSON-able.
-    """
-
-    def read(self, position: Any) -> Iterator[tuple[Any, Any]]:
-        """Records after ``position``, each with the position just after it."""
-
-
-class RecordSource:
-    """A replayable source over a sequence held in memory; the position is an index."""
-
-    def __init__(self, records: Sequence[Any]) -> None:
-        self.records = records
-
-    def read(self, position: Any) -> Iterator[tuple[Any, Any]]:
-        """Records from index ``position``."""
-        start = int(position or 0)
-        for i in range(start, len(self.records)):
-            yield self.records[i], i + 1
-
-
-#: The rotation-safe :class:`~statekit.sources.LogSource` under its old name. The
-#: FileSource it replaces identified a file by its name and lost or repeated lines
-#: when logs rotated; a checkpoint holding that source's ``[file name, byte offset]``
-#: position is still restored (files named before it count as read, as they did),
-#: or refused naming the file when that cannot be done safely.
-FileSource = LogSource
 
 
 def state_backend_from_config(config: Configuration, registry: PluginRegistry | None = None) -> StateBackend:
@@ -184,31 +149,10 @@ class RunResult:
     a warning."""
 
 
-class _BadKey(BadRecordError):
-    """A record whose key or event time cannot be computed, or that Arrow refuses: no state was touched."""
-
-    bad: BadRecord
-
-    @classmethod
-    def of(cls, stage: str, record: Any, exc: BaseException) -> _BadKey:
-        bad = BadRecord(stage, f"{type(exc).__name__}: {exc}", raw=repr(record))
-        return cls(str(bad_record_error(bad)), bad)
-
-
-def _reject(rejected: Callable[[int, BadRecord], None] | None, i: int, error: _BadKey) -> None:
+def _reject(rejected: Callable[[int, BadRecord], None] | None, i: int, error: RejectedRecordError) -> None:
     if rejected is None:
         raise error
     rejected(i, error.bad)
-
-
-def _placed(bad: BadRecord, src: Any, position: Any) -> BadRecord:
-    """``bad`` with the place its source gives for ``position`` (file, offset, line, raw text), if any."""
-    locate = getattr(src, "locate", None)
-    place = locate(position) if locate is not None else None
-    if place is None:
-        # A source without files: the position (a RecordSource's index) is all there is.
-        return BadRecord(bad.stage, bad.error, None, None, None, f"{bad.raw} (position {position!r})")
-    return BadRecord(bad.stage, bad.error, place.file, place.offset, place.line, place.raw)
 
 
 def _arrow_culprit(pa: Any, rows: Sequence[Mapping[str, Any]]) -> tuple[int, str] | None:
@@ -280,7 +224,6 @@ class LocalRunner:
     """Called with every bad record skipped under ``statekit.bad-records.policy=dead-letter``
     (besides or instead of ``statekit.bad-records.dead-letter-path``): set it on the runner
     before :meth:`run`."""
-    _bad_policy: BadRecordPolicy | None = None  # the running run()'s; None: raise
 
     def __init__(
         self,
@@ -330,19 +273,15 @@ class LocalRunner:
         self.sink = sink
         self.allow_non_restored_state = allow_non_restored_state
         self.event_time = event_time
-        self.late_sink = late_sink
-        self.fire_at_end_of_input = conf.get("statekit.timers.end-of-input") != "keep"
-        self._event_time_of = event_time.extractor() if event_time is not None else None
-        self._delay = event_time.delay_ms if event_time is not None else 0
-        self._late_to_function = event_time is not None and event_time.late is LatePolicy.PROCESS
-        self._watermark = MIN_WATERMARK
-        self._max_event_time = MIN_WATERMARK
-        self.late_records = 0
-        self._late_unsunk = 0
-        self._processing_hint = ProcessingTimeHint()
         self._subtasks: list[_Subtask] = []
-        self._source_op = OperatorStateBackendImpl()
-        self._position: Any = None
+        self._time = TimeCoordinator(
+            lambda: self._subtasks,
+            event_time=event_time,
+            clock=self.clock,
+            fire_at_end_of_input=conf.get("statekit.timers.end-of-input") != "keep",
+            late_sink=late_sink,
+        )
+        self._source = SourceReader(self.process, self._process_batch, self._emit)
         self._route: dict[Any, int] = {}
         self._opened = False
         self._coordinator = CheckpointCoordinator(
@@ -399,7 +338,7 @@ class LocalRunner:
             clock=self.clock,
         )
         function = self.function_factory()
-        timers = timer_service_for(function, ctx, self.key_serializer, self.clock, self._processing_hint)
+        timers = timer_service_for(function, ctx, self.key_serializer, self.clock, self._time.processing_hint)
         return _Subtask(keyed, op, function, ctx, timers)
 
     def restore(self, location: str = "latest") -> str | None:
@@ -442,15 +381,13 @@ class LocalRunner:
         # Known before anything is replaced: a failing listing leaves the runner unchanged too.
         highest = highest_checkpoint_id(self.storage, self.job_id)
         fresh = self._create()
-        source_op = OperatorStateBackendImpl()
         try:
             op_states = cp.operator_states(self.operator_id, self.parallelism)
             for i, st in enumerate(fresh):
                 cp.restore_subtask(
                     self.operator_id, i, self.parallelism, st.keyed, st.operator, operator_states=op_states
                 )
-            source_op.restore(cp.operator_states(SOURCE_OPERATOR, 1)[0])
-            positions = source_op.get_list_state(_POSITION).get()
+            source_state, position = SourceReader.restored(cp)
         except BaseException:
             for st in fresh:
                 st.keyed.close()
@@ -458,11 +395,9 @@ class LocalRunner:
         for st in self._subtasks:  # an earlier restore's subtasks, replaced now
             st.keyed.close()
         self._subtasks = fresh
-        self._source_op = source_op
-        self._position = json.loads(positions[0]) if positions else None
-        self._watermark = int(cp.metadata.properties.get(WATERMARK_PROPERTY, MIN_WATERMARK))
+        self._source.adopt(source_state, position)
+        self._time.restored(cp.metadata.properties)
         self._restored_from = cp.location
-        self._max_event_time = MIN_WATERMARK
         self._coordinator.restored(cp, highest)
         self.registry.hook.statekit_restore_done(
             job_id=self.job_id, checkpoint_id=cp.checkpoint_id, subtask_index=0, parallelism=self.parallelism
@@ -474,7 +409,7 @@ class LocalRunner:
         for st in self._subtasks:
             st.function.open(st.ctx)
             st.timers.restore_timers()
-            st.timers.set_watermark(self._watermark)
+            st.timers.set_watermark(self._time.watermark)
         self._opened = True
 
     def close(self) -> None:
@@ -512,47 +447,47 @@ class LocalRunner:
         """
         if not self._opened:
             self._open()
-        if self._event_time_of is not None:
-            return self._process_timed(record)
+        event_time_of = self._time.event_time_of
+        if event_time_of is not None:
+            return self._process_timed(record, event_time_of)
         try:
             key = self.key_selector(record)
             st = self._subtasks[self._subtask_of(key)]
         except Exception as e:  # before any state is touched: the record alone is bad
-            raise _BadKey.of("key", record, e) from e
+            raise RejectedRecordError.of("key", record, e) from e
         st.keyed.set_current_key(key)
         st.pctx.current_key = key
         out = st.function.process(record, st.pctx)
         outputs = [] if out is None else list(out)
-        if self._processing_hint.earliest != NO_TIMER:
-            self._fire_processing_time(outputs)
+        time = self._time
+        if time.processing_hint.earliest != NO_TIMER:
+            time.fire_processing_time(outputs)
         return outputs
 
-    def _process_timed(self, record: Any) -> list[Any]:
+    def _process_timed(self, record: Any, event_time_of: Callable[[Any], int | None]) -> list[Any]:
         """:meth:`process` with event time: lateness, the record's timestamp, the watermark."""
+        time = self._time
         try:
-            ts = self._event_time_of(record)  # type: ignore[misc]
+            ts = event_time_of(record)
         except Exception as e:
-            raise _BadKey.of("event-time", record, e) from e
-        if ts is not None and self._left_out_late(record, ts):
-            return self._fire_processing_time([])
+            raise RejectedRecordError.of("event-time", record, e) from e
+        if ts is not None and time.left_out_late(record, ts):
+            return time.fire_processing_time([])
         try:
             key = self.key_selector(record)
             st = self._subtasks[self._subtask_of(key)]
         except Exception as e:
-            raise _BadKey.of("key", record, e) from e
+            raise RejectedRecordError.of("key", record, e) from e
         st.keyed.set_current_key(key)
         pctx = st.pctx
         pctx.current_key = key
         pctx.timestamp = ts
         out = st.function.process(record, pctx)
         outputs = [] if out is None else list(out)
-        if ts is not None and ts > self._max_event_time:
-            self._max_event_time = ts
-            wm = ts - self._delay
-            if wm > self._watermark:
-                self.advance_watermark(wm, outputs)
-        if self._processing_hint.earliest != NO_TIMER:
-            self._fire_processing_time(outputs)
+        if ts is not None:
+            time.event_time_seen(ts, outputs)
+        if time.processing_hint.earliest != NO_TIMER:
+            time.fire_processing_time(outputs)
         return outputs
 
     @property
@@ -592,24 +527,26 @@ class LocalRunner:
             for i, record in enumerate(records):
                 try:
                     outputs.extend(self.process(record))
-                except _BadKey as e:
+                except RejectedRecordError as e:
                     if rejected is None:
                         raise
                     rejected(i, e.bad)
             return outputs
         pa = require_pyarrow()
+        time = self._time
+        event_time_of = time.event_time_of
         kept: list[int] = []  # indexes into records
         stamps: list[int | None] = []
         routes: list[tuple[int, Any]] = []  # (subtask, key) of each kept record
         for i, record in enumerate(records):
             ts = None
-            if self._event_time_of is not None:
+            if event_time_of is not None:
                 try:
-                    ts = self._event_time_of(record)
+                    ts = event_time_of(record)
                 except Exception as e:  # noqa: BLE001 - any failure here makes the record bad
-                    _reject(rejected, i, _BadKey.of("event-time", record, e))
+                    _reject(rejected, i, RejectedRecordError.of("event-time", record, e))
                     continue
-                if ts is not None and self._left_out_late(record, ts):
+                if ts is not None and time.left_out_late(record, ts):
                     continue
             if not isinstance(record, Mapping):
                 problem = TypeError(
@@ -618,13 +555,13 @@ class LocalRunner:
                 )
                 if rejected is None:
                     raise problem
-                rejected(i, _BadKey.of("arrow", record, problem).bad)
+                rejected(i, RejectedRecordError.of("arrow", record, problem).bad)
                 continue
             try:
                 key = self.key_selector(record)
                 route = (self._subtask_of(key), key)
             except Exception as e:  # noqa: BLE001 - any failure here makes the record bad
-                _reject(rejected, i, _BadKey.of("key", record, e))
+                _reject(rejected, i, RejectedRecordError.of("key", record, e))
                 continue
             kept.append(i)
             stamps.append(ts)
@@ -643,7 +580,7 @@ class LocalRunner:
                     raise
                 j, column = order[clash[0]], clash[1]
                 problem = type(e)(f"column {column!r}: {e}")
-                _reject(rejected, kept[j], _BadKey.of("arrow", records[kept[j]], problem))
+                _reject(rejected, kept[j], RejectedRecordError.of("arrow", records[kept[j]], problem))
                 del kept[j], stamps[j], routes[j]
         max_ts = max((t for t in stamps if t is not None), default=None)
         if kept:
@@ -654,122 +591,18 @@ class LocalRunner:
                 pctx.current_key = key
                 pctx.timestamp = None
                 outputs.extend(output_rows(st.function.process_batch(table.slice(offset, length), pctx)))
-        if max_ts is not None and max_ts > self._max_event_time:
-            self._max_event_time = max_ts
-            self.advance_watermark(max_ts - self._delay, outputs)
-        if self._processing_hint.earliest != NO_TIMER:
-            self._fire_processing_time(outputs)
+        if max_ts is not None:
+            time.event_time_seen(max_ts, outputs)
+        if time.processing_hint.earliest != NO_TIMER:
+            time.fire_processing_time(outputs)
         return outputs
 
-    def _run_batches(
-        self, src: ReplayableSource, result: RunResult, max_records: int | None
-    ) -> tuple[int, bool]:
-        """:meth:`run`'s loop for a batch function: micro-batches of ``statekit.batch-size`` records.
-
-        A batch also ends where a periodic checkpoint is due and at
-        ``max_records``, so checkpoints and the kept position fall between
-        batches. Returns the records since the last checkpoint and whether the
-        source was exhausted.
-        """
-        interval = self.checkpoint_interval
-        since = 0
-        buffer: list[Any] = []
-        places: list[Any] = []  # the position after each buffered record, to name a bad one
-        last: Any = None  # the position after the buffered records (and bad lines after them)
-        marked = 0  # bad lines read since the last batch, handled already
-
-        def rejected(i: int, bad: BadRecord) -> None:
-            self._on_bad(_placed(bad, src, places[i]), result)
-
-        def flush() -> None:
-            nonlocal since, marked
-            bad_before = result.bad_records
-            outputs = self._process_batch(buffer, rejected)
-            self._position = last
-            result.records += len(buffer) - (result.bad_records - bad_before)
-            result.outputs += len(outputs)
-            if self.sink is not None:
-                for o in outputs:
-                    self.sink(o)
-            since += len(buffer) + marked
-            marked = 0
-            buffer.clear()
-            places.clear()
-
-        read: Callable[[Any], Iterator[tuple[Any, Any]]] = getattr(src, "read_marked", src.read)
-        for record, position in read(self._position):
-            if record.__class__ is BadRecord:
-                self._on_bad(record, result)
-                last = position
-                marked += 1
-                if buffer:
-                    continue
-                self._position = position
-                since += marked
-                marked = 0
-                if interval and since >= interval:
-                    since = 0
-                    self._bad_records_budget(result)
-                    self._periodic_checkpoint(result)
-                continue
-            buffer.append(record)
-            places.append(position)
-            last = position
-            total = result.records + len(buffer)
-            stop = max_records is not None and total >= max_records
-            if stop or len(buffer) >= self.batch_size or (interval and since + len(buffer) >= interval):
-                flush()
-                if interval and since >= interval:
-                    since = 0
-                    self._bad_records_budget(result)
-                    self._periodic_checkpoint(result)
-                if stop:
-                    return since, False
-        if buffer:
-            flush()
-        return since, True
-
-    def _on_bad(self, bad: BadRecord, result: RunResult) -> None:
-        """Apply the bad-records policy to ``bad``: raise, or dead-letter it and check the count budget."""
-        result.bad_records += 1
-        if self._bad_policy is None:
-            raise bad_record_error(bad)
-        self._bad_policy.handle(bad)
-
-    def _bad_records_budget(self, result: RunResult) -> None:
-        """Fail if the share of bad records is above ``statekit.bad-records.max-ratio``."""
-        if self._bad_policy is not None:
-            self._bad_policy.check_ratio(result.records + result.bad_records)
-
-    def _left_out_late(self, record: Any, ts: int) -> bool:
-        """Whether ``record`` (event time ``ts``) is late and not processed: counted, sent to the late sink.
-
-        Under the ``process`` late policy a late record is counted and processed (False).
-        """
-        if ts > self._watermark:
-            return False
-        self.late_records += 1
-        if self._late_to_function:
-            return False
-        if self.late_sink is not None:
-            self.late_sink(record)
-        else:
-            self._late_unsunk += 1
-        return True
-
-    def _fire_processing_time(self, outputs: list[Any]) -> list[Any]:
-        hint = self._processing_hint
-        now = self.clock()
-        if hint.earliest > now:
-            return outputs
-        earliest = NO_TIMER
-        for st in self._subtasks:
-            st.fire(TimeDomain.PROCESSING_TIME, now, outputs)
-            nxt = st.timers.next_timestamp(TimeDomain.PROCESSING_TIME)
-            if nxt is not None and nxt < earliest:
-                earliest = nxt
-        hint.earliest = earliest
-        return outputs
+    def _emit(self, outputs: Sequence[Any]) -> None:
+        """Hand ``outputs`` to the sink, if there is one."""
+        sink = self.sink
+        if sink is not None:
+            for o in outputs:
+                sink(o)
 
     def advance_watermark(self, watermark: int, outputs: list[Any] | None = None) -> list[Any]:
         """Move the event-time watermark to ``watermark`` (never back) and fire the timers it passes.
@@ -778,55 +611,42 @@ class LocalRunner:
         idle input). ``MAX_WATERMARK`` ends the input as the end of the source
         does under ``statekit.timers.end-of-input=fire``: every event-time timer
         fires and the watermark stays the one the records made (see
-        :meth:`_fire_at_end_of_time`). Returns the fired timers' outputs (also
-        appended to ``outputs``).
+        :meth:`TimeCoordinator.fire_at_end_of_time
+        <statekit.runtime._time.TimeCoordinator.fire_at_end_of_time>`). Returns
+        the fired timers' outputs (also appended to ``outputs``).
         """
         out = [] if outputs is None else outputs
         if not self._opened:
             self._open()
-        if watermark == MAX_WATERMARK:
-            return self._fire_at_end_of_time(out)
-        if watermark <= self._watermark:
-            return out
-        self._watermark = watermark
-        for st in self._subtasks:
-            st.timers.set_watermark(watermark)
-            st.fire(TimeDomain.EVENT_TIME, watermark, out)
-        return out
+        return self._time.advance(watermark, out)
 
     @property
     def watermark(self) -> int:
         """The current event-time watermark in ms (``MIN_WATERMARK`` before any event time)."""
-        return self._watermark
+        return self._time.watermark
 
-    def _end_of_input(self) -> list[Any]:
-        """At the end of a bounded input under ``fire``, as Flink's: every event-time timer fires."""
-        if not self.fire_at_end_of_input:
-            return []
-        return self._fire_at_end_of_time([])
+    @property
+    def late_records(self) -> int:
+        """Records at or below the watermark so far (see :class:`~statekit.timers.LatePolicy`)."""
+        return self._time.late_records
 
-    def _fire_at_end_of_time(self, outputs: list[Any]) -> list[Any]:
-        """Fire every pending event-time timer as at the end of time, and keep the event-time watermark.
+    @property
+    def late_sink(self) -> Callable[[Any], None] | None:
+        """Receives late records under the side-output policy (None: they are counted, with a warning)."""
+        return self._time.late_sink
 
-        Flink ends a bounded input with the maximum watermark and never resumes
-        that job. Here a later run over grown input may restore the final
-        checkpoint, so the end of time lasts for this pass only: the timers
-        fire with ``current_watermark()`` at ``MAX_WATERMARK`` (as in Flink, and
-        how ``on_timer`` tells the end of input from time passing), then every
-        subtask's watermark is the one the records made again, and that is what
-        :attr:`watermark` and a checkpoint hold. A later run's records are late
-        exactly as in an uninterrupted run's; the fired timers are gone, their
-        outputs emitted once.
-        """
-        if not any(st.timers.pending(TimeDomain.EVENT_TIME) for st in self._subtasks):
-            return outputs
-        for st in self._subtasks:
-            st.timers.set_watermark(MAX_WATERMARK)
-            try:
-                st.fire(TimeDomain.EVENT_TIME, MAX_WATERMARK, outputs)
-            finally:
-                st.timers.end_of_time_passed(self._watermark)
-        return outputs
+    @late_sink.setter
+    def late_sink(self, sink: Callable[[Any], None] | None) -> None:
+        self._time.late_sink = sink
+
+    @property
+    def fire_at_end_of_input(self) -> bool:
+        """Whether the end of the input fires every event-time timer (``statekit.timers.end-of-input``)."""
+        return self._time.fire_at_end_of_input
+
+    @fire_at_end_of_input.setter
+    def fire_at_end_of_input(self, fire: bool) -> None:
+        self._time.fire_at_end_of_input = fire
 
     def run(
         self,
@@ -852,67 +672,35 @@ class LocalRunner:
             self._coordinator.claim()
         if not self._opened:
             self._open()
-        late_before = self.late_records
-        self._late_unsunk = 0
-        fired_before = sum(st.timers.fired for st in self._subtasks)
+        time = self._time
+        late_before = time.late_records
+        time.late_unsunk = 0
+        fired_before = time.timers_fired
         src = source if isinstance(source, ReplayableSource) else RecordSource(list(source))
         interval = self.checkpoint_interval
-        sink = self.sink
-        since = 0
-        exhausted = True
-        policy = self._bad_policy = BadRecordPolicy.from_config(
-            self.config, sink=self.dead_letter_sink, job_id=self.job_id
+        since, exhausted = self._source.read(
+            src,
+            result,
+            BadRecordPolicy.from_config(self.config, sink=self.dead_letter_sink, job_id=self.job_id),
+            lambda: self._periodic_checkpoint(result),
+            vectorized=self.vectorized,
+            interval=interval,
+            batch_size=self.batch_size,
+            max_records=max_records,
         )
-        try:
-            if self.vectorized:
-                since, exhausted = self._run_batches(src, result, max_records)
-            else:
-                # A source that can hands bad lines over as BadRecords, so the position moves past them.
-                read: Callable[[Any], Iterator[tuple[Any, Any]]] = getattr(src, "read_marked", src.read)
-                for record, position in read(self._position):
-                    if record.__class__ is BadRecord:
-                        self._on_bad(record, result)
-                        outputs: Sequence[Any] = ()
-                    else:
-                        try:
-                            outputs = self.process(record)
-                        except _BadKey as e:
-                            self._on_bad(_placed(e.bad, src, position), result)
-                            outputs = ()
-                        else:
-                            result.records += 1
-                    self._position = position
-                    result.outputs += len(outputs)
-                    if sink is not None:
-                        for o in outputs:
-                            sink(o)
-                    since += 1
-                    if interval and since >= interval:
-                        since = 0
-                        self._bad_records_budget(result)
-                        self._periodic_checkpoint(result)
-                    if max_records is not None and result.records >= max_records:
-                        exhausted = False
-                        break
-            if exhausted:
-                self._bad_records_budget(result)
-        finally:
-            policy.close()
         if exhausted:
-            final = self._end_of_input()
+            final = time.end_of_input()
             result.outputs += len(final)
-            if sink is not None:
-                for o in final:
-                    sink(o)
+            self._emit(final)
             since += len(final)
         if exhausted and interval and since:
             # As Flink does when bounded input ends: a final checkpoint, so a later run
             # over a grown source continues exactly where this one stopped.
             self._periodic_checkpoint(result)
-        result.late_records = self.late_records - late_before
-        result.timers_fired = sum(st.timers.fired for st in self._subtasks) - fired_before
-        result.watermark = self._watermark
-        if self._watermark == MAX_WATERMARK and result.late_records:
+        result.late_records = time.late_records - late_before
+        result.timers_fired = time.timers_fired - fired_before
+        result.watermark = time.watermark
+        if time.watermark == MAX_WATERMARK and result.late_records:
             # Only a restored watermark can be the end of time (an end of input here keeps the
             # event-time one) and nothing lowers it: every record is late, so say so loudly.
             warnings.warn(
@@ -922,9 +710,9 @@ class LocalRunner:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        if self._late_unsunk:
+        if time.late_unsunk:
             warnings.warn(
-                f"{self._late_unsunk} late records (event time at or below the watermark) were "
+                f"{time.late_unsunk} late records (event time at or below the watermark) were "
                 "counted and not processed: pass late_sink= to receive them, or EventTime(late='process')",
                 RuntimeWarning,
                 stacklevel=2,
@@ -953,10 +741,7 @@ class LocalRunner:
             )
             for i, st in enumerate(self._subtasks)
         ]
-        self._source_op.get_list_state(_POSITION).update(
-            [] if self._position is None else [json.dumps(self._position)]
-        )
-        states.append(write_subtask_state(writer, SOURCE_OPERATOR, 0, None, self._source_op))
+        states.append(self._source.write(writer))
         return states
 
     def checkpoint(self) -> str:
@@ -969,7 +754,8 @@ class LocalRunner:
         return self._coordinator.checkpoint(self._write_all, self._time_properties(), self._notify_native)
 
     def _time_properties(self) -> dict[str, Any]:
-        return {} if self._watermark == MIN_WATERMARK else {WATERMARK_PROPERTY: self._watermark}
+        """What a checkpoint's metadata keeps of time (the watermark)."""
+        return self._time.properties()
 
     def _notify_native(self, checkpoint_id: int, complete: bool) -> None:
         for st in self._subtasks:
@@ -1011,7 +797,7 @@ class LocalRunner:
     @property
     def position(self) -> Any:
         """The source position after the last processed record."""
-        return self._position
+        return self._source.position
 
     def __enter__(self) -> LocalRunner:
         return self
