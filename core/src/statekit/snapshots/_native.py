@@ -26,14 +26,19 @@ only if the checkpoint m that uploaded it, with shared=True, was confirmed to th
 by notify_checkpoint_complete(m) before n's snapshot references it. Nothing else is ever referenced:
 not an upload of a checkpoint that was aborted (notify_checkpoint_aborted) or never confirmed, even
 once a later checkpoint completes (the completion of m says nothing about the checkpoints before m),
-and not a file of a restored snapshot (the first checkpoint after a restore uploads every file). A
-backend needs to know nothing more: it keeps each checkpoint's uploads by checkpoint id
-(out.checkpoint_id) until that checkpoint is confirmed or aborted, and one set of referenceable
-uploads, whatever output or storage a snapshot writes to. Runners and the kit confirm a checkpoint
-only where every later checkpoint of the backend can reach its files: a runner sends all native
-checkpoints of a backend into one checkpoint storage, and the kit confirms the native snapshots it
-writes into memory only while the backend checkpoints nowhere else (its state machines that also
-checkpoint through a storage abort them).
+and not a file of a restored snapshot unless the restored checkpoint is confirmed the same way:
+restore_native(handles) followed by notify_checkpoint_complete(c), c the checkpoint id of the
+handles, lets the instance reference the files of those handles it still holds (Flink's claim of its
+own checkpoints; runners confirm only a completed checkpoint of the same job in the storage the
+backend checkpoints into, never a savepoint), and without it the first checkpoint after a restore
+uploads every file. A backend needs to know nothing more: it keeps each checkpoint's uploads by
+checkpoint id (out.checkpoint_id), and a restore's files by the restored checkpoint's id, until that
+checkpoint is confirmed or aborted, and one set of referenceable uploads, whatever output or storage
+a snapshot writes to. Runners and the kit confirm a checkpoint only where every later checkpoint of
+the backend can reach its files: a runner sends all native checkpoints of a backend into one
+checkpoint storage, and the kit confirms the native snapshots it writes into memory only while the
+backend checkpoints nowhere else (its state machines that also checkpoint through a storage abort
+them).
 """
 
 from __future__ import annotations
@@ -140,8 +145,26 @@ class NativeFile:
         """The whole file, checked (see :meth:`chunks`)."""
         return b"".join(self.chunks())
 
-    def copy_to(self, path: str | os.PathLike[str]) -> None:
-        """Download the file to local ``path``, checked; nothing is left at ``path`` on error."""
+    def copy_to(self, path: str | os.PathLike[str], *, link: bool = False) -> None:
+        """Download the file to local ``path``, checked; nothing is left at ``path`` on error.
+
+        Args:
+            path: Where the file goes.
+            link: True if the caller never modifies the file at ``path`` (an
+                engine's immutable file, such as a RocksDB SST). Then a local copy
+                that task-local recovery kept of it (checked against its CRC-32) is
+                hard-linked instead of copied, and a downloaded file is kept as
+                such a copy for the next restore on this machine. Never pass True
+                for a file the engine writes into (an LMDB data file).
+        """
+        if link:
+            local = getattr(self.stream, "local_file", None)
+            if local is not None:
+                with contextlib.suppress(OSError):
+                    src = local()
+                    if os.stat(src).st_size == self.size:
+                        os.link(src, path)
+                        return
         try:
             with open(path, "wb") as f:
                 for data in self.chunks():
@@ -150,6 +173,11 @@ class NativeFile:
             with contextlib.suppress(OSError):
                 os.unlink(path)
             raise
+        if link:
+            keep = getattr(self.stream, "keep_local", None)
+            if keep is not None:
+                with contextlib.suppress(OSError):
+                    keep(os.fspath(path), self.crc32)
 
 
 @dataclass(frozen=True)
@@ -303,6 +331,10 @@ def upload_native_file(
             out.write(data)
             crc, size = zlib.crc32(data), len(data)
         else:
+            link_source = getattr(out, "link_source", None)
+            if shared and link_source is not None:
+                # A shared file is immutable: task-local recovery may keep a hard link to it.
+                link_source(os.fspath(source))
             with open(source, "rb") as f:
                 while data := f.read(_CHUNK):
                     out.write(data)
