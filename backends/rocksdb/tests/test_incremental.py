@@ -159,3 +159,76 @@ def test_native_rescale_from_two_subtasks(tmp_path: Path, new_p: int) -> None:
     back.restore("latest")
     assert value_state_contents(back, COUNT) == expected
     back.close()
+
+
+def test_a_restored_checkpoint_of_the_job_is_claimed_its_files_referenced_not_uploaded_again(
+    tmp_path: Path,
+) -> None:
+    """Flink's claim of its own checkpoints: after restoring one, the next references its SST files."""
+    r = runner(tmp_path, **{"statekit.checkpoints.retained": 3})
+    keys = [f"user-{i:06d}" for i in range(50_000)]
+    feed(r, [(k, 1) for k in keys])
+    first = r.checkpoint()
+    r.close()
+
+    again = runner(tmp_path, **{"statekit.checkpoints.retained": 3})
+    assert again.restore("latest") == first
+    feed(again, [(k, 2) for k in keys[:100]])
+    second = again.checkpoint()
+    p1, p2 = keyed_checkpoint_part(again, first), keyed_checkpoint_part(again, second)
+    restored_ssts = {f["name"] for f in p1["native"]["files"] if f["shared"]}
+    referenced_now = {f["name"] for f in p2["native"]["files"] if f["checkpoint_id"] == 1}
+    assert restored_ssts and restored_ssts <= referenced_now  # nothing the restore brought is uploaded again
+    assert p2["uploaded"] < 0.2 * p1["uploaded"], (p1["uploaded"], p2["uploaded"])
+    expected = dict.fromkeys(keys, 1) | dict.fromkeys(keys[:100], 2)
+    again.close()
+    third = runner(tmp_path)
+    assert third.restore("latest") == second
+    assert value_state_contents(third, COUNT) == expected
+    third.close()
+
+
+def test_a_rescaled_restore_references_only_the_files_its_instance_still_holds(tmp_path: Path) -> None:
+    r = runner(tmp_path, **{"statekit.checkpoints.retained": 3, "statekit.parallelism": 2})
+    keys = [f"k{i:05d}" for i in range(20_000)]
+    feed(r, [(k, 1) for k in keys])
+    r.checkpoint()
+    r.close()
+    down = runner(tmp_path, **{"statekit.checkpoints.retained": 3, "statekit.parallelism": 1})
+    down.restore("latest")
+    second = down.checkpoint()
+    part = keyed_checkpoint_part(down, second)
+    # Whatever it references is a live file of a completed checkpoint; the state is exact.
+    assert {f["checkpoint_id"] for f in part["native"]["files"]} <= {1, 2}
+    down.close()
+    back = runner(tmp_path, **{"statekit.parallelism": 3})
+    back.restore("latest")
+    assert value_state_contents(back, COUNT) == dict.fromkeys(keys, 1)
+    back.close()
+
+
+def test_a_savepoint_is_never_claimed_the_first_checkpoint_after_it_uploads_every_file(
+    tmp_path: Path,
+) -> None:
+    r = runner(tmp_path, **{"statekit.checkpoint.format": "native"})
+    feed(r, [(f"user-{i:06d}", 1) for i in range(30_000)])
+    r.checkpoint()
+    savepoint = r.savepoint(str(tmp_path / "sp"))
+    r.close()
+    fresh = LocalRunner(
+        Set,
+        key_selector=lambda rec: rec[0],
+        config={
+            "statekit.backend": "rocksdb",
+            "statekit.checkpoints.dir": str(tmp_path / "chk2"),
+            "statekit.local-dir": str(tmp_path / "local2"),
+        },
+        job_id="inc",
+    )
+    fresh.restore(savepoint)
+    first = fresh.checkpoint()
+    part = keyed_checkpoint_part(fresh, first)
+    assert {f["checkpoint_id"] for f in part["native"]["files"]} == {
+        load_checkpoint(fresh.storage, first).checkpoint_id
+    }
+    fresh.close()

@@ -435,8 +435,11 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
         plan = self.kv_plan_native_restore(handles, self.native_format)
         if plan.base is not None:
             restore_instance(self, plan.base, plan.parts, plan.ranges[id(plan.base)])
-            # Flink's NO_CLAIM mode: later checkpoints upload every file again (UploadTracker.restored).
-            self.uploads.restored()
+            # The base's SST files are the instance's own (same names, same bytes; a clip or an
+            # ingest adds new files and compacts some away, which `take` forgets): referenced by
+            # later checkpoints once the runner claims the restored checkpoint, else uploaded again.
+            restored = {f.name: f for f in plan.base.files if f.shared and f.name.endswith(".sst")}
+            self.uploads.restored(plan.base.checkpoint_id, restored)
         self.kv_finish_native_restore(plan)
 
     def native_meta(self) -> dict[str, Any]:

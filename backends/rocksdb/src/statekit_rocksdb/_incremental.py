@@ -68,16 +68,23 @@ class UploadTracker:
         with self._lock:
             self.pending.pop(checkpoint_id, None)
 
-    def restored(self) -> None:
-        """The instance was restored: nothing is confirmed, the next checkpoint uploads every file.
+    def restored(self, checkpoint_id: int | None = None, files: dict[str, NativeFile] | None = None) -> None:
+        """The instance was restored: nothing is confirmed; its restored SST ``files`` wait for a claim.
 
-        Flink's default (NO_CLAIM) restore mode: checkpoints after a restore never
-        depend on the files of the checkpoint restored from, which may live in
-        another storage or be deleted by the user once the job runs again.
+        The restored files become pending under the restored checkpoint's id, so
+        they are referenced only if the runner confirms that checkpoint
+        (``notify_checkpoint_complete(checkpoint_id)`` right after the restore:
+        a completed checkpoint of the same job, in the storage this instance
+        checkpoints into). Without that confirmation, Flink's NO_CLAIM mode:
+        the next checkpoint completes a newer id, which drops them, and it
+        uploads every file (a savepoint may live elsewhere and be deleted by
+        its owner once the job runs again).
         """
         with self._lock:
             self.confirmed = {}
             self.pending.clear()
+            if checkpoint_id is not None and files:
+                self.pending[checkpoint_id] = dict(files)
 
     def keep_only(self, live: set[str]) -> None:
         """Forget confirmed uploads of files the instance no longer has (compacted away for good)."""

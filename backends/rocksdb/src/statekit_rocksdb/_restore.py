@@ -1,8 +1,11 @@
 """Restores from native snapshots, at the same or another parallelism (Flink's incremental restore).
 
-Same key groups: download the instance's files and open it; its SST files stay
-confirmed uploads, so the next checkpoint references them instead of
-uploading them again.
+Same key groups: download the instance's files (SST files a local copy of
+task-local recovery holds are hard-linked instead) and open it. Its SST files
+are the restored checkpoint's: once the runner claims that checkpoint
+(``notify_checkpoint_complete`` of its id right after the restore), the next
+checkpoint references them instead of uploading them again; without the claim
+it uploads them (see ``UploadTracker.restored``).
 
 Rescaled: of the instances whose key groups overlap this subtask's, the one
 that overlaps most becomes the base: downloaded, opened, and clipped to the
@@ -95,7 +98,8 @@ def _download(h: NativeStateHandle, directory: str) -> None:
             raise CorruptSnapshotError(
                 f"native RocksDB snapshot names a file {f.name!r} outside its directory"
             )
-        f.copy_to(os.path.join(directory, name))
+        # SST files are immutable: a local copy from an earlier checkpoint on this machine is linked.
+        f.copy_to(os.path.join(directory, name), link=name.endswith(".sst"))
     if not os.path.exists(os.path.join(directory, "CURRENT")):
         raise CorruptSnapshotError("native RocksDB snapshot has no CURRENT file; it is incomplete")
 

@@ -395,6 +395,12 @@ class LocalRunner:
         for st in self._subtasks:  # an earlier restore's subtasks, replaced now
             st.keyed.close()
         self._subtasks = fresh
+        if self._claims(cp):
+            # A completed checkpoint of this job in this storage: restored native instances may
+            # keep referencing its files (the completion contract's claim); never a savepoint.
+            for st in fresh:
+                if isinstance(st.keyed, SupportsNativeSnapshot):
+                    st.keyed.notify_checkpoint_complete(cp.checkpoint_id)
         self._source.adopt(source_state, position)
         self._time.restored(cp.metadata.properties)
         self._restored_from = cp.location
@@ -402,6 +408,12 @@ class LocalRunner:
         self.registry.hook.statekit_restore_done(
             job_id=self.job_id, checkpoint_id=cp.checkpoint_id, subtask_index=0, parallelism=self.parallelism
         )
+
+    def _claims(self, cp: CompletedCheckpoint) -> bool:
+        """Whether ``cp`` is a completed checkpoint of this job in this runner's storage."""
+        if cp.metadata.kind != "checkpoint" or cp.metadata.job_id != self.job_id:
+            return False
+        return cp.location in self.storage.list_checkpoints(self.job_id)
 
     def _open(self) -> None:
         if not self._subtasks:

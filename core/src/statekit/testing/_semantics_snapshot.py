@@ -330,6 +330,46 @@ class SnapshotSemantics:
             target.restore_native([handle])
             assert dump(target, declare(target)) == state
 
+    def test_native_restore_references_restored_files_only_when_claimed(
+        self, make_backend: Any, backend: Any
+    ) -> None:
+        """The completion contract's claim: restored files are referenced only after it.
+
+        After ``restore_native(handles)``, ``notify_checkpoint_complete(c)`` of the
+        restored checkpoint ``c`` lets the instance reference the files of those
+        handles it still holds; without it the first checkpoint after the restore
+        uploads every file. Either way the next checkpoint restores exactly.
+        """
+        if not isinstance(backend, SupportsNativeSnapshot):
+            pytest.skip("this backend has no native snapshot format (SupportsNativeSnapshot)")
+        keyed: Any = backend
+        cps = NativeCheckpoints()
+        populate(keyed, keys_of(60))
+        first, _uploads = native_snapshot_handle(keyed, cps)
+        for claimed in (False, True):
+            target: Any = make_backend()
+            target.restore_native([first])
+            if claimed:
+                target.notify_checkpoint_complete(first.checkpoint_id)
+            states = declare(target)
+            target.set_current_key("after-restore")
+            states["value"].update(7)
+            expected = dump(target, states)
+            handle, _ = native_snapshot_handle(target, cps)
+            uploaded_by = {f.checkpoint_id for f in handle.files}
+            if not claimed:
+                assert uploaded_by == {handle.checkpoint_id}, (
+                    f"the first checkpoint after an unclaimed restore references files of checkpoints "
+                    f"{sorted(uploaded_by - {handle.checkpoint_id})}: it must upload every file (a "
+                    "savepoint may live elsewhere; only notify_checkpoint_complete of the restored "
+                    "checkpoint claims it)"
+                )
+            else:
+                assert uploaded_by <= {first.checkpoint_id, handle.checkpoint_id}, uploaded_by
+            again: Any = make_backend()
+            again.restore_native([handle])
+            assert dump(again, declare(again)) == expected
+
     def test_native_restore_refuses_another_format_before_any_change(
         self, make_backend: Any, backend: Any
     ) -> None:
