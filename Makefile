@@ -19,6 +19,9 @@ $(VENV)/.installed: pyproject.toml core/pyproject.toml backends/heap/pyproject.t
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(PACKAGES)
+	# The JVM helper that gives Spark tasks their preferred executor, compiled once per machine
+	# (needs a JDK's javac; without one, queries run without task locality and say why).
+	-$(PY) -c "from statekit.spark._jvm import helper_jar; print(helper_jar())"
 	touch $@
 
 install: $(VENV)/.installed

@@ -182,6 +182,8 @@ def test_static_runs_savepoint_and_state_source_from_a_connect_client(
     runs = report["runs"]
     assert [r["skipped"] for r in runs] == [False, False, True]
     assert sum(r["records"] for r in runs) == len(records)
+    # No JVM gateway on a Connect client: no task locality, and BatchInfo says so.
+    assert runs[0]["locality"].startswith("off: Spark Connect"), runs[0]["locality"]
     counts = Counter(r["url"] for r in records)
     assert report["read"] == dict(counts)
     assert Path(report["savepoint"]).is_dir()

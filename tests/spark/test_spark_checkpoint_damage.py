@@ -71,14 +71,17 @@ def test_a_damaged_block_fails_the_query_naming_the_file_and_the_way_out(
     (victim,) = (job / "chk-3").glob("process-1.keyed*")  # task files carry their attempt
     flip(victim)
     write_inputs(tmp_path / "in", RECORDS[1200:], 1, start=3)
-    # At another parallelism every subtask must read chk-3's blocks (no open state is reused).
+    # At another parallelism every subtask must read chk-3's blocks (no open state is reused), from
+    # the storage: the executor's intact local copies (task-local recovery) would spare it the damage.
     session.conf.set("spark.statekit.parallelism", "3")
+    session.conf.set("spark.statekit.local-recovery", "false")
     with pytest.raises(Exception) as info:
         run_to_end(query(session, tmp_path, job_id, "in", []), tmp_path / "spark")
     text = str(info.value)
     assert f"CorruptCheckpointError: checkpoint {job / 'chk-3'}: {victim}: " in text
     assert "never falls back" in text and "restore=" in text
     session.conf.set("spark.statekit.parallelism", "2")
+    session.conf.unset("spark.statekit.local-recovery")
     (tmp_path / "in" / "part-0003.json").unlink()
     way_out(session, tmp_path, job_id, job)
 

@@ -188,12 +188,14 @@ def test_an_executor_killed_mid_batch_its_tasks_rerun_on_the_other_from_the_stor
 
     The task stalls (sparkjobs.StallOnceCountUrls) on a subtask its executor kept
     open from the previous batch, so that state exists only in the dying executor
-    and in the checkpoint storage (a local directory): the rerun must restore it.
+    and in the checkpoint storage (a local directory): the rerun must restore it,
+    from the storage (the other executor never held it). Task locality runs every
+    subtask on the executor that ran it last, so the stall comes at batch 1, the
+    first that can reuse; after the loss the subtasks settle on the executors
+    left and reuse their state again.
     """
     records = make_records(2000, seed=17)
-    # A task reuses a subtask when it lands on the executor that ran it in the previous batch,
-    # as likely as not: ten batches give nine chances for the stall (all missed: 1 in 512).
-    write_inputs(tmp_path / "in", records, 10)
+    write_inputs(tmp_path / "in", records, 6)
     markers = tmp_path / "markers"
     markers.mkdir()
     checkpoints = tmp_path / "statekit"
@@ -226,10 +228,14 @@ def test_an_executor_killed_mid_batch_its_tasks_rerun_on_the_other_from_the_stor
     summary = lines[-1]["summary"]
     assert summary["state_ok"] and summary["records"] == len(records), summary
     batches = {line["batch"]["batch_id"]: line["batch"] for line in lines if "batch" in line}
+    assert info["batch"] == 1, info  # locality: batch 1 already ran where batch 0 left the state
     hit = batches[info["batch"]]
     assert not hit["skipped"] and info["pid"] not in hit["executor_pids"]
     # The killed executor held the subtask's only open copy: the rerun restored it from the storage.
     assert hit["restored_subtasks"] >= 1, hit
+    assert hit["locality"] == "on"
+    last = batches[max(batches)]
+    assert last["reused_subtasks"] == last["parallelism"] == 2, last  # settled on the executors left
     from statekit_storage import FileSystemCheckpointStorage
 
     assert_exact_state(FileSystemCheckpointStorage(str(checkpoints)), "lost", records)

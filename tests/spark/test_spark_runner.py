@@ -401,6 +401,66 @@ def test_executors_reuse_open_state_between_batches(
         assert min(ids) < last.checkpoint_id, ids
 
 
+@pytest.mark.parametrize("backend", [b for b in ("heap", "rocksdb") if b in BACKENDS])
+def test_a_subtask_that_moved_restores_from_its_executors_local_copies(
+    session: Any, tmp_path: Path, job_id: str, backend: str
+) -> None:
+    """Task-local recovery: state not open in the worker comes from the executor's local copies.
+
+    Each ``run`` is a run of its own, so its subtasks never reuse the open state of
+    the run before: they restore, as a subtask whose task moved to another Python
+    worker does. The executor kept a copy of every file the first run wrote, so
+    the second reads nothing from the storage; with local recovery off it does.
+    """
+    configure(session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit",
+                        "spark.statekit.checkpoint.storage.filesystem.inline-threshold": 0,
+                        "spark.statekit.parallelism": 2, "spark.statekit.backend": backend})  # fmt: skip
+
+    def run(records: list[dict[str, Any]]) -> BatchInfo:
+        df = session.createDataFrame(records, SCHEMA)
+        return keyed(df, "url").process(CountUrls, OUTPUT, job_id=job_id).run()
+
+    first = run(RECORDS[:600])
+    assert first.restored_subtasks == 2 and (first.restored_locally, first.restored_remotely) == (0, 0)
+    assert first.locality == "on" and set(first.subtask_locations) == {0, 1}
+    second = run(RECORDS[600:1200])
+    assert second.reused_subtasks == 0 and second.restored_locally == 2, second
+    assert second.bytes_downloaded == 0 and second.phases["task_restore"] > 0
+    df = session.createDataFrame(RECORDS[:1], SCHEMA)
+    storage = keyed(df, "url").process(CountUrls, OUTPUT, job_id=job_id).checkpoint_storage()
+    if backend == "rocksdb":
+        # The restored checkpoint is the job's own: its SST files are referenced, not uploaded again.
+        meta = load_checkpoint(storage, second.location).metadata
+        ids = {f["checkpoint_id"] for st in meta.operators["process"] for f in st.keyed["native"]["files"]}
+        assert first.checkpoint_id in ids, ids
+    session.conf.set("spark.statekit.local-recovery", "false")
+    third = run(RECORDS[1200:1800])
+    assert third.restored_remotely == 2 and third.bytes_downloaded > 0, third
+    assert_exact_state(storage, job_id, RECORDS[:1800])
+
+
+def test_without_a_jdk_locality_is_off_and_says_why_or_fails_when_required(
+    session: Any, tmp_path: Path, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No cached helper and no javac: auto runs without locality, loudly; on refuses to start."""
+    monkeypatch.setenv("STATEKIT_JVM_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-jdk"))
+    configure(
+        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 2}
+    )
+    df = session.createDataFrame(RECORDS[:300], SCHEMA)
+    processed = keyed(df, "url").process(CountUrls, OUTPUT, job_id=job_id)
+    with pytest.warns(RuntimeWarning, match="needs a JDK's javac"):
+        info = processed.run()
+    assert info.locality.startswith("off: statekit.spark.locality: building the locality helper needs")
+    assert "statekit.spark.locality=off" in info.locality and info.subtask_locations == {}
+    assert_exact_state(processed.checkpoint_storage(), job_id, RECORDS[:300])
+    session.conf.set("spark.statekit.spark.locality", "on")
+    with pytest.raises(ConfigurationError, match="needs a JDK's javac"):
+        keyed(df, "url").process(CountUrls, OUTPUT, job_id=job_id).run()
+
+
 def test_a_streaming_query_turns_aqe_off_in_its_own_session_only(
     session: Any, tmp_path: Path, job_id: str
 ) -> None:

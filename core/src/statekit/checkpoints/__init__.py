@@ -3,8 +3,9 @@
 What it holds: ``_checkpoint`` (subtask states, ``_metadata`` written last,
 retention, restore plans), ``_fencing`` (of two runs of one job, only the
 newest completes checkpoints), ``_locations`` (paths and URLs to the
-``filesystem`` storage that reaches them) and ``_verify`` (checking a
-checkpoint's files without restoring it).
+``filesystem`` storage that reaches them), ``_verify`` (checking a
+checkpoint's files without restoring it) and ``_local_recovery`` (local copies
+of the files a process wrote, read before the storage: task-local recovery).
 
 What it may import: ``timers``, ``_contracts``, ``state``, ``snapshots``,
 ``serialization``, ``plugins`` (a location names its storage plugin) and

@@ -340,7 +340,10 @@ class _TeeStream:
     def write(self, data: bytes) -> int:
         n = self._inner.write(data)
         if self._local is not None:
-            self._local.write(data)
+            try:
+                self._local.write(data)
+            except OSError:  # a full local disk: no copy, the checkpoint file is still written
+                self._drop_local()
         self._crc = zlib.crc32(data, self._crc)
         return n
 

@@ -240,6 +240,18 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
     ConfigOption("statekit.local-dir", str, None,
         "Directory under which on-disk backends keep their working files; unset: the system's "
         "temporary directory (LocalRunner) or Spark's local directories (on Spark)."),
+    ConfigOption("statekit.local-recovery", bool, True,
+        "On Spark: keep a copy of every checkpoint file a subtask writes (and of the engine files a "
+        "restore downloads) in the executor's local directory, so a subtask that lands on another "
+        "Python worker of the executor, or comes back to it, restores from local files and downloads "
+        "only what is missing (Flink's task-local recovery). Each subtask keeps its last two "
+        "snapshots' files; false: every restore reads the checkpoint storage."),
+    ConfigOption("statekit.spark.locality", str, "auto",
+        "On Spark: run each subtask's task on the executor that ran it last, where its state is "
+        "open (as Spark's state stores do), through a small JVM helper compiled once per machine. "
+        "auto: on when the helper can be built, else off with a warning (BatchInfo.locality says "
+        "why); on: a missing helper is an error; off: Spark places tasks anywhere.",
+        choices=("auto", "on", "off")),
     ConfigOption("statekit.checkpoint.interval-records", int, 0,
         "Embedded runner: records between checkpoints; off (or 0, the default) turns periodic "
         "checkpoints off.", minimum=1, off=0),
@@ -280,10 +292,12 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "Embedded runner: the JSON-lines file dead letters are appended to (stage, error, file, "
         "offset, line, raw text, job id, time); keep it outside the input directory."),
     ConfigOption("statekit.bad-records.max", int, None,
-        "With dead-letter: more bad records than this in one run fail the job; unset: no limit."),
+        "With dead-letter: more bad records than this in one run fail the job; unset: no limit.",
+        minimum=0),
     ConfigOption("statekit.bad-records.max-ratio", float, None,
         "With dead-letter: a share of bad records among those read in one run (0 to 1) above which "
-        "the job fails, checked at each periodic checkpoint and at the end of the input; unset: no limit."),
+        "the job fails, checked at each periodic checkpoint and at the end of the input; unset: no limit.",
+        minimum=0.0, maximum=1.0),
 )  # fmt: skip
 _CORE_BY_KEY = {option.name: option for option in CORE_OPTIONS}
 

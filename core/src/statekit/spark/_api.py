@@ -386,9 +386,10 @@ class ProcessedStream:
             props = latest.metadata.properties if latest is not None else {}
             batch_id = int(props[BATCH_PROPERTY]) + 1 if props.get(QUERY_PROPERTY) == STATIC_QUERY else 0
         if end_of_input is None:
-            end_of_input = spec.event_time is not None and coordinator.config.get(
-                "statekit.timers.end-of-input"
-            ) != "keep"
+            end_of_input = (
+                spec.event_time is not None
+                and coordinator.config.get("statekit.timers.end-of-input") != "keep"
+            )
         try:
             return coordinator.process_batch(spec.df, batch_id, STATIC_QUERY, end_of_input=end_of_input)
         finally:

@@ -61,6 +61,7 @@ from ..runtime._runner import _end_of_time_message, checkpoint_storage_from_conf
 from ..serialization._keygroups import compute_default_max_parallelism, validate_parallelism
 from ..serialization._serializers import TypeSerializer
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY, EventTime
+from ._jvm import JvmLocality, LocalityUnavailable
 from ._routing import Router, routing_values
 from ._sparkconf import application, default_parallelism, is_connect, local_dir, spark_configuration
 from ._task import (
@@ -120,8 +121,21 @@ class BatchInfo:
         records: Records processed.
         outputs: Output records written to the sink.
         reused_subtasks: Subtasks whose open state an executor kept from the previous batch.
-        restored_subtasks: Subtasks restored from the checkpoint storage (or started empty).
+        restored_subtasks: Subtasks that did not reuse open state: restored (locally or
+            remotely) or started empty.
+        restored_locally: Of those, subtasks restored reading nothing from the checkpoint
+            storage: from the local copies their executor kept (task-local recovery,
+            ``statekit.local-recovery``), or from state small enough to travel inside
+            the checkpoint's metadata.
+        restored_remotely: Of those, subtasks that read files from the checkpoint storage
+            (only the files their executor had no local copy of).
+        bytes_downloaded: Bytes the restores read from the checkpoint storage.
         executor_pids: The process ids of the Python workers that ran the subtasks.
+        subtask_locations: Where each subtask's task ran (``executor_<host>_<id>``), as
+            the tasks reported it; the next batch prefers the same executors. Empty
+            when locality is off.
+        locality: ``"on"``, or ``"off: <why>"`` (configured off, Spark Connect, or the
+            JVM helper could not be built: the reason says how to fix it).
         late_records: Rows at or below the watermark the batch ran with.
         timers_fired: Timers that fired in the batch.
         watermark: The event-time watermark the next batch runs with.
@@ -130,7 +144,8 @@ class BatchInfo:
             ``tasks`` (the Spark job that scans, routes and processes every
             row and writes the snapshots), ``sink``, ``checkpoint`` (completing
             it), ``retention``. Summed over the tasks: ``task_input`` (waiting
-            for input rows: shuffle read and Arrow transfer), ``task_convert``
+            for input rows: shuffle read and Arrow transfer), ``task_restore``
+            (restoring the subtasks that did not reuse open state), ``task_convert``
             (Arrow to Python), ``task_records`` (the record loop: state access,
             the function, output rows), ``task_output`` (output Arrow batches),
             ``task_timers``, ``task_snapshot``, ``task_task`` (the whole task).
@@ -146,7 +161,12 @@ class BatchInfo:
     outputs: int = 0
     reused_subtasks: int = 0
     restored_subtasks: int = 0
+    restored_locally: int = 0
+    restored_remotely: int = 0
+    bytes_downloaded: int = 0
     executor_pids: tuple[int, ...] = ()
+    subtask_locations: Mapping[int, str] = field(default_factory=dict)
+    locality: str = "off"
     late_records: int = 0
     timers_fired: int = 0
     watermark: int = MIN_WATERMARK
@@ -327,6 +347,25 @@ class Coordinator:
         )
         self.timezone = session.conf.get("spark.sql.session.timeZone")
         self.local_dir = local_dir(session)
+        self._claimed: dict[str, bool] = {}
+        self.locality, self.locality_status = _locality(session, str(conf.get("statekit.spark.locality")))
+
+    def _claims(self, source: CompletedCheckpoint | None, latest: CompletedCheckpoint | None) -> bool:
+        """Whether ``source`` is a completed checkpoint of this job in this storage (not a savepoint).
+
+        Then a restored native instance may reference its files (the completion
+        contract's claim); a savepoint or another job's checkpoint is never claimed.
+        """
+        if source is None or source.metadata.kind != "checkpoint":
+            return False
+        if source.metadata.job_id != self.spec.job_id:
+            return False
+        if latest is not None and source.location == latest.location:
+            return True
+        if source.location not in self._claimed:
+            own = self.storage.list_checkpoints(self.spec.job_id)
+            self._claimed[source.location] = source.location in own
+        return self._claimed[source.location]
 
     def _validate(self, cp: CompletedCheckpoint) -> None:
         cp.validate(
@@ -484,8 +523,11 @@ class Coordinator:
             end_of_input=end_of_input,
             late_schema=late_schema,
             vectorized=self.vectorized,
+            restore_claimed=self._claims(source, latest),
         )
         routed = self.router.route(df)
+        if self.locality is not None:
+            routed = self.locality.prefer(routed, self.parallelism)
         processed = routed.mapInArrow(
             make_task(plan, metadata), internal_schema(spec.output_schema, late_schema)
         )
@@ -506,6 +548,7 @@ class Coordinator:
                     raise
                 raise damage from e
             phases["tasks"] = clock() - t
+            locations = self.locality.ran() if self.locality is not None else {}
             reports = self._reports([r[0] for r in rows])
             t = clock()
             outputs = processed.where(F.col(HANDLE_COLUMN).isNull())
@@ -554,6 +597,7 @@ class Coordinator:
             for name, secs in (r.get("phases") or {}).items():
                 phases[f"task_{name}"] = phases.get(f"task_{name}", 0.0) + float(secs)
         reused = sum(1 for r in reports if r["reused"])
+        how = [r.get("how") for r in reports]
         info = BatchInfo(
             batch_id,
             n,
@@ -565,7 +609,12 @@ class Coordinator:
             outputs=sum(int(r["outputs"]) for r in reports),
             reused_subtasks=reused,
             restored_subtasks=len(reports) - reused,
+            restored_locally=how.count("local"),
+            restored_remotely=how.count("remote"),
+            bytes_downloaded=sum(int(r.get("downloaded", 0)) for r in reports),
             executor_pids=tuple(sorted({int(r["pid"]) for r in reports})),
+            subtask_locations=dict(sorted(locations.items())),
+            locality=self.locality_status,
             late_records=sum(int(r.get("late", 0)) for r in reports),
             timers_fired=sum(int(r.get("fired", 0)) for r in reports),
             watermark=new_watermark,
@@ -638,6 +687,41 @@ class Coordinator:
     def _notify(self, info: BatchInfo) -> None:
         if self.spec.on_batch is not None:
             self.spec.on_batch(info)
+
+
+_LOCALITY_WARNED: set[str] = set()
+
+
+def _locality(session: SparkSession, mode: str) -> tuple[JvmLocality | None, str]:
+    """The query's task locality (None when off) and what ``BatchInfo.locality`` says of it.
+
+    Raises:
+        ConfigurationError: If ``mode`` is ``on`` and locality cannot be had.
+    """
+    if mode == "off":
+        return None, "off: statekit.spark.locality=off"
+    if is_connect(session):
+        if mode == "on":
+            raise ConfigurationError(
+                "statekit.spark.locality=on: a Spark Connect client cannot give tasks a preferred "
+                "executor (no JVM gateway); use a classic SparkSession, or set it to auto or off"
+            )
+        return None, "off: Spark Connect has no JVM gateway to give tasks a preferred executor"
+    try:
+        return JvmLocality(session), "on"
+    except LocalityUnavailable as e:
+        if mode == "on":
+            raise
+        reason = str(e)
+        if reason not in _LOCALITY_WARNED:
+            _LOCALITY_WARNED.add(reason)
+            warnings.warn(
+                f"{reason}. Running without task locality: subtasks restore their state whenever Spark "
+                "moves their task (BatchInfo.locality and restored_subtasks show it)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return None, f"off: {reason}"
 
 
 def _as_stateful_query(session: SparkSession) -> None:

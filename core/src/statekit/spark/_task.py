@@ -46,6 +46,7 @@ from .._contracts import (
 )
 from .._errors import CheckpointError
 from ..checkpoints._checkpoint import CompletedCheckpoint, metadata_at, write_subtask_state
+from ..checkpoints._local_recovery import Downloads, LocalCopies, LocalRecoveryStorage, LocalRecoveryWriter
 from ..plugins._config import Configuration
 from ..plugins._registry import default_registry
 from ..runtime._columnar import group_runs, is_columnar, output_columns
@@ -87,7 +88,10 @@ LATE_PREFIX = "__statekit_late_"
 _FLUSH_ROWS = 8192
 _NO_SUBTASK = object()
 #: What a task reports it spent its time on (seconds), see ``BatchInfo.phases``.
-TASK_PHASES = ("input", "convert", "records", "output", "timers", "snapshot")
+TASK_PHASES = ("input", "restore", "convert", "records", "output", "timers", "snapshot")
+#: How a task came by a subtask's state: open in this process, from local copies, from the
+#: checkpoint storage (maybe partly local), or none (no checkpoint to start from).
+REUSED, RESTORED_LOCALLY, RESTORED_REMOTELY, STARTED_EMPTY = "reused", "local", "remote", "empty"
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,9 @@ class TaskPlan:
     """The input schema, when late rows go to a late-records sink."""
     vectorized: bool = False
     """The function is a :class:`~statekit.KeyedBatchFunction`: one call per key and batch."""
+    restore_claimed: bool = False
+    """The restore checkpoint is a completed checkpoint of this job in this storage: a restored
+    native instance may reference its files (``notify_checkpoint_complete`` after the restore)."""
 
 
 def internal_schema(output_schema: T.StructType, late_schema: T.StructType | None = None) -> T.StructType:
@@ -298,6 +305,13 @@ class _RestoreSource:
             )
         return self._checkpoint
 
+    def reading_through(self, storage: Any) -> CompletedCheckpoint | None:
+        """The restore checkpoint, its files read through ``storage`` (local copies, counted)."""
+        cp = self.checkpoint()
+        if cp is None:
+            return None
+        return CompletedCheckpoint(storage, cp.location, cp.metadata)
+
     def operator_states(self) -> list[OperatorSnapshot]:
         cp = self.checkpoint()
         assert cp is not None
@@ -329,6 +343,17 @@ def _local_root(plan: TaskPlan) -> str:
     return plan.spark_local_dir or tempfile.gettempdir()
 
 
+def _local_copies(plan: TaskPlan) -> LocalCopies | None:
+    """This executor's local copies of the operator's checkpoint files (None: local recovery is off)."""
+    if not plan.config.get("statekit.local-recovery"):
+        return None
+    root = os.path.join(_local_root(plan), "statekit", "local-recovery", plan.job_id, plan.operator_id)
+    try:
+        return LocalCopies(root)
+    except OSError:  # an unwritable local directory: restores read the storage, as without copies
+        return None
+
+
 def _evict_stale(plan: TaskPlan) -> None:
     """Drop cached subtasks of this job that can never be reused: older runs, older states."""
     stale = []
@@ -342,8 +367,13 @@ def _evict_stale(plan: TaskPlan) -> None:
         entry.close()
 
 
-def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subtask, bool]:
-    """The subtask ``index`` holding the state of the restore source; True if reused from the cache."""
+def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subtask, str, int]:
+    """The subtask ``index`` holding the state of the restore source; how it came by it, bytes downloaded.
+
+    How: :data:`REUSED` (open in this process), :data:`RESTORED_LOCALLY` (every
+    file from this executor's local copies), :data:`RESTORED_REMOTELY` (some
+    from the checkpoint storage) or :data:`STARTED_EMPTY`.
+    """
     if not 0 <= index < plan.parallelism:
         raise CheckpointError(f"row routed to subtask {index}, outside 0..{plan.parallelism - 1}")
     _evict_stale(plan)
@@ -359,7 +389,7 @@ def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subta
             cp = source.checkpoint()
             if cp is not None and isinstance(entry.keyed, SupportsNativeSnapshot):
                 entry.keyed.notify_checkpoint_complete(cp.checkpoint_id)
-            return entry, True
+            return entry, REUSED, 0
         entry.close()
     backend = _backend(plan.config)
     root = os.path.join(_local_root(plan), "statekit")
@@ -403,8 +433,11 @@ def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subta
         clock,
     )
     st.local_dir = local_dir
+    how, downloads = STARTED_EMPTY, Downloads()
     try:
-        cp = source.checkpoint()
+        copies = _local_copies(plan)
+        reading = LocalRecoveryStorage(_storage(plan.config), copies, downloads)
+        cp = source.reading_through(reading)
         if cp is not None:
             cp.restore_subtask(
                 plan.operator_id,
@@ -414,6 +447,15 @@ def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subta
                 operator,
                 operator_states=source.operator_states(),
             )
+            # Local: nothing read from the storage (local copies, or state inline in the metadata).
+            how = RESTORED_REMOTELY if downloads.remote_files else RESTORED_LOCALLY
+            if plan.restore_claimed and isinstance(keyed, SupportsNativeSnapshot):
+                # A completed checkpoint of this job in this storage: the instance may keep
+                # referencing the files it restored (the completion contract's claim).
+                keyed.notify_checkpoint_complete(cp.checkpoint_id)
+            if copies is not None and reading.used:
+                with contextlib.suppress(OSError):  # local copies only ever save a download
+                    copies.remember(index, reading.used)
         st.function.open(ctx)
         st.opened = True
         timers.restore_timers()
@@ -426,7 +468,7 @@ def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subta
         subtask_index=index,
         parallelism=plan.parallelism,
     )
-    return st, False
+    return st, how, downloads.remote_bytes
 
 
 class _BatchClock:
@@ -647,7 +689,7 @@ class _TaskRun:
         self.attempt = attempt
         self.out = _Output(plan)
         self.active: dict[int, _Subtask] = {}
-        self.reused: set[int] = set()
+        self.how: dict[int, tuple[str, int]] = {}  # subtask -> (how it came by its state, bytes downloaded)
         self.phases = dict.fromkeys(TASK_PHASES, 0.0)
         self.started = time.perf_counter()
 
@@ -659,12 +701,13 @@ class _TaskRun:
         plan = self.plan
         if index is None:
             raise ValueError(f"null key in column {plan.key_column!r}: every record needs a key")
-        st, hit = _acquire(plan, index, self.source)
+        t = time.perf_counter()
+        st, how, downloaded = _acquire(plan, index, self.source)
+        self.phases["restore"] += time.perf_counter() - t
         st.clock.now = plan.batch_timestamp_ms
         st.timers.set_watermark(plan.watermark)
         self.active[index] = st
-        if hit:
-            self.reused.add(index)
+        self.how[index] = (how, downloaded)
         return st
 
     def late(self, st: _Subtask, ts: int, row: int, late_rows: list[int]) -> bool:
@@ -708,6 +751,7 @@ class _TaskRun:
             late_rows: list[int] = []
             t_loop = clock()
             phases["convert"] += t_loop - t
+            restoring = phases["restore"]  # a restore inside the loop is the restore's time
             cur: Any = _NO_SUBTASK
             for row, (index, marker, record) in enumerate(zip(subtasks, markers, records)):
                 if index != cur:
@@ -741,7 +785,7 @@ class _TaskRun:
                         phases["output"] += clock() - t
                         yield flushed
                         t_loop += clock() - t  # the flush and the consumer's turn are not the loop's
-            phases["records"] += clock() - t_loop
+            phases["records"] += clock() - t_loop - (phases["restore"] - restoring)
             if late_rows:
                 yield out.late(batch, late_rows)
 
@@ -760,6 +804,7 @@ class _TaskRun:
         markers = batch.column(MARKER_COLUMN).to_pylist()
         keys = batch.column(plan.key_column).to_pylist()
         served = set(subtasks)
+        restoring = phases["restore"]
         for index in sorted(served, key=lambda i: (i is None, i)):
             self.subtask(index)  # every subtask whose rows (or marker) came here runs and snapshots
         late_rows: list[int] = []
@@ -788,7 +833,7 @@ class _TaskRun:
             )
         grouped = batch.select(list(plan.input_columns)).take(pa.array(order, pa.int64()))
         t_loop = clock()
-        phases["convert"] += t_loop - t
+        phases["convert"] += t_loop - t - (phases["restore"] - restoring)
         cur: Any = _NO_SUBTASK
         for (index, key), offset, length in runs:
             if index != cur:
@@ -844,9 +889,13 @@ class _TaskRun:
         plan, phases, clock = self.plan, self.phases, time.perf_counter
         t_snapshot = clock()
         storage = _storage(plan.config)
-        writer = _AttemptWriter(storage.begin_checkpoint(plan.job_id, plan.checkpoint_id), self.attempt)
+        copies = _local_copies(plan)
         states = []
         for index, st in sorted(self.active.items()):
+            inner: CheckpointWriter = storage.begin_checkpoint(plan.job_id, plan.checkpoint_id)
+            if copies is not None:
+                inner = LocalRecoveryWriter(inner, copies)
+            writer = _AttemptWriter(inner, self.attempt)
             state = write_subtask_state(
                 writer,
                 plan.operator_id,
@@ -861,6 +910,12 @@ class _TaskRun:
                 ),
             )
             states.append((index, state))
+            if copies is not None:
+                with contextlib.suppress(OSError):  # local copies only ever save a download
+                    copies.remember(index, copies.keys_of(state.to_json()))
+        if copies is not None:
+            with contextlib.suppress(OSError):
+                copies.collect()
         phases["snapshot"] = clock() - t_snapshot
         phases["task"] = clock() - self.started
         descriptions = []
@@ -876,7 +931,9 @@ class _TaskRun:
                         "late": st.late,
                         "fired": st.fired,
                         "max_event_time": st.max_event_time,
-                        "reused": index in self.reused,
+                        "reused": self.how[index][0] == REUSED,
+                        "how": self.how[index][0],
+                        "downloaded": self.how[index][1],
                         "pid": os.getpid(),
                         "attempt": self.attempt,
                         "attempt_number": attempt_number,
