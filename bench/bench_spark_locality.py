@@ -6,12 +6,13 @@ state grows by ``--keys`` keys a batch (8 x 50,000 to 400,000 by default)
 while every batch has the same rows. Runs on a standalone cluster of
 ``--workers`` one-core workers on 127.0.0.1 (master and workers as processes,
 as the tests start them) or on ``--master local[2]``, for each backend
-(``--backends heap,rocksdb``) and locality setting (``--locality on,off``:
-off is statekit before task locality) and task-local recovery
-(``--local-recovery on,off``), parallelism ``--parallelism``
+(``--backends heap,rocksdb``) and setting (``--configs after,before``: task
+locality and task-local recovery both on, or both off as statekit was before
+them), parallelism ``--parallelism``
 (default: the number of cores), filesystem checkpoints.
 
-Per batch it prints how each subtask came by its state (reused open state,
+A warm-up run on a small log comes first, outside every figure. Per batch it
+prints how each subtask came by its state (reused open state,
 restored from the executor's local copies, restored from the checkpoint
 storage), the restore seconds summed over the tasks, the bytes the restores
 downloaded, and the Spark job's wall time; then the share of subtask-batches
@@ -187,6 +188,16 @@ def report(name: str, infos: list[Any]) -> dict[str, float]:
     return {"reuse": reused / max(subtask_batches, 1), "ratio": ratio}
 
 
+def _config(name: str) -> tuple[str, str]:
+    """(locality, local recovery) of a ``--configs`` entry."""
+    if name == "after":
+        return "on", "on"
+    if name == "before":
+        return "off", "off"
+    parts = dict(p.split("=", 1) for p in name.split("/"))
+    return parts.get("locality", "on"), parts.get("recovery", "on")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=3, help="standalone workers (ignored with --master)")
@@ -195,8 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=8)
     ap.add_argument("--keys", type=int, default=50_000)
     ap.add_argument("--backends", default="heap,rocksdb")
-    ap.add_argument("--locality", default="on,off")
-    ap.add_argument("--local-recovery", default="on", help="on, off or on,off")
+    ap.add_argument(
+        "--configs",
+        default="after,before",
+        help="after (locality and local recovery on), before (both off: statekit before issue #23), "
+        "or locality=<on|off>/recovery=<on|off>, comma-separated",
+    )
     ap.add_argument("--baseline", choices=("on", "off"), default="on")
     args = ap.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -217,13 +232,19 @@ def main(argv: list[str] | None = None) -> int:
             spark = session(master, p, str(root / "spark-local"))
             print(f"{master}, parallelism {p}, {args.batches} batches x {args.keys} new keys "
                   f"(state grows to {args.batches * args.keys})")  # fmt: skip
+            # Warm-up, outside every figure: the JVM's JIT, the Python workers' imports, the helper.
+            write_batches(root / "warm-logs", 2, 1000)
             for backend in args.backends.split(","):
-                for locality in args.locality.split(","):
-                    for recovery in args.local_recovery.split(","):
-                        work = root / f"{backend}-{locality}-{recovery}"
-                        infos = run_statekit(spark, logs, work, backend, locality, p, recovery)
-                        report(f"statekit {backend}, locality {locality}, local recovery {recovery}", infos)
-                        shutil.rmtree(work, ignore_errors=True)
+                run_statekit(spark, root / "warm-logs", root / f"warm-{backend}", backend, "on", p, "on")
+            for backend in args.backends.split(","):
+                for config in args.configs.split(","):
+                    locality, recovery = _config(config)
+                    work = root / f"{backend}-{locality}-{recovery}"
+                    infos = run_statekit(spark, logs, work, backend, locality, p, recovery)
+                    report(
+                        f"statekit {backend} {config}: locality {locality}, local recovery {recovery}", infos
+                    )
+                    shutil.rmtree(work, ignore_errors=True)
             if args.baseline == "on":
                 seconds = run_apply_in_pandas(spark, logs, root / "apply")
                 print("\napplyInPandasWithState seconds per batch: " + " ".join(f"{s:.2f}" for s in seconds))
