@@ -1,4 +1,15 @@
-"""Hypothesis profiles for the whole suite (``ci``, the default, and ``nightly``) and shared fixtures."""
+"""Hypothesis profiles for the whole suite (``ci``, the default, and ``nightly``) and shared fixtures.
+
+Depth that ci does not need runs under the ``nightly`` profile only:
+
+* ``@pytest.mark.nightly`` (on a test or on a ``pytest.param``) skips a case unless the
+  nightly profile is loaded; use it for a parametrization that repeats a path other cases
+  of the same test already take.
+* A conformance kit class of a plugin package that the matrix of tests/test_conformance.py
+  runs again, on the same backend with the same options, is skipped test by test where the
+  matrix's identical case is collected in the same run (see ``KIT_CLASSES_IN_THE_MATRIX``).
+  Run alone (``pytest examples/statekit-sqlite/tests``) or nightly, it runs whole.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +25,51 @@ settings.register_profile(
     "nightly", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))  # --hypothesis-profile overrides
+
+#: Kit classes of plugin packages, by node id, and the matrix row that runs the same kit on the
+#: same backend: the registry's ``sqlite`` is ``SqliteStateBackend`` with the options that
+#: TestSqliteConformance passes (``synchronous`` "off", the default cache size).
+KIT_CLASSES_IN_THE_MATRIX = {
+    "examples/statekit-sqlite/tests/test_conformance.py::TestSqliteConformance": (
+        "tests/test_conformance.py::TestBackendConformance",
+        "sqlite",
+    ),
+}
+#: The kit's guard checks the class it runs in: never a duplicate of another class's.
+_OWN_CLASS_TESTS = {"test_kit_tests_are_present_and_unchanged"}
+
+
+def nightly() -> bool:
+    """Whether the ``nightly`` profile is loaded (after --hypothesis-profile was applied)."""
+    return settings.get_current_profile_name() == "nightly"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "nightly: depth that runs under the nightly Hypothesis profile only (skipped under ci)"
+    )
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m deselected: a twin must be in the run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if nightly():
+        return
+    depth = pytest.mark.skip(reason="depth beyond ci: runs under --hypothesis-profile=nightly")
+    ids = {item.nodeid for item in items}
+    for item in items:
+        if item.get_closest_marker("nightly") is not None:
+            item.add_marker(depth)
+            continue
+        cls, _, test = item.nodeid.rpartition("::")
+        if cls not in KIT_CLASSES_IN_THE_MATRIX:
+            continue
+        name, _, params = test.partition("[")
+        if name in _OWN_CLASS_TESTS:
+            continue
+        matrix, backend = KIT_CLASSES_IN_THE_MATRIX[cls]
+        twin = f"{matrix}::{name}[{backend}{'-' + params.rstrip(']') if params else ''}]"
+        if twin in ids:
+            item.add_marker(pytest.mark.skip(reason=f"the same kit test on the same backend runs as {twin}"))
 
 
 @pytest.fixture(scope="session")

@@ -6,20 +6,39 @@ installing a plugin adds it to this matrix. Each backend runs the whole
 :class:`~statekit.testing.CheckpointStorageTests` with every backend writing
 the state. A storage this file has no configuration for gets a temporary
 directory for each of its options whose name ends in ``-dir``.
+
+S3 is moto's server in this process, where every request costs milliseconds: under
+``ci`` the storage properties on ``filesystem-s3`` run a third of the profile's
+examples (the other storages run FilesystemStorage's code with all of them);
+``nightly`` runs all of them there too.
+
+The state machines make and drop backends by the hundred; their working directories
+(``kit_scratch``) are in memory where the machine has room there (Linux's /dev/shm),
+or the fsyncs of RocksDB and LMDB creating and closing throwaway instances take longer
+than the checks. Checkpoint storages stay where the storage kinds put them.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from statekit import default_registry
-from statekit.testing import CheckpointStorageTests, StateBackendTests
+from statekit.testing import (
+    CheckpointStorageTests,
+    ConformanceTarget,
+    StateBackendTests,
+    kit_settings,
+    run_property,
+)
 
 REGISTRY = default_registry()
 BACKENDS = sorted(REGISTRY.backends())
@@ -64,8 +83,33 @@ def storage_options(kind: str, root: Path, request: pytest.FixtureRequest) -> tu
     return kind, {o.name: str(root / o.name) for o in spec.options if o.name.endswith("-dir")}
 
 
-class TestBackendConformance(StateBackendTests):
+#: Where the backends' working copies go when it has this much room: memory, without fsyncs.
+#: A run keeps a few MB there at a time; a container's /dev/shm (64 MB by default) is passed over.
+MEMORY_FS, MEMORY_FS_ROOM = Path("/dev/shm"), 512 << 20
+
+
+class ScratchInMemory:
+    """``kit_scratch`` in MEMORY_FS when it has MEMORY_FS_ROOM free, else on disk as the kit has it."""
+
+    @pytest.fixture
+    def kit_scratch(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+        if not MEMORY_FS.is_dir() or shutil.disk_usage(MEMORY_FS).free < MEMORY_FS_ROOM:
+            yield tmp_path_factory.mktemp("statekit-kit")
+            return
+        scratch = Path(tempfile.mkdtemp(prefix="statekit-kit-", dir=MEMORY_FS))
+        try:
+            yield scratch
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+class TestBackendConformance(ScratchInMemory, StateBackendTests):
     """Every semantic test and named property, on every installed backend."""
+
+    @pytest.fixture
+    def tmp_path(self, kit_scratch: Path) -> Path:
+        """Where ``make_backend`` puts each backend's local directory (this class has no other use)."""
+        return kit_scratch
 
     @pytest.fixture(params=BACKENDS)
     def backend_factory(self, request: pytest.FixtureRequest) -> Callable[[], Any]:
@@ -73,7 +117,24 @@ class TestBackendConformance(StateBackendTests):
         return lambda: REGISTRY.create_backend(name)
 
 
-class TestStorageConformance(CheckpointStorageTests):
+class StorageFactory:
+    """Makes one kind of storage; says which, so that the kind can set the depth of its properties."""
+
+    def __init__(self, kind: str, name: str, options: dict[str, Any]) -> None:
+        self.kind, self.name, self.options = kind, name, options
+
+    def __call__(self) -> Any:
+        return REGISTRY.create_storage(self.name, self.options)
+
+
+def examples_for(kind: str) -> int | None:
+    """The examples of a storage property on ``kind``; None: the loaded profile's."""
+    if kind != "filesystem-s3" or settings.get_current_profile_name() == "nightly":
+        return None
+    return max(1, settings.default.max_examples // 3)
+
+
+class TestStorageConformance(ScratchInMemory, CheckpointStorageTests):
     """The storage contract and properties on every installed storage, written by every backend."""
 
     @pytest.fixture(params=BACKENDS)
@@ -82,9 +143,16 @@ class TestStorageConformance(CheckpointStorageTests):
         return lambda: REGISTRY.create_backend(name)
 
     @pytest.fixture(params=STORAGE_KINDS)
-    def storage_factory(self, request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Any]:
+    def storage_factory(self, request: pytest.FixtureRequest, tmp_path: Path) -> StorageFactory:
         name, options = storage_options(request.param, tmp_path, request)
-        return lambda: REGISTRY.create_storage(name, options)
+        return StorageFactory(request.param, name, options)
+
+    def _run(self, prop: str, target: ConformanceTarget, steps: int) -> None:
+        examples = examples_for(getattr(target.storage_factory, "kind", ""))
+        if examples is None:
+            super()._run(prop, target, steps)
+        else:
+            run_property(prop, target, kit_settings(steps, max_examples=examples))
 
 
 def test_the_matrix_holds_every_installed_plugin() -> None:

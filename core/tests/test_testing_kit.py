@@ -581,7 +581,9 @@ import pytest
 from hypothesis import settings
 from statekit.testing import StateBackendTests, ReferenceStateBackend, ReferenceKeyedStateBackend
 
-settings.register_profile("inner", max_examples=150, derandomize=True, database=None)
+# Enough for Dropping's bug (the first rescale shows it); the union property passes here and runs
+# every example, which grow costly past a hundred.
+settings.register_profile("inner", max_examples=50, derandomize=True, database=None)
 settings.load_profile("inner")
 
 
