@@ -689,9 +689,6 @@ class Coordinator:
             self.spec.on_batch(info)
 
 
-_LOCALITY_WARNED: set[str] = set()
-
-
 def _locality(session: SparkSession, mode: str) -> tuple[JvmLocality | None, str]:
     """The query's task locality (None when off) and what ``BatchInfo.locality`` says of it.
 
@@ -713,14 +710,13 @@ def _locality(session: SparkSession, mode: str) -> tuple[JvmLocality | None, str
         if mode == "on":
             raise
         reason = str(e)
-        if reason not in _LOCALITY_WARNED:
-            _LOCALITY_WARNED.add(reason)
-            warnings.warn(
-                f"{reason}. Running without task locality: subtasks restore their state whenever Spark "
-                "moves their task (BatchInfo.locality and restored_subtasks show it)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+        # Python's default warning filter shows it once per process, not once per query run.
+        warnings.warn(
+            f"{reason}. Running without task locality: subtasks restore their state whenever Spark "
+            "moves their task (BatchInfo.locality and restored_subtasks show it)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return None, f"off: {reason}"
 
 
