@@ -296,13 +296,13 @@ class _Machine(RuleBasedStateMachine):
             self._storage = self.target.storage_factory()
         return self._storage
 
-    def _new_job(self, backend: str, parallelism: int) -> Job:
+    def _new_job(self, backend: str, parallelism: int, *, clock: ManualClock | None = None) -> Job:
         job = Job(
             self.backends[backend](),
             backend_name=backend,
             parallelism=parallelism,
             max_parallelism=self.config.max_parallelism,
-            clock=self.clock,
+            clock=self.clock if clock is None else clock,
             scratch=self.target.scratch,
             key_cache_size=self.config.key_cache_size,
             keyed_backend=None if self.keyed_state else ReferenceStateBackend(),
@@ -434,7 +434,9 @@ class _Machine(RuleBasedStateMachine):
             check_native_references(h, self.native_checkpoints.completed, f"{p.job} subtask {sub.index}")
             handles.append(h)
         p.job.settle_native(cid, "complete" if self.native_checkpoints.confirm_in_memory else "abort")
-        new = self._new_job(p.job.backend_name, p.job.parallelism)
+        # Read back as of the time it was taken: decoding re-snapshots the restored state, and a
+        # full-snapshot TTL cleanup at the current time would drop entries that expired since.
+        new = self._new_job(p.job.backend_name, p.job.parallelism, clock=ManualClock(p.now))
         try:
             new.restore_from(
                 handles, p.job.operator_snapshots(), self.specs, declare_first=False, native=True
