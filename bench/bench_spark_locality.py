@@ -7,15 +7,16 @@ while every batch has the same rows. Runs on a standalone cluster of
 ``--workers`` one-core workers on 127.0.0.1 (master and workers as processes,
 as the tests start them) or on ``--master local[2]``, for each backend
 (``--backends heap,rocksdb``) and setting (``--configs after,before``: task
-locality and task-local recovery both on, or both off as statekit was before
-them), parallelism ``--parallelism``
-(default: the number of cores), filesystem checkpoints.
+locality, task-local recovery and the hand-off between an executor's Python
+workers all on, or all off as statekit was before them), parallelism
+``--parallelism`` (default: the number of cores), filesystem checkpoints.
 
 A warm-up run on a small log comes first, outside every figure. Per batch it
-prints how each subtask came by its state (reused open state,
-restored from the executor's local copies, restored from the checkpoint
-storage), the restore seconds summed over the tasks, the bytes the restores
-downloaded, and the Spark job's wall time; then the share of subtask-batches
+prints how each subtask came by its state (reused open state, and of those
+the ones handed to the sibling Python worker holding it; restored from the
+executor's local copies; restored from the checkpoint storage), the restore
+seconds summed over the tasks, the bytes the restores downloaded, and the
+Spark job's wall time; then the share of subtask-batches
 after the first that reused open state, and the last batch's task time over
 the second's. Every run's final counts are checked against the generator.
 
@@ -90,7 +91,7 @@ class FinalCounts:
 
 
 def run_statekit(
-    spark: Any, logs: Path, work: Path, backend: str, locality: str, parallelism: int, local_recovery: str
+    spark: Any, logs: Path, work: Path, backend: str, settings: dict[str, str], parallelism: int
 ) -> list[Any]:
     from statekit.spark import keyed
     from statekit_urlcount import CountPerUrl
@@ -100,13 +101,14 @@ def run_statekit(
         "spark.statekit.checkpoint.storage": "filesystem",
         "spark.statekit.checkpoints.dir": str(work / "checkpoints"),
         "spark.statekit.parallelism": str(parallelism),
-        "spark.statekit.spark.locality": locality,
-        "spark.statekit.local-recovery": "true" if local_recovery == "on" else "false",
+        "spark.statekit.spark.locality": settings["locality"],
+        "spark.statekit.local-recovery": "true" if settings["recovery"] == "on" else "false",
+        "spark.statekit.spark.worker-handoff": "true" if settings["handoff"] == "on" else "false",
     }
     for k, v in conf.items():
         spark.conf.set(k, v)
     infos: list[Any] = []
-    job_id = f"locality-{backend}-{locality}-{local_recovery}"
+    job_id = "locality-" + "-".join([backend, *settings.values()])
     sink = FinalCounts()
     stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(logs))
     query = (
@@ -167,13 +169,14 @@ def _check_counts(counts: dict[str, int], logs: Path) -> None:
 
 def report(name: str, infos: list[Any]) -> dict[str, float]:
     print(f"\n{name}: locality {infos[0].locality}")
-    print(f"{'batch':>5} {'reused':>6} {'local':>5} {'remote':>6} {'empty':>5} {'restore s':>9} "
-          f"{'downloaded MB':>13} {'tasks s':>8} {'batch s':>8}")  # fmt: skip
+    print(f"{'batch':>5} {'reused':>6} {'handed':>6} {'local':>5} {'remote':>6} {'empty':>5} "
+          f"{'restore s':>9} {'downloaded MB':>13} {'tasks s':>8} {'batch s':>8}")  # fmt: skip
     for i in infos:
         empty = i.restored_subtasks - i.restored_locally - i.restored_remotely
         restore = i.phases.get("task_restore", 0.0)
         total = sum(v for k, v in i.phases.items() if not k.startswith("task_"))
-        print(f"{i.batch_id:>5} {i.reused_subtasks:>6} {i.restored_locally:>5} {i.restored_remotely:>6} "
+        print(f"{i.batch_id:>5} {i.reused_subtasks:>6} {i.handed_off:>6} {i.restored_locally:>5} "
+              f"{i.restored_remotely:>6} "
               f"{empty:>5} {restore:>9.2f} {i.bytes_downloaded / 1e6:>13.1f} {i.phases['tasks']:>8.2f} "
               f"{total:>8.2f}")  # fmt: skip
     later = infos[1:]
@@ -188,14 +191,19 @@ def report(name: str, infos: list[Any]) -> dict[str, float]:
     return {"reuse": reused / max(subtask_batches, 1), "ratio": ratio}
 
 
-def _config(name: str) -> tuple[str, str]:
-    """(locality, local recovery) of a ``--configs`` entry."""
+def _config(name: str) -> dict[str, str]:
+    """Locality, local recovery and worker hand-off of a ``--configs`` entry."""
+    settings = {"locality": "on", "recovery": "on", "handoff": "on"}
     if name == "after":
-        return "on", "on"
+        return settings
     if name == "before":
-        return "off", "off"
-    parts = dict(p.split("=", 1) for p in name.split("/"))
-    return parts.get("locality", "on"), parts.get("recovery", "on")
+        return dict.fromkeys(settings, "off")
+    for part in name.split("/"):
+        key, value = part.split("=", 1)
+        if key not in settings or value not in ("on", "off"):
+            raise SystemExit(f"--configs: {part!r}: use locality, recovery or handoff =on|off")
+        settings[key] = value
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--configs",
         default="after,before",
-        help="after (locality and local recovery on), before (both off: statekit before issue #23), "
-        "or locality=<on|off>/recovery=<on|off>, comma-separated",
+        help="after (locality, local recovery and worker hand-off on), before (all off: statekit "
+        "before issue #23), or e.g. locality=on/recovery=off/handoff=off (unnamed: on), comma-separated",
     )
     ap.add_argument("--baseline", choices=("on", "off"), default="on")
     args = ap.parse_args(argv)
@@ -235,15 +243,16 @@ def main(argv: list[str] | None = None) -> int:
             # Warm-up, outside every figure: the JVM's JIT, the Python workers' imports, the helper.
             write_batches(root / "warm-logs", 2, 1000)
             for backend in args.backends.split(","):
-                run_statekit(spark, root / "warm-logs", root / f"warm-{backend}", backend, "on", p, "on")
+                run_statekit(
+                    spark, root / "warm-logs", root / f"warm-{backend}", backend, _config("after"), p
+                )
             for backend in args.backends.split(","):
                 for config in args.configs.split(","):
-                    locality, recovery = _config(config)
-                    work = root / f"{backend}-{locality}-{recovery}"
-                    infos = run_statekit(spark, logs, work, backend, locality, p, recovery)
-                    report(
-                        f"statekit {backend} {config}: locality {locality}, local recovery {recovery}", infos
-                    )
+                    settings = _config(config)
+                    work = root / "-".join([backend, *settings.values()])
+                    infos = run_statekit(spark, logs, work, backend, settings, p)
+                    described = ", ".join(f"{k} {v}" for k, v in settings.items())
+                    report(f"statekit {backend} {config}: {described}", infos)
                     shutil.rmtree(work, ignore_errors=True)
             if args.baseline == "on":
                 seconds = run_apply_in_pandas(spark, logs, root / "apply")

@@ -64,6 +64,7 @@ class Driver:
 
     def __init__(self, tmp_path: Path, function: Any = CountUrls, *, vectorized: bool = False) -> None:
         self.vectorized = vectorized
+        self.local_dir = str(tmp_path / "executor")  # one executor's local directory
         self.dir = str(tmp_path / "ckpt")
         self.storage = FileSystemCheckpointStorage(self.dir)
         self.function = function
@@ -76,7 +77,8 @@ class Driver:
             token=uuid.uuid4().hex, restore_location=self.latest[0] if self.latest else None,
             restore_token=self.latest[1] if self.latest else None,
             restore_attempts=self.latest[2] if self.latest else {}, parallelism=1, max_parallelism=128,
-            config=Configuration({"statekit.checkpoints.dir": self.dir}), function_factory=self.function,
+            config=Configuration({"statekit.checkpoints.dir": self.dir,
+                                  "statekit.local-dir": self.local_dir}), function_factory=self.function,
             key_column="url", key_serializer=StrSerializer(), input_columns=COLUMNS, output_schema=OUTPUT,
             vectorized=self.vectorized,
         )  # fmt: skip
@@ -280,3 +282,120 @@ def test_modules_executors_cannot_import_are_shipped_by_value(tmp_path: Path) ->
         assert cloudpickle.loads(payload).__mro__[1].__name__ == "CountUrls"
     finally:
         sys.modules.pop("my_local_job", None)
+
+
+class _Sibling:
+    """Another Python worker of the same executor (a forked process): it runs batches, then serves.
+
+    ``commands`` go to it over a pipe: ``("batch", records)`` runs and completes a
+    batch there and sends back the driver's view of it; ``("arm", n)`` makes
+    ``FailOnce`` fail at the n-th record; ``("quit", None)`` ends it.
+    """
+
+    def __init__(self, driver: Driver) -> None:
+        import multiprocessing
+
+        self.driver = driver
+        ctx = multiprocessing.get_context("fork")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=self._serve, args=(child,), daemon=True)
+        self.process.start()
+
+    def _serve(self, conn: Any) -> None:
+        driver = self.driver
+        while True:
+            command, arg = conn.recv()
+            if command == "batch":
+                report = driver.batch(arg)
+                conn.send((report, driver.latest, driver.next_id))
+            elif command == "arm":
+                FailOnce.countdown = arg
+                conn.send(None)
+            else:
+                conn.send(None)
+                return
+
+    def batch(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        self.conn.send(("batch", records))
+        report, self.driver.latest, self.driver.next_id = self.conn.recv()
+        return report
+
+    def call(self, command: str, arg: Any = None) -> None:
+        self.conn.send((command, arg))
+        self.conn.recv()
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.call("quit")
+        self.process.join(10)
+
+
+@pytest.mark.parametrize("vectorized", [False, True], ids=["records", "batch-function"])
+def test_a_task_hands_its_rows_to_the_sibling_worker_whose_state_is_open(
+    tmp_path: Path, vectorized: bool
+) -> None:
+    import os
+
+    driver = Driver(tmp_path, CountUrlsBatch if vectorized else CountUrls, vectorized=vectorized)
+    sibling = _Sibling(driver)
+    try:
+        first = sibling.batch(RECORDS[:300])
+        assert first["pid"] == sibling.process.pid and first["handed_from"] is None
+        report = driver.batch(RECORDS[300:])  # Spark gave the next task to this worker
+        # It ran where the state is open: reused there, nothing restored here.
+        assert report["how"] == "reused" and report["reused"] is True
+        assert report["pid"] == sibling.process.pid and report["handed_from"] == os.getpid()
+        assert report["phases"]["restore"] < 0.5
+        assert driver.batch(RECORDS[:100])["pid"] == sibling.process.pid  # and stays there
+    finally:
+        sibling.stop()
+    assert driver.state() == model_state(RECORDS + RECORDS[:100])
+
+
+def test_an_error_in_the_sibling_fails_the_task_and_the_retry_restores(tmp_path: Path) -> None:
+    driver = Driver(tmp_path, function=FailOnce)
+    sibling = _Sibling(driver)
+    try:
+        sibling.batch(RECORDS[:300])
+        sibling.call("arm", 3)  # the sibling's function fails at the third record it gets
+        plan = driver.plan()
+        with pytest.raises(RuntimeError, match="injected") as failed:
+            driver.run_task(plan, RECORDS[300:])
+        notes = "\n".join(getattr(failed.value, "__notes__", []))
+        assert f"Python worker {sibling.process.pid}" in notes and "held subtask 0" in notes
+        # The sibling dropped the state its failed run touched: the retry restores, here.
+        outputs, report = driver.run_task(plan, RECORDS[300:])
+        assert report["how"] != "reused" and report["handed_from"] is None and len(outputs) == 300
+        driver.complete(plan, report)
+    finally:
+        sibling.stop()
+    assert driver.state() == model_state(RECORDS)
+
+
+def test_a_sibling_that_is_gone_leaves_the_task_to_restore_here(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    driver = Driver(tmp_path)
+    sibling = _Sibling(driver)
+    sibling.batch(RECORDS[:300])
+    os.kill(sibling.process.pid, signal.SIGKILL)  # its owner file and socket stay behind
+    sibling.process.join(10)
+    report = driver.batch(RECORDS[300:])
+    assert report["how"] == "local" and report["handed_from"] is None and report["pid"] == os.getpid()
+    assert driver.state() == model_state(RECORDS)
+
+
+def test_a_sibling_holding_another_attempt_is_not_asked(tmp_path: Path) -> None:
+    """The owner's state is not the checkpoint's (another attempt completed): restore here."""
+    driver = Driver(tmp_path)
+    sibling = _Sibling(driver)
+    try:
+        report = sibling.batch(RECORDS[:300])
+        location, token, _ = driver.latest
+        driver.latest = (location, token, {0: report["attempt"] + "-other"})
+        report = driver.batch(RECORDS[300:])
+        assert report["handed_from"] is None and report["how"] == "local"
+    finally:
+        sibling.stop()
+    assert driver.state() == model_state(RECORDS)

@@ -252,6 +252,12 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "auto: on when the helper can be built, else off with a warning (BatchInfo.locality says "
         "why); on: a missing helper is an error; off: Spark places tasks anywhere.",
         choices=("auto", "on", "off")),
+    ConfigOption("statekit.spark.worker-handoff", bool, True,
+        "On Spark: a task whose subtask's state is open in another Python worker of the same "
+        "executor hands its rows to that worker over a private Unix socket, instead of restoring "
+        "the state where Spark placed it (Spark picks the worker, not statekit). BatchInfo."
+        "handed_off counts them; false: such a task restores (from local copies, see "
+        "statekit.local-recovery)."),
     ConfigOption("statekit.checkpoint.interval-records", int, 0,
         "Embedded runner: records between checkpoints; off (or 0, the default) turns periodic "
         "checkpoints off.", minimum=1, off=0),

@@ -130,6 +130,9 @@ class BatchInfo:
         restored_remotely: Of those, subtasks that read files from the checkpoint storage
             (only the files their executor had no local copy of).
         bytes_downloaded: Bytes the restores read from the checkpoint storage.
+        handed_off: Of the reused subtasks, those whose task Spark gave to another Python
+            worker of the executor than the one holding the state, and which handed its
+            rows to that worker (``statekit.spark.worker-handoff``).
         executor_pids: The process ids of the Python workers that ran the subtasks.
         subtask_locations: Where each subtask's task ran (``executor_<host>_<id>``), as
             the tasks reported it; the next batch prefers the same executors. Empty
@@ -164,6 +167,7 @@ class BatchInfo:
     restored_locally: int = 0
     restored_remotely: int = 0
     bytes_downloaded: int = 0
+    handed_off: int = 0
     executor_pids: tuple[int, ...] = ()
     subtask_locations: Mapping[int, str] = field(default_factory=dict)
     locality: str = "off"
@@ -612,6 +616,7 @@ class Coordinator:
             restored_locally=how.count("local"),
             restored_remotely=how.count("remote"),
             bytes_downloaded=sum(int(r.get("downloaded", 0)) for r in reports),
+            handed_off=sum(1 for r in reports if r.get("handed_from") is not None),
             executor_pids=tuple(sorted({int(r["pid"]) for r in reports})),
             subtask_locations=dict(sorted(locations.items())),
             locality=self.locality_status,

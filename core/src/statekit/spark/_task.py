@@ -65,6 +65,7 @@ from ..serialization._serializers import TypeSerializer
 from ..state._operator import OperatorSnapshot
 from ..state._ttl import system_clock
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, EventTime, LatePolicy, TimeDomain, TimerService
+from . import _handoff
 from ._routing import MARKER_COLUMN, SUBTASK_COLUMN
 
 __all__ = [
@@ -663,21 +664,115 @@ class _PartitionTask:
         plan = self.plan
         tc = TaskContext.get()
         attempt_id = tc.taskAttemptId() if tc is not None else f"local{next(_LOCAL_ATTEMPTS)}"
-        run = _TaskRun(plan, _RestoreSource(plan, self.metadata), f"{plan.token[:12]}-{attempt_id}")
-        done = False
-        try:
-            if plan.vectorized:
-                yield from run.process_groups(batches)
-            else:
-                yield from run.process_records(batches)
-            yield from run.fire_timers()
-            handles = run.snapshot(tc.attemptNumber() if tc is not None else 0)
-            done = True
-            yield handles
-        finally:
-            if not done:
-                for st in run.active.values():
-                    st.close()
+        attempt_number = tc.attemptNumber() if tc is not None else 0
+        if plan.restore_attempts and plan.config.get("statekit.spark.worker-handoff"):
+            it = iter(batches)
+            first = next(it, None)
+            handed = (
+                None
+                if first is None
+                else _hand_off(plan, self.metadata, first, it, attempt_id, attempt_number)
+            )
+            if handed is not None:
+                yield from handed
+                return
+            batches = it if first is None else itertools.chain((first,), it)
+        yield from _run_partition(plan, self.metadata, batches, attempt_id, attempt_number)
+
+
+def _run_partition(
+    plan: TaskPlan,
+    metadata: Any,
+    batches: Iterator[Any],
+    attempt_id: Any,
+    attempt_number: int,
+    handed_from: int | None = None,
+) -> Iterator[Any]:
+    """Process one partition in this process: its output batches, then its snapshots' handle rows."""
+    run = _TaskRun(plan, _RestoreSource(plan, metadata), f"{plan.token[:12]}-{attempt_id}")
+    run.handed_from = handed_from
+    done = False
+    try:
+        if plan.vectorized:
+            yield from run.process_groups(batches)
+        else:
+            yield from run.process_records(batches)
+        yield from run.fire_timers()
+        handles = run.snapshot(attempt_number)
+        done = True
+        yield handles
+    finally:
+        if not done:
+            for st in run.active.values():
+                st.close()
+
+
+def _job_key(plan: TaskPlan) -> str:
+    return f"{plan.job_id}/{plan.operator_id}"
+
+
+def _hand_off(
+    plan: TaskPlan, metadata: Any, first: Any, rest: Iterator[Any], attempt_id: Any, attempt_number: int
+) -> Iterator[Any] | None:
+    """The partition handed to the sibling worker holding its subtask open; None to run it here.
+
+    Only when the subtask's state, at exactly the attempt the checkpoint
+    recorded, is open in another Python worker of this executor (see
+    :mod:`._handoff`).
+    """
+    if not first.num_rows:
+        return None
+    index = first.column(SUBTASK_COLUMN)[0].as_py()
+    wanted = plan.restore_attempts.get(index)
+    if wanted is None:
+        return None
+    with _LOCK:
+        mine = _CACHE.get((plan.job_id, plan.operator_id, index))
+    if mine is not None and mine.attempt == wanted:
+        return None  # open here
+    root = _local_root(plan)
+    owner = _handoff.owner_of(root, _job_key(plan), index)
+    if owner is None or owner[0] == os.getpid() or owner[1] != wanted:
+        return None
+    if not isinstance(metadata, (InlineMetadata, StoredMetadata)):
+        metadata = InlineMetadata(metadata.value)  # a broadcast's bytes: the sibling may not have loaded it
+    header = {
+        "plan": plan,
+        "metadata": metadata,
+        "subtask": index,
+        "attempt_id": attempt_id,
+        "attempt_number": attempt_number,
+        "from": os.getpid(),
+    }
+    return _handoff.forward(root, owner[0], header, first, rest)
+
+
+def _accepts_handoff(header: dict[str, Any]) -> bool:
+    """Whether this process holds the subtask a handed-off task asks for, at the attempt it wants."""
+    plan = header.get("plan")
+    if not isinstance(plan, TaskPlan):
+        return False
+    index = header.get("subtask")
+    if not isinstance(index, int):
+        return False
+    with _LOCK:
+        entry = _CACHE.get((plan.job_id, plan.operator_id, index))
+    wanted = plan.restore_attempts.get(index)
+    return (
+        entry is not None and entry.run_id == plan.run_id and wanted is not None and entry.attempt == wanted
+    )
+
+
+def _serve_handoff(header: dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]:
+    """A sibling's task, run here where its subtask's state is open."""
+    return _run_partition(
+        header["plan"],
+        header["metadata"],
+        batches,
+        header["attempt_id"],
+        int(header["attempt_number"]),
+        handed_from=int(header["from"]),
+    )
 
 
 class _TaskRun:
@@ -692,6 +787,7 @@ class _TaskRun:
         self.how: dict[int, tuple[str, int]] = {}  # subtask -> (how it came by its state, bytes downloaded)
         self.phases = dict.fromkeys(TASK_PHASES, 0.0)
         self.started = time.perf_counter()
+        self.handed_from: int | None = None  # the sibling worker whose task this is, if handed off
 
     def subtask(self, index: Any) -> _Subtask:
         """The subtask ``index``, acquired (restored or reused) on its first row."""
@@ -935,6 +1031,7 @@ class _TaskRun:
                         "how": self.how[index][0],
                         "downloaded": self.how[index][1],
                         "pid": os.getpid(),
+                        "handed_from": self.handed_from,
                         "attempt": self.attempt,
                         "attempt_number": attempt_number,
                         "phases": phases,
@@ -947,6 +1044,16 @@ class _TaskRun:
                 st.token, st.attempt, st.records, st.outputs = plan.token, self.attempt, 0, 0
                 st.late, st.fired, st.max_event_time = 0, 0, None
                 _CACHE[(plan.job_id, plan.operator_id, index)] = st
+        if plan.config.get("statekit.spark.worker-handoff"):
+            with contextlib.suppress(OSError):  # hand-off only ever saves a restore
+                _handoff.announce(
+                    _local_root(plan),
+                    _job_key(plan),
+                    sorted(self.active),
+                    self.attempt,
+                    _accepts_handoff,
+                    _serve_handoff,
+                )
         return self.out.handles(descriptions)
 
 
