@@ -37,7 +37,6 @@ from statekit.testing import (
     ConformanceTarget,
     StateBackendTests,
     kit_settings,
-    run_property,
 )
 
 REGISTRY = default_registry()
@@ -147,12 +146,11 @@ class TestStorageConformance(ScratchInMemory, CheckpointStorageTests):
         name, options = storage_options(request.param, tmp_path, request)
         return StorageFactory(request.param, name, options)
 
-    def _run(self, prop: str, target: ConformanceTarget, steps: int) -> None:
+    def property_settings(self, prop: str, target: ConformanceTarget, steps: int) -> settings:
         examples = examples_for(getattr(target.storage_factory, "kind", ""))
         if examples is None:
-            super()._run(prop, target, steps)
-        else:
-            run_property(prop, target, kit_settings(steps, max_examples=examples))
+            return super().property_settings(prop, target, steps)
+        return kit_settings(steps, max_examples=examples)
 
 
 def test_the_matrix_holds_every_installed_plugin() -> None:

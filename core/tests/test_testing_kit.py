@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+import unittest
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 
 from statekit import KeyGroupRange
 from statekit.backend_api import KeyedStateHandle, OperatorStateBackendImpl, OperatorStateData, StateKind
@@ -685,3 +686,25 @@ def test_a_failing_semantic_test_shows_the_values(pytester: pytest.Pytester) -> 
     assert result.parseoutcomes().get("failed") == 1, out
     # A bare "AssertionError" would mean the kit's asserts were not rewritten.
     assert "assert 2 == 1" in out, out
+
+
+def test_property_settings_decides_how_much_each_property_runs(tmp_path: Path) -> None:
+    """The public hook a kit class overrides (statekit's own matrix gives its S3 server fewer examples)."""
+    asked: list[tuple[str, int]] = []
+
+    class NoSearch(StateBackendTests):
+        """Settings that generate nothing: Hypothesis says it ran no case, so these settings were used."""
+
+        def property_settings(self, prop: str, target: ConformanceTarget, steps: int) -> settings:
+            asked.append((prop, steps))
+            return kit_settings(steps, phases=[Phase.explicit], database=None)
+
+    broken_target = ConformanceTarget(
+        broken(LosesKeyGroupOnRescale), "broken", {}, ReferenceCheckpointStorage, tmp_path
+    )
+    with pytest.raises(unittest.SkipTest, match="no test cases"):
+        NoSearch()._run("rescale_key_group_ownership", broken_target, 12)
+    assert asked == [("rescale_key_group_ownership", 12)]
+    # The default settings search, and find the broken backend out.
+    with pytest.raises(PropertyViolation):
+        StateBackendTests()._run("rescale_key_group_ownership", broken_target, 12)

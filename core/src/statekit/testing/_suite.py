@@ -257,8 +257,21 @@ class _KitFixtures(_Guarded):
         """A keyed backend owning every key group of 128, on the test's manual clock."""
         return make_backend()
 
+    def property_settings(self, prop: str, target: ConformanceTarget, steps: int) -> settings:
+        """The Hypothesis settings of property ``prop`` (``"all"``: the full machine).
+
+        Override it to change them per property or target, e.g. fewer examples
+        on a storage whose every operation is a network round trip::
+
+            def property_settings(self, prop, target, steps):
+                if getattr(target.storage_factory, "remote", False):
+                    return kit_settings(steps, max_examples=5)
+                return super().property_settings(prop, target, steps)
+        """
+        return kit_settings(steps)
+
     def _run(self, prop: str, target: ConformanceTarget, steps: int) -> None:
-        run_property(prop, target, kit_settings(steps))
+        run_property(prop, target, self.property_settings(prop, target, steps))
 
 
 class StateBackendTests(_KitFixtures, KeyedStateSemantics, TtlSemantics, SnapshotSemantics, TimerSemantics):
