@@ -384,6 +384,19 @@ def test_a_sibling_that_is_gone_leaves_the_task_to_restore_here(tmp_path: Path) 
     report = driver.batch(RECORDS[300:])
     assert report["how"] == "local" and report["handed_from"] is None and report["pid"] == os.getpid()
     assert driver.state() == model_state(RECORDS)
+    # A worker that starts serving removes what dead workers left: their sockets and owner files.
+    from statekit.spark import _handoff
+
+    directory = _handoff._directory()
+    assert directory is not None
+    dead = [n for n in os.listdir(directory) if n.endswith(f"-{sibling.process.pid}.sock")]
+    assert dead
+    _handoff._collect_dead(directory)
+    assert not any(os.path.exists(os.path.join(directory, n)) for n in dead)
+    for name in os.listdir(directory):
+        if name.endswith(".owner"):
+            with open(os.path.join(directory, name)) as f:
+                assert f.read().split(" ")[0] != str(sibling.process.pid)
 
 
 def test_a_sibling_holding_another_attempt_is_not_asked(tmp_path: Path) -> None:

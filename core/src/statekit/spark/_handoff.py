@@ -315,26 +315,29 @@ def _serving(directory: str, local_root: str, accepts: Accepts, handle: Handle) 
         except OSError:
             _server = None
             return None
-        _collect_dead_sockets(directory)
+        _collect_dead(directory)
         return _server
 
 
-def _collect_dead_sockets(directory: str) -> None:
-    """Remove the sockets of workers that are gone (the owner files are overwritten as subtasks move)."""
+def _collect_dead(directory: str) -> None:
+    """Remove the sockets and owner files of workers that are gone (run when a worker starts serving)."""
     with contextlib.suppress(OSError):
         for name in os.listdir(directory):
-            if not name.endswith(".sock"):
-                continue
+            path = os.path.join(directory, name)
             try:
-                pid = int(name[:-5].rsplit("-", 1)[1])
+                if name.endswith(".sock"):
+                    pid = int(name[: -len(".sock")].rsplit("-", 1)[1])
+                elif name.endswith(".owner"):
+                    with open(path, encoding="ascii") as f:
+                        pid = int(f.read().split(" ", 1)[0])
+                else:
+                    continue
                 os.kill(pid, 0)
-            except (ValueError, IndexError):
-                continue
             except ProcessLookupError:
                 with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(directory, name))
-            except PermissionError:
-                continue
+                    os.unlink(path)
+            except (OSError, ValueError, IndexError):
+                continue  # another user's process, a file being replaced, not ours
 
 
 def _close_stream(writer: Any, wf: Any) -> None:
