@@ -8,12 +8,13 @@ Optional abilities are small protocols of their own.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from .serialization._keygroups import KeyGroupRange
 from .serialization._serializers import TypeSerializer
-from .snapshots._native import NativeSnapshot, NativeStateHandle
+from .snapshots._native import COMPLETION_CONTRACT, NativeSnapshot, NativeStateHandle
 from .snapshots._snapshot import KeyedStateHandle, StreamStateHandle
 from .state._operator import BroadcastState, OperatorListState, OperatorSnapshot
 from .state._state import ListStateDescriptor, MapStateDescriptor, StateDescriptor
@@ -152,25 +153,8 @@ class SupportsNativeSnapshot(Protocol):
     ``notify_checkpoint_aborted(n)`` (it never will); sometimes neither (a
     driver that died). ``statekit.testing`` exercises all of it.
 
-    The completion contract. The snapshot of checkpoint n may reference a file (put into its handle a
-    NativeFile that out.upload returned for an earlier checkpoint, instead of uploading the file again)
-    only if the checkpoint m that uploaded it, with shared=True, was confirmed to this backend instance
-    by notify_checkpoint_complete(m) before n's snapshot references it. Nothing else is ever referenced:
-    not an upload of a checkpoint that was aborted (notify_checkpoint_aborted) or never confirmed, even
-    once a later checkpoint completes (the completion of m says nothing about the checkpoints before m),
-    and not a file of a restored snapshot unless the restored checkpoint is confirmed the same way:
-    restore_native(handles) followed by notify_checkpoint_complete(c), c the checkpoint id of the
-    handles, lets the instance reference the files of those handles it still holds (Flink's claim of its
-    own checkpoints; runners confirm only a completed checkpoint of the same job in the storage the
-    backend checkpoints into, never a savepoint), and without it the first checkpoint after a restore
-    uploads every file. A backend needs to know nothing more: it keeps each checkpoint's uploads by
-    checkpoint id (out.checkpoint_id), and a restore's files by the restored checkpoint's id, until that
-    checkpoint is confirmed or aborted, and one set of referenceable uploads, whatever output or storage
-    a snapshot writes to. Runners and the kit confirm a checkpoint only where every later checkpoint of
-    the backend can reach its files: a runner sends all native checkpoints of a backend into one
-    checkpoint storage, and the kit confirms the native snapshots it writes into memory only while the
-    backend checkpoints nowhere else (its state machines that also checkpoint through a storage abort
-    them).
+    The completion contract follows (``snapshots._native.COMPLETION_CONTRACT``,
+    appended when this module is imported, so that it is written once).
     """
 
     native_format: str
@@ -334,3 +318,7 @@ class SupportsRunFencing(Protocol):
 
     def end_run(self, job_id: str, run_id: str) -> None:
         """Mark run ``run_id`` as ended (best effort): a run that takes over after it need not wait for it."""
+
+
+if SupportsNativeSnapshot.__doc__ is not None:  # None under python -OO
+    SupportsNativeSnapshot.__doc__ += "\n" + textwrap.indent(COMPLETION_CONTRACT, "    ")

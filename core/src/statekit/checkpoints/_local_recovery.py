@@ -209,13 +209,29 @@ class LocalCopies:
         return total
 
 
-class _LocalHandle:
+class _Delegating:
+    """A storage handle that reads in its own way and hands everything else to the storage's."""
+
+    def __init__(self, inner: StreamStateHandle, downloads: Downloads) -> None:
+        self._inner = inner
+        self._downloads = downloads
+
+    def discard(self) -> None:
+        self._inner.discard()
+
+    def to_json(self) -> dict[str, Any]:
+        return self._inner.to_json()
+
+    def __getattr__(self, name: str) -> Any:  # what a storage's handle offers beyond the protocol
+        return getattr(self._inner, name)
+
+
+class _LocalHandle(_Delegating):
     """A checkpoint file read from its local copy; the storage's handle for everything else."""
 
     def __init__(self, inner: StreamStateHandle, path: str, downloads: Downloads) -> None:
-        self._inner = inner
+        super().__init__(inner, downloads)
         self._path = path
-        self._downloads = downloads
 
     @property
     def size(self) -> int:
@@ -228,22 +244,13 @@ class _LocalHandle:
         self._downloads.add(local=len(data))
         return data
 
-    def discard(self) -> None:
-        self._inner.discard()
-
-    def to_json(self) -> dict[str, Any]:
-        return self._inner.to_json()
-
     def local_file(self) -> str:
         """The verified local copy (native restores hard-link it instead of copying)."""
         self._downloads.add(local=self.size)
         return self._path
 
-    def __getattr__(self, name: str) -> Any:  # what a storage's handle offers beyond the protocol
-        return getattr(self._inner, name)
 
-
-class _CountedHandle:
+class _CountedHandle(_Delegating):
     """A checkpoint file read from the storage, counted; downloaded shared files may be kept locally."""
 
     def __init__(
@@ -254,10 +261,9 @@ class _CountedHandle:
         downloads: Downloads,
         kept: list[str],
     ) -> None:
-        self._inner = inner
+        super().__init__(inner, downloads)
         self._key = key
         self._copies = copies
-        self._downloads = downloads
         self._kept = kept
 
     @property
@@ -269,20 +275,11 @@ class _CountedHandle:
         self._downloads.add(remote=len(data))
         return data
 
-    def discard(self) -> None:
-        self._inner.discard()
-
-    def to_json(self) -> dict[str, Any]:
-        return self._inner.to_json()
-
     def keep_local(self, path: str, crc32: int) -> None:
         """``path`` holds this file's verified bytes (a native restore downloaded it): keep a copy."""
         if self._copies is not None:
             self._copies.adopt(self._key, path, crc32)
             self._kept.append(self._key)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
 
 class LocalRecoveryStorage:

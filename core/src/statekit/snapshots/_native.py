@@ -20,6 +20,36 @@ backend) can be deleted at any time. The coordinator counts references per
 shared file (:meth:`NativeStateHandle.shared_descriptions`), and retention
 deletes a shared file once no retained checkpoint references it.
 
+The completion contract follows: :data:`COMPLETION_CONTRACT`, written once
+here and appended to this docstring, to :class:`statekit.SupportsNativeSnapshot`'s
+and to :mod:`statekit.testing`'s when they are imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, runtime_checkable
+
+from .._errors import CorruptSnapshotError
+from ..serialization._keygroups import KeyGroupRange
+from ._snapshot import ProgressCallback, StreamStateHandle, _where
+
+__all__ = [
+    "COMPLETION_CONTRACT",
+    "NativeFile",
+    "NativeSnapshot",
+    "NativeSnapshotOutput",
+    "NativeStateHandle",
+    "WriterNativeOutput",
+    "upload_native_file",
+]
+
+#: The one rule of native snapshots, as backend authors read it (docs/writing-a-backend.md quotes it).
+COMPLETION_CONTRACT = """\
 The completion contract. The snapshot of checkpoint n may reference a file (put into its handle a
 NativeFile that out.upload returned for an earlier checkpoint, instead of uploading the file again)
 only if the checkpoint m that uploaded it, with shared=True, was confirmed to this backend instance
@@ -40,28 +70,8 @@ checkpoint storage, and the kit confirms the native snapshots it writes into mem
 backend checkpoints nowhere else (its state machines that also checkpoint through a storage abort
 them).
 """
-
-from __future__ import annotations
-
-import contextlib
-import os
-import zlib
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, runtime_checkable
-
-from .._errors import CorruptSnapshotError
-from ..serialization._keygroups import KeyGroupRange
-from ._snapshot import ProgressCallback, StreamStateHandle, _where
-
-__all__ = [
-    "NativeFile",
-    "NativeSnapshot",
-    "NativeSnapshotOutput",
-    "NativeStateHandle",
-    "WriterNativeOutput",
-    "upload_native_file",
-]
+if __doc__ is not None:  # None under python -OO
+    __doc__ += "\n" + COMPLETION_CONTRACT
 
 _CHUNK = 4 << 20
 

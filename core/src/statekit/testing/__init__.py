@@ -32,29 +32,13 @@ Native snapshots are held to the completion contract, the one rule of
 the kit's helpers (:func:`snapshot_handle` with ``native=True``, the state
 machines) follow it:
 
-The completion contract. The snapshot of checkpoint n may reference a file (put into its handle a
-NativeFile that out.upload returned for an earlier checkpoint, instead of uploading the file again)
-only if the checkpoint m that uploaded it, with shared=True, was confirmed to this backend instance
-by notify_checkpoint_complete(m) before n's snapshot references it. Nothing else is ever referenced:
-not an upload of a checkpoint that was aborted (notify_checkpoint_aborted) or never confirmed, even
-once a later checkpoint completes (the completion of m says nothing about the checkpoints before m),
-and not a file of a restored snapshot unless the restored checkpoint is confirmed the same way:
-restore_native(handles) followed by notify_checkpoint_complete(c), c the checkpoint id of the
-handles, lets the instance reference the files of those handles it still holds (Flink's claim of its
-own checkpoints; runners confirm only a completed checkpoint of the same job in the storage the
-backend checkpoints into, never a savepoint), and without it the first checkpoint after a restore
-uploads every file. A backend needs to know nothing more: it keeps each checkpoint's uploads by
-checkpoint id (out.checkpoint_id), and a restore's files by the restored checkpoint's id, until that
-checkpoint is confirmed or aborted, and one set of referenceable uploads, whatever output or storage
-a snapshot writes to. Runners and the kit confirm a checkpoint only where every later checkpoint of
-the backend can reach its files: a runner sends all native checkpoints of a backend into one
-checkpoint storage, and the kit confirms the native snapshots it writes into memory only while the
-backend checkpoints nowhere else (its state machines that also checkpoint through a storage abort
-them).
+The completion contract follows (``statekit.snapshots._native.COMPLETION_CONTRACT``,
+appended at import, so that it is written once).
 """
 
 from __future__ import annotations
 
+from ..snapshots._native import COMPLETION_CONTRACT
 from ._clock import ManualClock
 from ._lifecycle import OnDiskLifecycleTests, instance_dirs
 from ._plugin_helpers import (
@@ -71,6 +55,9 @@ from ._properties import PROPERTIES, PropertyViolation
 from ._reference import ReferenceCheckpointStorage, ReferenceKeyedStateBackend, ReferenceStateBackend
 from ._stateful import MACHINES, ConformanceMachine, ConformanceTarget, MachineConfig, machine_configs
 from ._suite import CheckpointStorageTests, StateBackendTests, kit_settings, kit_tests, run_property
+
+if __doc__ is not None:  # None under python -OO
+    __doc__ += "\n" + COMPLETION_CONTRACT
 
 __all__ = [
     "MACHINES",
