@@ -14,6 +14,8 @@ Depth that ci does not need runs under the ``nightly`` profile only:
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -107,3 +109,38 @@ def s3_endpoint() -> Iterator[dict[str, str]]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+class SecondUser:
+    """Another local user of this machine, made with ``useradd`` for tests of confinement."""
+
+    def __init__(self, name: str) -> None:
+        import pwd
+
+        entry = pwd.getpwnam(name)
+        self.name = name
+        self.uid = entry.pw_uid
+        self.gid = entry.pw_gid
+
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` as this user (``setpriv``: no login shell, no environment of ours but PATH)."""
+        cmd = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--", *argv]
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/"}
+        return subprocess.run(cmd, check=check, capture_output=True, text=True, env=env)
+
+
+@pytest.fixture(scope="session")
+def second_user() -> SecondUser:
+    """A second local user (``statekit-probe``), created with ``useradd`` once; skipped unless root."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a second local user with useradd (CI runs the suite as root)")
+    if shutil.which("useradd") is None or shutil.which("setpriv") is None:
+        pytest.skip("needs useradd and setpriv (Debian's passwd and util-linux) to make a second user")
+    name = "statekit-probe"
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    return SecondUser(name)

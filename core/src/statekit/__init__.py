@@ -41,6 +41,7 @@ from ._errors import (
     StateMigrationError,
     StateSizeLimitError,
     UnknownPluginError,
+    UnsafeLocalPathError,
 )
 from .checkpoints._checkpoint import CheckpointMetadata, CompletedCheckpoint, load_checkpoint
 from .plugins._config import CORE_OPTIONS, ConfigOption, Configuration
@@ -175,6 +176,7 @@ __all__ = [
     "TtlVisibility",
     "TypeSerializer",
     "UnknownPluginError",
+    "UnsafeLocalPathError",
     "ValueState",
     "ValueStateDescriptor",
     "__version__",

@@ -22,7 +22,8 @@ exception fits, the error also inherits it, so callers may catch either::
     │   ├── CheckpointNotFoundError (FileNotFoundError)
     │   ├── FencedError
     │   └── StateSizeLimitError
-    └── StateAccessError (RuntimeError)
+    ├── StateAccessError (RuntimeError)
+    └── UnsafeLocalPathError (PermissionError)
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ __all__ = [
     "StateMigrationError",
     "StateSizeLimitError",
     "UnknownPluginError",
+    "UnsafeLocalPathError",
 ]
 
 
@@ -185,3 +187,26 @@ class StateSizeLimitError(CheckpointError):
 
 class StateAccessError(StateError, RuntimeError):
     """State was used wrongly: no current key, a closed backend, a wrong kind."""
+
+
+class UnsafeLocalPathError(StateError, PermissionError):
+    """A local path statekit would write is not private to the running user.
+
+    It is a symlink statekit did not make, belongs to another user, or can be
+    written by the group or by others. The message names the path and the way
+    out (``chmod go-w``, another directory, removing the symlink).
+
+    Attributes:
+        path: The offending path.
+    """
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[type[UnsafeLocalPathError], tuple[str, str]]:
+        """Pickles with its fields (Spark sends task errors to the driver)."""
+        return (UnsafeLocalPathError, (str(self), self.path))
