@@ -62,9 +62,16 @@ class FailOnceBatch(CountUrlsBatch):
 class Driver:
     """Plays the driver of one subtask: plans tasks, completes checkpoints."""
 
-    def __init__(self, tmp_path: Path, function: Any = CountUrls, *, vectorized: bool = False) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        function: Any = CountUrls,
+        *,
+        vectorized: bool = False,
+        local_dir: str | None = None,
+    ) -> None:
         self.vectorized = vectorized
-        self.local_dir = str(tmp_path / "executor")  # one executor's local directory
+        self.local_dir = local_dir or str(tmp_path / "executor")  # one executor's local directory
         self.dir = str(tmp_path / "ckpt")
         self.storage = FileSystemCheckpointStorage(self.dir)
         self.function = function
@@ -412,3 +419,39 @@ def test_a_sibling_holding_another_attempt_is_not_asked(tmp_path: Path) -> None:
     finally:
         sibling.stop()
     assert driver.state() == model_state(RECORDS)
+
+
+def _shared_top() -> str:
+    """A directory under /tmp the second user can reach (pytest's tmp_path is root's alone)."""
+    import os
+    import tempfile
+
+    top = tempfile.mkdtemp(prefix="statekit-task-", dir="/tmp")
+    os.chmod(top, 0o755)
+    return top
+
+
+def test_an_executor_directory_the_second_user_prepared_is_refused(tmp_path: Path, second_user: Any) -> None:
+    """<local dir>/statekit made by another user in advance: the task fails, naming it and the way out."""
+    import os
+    import shutil
+
+    from statekit import UnsafeLocalPathError
+
+    top = _shared_top()
+    try:
+        local = os.path.join(top, "local")
+        os.mkdir(local)
+        os.chmod(local, 0o1777)
+        second_user.run("mkdir", "-m", "0755", os.path.join(local, "statekit"))
+        driver = Driver(tmp_path, local_dir=local)
+        with pytest.raises(UnsafeLocalPathError) as refused:
+            driver.run_task(driver.plan(), RECORDS[:100])
+        message = str(refused.value)
+        assert message.startswith(
+            f"the executor's statekit directory {local}/statekit belongs to user id {second_user.uid}"
+        )
+        assert message.endswith("Or set statekit.local-dir to a directory of your own.")
+        assert os.listdir(os.path.join(local, "statekit")) == []
+    finally:
+        shutil.rmtree(top)

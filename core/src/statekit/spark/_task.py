@@ -45,6 +45,7 @@ from .._contracts import (
     SupportsNativeSnapshot,
 )
 from .._errors import CheckpointError
+from .._localfs import private_dir
 from ..checkpoints._checkpoint import CompletedCheckpoint, metadata_at, write_subtask_state
 from ..checkpoints._local_recovery import Downloads, LocalCopies, LocalRecoveryStorage, LocalRecoveryWriter
 from ..plugins._config import Configuration
@@ -393,8 +394,14 @@ def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subta
             return entry, REUSED, 0
         entry.close()
     backend = _backend(plan.config)
-    root = os.path.join(_local_root(plan), "statekit")
-    os.makedirs(root, exist_ok=True)
+    local_root = _local_root(plan)
+    # Private to this user (0700, no symlink, no one else's): the backends' state lives below it.
+    root = private_dir(
+        os.path.join(local_root, "statekit"),
+        base=local_root,
+        what="the executor's statekit directory",
+        otherwise="Or set statekit.local-dir to a directory of your own.",
+    )
     local_dir = tempfile.mkdtemp(prefix=f"{plan.job_id}-{plan.operator_id}-{index}-", dir=root)
     try:
         keyed = backend.create_keyed_backend(
