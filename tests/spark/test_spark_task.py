@@ -59,6 +59,22 @@ class FailOnceBatch(CountUrlsBatch):
         return super().process_batch(rows, ctx)
 
 
+class StopOnce(CountUrls):
+    """Once armed, stops its own process (SIGSTOP) at the third record it sees: a hung worker."""
+
+    countdown = 0
+
+    def process(self, record: dict[str, Any], ctx: ProcessContext) -> Iterable[Any]:
+        if StopOnce.countdown > 0:
+            StopOnce.countdown -= 1
+            if StopOnce.countdown == 0:
+                import os
+                import signal
+
+                os.kill(os.getpid(), signal.SIGSTOP)
+        return super().process(record, ctx)
+
+
 class Driver:
     """Plays the driver of one subtask: plans tasks, completes checkpoints."""
 
@@ -68,10 +84,12 @@ class Driver:
         function: Any = CountUrls,
         *,
         vectorized: bool = False,
+        config: dict[str, Any] | None = None,
         local_dir: str | None = None,
     ) -> None:
         self.vectorized = vectorized
         self.local_dir = local_dir or str(tmp_path / "executor")  # one executor's local directory
+        self.config = config or {}
         self.dir = str(tmp_path / "ckpt")
         self.storage = FileSystemCheckpointStorage(self.dir)
         self.function = function
@@ -84,8 +102,8 @@ class Driver:
             token=uuid.uuid4().hex, restore_location=self.latest[0] if self.latest else None,
             restore_token=self.latest[1] if self.latest else None,
             restore_attempts=self.latest[2] if self.latest else {}, parallelism=1, max_parallelism=128,
-            config=Configuration({"statekit.checkpoints.dir": self.dir,
-                                  "statekit.local-dir": self.local_dir}), function_factory=self.function,
+            config=Configuration({"statekit.checkpoints.dir": self.dir, "statekit.local-dir": self.local_dir,
+                                  **self.config}), function_factory=self.function,
             key_column="url", key_serializer=StrSerializer(), input_columns=COLUMNS, output_schema=OUTPUT,
             vectorized=self.vectorized,
         )  # fmt: skip
@@ -131,7 +149,7 @@ class Driver:
 @pytest.fixture(autouse=True)
 def _fresh_cache() -> Any:
     reset_cache()
-    FailOnce.countdown = FailOnceBatch.countdown = 0
+    FailOnce.countdown = FailOnceBatch.countdown = StopOnce.countdown = 0
     yield
     reset_cache()
 
@@ -296,7 +314,8 @@ class _Sibling:
 
     ``commands`` go to it over a pipe: ``("batch", records)`` runs and completes a
     batch there and sends back the driver's view of it; ``("arm", n)`` makes
-    ``FailOnce`` fail at the n-th record; ``("quit", None)`` ends it.
+    ``FailOnce`` fail at the n-th record, ``("arm-stop", n)`` makes ``StopOnce`` stop
+    its process there; ``("quit", None)`` ends it.
     """
 
     def __init__(self, driver: Driver) -> None:
@@ -317,6 +336,9 @@ class _Sibling:
                 conn.send((report, driver.latest, driver.next_id))
             elif command == "arm":
                 FailOnce.countdown = arg
+                conn.send(None)
+            elif command == "arm-stop":
+                StopOnce.countdown = arg
                 conn.send(None)
             else:
                 conn.send(None)
@@ -421,6 +443,45 @@ def test_a_sibling_holding_another_attempt_is_not_asked(tmp_path: Path) -> None:
     assert driver.state() == model_state(RECORDS)
 
 
+def test_a_sibling_that_stops_after_accepting_fails_the_task_naming_it_and_the_retry_restores(
+    tmp_path: Path,
+) -> None:
+    """The sibling accepts, then its process stops (SIGSTOP): the task fails within the timeout."""
+    import os
+    import signal
+    import time
+
+    from statekit import CheckpointError
+
+    driver = Driver(tmp_path, function=StopOnce, config={"statekit.spark.worker-handoff.timeout": 2})
+    sibling = _Sibling(driver)
+    pid = sibling.process.pid
+    try:
+        sibling.batch(RECORDS[:300])
+        sibling.call("arm-stop", 3)
+        plan = driver.plan()
+        started = time.monotonic()
+        with pytest.raises(CheckpointError) as failed:
+            driver.run_task(plan, RECORDS[300:])
+        waited = time.monotonic() - started
+        with open(f"/proc/{pid}/stat") as f:
+            assert f.read().rsplit(")", 1)[1].split()[0] == "T"  # it accepted, then stopped
+        message = str(failed.value)
+        assert f"Python worker {pid} (socket " in message and f"-{pid}.sock;" in message, message
+        assert "received nothing for 2 s" in message and "statekit.spark.worker-handoff.timeout" in message
+        assert "restores the subtask from the checkpoint" in message
+        assert waited < 60  # bounded: without the timeout it waits for ever
+        # Spark's retry: the stopped sibling cannot answer its handshake, so the task restores here.
+        outputs, report = driver.run_task(plan, RECORDS[300:])
+        assert report["how"] != "reused" and report["handed_from"] is None and len(outputs) == 300
+        assert report["pid"] == os.getpid()
+        driver.complete(plan, report)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        sibling.process.join(10)
+    assert driver.state() == model_state(RECORDS)
+
+
 def _shared_top() -> str:
     """A directory under /tmp the second user can reach (pytest's tmp_path is root's alone)."""
     import os
@@ -429,6 +490,50 @@ def _shared_top() -> str:
     top = tempfile.mkdtemp(prefix="statekit-task-", dir="/tmp")
     os.chmod(top, 0o755)
     return top
+
+
+def test_a_handoff_directory_the_second_user_prepared_turns_the_handoff_off_and_says_why(
+    tmp_path: Path, second_user: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$TMPDIR/statekit-<uid> made by another user in advance: no owner file or socket goes there."""
+    import os
+    import shutil
+    import tempfile
+
+    top = _shared_top()
+    try:
+        tmp = os.path.join(top, "tmp")
+        os.mkdir(tmp)
+        os.chmod(tmp, 0o1777)  # a shared temporary directory, like /tmp
+        monkeypatch.setattr(tempfile, "tempdir", tmp)
+        prepared = os.path.join(tmp, f"statekit-{os.getuid()}")
+        second_user.run("mkdir", "-m", "0777", prepared)
+        driver = Driver(tmp_path)
+        first = driver.batch(RECORDS[:300])
+        assert first["handoff"].startswith(
+            f"off: the hand-off directory {prepared} belongs to user id {second_user.uid}"
+        ), first["handoff"]
+        assert "Until then the hand-off between Python workers is off." in first["handoff"]
+        second = driver.batch(RECORDS[300:])
+        assert second["handoff"] == first["handoff"] and second["handed_from"] is None
+        assert os.listdir(prepared) == []  # root could have written there: statekit did not
+        assert driver.state() == model_state(RECORDS)
+    finally:
+        shutil.rmtree(top)
+
+
+def test_the_handoff_directory_is_made_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import stat
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    report = Driver(tmp_path).batch(RECORDS[:100])
+    directory = tmp_path / f"statekit-{os.getuid()}"
+    assert report["handoff"] == "on"
+    assert stat.S_IMODE(directory.lstat().st_mode) == 0o700
+    owners = [p for p in directory.iterdir() if p.name.endswith(".owner")]
+    assert len(owners) == 1 and stat.S_IMODE(owners[0].lstat().st_mode) == 0o600
 
 
 def test_an_executor_directory_the_second_user_prepared_is_refused(tmp_path: Path, second_user: Any) -> None:

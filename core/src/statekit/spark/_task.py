@@ -751,7 +751,8 @@ def _hand_off(
         "attempt_number": attempt_number,
         "from": os.getpid(),
     }
-    return _handoff.forward(root, owner[0], header, first, rest)
+    timeout = float(plan.config.get("statekit.spark.worker-handoff.timeout"))
+    return _handoff.forward(root, owner[0], header, first, rest, timeout)
 
 
 def _accepts_handoff(header: dict[str, Any]) -> bool:
@@ -1021,36 +1022,34 @@ class _TaskRun:
                 copies.collect()
         phases["snapshot"] = clock() - t_snapshot
         phases["task"] = clock() - self.started
-        descriptions = []
+        reports = []
         for index, state in states:
             st = self.active[index]
-            descriptions.append(
-                json.dumps(
-                    {
-                        "subtask": index,
-                        "state": state.to_json(),
-                        "records": st.records,
-                        "outputs": st.outputs,
-                        "late": st.late,
-                        "fired": st.fired,
-                        "max_event_time": st.max_event_time,
-                        "reused": self.how[index][0] == REUSED,
-                        "how": self.how[index][0],
-                        "downloaded": self.how[index][1],
-                        "pid": os.getpid(),
-                        "handed_from": self.handed_from,
-                        "attempt": self.attempt,
-                        "attempt_number": attempt_number,
-                        "phases": phases,
-                    },
-                    separators=(",", ":"),
-                )
+            reports.append(
+                {
+                    "subtask": index,
+                    "state": state.to_json(),
+                    "records": st.records,
+                    "outputs": st.outputs,
+                    "late": st.late,
+                    "fired": st.fired,
+                    "max_event_time": st.max_event_time,
+                    "reused": self.how[index][0] == REUSED,
+                    "how": self.how[index][0],
+                    "downloaded": self.how[index][1],
+                    "pid": os.getpid(),
+                    "handed_from": self.handed_from,
+                    "attempt": self.attempt,
+                    "attempt_number": attempt_number,
+                    "phases": phases,
+                }
             )
         with _LOCK:
             for index, st in self.active.items():
                 st.token, st.attempt, st.records, st.outputs = plan.token, self.attempt, 0, 0
                 st.late, st.fired, st.max_event_time = 0, 0, None
                 _CACHE[(plan.job_id, plan.operator_id, index)] = st
+        handoff = "off: statekit.spark.worker-handoff=false"
         if plan.config.get("statekit.spark.worker-handoff"):
             with contextlib.suppress(OSError):  # hand-off only ever saves a restore
                 _handoff.announce(
@@ -1061,6 +1060,8 @@ class _TaskRun:
                     _accepts_handoff,
                     _serve_handoff,
                 )
+            handoff = _handoff.status()  # "off: <why>" when this worker's directory was refused
+        descriptions = [json.dumps({**r, "handoff": handoff}, separators=(",", ":")) for r in reports]
         return self.out.handles(descriptions)
 
 
