@@ -13,15 +13,16 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-$(VENV)/.installed: pyproject.toml core/pyproject.toml backends/heap/pyproject.toml backends/rocksdb/pyproject.toml \
+$(VENV)/.installed: pyproject.toml core/pyproject.toml core/hatch_build.py backends/heap/pyproject.toml backends/rocksdb/pyproject.toml \
 		backends/lmdb/pyproject.toml storage/pyproject.toml \
 		examples/statekit-sqlite/pyproject.toml examples/urlcount/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(PACKAGES)
-	# The JVM helper that gives Spark tasks their preferred executor, compiled once per machine
-	# (needs a JDK's javac; without one, queries run without task locality and say why).
-	-$(PY) -c "from statekit.spark._jvm import helper_jar; print(helper_jar())"
+	# The JVM helper that gives Spark tasks their preferred executor: a wheel ships it compiled; this
+	# editable install compiles it into core/build/jvm (its own tree, no shared cache), here or on the
+	# first query. Needs a JDK's javac; without one, queries run without task locality and say why.
+	-$(PY) -c "import pyspark; from statekit.spark._jvm import helper_jar; print(helper_jar(pyspark.__version__).jar)"
 	touch $@
 
 install: $(VENV)/.installed

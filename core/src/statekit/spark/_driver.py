@@ -142,7 +142,7 @@ class BatchInfo:
             the tasks reported it; the next batch prefers the same executors. Empty
             when locality is off.
         locality: ``"on"``, or ``"off: <why>"`` (configured off, Spark Connect, or the
-            JVM helper could not be built: the reason says how to fix it).
+            JVM helper could not be loaded: the reason says how to fix it).
         late_records: Rows at or below the watermark the batch ran with.
         timers_fired: Timers that fired in the batch.
         watermark: The event-time watermark the next batch runs with.
