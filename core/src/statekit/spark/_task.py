@@ -396,9 +396,11 @@ def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subta
     backend = _backend(plan.config)
     local_root = _local_root(plan)
     # Private to this user (0700, no symlink, no one else's): the backends' state lives below it.
+    # Spark's own local directory is trusted as Spark made it; a configured one is checked too.
+    configured = bool(plan.config.get("statekit.local-dir"))
     root = private_dir(
         os.path.join(local_root, "statekit"),
-        base=local_root,
+        base=os.path.dirname(os.path.abspath(local_root)) if configured else local_root,
         what="the executor's statekit directory",
         otherwise="Or set statekit.local-dir to a directory of your own.",
     )
