@@ -401,25 +401,30 @@ def test_an_error_in_the_sibling_fails_the_task_and_the_retry_restores(tmp_path:
     assert driver.state() == model_state(RECORDS)
 
 
-def test_a_sibling_that_is_gone_leaves_the_task_to_restore_here(tmp_path: Path) -> None:
+def test_a_sibling_that_is_gone_leaves_the_task_to_restore_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import os
     import signal
+    import tempfile
 
+    from statekit.spark import _handoff
+
+    # A hand-off directory of this test's own: any worker that starts serving collects the dead.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     driver = Driver(tmp_path)
     sibling = _Sibling(driver)
     sibling.batch(RECORDS[:300])
+    directory = _handoff._directory()
+    assert directory is not None
+    dead = [n for n in os.listdir(directory) if n.endswith(f"-{sibling.process.pid}.sock")]
+    assert dead
     os.kill(sibling.process.pid, signal.SIGKILL)  # its owner file and socket stay behind
     sibling.process.join(10)
     report = driver.batch(RECORDS[300:])
     assert report["how"] == "local" and report["handed_from"] is None and report["pid"] == os.getpid()
     assert driver.state() == model_state(RECORDS)
     # A worker that starts serving removes what dead workers left: their sockets and owner files.
-    from statekit.spark import _handoff
-
-    directory = _handoff._directory()
-    assert directory is not None
-    dead = [n for n in os.listdir(directory) if n.endswith(f"-{sibling.process.pid}.sock")]
-    assert dead
     _handoff._collect_dead(directory)
     assert not any(os.path.exists(os.path.join(directory, n)) for n in dead)
     for name in os.listdir(directory):
@@ -550,6 +555,9 @@ def test_an_executor_directory_the_second_user_prepared_is_refused(tmp_path: Pat
         os.chmod(local, 0o1777)
         second_user.run("mkdir", "-m", "0755", os.path.join(local, "statekit"))
         driver = Driver(tmp_path, local_dir=local)
+        with pytest.raises(UnsafeLocalPathError, match=rf"{local} can be written by its group or by others"):
+            driver.run_task(driver.plan(), RECORDS[:100])  # statekit.local-dir itself is checked too
+        os.chmod(local, 0o755)  # now only the directory the second user made in advance is wrong
         with pytest.raises(UnsafeLocalPathError) as refused:
             driver.run_task(driver.plan(), RECORDS[:100])
         message = str(refused.value)

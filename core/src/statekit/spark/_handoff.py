@@ -103,7 +103,10 @@ def _directory_or_reason() -> tuple[str | None, str | None]:
     except UnsafeLocalPathError as e:
         return None, str(e)
     except OSError as e:
-        return None, f"the hand-off directory {path} cannot be created: {e}"
+        return None, (
+            f"the hand-off directory {path} cannot be created ({e}), so the hand-off between Python "
+            "workers is off. Give the executors a writable temporary directory (TMPDIR)"
+        )
 
 
 def _directory() -> str | None:
@@ -339,6 +342,15 @@ class _Server:
         self.sock.listen(16)
         threading.Thread(target=self._accept, name="statekit-handoff", daemon=True).start()
 
+    def close(self) -> None:
+        """Stop accepting (its thread ends) and remove the socket; connections being served go on."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept (Linux)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
     def _accept(self) -> None:
         while True:
             try:
@@ -420,10 +432,12 @@ class _PeerGone(Exception):
 
 def _serving(directory: str, local_root: str, accepts: Accepts, handle: Handle) -> _Server | None:
     global _server, _serve_failure
+    path = _socket_path(directory, local_root, os.getpid())
     with _lock:
         if _server is not None and _server.pid == os.getpid():
-            return _server
-        path = _socket_path(directory, local_root, os.getpid())
+            if _server.path == path:
+                return _server
+            _server.close()  # another directory or executor root (tests change TMPDIR): serve there
         try:
             _server = _Server(path, accepts, handle)
         except OSError as e:
