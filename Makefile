@@ -6,25 +6,40 @@ PY := $(VENV)/bin/python
 PACKAGES := -e ./core -e ./backends/heap -e ./backends/rocksdb -e ./backends/lmdb -e "./storage[s3,hdfs]" -e ./examples/statekit-sqlite \
 	-e ./examples/urlcount -e ".[test]"
 HYPOTHESIS_PROFILE ?= ci
+# Every distribution of this repository, for `make wheels`; the umbrella (.) last.
+DISTRIBUTIONS := ./core ./backends/heap ./backends/rocksdb ./backends/lmdb ./storage ./examples/statekit-sqlite \
+	./examples/urlcount .
+WHEELHOUSE ?= wheelhouse
 
-.PHONY: install test lint typecheck pytest bench demo clean
+.PHONY: install wheels test lint typecheck pytest bench demo clean
 # Spark's Python workers must run this environment's interpreter.
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-$(VENV)/.installed: pyproject.toml core/pyproject.toml backends/heap/pyproject.toml backends/rocksdb/pyproject.toml \
+$(VENV)/.installed: pyproject.toml core/pyproject.toml core/hatch_build.py backends/heap/pyproject.toml backends/rocksdb/pyproject.toml \
 		backends/lmdb/pyproject.toml storage/pyproject.toml \
 		examples/statekit-sqlite/pyproject.toml examples/urlcount/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(PACKAGES)
-	# The JVM helper that gives Spark tasks their preferred executor, compiled once per machine
-	# (needs a JDK's javac; without one, queries run without task locality and say why).
-	-$(PY) -c "from statekit.spark._jvm import helper_jar; print(helper_jar())"
+	# The JVM helper that gives Spark tasks their preferred executor: a wheel ships it compiled; this
+	# editable install compiles it into core/build/jvm (its own tree, no shared cache), here or on the
+	# first query. Needs a JDK's javac; without one, queries run without task locality and say why.
+	-$(PY) -c "import pyspark; from statekit.spark._jvm import helper_jar; print(helper_jar(pyspark.__version__).jar)"
 	touch $@
 
 install: $(VENV)/.installed
+
+## A wheel of every distribution into $(WHEELHOUSE) (statekit is not on PyPI); then, in any environment:
+##   pip install --find-links wheelhouse "statekit[rocksdb,spark]"
+## statekit-core's wheel ships the JVM locality helper, compiled by its build hook against the PySpark of
+## its isolated build environment: building needs a JDK 17+ (STATEKIT_BUILD_WITHOUT_JDK=1 builds a wheel
+## without the helper, whose Spark queries then run without task locality).
+wheels:
+	rm -f $(WHEELHOUSE)/statekit*.whl
+	$(PYTHON) -m pip wheel -q --no-deps -w $(WHEELHOUSE) $(DISTRIBUTIONS)
+	@ls -1 $(WHEELHOUSE)/statekit*.whl
 
 ## The whole test suite: lint, types, then every test.
 test: lint typecheck pytest

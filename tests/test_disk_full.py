@@ -93,7 +93,8 @@ def _tmpfs_runner(size: str) -> list[str] | None:
         "-rm",
         "sh",
         "-c",
-        f'mount -t tmpfs -o size={size} tmpfs "$FULLDISK" && exec "$@"',
+        # mode=0700: statekit refuses a local directory others may write (a tmpfs root is 1777).
+        f'mount -t tmpfs -o size={size},mode=0700 tmpfs "$FULLDISK" && exec "$@"',
         "sh",
     ]
 

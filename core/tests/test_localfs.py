@@ -7,11 +7,18 @@ import pickle
 import shutil
 import stat
 import tempfile
+from typing import Any
 
 import pytest
 
 from statekit import StateError, UnsafeLocalPathError
-from statekit._localfs import check_private_dir, create_exclusive, private_dir, write_atomically
+from statekit._localfs import (
+    check_private_dir,
+    create_exclusive,
+    private_dir,
+    read_no_follow,
+    write_atomically,
+)
 
 
 def _mode(path: str) -> int:
@@ -118,11 +125,10 @@ def test_exclusive_create_never_follows_a_planted_symlink(tmp_path: os.PathLike[
     assert sorted(os.listdir(d)) == ["part-0.json", "target"]
 
 
-def test_second_user_cannot_prepare_our_directory(second_user: object) -> None:
+def test_second_user_cannot_prepare_our_directory(second_user: Any) -> None:
     """As another local user, plant a symlink to a root-only directory where statekit will write."""
-    from conftest import SecondUser
-
-    assert isinstance(second_user, SecondUser)
+    # The fixture's object, by duck type: which conftest module is importable as "conftest" depends
+    # on which test directories a run collects.
     top = tempfile.mkdtemp(prefix="statekit-localfs-", dir="/tmp")
     os.chmod(top, 0o755)  # the second user must reach it
     shared = os.path.join(top, "shared")
@@ -138,3 +144,36 @@ def test_second_user_cannot_prepare_our_directory(second_user: object) -> None:
         private_dir(os.path.join(shared, "local-recovery", "job", "files"), base=shared)
     assert os.listdir(secret) == ["keep"]
     shutil.rmtree(top)
+
+
+def test_the_callers_way_out_ends_the_message(tmp_path: os.PathLike[str]) -> None:
+    shared = os.path.join(os.fspath(tmp_path), "shared")
+    os.mkdir(shared)
+    os.chmod(shared, 0o775)
+    with pytest.raises(UnsafeLocalPathError) as e:
+        private_dir(shared, what="the hand-off directory", otherwise="Or set TMPDIR for the executors.")
+    assert str(e.value).startswith(f"the hand-off directory {shared} can be written by its group")
+    assert str(e.value).endswith("choose a directory only you can write. Or set TMPDIR for the executors.")
+    link = os.path.join(os.fspath(tmp_path), "link")
+    os.symlink(shared, link)
+    with pytest.raises(UnsafeLocalPathError, match=r"is a symlink .* Or use another\.$"):
+        check_private_dir(link, otherwise="Or use another.")
+
+
+def test_read_no_follow_refuses_symlinks_and_what_is_not_a_file(tmp_path: os.PathLike[str]) -> None:
+    d = os.fspath(tmp_path)
+    real = os.path.join(d, "owner")
+    with open(real, "wb") as f:
+        f.write(b"123 attempt-1")
+    assert read_no_follow(real) == b"123 attempt-1"
+    assert read_no_follow(real, 3) == b"123"
+    link = os.path.join(d, "planted")
+    os.symlink(real, link)
+    with pytest.raises(OSError):
+        read_no_follow(link)
+    fifo = os.path.join(d, "fifo")
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        read_no_follow(fifo)  # and it did not block waiting for a writer
+    with pytest.raises(FileNotFoundError):
+        read_no_follow(os.path.join(d, "missing"))

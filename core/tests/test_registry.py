@@ -162,7 +162,8 @@ def test_unknown_known_name_lists_installed_and_the_extra(
     message = str(info.value)
     assert message.startswith("backend 'foundationdb' is not installed. Installed backends: ")
     assert "fakedb" in message
-    assert message.endswith('Install it with: pip install "statekit[foundationdb]"')
+    assert 'Install it with: pip install --find-links wheelhouse "statekit[foundationdb]"' in message
+    assert message.endswith("`make wheels` in a statekit checkout builds the wheelhouse, see its README)")
 
 
 def test_unknown_third_party_name_explains_registration() -> None:
@@ -228,7 +229,8 @@ def test_missing_engine_says_what_to_install() -> None:
         _Plugin(BackendSpec("exotic", "no_such_engine_xyz:make")), "exotic-backend", "2.0"
     )
     with pytest.raises(
-        PluginError, match=r"module 'no_such_engine_xyz'.*pip install \"statekit\[rocksdb\]\""
+        PluginError,
+        match=r"module 'no_such_engine_xyz'.*pip install --find-links wheelhouse \"statekit\[rocksdb\]\"",
     ):
         registry.create_backend("rocksdb")
     with pytest.raises(

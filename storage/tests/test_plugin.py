@@ -109,13 +109,17 @@ def _hide(monkeypatch: pytest.MonkeyPatch, protocols: tuple[str, ...], modules: 
 
 def test_s3_without_s3fs_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     _hide(monkeypatch, ("s3", "s3a"), ("s3fs",))
-    with pytest.raises(ConfigurationError, match=r'Install it with: pip install "statekit\[s3\]"'):
+    with pytest.raises(
+        ConfigurationError, match=r'Install it with: pip install --find-links wheelhouse "statekit\[s3\]"'
+    ):
         FileSystemCheckpointStorage("s3://bucket/checkpoints")
 
 
 def test_hdfs_without_pyarrow_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     _hide(monkeypatch, ("hdfs", "arrow_hdfs"), ("pyarrow", "pyarrow.fs"))
-    with pytest.raises(ConfigurationError, match=r'Install it with: pip install "statekit\[hdfs\]"'):
+    with pytest.raises(
+        ConfigurationError, match=r'Install it with: pip install --find-links wheelhouse "statekit\[hdfs\]"'
+    ):
         FileSystemCheckpointStorage("hdfs://namenode:8020/checkpoints")
 
 

@@ -461,28 +461,6 @@ def test_a_subtask_that_moved_restores_from_its_executors_local_copies(
     assert_exact_state(storage, job_id, RECORDS[:1800])
 
 
-def test_without_a_jdk_locality_is_off_and_says_why_or_fails_when_required(
-    session: Any, tmp_path: Path, job_id: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """No cached helper and no javac: auto runs without locality, loudly; on refuses to start."""
-    monkeypatch.setenv("STATEKIT_JVM_CACHE", str(tmp_path / "empty-cache"))
-    monkeypatch.delenv("JAVA_HOME", raising=False)
-    monkeypatch.setenv("PATH", str(tmp_path / "no-jdk"))
-    configure(
-        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 2}
-    )
-    df = session.createDataFrame(RECORDS[:300], SCHEMA)
-    processed = keyed(df, "url").process(CountUrls, OUTPUT, job_id=job_id)
-    with pytest.warns(RuntimeWarning, match="needs a JDK's javac"):
-        info = processed.run()
-    assert info.locality.startswith("off: statekit.spark.locality: building the locality helper needs")
-    assert "statekit.spark.locality=off" in info.locality and info.subtask_locations == {}
-    assert_exact_state(processed.checkpoint_storage(), job_id, RECORDS[:300])
-    session.conf.set("spark.statekit.spark.locality", "on")
-    with pytest.raises(ConfigurationError, match="needs a JDK's javac"):
-        keyed(df, "url").process(CountUrls, OUTPUT, job_id=job_id).run()
-
-
 def test_a_streaming_query_turns_aqe_off_in_its_own_session_only(
     session: Any, tmp_path: Path, job_id: str
 ) -> None:

@@ -59,12 +59,37 @@ class FailOnceBatch(CountUrlsBatch):
         return super().process_batch(rows, ctx)
 
 
+class StopOnce(CountUrls):
+    """Once armed, stops its own process (SIGSTOP) at the third record it sees: a hung worker."""
+
+    countdown = 0
+
+    def process(self, record: dict[str, Any], ctx: ProcessContext) -> Iterable[Any]:
+        if StopOnce.countdown > 0:
+            StopOnce.countdown -= 1
+            if StopOnce.countdown == 0:
+                import os
+                import signal
+
+                os.kill(os.getpid(), signal.SIGSTOP)
+        return super().process(record, ctx)
+
+
 class Driver:
     """Plays the driver of one subtask: plans tasks, completes checkpoints."""
 
-    def __init__(self, tmp_path: Path, function: Any = CountUrls, *, vectorized: bool = False) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        function: Any = CountUrls,
+        *,
+        vectorized: bool = False,
+        config: dict[str, Any] | None = None,
+        local_dir: str | None = None,
+    ) -> None:
         self.vectorized = vectorized
-        self.local_dir = str(tmp_path / "executor")  # one executor's local directory
+        self.local_dir = local_dir or str(tmp_path / "executor")  # one executor's local directory
+        self.config = config or {}
         self.dir = str(tmp_path / "ckpt")
         self.storage = FileSystemCheckpointStorage(self.dir)
         self.function = function
@@ -77,8 +102,8 @@ class Driver:
             token=uuid.uuid4().hex, restore_location=self.latest[0] if self.latest else None,
             restore_token=self.latest[1] if self.latest else None,
             restore_attempts=self.latest[2] if self.latest else {}, parallelism=1, max_parallelism=128,
-            config=Configuration({"statekit.checkpoints.dir": self.dir,
-                                  "statekit.local-dir": self.local_dir}), function_factory=self.function,
+            config=Configuration({"statekit.checkpoints.dir": self.dir, "statekit.local-dir": self.local_dir,
+                                  **self.config}), function_factory=self.function,
             key_column="url", key_serializer=StrSerializer(), input_columns=COLUMNS, output_schema=OUTPUT,
             vectorized=self.vectorized,
         )  # fmt: skip
@@ -124,7 +149,7 @@ class Driver:
 @pytest.fixture(autouse=True)
 def _fresh_cache() -> Any:
     reset_cache()
-    FailOnce.countdown = FailOnceBatch.countdown = 0
+    FailOnce.countdown = FailOnceBatch.countdown = StopOnce.countdown = 0
     yield
     reset_cache()
 
@@ -289,7 +314,8 @@ class _Sibling:
 
     ``commands`` go to it over a pipe: ``("batch", records)`` runs and completes a
     batch there and sends back the driver's view of it; ``("arm", n)`` makes
-    ``FailOnce`` fail at the n-th record; ``("quit", None)`` ends it.
+    ``FailOnce`` fail at the n-th record, ``("arm-stop", n)`` makes ``StopOnce`` stop
+    its process there; ``("quit", None)`` ends it.
     """
 
     def __init__(self, driver: Driver) -> None:
@@ -310,6 +336,9 @@ class _Sibling:
                 conn.send((report, driver.latest, driver.next_id))
             elif command == "arm":
                 FailOnce.countdown = arg
+                conn.send(None)
+            elif command == "arm-stop":
+                StopOnce.countdown = arg
                 conn.send(None)
             else:
                 conn.send(None)
@@ -372,25 +401,30 @@ def test_an_error_in_the_sibling_fails_the_task_and_the_retry_restores(tmp_path:
     assert driver.state() == model_state(RECORDS)
 
 
-def test_a_sibling_that_is_gone_leaves_the_task_to_restore_here(tmp_path: Path) -> None:
+def test_a_sibling_that_is_gone_leaves_the_task_to_restore_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import os
     import signal
+    import tempfile
 
+    from statekit.spark import _handoff
+
+    # A hand-off directory of this test's own: any worker that starts serving collects the dead.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     driver = Driver(tmp_path)
     sibling = _Sibling(driver)
     sibling.batch(RECORDS[:300])
+    directory = _handoff._directory()
+    assert directory is not None
+    dead = [n for n in os.listdir(directory) if n.endswith(f"-{sibling.process.pid}.sock")]
+    assert dead
     os.kill(sibling.process.pid, signal.SIGKILL)  # its owner file and socket stay behind
     sibling.process.join(10)
     report = driver.batch(RECORDS[300:])
     assert report["how"] == "local" and report["handed_from"] is None and report["pid"] == os.getpid()
     assert driver.state() == model_state(RECORDS)
     # A worker that starts serving removes what dead workers left: their sockets and owner files.
-    from statekit.spark import _handoff
-
-    directory = _handoff._directory()
-    assert directory is not None
-    dead = [n for n in os.listdir(directory) if n.endswith(f"-{sibling.process.pid}.sock")]
-    assert dead
     _handoff._collect_dead(directory)
     assert not any(os.path.exists(os.path.join(directory, n)) for n in dead)
     for name in os.listdir(directory):
@@ -412,3 +446,125 @@ def test_a_sibling_holding_another_attempt_is_not_asked(tmp_path: Path) -> None:
     finally:
         sibling.stop()
     assert driver.state() == model_state(RECORDS)
+
+
+def test_a_sibling_that_stops_after_accepting_fails_the_task_naming_it_and_the_retry_restores(
+    tmp_path: Path,
+) -> None:
+    """The sibling accepts, then its process stops (SIGSTOP): the task fails within the timeout."""
+    import os
+    import signal
+    import time
+
+    from statekit import CheckpointError
+
+    driver = Driver(tmp_path, function=StopOnce, config={"statekit.spark.worker-handoff.timeout": 2})
+    sibling = _Sibling(driver)
+    pid = sibling.process.pid
+    try:
+        sibling.batch(RECORDS[:300])
+        sibling.call("arm-stop", 3)
+        plan = driver.plan()
+        started = time.monotonic()
+        with pytest.raises(CheckpointError) as failed:
+            driver.run_task(plan, RECORDS[300:])
+        waited = time.monotonic() - started
+        with open(f"/proc/{pid}/stat") as f:
+            assert f.read().rsplit(")", 1)[1].split()[0] == "T"  # it accepted, then stopped
+        message = str(failed.value)
+        assert f"Python worker {pid} (socket " in message and f"-{pid}.sock;" in message, message
+        assert "received nothing for 2 s" in message and "statekit.spark.worker-handoff.timeout" in message
+        assert "restores the subtask from the checkpoint" in message
+        assert waited < 60  # bounded: without the timeout it waits for ever
+        # Spark's retry: the stopped sibling cannot answer its handshake, so the task restores here.
+        outputs, report = driver.run_task(plan, RECORDS[300:])
+        assert report["how"] != "reused" and report["handed_from"] is None and len(outputs) == 300
+        assert report["pid"] == os.getpid()
+        driver.complete(plan, report)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        sibling.process.join(10)
+    assert driver.state() == model_state(RECORDS)
+
+
+def _shared_top() -> str:
+    """A directory under /tmp the second user can reach (pytest's tmp_path is root's alone)."""
+    import os
+    import tempfile
+
+    top = tempfile.mkdtemp(prefix="statekit-task-", dir="/tmp")
+    os.chmod(top, 0o755)
+    return top
+
+
+def test_a_handoff_directory_the_second_user_prepared_turns_the_handoff_off_and_says_why(
+    tmp_path: Path, second_user: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$TMPDIR/statekit-<uid> made by another user in advance: no owner file or socket goes there."""
+    import os
+    import shutil
+    import tempfile
+
+    top = _shared_top()
+    try:
+        tmp = os.path.join(top, "tmp")
+        os.mkdir(tmp)
+        os.chmod(tmp, 0o1777)  # a shared temporary directory, like /tmp
+        monkeypatch.setattr(tempfile, "tempdir", tmp)
+        prepared = os.path.join(tmp, f"statekit-{os.getuid()}")
+        second_user.run("mkdir", "-m", "0777", prepared)
+        driver = Driver(tmp_path)
+        first = driver.batch(RECORDS[:300])
+        assert first["handoff"].startswith(
+            f"off: the hand-off directory {prepared} belongs to user id {second_user.uid}"
+        ), first["handoff"]
+        assert "Until then the hand-off between Python workers is off." in first["handoff"]
+        second = driver.batch(RECORDS[300:])
+        assert second["handoff"] == first["handoff"] and second["handed_from"] is None
+        assert os.listdir(prepared) == []  # root could have written there: statekit did not
+        assert driver.state() == model_state(RECORDS)
+    finally:
+        shutil.rmtree(top)
+
+
+def test_the_handoff_directory_is_made_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import stat
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    report = Driver(tmp_path).batch(RECORDS[:100])
+    directory = tmp_path / f"statekit-{os.getuid()}"
+    assert report["handoff"] == "on"
+    assert stat.S_IMODE(directory.lstat().st_mode) == 0o700
+    owners = [p for p in directory.iterdir() if p.name.endswith(".owner")]
+    assert len(owners) == 1 and stat.S_IMODE(owners[0].lstat().st_mode) == 0o600
+
+
+def test_an_executor_directory_the_second_user_prepared_is_refused(tmp_path: Path, second_user: Any) -> None:
+    """<local dir>/statekit made by another user in advance: the task fails, naming it and the way out."""
+    import os
+    import shutil
+
+    from statekit import UnsafeLocalPathError
+
+    top = _shared_top()
+    try:
+        local = os.path.join(top, "local")
+        os.mkdir(local)
+        os.chmod(local, 0o1777)
+        second_user.run("mkdir", "-m", "0755", os.path.join(local, "statekit"))
+        driver = Driver(tmp_path, local_dir=local)
+        with pytest.raises(UnsafeLocalPathError, match=rf"{local} can be written by its group or by others"):
+            driver.run_task(driver.plan(), RECORDS[:100])  # statekit.local-dir itself is checked too
+        os.chmod(local, 0o755)  # now only the directory the second user made in advance is wrong
+        with pytest.raises(UnsafeLocalPathError) as refused:
+            driver.run_task(driver.plan(), RECORDS[:100])
+        message = str(refused.value)
+        assert message.startswith(
+            f"the executor's statekit directory {local}/statekit belongs to user id {second_user.uid}"
+        )
+        assert message.endswith("Or set statekit.local-dir to a directory of your own.")
+        assert os.listdir(os.path.join(local, "statekit")) == []
+    finally:
+        shutil.rmtree(top)

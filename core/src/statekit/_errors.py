@@ -50,6 +50,7 @@ __all__ = [
     "StateSizeLimitError",
     "UnknownPluginError",
     "UnsafeLocalPathError",
+    "install_hint",
 ]
 
 
@@ -210,3 +211,15 @@ class UnsafeLocalPathError(StateError, PermissionError):
     def __reduce__(self) -> tuple[type[UnsafeLocalPathError], tuple[str, str]]:
         """Pickles with its fields (Spark sends task errors to the driver)."""
         return (UnsafeLocalPathError, (str(self), self.path))
+
+
+def install_hint(requirement: str) -> str:
+    """How to install ``requirement`` (a statekit distribution, extras included), for error messages.
+
+    statekit is not on PyPI: its distributions install from a wheelhouse that
+    ``make wheels`` builds in a statekit checkout (see the README).
+    """
+    return (
+        f'pip install --find-links wheelhouse "{requirement}" (statekit is not on PyPI: `make wheels` '
+        "in a statekit checkout builds the wheelhouse, see its README)"
+    )

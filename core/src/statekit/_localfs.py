@@ -30,6 +30,7 @@ included, may use it).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from collections.abc import Iterator
@@ -42,6 +43,7 @@ __all__ = [
     "create_exclusive",
     "open_exclusive",
     "private_dir",
+    "read_no_follow",
     "replace_atomically",
     "write_atomically",
 ]
@@ -50,22 +52,23 @@ _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLL
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
 
 
-def _refuse(path: str, problem: str, fix: str, what: str) -> UnsafeLocalPathError:
-    return UnsafeLocalPathError(
-        f"{what} {path} {problem}, so another user could read or replace what statekit keeps there. {fix}",
-        path=path,
+def _refuse(path: str, problem: str, fix: str, what: str, otherwise: str = "") -> UnsafeLocalPathError:
+    message = (
+        f"{what} {path} {problem}, so another user could read or replace what statekit keeps there. {fix}"
     )
+    return UnsafeLocalPathError(f"{message} {otherwise}" if otherwise else message, path=path)
 
 
-def _check_stat(st: os.stat_result, path: str, what: str) -> None:
+def _check_stat(st: os.stat_result, path: str, what: str, otherwise: str = "") -> None:
     if not stat.S_ISDIR(st.st_mode):
-        raise _refuse(path, "is not a directory", "Remove it or choose another path.", what)
+        raise _refuse(path, "is not a directory", "Remove it or choose another path.", what, otherwise)
     if st.st_uid != os.geteuid():
         raise _refuse(
             path,
             f"belongs to user id {st.st_uid}, not to the running user ({os.geteuid()})",
             "Choose a directory of your own (or remove this one, and statekit creates it with mode 0700).",
             what,
+            otherwise,
         )
     if st.st_mode & 0o022:
         raise _refuse(
@@ -73,10 +76,11 @@ def _check_stat(st: os.stat_result, path: str, what: str) -> None:
             f"can be written by its group or by others (mode {stat.S_IMODE(st.st_mode):04o})",
             f"Run `chmod go-w {path}`, or choose a directory only you can write.",
             what,
+            otherwise,
         )
 
 
-def _open_component(parent_fd: int, name: str, path: str, what: str, *, create: bool) -> int:
+def _open_component(parent_fd: int, name: str, path: str, what: str, otherwise: str, *, create: bool) -> int:
     if create:
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, 0o700, dir_fd=parent_fd)
@@ -95,10 +99,13 @@ def _open_component(parent_fd: int, name: str, path: str, what: str, *, create: 
                 f"is a symlink (to {os.readlink(name, dir_fd=parent_fd)!r}) that statekit did not make",
                 "Remove the symlink; statekit creates the directory itself.",
                 what,
+                otherwise,
             ) from None
-        raise _refuse(path, "is not a directory", "Remove it or choose another path.", what) from None
+        raise _refuse(
+            path, "is not a directory", "Remove it or choose another path.", what, otherwise
+        ) from None
     try:
-        _check_stat(os.fstat(fd), path, what)
+        _check_stat(os.fstat(fd), path, what, otherwise)
     except BaseException:
         os.close(fd)
         raise
@@ -106,7 +113,11 @@ def _open_component(parent_fd: int, name: str, path: str, what: str, *, create: 
 
 
 def private_dir(
-    path: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None, what: str = "the directory"
+    path: str | os.PathLike[str],
+    *,
+    base: str | os.PathLike[str] | None = None,
+    what: str = "the directory",
+    otherwise: str = "",
 ) -> str:
     """Create or check directory ``path`` as private to this user; returns its absolute path.
 
@@ -120,6 +131,8 @@ def private_dir(
         path: The directory statekit writes into.
         base: A trusted ancestor of ``path``.
         what: What the directory is, for the error (``"the local-recovery directory"``).
+        otherwise: The caller's own way out, appended to the error (``"Or set
+            statekit.local-dir to a directory of your own."``).
 
     Raises:
         UnsafeLocalPathError: Naming the first component that breaks a rule and the way out.
@@ -132,14 +145,14 @@ def private_dir(
     parts = [] if rel == os.curdir else rel.split(os.sep)
     os.makedirs(root, mode=0o700, exist_ok=True)
     if not parts:
-        check_private_dir(target, what=what)
+        check_private_dir(target, what=what, otherwise=otherwise)
         return target
     fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
     try:
         current = root
         for part in parts:
             current = os.path.join(current, part)
-            child = _open_component(fd, part, current, what, create=True)
+            child = _open_component(fd, part, current, what, otherwise, create=True)
             os.close(fd)
             fd = child
     finally:
@@ -147,8 +160,12 @@ def private_dir(
     return target
 
 
-def check_private_dir(path: str | os.PathLike[str], *, what: str = "the directory") -> None:
+def check_private_dir(
+    path: str | os.PathLike[str], *, what: str = "the directory", otherwise: str = ""
+) -> None:
     """Check (never create) that ``path`` is a real directory of this user that no one else may write.
+
+    ``what`` and ``otherwise`` as for :func:`private_dir`.
 
     Raises:
         UnsafeLocalPathError: If it is a symlink, someone else's, or group- or other-writable.
@@ -162,8 +179,9 @@ def check_private_dir(path: str | os.PathLike[str], *, what: str = "the director
             f"is a symlink (to {os.readlink(p)!r}) that statekit did not make",
             "Remove the symlink, or point statekit at the real directory.",
             what,
+            otherwise,
         )
-    _check_stat(st, p, what)
+    _check_stat(st, p, what, otherwise)
 
 
 def create_exclusive(directory: str, prefix: str, suffix: str = "", mode: int = 0o600) -> tuple[int, str]:
@@ -194,6 +212,19 @@ def open_exclusive(
         with contextlib.suppress(OSError):
             os.unlink(path)
         raise
+
+
+def read_no_follow(path: str | os.PathLike[str], limit: int = 1 << 16) -> bytes:
+    """The first ``limit`` bytes of regular file ``path``, never through a symlink.
+
+    Raises:
+        OSError: If ``path`` is missing, a symlink (``ELOOP``), or not a regular file.
+    """
+    fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        return f.read(limit)
 
 
 def replace_atomically(staged: str, final: str) -> None:

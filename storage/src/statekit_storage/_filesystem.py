@@ -533,7 +533,9 @@ class _Files:
         except ImportError as exc:
             extra = _EXTRAS.get(protocol)
             advice = (
-                f'Install it with: pip install "statekit[{extra}]"' if extra
+                f'Install it with: pip install --find-links wheelhouse "statekit[{extra}]" (statekit is '
+                "not on PyPI: `make wheels` in a statekit checkout builds the wheelhouse, see its README)"
+                if extra
                 else f"Install the fsspec implementation of {protocol!r}."
             )  # fmt: skip
             raise ConfigurationError(

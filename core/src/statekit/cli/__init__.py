@@ -14,6 +14,7 @@ May import every core package below it (``state_processor``, ``checkpoints``,
 
 from __future__ import annotations
 
+from .._errors import install_hint
 from . import _cli_checkpoints as _cli_checkpoints
 from ._cli import unavailable_command
 
@@ -26,7 +27,7 @@ except ModuleNotFoundError as _missing:
         "state",
         "read state as data",
         "statekit state needs pyarrow, which is not installed. "
-        'Install it with: pip install "statekit[arrow]"',
+        f"Install it with: {install_hint('statekit[arrow]')}",
     )
 
 __all__: list[str] = []

@@ -248,9 +248,10 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "snapshots' files; false: every restore reads the checkpoint storage."),
     ConfigOption("statekit.spark.locality", str, "auto",
         "On Spark: run each subtask's task on the executor that ran it last, where its state is "
-        "open (as Spark's state stores do), through a small JVM helper compiled once per machine. "
-        "auto: on when the helper can be built, else off with a warning (BatchInfo.locality says "
-        "why); on: a missing helper is an error; off: Spark places tasks anywhere.",
+        "open (as Spark's state stores do), through a small JVM helper that ships in the "
+        "statekit-core wheel. auto: on when the helper loads (it fits the running Spark's "
+        "major.minor version and its SHA-256), else off with a warning (BatchInfo.locality says "
+        "why); on: a helper that does not load is an error; off: Spark places tasks anywhere.",
         choices=("auto", "on", "off")),
     ConfigOption("statekit.spark.worker-handoff", bool, True,
         "On Spark: a task whose subtask's state is open in another Python worker of the same "
@@ -258,6 +259,11 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "the state where Spark placed it (Spark picks the worker, not statekit). BatchInfo."
         "handed_off counts them; false: such a task restores (from local copies, see "
         "statekit.local-recovery)."),
+    ConfigOption("statekit.spark.worker-handoff.timeout", float, 180.0,
+        "On Spark: seconds a task that handed its rows to a sibling Python worker waits for any "
+        "word from it (output, or the heartbeat it sends while it works) before it fails, naming "
+        "the worker; Spark's retry then restores the subtask from the checkpoint. Guards against "
+        "a sibling that is stopped or hung.", minimum=0.1),
     ConfigOption("statekit.checkpoint.interval-records", int, 0,
         "Embedded runner: records between checkpoints; off (or 0, the default) turns periodic "
         "checkpoints off.", minimum=1, off=0),

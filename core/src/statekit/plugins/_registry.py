@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import pluggy
 
-from .._errors import PluginConflictError, PluginError, UnknownPluginError
+from .._errors import PluginConflictError, PluginError, UnknownPluginError, install_hint
 from ._config import PLUGIN_KEY_PREFIXES, ConfigOption, PluginKind, parse_plugin_options
 
 __all__ = [
@@ -383,7 +383,7 @@ class PluginRegistry:
             message += f" Installed but failed to load: {', '.join(f.where for f in self._failures)}."
         requirement = KNOWN_EXTRAS[kind].get(name)
         if requirement:
-            message += f' Install it with: pip install "{requirement}"'
+            message += f" Install it with: {install_hint(requirement)}"
         else:
             message += (
                 f" No known package provides it; a plugin provides {kind}s with a @hookimpl "
@@ -402,7 +402,7 @@ class PluginRegistry:
         except ModuleNotFoundError as exc:  # the engine is an optional dependency
             requirement = KNOWN_EXTRAS[kind].get(name)
             advice = (
-                f'Install it with: pip install "{requirement}"' if requirement
+                f"Install it with: {install_hint(requirement)}" if requirement
                 else f"Install the package that provides it (see the documentation of {record.distribution})"
             )  # fmt: skip
             raise PluginError(

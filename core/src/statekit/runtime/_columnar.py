@@ -18,6 +18,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .._errors import install_hint
+
 __all__ = ["group_runs", "is_columnar", "output_columns", "output_rows", "require_pyarrow"]
 
 
@@ -28,7 +30,7 @@ def require_pyarrow() -> Any:
     except ImportError as exc:  # pragma: no cover - pyarrow is installed in every test environment
         raise ImportError(
             "a KeyedBatchFunction gets its rows as Arrow record batches and needs pyarrow: "
-            'pip install "statekit[arrow]"'
+            + install_hint("statekit[arrow]")
         ) from exc
     return pa
 

@@ -33,13 +33,15 @@ See ``docs/spark.md``.
 
 from __future__ import annotations
 
+from .._errors import install_hint
+
 try:
     import pyarrow  # type: ignore[import-untyped]  # noqa: F401
     import pyspark  # noqa: F401
 except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installation
     raise ModuleNotFoundError(
         f"statekit.spark needs {exc.name}, which is not installed. Install it with: "
-        'pip install "statekit[spark]"',
+        + install_hint("statekit[spark]"),
         name=exc.name,
     ) from exc
 

@@ -61,6 +61,7 @@ from ..runtime._runner import _end_of_time_message, checkpoint_storage_from_conf
 from ..serialization._keygroups import compute_default_max_parallelism, validate_parallelism
 from ..serialization._serializers import TypeSerializer
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY, EventTime
+from ._handoff import batch_status
 from ._jvm import JvmLocality, LocalityUnavailable
 from ._routing import Router, routing_values
 from ._sparkconf import application, default_parallelism, is_connect, local_dir, spark_configuration
@@ -133,12 +134,15 @@ class BatchInfo:
         handed_off: Of the reused subtasks, those whose task Spark gave to another Python
             worker of the executor than the one holding the state, and which handed its
             rows to that worker (``statekit.spark.worker-handoff``).
+        handoff: ``"on"``, or ``"off: <why>"``: configured off, or a task's Python worker
+            could not take part (its hand-off directory was refused: another user's, a
+            symlink, writable by others; the reason names the path and the way out).
         executor_pids: The process ids of the Python workers that ran the subtasks.
         subtask_locations: Where each subtask's task ran (``executor_<host>_<id>``), as
             the tasks reported it; the next batch prefers the same executors. Empty
             when locality is off.
         locality: ``"on"``, or ``"off: <why>"`` (configured off, Spark Connect, or the
-            JVM helper could not be built: the reason says how to fix it).
+            JVM helper could not be loaded: the reason says how to fix it).
         late_records: Rows at or below the watermark the batch ran with.
         timers_fired: Timers that fired in the batch.
         watermark: The event-time watermark the next batch runs with.
@@ -168,6 +172,7 @@ class BatchInfo:
     restored_remotely: int = 0
     bytes_downloaded: int = 0
     handed_off: int = 0
+    handoff: str = "on"
     executor_pids: tuple[int, ...] = ()
     subtask_locations: Mapping[int, str] = field(default_factory=dict)
     locality: str = "off"
@@ -353,6 +358,7 @@ class Coordinator:
         self.local_dir = local_dir(session)
         self._claimed: dict[str, bool] = {}
         self.locality, self.locality_status = _locality(session, str(conf.get("statekit.spark.locality")))
+        self.handoff_enabled = bool(conf.get("statekit.spark.worker-handoff"))
 
     def _claims(self, source: CompletedCheckpoint | None, latest: CompletedCheckpoint | None) -> bool:
         """Whether ``source`` is a completed checkpoint of this job in this storage (not a savepoint).
@@ -617,6 +623,7 @@ class Coordinator:
             restored_remotely=how.count("remote"),
             bytes_downloaded=sum(int(r.get("downloaded", 0)) for r in reports),
             handed_off=sum(1 for r in reports if r.get("handed_from") is not None),
+            handoff=batch_status(self.handoff_enabled, [r.get("handoff") for r in reports]),
             executor_pids=tuple(sorted({int(r["pid"]) for r in reports})),
             subtask_locations=dict(sorted(locations.items())),
             locality=self.locality_status,

@@ -11,27 +11,36 @@ Flink never moves state between checkpoints:
 
 * A worker that keeps subtasks open after a task *announces* them: one small
   owner file per subtask (``<pid> <task attempt>``) in a private directory
-  (mode 0700, ``$TMPDIR/statekit-<uid>``), and a Unix socket served by a
+  (``$TMPDIR/statekit-<uid>``, see below), and a Unix socket served by a
   daemon thread of that worker. Both are named after the executor's local
   directory, so only workers of the same executor ever find each other.
 * A task whose subtask is open in a sibling worker, at exactly the attempt the
   driver's checkpoint recorded, connects to it and sends a header (the task's
   plan); the sibling accepts only if it still holds that attempt's state.
-  The task then streams its input rows to the sibling as an Arrow IPC stream
-  and yields the output batches the sibling streams back, then a trailer:
-  done, or the exception the sibling raised.
+  The task then streams its input rows to the sibling as an Arrow IPC stream;
+  the sibling sends back frames: output batches, heartbeats while it works,
+  then done, or the exception it raised.
 * Anything short of an accepted header (no owner, dead owner, stale attempt,
   refused connection) leaves the task to run where it is, restoring as it
-  would have. Once accepted, a broken connection fails the task; Spark's
-  retry restores from the checkpoint, and the sibling, whose task run did not
-  finish, has already dropped the state (as a failed task does).
+  would have. Once accepted, a broken connection fails the task, and so does
+  a sibling that sends nothing, not even a heartbeat, for
+  ``statekit.spark.worker-handoff.timeout`` (a stopped or hung process):
+  Spark's retry restores from the checkpoint, and the sibling, whose task run
+  did not finish, drops the state (as a failed task does).
 
-Peers are checked with ``SO_PEERCRED`` where the platform has it: only a
-process of the same user may hand work to a worker. The transport is Arrow
-IPC and pickle (the plan is pickled by Spark into every task already).
+The directory is confined to the user (:mod:`statekit._localfs`): created
+with mode 0700, and refused if it is someone else's, a symlink, or writable
+by others; owner files are written under a fresh exclusive name and renamed,
+and read without following symlinks. Peers are checked with ``SO_PEERCRED``
+where the platform has it: only a process of the same user may hand work to
+a worker. The hand-off only ever saves a restore: where the directory is
+refused it is off, and :func:`status` says why (``BatchInfo.handoff``).
+The transport is Arrow IPC and pickle (the plan is pickled by Spark into
+every task already).
 
-May import: the standard library, ``pyarrow``, ``pyspark.cloudpickle`` and
-:mod:`statekit._errors`; never the task module, which registers its handler here.
+May import: the standard library, ``pyarrow``, ``pyspark.cloudpickle``,
+:mod:`statekit._errors` and :mod:`statekit._localfs`; never the task module,
+which registers its handler here.
 """
 
 from __future__ import annotations
@@ -41,21 +50,22 @@ import hashlib
 import logging
 import os
 import pickle
+import select
 import socket
-import stat
 import struct
 import sys
 import tempfile
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from .._errors import CheckpointError
+from .._errors import CheckpointError, UnsafeLocalPathError
+from .._localfs import private_dir, read_no_follow, write_atomically
 
-__all__ = ["Accepts", "Handle", "announce", "forward", "owner_of"]
+__all__ = ["Accepts", "Handle", "announce", "batch_status", "forward", "owner_of", "status"]
 
 #: Whether the process holds the state a header asks for (the header is the task's plan and ids).
 Accepts = Callable[[dict[str, Any]], bool]
@@ -63,25 +73,65 @@ Accepts = Callable[[dict[str, Any]], bool]
 Handle = Callable[[dict[str, Any], Iterator[Any]], Iterator[Any]]
 
 _LOG = logging.getLogger("statekit.spark")
-_ACCEPT, _DECLINE, _DONE, _FAILED = b"A", b"N", b"D", b"E"
+# The sibling's answer to a header, then the frames it sends back: an output batch, a heartbeat,
+# done, failed.
+_ACCEPT, _DECLINE = b"A", b"N"
+_BATCH, _HEARTBEAT, _DONE, _FAILED = b"B", b"H", b"D", b"E"
 _HANDSHAKE_TIMEOUT_S = 30.0
 _LEN = struct.Struct(">Q")
 _lock = threading.Lock()
 _server: _Server | None = None
 _warned = False
+#: Why this process cannot serve hand-offs (its Unix socket failed), None while it can.
+_serve_failure: str | None = None
+
+
+def _directory_or_reason() -> tuple[str | None, str | None]:
+    """This user's private directory for owner files and sockets, or None and why it is refused."""
+    base = tempfile.gettempdir()
+    path = os.path.join(base, f"statekit-{os.getuid()}")
+    try:
+        return private_dir(
+            path,
+            base=base,
+            what="the hand-off directory",
+            otherwise=(
+                "Or give the executors a temporary directory of their own (TMPDIR, e.g. "
+                "spark.executorEnv.TMPDIR). Until then the hand-off between Python workers is off."
+            ),
+        ), None
+    except UnsafeLocalPathError as e:
+        return None, str(e)
+    except OSError as e:
+        return None, (
+            f"the hand-off directory {path} cannot be created ({e}), so the hand-off between Python "
+            "workers is off. Give the executors a writable temporary directory (TMPDIR)"
+        )
 
 
 def _directory() -> str | None:
-    """This user's private directory for owner files and sockets; None if it is not private."""
-    path = os.path.join(tempfile.gettempdir(), f"statekit-{os.getuid()}")
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        return None
-    return path
+    """This user's private directory for owner files and sockets; None if it is refused."""
+    return _directory_or_reason()[0]
+
+
+def status() -> str:
+    """``"on"``, or ``"off: <why>"`` when this worker can neither hand off nor serve hand-offs."""
+    directory, reason = _directory_or_reason()
+    if directory is None:
+        return f"off: {reason}"
+    if _serve_failure is not None:
+        return f"off: {_serve_failure}"
+    return "on"
+
+
+def batch_status(enabled: bool, reported: Sequence[object]) -> str:
+    """What ``BatchInfo.handoff`` says of a batch: the first ``off`` its tasks reported, else ``on``."""
+    if not enabled:
+        return "off: statekit.spark.worker-handoff=false"
+    for value in reported:
+        if isinstance(value, str) and value != "on":
+            return value
+    return "on"
 
 
 def _tag(local_root: str) -> str:
@@ -98,15 +148,18 @@ def _socket_path(directory: str, local_root: str, pid: int) -> str:
     return os.path.join(directory, f"{_tag(local_root)}-{pid}.sock")
 
 
+def _read_owner(path: str) -> tuple[int, str]:
+    pid, attempt = read_no_follow(path, 4096).decode("ascii").split(" ", 1)
+    return int(pid), attempt
+
+
 def owner_of(local_root: str, job_key: str, index: int) -> tuple[int, str] | None:
     """The worker (pid) of this executor that announced subtask ``index`` of ``job_key``, and its attempt."""
     directory = _directory()
     if directory is None:
         return None
     try:
-        with open(_owner_path(directory, local_root, job_key, index), encoding="ascii") as f:
-            pid, attempt = f.read().split(" ", 1)
-        return int(pid), attempt
+        return _read_owner(_owner_path(directory, local_root, job_key, index))
     except (OSError, ValueError):
         return None
 
@@ -116,12 +169,12 @@ def announce(
 ) -> bool:
     """Say that this worker holds ``indices`` of ``job_key`` open, made by ``attempt``; serve hand-offs.
 
-    Returns False (and logs once) when this worker cannot serve: no private
-    directory, or no Unix socket; sibling workers then restore, as without
-    hand-off.
+    Returns False (and logs once; :func:`status` says why) when this worker
+    cannot serve: its directory is refused, or it has no Unix socket; sibling
+    workers then restore, as without hand-off.
     """
     global _warned
-    directory = _directory()
+    directory, reason = _directory_or_reason()
     server = None if directory is None else _serving(directory, local_root, accepts, handle)
     if directory is None or server is None:
         if not _warned:
@@ -129,58 +182,76 @@ def announce(
             _LOG.warning(
                 "statekit: no hand-off between the Python workers of this executor (%s): a subtask "
                 "whose task lands on another worker restores from local copies",
-                "no private directory under " + tempfile.gettempdir()
-                if directory is None
-                else "cannot serve a Unix socket",
+                reason if directory is None else _serve_failure,
             )
         return False
     for index in indices:
-        path = _owner_path(directory, local_root, job_key, index)
-        tmp = f"{path}.{os.getpid()}.tmp"
         try:
-            with open(tmp, "w", encoding="ascii") as f:
-                f.write(f"{os.getpid()} {attempt}")
-            os.replace(tmp, path)
+            # A fresh exclusive file renamed over the old one: never written through a planted name.
+            write_atomically(
+                _owner_path(directory, local_root, job_key, index), f"{os.getpid()} {attempt}".encode("ascii")
+            )
         except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             return False
     return True
 
 
 def forward(
-    local_root: str, pid: int, header: dict[str, Any], first: Any, rest: Iterator[Any]
+    local_root: str,
+    pid: int,
+    header: dict[str, Any],
+    first: Any,
+    rest: Iterator[Any],
+    timeout: float,
 ) -> Iterator[Any] | None:
     """Hand this task's input to worker ``pid``; its output batches, or None if it did not accept.
 
-    ``first`` is the task's first input batch (already read), ``rest`` the others.
+    ``first`` is the task's first input batch (already read), ``rest`` the
+    others. Once the sibling accepted, every wait for it is bounded by
+    ``timeout`` seconds (it sends heartbeats while it works): a sibling that
+    sends nothing for that long fails the task with an error naming it.
     """
     directory = _directory()
     if directory is None:
         return None
+    path = _socket_path(directory, local_root, pid)
+    header = {**header, "heartbeat": _heartbeat_interval(timeout)}
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.settimeout(_HANDSHAKE_TIMEOUT_S)
-        sock.connect(_socket_path(directory, local_root, pid))
+        sock.settimeout(min(_HANDSHAKE_TIMEOUT_S, timeout))
+        sock.connect(path)
         data = _dumps(header)
         sock.sendall(_LEN.pack(len(data)) + data)
         reply = _recv_exactly(sock, 1)
         if reply != _ACCEPT:
             sock.close()
             return None
+        # Blocking from here: the input may wait for the sibling as long as it works; the output
+        # waits are bounded by polling (see _recv_within).
         sock.settimeout(None)
     except (OSError, EOFError):
         sock.close()
         return None
-    return _exchange(sock, pid, header, first, rest)
+    return _exchange(sock, pid, path, header, first, rest, timeout)
+
+
+def _heartbeat_interval(timeout: float) -> float:
+    """How often a serving sibling says it is alive: several times within the requester's timeout."""
+    return max(0.01, min(timeout / 4, 10.0))
 
 
 def _exchange(
-    sock: socket.socket, pid: int, header: dict[str, Any], first: Any, rest: Iterator[Any]
+    sock: socket.socket,
+    pid: int,
+    path: str,
+    header: dict[str, Any],
+    first: Any,
+    rest: Iterator[Any],
+    timeout: float,
 ) -> Iterator[Any]:
-    """The accepted hand-off: input streams out from a thread, output streams back here."""
+    """The accepted hand-off: input streams out from a thread, output frames come back here."""
     failure: list[BaseException] = []
-    where = f"Python worker {pid} (it held subtask {header.get('subtask')}'s open state)"
+    where = f"Python worker {pid} (socket {path}; it held subtask {header.get('subtask')}'s open state)"
 
     def send() -> None:
         try:
@@ -196,25 +267,39 @@ def _exchange(
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_WR)
 
+    def read(n: int) -> bytes:
+        try:
+            return _recv_within(sock, n, timeout)
+        except TimeoutError:
+            raise CheckpointError(
+                f"the hand-off to {where} received nothing for {timeout:g} s, not even a heartbeat "
+                "(statekit.spark.worker-handoff.timeout): that worker is stopped or hung. Spark "
+                "retries the task, which restores the subtask from the checkpoint"
+            ) from None
+        except (OSError, EOFError) as e:
+            sender.join()
+            if failure:
+                raise failure[0] from None
+            raise CheckpointError(
+                f"the hand-off to {where} broke off mid-task ({e}); Spark retries the task, "
+                "which restores the subtask from the checkpoint"
+            ) from e
+
     sender = threading.Thread(target=send, name="statekit-handoff-send", daemon=True)
     sender.start()
     finished = False
     try:
-        with sock.makefile("rb") as rf:
-            try:
-                reader = pa.ipc.open_stream(rf)
-                yield from reader
-                trailer = rf.read(1)
-            except (OSError, pa.ArrowInvalid) as e:
-                sender.join()
-                if failure:
-                    raise failure[0] from None
-                raise CheckpointError(
-                    f"the hand-off to {where} broke off mid-task ({e}); Spark retries the task, "
-                    "which restores the subtask from the checkpoint"
-                ) from e
-            if trailer == _FAILED:
-                error = _loads(_recv_frame(rf))
+        while True:
+            kind = read(1)
+            if kind == _HEARTBEAT:
+                continue
+            if kind == _BATCH:
+                (n,) = _LEN.unpack(read(_LEN.size))
+                yield from pa.ipc.open_stream(pa.py_buffer(read(n)))
+                continue
+            if kind == _FAILED:
+                (n,) = _LEN.unpack(read(_LEN.size))
+                error = _loads(read(n))
                 sender.join()
                 if failure:  # the input broke first: that is the task's error
                     raise failure[0] from None
@@ -222,18 +307,20 @@ def _exchange(
                     error.add_note(f"raised in {where}, to which this task handed its rows")
                     raise error
                 raise CheckpointError(f"{where} failed: {error}")
-            if trailer != _DONE:
+            if kind != _DONE:
                 sender.join()
                 raise CheckpointError(
-                    f"the hand-off to {where} ended without a result; Spark retries the task, "
-                    "which restores the subtask from the checkpoint"
+                    f"the hand-off to {where} sent {kind!r}, not a frame of the hand-off; Spark "
+                    "retries the task, which restores the subtask from the checkpoint"
                 )
+            break
         sender.join()
         if failure:
             raise failure[0]
         finished = True
     finally:
         if not finished:
+            # Also wakes the sender if it is blocked on a sibling that stopped reading.
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
         sock.close()
@@ -254,6 +341,15 @@ class _Server:
         self.sock.bind(path)
         self.sock.listen(16)
         threading.Thread(target=self._accept, name="statekit-handoff", daemon=True).start()
+
+    def close(self) -> None:
+        """Stop accepting (its thread ends) and remove the socket; connections being served go on."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept (Linux)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
 
     def _accept(self) -> None:
         while True:
@@ -278,43 +374,77 @@ class _Server:
                     if not ok:
                         return
                     conn.settimeout(None)
-                    with conn.makefile("wb") as wf:
-                        self._run(header, rf, wf)
-            except (OSError, EOFError, pickle.UnpicklingError):
+                    self._run(header, rf, conn)
+            except (OSError, EOFError, pickle.UnpicklingError, _PeerGone):
                 return  # the task that asked went away; it fails or runs the task itself
 
-    def _run(self, header: dict[str, Any], rf: Any, wf: Any) -> None:
-        writer = None
+    def _run(self, header: dict[str, Any], rf: Any, conn: socket.socket) -> None:
+        """Run the handed-off task; its frames go back on ``conn``, with heartbeats while it works."""
+        lock = threading.Lock()
+        ended = threading.Event()
+
+        def send(*parts: bytes | memoryview) -> None:
+            try:
+                with lock:
+                    for part in parts:
+                        conn.sendall(part)
+            except OSError as e:
+                raise _PeerGone from e
+
+        def beat() -> None:
+            interval = float(header.get("heartbeat") or 10.0)
+            while not ended.wait(interval):
+                try:
+                    send(_HEARTBEAT)
+                except _PeerGone:
+                    return
+
+        threading.Thread(target=beat, name="statekit-handoff-heartbeat", daemon=True).start()
+        outputs: Iterator[Any] | None = None
         try:
-            batches = iter(pa.ipc.open_stream(rf))
-            for batch in self.handle(header, batches):
-                if writer is None:
-                    writer = pa.ipc.new_stream(wf, batch.schema)
-                writer.write_batch(batch)
-            _close_stream(writer, wf)
-            wf.write(_DONE)
+            outputs = self.handle(header, iter(pa.ipc.open_stream(rf)))
+            for batch in outputs:
+                data = _batch_bytes(batch)
+                send(_BATCH + _LEN.pack(data.size), memoryview(data))
+            ended.set()
+            send(_DONE)
+        except _PeerGone:
+            return  # the task that handed off is gone: nothing to tell it
         except BaseException as e:  # noqa: BLE001 - the task that handed off raises it
+            ended.set()
             with contextlib.suppress(Exception):
                 e.add_note("in the worker holding the state:\n" + traceback.format_exc())
             try:
-                _close_stream(writer, wf)
                 data = _dumps(e)
             except Exception:  # noqa: BLE001 - an unpicklable error travels as text
                 data = _dumps(f"{type(e).__name__}: {e}")
-            wf.write(_FAILED + _LEN.pack(len(data)) + data)
-        wf.flush()
+            send(_FAILED + _LEN.pack(len(data)), data)
+        finally:
+            ended.set()
+            close = getattr(outputs, "close", None)
+            if close is not None:
+                close()  # a run that did not finish drops the state it touched
+
+
+class _PeerGone(Exception):
+    """The task that handed off closed its connection (it failed, or gave up waiting)."""
 
 
 def _serving(directory: str, local_root: str, accepts: Accepts, handle: Handle) -> _Server | None:
-    global _server
+    global _server, _serve_failure
+    path = _socket_path(directory, local_root, os.getpid())
     with _lock:
         if _server is not None and _server.pid == os.getpid():
-            return _server
+            if _server.path == path:
+                return _server
+            _server.close()  # another directory or executor root (tests change TMPDIR): serve there
         try:
-            _server = _Server(_socket_path(directory, local_root, os.getpid()), accepts, handle)
-        except OSError:
+            _server = _Server(path, accepts, handle)
+        except OSError as e:
             _server = None
+            _serve_failure = f"this Python worker cannot serve the Unix socket {path}: {e}"
             return None
+        _serve_failure = None
         _collect_dead(directory)
         return _server
 
@@ -328,8 +458,7 @@ def _collect_dead(directory: str) -> None:
                 if name.endswith(".sock"):
                     pid = int(name[: -len(".sock")].rsplit("-", 1)[1])
                 elif name.endswith(".owner"):
-                    with open(path, encoding="ascii") as f:
-                        pid = int(f.read().split(" ", 1)[0])
+                    pid = _read_owner(path)[0]
                 else:
                     continue
                 os.kill(pid, 0)
@@ -340,10 +469,12 @@ def _collect_dead(directory: str) -> None:
                 continue  # another user's process, a file being replaced, not ours
 
 
-def _close_stream(writer: Any, wf: Any) -> None:
-    if writer is None:
-        writer = pa.ipc.new_stream(wf, pa.schema([]))
-    writer.close()
+def _batch_bytes(batch: Any) -> Any:
+    """One output batch as an Arrow IPC stream of its own (schema and batch) in a buffer."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue()
 
 
 def _same_user(conn: socket.socket) -> bool:
@@ -373,6 +504,28 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
             raise EOFError("connection closed")
         data += chunk
     return data
+
+
+def _recv_within(sock: socket.socket, n: int, timeout: float) -> bytes:
+    """``n`` bytes from blocking ``sock``, waiting at most ``timeout`` seconds for each read.
+
+    Raises:
+        TimeoutError: If nothing arrived for ``timeout`` seconds.
+        EOFError: If the peer closed the connection first.
+    """
+    buf = bytearray(n)
+    view = memoryview(buf)
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    got = 0
+    while got < n:
+        if not poller.poll(timeout * 1000):
+            raise TimeoutError(f"nothing received for {timeout:g} s")
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise EOFError("connection closed")
+        got += k
+    return bytes(buf)
 
 
 def _recv_frame(rf: Any) -> bytes:

@@ -11,138 +11,200 @@ task where its subtask's state is open, waiting up to ``spark.locality.wait``
 (3 s by default) for that executor before it takes another one on the same
 host, then any.
 
-The classes are compiled once per machine against the installed PySpark
-(``make install`` does it) into a cache directory: ``$STATEKIT_JVM_CACHE``, else
-``$XDG_CACHE_HOME/statekit/jvm``, else ``~/.cache/statekit/jvm``, under the hash
-of the sources and the Spark version. The driver loads them through its own
-class loader and ships the jar to the executors with ``SparkContext.addJar``.
+The classes ship compiled, in the ``statekit-core`` wheel, as PySpark ships
+its jars and Apache Sedona its own: the wheel's build hook
+(``core/hatch_build.py``, see :mod:`._jvm_build`) compiles them against the
+PySpark of the build, and installs the jar with a manifest recording its
+SHA-256 and that Spark version as package data (``statekit/spark/jvm/``).
+Here the driver checks the installed jar against the manifest, and the
+running Spark's major.minor version against the one the jar was compiled
+for, before it loads the jar through its own class loader and ships it to
+the executors with ``SparkContext.addJar``. Nothing is compiled at run time,
+nothing is written, and a JRE is all a cluster needs. An editable install
+(``pip install -e ./core``) has no built jar: it compiles one on first use
+into its own source tree (``core/build/jvm/``, private to the user), which
+needs a JDK there.
 
-``statekit.spark.locality``: ``auto`` (the default) uses the helper when it can
-be built and says once, as a warning and in every ``BatchInfo.locality``, why
-not when it cannot; ``on`` makes a missing helper an error; ``off`` never asks
-for a location. Spark Connect clients have no JVM gateway: there the value is
+``statekit.spark.locality``: ``auto`` (the default) uses the helper when it
+loads and says once, as a warning and in every ``BatchInfo.locality``, why
+not when it does not; ``on`` makes that an error; ``off`` never asks for a
+location. Spark Connect clients have no JVM gateway: there the value is
 ``"off: Spark Connect"`` and tasks go where Spark puts them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
+import json
 import os
-import shutil
-import subprocess
-import tempfile
 import threading
-import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, UnsafeLocalPathError
+from .._localfs import private_dir
+from ._jvm_build import (
+    MANIFEST_NAME,
+    SOURCES,
+    HelperBuildError,
+    build_helper,
+    find_javac,
+    find_spark_jars,
+    sources_digest,
+)
 
-__all__ = ["JvmLocality", "LocalityUnavailable", "helper_jar"]
+__all__ = ["Helper", "JvmLocality", "LocalityUnavailable", "helper_jar"]
 
-_SOURCES = Path(__file__).resolve().parent / "jvm"
 _PACKAGE = "io.statekit.spark"
 _LOCK = threading.Lock()
+#: Where an installed wheel keeps the jar and its manifest (package data).
+_INSTALLED = Path(__file__).resolve().parent / "jvm"
+_OFF = "set statekit.spark.locality=off to run without task locality"
 
 
 class LocalityUnavailable(ConfigurationError):
-    """The locality helper could not be built or loaded; the message says why and what to do."""
+    """The locality helper could not be loaded; the message says why and what to do."""
 
 
-def _sources() -> list[Path]:
-    return sorted(_SOURCES.rglob("*.java"))
+@dataclass(frozen=True)
+class Helper:
+    """The helper's jar, checked against its manifest, and the Spark version it was compiled against."""
+
+    jar: str
+    spark_version: str
+    manifest: str
 
 
-def _spark_jars() -> Path:
-    import pyspark
-
-    spark_home = os.environ.get("SPARK_HOME")
-    for home in filter(None, [spark_home, os.path.dirname(pyspark.__file__)]):
-        jars = Path(home) / "jars"
-        if jars.is_dir():
-            return jars
-    raise LocalityUnavailable(
-        "statekit.spark.locality: no Spark jars found (looked in $SPARK_HOME/jars and pyspark/jars); "
-        "set statekit.spark.locality=off to run without task locality"
-    )
+def _source_tree() -> Path | None:
+    """``core/`` when statekit runs from its source tree (an editable install), else None."""
+    here = Path(__file__).resolve()  # core/src/statekit/spark/_jvm.py
+    src, core = here.parents[2], here.parents[3]
+    if src.name == "src" and (core / "hatch_build.py").is_file() and (core / "pyproject.toml").is_file():
+        return core
+    return None
 
 
-def _cache_root() -> Path:
-    configured = os.environ.get("STATEKIT_JVM_CACHE")
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "statekit" / "jvm"
+def _major_minor(version: str) -> tuple[str, ...]:
+    return tuple(version.split(".")[:2])
 
 
-def _javac() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home:
-        candidate = os.path.join(java_home, "bin", "javac")
-        if os.access(candidate, os.X_OK):
-            return candidate
-    found = shutil.which("javac")
-    if found:
-        return found
-    raise LocalityUnavailable(
-        "statekit.spark.locality: building the locality helper needs a JDK's javac (Spark itself needs "
-        "only a JRE); none on PATH or in $JAVA_HOME/bin. Install a JDK 17+, or copy the cache "
-        "directory of a machine with the same PySpark where it was built into $STATEKIT_JVM_CACHE, "
-        "or set statekit.spark.locality=off"
-    )
-
-
-def helper_jar() -> str:
-    """The helper's jar, compiled now if this machine's cache has none for these sources and Spark.
+def _verified(manifest_path: Path, running: str) -> Helper:
+    """The helper that ``manifest_path`` describes, if it fits Spark ``running`` and its digest.
 
     Raises:
-        LocalityUnavailable: If it cannot be built (no JDK, no Spark jars, a compile error).
+        LocalityUnavailable: If the manifest says there is no jar, the jar was
+            compiled for another Spark major.minor, or its bytes are not the ones
+            the build recorded.
     """
-    import pyspark
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        name = manifest["jar"]
+        if name is None:  # a wheel built without a JDK says so
+            unavailable = str(manifest["unavailable"])
+        else:
+            built, recorded = str(manifest["spark_version"]), str(manifest["sha256"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise LocalityUnavailable(
+            f"statekit.spark.locality: the locality helper's manifest {manifest_path} cannot be read "
+            f"({e}); reinstall statekit-core, or {_OFF}"
+        ) from e
+    if name is None:
+        raise LocalityUnavailable(f"statekit.spark.locality: {unavailable}; {_OFF}")
+    if not isinstance(name, str) or os.path.basename(name) != name:
+        raise LocalityUnavailable(
+            f"statekit.spark.locality: the manifest {manifest_path} names no jar next to it ({name!r}); "
+            f"reinstall statekit-core, or {_OFF}"
+        )
+    jar = manifest_path.parent / name
+    if _major_minor(built) != _major_minor(running):
+        raise LocalityUnavailable(
+            f"statekit.spark.locality: the locality helper {jar} was compiled against Spark {built}, and "
+            f"this driver runs Spark {running}. Install the PySpark it was built for "
+            f"(pip install 'pyspark=={'.'.join(_major_minor(built))}.*'), or a statekit-core wheel "
+            f"built against Spark {'.'.join(_major_minor(running))} (make wheels with that PySpark "
+            f"installed), or {_OFF}"
+        )
+    try:
+        actual = hashlib.sha256(jar.read_bytes()).hexdigest()
+    except OSError as e:
+        raise LocalityUnavailable(
+            f"statekit.spark.locality: the locality helper {jar} cannot be read ({e}); reinstall "
+            f"statekit-core, or {_OFF}"
+        ) from e
+    if actual != recorded:
+        raise LocalityUnavailable(
+            f"statekit.spark.locality: the locality helper {jar} is not the jar its build recorded in "
+            f"{manifest_path} (SHA-256 {actual}, recorded {recorded}), so it is not loaded. Reinstall "
+            f"statekit-core, or {_OFF}"
+        )
+    return Helper(str(jar), built, str(manifest_path))
 
-    digest = hashlib.sha256(pyspark.__version__.encode())
-    for src in _sources():
-        digest.update(src.name.encode() + b"\0" + src.read_bytes())
-    jar = _cache_root() / digest.hexdigest()[:16] / "statekit-spark-locality.jar"
-    if jar.is_file():
-        return str(jar)
-    with _LOCK:
-        if jar.is_file():
-            return str(jar)
-        javac = _javac()
-        jar.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=jar.parent) as tmp:
-            classes = os.path.join(tmp, "classes")
-            cmd = [javac, "--release", "17", "-nowarn", "-d", classes, "-cp", str(_spark_jars() / "*")]
-            done = subprocess.run([*cmd, *map(str, _sources())], capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise LocalityUnavailable(
-                    f"statekit.spark.locality: compiling the locality helper with {javac} failed "
-                    f"(exit {done.returncode}):\n{done.stderr.strip()[-2000:]}\n"
-                    "set statekit.spark.locality=off to run without task locality"
-                )
-            staged = os.path.join(tmp, jar.name)
-            with zipfile.ZipFile(staged, "w", zipfile.ZIP_DEFLATED) as z:
-                z.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\r\nCreated-By: statekit\r\n\r\n")
-                for path in sorted(Path(classes).rglob("*.class")):
-                    z.write(path, path.relative_to(classes).as_posix())
-            os.replace(staged, jar)  # atomic: a concurrent reader sees no jar or a whole one
-    return str(jar)
+
+def _built_in_tree(core: Path) -> Path:
+    """The manifest of the helper compiled for this source tree and PySpark, compiled now if missing.
+
+    Editable installs only: the jar goes under ``core/build/jvm/<digest>/`` (private
+    to the user), keyed by the sources and the Spark version, never into a cache
+    shared with anything else.
+    """
+    try:
+        jars, spark_version = find_spark_jars()
+        key = hashlib.sha256(f"{sources_digest(SOURCES)}\0{spark_version}".encode()).hexdigest()[:16]
+        out = Path(
+            private_dir(core / "build" / "jvm" / key, base=core, what="the locality helper's build directory")
+        )
+        manifest = out / MANIFEST_NAME
+        if manifest.is_file():
+            return manifest
+        with _LOCK, open(out / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one compile for all drivers of this tree at once
+            if not manifest.is_file():
+                build_helper(out, javac=find_javac(), jars=jars, spark_version=spark_version)
+        return manifest
+    except (HelperBuildError, UnsafeLocalPathError) as e:
+        raise LocalityUnavailable(
+            f"statekit.spark.locality: this editable install of statekit-core ({core}) compiles its "
+            f"locality helper on first use, and could not: {e}. Or {_OFF}"
+        ) from e
+
+
+def helper_jar(spark_version: str) -> Helper:
+    """The installed helper's jar, checked against its manifest and Spark ``spark_version``.
+
+    An installed wheel has it in ``statekit/spark/jvm/``; an editable install
+    compiles it on first use into its source tree's ``build/jvm/``.
+
+    Raises:
+        LocalityUnavailable: If there is none, or it does not fit (see :func:`_verified`).
+    """
+    manifest = _INSTALLED / MANIFEST_NAME
+    if manifest.is_file():
+        return _verified(manifest, spark_version)
+    core = _source_tree()
+    if core is not None:
+        return _verified(_built_in_tree(core), spark_version)
+    raise LocalityUnavailable(
+        f"statekit.spark.locality: this installation of statekit-core has no locality helper ({manifest} "
+        "is missing): it was not installed from a wheel its build hook built. Reinstall statekit-core "
+        f"from a wheel (make wheels builds one, see docs/spark.md), or {_OFF}"
+    )
 
 
 class JvmLocality:
     """The driver's side of task locality for one query: where each subtask ran, and the next preference.
 
     Raises:
-        LocalityUnavailable: From the constructor, if the helper cannot be built or loaded.
+        LocalityUnavailable: From the constructor, if the helper does not fit or cannot be loaded.
     """
 
     def __init__(self, session: SparkSession) -> None:
-        jar = helper_jar()
         sc = session.sparkContext
+        jar = helper_jar(str(sc.version)).jar
         jvm: Any = sc._jvm
         gateway: Any = sc._gateway
         jsc: Any = sc._jsc.sc()

@@ -45,6 +45,7 @@ from .._contracts import (
     SupportsNativeSnapshot,
 )
 from .._errors import CheckpointError
+from .._localfs import private_dir
 from ..checkpoints._checkpoint import CompletedCheckpoint, metadata_at, write_subtask_state
 from ..checkpoints._local_recovery import Downloads, LocalCopies, LocalRecoveryStorage, LocalRecoveryWriter
 from ..plugins._config import Configuration
@@ -393,8 +394,16 @@ def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subta
             return entry, REUSED, 0
         entry.close()
     backend = _backend(plan.config)
-    root = os.path.join(_local_root(plan), "statekit")
-    os.makedirs(root, exist_ok=True)
+    local_root = _local_root(plan)
+    # Private to this user (0700, no symlink, no one else's): the backends' state lives below it.
+    # Spark's own local directory is trusted as Spark made it; a configured one is checked too.
+    configured = bool(plan.config.get("statekit.local-dir"))
+    root = private_dir(
+        os.path.join(local_root, "statekit"),
+        base=os.path.dirname(os.path.abspath(local_root)) if configured else local_root,
+        what="the executor's statekit directory",
+        otherwise="Or set statekit.local-dir to a directory of your own.",
+    )
     local_dir = tempfile.mkdtemp(prefix=f"{plan.job_id}-{plan.operator_id}-{index}-", dir=root)
     try:
         keyed = backend.create_keyed_backend(
@@ -744,7 +753,8 @@ def _hand_off(
         "attempt_number": attempt_number,
         "from": os.getpid(),
     }
-    return _handoff.forward(root, owner[0], header, first, rest)
+    timeout = float(plan.config.get("statekit.spark.worker-handoff.timeout"))
+    return _handoff.forward(root, owner[0], header, first, rest, timeout)
 
 
 def _accepts_handoff(header: dict[str, Any]) -> bool:
@@ -1014,36 +1024,34 @@ class _TaskRun:
                 copies.collect()
         phases["snapshot"] = clock() - t_snapshot
         phases["task"] = clock() - self.started
-        descriptions = []
+        reports = []
         for index, state in states:
             st = self.active[index]
-            descriptions.append(
-                json.dumps(
-                    {
-                        "subtask": index,
-                        "state": state.to_json(),
-                        "records": st.records,
-                        "outputs": st.outputs,
-                        "late": st.late,
-                        "fired": st.fired,
-                        "max_event_time": st.max_event_time,
-                        "reused": self.how[index][0] == REUSED,
-                        "how": self.how[index][0],
-                        "downloaded": self.how[index][1],
-                        "pid": os.getpid(),
-                        "handed_from": self.handed_from,
-                        "attempt": self.attempt,
-                        "attempt_number": attempt_number,
-                        "phases": phases,
-                    },
-                    separators=(",", ":"),
-                )
+            reports.append(
+                {
+                    "subtask": index,
+                    "state": state.to_json(),
+                    "records": st.records,
+                    "outputs": st.outputs,
+                    "late": st.late,
+                    "fired": st.fired,
+                    "max_event_time": st.max_event_time,
+                    "reused": self.how[index][0] == REUSED,
+                    "how": self.how[index][0],
+                    "downloaded": self.how[index][1],
+                    "pid": os.getpid(),
+                    "handed_from": self.handed_from,
+                    "attempt": self.attempt,
+                    "attempt_number": attempt_number,
+                    "phases": phases,
+                }
             )
         with _LOCK:
             for index, st in self.active.items():
                 st.token, st.attempt, st.records, st.outputs = plan.token, self.attempt, 0, 0
                 st.late, st.fired, st.max_event_time = 0, 0, None
                 _CACHE[(plan.job_id, plan.operator_id, index)] = st
+        handoff = "off: statekit.spark.worker-handoff=false"
         if plan.config.get("statekit.spark.worker-handoff"):
             with contextlib.suppress(OSError):  # hand-off only ever saves a restore
                 _handoff.announce(
@@ -1054,6 +1062,8 @@ class _TaskRun:
                     _accepts_handoff,
                     _serve_handoff,
                 )
+            handoff = _handoff.status()  # "off: <why>" when this worker's directory was refused
+        descriptions = [json.dumps({**r, "handoff": handoff}, separators=(",", ":")) for r in reports]
         return self.out.handles(descriptions)
 
 

@@ -17,12 +17,14 @@ Like Flink's State Processor API, without a running job:
 
 from __future__ import annotations
 
+from .._errors import install_hint
+
 try:
     import pyarrow  # type: ignore[import-untyped]  # noqa: F401
 except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installation
     raise ModuleNotFoundError(
         "statekit.state_processor needs pyarrow, which is not installed. Install it with: "
-        'pip install "statekit[arrow]"',
+        + install_hint("statekit[arrow]"),
         name=exc.name,
     ) from exc
 

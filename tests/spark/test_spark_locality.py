@@ -1,0 +1,244 @@
+"""The JVM locality helper is loaded only when its manifest vouches for it; the hand-off says when it is off.
+
+The wheel ships the helper compiled (``statekit/spark/jvm/``: the jar and a
+manifest with its SHA-256 and Spark version); here the driver's view of the
+installed package is pointed at directories laid out as a wheel installs
+them, holding the real jar (as this editable install built it) or a planted one.
+tests/test_wheelhouse.py builds and installs the real wheels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyspark
+import pytest
+from sparkutil import OUTPUT, SCHEMA, assert_exact_state
+
+from jobs import CountUrls, make_records
+from statekit import ConfigurationError
+from statekit.spark import _jvm, keyed
+from statekit.spark._jvm_build import JAR_NAME, MANIFEST_NAME, HelperBuildError, find_javac, find_spark_jars
+
+RECORDS = make_records(600)
+
+
+def configure(session: Any, values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        session.conf.set(key, str(value))
+
+
+@pytest.fixture(scope="module")
+def real_helper() -> _jvm.Helper:
+    """The helper of this (editable) installation, built in core/build/jvm on first use."""
+    return _jvm.helper_jar(pyspark.__version__)
+
+
+def _installed(directory: Path, jar: bytes | None, **manifest: Any) -> Path:
+    """``directory`` laid out as an installed wheel's statekit/spark/jvm/: a jar and its manifest."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if jar is not None:
+        (directory / JAR_NAME).write_bytes(jar)
+    (directory / MANIFEST_NAME).write_text(json.dumps({"format": 1, "jar": JAR_NAME, **manifest}))
+    return directory
+
+
+def _planted_jar(tmp_path: Path, marker: Path) -> bytes:
+    """A jar with statekit's entry class whose static initializer creates ``marker``: code not to run."""
+    try:
+        javac = find_javac()
+    except HelperBuildError:
+        pytest.skip("needs a JDK's javac to compile the planted class")
+    src = tmp_path / "planted" / "io" / "statekit" / "spark" / "Locality.java"
+    src.parent.mkdir(parents=True)
+    src.write_text(
+        "package io.statekit.spark;\n"
+        "public final class Locality {\n"
+        "  static { try { new java.io.File(" + json.dumps(str(marker)) + ").createNewFile(); }\n"
+        "           catch (java.io.IOException e) { throw new RuntimeException(e); } }\n"
+        "}\n"
+    )
+    classes = tmp_path / "planted-classes"
+    subprocess.run([javac, "-d", str(classes), str(src)], check=True, capture_output=True)
+    jar = tmp_path / "planted.jar"
+    subprocess.run(
+        [str(Path(javac).with_name("jar")), "cf", str(jar), "-C", str(classes), "."],
+        check=True,
+        capture_output=True,
+    )
+    return jar.read_bytes()
+
+
+def _run(session: Any, job_id: str) -> Any:
+    df = session.createDataFrame(RECORDS, SCHEMA)
+    return keyed(df, "url").process(CountUrls, OUTPUT, job_id=job_id)
+
+
+def test_an_installed_jar_that_is_not_the_one_its_build_recorded_is_never_loaded(
+    session: Any, tmp_path: Path, job_id: str, monkeypatch: pytest.MonkeyPatch, real_helper: _jvm.Helper
+) -> None:
+    """Planted over the installed jar: auto runs without locality, saying why; its code never runs."""
+    marker = tmp_path / "the-planted-class-ran"
+    recorded = hashlib.sha256(Path(real_helper.jar).read_bytes()).hexdigest()
+    package = _installed(
+        tmp_path / "site-packages" / "statekit" / "spark" / "jvm",
+        _planted_jar(tmp_path, marker),
+        sha256=recorded,
+        spark_version=pyspark.__version__,
+    )
+    monkeypatch.setattr(_jvm, "_INSTALLED", package)
+    configure(session, {"spark.statekit.checkpoints.dir": tmp_path / "ckpt", "spark.statekit.parallelism": 2})
+    processed = _run(session, job_id)
+    with pytest.warns(RuntimeWarning, match="is not the jar its build recorded"):
+        info = processed.run()
+    assert info.locality.startswith(
+        f"off: statekit.spark.locality: the locality helper {package / JAR_NAME} is not the jar its build "
+        f"recorded in {package / MANIFEST_NAME} (SHA-256 "
+    ), info.locality
+    assert f"recorded {recorded})" in info.locality and "Reinstall statekit-core" in info.locality
+    assert info.subtask_locations == {} and not marker.exists()
+    assert_exact_state(processed.checkpoint_storage(), job_id, RECORDS)
+    session.conf.set("spark.statekit.spark.locality", "on")
+    with pytest.raises(ConfigurationError, match="is not the jar its build recorded"):
+        _run(session, job_id).run()
+    assert not marker.exists()
+    # The control: loaded, the planted class does run its static initializer in the driver's JVM.
+    jvm, gateway = session.sparkContext._jvm, session.sparkContext._gateway
+    urls = gateway.new_array(jvm.java.net.URL, 1)
+    urls[0] = jvm.java.io.File(str(package / JAR_NAME)).toURI().toURL()
+    jvm.java.lang.Class.forName("io.statekit.spark.Locality", True, jvm.java.net.URLClassLoader(urls))
+    assert marker.exists()
+
+
+def test_a_helper_compiled_for_another_spark_minor_version_is_not_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_helper: _jvm.Helper
+) -> None:
+    jar = Path(real_helper.jar).read_bytes()
+    digest = hashlib.sha256(jar).hexdigest()
+    package = _installed(tmp_path / "jvm", jar, sha256=digest, spark_version="3.5.1")
+    monkeypatch.setattr(_jvm, "_INSTALLED", package)
+    with pytest.raises(_jvm.LocalityUnavailable) as e:
+        _jvm.helper_jar("4.3.0")
+    assert str(e.value) == (
+        f"statekit.spark.locality: the locality helper {package / JAR_NAME} was compiled against "
+        "Spark 3.5.1, and this driver runs Spark 4.3.0. Install the PySpark it was built for (pip install "
+        "'pyspark==3.5.*'), or a statekit-core wheel built against Spark 4.3 (make wheels with that PySpark "
+        "installed), or set statekit.spark.locality=off to run without task locality"
+    )
+    # Another patch release of the same minor version fits.
+    _installed(tmp_path / "jvm", jar, sha256=digest, spark_version="4.3.9")
+    assert _jvm.helper_jar("4.3.0") == _jvm.Helper(
+        str(package / JAR_NAME), "4.3.9", str(package / MANIFEST_NAME)
+    )
+
+
+def test_a_wheel_built_without_a_jdk_runs_without_locality_and_says_so(
+    session: Any, tmp_path: Path, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reason = (
+        "this statekit-core wheel was built without a JDK (STATEKIT_BUILD_WITHOUT_JDK=1), so it has no helper"
+    )
+    package = tmp_path / "jvm"
+    package.mkdir()
+    (package / MANIFEST_NAME).write_text(json.dumps({"format": 1, "jar": None, "unavailable": reason}))
+    monkeypatch.setattr(_jvm, "_INSTALLED", package)
+    configure(session, {"spark.statekit.checkpoints.dir": tmp_path / "ckpt", "spark.statekit.parallelism": 2})
+    processed = _run(session, job_id)
+    with pytest.warns(RuntimeWarning, match="built without a JDK"):
+        info = processed.run()
+    assert (
+        info.locality
+        == f"off: statekit.spark.locality: {reason}; set statekit.spark.locality=off to run "
+        + ("without task locality")
+    )
+    assert_exact_state(processed.checkpoint_storage(), job_id, RECORDS)
+
+
+def test_an_installation_without_the_helper_says_how_to_get_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_jvm, "_INSTALLED", tmp_path / "jvm")
+    monkeypatch.setattr(_jvm, "_source_tree", lambda: None)
+    with pytest.raises(_jvm.LocalityUnavailable, match=r"has no locality helper .* \(make wheels builds one"):
+        _jvm.helper_jar(pyspark.__version__)
+
+
+def test_an_editable_build_directory_another_user_prepared_is_refused(
+    second_user: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The editable install's build tree is checked as any directory statekit writes: no planted jar loads."""
+    top = tempfile.mkdtemp(prefix="statekit-jvm-", dir="/tmp")
+    try:
+        os.chmod(top, 0o755)
+        core = Path(top) / "core"
+        core.mkdir()
+        os.chmod(core, 0o777)  # a checkout others may write into (the base itself is not checked)
+        second_user.run("mkdir", "-m", "0755", str(core / "build"))  # ready before the first query
+        monkeypatch.setattr(_jvm, "_INSTALLED", Path(top) / "no-wheel")
+        monkeypatch.setattr(_jvm, "_source_tree", lambda: core)
+        with pytest.raises(_jvm.LocalityUnavailable) as e:
+            _jvm.helper_jar(pyspark.__version__)
+        message = str(e.value)
+        assert message.startswith(f"statekit.spark.locality: this editable install of statekit-core ({core})")
+        assert (
+            f"the locality helper's build directory {core / 'build'} belongs to user id {second_user.uid}"
+            in (message)
+        )
+        assert os.listdir(core / "build") == []
+    finally:
+        shutil.rmtree(top)
+
+
+def test_the_editable_build_compiles_against_the_installed_spark(real_helper: _jvm.Helper) -> None:
+    manifest = json.loads(Path(real_helper.manifest).read_text())
+    jars, version = find_spark_jars()
+    assert manifest["spark_version"] == version == real_helper.spark_version
+    assert manifest["sha256"] == hashlib.sha256(Path(real_helper.jar).read_bytes()).hexdigest()
+    build = Path(real_helper.jar).parents[2]  # core/build/jvm/<key>/<jar>
+    assert build.name == "build" and build.parent.joinpath("hatch_build.py").is_file()
+    assert os.stat(Path(real_helper.jar).parent).st_mode & 0o077 == 0
+
+
+def test_batch_info_says_whether_the_handoff_is_on(session: Any, tmp_path: Path, job_id: str) -> None:
+    configure(session, {"spark.statekit.checkpoints.dir": tmp_path / "ckpt", "spark.statekit.parallelism": 2})
+    assert _run(session, job_id).run().handoff == "on"
+    session.conf.set("spark.statekit.spark.worker-handoff", "false")
+    assert _run(session, job_id).run().handoff == "off: statekit.spark.worker-handoff=false"
+
+
+def test_a_handoff_directory_another_user_prepared_shows_in_batch_info(
+    session: Any, tmp_path: Path, job_id: str, second_user: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The executors' TMPDIR holds statekit-<uid> made by another user: the hand-off is off, and says why."""
+    top = tempfile.mkdtemp(prefix="statekit-handoff-", dir="/tmp")
+    try:
+        os.chmod(top, 0o755)
+        tmp = Path(top) / "tmp"
+        tmp.mkdir()
+        os.chmod(tmp, 0o1777)
+        prepared = tmp / f"statekit-{os.getuid()}"
+        second_user.run("mkdir", "-m", "0777", str(prepared))
+        # What spark.executorEnv.TMPDIR does on a cluster: Python workers of their own, with this TMPDIR.
+        monkeypatch.setitem(session.sparkContext.environment, "TMPDIR", str(tmp))
+        configure(
+            session, {"spark.statekit.checkpoints.dir": tmp_path / "ckpt", "spark.statekit.parallelism": 2}
+        )
+        first = _run(session, job_id).run()
+        assert first.handoff.startswith(
+            f"off: the hand-off directory {prepared} belongs to user id {second_user.uid}, not to the "
+            "running user (0)"
+        ), first.handoff
+        assert "spark.executorEnv.TMPDIR" in first.handoff
+        assert os.listdir(prepared) == []
+        processed = _run(session, job_id)
+        assert processed.run().handoff == first.handoff
+        assert_exact_state(processed.checkpoint_storage(), job_id, RECORDS + RECORDS)
+    finally:
+        shutil.rmtree(top)
