@@ -50,12 +50,15 @@ from ._state import Migration, StateDescriptor, StateKind, StateTtlConfig
 __all__ = [
     "DROP",
     "LINEAGE",
+    "REWRITTEN",
     "SCHEMA_VERSION",
     "MigrationProgress",
+    "SchemaStep",
     "StateMigrationPlan",
     "lineage_of",
     "plan_state_migration",
     "same_schema",
+    "schema_history",
     "schema_of",
     "version_of",
 ]
@@ -64,6 +67,9 @@ SCHEMA_VERSION = "schema_version"
 """The key of a snapshot entry holding the declared schema version (absent: version 1)."""
 LINEAGE = "lineage"
 """The key of a snapshot entry holding the former schemas, oldest first (absent: none)."""
+
+REWRITTEN = "rewritten"
+"""The ``migration`` of a schema-history entry written by the state processor's offline rewrite."""
 
 MigrationProgress = Callable[[str, int, int], None]
 """Called as ``progress(state, done, total)`` while a restore migrates a state's entries."""
@@ -106,6 +112,68 @@ def version_of(meta: Mapping[str, Any]) -> int:
     """The schema version of a snapshot entry (1 when it has none)."""
     v = meta.get(SCHEMA_VERSION, 1)
     return v if isinstance(v, int) and not isinstance(v, bool) else 1
+
+
+@dataclass(frozen=True)
+class SchemaStep:
+    """One schema a state had: its version and type, and how its entries left it.
+
+    Attributes:
+        version: The declared schema version.
+        serializer: The descriptor's serializer config.
+        ttl: The TTL settings, or None.
+        migration: How entries were migrated out of it (``converted``,
+            ``function``, ``unchanged``, or ``rewritten`` offline by the state
+            processor); None for the state's current schema.
+        restored_from: The checkpoint whose restore migrated them
+            (``{"kind", "checkpoint_id"}``), None where the restore did not say.
+        changes: What changed, in words.
+    """
+
+    version: int
+    serializer: dict[str, Any]
+    ttl: dict[str, Any] | None
+    migration: str | None = None
+    restored_from: dict[str, Any] | None = None
+    changes: tuple[str, ...] = ()
+
+    @property
+    def schema(self) -> str:
+        """The type in full (dataclass fields included)."""
+        return describe_schema(self.serializer)
+
+    @property
+    def until(self) -> str:
+        """``now``, or when and how entries were migrated out of this schema."""
+        if self.migration is None:
+            return "now"
+        if self.migration == REWRITTEN:
+            return "until an offline rewrite (statekit.state_processor, transform_state)"
+        how = {"function": "a declared migration", "unchanged": "no rewrite"}.get(self.migration, "converted")
+        origin = self.restored_from
+        where = (
+            f"the restore of {origin.get('kind')} {origin.get('checkpoint_id')}" if origin else "a restore"
+        )
+        return f"until {where} ({how})"
+
+
+def schema_history(meta: Mapping[str, Any]) -> list[SchemaStep]:
+    """The schemas of the state of snapshot entry ``meta``, oldest first, the current one last."""
+    out = []
+    for h in lineage_of(meta):
+        origin = h.get("restored_from")
+        out.append(
+            SchemaStep(
+                version_of(h),
+                dict(h.get("serializer") or {}),
+                h.get("ttl"),
+                str(h.get("migration") or "converted"),
+                dict(origin) if isinstance(origin, Mapping) else None,
+                tuple(str(c) for c in h.get("changes") or ()),
+            )
+        )
+    out.append(SchemaStep(version_of(meta), dict(meta.get("serializer") or {}), meta.get("ttl")))
+    return out
 
 
 def _describe(meta: Mapping[str, Any]) -> str:

@@ -25,6 +25,7 @@ from .._errors import CheckpointError, CheckpointNotFoundError, CorruptSnapshotE
 from ..checkpoints._checkpoint import CompletedCheckpoint, SubtaskState, load_checkpoint
 from ..checkpoints._locations import filesystem_storage, parent_location
 from ..plugins._registry import PluginRegistry, default_registry
+from ..serialization._evolution import describe_schema
 from ..serialization._keygroups import KeyGroupRange, key_group_for_bytes
 from ..serialization._serializers import TypeSerializer, _describe
 from ..snapshots._snapshot import (
@@ -38,6 +39,7 @@ from ..snapshots._snapshot import (
     read_header,
     read_index,
 )
+from ..state._migration import LINEAGE, SCHEMA_VERSION, SchemaStep, lineage_of, schema_history, version_of
 from ..state._operator import OperatorStateMode
 from ..state._state import VOID_NAMESPACE
 from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX, WATERMARK_PROPERTY, TimeDomain
@@ -69,11 +71,32 @@ class StateInfo:
     """Bytes of its sections in canonical files (0 where unknown: native snapshots)."""
     timer_domain: str | None = None
     """For the internal state holding timers: its time domain."""
+    schema_version: int = 1
+    """The schema version the job declared (``version=`` of the descriptor)."""
+    lineage: tuple[dict[str, Any], ...] = ()
+    """The former schemas, oldest first, as the snapshot records them (see :attr:`history`)."""
 
     @property
     def type_name(self) -> str:
         """The serializer, e.g. ``int`` or ``dict<str,optional<int>>``."""
         return _describe(self.serializer)
+
+    @property
+    def schema(self) -> str:
+        """The type in full, dataclass fields included: ``Visit{count: int, first_seen: optional<int>}``."""
+        return describe_schema(self.serializer)
+
+    @property
+    def history(self) -> list[SchemaStep]:
+        """Every schema the state had, oldest first, the current one last, with how each was migrated."""
+        return schema_history(
+            {
+                "serializer": self.serializer,
+                "ttl": self.ttl,
+                SCHEMA_VERSION: self.schema_version,
+                LINEAGE: list(self.lineage),
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -318,6 +341,8 @@ class SavepointReader:
                 ttl=meta.get("ttl"),
                 bytes=sizes.get(name, 0),
                 timer_domain=domains.get(name),
+                schema_version=version_of(meta),
+                lineage=lineage_of(meta),
             )
 
     def _key_serializer(self, op: str) -> dict[str, Any]:
