@@ -100,7 +100,9 @@ def heap(args: argparse.Namespace, scratch: str) -> None:
     keys = [f"/api/v1/resource/{i}" for i in range(args.keys)]
 
     def new_backend() -> HeapKeyedStateBackend:
-        return HeapKeyedStateBackend(key_serializer=StrSerializer(), key_group_range=RANGE, max_parallelism=128)
+        return HeapKeyedStateBackend(
+            key_serializer=StrSerializer(), key_group_range=RANGE, max_parallelism=128
+        )
 
     src = new_backend()
     _fill(src, keys)
