@@ -1,7 +1,8 @@
 """State types that change between runs of a job: restored through the LocalRunner, on every backend.
 
 Run 1 counts visits per URL in an ``int`` and the hours seen in a list of
-ints, with TTL off; run 2 declares a dataclass (with a declared migration), a
+ints, with TTL off, and checkpoints twice (the second checkpoint of a RocksDB
+job is incremental); run 2 declares a dataclass (with a declared migration), a
 list of floats and turns TTL on; run 3 adds a field. Every run restores the
 latest checkpoint (native on rocksdb and lmdb, canonical on heap and sqlite)
 and keeps counting; the last checkpoint's schema history is what
@@ -138,8 +139,10 @@ def test_a_job_whose_state_types_change_run_after_run(
     ckpt = tmp_path / "ckpt"
     first, second = RECORDS[:200], RECORDS[200:400]  # each run goes on where the last one stopped
     r1 = runner(RunOne, ckpt, backend, 2)
-    r1.run(RecordSource(RECORDS), max_records=200)
-    chk1 = r1.checkpoint()
+    r1.run(RecordSource(RECORDS), max_records=100)
+    r1.checkpoint()
+    r1.run(RecordSource(RECORDS), max_records=100)
+    chk1 = r1.checkpoint()  # on rocksdb an incremental one, referencing the first's files
     r1.close()
 
     r2 = runner(RunTwo, ckpt, backend, 3)  # a rescale too
@@ -180,7 +183,7 @@ def test_a_job_whose_state_types_change_run_after_run(
     assert main(["checkpoints", "inspect", chk3]) == 0
     table = capsys.readouterr().out
     assert "Visits{total: float, first_hour: optional<int>, last_hour: int}" in table
-    assert "until the restore of checkpoint 1 (a declared migration)" in table
+    assert f"until the restore of checkpoint {chk1.rsplit('-', 1)[1]} (a declared migration)" in table
     assert "TTL turned on" in table
     reader = SavepointReader.open(chk3)
     steps = reader.state("process", "visits").history
@@ -190,8 +193,8 @@ def test_a_job_whose_state_types_change_run_after_run(
         "Visits{total: float, first_hour: optional<int>, last_hour: int}",
     ]
     assert [s.until.split(" (")[0] for s in steps] == [
-        "until the restore of checkpoint 1",
-        "until the restore of checkpoint 2",
+        f"until the restore of checkpoint {chk1.rsplit('-', 1)[1]}",
+        f"until the restore of checkpoint {chk2.rsplit('-', 1)[1]}",
         "now",
     ]
 
