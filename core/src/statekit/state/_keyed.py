@@ -492,7 +492,10 @@ class KeyedBackendBase(ABC):
         """The handle of ``descriptor``'s state, created on first use.
 
         Restored entries of the state are checked against the descriptor here,
-        before the state is touched: a mismatch raises StateMigrationError.
+        before the state is touched: a changed type is migrated (by the rules
+        of schema evolution, or a ``Migration`` the descriptor declares, see
+        :mod:`statekit.state._migration`), a change that cannot be raises
+        StateMigrationError naming both schemas.
         """
         name = descriptor.name
         h = self._handles.get(name)
@@ -512,8 +515,8 @@ class KeyedBackendBase(ABC):
         restored = self._restored.get(name)
         pending = self._pending.get(name)
         plan = None
-        if restored is not None or pending is not None:
-            meta = restored.meta() if restored is not None else pending[0]  # type: ignore[index]
+        meta = restored.meta() if restored is not None else pending[0] if pending is not None else None
+        if meta is not None:
             plan = reg.plan_from(meta, self._restore_origin)  # refuses before anything changes
             reg = reg.restored_as(meta, plan)
         decoded = None
