@@ -30,11 +30,15 @@ from statekit import (
     ProcessContext,
     RecordSource,
     RuntimeContext,
+    StateError,
+    StateMigrationError,
     StateTtlConfig,
     ValueStateDescriptor,
     default_registry,
+    key_group_for_bytes,
 )
 from statekit.cli._cli import main
+from statekit.serializers import StrSerializer
 from statekit.state_processor import SavepointReader
 
 BACKENDS = sorted(default_registry().backends())
@@ -225,3 +229,47 @@ def test_a_refused_change_names_both_schemas_and_the_checkpoint_stays_usable(
         Counter(r["url"] for r in RECORDS)
     )
     again.close()
+
+
+class Lazily(KeyedProcessFunction):
+    """Declares its state on its first record: a subtask without records never migrates it."""
+
+    def open(self, ctx: RuntimeContext) -> None:
+        self.ctx = ctx
+        self.count: Any = None
+
+    def process(self, record: dict[str, Any], ctx: ProcessContext) -> Iterable[Any]:
+        if self.count is None:
+            self.count = self.ctx.get_state(ValueStateDescriptor("visits", float, default=0.0))
+        self.count.update(self.count.value() + 1)
+        return ()
+
+
+def test_a_state_only_some_subtasks_migrated_is_refused_where_it_cannot_be_read_as_one(
+    tmp_path: Path,
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    r1 = runner(RunOne, ckpt, "heap", 2)
+    r1.run(RecordSource(RECORDS), max_records=100)
+    r1.checkpoint()
+    r1.close()
+    # Run 2 sees records of subtask 0's keys only: subtask 1 never declares the state.
+    ks = StrSerializer()
+    first_half = [r for r in RECORDS[100:] if key_group_for_bytes(ks.serialize(r["url"]), 128) < 64]
+    r2 = runner(Lazily, tmp_path / "ckpt2", "heap", 2)
+    r2.restore(r1_location := str(sorted((ckpt / "job").glob("chk-*"))[-1]))
+    r2.run(RecordSource(RECORDS[:100] + first_half))  # the restored position is 100
+    mixed = r2.checkpoint()
+    r2.close()
+    assert r1_location != mixed
+    with pytest.raises(StateError, match="only some subtasks declared it after its type changed"):
+        SavepointReader.open(mixed).read_table("process", "visits")
+    rescaled = runner(Lazily, tmp_path / "ckpt3", "heap", 3)
+    with pytest.raises(StateMigrationError, match="restore at the parallelism the checkpoint was taken with"):
+        rescaled.restore(mixed)
+    same = runner(Lazily, tmp_path / "ckpt4", "heap", 2)
+    same.restore(mixed)  # each subtask restores its own schema; declaring migrates the rest
+    seen = Counter(r["url"] for r in RECORDS[:100] + first_half)
+    assert contents(same, "visits", ValueStateDescriptor("visits", float, default=0.0)) == {
+        k: float(n) for k, n in seen.items()
+    }

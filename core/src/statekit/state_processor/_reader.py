@@ -457,12 +457,18 @@ class SavepointReader:
         hold ``state`` (when given), are read; every block's checksum is
         checked. When no key groups are chosen, each file's index is checked
         against the metadata too, so a block left out of it is an error.
+
+        Raises:
+            StateError: If a state has another schema in this file than in the
+                checkpoint's description of it (some subtasks migrated it, others
+                never declared it): its sections could not be read as one.
         """
         for part in self._keyed_parts(operator, key_groups):
             blocks = sorted(kg for kg in part.handle.offsets if key_groups is None or kg in key_groups)
             if not blocks:
                 continue
             header = part.read_header()
+            self._check_schemas(operator, header, part)
             names = [s["name"] for s in header.states]
             if state is not None and state not in names:
                 continue
@@ -472,6 +478,20 @@ class SavepointReader:
             for kg in blocks:
                 off, ln = part.handle.offsets[kg]
                 yield kg, header, read_block(part.handle.stream, kg, off, ln, names), where
+
+    def _check_schemas(self, operator: str, header: SnapshotHeader, part: _Part) -> None:
+        for meta in header.states:
+            info = self.state(operator, str(meta["name"]))
+            mine = (meta.get("serializer"), meta.get("ttl"), version_of(meta))
+            if mine != (info.serializer, info.ttl, info.schema_version):
+                raise StateError(
+                    f"{_where(part.handle.stream)}: state {info.name!r} of operator {operator!r} is "
+                    f"{describe_schema(meta.get('serializer') or {})} (version {version_of(meta)}) in this "
+                    f"file and {info.schema} (version {info.schema_version}) in another: only some "
+                    "subtasks declared it after its type changed. Restore the checkpoint at its parallelism "
+                    "with a job that declares the state in every subtask (in open()), and read its next "
+                    "checkpoint"
+                )
 
     # --- reading keyed state ----------------------------------------------------------
 
