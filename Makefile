@@ -62,6 +62,7 @@ bench: install
 	cd bench && ../$(PY) bench_rocksdb.py
 	cd bench && ../$(PY) bench_lmdb.py
 	$(PY) bench/bench_state_reader.py
+	cd bench && ../$(PY) bench_state_migration.py
 	$(PY) bench/bench_spark_urlcount.py
 
 ## The main job: the URL-count demo on Spark with the embedded defaults.

@@ -543,3 +543,47 @@ def test_close_drops_state() -> None:
     b.close()
     assert b.state_names == []
     assert b.get_list_state(_offsets()).get() == []
+
+
+# --- types that changed since the snapshot -------------------------------------------------------
+
+
+def test_operator_state_widens_on_restore() -> None:
+    b = OperatorStateBackendImpl()
+    b.get_list_state(ListStateDescriptor("offsets", int)).add_all([1, 2])
+    b.get_broadcast_state(MapStateDescriptor("rules", str, int)).put("k", 3)
+    again = OperatorStateBackendImpl()
+    again.restore(b.snapshot())
+    assert again.get_list_state(ListStateDescriptor("offsets", float)).get() == [1.0, 2.0]
+    rules = again.get_broadcast_state(MapStateDescriptor("rules", str, float))
+    assert dict(rules.items()) == {"k": 3.0}
+    assert all(type(v) is float for v in rules.values())
+
+
+@pytest.mark.parametrize(
+    ("declare", "words"),
+    [
+        (lambda b: b.get_list_state(ListStateDescriptor("offsets", int)), "narrowing"),
+        (lambda b: b.get_broadcast_state(MapStateDescriptor("rules", int, float)), "keys never change type"),
+    ],
+    ids=["narrowed-elements", "retyped-broadcast-keys"],
+)
+def test_operator_state_refuses_what_would_lose_information(declare: Any, words: str) -> None:
+    b = OperatorStateBackendImpl()
+    b.get_list_state(ListStateDescriptor("offsets", float)).add(1.5)
+    b.get_broadcast_state(MapStateDescriptor("rules", str, float)).put("k", 3.0)
+    again = OperatorStateBackendImpl()
+    again.restore(b.snapshot())
+    with pytest.raises(IncompatibleSerializerError, match=words):
+        declare(again)
+    assert again.get_list_state(ListStateDescriptor("offsets", float)).get() == [1.5]  # nothing changed
+
+
+def test_operator_state_refuses_an_int_no_float_holds() -> None:
+    b = OperatorStateBackendImpl()
+    b.get_list_state(ListStateDescriptor("offsets", int)).add(2**53 + 1)
+    again = OperatorStateBackendImpl()
+    again.restore(b.snapshot())
+    with pytest.raises(StateMigrationError, match="no exact float"):
+        again.get_list_state(ListStateDescriptor("offsets", float))
+    assert again.get_list_state(ListStateDescriptor("offsets", int)).get() == [2**53 + 1]

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from hypothesis import Phase, settings
 
-from statekit import KeyGroupRange
+from statekit import IncompatibleSerializerError, KeyGroupRange
 from statekit.backend_api import KeyedStateHandle, OperatorStateBackendImpl, OperatorStateData, StateKind
 from statekit.testing import (
     PROPERTIES,
@@ -245,6 +245,16 @@ class ReferencesConfirmedUploads(ReferenceKeyedStateBackend):
         self.contract_confirmed = None
 
 
+class RefusesEveryTypeChange(ReferenceKeyedStateBackend):
+    """Refuses a declaration whose type is not exactly the restored one, as statekit did before #35."""
+
+    def get_state(self, descriptor: Any, *, namespace_serializer: Any = None) -> Any:
+        pending = self._pending.get(descriptor.name)
+        if pending is not None and pending[0]["serializer"] != descriptor.serializer.config():
+            raise IncompatibleSerializerError(f"state {descriptor.name!r} was written with another type")
+        return super().get_state(descriptor, namespace_serializer=namespace_serializer)
+
+
 class _BrokenOperator(ReferenceStateBackend):
     operator_class: type[OperatorStateBackendImpl] = OperatorStateBackendImpl
     name = "broken-operator"
@@ -440,6 +450,13 @@ def test_a_backend_that_refuses_other_backends_savepoints_fails_portability() ->
     assert "state.savepoint_into_every_backend(" in steps(v)
 
 
+def test_a_backend_that_refuses_every_type_change_fails_schema_evolution() -> None:
+    v = violation("schema_evolution", broken(RefusesEveryTypeChange))
+    assert v.property == "schema_evolution"
+    assert "is allowed by the rules, but was refused" in str(v)
+    assert "state.evolve(" in steps(v)
+
+
 def test_every_property_has_a_broken_backend_here() -> None:
     """Each named property is shown failing a backend (or storage) that breaks its invariant."""
     names = {n for n in globals() if n.startswith("test_a") and n.endswith(tuple(PROPERTY_TESTS.values()))}
@@ -460,6 +477,7 @@ PROPERTY_TESTS = {
     "snapshot_isolation": "_fails_isolation",
     "storage_round_trip": "_fails_storage_round_trip",
     "native_references_only_completed_uploads": "_fails_the_native_property",
+    "schema_evolution": "_fails_schema_evolution",
 }
 
 

@@ -62,6 +62,7 @@ from .state._kvstate import (
     OrderedKVBackendBase,
     group_entries,
 )
+from .state._migration import DROP, MigrationProgress, StateMigrationPlan
 from .state._operator import (
     BroadcastState,
     OperatorListState,
@@ -78,6 +79,7 @@ from .state._ttl import Clock, purge_expired, system_clock, ttl_serializer
 
 __all__ = [
     "CANONICAL_FORMAT",
+    "DROP",
     "OWNER_FILE",
     "AggregatingStateImpl",
     "BroadcastState",
@@ -93,6 +95,7 @@ __all__ = [
     "KeyedBackendBase",
     "KeyedSnapshot",
     "KeyedStateHandle",
+    "MigrationProgress",
     "NativeFile",
     "NativeSnapshot",
     "NativeSnapshotOutput",
@@ -114,6 +117,7 @@ __all__ = [
     "SnapshotWriteResult",
     "StateEntries",
     "StateKind",
+    "StateMigrationPlan",
     "StreamStateHandle",
     "WriterNativeOutput",
     "create_instance_dir",

@@ -52,6 +52,7 @@ from ..snapshots._snapshot import (
     SnapshotWriteResult,
     _where,
 )
+from ..state._keyed import KeyedBackendBase
 from ..state._operator import (
     OperatorSnapshot,
     decode_operator_snapshot,
@@ -763,6 +764,8 @@ class CompletedCheckpoint:
                     f"{keyed.key_group_range}"
                 )
             formats = self.keyed_formats(operator_id) - {CANONICAL_FORMAT}
+            if isinstance(keyed, KeyedBackendBase):  # named in the schema history of states it migrates
+                keyed.set_restore_origin(self.metadata.kind, self.metadata.checkpoint_id)
             if not formats:
                 keyed.restore(self.keyed_handles(operator_id, keyed.key_group_range))
             elif isinstance(keyed, SupportsNativeSnapshot) and formats == {keyed.native_format}:

@@ -40,8 +40,9 @@ from ..checkpoints._checkpoint import (
 from ..checkpoints._locations import filesystem_storage, parent_location
 from ..checkpoints._verify import CheckpointProblem, verify_checkpoint, verify_loaded
 from ..plugins._registry import default_registry
-from ..serialization._serializers import _describe
+from ..serialization._evolution import describe_schema
 from ..snapshots._snapshot import CANONICAL_FORMAT
+from ..state._migration import schema_history
 from ._cli import (
     EXIT_OK,
     EXIT_PROBLEM,
@@ -230,7 +231,8 @@ def _configure_checkpoints(parser: argparse.ArgumentParser) -> None:
     _add_common(ls)
     ls.set_defaults(action=_list)
     insp = sub.add_parser(
-        "inspect", help="show a checkpoint's or savepoint's operators, states and key groups"
+        "inspect",
+        help="show a checkpoint's or savepoint's operators, key groups, and states with their schema history",
     )
     insp.add_argument("path", help="a chk-<n> or savepoint directory (any fsspec URL)")
     _add_common(insp)
@@ -403,18 +405,43 @@ def _inspect(args: argparse.Namespace, ctx: CommandContext) -> int:
         c.file.write("\n")  # two tab-separated tables: a blank line between them
     print_table(
         c,
-        ("operator/state", "kind", "serializer", "TTL"),
+        ("operator/state", "kind", "schema", "version", "TTL"),
         [
             (
                 name,
                 str(s.get("kind")),
-                _describe(s.get("serializer") or {}),
-                "-" if not s.get("ttl") else f"{s['ttl']['ttl_ms']} ms, {s['ttl']['update_type']}",
+                describe_schema(s.get("serializer") or {}),
+                str(schema_history(s)[-1].version),
+                _ttl_cell(s.get("ttl")),
             )
             for name, s in states.items()
         ],
     )
+    migrated = {name: schema_history(s) for name, s in states.items() if s.get("lineage")}
+    if migrated:
+        if not c.is_terminal:
+            c.file.write("\n")
+        print_table(
+            c,
+            ("operator/state", "version", "schema", "TTL", "until", "changes"),
+            [
+                (
+                    name,
+                    str(step.version),
+                    step.schema,
+                    _ttl_cell(step.ttl),
+                    step.until,
+                    "; ".join(step.changes) or "-",
+                )
+                for name, steps in migrated.items()
+                for step in reversed(steps)
+            ],
+        )
     return EXIT_OK
+
+
+def _ttl_cell(ttl: dict[str, Any] | None) -> str:
+    return "-" if not ttl else f"{ttl.get('ttl_ms')} ms, {ttl.get('update_type')}"
 
 
 def _verify_targets(args: argparse.Namespace, ctx: CommandContext) -> tuple[CheckpointStorage, list[str]]:

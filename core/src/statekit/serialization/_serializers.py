@@ -23,7 +23,7 @@ import types
 import typing
 from abc import ABC, abstractmethod
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 from typing import Any, ClassVar
 
@@ -44,7 +44,9 @@ __all__ = [
     "TupleSerializer",
     "TypeSerializer",
     "VarTupleSerializer",
+    "rebuild_serializer",
     "serializer_for",
+    "serializer_from_config",
 ]
 
 SerializerConfig = dict[str, Any]
@@ -565,8 +567,12 @@ class TupleSerializer(TypeSerializer):
 class DataclassSerializer(TypeSerializer):
     """A dataclass, field by field; its identity names the class and each field's type.
 
-    Adding, removing, renaming or retyping a field changes the identity, so a
-    restore with the changed class fails with ``IncompatibleSerializerError``.
+    Adding, removing, renaming or retyping a field changes the identity; a
+    restore then resolves the old identity against the new class
+    (:func:`statekit.serialization._evolution.resolve_schema`): fields are
+    matched by name (or by the former names a field declares in its metadata
+    under ``"statekit.former_names"``), and the state is migrated or refused
+    before anything changes.
     """
 
     def __init__(self, cls: type[Any]) -> None:
@@ -578,6 +584,11 @@ class DataclassSerializer(TypeSerializer):
         self._tuple = TupleSerializer([serializer_for(hints[n]) for n in self.names])
         frozen = bool(cls.__dataclass_params__.frozen)  # type: ignore[attr-defined]
         self.immutable = frozen and self._tuple.immutable  # type: ignore[misc]
+
+    @property
+    def field_serializers(self) -> tuple[TypeSerializer, ...]:
+        """The serializers of the fields in :attr:`names`, in that order."""
+        return self._tuple.fields
 
     def _row(self, v: Any) -> tuple[Any, ...]:
         if not isinstance(v, self.cls):
@@ -710,15 +721,21 @@ _BY_ID: dict[str, type[TypeSerializer]] = {
 }
 
 
-def serializer_from_config(cfg: SerializerConfig) -> TypeSerializer:
-    """Rebuild a serializer from a snapshot's config, when it is self-describing.
+def rebuild_serializer(
+    cfg: SerializerConfig, dataclass: Callable[[SerializerConfig], TypeSerializer]
+) -> TypeSerializer:
+    """The built-in serializer a config describes, with ``dataclass(cfg)`` for each dataclass in it.
 
-    Used by tools that read snapshots without the job (the CLI, conversions).
-    Dataclasses are rebuilt from their import path; unknown ids raise
-    :class:`SerializationError`.
+    :func:`serializer_from_config` imports the classes; schema evolution
+    passes a builder that reads a dataclass's bytes without its class.
+
+    Raises:
+        SerializationError: For an id that is not built in.
     """
     ident = cfg.get("id")
-    args = [serializer_from_config(a) for a in cfg.get("args", [])]
+    if ident == "dataclass":
+        return dataclass(cfg)
+    args = [rebuild_serializer(a, dataclass) for a in cfg.get("args", [])]
     if ident in _BY_ID:
         return _BY_ID[ident]()
     if ident == "optional":
@@ -731,19 +748,41 @@ def serializer_from_config(cfg: SerializerConfig) -> TypeSerializer:
         return DictSerializer(args[0], args[1])
     if ident == "tuple":
         return TupleSerializer(args)
-    if ident == "dataclass":
-        import importlib
-
-        mod, _, qual = str(cfg["class"]).partition(":")
-        try:
-            obj: Any = importlib.import_module(mod)
-            for part in qual.split("."):
-                obj = getattr(obj, part)
-        except (ImportError, AttributeError) as e:
-            raise SerializationError(
-                f"dataclass {cfg['class']} of a snapshot cannot be imported here: {e}"
-            ) from None
-        return DataclassSerializer(obj)
     raise SerializationError(
         f"serializer {ident!r} is not built in; it can only be read by the job that declared it"
     )
+
+
+def _imported_dataclass(cfg: SerializerConfig) -> TypeSerializer:
+    import importlib
+
+    mod, _, qual = str(cfg["class"]).partition(":")
+    try:
+        obj: Any = importlib.import_module(mod)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise SerializationError(
+            f"dataclass {cfg['class']} of a snapshot cannot be imported here: {e}"
+        ) from None
+    ser = DataclassSerializer(obj)
+    if ser.config() != cfg:
+        # The class changed since the snapshot: its fields would read the old bytes wrongly.
+        raise SerializationError(
+            f"dataclass {cfg['class']} has changed since the snapshot was written: the snapshot's fields are "
+            f"{[n for n, _ in cfg.get('fields', [])]}, the class's {ser.names} (or their types differ); "
+            "read it through a job that declares the state (its type is migrated on restore), or with "
+            "statekit.state_processor, which reads fields without the class"
+        )
+    return ser
+
+
+def serializer_from_config(cfg: SerializerConfig) -> TypeSerializer:
+    """Rebuild a serializer from a snapshot's config, when it is self-describing.
+
+    Used by tools that read snapshots without the job (the CLI, conversions).
+    Dataclasses are rebuilt from their import path; a class that cannot be
+    imported, or whose fields are no longer the snapshot's, and unknown ids
+    raise :class:`SerializationError`.
+    """
+    return rebuild_serializer(cfg, _imported_dataclass)

@@ -14,18 +14,20 @@ from __future__ import annotations
 import io
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, ClassVar
 
 from .._errors import (
     CorruptSnapshotError,
+    IncompatibleSerializerError,
     MaxParallelismMismatchError,
     SerializationError,
     SnapshotError,
     StateAccessError,
     StateMigrationError,
 )
+from ..serialization._evolution import describe_schema, layout_serializer, same_layout
 from ..serialization._keygroups import KeyGroupRange, key_group_for_bytes
 from ..serialization._serializers import SerializerConfig, TypeSerializer, serializer_from_config
 from ..snapshots._native import NativeStateHandle
@@ -43,6 +45,15 @@ from ..snapshots._snapshot import (
     read_header,
     read_index,
     write_canonical,
+)
+from ._migration import (
+    LINEAGE,
+    MigrationProgress,
+    StateMigrationPlan,
+    lineage_of,
+    plan_state_migration,
+    same_schema,
+    schema_of,
 )
 from ._state import (
     VOID_NAMESPACE,
@@ -91,7 +102,8 @@ class RegisteredState:
     ``storage_kind`` is value, list or map (reducing and aggregating state are
     stored as values); ``serializer`` is what one (key, namespace) entry
     stores, TTL timestamps included; ``default`` is None for TTL states, whose
-    default is applied by the TTL layer.
+    default is applied by the TTL layer. ``lineage`` is the state's schema
+    history: the schemas its entries were migrated from, oldest first.
     """
 
     name: str
@@ -101,6 +113,7 @@ class RegisteredState:
     namespace_serializer: TypeSerializer | None
     ttl: StateTtlConfig | None
     descriptor: StateDescriptor
+    lineage: tuple[dict[str, Any], ...] = field(default=(), kw_only=True)
 
     @classmethod
     def of(cls, d: StateDescriptor, namespace_serializer: TypeSerializer | None) -> RegisteredState:
@@ -144,31 +157,37 @@ class RegisteredState:
         return self.descriptor.default_value() if self.ttl is None and self.kind is StateKind.VALUE else None
 
     def meta(self) -> dict[str, Any]:
-        """The state's entry in snapshot headers."""
+        """The state's entry in snapshot headers (its schema history under ``lineage``, if it has one)."""
         m = self.descriptor.meta()
         m["stored_serializer"] = self.serializer.config()
         m["namespace_serializer"] = self.namespace_serializer.config() if self.namespace_serializer else None
+        if self.lineage:
+            m[LINEAGE] = [dict(x) for x in self.lineage]
         return m
 
+    def with_lineage(self, lineage: tuple[dict[str, Any], ...]) -> RegisteredState:
+        """The same state with schema history ``lineage``."""
+        return self if lineage == self.lineage else replace(self, lineage=lineage)
+
+    def plan_from(
+        self, meta: dict[str, Any], origin: dict[str, Any] | None = None
+    ) -> StateMigrationPlan | None:
+        """How entries written under snapshot entry ``meta`` become this state's; None if they already are.
+
+        Raises:
+            StateMigrationError: If they cannot (:func:`~statekit.state._migration.plan_state_migration`).
+        """
+        return plan_state_migration(
+            self.name, self.kind, self.descriptor, self.namespace_serializer, meta, origin
+        )
+
     def check_restorable(self, meta: dict[str, Any]) -> None:
-        """Raise :class:`StateMigrationError` unless ``meta``'s entries can be read."""
-        if meta["kind"] != self.kind.value:
-            raise StateMigrationError(
-                f"state {self.name!r} was written as {meta['kind']} state and is now declared as "
-                f"{self.kind.value} state; use a new name for the new state"
-            )
-        was, now = meta.get("ttl") is not None, self.ttl is not None
-        if was != now:
-            raise StateMigrationError(
-                f"state {self.name!r} was written with TTL {'enabled' if was else 'disabled'} and is "
-                f"now declared with TTL {'enabled' if now else 'disabled'}; TTL cannot be switched on "
-                "or off across a restore: keep the old setting, or copy the state into a new state "
-                "name in a job that declares both"
-            )
-        self.serializer.check_compatibility(meta["stored_serializer"], f"state {self.name!r}")
-        ns = meta.get("namespace_serializer")
-        if ns is not None and self.namespace_serializer is not None:
-            self.namespace_serializer.check_compatibility(ns, f"the namespaces of state {self.name!r}")
+        """Raise :class:`StateMigrationError` unless ``meta``'s entries can be read or migrated."""
+        self.plan_from(meta)
+
+    def restored_as(self, meta: dict[str, Any], plan: StateMigrationPlan | None) -> RegisteredState:
+        """This state after restoring entries of ``meta``: with its history, and ``plan``'s step if any."""
+        return self.with_lineage(lineage_of(meta) if plan is None else plan.lineage)
 
 
 @dataclass(frozen=True)
@@ -212,6 +231,11 @@ def _rebuild(cfg: SerializerConfig, state: str) -> TypeSerializer:
     try:
         return serializer_from_config(cfg)
     except (SerializationError, ImportError, AttributeError, KeyError, TypeError, ValueError):
+        pass
+    try:
+        # A dataclass that changed or is gone: its bytes still read (as tuples) and write back unchanged.
+        return layout_serializer(cfg)
+    except (SerializationError, KeyError, TypeError, ValueError):
         return _OpaqueSerializer(cfg, state)
 
 
@@ -324,6 +348,7 @@ _HOOKS = frozenset(
         "_state_keys",
         "_state_size",
         "_ttl_hook",
+        "_migrate_restored",
     }
 )
 #: Attributes KeyedBackendBase keeps on ``self`` (docs/writing-a-backend.md lists them).
@@ -340,6 +365,9 @@ RESERVED_ATTRIBUTES = frozenset(
         "_bytes_key",
         "_key_bytes",
         "_closed",
+        "_broken",
+        "_restore_origin",
+        "_migration_progress",
     }
 )
 
@@ -390,6 +418,9 @@ class KeyedBackendBase(ABC):
         self._handles: dict[str, Any] = {}
         self._pending: dict[str, tuple[dict[str, Any], list[tuple[int, Section]]]] = {}
         self._restored: dict[str, RegisteredState] = {}
+        self._broken: dict[str, str] = {}  # states a failed in-place migration left half rewritten
+        self._restore_origin: dict[str, Any] | None = None
+        self._migration_progress: MigrationProgress | None = None
         self._closed = False
 
     # --- the current key ----------------------------------------------------------
@@ -461,32 +492,40 @@ class KeyedBackendBase(ABC):
         """The handle of ``descriptor``'s state, created on first use.
 
         Restored entries of the state are checked against the descriptor here,
-        before the state is touched: a mismatch raises StateMigrationError.
+        before the state is touched: a changed type is migrated (by the rules
+        of schema evolution, or a ``Migration`` the descriptor declares, see
+        :mod:`statekit.state._migration`), a change that cannot be raises
+        StateMigrationError naming both schemas.
         """
         name = descriptor.name
         h = self._handles.get(name)
         if h is not None:
             reg = self._states[name]
-            if (
-                reg.meta()
-                != RegisteredState.of(descriptor, namespace_serializer or reg.namespace_serializer).meta()
-            ):
+            again = RegisteredState.of(descriptor, namespace_serializer or reg.namespace_serializer)
+            if not same_schema(reg.meta(), again.meta()):
                 raise StateMigrationError(
                     f"state {name!r} is already declared as {reg.descriptor!r}; "
                     f"it cannot be declared again as {descriptor!r}"
                 )
             return h
+        broken = self._broken.get(name)
+        if broken is not None:
+            raise StateMigrationError(broken)
         reg = RegisteredState.of(descriptor, namespace_serializer)
         restored = self._restored.get(name)
-        if restored is not None:
-            reg.check_restorable(restored.meta())
-            del self._restored[name]
         pending = self._pending.get(name)
+        plan = None
+        meta = restored.meta() if restored is not None else pending[0] if pending is not None else None
+        if meta is not None:
+            plan = reg.plan_from(meta, self._restore_origin)  # refuses before anything changes
+            reg = reg.restored_as(meta, plan)
         decoded = None
         if pending is not None:
-            meta, sections = pending
-            reg.check_restorable(meta)
-            decoded = [(kg, self._decode(reg, s)) for kg, s in sections]
+            decoded = self._decode_all(reg, pending[1], plan)
+        if restored is not None:
+            if plan is not None and plan.changes_data:
+                self._run_restored_migration(restored, reg, plan)
+            del self._restored[name]
         self._states[name] = reg
         h = self._wrap(reg)
         if decoded is not None:
@@ -496,11 +535,100 @@ class KeyedBackendBase(ABC):
         self._handles[name] = h
         return h
 
-    def _decode(self, reg: RegisteredState, s: Section) -> StateEntries:
+    def _decode(
+        self, reg: RegisteredState, s: Section, plan: StateMigrationPlan | None = None
+    ) -> StateEntries:
         keys = self.key_serializer.decode_column(s.keys, s.count)
         nss = decode_namespaces(s.namespaces, s.count, reg.namespace_serializer, VOID_NAMESPACE, reg.name)
-        vals = reg.serializer.decode_column(s.values, s.count)
-        return keys, nss, vals
+        if plan is None or not plan.changes_data:
+            return keys, nss, reg.serializer.decode_column(s.values, s.count)
+        old = plan.entry_decoder.decode_column(s.values, s.count)
+        convert = plan.entry(self.clock())
+        k2: list[Any] = []
+        n2: list[Any] = []
+        v2: list[Any] = []
+        i = 0
+        try:
+            for i, v in enumerate(old):
+                new = convert(v)
+                if new is not None:
+                    k2.append(keys[i])
+                    n2.append(nss[i])
+                    v2.append(new)
+        except Exception as e:
+            ns = "" if nss[i] is VOID_NAMESPACE else f", namespace {nss[i]!r}"
+            raise plan.failure(f"key {keys[i]!r}{ns}", e, "nothing was restored into this state") from e
+        return k2, n2, v2
+
+    def _decode_all(
+        self, reg: RegisteredState, sections: Sequence[tuple[int, Section]], plan: StateMigrationPlan | None
+    ) -> list[tuple[int, StateEntries]]:
+        """Every section decoded (and migrated by ``plan``) before any is loaded; progress reported."""
+        if plan is None or not plan.changes_data:
+            return [(kg, self._decode(reg, s)) for kg, s in sections]
+        total = sum(s.count for _, s in sections)
+        done = 0
+        out = []
+        self._report_migration(reg.name, 0, total)
+        for kg, s in sections:
+            out.append((kg, self._decode(reg, s, plan)))
+            done += s.count
+            self._report_migration(reg.name, done, total)
+        return out
+
+    # --- migrations on restore --------------------------------------------------------
+
+    def on_migration_progress(self, callback: MigrationProgress | None) -> None:
+        """Call ``callback(state, done, total)`` while a restore migrates a state's entries (None: stop).
+
+        Entries are counted per (key, namespace) in canonical snapshots, per
+        stored unit (value, list element, map entry) in an engine's own files.
+        """
+        self._migration_progress = callback
+
+    def _report_migration(self, state: str, done: int, total: int) -> None:
+        cb = self._migration_progress
+        if cb is not None:
+            cb(state, done, total)
+
+    def set_restore_origin(self, kind: str, checkpoint_id: int) -> None:
+        """Name the checkpoint (or savepoint) the next restore reads, for the schema history of migrations."""
+        self._restore_origin = {"kind": str(kind), "checkpoint_id": int(checkpoint_id)}
+
+    def _run_restored_migration(
+        self, restored: RegisteredState, reg: RegisteredState, plan: StateMigrationPlan
+    ) -> None:
+        """Rewrite a natively restored state's entries in place; failing half-way, the state is refused."""
+        try:
+            self._migrate_restored(restored, reg, plan)
+        except Exception as e:
+            for held in (self._restored, self._states, self._handles):
+                held.pop(reg.name, None)
+            self._broken[reg.name] = (
+                f"state {reg.name!r} ({plan.describe()}) failed to migrate in this backend and is partly "
+                f"rewritten: {e}. This backend cannot use or checkpoint it: close it and restore again "
+                "(the checkpoint is unchanged) once the declared type or Migration is fixed"
+            )
+            if isinstance(e, StateMigrationError):
+                raise
+            raise StateMigrationError(self._broken[reg.name]) from e
+
+    def _migrate_restored(
+        self, restored: RegisteredState, reg: RegisteredState, plan: StateMigrationPlan
+    ) -> None:
+        """Rewrite every stored entry of ``restored`` (natively restored, old schema) into ``reg``'s schema.
+
+        Only backends that keep restored states in their engine (a native
+        format, or :meth:`load_undeclared_states`) need it;
+        :class:`~statekit.state._kvstate.OrderedKVBackendBase` implements it.
+        ``plan.entry(now)`` converts a whole stored entry, ``plan.unit(now)``
+        one unit; report progress with ``self._report_migration``.
+        """
+        raise StateMigrationError(
+            f"state {reg.name!r} ({plan.describe()}) was restored natively by the {type(self).__name__} "
+            "backend, which cannot migrate stored entries in place (it has no _migrate_restored); "
+            "restore from a canonical snapshot (a savepoint), where every backend migrates on restore"
+        )
 
     def _wrap(self, reg: RegisteredState) -> Any:
         ttl = reg.ttl
@@ -595,6 +723,16 @@ class KeyedBackendBase(ABC):
         return [*self._states, *self._restored, *self._pending]
 
     @property
+    def undeclared_state_names(self) -> list[str]:
+        """States a restore brought that the job has not declared (yet).
+
+        A state the new job no longer declares (removed from it) is kept and
+        carried into every snapshot, so that a later job declaring it again
+        finds its entries; runners name these states once the function opened.
+        """
+        return [*self._restored, *self._pending]
+
+    @property
     def stored_state_names(self) -> list[str]:
         """The states whose entries the backend stores: declared ones and natively restored ones."""
         return [*self._states, *self._restored]
@@ -667,6 +805,7 @@ class KeyedBackendBase(ABC):
         """
         if self._closed:
             raise StateAccessError("the backend is closed")
+        self._refuse_broken()
         regs = [*self._states.values(), *self._restored.values()]
         metas = [r.meta() for r in regs] + [m for m, _ in self._pending.values()]
         names = {m["name"] for m in metas}
@@ -685,12 +824,17 @@ class KeyedBackendBase(ABC):
         reader = self._snapshot_entries()
         return KeyedSnapshot(self, header, regs, reader, pending, self.clock())
 
+    def _refuse_broken(self) -> None:
+        if self._broken:
+            raise SnapshotError(" ".join(self._broken.values()))
+
     def restore(self, handles: Sequence[KeyedStateHandle]) -> None:
         """Restore from snapshots, keeping the key groups this backend owns.
 
         Every check (max parallelism, key serializer, declared states' types and
         every checksum) passes before anything is restored; on error nothing is.
-        Must be called on a backend without state.
+        Declared states whose schema changed are migrated as they are decoded
+        (all of them before any is loaded). Must be called on a backend without state.
         """
         if self.num_entries():
             raise StateAccessError("restore into a backend that already holds state")
@@ -710,21 +854,20 @@ class KeyedBackendBase(ABC):
                     f"{_where(h.stream)}: the block index disagrees with the checkpoint metadata"
                 )
             for meta in self._check_snapshot(header.max_parallelism, header.key_serializer, header.states):
-                prev = staged.setdefault(meta["name"], (meta, []))[0]
-                if prev != meta:
-                    raise StateMigrationError(
-                        f"state {meta['name']!r} has different declarations in the snapshots being restored"
-                    )
+                prev = staged.get(meta["name"])
+                staged[meta["name"]] = (_merged(prev[0], meta), prev[1]) if prev else (meta, [])
             for kg, sections in iter_blocks(part, header):
                 for s in sections:
                     staged[s.state][1].append((kg, s))
-        decoded = {
-            name: [(kg, self._decode(self._states[name], s)) for kg, s in secs]
-            for name, (_, secs) in staged.items()
-            if name in self._states
-        }
-        for name, entries in decoded.items():
-            reg = self._states[name]
+        decoded = {}
+        for name, (meta, secs) in staged.items():
+            reg = self._states.get(name)
+            if reg is not None:
+                plan = reg.plan_from(meta, self._restore_origin)
+                reg = reg.restored_as(meta, plan)
+                decoded[name] = (reg, self._decode_all(reg, secs, plan))
+        for name, (reg, entries) in decoded.items():
+            self._states[name] = reg
             for kg, (keys, nss, vals) in entries:
                 self._load_entries(reg, kg, keys, nss, vals)
         for name, item in staged.items():
@@ -741,7 +884,14 @@ class KeyedBackendBase(ABC):
                 f"job has {self.max_parallelism}; max parallelism cannot change across a "
                 f"restore: set statekit.max-parallelism={max_parallelism}"
             )
-        self.key_serializer.check_compatibility(key_serializer, "the key")
+        if not same_layout(key_serializer, self.key_serializer.config()):
+            names = [str(m.get("name")) for m in states if not str(m.get("name")).startswith("__statekit_")]
+            raise IncompatibleSerializerError(
+                f"the keys of states {names} were written as {describe_schema(key_serializer)} and are "
+                f"declared as {describe_schema(self.key_serializer.config())}; keys never change type (a key "
+                "decides its key group, and two old keys could become one): declare the original key type, "
+                "or rewrite the savepoint's state with statekit.state_processor"
+            )
         for meta in states:
             reg = self._states.get(meta["name"])
             if reg is not None:
@@ -772,10 +922,10 @@ class KeyedBackendBase(ABC):
                     "backend, or take a savepoint (canonical) to change backends"
                 )
             for meta in self._check_snapshot(h.max_parallelism, h.key_serializer, h.states):
-                if metas.setdefault(meta["name"], meta) != meta:
-                    raise StateMigrationError(
-                        f"state {meta['name']!r} has different declarations in the snapshots being restored"
-                    )
+                prev = metas.get(meta["name"])
+                metas[meta["name"]] = meta if prev is None else _merged(prev, meta)
+        if self._restore_origin is None and handles:
+            self._restore_origin = {"kind": "checkpoint", "checkpoint_id": int(handles[0].checkpoint_id)}
         return metas
 
     def check_native_snapshot(self) -> None:
@@ -791,6 +941,7 @@ class KeyedBackendBase(ABC):
         """
         if self._closed:
             raise StateAccessError("the backend is closed")
+        self._refuse_broken()
         pending = self.undeclared_pending_states
         if pending:
             raise SnapshotError(
@@ -800,10 +951,20 @@ class KeyedBackendBase(ABC):
             )
 
     def adopt_native_states(self, metas: dict[str, dict[str, Any]]) -> None:
-        """Record natively restored states: declared ones were checked; the others wait for get_state."""
+        """Record natively restored states: the others wait for get_state; declared ones are migrated now.
+
+        Call it once the engine holds the restored entries: a declared state
+        whose schema changed is rewritten in place (``_migrate_restored``).
+        """
         for name, meta in metas.items():
-            if name not in self._states:
+            reg = self._states.get(name)
+            if reg is None:
                 self._restored[name] = RegisteredState.from_meta(meta)
+                continue
+            plan = reg.plan_from(meta, self._restore_origin)
+            if plan is not None and plan.changes_data:
+                self._run_restored_migration(RegisteredState.from_meta(meta), reg, plan)
+            self._states[name] = reg.restored_as(meta, plan)
 
     def close(self) -> None:
         """Release resources; the backend cannot be used afterwards."""
@@ -815,6 +976,23 @@ class KeyedBackendBase(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _merged(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """One state's entries of two snapshots being restored: the same schema, or StateMigrationError.
+
+    Their histories may differ (subtasks that migrated it at different
+    restores): the longer one is kept.
+    """
+    if not same_schema(a, b):
+        raise StateMigrationError(
+            f"state {a['name']!r} was written with different schemas by the subtasks being restored: "
+            f"{describe_schema(a.get('serializer') or {})} and {describe_schema(b.get('serializer') or {})} "
+            f"({schema_of(a)} and {schema_of(b)}). This happens when only some subtasks declared it after a "
+            "change; restore at the parallelism the checkpoint was taken with, declaring the state in every "
+            "subtask (in open()), and take a checkpoint before rescaling"
+        )
+    return b if len(lineage_of(b)) > len(lineage_of(a)) else a
 
 
 # Names a subclass must not define: the base's own private methods, and its attributes.

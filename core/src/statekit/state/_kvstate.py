@@ -25,6 +25,7 @@ An engine implements :meth:`OrderedKVBackendBase.kv_bind` (make a
 
 from __future__ import annotations
 
+import itertools
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from ..serialization._serializers import TypeSerializer
 from ..snapshots._native import NativeStateHandle
 from ._keyed import KeyedBackendBase, RegisteredState, StateEntries, merge_list_namespaces
 from ._kvlayout import KeyLayout, encode_varint, entry_codec, ttl_timestamp
+from ._migration import DROP, StateMigrationPlan
 from ._state import VOID_NAMESPACE, StateKind
 from ._ttl import Clock
 
@@ -686,6 +688,70 @@ class OrderedKVBackendBase(KeyedBackendBase):
         else:
             self._kv_load_sorted(reg.name, out)
 
+    # --- migrations of restored states ----------------------------------------------------------------
+
+    #: Units rewritten per batch when a restored state is migrated in place.
+    kv_migration_batch = 4096
+
+    def _migrate_restored(
+        self, restored: RegisteredState, reg: RegisteredState, plan: StateMigrationPlan
+    ) -> None:
+        """Rewrite every unit of a restored state in its new schema, in one pass over its column.
+
+        Units keep their keys (map keys never change type), so each batch of
+        units is read, converted and written back under the same keys; a unit
+        the migration removes is deleted. Reads start after the last key of the
+        previous batch, so no iterator lives across a write.
+        """
+        col = self.kv_column(reg.name, create=False)
+        if col is None:
+            return
+        self.kv_write_column(col)
+        dec = plan.unit_decoder.deserialize
+        old_ttl = plan.old_ttl
+        encode = entry_codec(reg).encode
+        convert = plan.unit(self.clock())
+        total = sum(1 for _ in col.iterate(b"")) if self._migration_progress is not None else 0
+        self._report_migration(reg.name, 0, total)
+        done = 0
+        start = b""
+        batch = max(1, self.kv_migration_batch)
+        while True:
+            chunk = list(itertools.islice(col.iterate(start), batch))
+            if not chunk:
+                break
+            buf = col.buffer
+            for k, raw in chunk:
+                try:
+                    unit = (dec(memoryview(raw)[8:]), ttl_timestamp(raw)) if old_ttl else dec(raw)
+                    new = convert(unit)
+                    buf[k] = None if new is DROP else encode(new)
+                except Exception as e:
+                    buf.clear()
+                    raise plan.failure(
+                        self._kv_describe_entry(restored, k), e, "the state is partly rewritten"
+                    ) from e
+            self.kv_write([col])
+            done += len(chunk)
+            self._report_migration(reg.name, done, max(total, done))
+            if len(chunk) < batch:
+                break
+            start = chunk[-1][0] + b"\x00"  # the smallest key after the last one read
+
+    def _kv_describe_entry(self, reg: RegisteredState, composite: bytes) -> str:
+        """``key ..., namespace ...`` of a composite key, for messages (the bytes if they do not decode)."""
+        try:
+            kg, kb, nsb, _ = self.layout.split(composite)
+            key = self.key_serializer.deserialize(kb)
+            ns = ""
+            if nsb is not None:
+                ns = f", namespace {nsb!r}"
+                if reg.namespace_serializer is not None:
+                    ns = f", namespace {reg.namespace_serializer.deserialize(nsb)!r}"
+            return f"key {key!r} (key group {kg}){ns}"
+        except Exception:  # noqa: BLE001 - only a message is at stake
+            return f"composite key {composite!r}"
+
     # --- TTL -----------------------------------------------------------------------------------------
 
     def _ttl_hook(self, reg: RegisteredState) -> Callable[[], None] | None:
@@ -797,10 +863,11 @@ class OrderedKVBackendBase(KeyedBackendBase):
         """
         if plan.parts:
             self.sequence = max(int(h.meta.get("sequence", 0)) for h in plan.parts)
-        self.adopt_native_states(plan.metas)
         # As a canonical snapshot taken at that moment would: no entry expired at snapshot time is restored.
+        # First: a declared state whose TTL is turned off loses the timestamps the purge reads.
         for h in plan.parts:
             self.purge_as_of(h.meta)
+        self.adopt_native_states(plan.metas)
 
     def kv_native_meta(self) -> dict[str, Any]:
         """What a native snapshot's meta needs from the base: sequence, snapshot time, TTL cleanup, range."""

@@ -10,7 +10,9 @@ Three modes, as in Flink:
   subtask; new subtask ``i`` gets old subtask ``i % p_old``'s copy.
 
 Elements are serialized one by one, so redistribution moves bytes and never
-needs the element types.
+needs the element types. A state whose element (or broadcast value) type
+changed by the rules of schema evolution is migrated when it is declared;
+broadcast keys, like keyed state's keys, never change type.
 """
 
 from __future__ import annotations
@@ -19,11 +21,17 @@ import enum
 import json
 import struct
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import CorruptSnapshotError, SerializationError, StateMigrationError
+from .._errors import (
+    CorruptSnapshotError,
+    IncompatibleSerializerError,
+    SerializationError,
+    StateMigrationError,
+)
+from ..serialization._evolution import LossyValueError, describe_schema, resolve_schema, same_layout
 from ..serialization._serializers import TypeSerializer, pack_parts, unpack_parts
 from ._state import ListStateDescriptor, MapStateDescriptor, list_elements
 
@@ -215,6 +223,10 @@ class BroadcastState:
         self._m.clear()
 
 
+def _then(decode: Callable[[bytes], Any], convert: Callable[[Any], Any]) -> Callable[[bytes], Any]:
+    return lambda b: convert(decode(b))
+
+
 class OperatorStateBackendImpl:
     """Operator state of one subtask, in memory (as in Flink, for every backend)."""
 
@@ -223,7 +235,8 @@ class OperatorStateBackendImpl:
         self._maps: dict[str, tuple[TypeSerializer, TypeSerializer, BroadcastState]] = {}
         self._restored: OperatorSnapshot = {}
 
-    def _take(self, name: str, mode: OperatorStateMode, sers: list[TypeSerializer]) -> list[bytes] | None:
+    def _take(self, name: str, mode: OperatorStateMode, sers: list[TypeSerializer]) -> list[Any] | None:
+        """The restored elements of ``name``, decoded (and migrated) by ``sers``, in turn; None if none."""
         d = self._restored.get(name)
         if d is None:
             return None
@@ -232,10 +245,40 @@ class OperatorStateBackendImpl:
                 f"operator state {name!r} was written in {d.mode.value} mode and is now requested "
                 f"in {mode.value} mode; use a new name"
             )
-        for s, cfg in zip(sers, d.serializers):
-            s.check_compatibility(cfg, f"operator state {name!r}")
+        if len(d.serializers) != len(sers):
+            raise StateMigrationError(
+                f"operator state {name!r} has {len(d.serializers)} serializers, not {len(sers)}"
+            )
+        readers: list[Callable[[bytes], Any]] = []
+        for i, (s, cfg) in enumerate(zip(sers, d.serializers)):
+            if mode is OperatorStateMode.BROADCAST and i == 0:
+                if not same_layout(cfg, s.config()):
+                    raise IncompatibleSerializerError(
+                        f"the keys of broadcast state {name!r} were written as {describe_schema(cfg)} and "
+                        f"are declared as {describe_schema(s.config())}; keys never change type: declare "
+                        "the original key type"
+                    )
+                readers.append(s.deserialize)
+                continue
+            c = resolve_schema(cfg, s)
+            if not c.compatible:
+                raise IncompatibleSerializerError(
+                    f"operator state {name!r} was written as {describe_schema(cfg)} and is declared as "
+                    f"{describe_schema(s.config())}: {c.reason}; declare the original type, or rewrite the "
+                    "savepoint with statekit.state_processor"
+                )
+            assert c.migration is not None
+            dec, conv = c.migration.decoder.deserialize, c.migration.convert
+            readers.append(dec if conv is None else _then(dec, conv))
+        n = len(readers)
+        try:
+            out = [readers[i % n](e) for i, e in enumerate(d.elements)]
+        except LossyValueError as e:
+            raise StateMigrationError(
+                f"operator state {name!r} cannot be migrated: {e}; nothing changed"
+            ) from e
         del self._restored[name]
-        return d.elements
+        return out
 
     def _check_free(self, name: str, kind: str) -> None:
         other = self._maps if kind == "list" else self._lists
@@ -254,9 +297,8 @@ class OperatorStateBackendImpl:
             if have[0] is not mode or have[1] != d.element_serializer:
                 raise StateMigrationError(f"operator state {d.name!r} is already declared differently")
             return have[2]
-        elems = self._take(d.name, mode, [d.element_serializer])
         ser = d.element_serializer
-        st = OperatorListState([ser.deserialize(e) for e in elems] if elems else [])
+        st = OperatorListState(self._take(d.name, mode, [ser]) or [])
         self._lists[d.name] = (mode, ser, st)
         return st
 
@@ -282,7 +324,7 @@ class OperatorStateBackendImpl:
                 )
             return have[2]
         elems = self._take(descriptor.name, OperatorStateMode.BROADCAST, [ks, vs]) or []
-        m = {ks.deserialize(elems[i]): vs.deserialize(elems[i + 1]) for i in range(0, len(elems), 2)}
+        m = {elems[i]: elems[i + 1] for i in range(0, len(elems), 2)}
         st = BroadcastState(m)
         self._maps[descriptor.name] = (ks, vs, st)
         return st

@@ -35,6 +35,7 @@ __all__ = [
     "ListStateDescriptor",
     "MapState",
     "MapStateDescriptor",
+    "Migration",
     "ReducingState",
     "ReducingStateDescriptor",
     "State",
@@ -182,10 +183,63 @@ class AggregateFunction(ABC, Generic[IN, ACC, OUT]):
         """The accumulator of both ``a`` and ``b`` (used when namespaces merge)."""
 
 
+@dataclass(frozen=True)
+class Migration:
+    """How values written under an older schema of a state become values of its declared type.
+
+    Declared on the state's descriptor, it is applied when a restore finds the
+    state written under that schema: to every stored value of the state on
+    every backend, before the state is used (``docs/state.md``, "Migrations
+    you declare"). ``function`` gets one old value and returns the new one:
+    the value of value, reducing and aggregating state (the accumulator), each
+    element of a list, each value of a map (None included; keys stay). A
+    returned None removes the entry (value state) or the element (list
+    state); a map stores None. Old values come as ``from_type`` declares them
+    or, with ``from_version``, as their stored schema reads without its
+    classes: each dataclass a ``dict`` of its fields. Example::
+
+        ValueStateDescriptor("visits", Visit, version=3, migrations=[
+            Migration(lambda n: Visit(count=n, first_seen=None), from_version=1),  # v1 stored an int
+            Migration(lambda old: Visit(old["n"], old["first"]), from_version=2),
+        ])
+
+    Attributes:
+        function: The old value to the new one.
+        from_version: The schema version (``version=`` of the old descriptor) it applies to.
+        from_type: Or the type the old descriptor declared (its bytes must be
+            the stored ones; a dataclass may have another name).
+    """
+
+    function: Callable[[Any], Any]
+    from_version: int | None = None
+    from_type: Any = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.function):
+            raise TypeError(f"Migration.function must be callable, got {self.function!r}")
+        if (self.from_version is None) == (self.from_type is None):
+            raise ValueError(
+                "a Migration names the schema it applies to: from_version= or from_type=, one of them"
+            )
+        if self.from_version is not None and (
+            not isinstance(self.from_version, int)
+            or isinstance(self.from_version, bool)
+            or self.from_version < 1
+        ):
+            raise ValueError(f"Migration.from_version must be an int >= 1, got {self.from_version!r}")
+
+    def source_serializer(self) -> TypeSerializer | None:
+        """The serializer of ``from_type`` (None with ``from_version``)."""
+        return None if self.from_type is None else serializer_for(self.from_type)
+
+
 class StateDescriptor(ABC):
     """Names a keyed state and declares how its values are stored.
 
     Two descriptors of one name must declare the same kind and serializers.
+    ``version`` numbers the state's schema (1 unless declared; snapshots record
+    it) and ``migrations`` turn values of older schemas into the declared type
+    on restore (:class:`Migration`).
     """
 
     kind: StateKind
@@ -195,29 +249,52 @@ class StateDescriptor(ABC):
         name: str,
         serializer: TypeSerializer,
         ttl: StateTtlConfig | None = None,
+        *,
+        version: int = 1,
+        migrations: Sequence[Migration] = (),
     ) -> None:
         if not name or not isinstance(name, str):
             raise ValueError("a state needs a non-empty str name")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ValueError(f"state {name!r}: version must be an int >= 1, got {version!r}")
+        migs = tuple(migrations)
+        for m in migs:
+            if not isinstance(m, Migration):
+                raise TypeError(f"state {name!r}: migrations must be Migration objects, got {m!r}")
+            if m.from_version is not None and m.from_version >= version:
+                raise ValueError(
+                    f"state {name!r} is declared as version {version}; a migration from version "
+                    f"{m.from_version} must come from an older one"
+                )
+        froms = [m.from_version for m in migs if m.from_version is not None]
+        if len(froms) != len(set(froms)):
+            raise ValueError(f"state {name!r} declares two migrations from one version: {sorted(froms)}")
         self.name = name
         self.serializer = serializer
         """What one (key, namespace) entry stores: the value, list or dict."""
         self.ttl = ttl
+        self.version = version
+        self.migrations = migs
 
     def default_value(self) -> Any:
         """The value read when the state is absent (None unless a ValueState default)."""
         return None
 
     def meta(self) -> dict[str, Any]:
-        """The descriptor as stored in snapshots (kind, serializers, TTL)."""
-        return {
+        """The descriptor as stored in snapshots (kind, serializers, TTL, schema version when not 1)."""
+        m: dict[str, Any] = {
             "name": self.name,
             "kind": self.kind.value,
             "serializer": self.serializer.config(),
             "ttl": self.ttl.to_json() if self.ttl else None,
         }
+        if self.version != 1:
+            m["schema_version"] = self.version
+        return m
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name!r}, {self.serializer.describe()})"
+        v = f", version={self.version}" if self.version != 1 else ""
+        return f"{type(self).__name__}({self.name!r}, {self.serializer.describe()}{v})"
 
 
 def _ser(tp: Any, serializer: TypeSerializer | None) -> TypeSerializer:
@@ -244,8 +321,10 @@ class ValueStateDescriptor(StateDescriptor, Generic[T]):
         default: T | None = None,
         serializer: TypeSerializer | None = None,
         ttl: StateTtlConfig | None = None,
+        version: int = 1,
+        migrations: Sequence[Migration] = (),
     ) -> None:
-        super().__init__(name, _ser(type, serializer), ttl)
+        super().__init__(name, _ser(type, serializer), ttl, version=version, migrations=migrations)
         self.default = default
 
     def default_value(self) -> Any:
@@ -277,9 +356,13 @@ class ListStateDescriptor(StateDescriptor, Generic[T]):
         *,
         serializer: TypeSerializer | None = None,
         ttl: StateTtlConfig | None = None,
+        version: int = 1,
+        migrations: Sequence[Migration] = (),
     ) -> None:
         self.element_serializer = _ser(element_type, serializer)
-        super().__init__(name, ListSerializer(self.element_serializer), ttl)
+        super().__init__(
+            name, ListSerializer(self.element_serializer), ttl, version=version, migrations=migrations
+        )
 
 
 class ReducingStateDescriptor(StateDescriptor, Generic[T]):
@@ -295,8 +378,10 @@ class ReducingStateDescriptor(StateDescriptor, Generic[T]):
         *,
         serializer: TypeSerializer | None = None,
         ttl: StateTtlConfig | None = None,
+        version: int = 1,
+        migrations: Sequence[Migration] = (),
     ) -> None:
-        super().__init__(name, _ser(type, serializer), ttl)
+        super().__init__(name, _ser(type, serializer), ttl, version=version, migrations=migrations)
         self.reduce_function = reduce_function
 
 
@@ -313,8 +398,12 @@ class AggregatingStateDescriptor(StateDescriptor, Generic[IN, ACC, OUT]):
         *,
         serializer: TypeSerializer | None = None,
         ttl: StateTtlConfig | None = None,
+        version: int = 1,
+        migrations: Sequence[Migration] = (),
     ) -> None:
-        super().__init__(name, _ser(accumulator_type, serializer), ttl)
+        super().__init__(
+            name, _ser(accumulator_type, serializer), ttl, version=version, migrations=migrations
+        )
         self.aggregate_function = aggregate_function
 
 
@@ -332,11 +421,19 @@ class MapStateDescriptor(StateDescriptor, Generic[UK, UV]):
         key_serializer: TypeSerializer | None = None,
         value_serializer: TypeSerializer | None = None,
         ttl: StateTtlConfig | None = None,
+        version: int = 1,
+        migrations: Sequence[Migration] = (),
     ) -> None:
         self.user_key_serializer = _ser(key_type, key_serializer)
         vs = _ser(value_type, value_serializer)
         self.user_value_serializer = vs if isinstance(vs, NullableSerializer) else NullableSerializer(vs)
-        super().__init__(name, DictSerializer(self.user_key_serializer, self.user_value_serializer), ttl)
+        super().__init__(
+            name,
+            DictSerializer(self.user_key_serializer, self.user_value_serializer),
+            ttl,
+            version=version,
+            migrations=migrations,
+        )
 
 
 @runtime_checkable

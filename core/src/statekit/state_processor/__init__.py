@@ -28,8 +28,17 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installa
         name=exc.name,
     ) from exc
 
+from ..state._migration import SchemaStep
 from ._arrow import arrow_type
 from ._reader import OperatorInfo, SavepointReader, StateInfo, open_storage
 from ._writer import SavepointWriter
 
-__all__ = ["OperatorInfo", "SavepointReader", "SavepointWriter", "StateInfo", "arrow_type", "open_storage"]
+__all__ = [
+    "OperatorInfo",
+    "SavepointReader",
+    "SavepointWriter",
+    "SchemaStep",
+    "StateInfo",
+    "arrow_type",
+    "open_storage",
+]

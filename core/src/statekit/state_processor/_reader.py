@@ -25,6 +25,7 @@ from .._errors import CheckpointError, CheckpointNotFoundError, CorruptSnapshotE
 from ..checkpoints._checkpoint import CompletedCheckpoint, SubtaskState, load_checkpoint
 from ..checkpoints._locations import filesystem_storage, parent_location
 from ..plugins._registry import PluginRegistry, default_registry
+from ..serialization._evolution import describe_schema
 from ..serialization._keygroups import KeyGroupRange, key_group_for_bytes
 from ..serialization._serializers import TypeSerializer, _describe
 from ..snapshots._snapshot import (
@@ -38,6 +39,7 @@ from ..snapshots._snapshot import (
     read_header,
     read_index,
 )
+from ..state._migration import LINEAGE, SCHEMA_VERSION, SchemaStep, lineage_of, schema_history, version_of
 from ..state._operator import OperatorStateMode
 from ..state._state import VOID_NAMESPACE
 from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX, WATERMARK_PROPERTY, TimeDomain
@@ -69,11 +71,32 @@ class StateInfo:
     """Bytes of its sections in canonical files (0 where unknown: native snapshots)."""
     timer_domain: str | None = None
     """For the internal state holding timers: its time domain."""
+    schema_version: int = 1
+    """The schema version the job declared (``version=`` of the descriptor)."""
+    lineage: tuple[dict[str, Any], ...] = ()
+    """The former schemas, oldest first, as the snapshot records them (see :attr:`history`)."""
 
     @property
     def type_name(self) -> str:
         """The serializer, e.g. ``int`` or ``dict<str,optional<int>>``."""
         return _describe(self.serializer)
+
+    @property
+    def schema(self) -> str:
+        """The type in full, dataclass fields included: ``Visit{count: int, first_seen: optional<int>}``."""
+        return describe_schema(self.serializer)
+
+    @property
+    def history(self) -> list[SchemaStep]:
+        """Every schema the state had, oldest first, the current one last, with how each was migrated."""
+        return schema_history(
+            {
+                "serializer": self.serializer,
+                "ttl": self.ttl,
+                SCHEMA_VERSION: self.schema_version,
+                LINEAGE: list(self.lineage),
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -318,6 +341,8 @@ class SavepointReader:
                 ttl=meta.get("ttl"),
                 bytes=sizes.get(name, 0),
                 timer_domain=domains.get(name),
+                schema_version=version_of(meta),
+                lineage=lineage_of(meta),
             )
 
     def _key_serializer(self, op: str) -> dict[str, Any]:
@@ -432,12 +457,18 @@ class SavepointReader:
         hold ``state`` (when given), are read; every block's checksum is
         checked. When no key groups are chosen, each file's index is checked
         against the metadata too, so a block left out of it is an error.
+
+        Raises:
+            StateError: If a state has another schema in this file than in the
+                checkpoint's description of it (some subtasks migrated it, others
+                never declared it): its sections could not be read as one.
         """
         for part in self._keyed_parts(operator, key_groups):
             blocks = sorted(kg for kg in part.handle.offsets if key_groups is None or kg in key_groups)
             if not blocks:
                 continue
             header = part.read_header()
+            self._check_schemas(operator, header, part)
             names = [s["name"] for s in header.states]
             if state is not None and state not in names:
                 continue
@@ -447,6 +478,20 @@ class SavepointReader:
             for kg in blocks:
                 off, ln = part.handle.offsets[kg]
                 yield kg, header, read_block(part.handle.stream, kg, off, ln, names), where
+
+    def _check_schemas(self, operator: str, header: SnapshotHeader, part: _Part) -> None:
+        for meta in header.states:
+            info = self.state(operator, str(meta["name"]))
+            mine = (meta.get("serializer"), meta.get("ttl"), version_of(meta))
+            if mine != (info.serializer, info.ttl, info.schema_version):
+                raise StateError(
+                    f"{_where(part.handle.stream)}: state {info.name!r} of operator {operator!r} is "
+                    f"{describe_schema(meta.get('serializer') or {})} (version {version_of(meta)}) in this "
+                    f"file and {info.schema} (version {info.schema_version}) in another: only some "
+                    "subtasks declared it after its type changed. Restore the checkpoint at its parallelism "
+                    "with a job that declares the state in every subtask (in open()), and read its next "
+                    "checkpoint"
+                )
 
     # --- reading keyed state ----------------------------------------------------------
 

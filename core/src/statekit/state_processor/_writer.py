@@ -44,6 +44,7 @@ from ..snapshots._snapshot import (
     write_canonical,
 )
 from ..state._keyed import RegisteredState
+from ..state._migration import LINEAGE, REWRITTEN, SCHEMA_VERSION, lineage_of, same_schema, version_of
 from ..state._operator import OperatorSnapshot
 from ..state._state import VOID_NAMESPACE, StateDescriptor
 from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX
@@ -238,6 +239,22 @@ class SavepointWriter:
                 )
             if descriptor.name != name:
                 self.rename_state(operator, name, descriptor.name)
+            new_meta["name"] = descriptor.name
+            if not same_schema({**st.meta, "name": descriptor.name}, new_meta):
+                # The schema history says where the old schema went: an offline rewrite.
+                new_meta[LINEAGE] = [
+                    *lineage_of(st.meta),
+                    {
+                        SCHEMA_VERSION: version_of(st.meta),
+                        "serializer": st.meta["serializer"],
+                        "ttl": st.meta.get("ttl"),
+                        "migration": REWRITTEN,
+                        "changes": ["every value rewritten by statekit.state_processor (transform_state)"],
+                        "restored_from": None,
+                    },
+                ]
+            elif st.meta.get(LINEAGE):
+                new_meta[LINEAGE] = st.meta[LINEAGE]
             st.meta = new_meta
         st.fn = fn
         st.new_stored = None if reg is None else reg.serializer

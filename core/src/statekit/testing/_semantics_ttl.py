@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from .._errors import StateAccessError, StateMigrationError
+from .._contracts import SupportsNativeSnapshot
+from .._errors import StateAccessError
 from ..serialization._serializers import serializer_for
 from ..state._state import (
     AggregateFunction,
@@ -133,6 +134,10 @@ SWITCHES: dict[
         lambda s: s.get(),
     ),
 }
+
+
+SWITCH_EMPTY: dict[str, Any] = {"value": None, "list": [], "map": {}, "reducing": None, "aggregating": None}
+"""What each kind of :data:`SWITCHES` reads once its entry is gone."""
 
 
 def _restore_copy(make_backend: Any, source: Any, *descriptors: StateDescriptor) -> tuple[Any, list[Any]]:
@@ -508,46 +513,104 @@ class TtlSemantics:
         target.restore([write_snapshot(snap, backend)])
         assert target.num_entries("v") == 20
 
-    # --- TTL switched on or off across a restore ---------------------------------------------------
+    # --- TTL turned on, off or changed across a restore ---------------------------------------------
 
-    @pytest.mark.parametrize("turn_on", [True, False], ids=["on", "off"])
+    def _restore_switched(
+        self, make_backend: Any, source: Any, after: StateDescriptor, *, native: bool, declare_first: bool
+    ) -> tuple[Any, Any]:
+        """A backend restored from ``source`` (canonically or natively), ``after`` declared first or not."""
+        if native and not isinstance(source, SupportsNativeSnapshot):
+            pytest.skip("this backend has no native snapshot format (SupportsNativeSnapshot)")
+        handle = snapshot_handle(source, native=native)
+        target = make_backend()
+        s = target.get_state(after) if declare_first else None
+        if native:
+            target.restore_native([handle])
+        else:
+            target.restore([handle])
+        if s is None:
+            s = target.get_state(after)
+        return target, s
+
+    @pytest.mark.parametrize("native", [False, True], ids=["canonical", "native"])
+    @pytest.mark.parametrize("declare_first", [False, True], ids=["declared-after", "declared-first"])
     @pytest.mark.parametrize("kind", list(SWITCHES))
-    def test_switching_ttl_across_restore_raises_at_get_state(
-        self, make_backend: Any, backend: Any, kind: str, turn_on: bool
+    def test_turning_ttl_on_across_restore_stamps_entries_at_the_restore(
+        self,
+        make_backend: Any,
+        backend: Any,
+        clock: ManualClock,
+        kind: str,
+        declare_first: bool,
+        native: bool,
     ) -> None:
         plain, with_ttl, write, read = SWITCHES[kind]
-        before, after = (plain, with_ttl) if turn_on else (with_ttl, plain)
-        s = backend.get_state(before())
+        s = backend.get_state(plain())
         for k in ("a", "b"):
             backend.set_current_key(k)
             write(s)
         expected = read(s)
-        handle = snapshot_handle(backend)
-        target = make_backend()
-        target.restore([handle])
+        clock.advance(10 * TTL_MS)  # the restore is long after the writes: its time is what counts
+        target, s2 = self._restore_switched(
+            make_backend, backend, with_ttl(), native=native, declare_first=declare_first
+        )
         assert target.num_entries("s") == 2
-        with pytest.raises(StateMigrationError):
-            target.get_state(after())
-        # Untouched: the entries are still there, and readable with the original declaration.
-        assert target.num_entries("s") == 2
-        s2 = target.get_state(before())
         target.set_current_key("a")
-        assert read(s2) == expected
-        assert target.num_entries("s") == 2
+        clock.advance(TTL_MS - 1)
+        assert read(s2) == expected, "an entry stamped at the restore expired before the restore's time + TTL"
+        clock.advance(1)
+        assert read(s2) == SWITCH_EMPTY[kind], (
+            "an entry stamped at the restore outlived the restore's time + TTL"
+        )
+        history = next(m for m in target.snapshot().header.states if m["name"] == "s")["lineage"]
+        assert history[-1]["ttl"] is None and history[-1]["migration"] == "converted"
 
-    @pytest.mark.parametrize("turn_on", [True, False], ids=["on", "off"])
+    @pytest.mark.parametrize("native", [False, True], ids=["canonical", "native"])
+    @pytest.mark.parametrize("declare_first", [False, True], ids=["declared-after", "declared-first"])
     @pytest.mark.parametrize("kind", list(SWITCHES))
-    def test_switching_ttl_across_restore_raises_when_declared_first(
-        self, make_backend: Any, backend: Any, kind: str, turn_on: bool
+    def test_turning_ttl_off_across_restore_drops_the_timestamps(
+        self,
+        make_backend: Any,
+        backend: Any,
+        clock: ManualClock,
+        kind: str,
+        declare_first: bool,
+        native: bool,
     ) -> None:
-        plain, with_ttl, write, _ = SWITCHES[kind]
-        before, after = (plain, with_ttl) if turn_on else (with_ttl, plain)
-        s = backend.get_state(before())
+        plain, with_ttl, write, read = SWITCHES[kind]
+        s = backend.get_state(with_ttl())
+        for k in ("a", "b"):
+            backend.set_current_key(k)
+            write(s)
+        expected = read(s)
+        target, s2 = self._restore_switched(
+            make_backend, backend, plain(), native=native, declare_first=declare_first
+        )
+        clock.advance(100 * TTL_MS)
+        target.set_current_key("a")
+        assert read(s2) == expected, "an entry of a state whose TTL was turned off expired"
+        assert target.num_entries("s") == 2
+        again = make_backend()
+        again.restore([snapshot_handle(target)])
+        again.set_current_key("b")
+        assert read(again.get_state(plain())) == expected  # its snapshot is of the new, plain schema
+
+    @pytest.mark.parametrize("native", [False, True], ids=["canonical", "native"])
+    @pytest.mark.parametrize("kind", list(SWITCHES))
+    def test_changing_ttl_across_restore_applies_it_to_the_stored_last_access_times(
+        self, make_backend: Any, backend: Any, clock: ManualClock, kind: str, native: bool
+    ) -> None:
+        _, with_ttl, write, read = SWITCHES[kind]
+        s = backend.get_state(with_ttl())
         backend.set_current_key("a")
-        write(s)
-        handle = snapshot_handle(backend)
-        target = make_backend()
-        target.get_state(after())
-        with pytest.raises(StateMigrationError):
-            target.restore([handle])
-        assert target.num_entries() == 0
+        write(s)  # last access: now
+        expected = read(s)
+        longer = with_ttl()
+        longer.ttl = StateTtlConfig(timedelta(milliseconds=3 * TTL_MS))
+        clock.advance(TTL_MS)  # expired under the old TTL, live under the new one
+        target, s2 = self._restore_switched(make_backend, backend, longer, native=native, declare_first=False)
+        target.set_current_key("a")
+        clock.advance(2 * TTL_MS - 1)
+        assert read(s2) == expected, "the new TTL was not applied to the stored last-access time"
+        clock.advance(1)
+        assert read(s2) == SWITCH_EMPTY[kind], "the stored last-access time was not kept"

@@ -27,6 +27,7 @@ from ..serialization._serializers import StrSerializer
 from ..snapshots._snapshot import KeyedStateHandle
 from ..state._state import StateKind, StateTtlConfig, TtlUpdateType, TtlVisibility
 from ._clock import ManualClock
+from ._evolving import EvolutionMachine
 from ._job import (
     BackendFactory,
     Job,
@@ -46,6 +47,7 @@ from ._properties import (
     NATIVE_REFERENCES_COMPLETED,
     RESCALE_KEY_GROUP_OWNERSHIP,
     SAVEPOINT_PORTABILITY,
+    SCHEMA_EVOLUTION,
     SNAPSHOT_ISOLATION,
     SNAPSHOT_RESTORE_ROUND_TRIP,
     STORAGE_ROUND_TRIP,
@@ -1164,7 +1166,7 @@ class NativeCheckpointMachine(KeyedRules, ClockRules, RoundTripRules, StorageRul
     """Native checkpoints that complete, abort or are never confirmed, pending ones, restores of each."""
 
 
-MACHINES: Mapping[str, type[_Machine]] = {
+MACHINES: Mapping[str, Callable[[ConformanceTarget], RuleBasedStateMachine]] = {
     "all": ConformanceMachine,
     SNAPSHOT_RESTORE_ROUND_TRIP: RoundTripMachine,
     RESCALE_KEY_GROUP_OWNERSHIP: RescaleMachine,
@@ -1176,5 +1178,6 @@ MACHINES: Mapping[str, type[_Machine]] = {
     SNAPSHOT_ISOLATION: IsolationMachine,
     STORAGE_ROUND_TRIP: StorageMachine,
     NATIVE_REFERENCES_COMPLETED: NativeCheckpointMachine,
+    SCHEMA_EVOLUTION: EvolutionMachine,
 }
 """The machine of each named property; ``"all"`` runs every rule."""

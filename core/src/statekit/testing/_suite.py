@@ -41,6 +41,7 @@ from ._properties import (
     NATIVE_REFERENCES_COMPLETED,
     RESCALE_KEY_GROUP_OWNERSHIP,
     SAVEPOINT_PORTABILITY,
+    SCHEMA_EVOLUTION,
     SNAPSHOT_ISOLATION,
     SNAPSHOT_RESTORE_ROUND_TRIP,
     STORAGE_ROUND_TRIP,
@@ -48,6 +49,7 @@ from ._properties import (
     UNION_REDISTRIBUTION,
 )
 from ._reference import ReferenceCheckpointStorage, ReferenceStateBackend
+from ._semantics_evolution import EvolutionSemantics
 from ._semantics_snapshot import SnapshotSemantics
 from ._semantics_state import KeyedStateSemantics
 from ._semantics_timers import TimerSemantics
@@ -274,7 +276,9 @@ class _KitFixtures(_Guarded):
         run_property(prop, target, self.property_settings(prop, target, steps))
 
 
-class StateBackendTests(_KitFixtures, KeyedStateSemantics, TtlSemantics, SnapshotSemantics, TimerSemantics):
+class StateBackendTests(
+    _KitFixtures, KeyedStateSemantics, TtlSemantics, SnapshotSemantics, TimerSemantics, EvolutionSemantics
+):
     """The conformance kit for a state backend: every semantic test and every named property.
 
     Subclass it in a ``test_*.py`` module and provide ``backend_factory``::
@@ -334,6 +338,10 @@ class StateBackendTests(_KitFixtures, KeyedStateSemantics, TtlSemantics, Snapsho
     def test_property_snapshot_isolation(self, conformance_target: ConformanceTarget) -> None:
         """A snapshot is unaffected by writes made after it was taken."""
         self._run(SNAPSHOT_ISOLATION, conformance_target, self.property_step_count)
+
+    def test_property_schema_evolution(self, conformance_target: ConformanceTarget) -> None:
+        """Entries written in schema A read as migrated in a compatible B; a refused B changes nothing."""
+        self._run(SCHEMA_EVOLUTION, conformance_target, self.property_step_count)
 
     def test_property_native_references_only_completed_uploads(
         self, conformance_target: ConformanceTarget, backend: KeyedStateBackend

@@ -18,6 +18,7 @@ __all__ = [
     "PROPERTIES",
     "RESCALE_KEY_GROUP_OWNERSHIP",
     "SAVEPOINT_PORTABILITY",
+    "SCHEMA_EVOLUTION",
     "SNAPSHOT_ISOLATION",
     "SNAPSHOT_RESTORE_ROUND_TRIP",
     "STORAGE_ROUND_TRIP",
@@ -37,6 +38,7 @@ TTL_NEVER_RETURNS_EXPIRED = "ttl_never_returns_expired"
 SNAPSHOT_ISOLATION = "snapshot_isolation"
 STORAGE_ROUND_TRIP = "storage_round_trip"
 NATIVE_REFERENCES_COMPLETED = "native_references_only_completed_uploads"
+SCHEMA_EVOLUTION = "schema_evolution"
 
 PROPERTIES: Mapping[str, str] = {
     AGREES_WITH_MODEL: "after every operation, the backend holds and returns what the model says",
@@ -53,6 +55,9 @@ PROPERTIES: Mapping[str, str] = {
     "keeps exactly the newest checkpoints",
     NATIVE_REFERENCES_COMPLETED: "a native snapshot references only files that checkpoints the backend was "
     "told completed uploaded; an upload of an aborted (or never confirmed) checkpoint is never referenced",
+    SCHEMA_EVOLUTION: "a state written in schema A and restored in a compatible schema B reads as the "
+    "model's migration of it, and its schema history records A; an incompatible B is refused with nothing "
+    "changed",
 }
 """Every named property with what it says."""
 
