@@ -23,6 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from logfiles import COUNT, CountPerUrl  # noqa: E402
 from statekit import InputLostWarning, LocalRunner, LogSource  # noqa: E402
 
+#: The longest line the job reads (statekit.source.max-line-bytes): longer ones are dead letters.
+LONG = 2048
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -48,6 +51,7 @@ def main() -> None:
             "statekit.checkpoint.interval-records": 5,
             "statekit.bad-records.policy": "dead-letter",
             "statekit.bad-records.dead-letter-path": os.path.join(args.root, "dead-letters.jsonl"),
+            "statekit.source.max-line-bytes": LONG,
         },
     )
     with warnings.catch_warnings(record=True) as caught:

@@ -3,14 +3,19 @@
 The reader's ranges are tested without Spark first (planning on the "driver",
 then rotating, then reading the range as a task would); then whole queries:
 statekit's keyed count over files that grow, rotate both ways and hold a
-malformed line, checked against a model of every line written.
+malformed line, checked against a model of every line written. Then what
+the source refuses, long lines, the copytruncate window and lost input
+(issues 32 and 33), and Debian's real logrotate with a writer appending.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+import tracemalloc
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +23,15 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
 
-from logfiles import CountPerUrl, LogDir
-from statekit import BadRecordError, SourceError
+from logfiles import LOGROTATE, CountAndSeq, CountPerUrl, LogDir, Logrotate, Writer, lines_in_files
+from statekit import BadRecordError, InputLostWarning, SourceError
 from statekit.spark import keyed, read_logs
 from statekit.spark._log_source import LogDataSource, LogRange, LogStreamReader
 
 SCHEMA = T.StructType([T.StructField("url", T.StringType()), T.StructField("seq", T.LongType())])
+needs_logrotate = pytest.mark.skipif(
+    LOGROTATE is None, reason="the logrotate binary is not installed (Debian: apt-get install -y logrotate)"
+)
 
 
 def reader(logs: LogDir, **options: str) -> LogStreamReader:
@@ -212,3 +220,299 @@ def test_spark_file_source_reads_a_growing_file_once(session: Any, tmp_path: Pat
     logs.write("other.log", 2)
     run()
     assert seen == [10, 2]  # a new file is read, whole
+
+
+# --- Only what it was pointed at, long lines, the copytruncate window (issues 32 and 33) -----------
+
+
+def plan_and_read(r: LogStreamReader, start: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A micro-batch: planned on the "driver" (within the read limit), its ranges read as tasks would."""
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    return end, read_all(r, r.partitions(start, end))
+
+
+def test_spark_refuses_what_it_was_not_pointed_at(tmp_path: Path) -> None:
+    logs = LogDir(tmp_path)
+    logs.write("access.log", 3)
+    secret = tmp_path / "secret.txt"
+    secret.write_text(json.dumps({"url": "/secret", "seq": 0}) + "\n")
+    os.symlink(secret, logs.path("access.log.evil"))
+    r = reader(logs)
+    with pytest.raises(
+        SourceError, match=r"access\.log\.evil is a symlink to .*secret\.txt, outside the watched"
+    ):
+        plan(r, r.initialOffset())
+    r = reader(logs, followSymlinks="true")  # allowed explicitly
+    assert sorted(plan_and_read(r, r.initialOffset())[1]) == ["/secret", "/u1", "/u2", "/u3"]
+    os.remove(logs.path("access.log.evil"))
+    os.mkfifo(logs.path("access.log.1"))
+    r = reader(logs)
+    with pytest.raises(SourceError, match=r"access\.log\.1 is a FIFO \(named pipe\), not a regular file"):
+        plan(r, r.initialOffset())
+
+
+def test_a_fifo_in_place_of_a_planned_file_fails_the_task_without_blocking(tmp_path: Path) -> None:
+    logs = LogDir(tmp_path)
+    logs.write("access.log", 3)
+    r = reader(logs)
+    _, parts = plan(r, r.initialOffset())
+    os.remove(logs.path("access.log"))
+    os.mkfifo(logs.path("access.log"))  # no writer: a blocking open would never return
+    raised: list[BaseException] = []
+
+    def task() -> None:
+        try:
+            read_all(r, parts)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            raised.append(e)
+
+    thread = threading.Thread(target=task, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the task blocked on the FIFO"
+    assert isinstance(raised[0], SourceError) and "is a FIFO (named pipe)" in str(raised[0])
+
+
+def test_spark_a_path_that_does_not_exist_is_an_error_naming_it(
+    session: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logs = LogDir(tmp_path)
+    logs.write("access.log", 3)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SourceError, match=r"^log/ does not exist \(did you mean logs/\?\)\.$"):
+        read_logs(session, "log/")  # on the caller's thread, before any query
+    r = reader(logs)
+    end, _ = plan(r, r.initialOffset())
+    # A query restored from its offset log, with the file's name mistyped: no "lost" offsets, an error.
+    typo = type("Src", (LogDataSource,), {"parse": staticmethod(json.loads), "output_schema": SCHEMA})
+    r = typo({"path": str(logs.path("acces.log"))}).streamReader(SCHEMA)
+    assert isinstance(r, LogStreamReader)
+    with pytest.raises(SourceError, match=r"acces\.log does not exist \(did you mean .*access\.log\?\)"):
+        plan(r, end)
+
+
+def test_spark_long_lines_are_bad_records_cut_short_in_bounded_memory(tmp_path: Path) -> None:
+    logs = LogDir(tmp_path)
+    limit = 256 << 10
+    logs.write("access.log", 2)
+    start = logs.path("access.log").stat().st_size
+    big = b'{"url": "/big", "pad": "' + b"x" * (16 * limit) + b'"}'
+    logs.write_raw("access.log", big + b"\n")
+    logs.write("access.log", 2)
+    r = reader(logs, maxLineBytes=str(limit))
+    _, parts = plan(r, r.initialOffset())
+    with pytest.raises(
+        BadRecordError, match=rf"bad record \(too-long\) at .*access\.log, byte {start}, line 3: "
+    ):
+        read_all(r, parts)
+    dead = tmp_path / "dead"
+    r = reader(logs, maxLineBytes="256kb", badRecordsPolicy="dead-letter", deadLetterPath=str(dead))
+    end, parts = plan(r, r.initialOffset())
+    tracemalloc.start()
+    try:
+        urls = read_all(r, parts)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert urls == ["/u1", "/u2", "/u3", "/u4"]
+    assert peak < limit + (3 << 20) < len(big)  # a block or two, never the line
+    (letter,) = [json.loads(x) for p in dead.iterdir() for x in p.read_text().splitlines()]
+    assert (letter["stage"], letter["offset"], letter["line"]) == ("too-long", start, 3)
+    assert letter["raw"].encode() == big[: 64 << 10] and f"a line of {len(big)} bytes" in letter["error"]
+    # A long line with no newline yet: planned as one (the task reports it), its rest skipped later.
+    logs.write_raw("access.log", b"y" * (2 * limit))
+    end, parts = plan(r, end)
+    assert read_all(r, parts) == []
+    logs.write_raw("access.log", b"y" * 1000 + b"\n")
+    logs.write("access.log", 1)
+    end, parts = plan(r, end)
+    assert [p.skip for p in parts] == [True] and read_all(r, parts) == ["/u5"]
+    letters = sorted((json.loads(x) for p in dead.iterdir() for x in p.read_text().splitlines()), key=str)
+    assert [x["line"] for x in letters] == [3, 6] and "at least 524288 bytes" in letters[1]["error"]
+    assert end["files"][0][1][6] == 7  # line numbers go on after it
+
+
+def test_spark_copytruncate_planned_between_the_copy_and_the_truncation_is_exact(tmp_path: Path) -> None:
+    logs = LogDir(tmp_path)
+    written = logs.write("access.log", 3000)
+    r = reader(logs)
+    end, urls = plan_and_read(r, r.initialOffset())
+    written += logs.write("access.log", 100)
+    logs.copy("access.log", "access.log.1")
+    end, more = plan_and_read(r, end)  # the original is still whole: the copy is not planned from byte 0
+    urls += more
+    assert len(more) == 100 and len(end["files"]) == 1
+    written += logs.write("access.log", 50)
+    end, more = plan_and_read(r, end)
+    urls += more
+    logs.truncate("access.log")
+    written += logs.write("access.log", 20)
+    end, more = plan_and_read(r, end)
+    urls += more
+    assert urls == written
+    assert "lost" not in end
+
+
+def test_a_range_planned_past_the_copy_reads_what_the_copy_holds_and_names_the_rest(tmp_path: Path) -> None:
+    """Lines appended between copytruncate's copy and its truncation, planned, truncated before the task."""
+    logs = LogDir(tmp_path)
+    logs.write("access.log", 300)
+    r = reader(logs)
+    end, _ = plan_and_read(r, r.initialOffset())
+    kept = logs.write("access.log", 100)
+    logs.copy("access.log", "access.log.1")
+    copied = logs.path("access.log.1").stat().st_size
+    logs.write("access.log", 50)  # only in the original, which is about to be truncated
+    planned = logs.path("access.log").stat().st_size
+    end, parts = plan(r, end)
+    assert [(p.start, p.entry[5]) for p in parts] == [(copied - _bytes(logs, 100), planned)]
+    logs.truncate("access.log")
+    with pytest.warns(
+        RuntimeWarning, match=rf"bytes {copied}-{planned} of the range .* holds only its first"
+    ):
+        assert read_all(r, parts) == kept  # what the copy holds of the range is read
+    logs.write("access.log", 5)
+    end, _ = plan(r, end)
+    assert "lost" not in end  # planned to its end: the task said what it could not read
+
+
+def _bytes(logs: LogDir, n: int) -> int:
+    """The length of the last ``n`` lines of access.log.1."""
+    return sum(len(x) + 1 for x in logs.path("access.log.1").read_bytes().split(b"\n")[-n - 1 : -1])
+
+
+def test_spark_a_query_that_starts_between_the_copy_and_the_truncation_reads_each_line_once(
+    tmp_path: Path,
+) -> None:
+    logs = LogDir(tmp_path)
+    written = logs.write("access.log", 400)
+    logs.copy("access.log", "access.log.1")
+    written += logs.write("access.log", 10)
+    r = reader(logs)
+    end, urls = plan_and_read(r, r.initialOffset())
+    logs.truncate("access.log")
+    written += logs.write("access.log", 5)
+    end, more = plan_and_read(r, end)
+    assert urls + more == written and "lost" not in end
+
+
+def test_spark_lost_input_names_what_was_never_planned_and_where_it_went(tmp_path: Path) -> None:
+    logs = LogDir(tmp_path)
+    logs.write("access.log", 100)
+    r = reader(logs, maxLinesPerTrigger="60")
+    end, urls = plan_and_read(r, r.initialOffset())
+    assert len(urls) == 60
+    logs.rename("access.log", "access.log.1")
+    logs.compress("access.log.1")
+    logs.write("access.log", 5)
+    with pytest.warns(InputLostWarning, match="planned to byte"):
+        end, urls = plan_and_read(r, end)
+    (lost,) = end["lost"]
+    assert "access.log (planned to byte " in lost and ", line 60) was compressed to " in lost
+    assert "access.log.1.gz before it was read to its end" in lost and "were not read" in lost
+    # Planned to its end, then compressed: no loss. A range whose file went to a .gz before its task: named.
+    r = reader(logs)
+    end, _ = plan_and_read(r, r.initialOffset())
+    logs.write("access.log", 5)
+    end, parts = plan(r, end)
+    logs.rename("access.log", "access.log.2")
+    logs.compress("access.log.2")
+    with pytest.warns(RuntimeWarning, match=r"could not be found .*its content is in .*access\.log\.2\.gz"):
+        read_all(r, parts)
+    logs.write("access.log", 1)
+    end, _ = plan(r, end)
+    assert "lost" not in end  # planned to its end: its range's task reported what it could not read
+
+
+@needs_logrotate
+def test_logrotate_copytruncate_planned_in_a_tight_loop_is_exact(tmp_path: Path) -> None:
+    """Debian's logrotate (copytruncate, compress, delaycompress), a writer appending, planning non-stop."""
+    logs = LogDir(tmp_path)
+    rotate = Logrotate(logs, "copytruncate", "compress", "delaycompress")
+    r = reader(logs)
+    offset = r.initialOffset()
+    seqs: Counter[int] = Counter()
+
+    def batch() -> None:
+        nonlocal offset
+        offset, parts = plan(r, offset)
+        for p in parts:
+            for b in r.read(p):
+                assert isinstance(b, pa.RecordBatch)
+                seqs.update(b.column("seq").to_pylist())
+        assert "lost" not in offset, offset["lost"]
+
+    writer = Writer(logs, "access.log", per_burst=50)
+    try:
+        for _ in range(3):
+            _bulk(logs, writer, 20_000)
+            batch()
+            rotating = rotate.start()
+            while rotating.poll() is None:
+                batch()  # while logrotate copies and truncates
+            assert rotating.returncode == 0
+            batch()
+    finally:
+        writer.stop()
+    batch()
+    held = lines_in_files(logs.dir)
+    assert max(seqs.values()) == 1 and not set(held) - set(seqs)
+
+
+def _bulk(logs: LogDir, writer: Writer, n: int) -> None:
+    """``n`` long lines at once (the writer paused): a file whose copy takes logrotate a while."""
+    writer.pause()
+    with open(logs.path("access.log"), "a") as f:
+        for _ in range(n):
+            text, _ = logs.line()
+            f.write(text[:-1] + ', "pad": "' + "p" * 300 + '"}\n')
+    writer.resume()
+
+
+@needs_logrotate
+def test_keyed_count_under_logrotate_with_a_writer_is_exact(
+    session: Any, tmp_path: Path, job_id: str
+) -> None:
+    """A query over access.log while Debian's logrotate rotates it (copytruncate, compress), a writer on."""
+    session.conf.set("spark.statekit.checkpoint.storage", "jobmanager")
+    session.conf.set("spark.statekit.parallelism", "2")
+    logs = LogDir(tmp_path)
+    logs.write("access.log", 10)
+    rotate = Logrotate(logs, "copytruncate", "compress", "delaycompress")
+    seqs: Counter[int] = Counter()
+
+    def sink(df: Any, batch_id: int) -> None:
+        seqs.update(row["seq"] for row in df.collect())
+
+    lines = read_logs(
+        session,
+        logs.path("access.log"),
+        parse=json.loads,
+        schema=SCHEMA,
+        config={"statekit.source.max-line-bytes": "1mb"},
+    )
+    query = (
+        keyed(lines, "url")
+        .process(CountAndSeq, "url string, n long, seq long", job_id=job_id)
+        .foreach_batch(sink)
+        .start(checkpoint_location=str(tmp_path / "spark"), trigger="0.05 seconds", restore="latest")
+    )
+    writer = Writer(logs, "access.log", per_burst=20)
+    try:
+        for _ in range(3):
+            _bulk(logs, writer, 5000)
+            time.sleep(0.3)
+            rotate.rotate()  # while the query plans micro-batches and the writer appends
+            writer.pause()  # processAllAvailable returns once no new line comes
+            query.processAllAvailable()  # the copy read before the next rotation compresses it
+            writer.resume()
+        writer.stop()
+        query.processAllAvailable()
+        lost = [json.loads(p["sources"][0]["endOffset"]).get("lost") for p in query.recentProgress]
+    finally:
+        writer.stop()
+        query.stop()
+    held = lines_in_files(logs.dir)
+    assert max(seqs.values()) == 1 and not set(held) - set(seqs)
+    assert not any(lost), lost
+    assert any(p.name.endswith(".gz") for p in logs.dir.iterdir())

@@ -306,6 +306,14 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
     ConfigOption("statekit.bad-records.max", int, None,
         "With dead-letter: more bad records than this in one run fail the job; unset: no limit.",
         minimum=0),
+    ConfigOption("statekit.source.max-line-bytes", int, 4 << 20,
+        "Log sources (LogSource, read_logs): the longest line read as a record; a longer line is a bad "
+        "record (stage too-long) keeping its first 64 KiB and its length, and the rest of it is skipped "
+        "without being held in memory.", minimum=1, byte_size=True),
+    ConfigOption("statekit.source.follow-symlinks", bool, False,
+        "Log sources: read the files that symlinks among the watched names point to, wherever they are; "
+        "false: such a symlink is an error naming it, unless it points to another watched file or is the "
+        "path given."),
     ConfigOption("statekit.bad-records.max-ratio", float, None,
         "With dead-letter: a share of bad records among those read in one run (0 to 1) above which "
         "the job fails, checked at each periodic checkpoint and at the end of the input; unset: no limit.",

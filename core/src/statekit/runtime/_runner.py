@@ -57,7 +57,7 @@ from ..serialization._keygroups import (
     validate_parallelism,
 )
 from ..serialization._serializers import serializer_for
-from ..sources import BadRecord, BadRecordPolicy
+from ..sources import BadRecord, BadRecordPolicy, LogSource
 from ..state._operator import OperatorStateBackendImpl
 from ..state._ttl import Clock, system_clock
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, NO_TIMER, EventTime, TimeDomain, TimerService
@@ -689,6 +689,8 @@ class LocalRunner:
         time.late_unsunk = 0
         fired_before = time.timers_fired
         src = source if isinstance(source, ReplayableSource) else RecordSource(list(source))
+        if isinstance(src, LogSource):
+            src.configure(self.config)  # statekit.source.*, for what the source was not given
         interval = self.checkpoint_interval
         since, exhausted = self._source.read(
             src,

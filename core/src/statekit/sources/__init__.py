@@ -6,8 +6,9 @@ checkpoint), :class:`BadRecord` and :class:`BadRecordPolicy` (what a record
 that cannot be processed carries, and ``statekit.bad-records.*``: fail, or
 dead letters with a budget), and what the source reports when input is lost.
 
-What it may import: the standard library and statekit's errors
-(``statekit._errors``), nothing else of statekit: the runners import it, not
+What it may import: the standard library, statekit's errors
+(``statekit._errors``) and its local-file helpers (``statekit._localfs``),
+nothing else of statekit: the runners import it, not
 the other way round. The modules inside are private; this package's names are
 the API, re-exported by :mod:`statekit`.
 """
@@ -15,12 +16,23 @@ the API, re-exported by :mod:`statekit`.
 from __future__ import annotations
 
 from ._badrecords import RAW_TEXT_LIMIT, BadRecord, BadRecordPolicy, bad_record_error
-from ._files import COMPRESSED_SUFFIXES, FINGERPRINT_BYTES
-from ._logsource import POSITION_TAG, InputLostWarning, LogSource, LostInput
+from ._files import COMPRESSED_SUFFIXES, FINGERPRINT_BYTES, LONG_LINE_HEAD, MAX_LINE_BYTES
+from ._logsource import (
+    FOLLOW_SYMLINKS_KEY,
+    MAX_LINE_BYTES_KEY,
+    POSITION_TAG,
+    InputLostWarning,
+    LogSource,
+    LostInput,
+)
 
 __all__ = [
     "COMPRESSED_SUFFIXES",
     "FINGERPRINT_BYTES",
+    "FOLLOW_SYMLINKS_KEY",
+    "LONG_LINE_HEAD",
+    "MAX_LINE_BYTES",
+    "MAX_LINE_BYTES_KEY",
     "POSITION_TAG",
     "RAW_TEXT_LIMIT",
     "BadRecord",

@@ -5,7 +5,7 @@ The position, kept in statekit's checkpoints, is JSON::
     ["statekit.LogSource/1", files, cur, offset, line]
 
 ``files`` lists every watched file the source knows, in the order it found
-them, each ``[path, dev, ino, fp_len, fp, offset, line, flags]``
+them, each ``[path, dev, ino, fp_len, fp, offset, line, flags, size]``
 (:class:`~statekit.sources._files.Tracked`); ``cur`` is the index of the file
 being read, whose ``offset`` (bytes) and ``line`` (lines) are the last two
 elements (``-1``: none). One ``files`` list is shared by the positions of a
@@ -14,6 +14,7 @@ file's records, so a record costs one small list.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import warnings
@@ -25,23 +26,51 @@ from .._errors import SourceError
 from ._badrecords import BadRecord, bad_record_error
 from ._files import (
     FINGERPRINT_BYTES,
+    IN_LONG_LINE,
+    MAX_LINE_BYTES,
     PARTIAL_END,
     Candidate,
+    LineReader,
+    LongLine,
     Tracked,
+    Watch,
+    check_watches,
+    count_lines,
+    find_compressed,
     find_copy,
+    find_prefix_copy,
     fingerprint,
+    head_of,
+    holds,
+    is_copy,
     list_candidates,
-    matches,
+    matched_head,
+    open_candidate,
+    open_regular,
     watches_for,
 )
 
-__all__ = ["POSITION_TAG", "InputLostWarning", "LogSource", "LostInput"]
+__all__ = [
+    "FOLLOW_SYMLINKS_KEY",
+    "MAX_LINE_BYTES_KEY",
+    "POSITION_TAG",
+    "InputLostWarning",
+    "LogSource",
+    "LostInput",
+]
 
 #: The first element of a :class:`LogSource` position.
 POSITION_TAG = "statekit.LogSource/1"
 
+#: The configuration key of :class:`LogSource`'s ``max_line_bytes``.
+MAX_LINE_BYTES_KEY = "statekit.source.max-line-bytes"
+#: The configuration key of :class:`LogSource`'s ``follow_symlinks``.
+FOLLOW_SYMLINKS_KEY = "statekit.source.follow-symlinks"
+
 _BACK = 1 << 16  # how far back locate() looks for the start of a line
-_BLOCK = 1 << 20  # bytes read at once
+_LISTINGS = 3  # listings a scan takes at most before it decides a known file is gone
+
+_log = logging.getLogger("statekit.sources")
 
 
 class InputLostWarning(RuntimeWarning):
@@ -55,20 +84,29 @@ class LostInput:
     Attributes:
         path: Where the file was.
         offset: How far it was read (bytes).
-        line: How far it was read (lines).
+        line: How far it was read (lines; None when not known at ``offset``).
         reason: What happened to it.
+        end: Where the bytes known not to have been read end (they are
+            ``offset`` to ``end``); None when the source cannot know whether
+            anything was written after ``offset``.
+        progress: How the source got to ``offset``: ``read to``, or
+            ``planned to`` (Spark's driver, which plans ranges that tasks read).
     """
 
     path: str
     offset: int
-    line: int
+    line: int | None
     reason: str
+    end: int | None = None
+    progress: str = "read to"
 
     def __str__(self) -> str:
-        return (
-            f"{self.path} (read to byte {self.offset}, line {self.line}) {self.reason}; "
-            "any lines written to it after that point were not read"
-        )
+        line = "" if self.line is None else f", line {self.line}"
+        if self.end is not None:
+            unread = f"bytes {self.offset}-{self.end} ({self.end - self.offset} bytes) were not read"
+        else:
+            unread = "lines written to it after that point, if any, were not read"
+        return f"{self.path} ({self.progress} byte {self.offset}{line}) {self.reason}; {unread}"
 
 
 class LogSource:
@@ -77,32 +115,45 @@ class LogSource:
     ``paths`` is a directory (every regular file in it, except hidden and
     compressed ones, filtered by ``pattern``), a file (that file and its
     rotations: every file of its directory whose name starts with its name,
-    ``access.log.1``, ``access.log-20250102``), or a sequence of both.
-    ``parse`` turns a line (``str``, strict UTF-8, without its newline) into a
-    record. Example::
+    ``access.log.1``, ``access.log-20250102``), or a sequence of both. A path
+    that does not exist is an error naming it (and a near name), also for a
+    job restored from a checkpoint. ``parse`` turns a line (``str``, strict
+    UTF-8, without its newline) into a record. Example::
 
         source = LogSource("/var/log/nginx/access.log", parse=json.loads)
         runner.run(source, restore="latest")
+
+    It reads only what it was pointed at: a symlink that leaves the watched
+    files (unless ``follow_symlinks``), a FIFO, a socket, a device or a
+    directory among the watched names is refused with a
+    :class:`~statekit.SourceError` naming it; files are opened so that no open
+    blocks on a special file.
 
     What it follows (see docs/operations.md#input-files):
 
     - appends; rename rotation (``access.log`` → ``access.log.1``, or a dated
       name): the renamed file is finished from its offset, by identity, before
       the new one starts; copytruncate: the copy is finished from the offset,
-      the truncated file is read from its start, never from the middle of a line;
+      the truncated file is read from its start, never from the middle of a
+      line; a copy seen before the original is truncated is not read again;
     - new files in the order they are found (by modification time among files
       found together), whatever their names;
-    - a file moved out, deleted or truncated before it was read to its end
-      (with no copy in the directory): what was read is kept; the loss is
-      reported (:class:`InputLostWarning` and :attr:`lost`), or fails the
-      read with ``on_lost="fail"``;
+    - a file moved out, deleted, compressed or truncated before it was read to
+      its end (with no copy in the directory): what was read is kept; the
+      loss is reported (:class:`InputLostWarning` and :attr:`lost`, with the
+      bytes not read when they are known), or fails the read with
+      ``on_lost="fail"``. A file read to its end (as the source last saw it)
+      and then deleted or compressed is no loss (logged at debug level);
     - a last line without a newline is read once the file has not been
-      modified for ``inactive_after`` seconds; until then it waits for its newline.
+      modified for ``inactive_after`` seconds; until then it waits for its newline;
+    - a line longer than ``max_line_bytes`` is a bad record (stage
+      ``too-long``, its first 64 KiB kept): the rest of it is skipped, in time
+      linear in its length and memory bounded by the limit.
 
-    A line that is not valid UTF-8 or that ``parse`` rejects raises
-    :class:`~statekit.BadRecordError` naming the file, byte offset, line
-    number and text; the :class:`~statekit.LocalRunner` applies its
-    bad-records policy instead (``statekit.bad-records.*``).
+    A line that is not valid UTF-8, that ``parse`` rejects or that is too
+    long raises :class:`~statekit.BadRecordError` naming the file, byte
+    offset, line number and text; the :class:`~statekit.LocalRunner` applies
+    its bad-records policy instead (``statekit.bad-records.*``).
 
     Args:
         paths: What to watch.
@@ -112,6 +163,13 @@ class LogSource:
             last line is read even without a newline.
         on_lost: ``"warn"`` or ``"fail"`` when input is lost.
         clock: Seconds since the epoch, for the inactivity rule (tests pass their own).
+        max_line_bytes: The longest line read as a record (bytes, without its
+            newline). None: ``statekit.source.max-line-bytes`` of the job's
+            configuration (default 4 MiB).
+        follow_symlinks: Read the files symlinks among the watched names point
+            to, wherever they are. None: ``statekit.source.follow-symlinks``
+            (default false: such a symlink is refused, unless it points to
+            another watched file or is the very path given).
     """
 
     def __init__(
@@ -123,9 +181,13 @@ class LogSource:
         inactive_after: float = 300.0,
         on_lost: str = "warn",
         clock: Callable[[], float] = time.time,
+        max_line_bytes: int | None = None,
+        follow_symlinks: bool | None = None,
     ) -> None:
         if on_lost not in ("warn", "fail"):
             raise ValueError(f"on_lost must be 'warn' or 'fail', not {on_lost!r}")
+        if max_line_bytes is not None and max_line_bytes < 1:
+            raise ValueError(f"max_line_bytes must be at least 1, not {max_line_bytes}")
         given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
         self.paths = [os.fspath(p) for p in given]
         self.parse = parse
@@ -133,17 +195,44 @@ class LogSource:
         self.inactive_after = float(inactive_after)
         self.on_lost = on_lost
         self.clock = clock
+        self._given = (max_line_bytes, follow_symlinks)
+        self.max_line_bytes = MAX_LINE_BYTES if max_line_bytes is None else int(max_line_bytes)
+        """The longest line read as a record (bytes)."""
+        self.follow_symlinks = bool(follow_symlinks)
+        """Whether symlinks are followed out of the watched files."""
         self.lost: list[LostInput] = []
         """What the last :meth:`read` found lost (also warned about)."""
+
+    _progress = "read to"  # how LostInput describes the offset; the Spark driver's plans
+
+    def configure(self, config: Any) -> None:
+        """Take ``statekit.source.*`` from a job's configuration, for what the constructor was not given.
+
+        The runners call it with their :class:`~statekit.Configuration` (any
+        object whose ``get(key)`` returns the typed value) before reading.
+        """
+        max_line, follow = self._given
+        if max_line is None:
+            self.max_line_bytes = int(config.get(MAX_LINE_BYTES_KEY))
+        if follow is None:
+            self.follow_symlinks = bool(config.get(FOLLOW_SYMLINKS_KEY))
+
+    def watches(self) -> list[Watch]:
+        """What the source watches, from its paths and pattern."""
+        return watches_for(self.paths, self.pattern)
 
     # --- reading ------------------------------------------------------------------
 
     def read(self, position: Any) -> Iterator[tuple[Any, Any]]:
         """Records after ``position`` (None: from the start), each with the position after it.
 
+        A read takes each file up to the length it had when the read began.
+
         Raises:
-            BadRecordError: On a line that is not UTF-8 or that ``parse`` rejects.
-            SourceError: If ``position`` cannot be followed, or input is lost under ``on_lost="fail"``.
+            BadRecordError: On a line that is not UTF-8, that ``parse`` rejects, or that is too long.
+            SourceError: If a watched path does not exist or holds what may not be read (a
+                symlink out, a FIFO, ...), if ``position`` cannot be followed, or input is lost
+                under ``on_lost="fail"``.
         """
         return self._read(position, mark_bad=False)
 
@@ -161,36 +250,48 @@ class LogSource:
         tracked = [t for t, _ in plan]
         for i, (t, c) in enumerate(plan):
             if c.size > t.offset:
-                yield from self._read_file(tracked, i, mark_bad)
+                yield from self._read_file(tracked, i, c, mark_bad)
 
-    def _read_file(self, tracked: list[Tracked], i: int, mark_bad: bool) -> Iterator[tuple[Any, Any]]:
+    def _read_file(
+        self, tracked: list[Tracked], i: int, c: Candidate, mark_bad: bool
+    ) -> Iterator[tuple[Any, Any]]:
         t = tracked[i]
         files = [x.to_json() for x in tracked]
-        try:
-            f = open(t.path, "rb")  # noqa: SIM115 - closed by the with below, across yields
-        except FileNotFoundError:
-            return  # renamed or removed since the scan: the next read finds it by identity
+        f = open_candidate(c)
+        if f is None:
+            return  # renamed, removed or replaced since the scan: the next read finds it by identity
         with f:
-            st = os.fstat(f.fileno())
-            if (st.st_dev, st.st_ino) != (t.dev, t.ino):
-                return  # replaced since the scan: the next read sorts it out
+            if not holds(f, t):
+                return  # truncated since the scan: the next read finds its copy
             parse = self.parse
             tag = POSITION_TAG
-            offset, line = t.offset, t.line
-            f.seek(offset)
-            pending = b""  # the start of a line the block ended in
+            limit = self.max_line_bytes
+            line = t.line
+            reader = LineReader(
+                f, t.offset, max_line=limit, end=c.size, skipping=bool(t.flags & IN_LONG_LINE)
+            )
             # Whole blocks, decoded at once and split in C: a line then costs little
             # more than the plain loop's. Offsets count bytes, which an ASCII block's
             # characters are; another block goes line by line.
-            while block := f.read(_BLOCK):
-                if pending:
-                    block = pending + block
-                cut = block.rfind(b"\n")
-                if cut < 0:
-                    pending = block
+            for piece in reader:
+                if piece.__class__ is LongLine:
+                    assert isinstance(piece, LongLine)
+                    line += 1
+                    if piece.ended:
+                        position: Any = [tag, files, i, piece.offset + piece.length + 1, line]
+                    else:  # no newline yet: the rest of it is skipped when it comes
+                        t.offset, t.line = piece.offset + piece.length, line
+                        t.flags = (t.flags | IN_LONG_LINE) & ~PARTIAL_END
+                        position = [tag, [x.to_json() for x in tracked], -1, 0, 0]
+                    bad = BadRecord(
+                        "too-long", piece.describe(limit), t.path, piece.offset, line,
+                        piece.head.decode("utf-8", "surrogateescape"),
+                    )  # fmt: skip
+                    if not mark_bad:
+                        raise bad_record_error(bad)
+                    yield bad, position
                     continue
-                pending = block[cut + 1 :]
-                body = block[:cut]
+                offset, body = piece  # type: ignore[misc]
                 if body.isascii():
                     for text in body.decode("ascii").split("\n"):
                         offset += len(text) + 1
@@ -226,14 +327,20 @@ class LogSource:
                             yield bad, [tag, files, i, offset, line]
                             continue
                         yield record, [tag, files, i, offset, line]
-            t.offset, t.line = offset, line
-            if pending and self.clock() - os.fstat(f.fileno()).st_mtime >= self.inactive_after:
+            if reader.offset != t.offset:
+                t.flags &= ~(PARTIAL_END | IN_LONG_LINE)
+            t.offset, t.line = reader.offset, line
+            if reader.skipping:
+                t.flags |= IN_LONG_LINE
+                return
+            pending = reader.tail
+            st = os.fstat(f.fileno())
+            if pending and st.st_size == reader.pos and self.clock() - st.st_mtime >= self.inactive_after:
                 # A last line without its newline, in a file idle long enough: read it as a line.
-                offset += len(pending)
                 line += 1
-                t.offset, t.line, t.flags = offset, line, t.flags | PARTIAL_END
+                t.offset, t.line, t.flags = reader.offset + len(pending), line, t.flags | PARTIAL_END
                 position = [tag, [x.to_json() for x in tracked], -1, 0, 0]
-                yield from self._one(pending, offset, line, t.path, position, mark_bad)
+                yield from self._one(pending, t.offset, line, t.path, position, mark_bad)
 
     def _one(
         self, raw: bytes, end: int, line: int, path: str, position: Any, mark_bad: bool
@@ -269,7 +376,7 @@ class LogSource:
                 raise SourceError(f"a damaged LogSource position: {e}") from e
             if cur >= 0:
                 t = tracked[cur]
-                t.offset, t.line, t.flags = offset, line, t.flags & ~PARTIAL_END
+                t.offset, t.line, t.flags = offset, line, t.flags & ~(PARTIAL_END | IN_LONG_LINE)
             return tracked
         if (
             isinstance(position, list)
@@ -293,7 +400,9 @@ class LogSource:
         Raises:
             SourceError: If no watched file has that name, or the offset is not a line end in it.
         """
-        cands = sorted(list_candidates(watches_for(self.paths, self.pattern)), key=lambda c: c.path)
+        cands = sorted(
+            list_candidates(self.watches(), follow_symlinks=self.follow_symlinks), key=lambda c: c.path
+        )
         named = [c for c in cands if os.path.basename(c.path) == name]
         if len(named) != 1:
             raise SourceError(
@@ -308,7 +417,10 @@ class LogSource:
             if base > name:
                 continue
             end = offset if base == name else c.size
-            with open(c.path, "rb") as f:
+            f = open_candidate(c)
+            if f is None:
+                raise SourceError(f"{c.path} changed while the FileSource position was restored: try again")
+            with f:
                 head = f.read(FINGERPRINT_BYTES)
                 f.seek(0)
                 prefix = f.read(end)
@@ -318,7 +430,9 @@ class LogSource:
                     f"{c.size} bytes and no line ends at byte {end}: the file changed since the checkpoint"
                 )
             tracked.append(
-                Tracked(c.path, c.dev, c.ino, len(head), fingerprint(head), end, prefix.count(b"\n"))
+                Tracked(
+                    c.path, c.dev, c.ino, len(head), fingerprint(head), end, prefix.count(b"\n"), 0, c.size
+                )
             )
         warnings.warn(
             f"restored a FileSource position [{name!r}, {offset}]: files named before {name!r} are taken "
@@ -345,50 +459,146 @@ class LogSource:
         return self._scan(tracked)
 
     def _scan(self, tracked: list[Tracked]) -> list[tuple[Tracked, Candidate]]:
-        """Binds each known file to the file that holds it now; lists new files; reports lost ones."""
-        cands = list_candidates(watches_for(self.paths, self.pattern))
-        by_inode = {(c.dev, c.ino): c for c in cands}
-        claimed: set[tuple[int, int]] = set()
-        bound: dict[int, Candidate] = {}
-        for i, t in enumerate(tracked):
-            c = by_inode.get((t.dev, t.ino))
-            if c is not None and matches(c, t):
-                bound[i] = c
-                claimed.add((c.dev, c.ino))
+        """Binds each known file to the file that holds it now; lists new files; reports lost ones.
+
+        In order: a known file on its own inode with its content whole; else
+        its copy under another inode (what ``copytruncate`` leaves), finished
+        from the offset; else a copy of less than was read (everything in it
+        was read), or the file is gone and reported if anything of it was not
+        read. Then the files not bound so far: a copy of a file that is still
+        whole, known or new (between ``copytruncate``'s copy and its
+        truncation), is not read, since the original holds the same lines; the
+        rest are new files, in the order found (by modification time).
+        """
+        watches = self.watches()
+        check_watches(watches, tracked)
+        for _ in range(_LISTINGS):
+            cands = list_candidates(watches, follow_symlinks=self.follow_symlinks)
+            by_inode = {(c.dev, c.ino): c for c in cands}
+            claimed: set[tuple[int, int]] = set()
+            bound: dict[int, Candidate] = {}
+            heads: dict[int, bytes | None] = {}  # the first bytes of a file bound on its own inode
+            for i, t in enumerate(tracked):
+                c = by_inode.get((t.dev, t.ino))
+                if c is not None and (head := matched_head(c, t)) is not None:
+                    bound[i], heads[i] = c, head
+                    claimed.add((c.dev, c.ino))
+            copies: dict[int, Candidate] = {}
+            for i, t in enumerate(tracked):
+                if i in bound:
+                    continue
+                # A copy of what was read under another inode: what copytruncate leaves.
+                c = find_copy(t, cands, claimed | {(t.dev, t.ino)})
+                if c is not None:
+                    bound[i] = copies[i] = c
+                    claimed.add((c.dev, c.ino))
+            if len(bound) == len(tracked):
+                break
+            # A file changed or went after the listing was taken: logrotate truncates (and
+            # deletes a file it compressed) only once the copy is complete, so a listing taken
+            # now shows where its content is. List again before deciding it is gone.
+        for i, c in copies.items():
+            t = tracked[i]
+            if c.size < t.size:
+                self._lose(LostInput(
+                    t.path, c.size, None,
+                    f"was truncated after its copy {c.path} was made, and what was written to it in "
+                    "between (as logrotate's copytruncate loses it) was truncated away",
+                    end=t.size, progress="as last seen, up to",
+                ))  # fmt: skip
+            t.dev, t.ino = c.dev, c.ino
         for i, t in enumerate(tracked):
             if i in bound:
                 continue
-            same = by_inode.get((t.dev, t.ino))
-            # A copy of what was read under another inode: what copytruncate leaves.
-            c = find_copy(t, cands, claimed | {(t.dev, t.ino)})
-            if c is not None:
-                bound[i] = c
-                claimed.add((c.dev, c.ino))
-                t.dev, t.ino = c.dev, c.ino
-            else:
-                reason = (
-                    "was truncated or rewritten in place (as by logrotate's copytruncate), with no copy of "
-                    "it among the watched files"
-                    if same is not None
-                    else "is no longer among the watched files (moved or deleted)"
-                )
-                self._lose(LostInput(t.path, t.offset, t.line, reason))
+            p = find_prefix_copy(t, cands, claimed)
+            if p is not None:
+                self._fully_read_copy(t, p)
+                bound[i] = p
+                claimed.add((p.dev, p.ino))
+                continue
+            self._gone(t, by_inode.get((t.dev, t.ino)), watches)
         plan: list[tuple[Tracked, Candidate]] = []
         for i, t in enumerate(tracked):
             c = bound.get(i)
             if c is not None:
-                t.path = c.path
+                t.path, t.size = c.path, c.size
                 plan.append((t, c))
-        new = sorted((c for c in cands if (c.dev, c.ino) not in claimed), key=lambda c: (c.mtime_ns, c.path))
-        for c in new:
-            try:
-                with open(c.path, "rb") as f:
-                    head = f.read(FINGERPRINT_BYTES)
-            except FileNotFoundError:
+        # Known files still whole, then new files, longest first: a copy is never longer than its
+        # original, which is then already here to compare it with (the original and its copy can
+        # both be new: a job that starts between copytruncate's copy and its truncation).
+        owners = [(bound[i], head, tracked[i]) for i, head in heads.items() if head is not None]
+        new: list[tuple[Tracked, Candidate]] = []
+        for c in sorted((c for c in cands if (c.dev, c.ino) not in claimed), key=lambda c: (-c.size, c.path)):
+            head = head_of(c)
+            if not head:
+                continue  # gone since the listing
+            original = next((o for o, oh, ot in owners if is_copy(c, head, o, oh, ot)), None)
+            if original is not None:
+                _log.debug("%s is a copy of %s, which is still whole: not read again", c.path, original.path)
                 continue
-            if head:
-                plan.append((Tracked(c.path, c.dev, c.ino, len(head), fingerprint(head)), c))
-        return plan
+            t = Tracked(c.path, c.dev, c.ino, len(head), fingerprint(head), size=c.size)
+            owners.append((c, head, t))
+            new.append((t, c))
+        return plan + sorted(new, key=lambda tc: (tc[1].mtime_ns, tc[1].path))
+
+    def _fully_read_copy(self, t: Tracked, p: Candidate) -> None:
+        """Moves ``t`` to ``p``, a copy of its first bytes, as read to its end: ``t`` was read past its end.
+
+        ``t`` stays the same entry (the Spark source keeps its id), now for ``p``.
+        """
+        counted = count_lines(p, p.size)
+        head = head_of(p) or b""
+        lines, ends_with_newline = counted if counted is not None else (0, True)
+        if t.size > t.offset:
+            self._lose(LostInput(
+                t.path, t.offset, t.line,
+                f"was truncated (as by logrotate's copytruncate) and its copy {p.path} holds only its first "
+                f"{p.size} bytes, less than was read",
+                end=t.size, progress=self._progress,
+            ))  # fmt: skip
+        else:
+            _log.debug("%s was read to its end; its copy %s holds less, all of it read", t.describe(), p.path)
+        t.dev, t.ino, t.fp_len, t.fp = p.dev, p.ino, len(head), fingerprint(head)
+        t.offset, t.line = p.size, lines + (not ends_with_newline)
+        t.flags = 0 if ends_with_newline else PARTIAL_END
+
+    def _gone(self, t: Tracked, same: Candidate | None, watches: Sequence[Watch]) -> None:
+        """Reports ``t``, found nowhere, if anything of it was not read; says where its content went."""
+        if same is not None and same.path == t.path:
+            reason = (
+                "was truncated or rewritten in place (as by logrotate's copytruncate), with no copy of it "
+                "among the watched files"
+            )
+        elif same is not None:
+            reason = (
+                f"was deleted or moved out, and its inode number now belongs to another file, {same.path}"
+            )
+        else:
+            reason = "is no longer among the watched files (moved out or deleted)"
+        z = find_compressed(t, watches)
+        if z is not None:
+            if z.size > t.offset:
+                self._lose(LostInput(
+                    t.path, t.offset, t.line,
+                    f"was compressed to {z.path} before it was read to its end (compressed files are "
+                    "not read)",
+                    end=z.size, progress=self._progress,
+                ))  # fmt: skip
+            else:
+                _log.debug("%s was read to its end, then compressed to %s", t.describe(), z.path)
+        elif t.size > t.offset:
+            self._lose(LostInput(
+                t.path, t.offset, t.line, f"{reason}; it was {t.size} bytes long when the source last looked",
+                end=t.size, progress=self._progress,
+            ))  # fmt: skip
+        elif t.size < 0 or (same is not None and same.path == t.path):
+            # No length on record (a position of an earlier statekit), or a file truncated in place
+            # whose copy went elsewhere: whatever was written after the last look is not known.
+            self._lose(LostInput(t.path, t.offset, t.line, reason, progress=self._progress))
+        else:
+            _log.debug(
+                "%s was read to its end as last seen, then %s", t.describe(), reason.removeprefix("is ")
+            )
 
     def _lose(self, lost: LostInput) -> None:
         self.lost.append(lost)
@@ -396,7 +606,7 @@ class LogSource:
             raise SourceError(
                 f"input lost: {lost}. To accept the loss and go on, run once with on_lost='warn'"
             )
-        warnings.warn(f"input lost: {lost}", InputLostWarning, stacklevel=4)
+        warnings.warn(f"input lost: {lost}", InputLostWarning, stacklevel=5)
 
     # --- error places -----------------------------------------------------------------
 
@@ -419,11 +629,11 @@ class LogSource:
         else:
             path = files[cur][0]
         try:
-            with open(path, "rb") as f:
+            with open_regular(path) as f:
                 start = max(0, end - _BACK)
                 f.seek(start)
                 data = f.read(end - start)
-        except OSError:
+        except (OSError, SourceError):
             return BadRecord("", "", path, None, line, "")
         body = data[:-1] if data.endswith(b"\n") else data
         cut = body.rfind(b"\n")

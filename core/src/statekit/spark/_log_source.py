@@ -8,13 +8,14 @@ its position where any Spark source keeps it: in the query's offset log.
 
 An offset is JSON::
 
-    {"v": 1, "next": 3, "files": [[id, [path, dev, ino, fp_len, fp, offset, line, flags]], ...],
-     "lost": ["<file> (read to byte …) is no longer among the watched files …"]}
+    {"v": 1, "next": 3, "files": [[id, [path, dev, ino, fp_len, fp, offset, line, flags, size]], ...],
+     "lost": ["<file> (planned to byte …) is no longer among the watched files …"]}
 
 ``files`` lists every watched file the source knows, each with an id given
-when it was found and where reading got to (the
-:class:`~statekit.sources._files.Tracked` form); ``lost`` names the files the
-planning of this offset found gone. A micro-batch ``[start, end)`` is one
+when it was found and how far it is planned (the
+:class:`~statekit.sources._files.Tracked` form: offsets are what micro-batches
+were given to read, not what a task has read); ``lost`` names the files the
+planning of this offset found gone with bytes never planned. A micro-batch ``[start, end)`` is one
 range of bytes per file whose offset grew, ``[start offset, end offset)``,
 and a task re-reads exactly those bytes from what the end offset records:
 the file is opened by its path if that still holds the same inode and
@@ -23,7 +24,8 @@ content, else found among the watched files by inode, else by fingerprint
 reads the same lines, also when the file was rotated in between.
 
 Planning (``latestOffset``) runs on the driver and reads the new bytes once to
-count their lines, so offsets end at line ends and carry line numbers for
+count their lines, so offsets end at line ends (or inside a line longer than
+the limit, which the task reports as a bad record) and carry line numbers for
 bad records; tasks read and parse them on the executors.
 """
 
@@ -32,11 +34,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar
 
 import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql import DataFrame, SparkSession
@@ -51,15 +54,23 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from .._errors import ConfigurationError, SourceError
-from ..sources import BadRecord, BadRecordPolicy, LogSource
+from ..plugins._config import Configuration
+from ..sources import FOLLOW_SYMLINKS_KEY, MAX_LINE_BYTES_KEY, BadRecord, BadRecordPolicy, LogSource
 from ..sources._files import (
+    IN_LONG_LINE,
     PARTIAL_END,
     Candidate,
+    LineReader,
+    LongLine,
     Tracked,
     Watch,
+    check_watches,
+    find_compressed,
     find_copy,
+    find_prefix_copy,
     list_candidates,
     matches,
+    open_candidate,
     watches_for,
 )
 
@@ -83,12 +94,16 @@ _OPTIONS = (
     "deadletterpath",
     "maxbadrecords",
     "maxbadratio",
+    "maxlinebytes",
+    "followsymlinks",
 )
-_BAD_RECORD_KEYS = {
+_CONFIG_KEYS = {
     "statekit.bad-records.policy": "badRecordsPolicy",
     "statekit.bad-records.dead-letter-path": "deadLetterPath",
     "statekit.bad-records.max": "maxBadRecords",
     "statekit.bad-records.max-ratio": "maxBadRatio",
+    MAX_LINE_BYTES_KEY: "maxLineBytes",
+    FOLLOW_SYMLINKS_KEY: "followSymlinks",
 }
 
 
@@ -104,6 +119,8 @@ def read_logs(
     max_lines_per_trigger: int | None = None,
     job_id: str | None = None,
     config: Mapping[str, object] | None = None,
+    max_line_bytes: int | None = None,
+    follow_symlinks: bool | None = None,
 ) -> DataFrame:
     """A streaming DataFrame of the lines of log files that rotate, read exactly once.
 
@@ -127,11 +144,19 @@ def read_logs(
     ``config`` (keys with or without ``spark.``) or else from the session's
     ``spark.statekit.bad-records.*``: ``fail`` (the default) fails the task
     with a :class:`~statekit.BadRecordError` naming the file, byte offset,
-    line and text; ``dead-letter`` skips them into JSON-lines files under
+    line and text; a line longer than ``max_line_bytes`` is a bad record too
+    (stage ``too-long``, its first 64 KiB kept, the rest skipped by the task
+    without holding it in memory); ``dead-letter`` skips them into JSON-lines files under
     ``dead-letter-path`` (a directory every executor reaches), one file per
     range of a file that held bad lines, replaced if Spark reads the range
     again: each bad line is written once. ``max`` and ``max-ratio`` count the
     bad lines of one such range (one task), not of a whole run.
+
+    As :class:`~statekit.LogSource`, it reads only what it was pointed at: a
+    watched path that does not exist (a directory: already here), a symlink
+    that leaves the watched files (unless ``follow_symlinks``), a FIFO, socket,
+    device or directory among the watched names fails the query with a
+    :class:`~statekit.SourceError` naming it.
 
     Args:
         spark: The session.
@@ -145,14 +170,19 @@ def read_logs(
             finished is gone (see docs/operations.md#input-files).
         max_lines_per_trigger: Lines per micro-batch at most (None: all there are).
         job_id: Written into dead letters.
-        config: ``statekit.bad-records.*`` keys overriding the session's.
+        config: ``statekit.bad-records.*`` and ``statekit.source.*`` keys overriding the session's.
+        max_line_bytes: The longest line read as a record (bytes); None:
+            ``statekit.source.max-line-bytes`` (default 4 MiB).
+        follow_symlinks: Read what symlinks among the watched names point to;
+            None: ``statekit.source.follow-symlinks`` (default false).
 
     Raises:
         ConfigurationError: If an option is invalid (``dead-letter`` without a path, ...).
+        SourceError: If a watched directory does not exist.
     """
-    given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    given = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
     options: dict[str, str] = {
-        "paths": json.dumps([os.path.abspath(os.fspath(p)) for p in given]),
+        "paths": json.dumps([_absolute(p) for p in given]),
         "pattern": pattern,
         "inactiveAfter": str(float(inactive_after)),
         "onLost": on_lost,
@@ -162,19 +192,29 @@ def read_logs(
     if job_id is not None:
         options["jobId"] = job_id
     overrides = {k.removeprefix("spark."): v for k, v in (config or {}).items()}
-    for key, option in _BAD_RECORD_KEYS.items():
+    for key, option in _CONFIG_KEYS.items():
         value = overrides.get(key)
         if value is None:
             value = spark.conf.get(f"spark.{key}", None)
         if value is not None:
             options[option] = str(value)
-    _Options.parse(options)  # fail here, on the caller's thread, rather than in the query
+    if max_line_bytes is not None:
+        options["maxLineBytes"] = str(max_line_bytes)
+    if follow_symlinks is not None:
+        options["followSymlinks"] = str(bool(follow_symlinks)).lower()
+    # Fail here, on the caller's thread, rather than in the query (naming the paths as given).
+    check_watches(watches_for(given, _Options.parse(options).pattern), None)
     struct = schema if isinstance(schema, T.StructType) else T._parse_datatype_string(schema)
     if not isinstance(struct, T.StructType):
         raise ConfigurationError(f"read_logs: schema must be a struct, not {schema!r}")
     source = _source_class(parse, struct)
     spark.dataSource.register(source)
     return spark.readStream.format(source.name()).options(**options).load()
+
+
+def _absolute(path: str) -> str:
+    """``path`` made absolute, keeping a trailing separator (a directory, whether it exists or not)."""
+    return os.path.abspath(path) + (os.sep if path.endswith(("/", os.sep)) else "")
 
 
 def register_log_source(spark: SparkSession) -> None:
@@ -211,7 +251,8 @@ class LogDataSource(DataSource):
 
     Options (not case-sensitive): ``path`` (or ``load(path)``) or ``paths`` (a
     JSON list), ``pattern``, ``inactiveAfter`` (seconds), ``onLost`` (``warn``
-    or ``fail``), ``maxLinesPerTrigger``, ``jobId``, and the bad-records
+    or ``fail``), ``maxLinesPerTrigger``, ``jobId``, ``maxLineBytes`` (a size:
+    ``4mb``), ``followSymlinks`` (``true`` or ``false``), and the bad-records
     policy: ``badRecordsPolicy`` (``fail`` or ``dead-letter``),
     ``deadLetterPath``, ``maxBadRecords``, ``maxBadRatio``.
     """
@@ -248,6 +289,8 @@ class _Options:
     dead_letter_path: str | None
     max_bad: int | None
     max_ratio: float | None
+    max_line: int
+    follow_symlinks: bool
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> _Options:
@@ -257,7 +300,7 @@ class _Options:
             raise ConfigurationError(
                 f"{LOG_SOURCE_NAME}: unknown options {unknown}; the options are: path, paths, pattern, "
                 "inactiveAfter, onLost, maxLinesPerTrigger, jobId, badRecordsPolicy, deadLetterPath, "
-                "maxBadRecords, maxBadRatio"
+                "maxBadRecords, maxBadRatio, maxLineBytes, followSymlinks"
             )
         if opts.get("paths"):
             paths = json.loads(opts["paths"])
@@ -276,11 +319,17 @@ class _Options:
             raise ConfigurationError(f"{LOG_SOURCE_NAME}: {e}") from e
         if max_lines is not None and max_lines < 1:
             raise ConfigurationError(f"{LOG_SOURCE_NAME}: maxLinesPerTrigger must be at least 1")
+        source_keys = {MAX_LINE_BYTES_KEY: "maxlinebytes", FOLLOW_SYMLINKS_KEY: "followsymlinks"}
+        try:
+            conf = Configuration({k: opts[o] for k, o in source_keys.items() if opts.get(o)})
+            max_line, follow = int(conf.get(MAX_LINE_BYTES_KEY)), bool(conf.get(FOLLOW_SYMLINKS_KEY))
+        except ConfigurationError as e:
+            raise ConfigurationError(f"{LOG_SOURCE_NAME}: {e}") from e
         on_lost = opts.get("onlost", "warn")
         if on_lost not in ("warn", "fail"):
             raise ConfigurationError(f"{LOG_SOURCE_NAME}: onLost must be warn or fail, not {on_lost!r}")
         parsed = cls(
-            tuple(os.path.abspath(p) for p in paths),
+            tuple(_absolute(p) for p in paths),
             opts.get("pattern", "*"),
             inactive,
             on_lost,
@@ -290,6 +339,8 @@ class _Options:
             opts.get("deadletterpath") or None,
             max_bad,
             max_ratio,
+            max_line,
+            follow,
         )
         parsed.policy_for(lambda bad: None)  # checks the policy now, not in the first task
         return parsed
@@ -322,13 +373,16 @@ class LogRange(InputPartition):
             (``offset``, ``line``: where the range ends).
         start: The byte offset the range starts at.
         start_line: Lines of the file before ``start``.
+        skip: ``start`` is inside a line longer than the limit, reported by an
+            earlier range: the range begins after that line's newline.
     """
 
-    def __init__(self, entry: list[Any], start: int, start_line: int) -> None:
+    def __init__(self, entry: list[Any], start: int, start_line: int, skip: bool = False) -> None:
         super().__init__(None)
         self.entry = entry
         self.start = start
         self.start_line = start_line
+        self.skip = skip
 
     def __repr__(self) -> str:
         return f"LogRange({self.entry[0]}, bytes {self.start}-{self.entry[5]})"
@@ -408,7 +462,8 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Remember how long every watched file is now: an ``availableNow`` query reads no further."""
-        self._target = {(c.dev, c.ino): c.size for c in list_candidates(self.options.watches())}
+        cands = list_candidates(self.options.watches(), follow_symlinks=self.options.follow_symlinks)
+        self._target = {(c.dev, c.ino): c.size for c in cands}
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """Where the files end now (at a line end), ``start`` itself when nothing is new.
@@ -428,12 +483,14 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise SourceError(f"{LOG_SOURCE_NAME}: read limit {limit!r} is not supported")
         files, next_id = _load(start)
         by_tracked = {id(f.tracked): f for f in files}
-        source = LogSource(
+        source = _PlanningSource(
             list(self.options.paths),
             pattern=self.options.pattern,
             inactive_after=self.options.inactive_after,
             on_lost=self.options.on_lost,
             clock=self.clock,
+            max_line_bytes=self.options.max_line,
+            follow_symlinks=self.options.follow_symlinks,
         )
         plan = source.locate_files([f.tracked for f in files])
         moved = False
@@ -451,8 +508,9 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 size = min(size, self._target.get((c.dev, c.ino), size))
             if budget == 0 or size <= t.offset:
                 continue
-            got = _advance(c, t, size, budget, self.clock() - c.mtime_ns / 1e9 >= self.options.inactive_after)
-            if got:
+            idle = self.clock() - c.mtime_ns / 1e9 >= self.options.inactive_after
+            got, advanced = _advance(c, t, size, budget, idle, self.options.max_line)
+            if advanced:
                 moved = True
                 if budget is not None:
                     budget -= got
@@ -469,7 +527,8 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             was = before.get(f.id)
             offset, line = (was.offset, was.line) if was is not None else (0, 0)
             if f.tracked.offset > offset:
-                parts.append(LogRange(f.tracked.to_json(), offset, line))
+                skip = was is not None and bool(was.flags & IN_LONG_LINE)
+                parts.append(LogRange(f.tracked.to_json(), offset, line, skip))
         return parts
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -488,28 +547,38 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         letters: list[BadRecord] = []
         policy = self.options.policy_for(letters.append)
         arrow_schema = to_arrow_schema(self.schema)
+        limit = self.options.max_line
         t = Tracked.from_json(partition.entry)
-        opened = _open_by_identity(t, self.options.watches())
+        watches = self.options.watches()
+        opened = _open_by_identity(t, watches, self.options.follow_symlinks, partition.start)
         if opened is None:
-            lost = (
+            z = find_compressed(t, watches)
+            went = f"; its content is in {z.path}, and compressed files are not read" if z is not None else ""
+            self._lost(
+                partition,
+                letters,
                 f"{t.path} (bytes {partition.start}-{t.offset}, after line {partition.start_line}) could "
                 "not be found by inode or fingerprint when its micro-batch ran: it was moved out of the "
-                "watched files or deleted after the batch was planned; its lines of this range were not read"
+                f"watched files, deleted or compressed after the batch was planned{went}; its lines of this "
+                "range were not read",
+                partition.start,
+                partition.start_line,
             )
-            if self.options.on_lost == "fail":
-                raise SourceError(f"input lost: {lost}")
-            warnings.warn(f"input lost: {lost}", RuntimeWarning, stacklevel=2)
-            if self.options.dead_letter_path is not None:
-                letters.append(BadRecord("lost", lost, t.path, partition.start, partition.start_line, ""))
-                self._write_letters(partition, letters)
             return
-        f, path = opened
+        f, path, stop = opened
         rows: list[Any] = []
         places: list[tuple[int, int, bytes]] = []
         lines = 0
         with f:
-            for start, line, raw in _lines(f, partition.start, partition.start_line, t.offset):
+            reader = LineReader(f, partition.start, max_line=limit, end=stop, skipping=partition.skip)
+            for start, line, raw in _lines(reader, partition.start_line, tail=stop == t.offset):
                 lines += 1
+                if raw.__class__ is LongLine:
+                    assert isinstance(raw, LongLine)
+                    head = raw.head.decode("utf-8", "surrogateescape")
+                    policy.handle(BadRecord("too-long", raw.describe(limit), path, start, line, head))
+                    continue
+                assert isinstance(raw, bytes)
                 try:
                     text = raw.decode()
                     record = text if self.parse is None else self.parse(text)
@@ -522,9 +591,39 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if len(rows) >= _ROWS_PER_BATCH:
                     yield from _to_arrow(rows, places, arrow_schema, policy, path)
                     rows, places = [], []
+            if reader.pos < stop:
+                raise SourceError(
+                    f"{path}: ended at byte {reader.pos}, before byte {stop} its micro-batch reads"
+                )
         if rows:
             yield from _to_arrow(rows, places, arrow_schema, policy, path)
         policy.check_ratio(lines)
+        if stop < t.offset:
+            self._lost(
+                partition,
+                letters,
+                f"{t.path}: bytes {reader.offset}-{t.offset} of the range {partition.start}-{t.offset} were "
+                "not read: the file was truncated (as by logrotate's copytruncate) before the micro-batch "
+                f"ran, and its copy {path} holds only its first {stop} bytes",
+                reader.offset,
+                None,
+            )
+        elif letters:
+            self._write_letters(partition, letters)
+
+    def _lost(
+        self, partition: LogRange, letters: list[BadRecord], lost: str, offset: int, line: int | None
+    ) -> None:
+        """Report a range (or its end) that cannot be read: fail, or warn and leave a ``lost`` dead letter.
+
+        Raises:
+            SourceError: Under ``onLost=fail``.
+        """
+        if self.options.on_lost == "fail":
+            raise SourceError(f"input lost: {lost}")
+        warnings.warn(f"input lost: {lost}", RuntimeWarning, stacklevel=3)
+        if self.options.dead_letter_path is not None:
+            letters.append(BadRecord("lost", lost, partition.entry[0], offset, line, ""))
         if letters:
             self._write_letters(partition, letters)
 
@@ -545,20 +644,29 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         os.replace(tmp, os.path.join(directory, name))
 
 
-def _advance(c: Candidate, t: Tracked, size: int, budget: int | None, idle: bool) -> int:
-    """Moves ``t`` past the complete lines of ``c`` up to ``size`` (at most ``budget``); the lines taken.
+class _PlanningSource(LogSource):
+    """The LogSource the driver plans with: its offsets are planned, not read, and lost input says so."""
 
-    A last line without a newline is taken once the file is ``idle``, as the
-    LogSource does; its offset then carries :data:`PARTIAL_END`.
+    _progress = "planned to"
+
+
+def _advance(
+    c: Candidate, t: Tracked, size: int, budget: int | None, idle: bool, max_line: int
+) -> tuple[int, bool]:
+    """Moves ``t`` past the complete lines of ``c`` up to ``size`` (at most ``budget``).
+
+    Returns the lines taken and whether ``t`` moved (it also moves, taking no
+    line, over the rest of a long line reported before). A last line without
+    a newline is taken once the file is ``idle``, as the LogSource does (its
+    offset then carries :data:`PARTIAL_END`), or at once if it is already
+    longer than ``max_line`` (:data:`IN_LONG_LINE`: the task reports it, and
+    the next range skips the rest of it).
     """
-    try:
-        f = open(c.path, "rb")  # noqa: SIM115 - closed below
-    except FileNotFoundError:
-        return 0  # gone since it was listed: the next plan finds it by identity
+    f = open_candidate(c)
+    if f is None:
+        return 0, False  # gone since it was listed: the next plan finds it by identity
+    skipping = bool(t.flags & IN_LONG_LINE)
     with f:
-        st = os.fstat(f.fileno())
-        if (st.st_dev, st.st_ino) != (c.dev, c.ino):
-            return 0
         pos = t.offset
         f.seek(pos)
         end, taken = pos, 0
@@ -566,9 +674,18 @@ def _advance(c: Candidate, t: Tracked, size: int, budget: int | None, idle: bool
             block = f.read(min(_BLOCK, size - pos))
             if not block:
                 break
-            n = block.count(b"\n")
+            i = 0
+            if skipping:
+                nl = block.find(b"\n")
+                if nl < 0:
+                    pos += len(block)
+                    end = pos
+                    continue
+                skipping, i = False, nl + 1
+                end = pos + i
+            n = block.count(b"\n", i)
             if budget is not None and taken + n > budget:
-                cut = -1
+                cut = i - 1
                 for _ in range(budget - taken):
                     cut = block.index(b"\n", cut + 1)
                 taken, end = budget, pos + cut + 1
@@ -577,75 +694,88 @@ def _advance(c: Candidate, t: Tracked, size: int, budget: int | None, idle: bool
                 taken += n
                 end = pos + block.rindex(b"\n") + 1
             pos += len(block)
-        partial = end < size and pos >= size and idle and (budget is None or taken < budget)
-    if partial:
+        rest = size - end if pos >= size and not skipping and (budget is None or taken < budget) else 0
+    long = rest > max_line
+    partial = rest > 0 and idle and not long
+    if long or partial:
         taken += 1
         end = size
-    if taken:
-        t.offset, t.line = end, t.line + taken
-        t.flags = t.flags | PARTIAL_END if partial else t.flags & ~PARTIAL_END
-    return taken
+    if end == t.offset:
+        return 0, False
+    t.offset, t.line = end, t.line + taken
+    t.flags &= ~(PARTIAL_END | IN_LONG_LINE)
+    if partial:
+        t.flags |= PARTIAL_END
+    if long or skipping:
+        t.flags |= IN_LONG_LINE
+    return taken, True
 
 
-def _open_by_identity(t: Tracked, watches: Sequence[Watch]) -> tuple[Any, str] | None:
-    """The file that holds ``t`` up to its offset, open, and its path now; None if it cannot be found.
+def _open_by_identity(
+    t: Tracked, watches: Sequence[Watch], follow: bool, start: int
+) -> tuple[IO[bytes], str, int] | None:
+    """The file that holds ``t`` from ``start`` to its offset, open, its path now, and where it ends.
 
     Its path, if that is still the same inode with the same content; else the
     watched file with its inode (renamed); else a copy of its content under
-    another inode (``copytruncate``'s).
+    another inode (``copytruncate``'s). The end is ``t``'s offset, or less if
+    only a copy of the file's first bytes is left (the original truncated
+    after more was planned than the copy holds); None if nothing holds the range.
     """
     for _ in range(3):  # a rotation between finding the file and opening it: look again
-        c = _stat(t.path)
+        c = _stat(t.path, follow)
         if c is None or (c.dev, c.ino) != (t.dev, t.ino) or not matches(c, t, extend_to=t.fp_len):
-            cands = list_candidates(watches)
+            cands = list_candidates(watches, follow_symlinks=follow)
             same = [
                 x for x in cands if (x.dev, x.ino) == (t.dev, t.ino) and matches(x, t, extend_to=t.fp_len)
             ]
             c = same[0] if same else find_copy(t, cands, {(t.dev, t.ino)})
             if c is None:
-                return None
-        try:
-            f = open(c.path, "rb")  # noqa: SIM115 - the caller closes it
-        except FileNotFoundError:
+                p = find_prefix_copy(t, cands)
+                f = open_candidate(p) if p is not None and p.size > start else None
+                return None if f is None or p is None else (f, p.path, p.size)
+        f = open_candidate(c)
+        if f is None:
             continue
-        st = os.fstat(f.fileno())
-        if (st.st_dev, st.st_ino) == (c.dev, c.ino) and st.st_size >= t.offset:
-            return f, c.path
+        if os.fstat(f.fileno()).st_size >= t.offset:
+            return f, c.path, t.offset
         f.close()
     return None
 
 
-def _stat(path: str) -> Candidate | None:
+def _stat(path: str, follow: bool) -> Candidate | None:
+    """``path`` as a candidate if it is a regular file (or a symlink to one, with ``follow``)."""
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
+        link = stat.S_ISLNK(st.st_mode)
+        if link and follow:
+            st = os.stat(path)
     except FileNotFoundError:
         return None
-    return Candidate(path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if not stat.S_ISREG(st.st_mode):
+        return None  # the listing says what it is, or skips it
+    return Candidate(path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, link)
 
 
-def _lines(f: Any, start: int, line: int, end: int) -> Iterator[tuple[int, int, bytes]]:
-    """``(offset, line number, bytes without newline)`` of each line in ``[start, end)`` of ``f``.
+def _lines(reader: LineReader, line: int, *, tail: bool) -> Iterator[tuple[int, int, bytes | LongLine]]:
+    """``(offset, line number, bytes without newline)`` of each line ``reader`` reads, or a :class:`LongLine`.
 
-    A last piece without a newline is a line: the offset ends there only when
-    the file's last line was taken without one.
+    With ``tail``, a last piece without a newline is a line: the range ends
+    there only when the file's last line was taken without one.
     """
-    f.seek(start)
-    pos, pending = start, b""
-    while pos < end:
-        block = f.read(min(_BLOCK, end - pos))
-        if not block:
-            raise SourceError(f"{f.name}: ended at byte {pos}, before byte {end} its micro-batch reads")
-        pos += len(block)
-        data = pending + block
-        base = pos - len(data)
-        pieces = data.split(b"\n")
-        pending = pieces.pop()
-        for raw in pieces:
+    for piece in reader:
+        if piece.__class__ is LongLine:
+            assert isinstance(piece, LongLine)
             line += 1
-            yield base, line, raw
-            base += len(raw) + 1
-    if pending:
-        yield pos - len(pending), line + 1, pending
+            yield piece.offset, line, piece
+            continue
+        start, body = piece  # type: ignore[misc]
+        for raw in body.split(b"\n"):
+            line += 1
+            yield start, line, raw
+            start += len(raw) + 1
+    if tail and reader.tail:
+        yield reader.offset, line + 1, reader.tail
 
 
 def _to_arrow(
