@@ -166,7 +166,6 @@ def test_keyed_count_over_growing_rotating_logs_is_exact(session: Any, tmp_path:
             .start(checkpoint_location=str(tmp_path / "spark"), trigger="0.2 seconds", restore="latest")
         )
 
-    t0 = time.perf_counter()
     query = start()
     try:
         logs.write("access.log", 40)
@@ -193,7 +192,6 @@ def test_keyed_count_over_growing_rotating_logs_is_exact(session: Any, tmp_path:
     assert sum(logs.model.values()) == 77
     letters = [json.loads(x) for p in dead.iterdir() for x in p.read_text().splitlines()]
     assert [(x["stage"], x["raw"], x["line"]) for x in letters] == [("parse", "{not json", 8)]
-    assert time.perf_counter() - t0 < 60
 
 
 def test_spark_file_source_reads_a_growing_file_once(session: Any, tmp_path: Path) -> None:
