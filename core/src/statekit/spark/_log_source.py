@@ -52,6 +52,7 @@ from pyspark.sql.streaming.datasource import (
 
 from .._errors import ConfigurationError, SourceError
 from ..sources import BadRecord, BadRecordPolicy, LogSource
+from ..sources._deadletters import DeadLetterDir
 from ..sources._files import (
     PARTIAL_END,
     Candidate,
@@ -167,7 +168,8 @@ def read_logs(
         if value is None:
             value = spark.conf.get(f"spark.{key}", None)
         if value is not None:
-            options[option] = str(value)
+            # Executors write the dead letters: a relative path is the driver's, made absolute here.
+            options[option] = os.path.abspath(str(value)) if option == "deadLetterPath" else str(value)
     _Options.parse(options)  # fail here, on the caller's thread, rather than in the query
     struct = schema if isinstance(schema, T.StructType) else T._parse_datatype_string(schema)
     if not isinstance(struct, T.StructType):
@@ -529,20 +531,19 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._write_letters(partition, letters)
 
     def _write_letters(self, partition: LogRange, letters: Sequence[BadRecord]) -> None:
-        """The range's dead letters, in a file named by the range: a retried task replaces it."""
+        """The range's dead letters, in a file named by the range: a retried task replaces it.
+
+        Written exclusively under a hidden name and renamed (see DeadLetterDir), in a private directory.
+        """
         directory = self.options.dead_letter_path
         assert directory is not None
-        os.makedirs(directory, exist_ok=True)
         e = partition.entry
         name = f"part-{e[4]}-{e[1]}-{e[2]}-{partition.start:012d}-{e[5]:012d}.json"
-        tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")  # hidden: Spark's readers skip it
         now = time.time()
-        with open(tmp, "w", encoding="utf-8") as out:
-            for bad in sorted(letters, key=lambda b: b.offset or 0):  # in file order, whatever found them
-                out.write(json.dumps({"job_id": self.options.job_id, "time": now, **bad.to_json()}) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, os.path.join(directory, name))
+        ordered = sorted(letters, key=lambda b: b.offset or 0)  # in file order, whatever found them
+        DeadLetterDir(directory).publish(
+            name, ({"job_id": self.options.job_id, "time": now, **bad.to_json()} for bad in ordered)
+        )
 
 
 def _advance(c: Candidate, t: Tracked, size: int, budget: int | None, idle: bool) -> int:
