@@ -80,6 +80,7 @@ _OPTIONS = (
     "onlost",
     "maxlinespertrigger",
     "jobid",
+    "key",
     "badrecordspolicy",
     "deadletterpath",
     "maxbadrecords",
@@ -104,6 +105,7 @@ def read_logs(
     on_lost: str = "warn",
     max_lines_per_trigger: int | None = None,
     job_id: str | None = None,
+    key: str | None = None,
     config: Mapping[str, object] | None = None,
 ) -> DataFrame:
     """A streaming DataFrame of the lines of log files that rotate, read exactly once.
@@ -146,6 +148,10 @@ def read_logs(
             finished is gone (see docs/operations.md#input-files).
         max_lines_per_trigger: Lines per micro-batch at most (None: all there are).
         job_id: Written into dead letters.
+        key: The column ``keyed(...)`` will key by: a record whose value of it is
+            null is a bad record of stage ``key`` here, where its file, byte
+            offset and line are known (past this source, a row carries only
+            its values).
         config: ``statekit.bad-records.*`` keys overriding the session's.
 
     Raises:
@@ -162,6 +168,9 @@ def read_logs(
         options["maxLinesPerTrigger"] = str(max_lines_per_trigger)
     if job_id is not None:
         options["jobId"] = job_id
+    key_column = key  # (the loop below reuses the name)
+    if key_column is not None:
+        options["key"] = key_column
     overrides = {k.removeprefix("spark."): v for k, v in (config or {}).items()}
     for key, option in _BAD_RECORD_KEYS.items():
         value = overrides.get(key)
@@ -174,6 +183,10 @@ def read_logs(
     struct = schema if isinstance(schema, T.StructType) else T._parse_datatype_string(schema)
     if not isinstance(struct, T.StructType):
         raise ConfigurationError(f"read_logs: schema must be a struct, not {schema!r}")
+    if key_column is not None and key_column not in struct.names:
+        raise ConfigurationError(
+            f"read_logs: key {key_column!r} is not a column of the schema: {struct.names}"
+        )
     source = _source_class(parse, struct)
     spark.dataSource.register(source)
     return spark.readStream.format(source.name()).options(**options).load()
@@ -250,6 +263,7 @@ class _Options:
     dead_letter_path: str | None
     max_bad: int | None
     max_ratio: float | None
+    key: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> _Options:
@@ -258,7 +272,7 @@ class _Options:
         if unknown:
             raise ConfigurationError(
                 f"{LOG_SOURCE_NAME}: unknown options {unknown}; the options are: path, paths, pattern, "
-                "inactiveAfter, onLost, maxLinesPerTrigger, jobId, badRecordsPolicy, deadLetterPath, "
+                "inactiveAfter, onLost, maxLinesPerTrigger, jobId, key, badRecordsPolicy, deadLetterPath, "
                 "maxBadRecords, maxBadRatio"
             )
         if opts.get("paths"):
@@ -292,6 +306,7 @@ class _Options:
             opts.get("deadletterpath") or None,
             max_bad,
             max_ratio,
+            opts.get("key") or None,
         )
         parsed.policy_for(lambda bad: None)  # checks the policy now, not in the first task
         return parsed
@@ -506,6 +521,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._write_letters(partition, letters)
             return
         f, path = opened
+        key = self.options.key
         rows: list[Any] = []
         places: list[tuple[int, int, bytes]] = []
         lines = 0
@@ -518,6 +534,11 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 except Exception as exc:  # noqa: BLE001 - invalid UTF-8, or any parse failure: a bad record
                     stage = "decode" if isinstance(exc, UnicodeDecodeError) else "parse"
                     policy.handle(BadRecord.from_line(stage, exc, path, start, line, raw))
+                    continue
+                if key is not None and _key_of(record, self.schema.names, key) is None:
+                    # Here the line's place is known; keyed() past the shuffle would know only the row.
+                    null = ValueError(f"null key in column {key!r}: every record needs a key")
+                    policy.handle(BadRecord.from_line("key", null, path, start, line, raw))
                     continue
                 rows.append(record)
                 places.append((start, line, raw))
@@ -674,6 +695,19 @@ def _to_arrow(
         good.append(values)
     if good:
         yield _batch(good, schema)
+
+
+def _key_of(record: Any, names: Sequence[str], key: str) -> Any:
+    """The value of column ``key`` in a parsed record (a dict, a tuple, or the one column's value).
+
+    A record whose shape does not fit the schema gives a non-null answer: the
+    Arrow conversion names that problem (stage ``arrow``).
+    """
+    if isinstance(record, Mapping):
+        return record.get(key)
+    if isinstance(record, (tuple, list)):
+        return record[names.index(key)] if len(record) == len(names) else ()
+    return record if len(names) == 1 else ()
 
 
 def _fields(record: Any, names: Sequence[str]) -> tuple[Any, ...]:

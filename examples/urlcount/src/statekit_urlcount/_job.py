@@ -410,6 +410,7 @@ def build_stream(spark: SparkSession, settings: JobSettings, sink: _Sink) -> Pro
         schema=REQUEST_SCHEMA,
         max_lines_per_trigger=settings.lines_per_trigger,
         job_id=settings.job_id,
+        key="url",  # parse_request refuses a line without one already; a null key would be one here
         config={
             "statekit.bad-records.policy": "dead-letter",
             "statekit.bad-records.dead-letter-path": os.path.abspath(settings.dead_letter_dir),
