@@ -3,12 +3,16 @@
 Run by test_crash_recovery.py as a subprocess::
 
     python crash_child.py CKPT_DIR INPUT RESULT [--kill-at N | --kill-after SECONDS] [--backend NAME]
+                          [--dead-letters DIR [--kill-at-publish N]]
 
 ``--kill-at N`` sends SIGKILL at the N-th checkpoint I/O event: a write into a
 snapshot stream, closing a stream, the moment before ``_metadata`` is renamed
 into place, the moment after. ``--kill-after`` kills at a random-ish time from
 a timer thread. Without either, the job runs to the end and writes the final
-state of every key to RESULT as JSON.
+state of every key to RESULT as JSON. ``--dead-letters`` skips lines that are
+not JSON into dead letters in DIR (else they fail the job); ``--kill-at-publish N``
+sends SIGKILL when the N-th completed checkpoint is about to publish its dead
+letters: after its ``_metadata``, before the rename.
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ def main() -> None:
     ap.add_argument("--kill-at", type=int, default=0)
     ap.add_argument("--kill-after", type=float, default=0.0)
     ap.add_argument("--backend", default="heap")
+    ap.add_argument("--dead-letters", default=None)
+    ap.add_argument("--kill-at-publish", type=int, default=0)
     args = ap.parse_args()
     _kill_at = args.kill_at
     if args.kill_after:
@@ -99,6 +105,19 @@ def main() -> None:
         return out
 
     LocalFileSystem.mv = mv  # type: ignore[method-assign]
+    if args.kill_at_publish:
+        from statekit.sources._deadletters import StagedDeadLetters
+
+        publish = StagedDeadLetters.publish
+        published = [0]
+
+        def publish_or_die(self: Any, checkpoint_id: int, names: Any) -> None:
+            published[0] += 1
+            if published[0] == args.kill_at_publish:
+                os.kill(os.getpid(), signal.SIGKILL)
+            publish(self, checkpoint_id, names)
+
+        StagedDeadLetters.publish = publish_or_die  # type: ignore[method-assign]
 
     runner = LocalRunner(
         CountUrls,
@@ -111,6 +130,14 @@ def main() -> None:
             # Small files stay files, so kills can land inside them.
             "statekit.checkpoint.storage.filesystem.inline-threshold": 0,
             "statekit.backend": args.backend,
+            **(
+                {
+                    "statekit.bad-records.policy": "dead-letter",
+                    "statekit.bad-records.dead-letter-path": args.dead_letters,
+                }
+                if args.dead_letters
+                else {}
+            ),
         },
     )
     begin = runner.storage.begin_checkpoint

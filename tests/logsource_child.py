@@ -4,7 +4,7 @@
 
 Reads ``ROOT/logs`` from the latest checkpoint in ``ROOT/checkpoints``
 (a checkpoint every 5 records), dead-letters bad lines into
-``ROOT/dead-letters.jsonl``, and kills itself with SIGKILL when the N-th
+``ROOT/dead-letters/``, and kills itself with SIGKILL when the N-th
 output is emitted. A run that reaches the end writes every URL's count, read
 from the state, to ``ROOT/result.json``.
 """
@@ -50,7 +50,7 @@ def main() -> None:
             "statekit.parallelism": 2,
             "statekit.checkpoint.interval-records": 5,
             "statekit.bad-records.policy": "dead-letter",
-            "statekit.bad-records.dead-letter-path": os.path.join(args.root, "dead-letters.jsonl"),
+            "statekit.bad-records.dead-letter-path": os.path.join(args.root, "dead-letters"),
             "statekit.source.max-line-bytes": LONG,
         },
     )

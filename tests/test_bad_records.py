@@ -37,14 +37,17 @@ def logs(tmp_path: Path) -> LogDir:
 def dead_letter_conf(logs: LogDir, **extra: Any) -> dict[str, Any]:
     return {
         "statekit.bad-records.policy": "dead-letter",
-        "statekit.bad-records.dead-letter-path": str(logs.root / "dead" / "letters.jsonl"),
+        "statekit.bad-records.dead-letter-path": str(logs.root / "dead"),
         **extra,
     }
 
 
 def letters(logs: LogDir) -> list[dict[str, Any]]:
-    path = logs.root / "dead" / "letters.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    """The published dead letters, in the order of the checkpoints that published them."""
+    folder = logs.root / "dead"
+    if not folder.exists():
+        return []
+    return [json.loads(x) for p in sorted(folder.glob("part-*.json")) for x in p.read_text().splitlines()]
 
 
 def test_a_malformed_line_fails_naming_its_place_and_every_restart_says_so(logs: LogDir) -> None:
@@ -60,7 +63,7 @@ def test_a_malformed_line_fails_naming_its_place_and_every_restart_says_so(logs:
         message = str(info.value)
         assert str(logs.path("access.log")) in message
         assert f"byte {offset}" in message and "line 101" in message
-        assert "'{\"url\": \"/a\"'" in message and "JSONDecodeError" in message
+        assert '\'{"url": "/a"\'' in message and "JSONDecodeError" in message
         assert "statekit.bad-records.policy=dead-letter" in message
         assert isinstance(info.value.bad, BadRecord) and info.value.bad.stage == "parse"
     # the lines before it were counted, once

@@ -45,8 +45,7 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = RecordSource(RECORDS)
     r.run(src, max_records=FIRST)
     r.checkpoint()
-    r.run(src)
-    r.checkpoint()
+    r.run(src)  # its end of input takes the final checkpoint, chk-2
     r.savepoint(str(root / "sp"))
     r.close()
     return root / "ckpt"
@@ -144,9 +143,22 @@ def test_list_shows_timer_domains_and_the_watermark(
 
 def test_list_table(sp: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # rich wraps cells to the terminal width
-    code, out, _ = run(capsys, "list", sp)
+    code, out, err = run(capsys, "list", sp)
     assert code == 0
-    assert out.startswith("savepoint ") and out.splitlines()[0].endswith(" of job job")
+    # Not a terminal: the title and its lines are notes on stderr, stdout holds the two tables only.
+    assert err.startswith("savepoint ") and err.splitlines()[0].endswith(" of job job")
+    assert f"location          {sp}" in err
+    tables = out.split("\n\n")
+    assert len(tables) == 2
+    assert tables[0].split("\n")[0].split("\t") == [
+        "operator",
+        "parallelism",
+        "key",
+        "entries",
+        "bytes",
+        "format",
+    ]
+    assert tables[1].split("\n")[0].split("\t") == ["operator", "state", "kind", "type", "TTL", "bytes"]
     for text in (
         "last_methods",
         "list<str>",

@@ -104,3 +104,46 @@ def test_repeated_sigkills_at_random_times(workdir: Path) -> None:
         latest_restores(workdir)
     assert kills >= 1, "the job finished before any kill: lengthen it"
     finish(workdir)
+
+
+def test_dead_letters_are_exactly_once_across_sigkills(tmp_path: Path) -> None:
+    """Kills anywhere (in checkpoint I/O, between _metadata and publishing, at random): each letter once."""
+    rng = random.Random(23)
+    malformed: list[int] = []  # byte offsets of the lines that are no JSON
+    with open(tmp_path / "input.jsonl", "wb") as f:
+        for i, r in enumerate(RECORDS):
+            if i % 19 == 7:
+                malformed.append(f.tell())
+                f.write(b'{"url": "/broken' + str(i).encode() + b"\n")
+            f.write(json.dumps(r).encode() + b"\n")
+    (tmp_path / "backend").write_text("heap")
+    letters = tmp_path / "dead-letters"
+    kills = 0
+    kill_points = (
+        ["--kill-at", "12"],  # in the first checkpoint's I/O: nothing published, the letters come again
+        ["--kill-at-publish", "2"],  # checkpoint complete, its letters staged: the next run publishes them
+        ["--kill-at", "40"],
+        ["--kill-at-publish", "3"],
+        *(["--kill-after", f"{rng.uniform(0.3, 1.0):.3f}"] for _ in range(3)),
+    )
+    for extra in kill_points:
+        proc = run_child(tmp_path, "--dead-letters", str(letters), *extra)
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+        kills += 1
+        # What a reader sees meanwhile: whole published files only, no letter twice.
+        seen = [
+            json.loads(x)["offset"] for p in letters.glob("part-*.json") for x in p.read_text().splitlines()
+        ]
+        assert len(seen) == len(set(seen)) and set(seen) <= set(malformed)
+    assert kills >= 4
+    done = run_child(tmp_path, "--dead-letters", str(letters))
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "result.json").read_text()) == {
+        k: list(v) for k, v in model_state(RECORDS).items()
+    }
+    published = [json.loads(x) for p in letters.glob("part-*.json") for x in p.read_text().splitlines()]
+    assert sorted(x["offset"] for x in published) == malformed  # every one, exactly once
+    assert all(x["stage"] == "parse" and x["file"] == str(tmp_path / "input.jsonl") for x in published)
+    assert [p.name for p in letters.iterdir() if not p.name.startswith("part-")] == []  # nothing staged left

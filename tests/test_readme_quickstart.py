@@ -2,30 +2,38 @@
 
 It must print its counts and exit 0 over logs with malformed lines, resume
 exactly after the logs grow and rotate, and account for every generated line
-(counted or dead-lettered).
+(counted or dead-lettered, once, also when it is killed with SIGKILL and run
+again). The README's Spark blocks and the docs' commands run in
+tests/spark/test_docs_examples.py; which blocks run is marked in the
+Markdown (tests/docblocks.py), and every block that shows a command says so.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
+from docblocks import readme_block, unmarked_cli_blocks
 from statekit_urlcount import Malformed, parse_line
-
-README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def quickstart_code() -> str:
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("## Quickstart\n") :]
-    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert match is not None
-    return match.group(1)
+    block = readme_block("Quickstart")
+    assert block.runnable, f"{block.where}: the Quickstart's block must be marked runnable"
+    return block.text
+
+
+def letters(cwd: Path) -> list[dict[str, Any]]:
+    """The published dead letters of the Quickstart's directory."""
+    folder = cwd / "state" / "dead-letters"
+    return [json.loads(x) for p in sorted(folder.glob("part-*.json")) for x in p.read_text().splitlines()]
 
 
 def generate(cwd: Path, *args: str) -> None:
@@ -78,9 +86,42 @@ def test_the_quickstart_counts_generated_logs_and_resumes_after_rotation(tmp_pat
     out = run_quickstart(tmp_path)
     total, total_malformed = expected(tmp_path)
     assert f"{sum(total.values()) - sum(counts.values())} lines counted" in out
-    letters = (tmp_path / "state" / "dead-letters.jsonl").read_text().splitlines()
-    assert len(letters) == total_malformed  # each malformed line dead-lettered once
-    assert all(json.loads(x)["stage"] == "parse" for x in letters)
+    published = letters(tmp_path)
+    assert len(published) == total_malformed  # each malformed line dead-lettered once
+    assert all(x["stage"] == "parse" for x in published)
     for line in out.splitlines()[1:]:
         n, url = line.split()
         assert int(n) == total[url]
+
+
+def test_the_quickstart_killed_with_sigkill_and_run_again_is_exact(tmp_path: Path) -> None:
+    """Issue 33: 508 dead letters for 500 malformed lines after a kill -9. Now: counts and letters exact."""
+    generate(tmp_path, "--records", "200000", "--files", "4", "--malformed", "0.005")
+    (tmp_path / "quickstart.py").write_text(quickstart_code(), encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "quickstart.py"], cwd=tmp_path, stdout=subprocess.DEVNULL)
+    checkpoints = tmp_path / "state" / "checkpoints" / "quickstart"
+    deadline = time.monotonic() + 240
+    # Killed once some checkpoints (and so some published dead letters) exist, mid-run.
+    while proc.poll() is None and time.monotonic() < deadline:
+        if checkpoints.exists() and len(list(checkpoints.glob("chk-*"))) >= 1 and letters(tmp_path):
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    assert proc.wait(timeout=60) == -signal.SIGKILL, "the Quickstart finished before it could be killed"
+    before = letters(tmp_path)
+    assert 0 < len(before) < expected(tmp_path)[1]
+    out = run_quickstart(tmp_path)
+    counts, malformed = expected(tmp_path)
+    published = letters(tmp_path)
+    assert len(published) == malformed  # not one more: the letters after the checkpoint came once
+    assert len({(x["file"], x["offset"]) for x in published}) == malformed
+    for line in out.splitlines()[1:]:
+        n, url = line.split()
+        assert int(n) == counts[url]
+
+
+def test_every_block_that_shows_a_command_says_whether_it_runs() -> None:
+    assert unmarked_cli_blocks() == []
+    for section, index in (("Quickstart", 0), ("On Spark", 0), ("On Spark", 1)):
+        block = readme_block(section, index)
+        assert block.runnable, f"{block.where} must be marked runnable"

@@ -140,8 +140,7 @@ def test_slow_endpoint_times_out_as_configured(faulty: FaultyS3, monkeypatch: py
     """
     prefix = f"slow-{uuid.uuid4().hex[:8]}"
     r = make_runner(faulty, prefix)
-    r.run(RecordSource(RECORDS[:50]))
-    location = r.checkpoint()
+    location = r.run(RecordSource(RECORDS[:50])).checkpoints[-1]  # the end of the input's checkpoint
     # Every answer comes after the impatient timeout (0.1 s) has passed, far within the patient one.
     faulty.delay, faulty.slow = 0.3, get_of(f"{prefix}/job/chk-1/process-")
     key = "statekit.checkpoint.storage.filesystem.storage-options"

@@ -45,8 +45,7 @@ def make_runner(config: dict[str, Any]) -> LocalRunner:
 
 def run_job(config: dict[str, Any]) -> tuple[LocalRunner, str]:
     r = make_runner(config)
-    r.run(RecordSource(RECORDS))
-    return r, r.checkpoint()
+    return r, r.run(RecordSource(RECORDS)).checkpoints[-1]  # the end of the input's checkpoint
 
 
 def test_secret_storage_options_and_env_references_work_and_never_show(

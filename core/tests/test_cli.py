@@ -265,3 +265,23 @@ def test_python_dash_m_statekit() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert isinstance(json.loads(result.stdout), list)
+
+
+def test_state_without_pyarrow_says_what_to_install_for_the_documented_command(tmp_path: Path) -> None:
+    """Issue 33: `statekit state show DIR --job J --operator ...` without pyarrow got argparse's
+    "unrecognized arguments" instead of the install hint; the options must reach the hint."""
+    blocked = (
+        "import sys; sys.modules['pyarrow'] = None\n"  # as if statekit[arrow] were not installed
+        "from statekit.cli._cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    argv = ["state", "show", str(tmp_path), "--job", "urlcount", "--operator", "process", "--state", "count"]
+    done = subprocess.run(
+        [sys.executable, "-c", blocked, *argv, "--limit", "3"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stderr
+    assert "unrecognized arguments" not in done.stderr
+    assert done.stderr.strip() == (
+        "statekit: error: statekit state needs pyarrow, which is not installed. "
+        'Install it with: pip install "statekit[arrow]"'
+    )

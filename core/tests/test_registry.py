@@ -182,6 +182,29 @@ def test_unknown_name_suggests_a_close_one(make_dist: MakeDist) -> None:
         PluginRegistry.load().backend_spec("fakedv")
 
 
+def test_a_name_in_other_case_gets_the_real_name(make_dist: MakeDist) -> None:
+    """Names are case-sensitive; 'FakeDB' is refused, naming 'fakedb' (issue 33: 'RocksDB')."""
+    make_dist("fakeplugin")
+    with pytest.raises(UnknownPluginError) as info:
+        PluginRegistry.load().backend_spec("FakeDB")
+    message = str(info.value)
+    assert message.endswith("Did you mean 'fakedb'? (backend names are case-sensitive)")
+    assert "No known package" not in message  # it is installed, under its real name
+
+
+def test_a_known_name_in_other_case_names_its_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """'RocksDB' where rocksdb is not installed: the real name and what provides it."""
+    import statekit.plugins._registry as registry_module
+
+    known = {**registry_module.KNOWN_EXTRAS["backend"], "foundationdb": "statekit[foundationdb]"}
+    monkeypatch.setattr(registry_module, "KNOWN_EXTRAS", {**registry_module.KNOWN_EXTRAS, "backend": known})
+    with pytest.raises(UnknownPluginError) as info:
+        PluginRegistry().backend_spec("FoundationDB")
+    message = str(info.value)
+    assert "Did you mean 'foundationdb'? (backend names are case-sensitive)" in message
+    assert message.endswith('Install it with: pip install "statekit[foundationdb]"')
+
+
 def test_options_are_validated_before_the_factory_runs(make_dist: MakeDist) -> None:
     module = make_dist("fakeplugin")
     registry = PluginRegistry.load()

@@ -87,3 +87,41 @@ def test_top_windows_table():
     text = out.getvalue()
     assert "/b" in text and "2019-04-18T00:01:00Z - 00:02:00Z" in text and "/a" not in text
     assert "2 windows emitted so far, 12 requests in them" in text
+
+
+def test_each_command_offers_the_trigger_option_its_source_honours(capsys):
+    """Issue 33: demo's help said "--files-per-trigger ... default 1", yet its 4 files ran as one batch."""
+    from statekit_urlcount._cli import build_parser
+
+    for command, shown, absent in (
+        ("demo", "--lines-per-trigger", "--files-per-trigger"),
+        ("run", "--lines-per-trigger", "--files-per-trigger"),
+        ("windowed", "--files-per-trigger", "--lines-per-trigger"),
+    ):
+        text = build_parser()._subparsers._group_actions[0].choices[command].format_help()
+        assert shown in text and absent not in text, command
+    demo = build_parser().parse_args(["demo"])
+    assert demo.lines_per_trigger == 50_000
+    assert build_parser().parse_args(["run"]).lines_per_trigger is None
+
+
+def test_progress_says_what_runs_while_a_batch_takes_long_off_a_terminal(tmp_path, monkeypatch):
+    import statekit_urlcount._progress as progress
+
+    class Query:  # what on_poll reads of a StreamingQuery: its status
+        status = {"message": "Processing new data"}
+
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock[0])
+    out = io.StringIO()
+    settings = JobSettings(logs_dir=str(tmp_path), state_dir=str(tmp_path / "state"))
+    with ProgressDisplay(Console(file=out, width=200), settings) as display:
+        display.on_poll(Query())  # a new status: said at once
+        clock[0] += 5
+        display.on_poll(Query())  # the same, soon after: quiet
+        clock[0] += progress.STATUS_EVERY
+        display.on_poll(Query())  # the same, a while later: said again
+    assert out.getvalue().splitlines() == [
+        "0 s: Processing new data (0 batches done)",
+        f"{5 + progress.STATUS_EVERY:.0f} s: Processing new data (0 batches done)",
+    ]

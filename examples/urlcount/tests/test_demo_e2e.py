@@ -48,7 +48,7 @@ def test_demo_resumes_from_the_checkpoint_with_exact_counts(tmp_path, backend):
     work = tmp_path / "demo"
     args = build_parser().parse_args(
         ["demo", "--workdir", str(work), "--records", "6000", "--files", "3", "--more-records", "2500",
-         "--more-files", "2", "--urls", "300", "--malformed", "0.02", "--no-progress", "--backend", backend]
+         "--more-files", "2", "--urls", "300", "--malformed", "0.02", "--backend", backend]
     )  # fmt: skip
     out = io.StringIO()
     report = demo(args, Console(file=out, width=120))
@@ -93,3 +93,12 @@ def test_demo_resumes_from_the_checkpoint_with_exact_counts(tmp_path, backend):
     assert report.ok
     assert "all checks passed" in printed
     assert "counts continue exactly" in printed
+    # Not a terminal (a pipe, CI): a line before Spark starts and one per batch, never silence.
+    lines = printed.splitlines()
+    assert (
+        "first run: starting Spark (local[2]) ..." in lines
+        and "second run: starting Spark (local[2]) ..." in lines
+    )
+    assert any(line.startswith("batch 0: 6,000 records (120 malformed)") for line in lines), printed
+    assert any(line.startswith("batch 1: 2,500 records (50 malformed)") for line in lines), printed
+    assert lines[-1].startswith("the demo took ")

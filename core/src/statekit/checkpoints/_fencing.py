@@ -22,7 +22,7 @@ from typing import Any
 from .._contracts import CheckpointStorage, SupportsRunFencing
 from .._errors import FencedError
 
-__all__ = ["RunFence", "describe_run"]
+__all__ = ["RunFence", "describe_run", "takeover_note"]
 
 
 def describe_run(run_id: str, description: dict[str, Any], epoch: int | None = None) -> str:
@@ -41,6 +41,36 @@ def describe_run(run_id: str, description: dict[str, Any], epoch: int | None = N
     if description.get("ended_ms") is not None:
         parts.append(" (ended)")
     return "".join(parts)
+
+
+def _when(ms: int) -> str:
+    at = dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    ago = max(0, time.time_ns() // 1_000_000 - ms) // 1000
+    return f"{at} ({ago} s ago)" if ago < 7200 else at
+
+
+def takeover_note(storage: CheckpointStorage, job_id: str, last_written_ms: int | None = None) -> str:
+    """What taking over ``job_id`` (``restore='latest'``) would do to the run that has it now, in words.
+
+    The job's newest registered run, whether it recorded its end, and when the
+    job's latest checkpoint was written: a run that never ended may still be
+    running (or was killed), and a newer run that takes over the job fences it
+    off, so it fails at its next checkpoint. ``""`` when the storage does not
+    fence runs and nothing is known of the writer.
+    """
+    when = f" The latest checkpoint was written at {_when(last_written_ms)}." if last_written_ms else ""
+    newest = storage.newest_run(job_id) if isinstance(storage, SupportsRunFencing) else None
+    if newest is None:
+        return when.strip()
+    epoch, run_id, description = newest
+    who = describe_run(run_id, description, epoch)
+    if description.get("ended_ms") is not None:
+        return f"Its newest {who} has ended.{when}"
+    return (
+        f"Its newest {who} never recorded an end: it may still be running (or was killed).{when} "
+        "Taking the job over (restore='latest') fences that run off: it stops with a FencedError at its "
+        "next checkpoint. Stop it first if it still runs, or give this query another job_id"
+    )
 
 
 class RunFence:

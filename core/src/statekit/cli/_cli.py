@@ -306,8 +306,9 @@ def _plugins(args: argparse.Namespace, ctx: CommandContext) -> int:
 def unavailable_command(name: str, summary: str, hint: str) -> None:
     """Registers ``name`` as a command whose optional dependency is missing.
 
-    It accepts any arguments and fails with ``hint`` (what to install), so
-    ``statekit --help`` still lists it and every other command works.
+    It accepts any arguments, options included (``statekit state show DIR
+    --job J``), and fails with ``hint`` (what to install), so ``statekit
+    --help`` still lists it and every other command works.
 
     Args:
         name: The subcommand's name.
@@ -316,7 +317,8 @@ def unavailable_command(name: str, summary: str, hint: str) -> None:
     """
 
     def any_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("args", nargs="*")
+        # REMAINDER, not "*": options the real command would take must reach the hint, not argparse.
+        parser.add_argument("args", nargs=argparse.REMAINDER)
 
     def fail(args: argparse.Namespace, ctx: CommandContext) -> int:
         raise ConfigurationError(hint)

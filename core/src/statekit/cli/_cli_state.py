@@ -441,17 +441,14 @@ def _list(args: argparse.Namespace, ctx: CommandContext) -> int:
         print(json.dumps(summary, indent=2))
         return EXIT_OK
     c = ctx.console
-    c.print(
-        f"[bold]{escape(printable(meta.kind))} {meta.checkpoint_id}[/] of job "
-        f"[bold]{escape(printable(meta.job_id))}[/]",
-        soft_wrap=True,
-    )
+    # A title, not rows: on a terminal above the tables, in a pipe on stderr (--json has it all).
+    ctx.note(f"{meta.kind} {meta.checkpoint_id} of job {meta.job_id}")
     for label, value in (
         ("location", reader.location),
         ("max parallelism", str(reader.max_parallelism)),
         ("watermark", "-" if reader.watermark is None else str(reader.watermark)),
     ):
-        c.print(f"  {label:<18}{printable(value)}", markup=False, highlight=False, soft_wrap=True)
+        ctx.note(f"  {label:<18}{value}")
     op_rows: list[tuple[Cell, ...]] = []
     for o in operators:
         fmt = ", ".join(o["formats"]) or "-"

@@ -301,8 +301,11 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "naming the file, byte offset, line and text; dead-letter skips it into the dead letters.",
         choices=("fail", "dead-letter")),
     ConfigOption("statekit.bad-records.dead-letter-path", str, None,
-        "Embedded runner: the JSON-lines file dead letters are appended to (stage, error, file, "
-        "offset, line, raw text, job id, time); keep it outside the input directory."),
+        "The dead-letter directory: JSON-lines files (stage, error, file, offset, line, raw text, job "
+        "id, time), each whole when it appears; made with mode 0700, or an existing one private to "
+        "the running user. Embedded runner: published with the checkpoint covering them (exactly "
+        "once); Spark: a relative path is taken from the driver's working directory. Keep it outside "
+        "the input directory."),
     ConfigOption("statekit.bad-records.max", int, None,
         "With dead-letter: more bad records than this in one run fail the job; unset: no limit.",
         minimum=0),

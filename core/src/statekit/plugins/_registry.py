@@ -376,12 +376,23 @@ class PluginRegistry:
             return record
         installed = sorted(self._plugins[kind])
         message = f"{kind} '{name}' is not installed. Installed {kind}s: {', '.join(installed) or 'none'}."
-        close = difflib.get_close_matches(name, installed, n=1)
+        # Names are case-sensitive; the suggestion is not ('RocksDB' means 'rocksdb').
+        folded = {n.casefold(): n for n in installed}
+        if name.casefold() in folded:
+            raise UnknownPluginError(
+                f"{message} Did you mean '{folded[name.casefold()]}'? ({kind} names are case-sensitive)"
+            )
+        close = difflib.get_close_matches(name.casefold(), list(folded), n=1)
         if close:
-            message += f" Did you mean '{close[0]}'?"
+            message += f" Did you mean '{folded[close[0]]}'?"
         if self._failures:  # the plugin may be one of them
             message += f" Installed but failed to load: {', '.join(f.where for f in self._failures)}."
-        requirement = KNOWN_EXTRAS[kind].get(name)
+        known = {n.casefold(): n for n in KNOWN_EXTRAS[kind]}
+        real = known.get(name.casefold(), name)
+        requirement = KNOWN_EXTRAS[kind].get(real)
+        if real != name and requirement:
+            # 'RocksDB' while rocksdb is not installed: its real name, and what provides it.
+            message += f" Did you mean '{real}'? ({kind} names are case-sensitive)"
         if requirement:
             message += f" Install it with: {install_hint(requirement)}"
         else:

@@ -86,6 +86,7 @@ class CheckpointCoordinator:
         self._step_over = False  # the first checkpoint after claiming must skip an id (see claim)
         self._ids_known = False  # whether next_id is above every completed checkpoint
         self.failed_in_a_row = 0  # periodic checkpoints that failed since the last one that completed
+        self.last_completed = 0  # the id of the last checkpoint this run completed (0: none)
 
     # --- ids and fencing ----------------------------------------------------------------
 
@@ -176,6 +177,7 @@ class CheckpointCoordinator:
             discard_native_uploads(self.storage, writer.location, states, cid)
             notify(cid, False)
             raise
+        self.last_completed = cid
         # As Flink's notifyCheckpointComplete: from now on the backends may reference its uploads.
         notify(cid, True)
         self.registry.hook.statekit_checkpoint_completed(

@@ -58,6 +58,7 @@ from ..serialization._keygroups import (
 )
 from ..serialization._serializers import serializer_for
 from ..sources import BadRecord, BadRecordPolicy, LogSource
+from ..sources._deadletters import DEAD_LETTERS_PROPERTY, StagedDeadLetters
 from ..state._operator import OperatorStateBackendImpl
 from ..state._ttl import Clock, system_clock
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, NO_TIMER, EventTime, TimeDomain, TimerService
@@ -295,6 +296,11 @@ class LocalRunner:
             registry=self.registry,
         )
         self._restored_from: str | None = None
+        # The dead letters of this job, staged and published with its checkpoints (made on first use),
+        # and what the restored checkpoint says of them: (its id, the staged files it covers).
+        self._letters: StagedDeadLetters | None = None
+        self._restored_letters: tuple[int | None, list[str]] = (None, [])
+        self._letters_recovered = False  # the first run makes the directory match the restored state
         self.skipped_checkpoints: list[tuple[str, str]] = []
         """What the last ``restore("latest")`` skipped: ``(location, reason)`` of each damaged checkpoint."""
 
@@ -404,6 +410,12 @@ class LocalRunner:
         self._source.adopt(source_state, position)
         self._time.restored(cp.metadata.properties)
         self._restored_from = cp.location
+        props = cp.metadata.properties
+        self._restored_letters = (
+            (cp.checkpoint_id, [str(n) for n in props.get(DEAD_LETTERS_PROPERTY) or ()])
+            if self._claims(cp)
+            else (None, [])
+        )
         self._coordinator.restored(cp, highest)
         self.registry.hook.statekit_restore_done(
             job_id=self.job_id, checkpoint_id=cp.checkpoint_id, subtask_index=0, parallelism=self.parallelism
@@ -425,7 +437,12 @@ class LocalRunner:
         self._opened = True
 
     def close(self) -> None:
-        """Close every subtask's function and backends."""
+        """Close every subtask's function and backends, as Flink cancels a job: no checkpoint.
+
+        What a run read after its last checkpoint (one stopped at
+        ``max_records``) is read again by the next run that restores; call
+        :meth:`checkpoint` first to keep it.
+        """
         for st in self._subtasks:
             if self._opened:
                 st.function.close()
@@ -434,6 +451,8 @@ class LocalRunner:
         self._subtasks = []
         self._opened = False
         self._coordinator.end()
+        if self._letters is not None:
+            self._letters.close()
         if self._local_root is not None:
             shutil.rmtree(self._local_root, ignore_errors=True)
             self._local_root = None
@@ -671,8 +690,12 @@ class LocalRunner:
 
         ``restore`` is a checkpoint or savepoint location, or ``"latest"``.
         ``max_records`` stops early (the position is kept, so a later ``run``
-        continues). With periodic checkpoints configured, reaching the end of the
-        source takes a final checkpoint. Plain iterables are not replayable: wrap a sequence in
+        continues; the next run that restores reads again what this one read
+        after its last checkpoint). Reaching the end of the
+        source takes a final checkpoint when anything was read since the last
+        one, as Flink does when a bounded job finishes, so the next run goes on
+        from there; dead letters are published with the checkpoint that covers
+        them. Plain iterables are not replayable: wrap a sequence in
         :class:`RecordSource` to resume after a crash.
         """
         result = RunResult()
@@ -684,6 +707,10 @@ class LocalRunner:
             self._coordinator.claim()
         if not self._opened:
             self._open()
+        letters = self._dead_letters()
+        if letters is not None and not self._letters_recovered:
+            letters.recover(*self._restored_letters)
+            self._letters_recovered = True
         time = self._time
         late_before = time.late_records
         time.late_unsunk = 0
@@ -695,7 +722,9 @@ class LocalRunner:
         since, exhausted = self._source.read(
             src,
             result,
-            BadRecordPolicy.from_config(self.config, sink=self.dead_letter_sink, job_id=self.job_id),
+            BadRecordPolicy.from_config(
+                self.config, sink=self.dead_letter_sink, job_id=self.job_id, letters=letters
+            ),
             lambda: self._periodic_checkpoint(result),
             vectorized=self.vectorized,
             interval=interval,
@@ -707,7 +736,7 @@ class LocalRunner:
             result.outputs += len(final)
             self._emit(final)
             since += len(final)
-        if exhausted and interval and since:
+        if exhausted and since:
             # As Flink does when bounded input ends: a final checkpoint, so a later run
             # over a grown source continues exactly where this one stopped.
             self._periodic_checkpoint(result)
@@ -735,6 +764,14 @@ class LocalRunner:
 
     def _periodic_checkpoint(self, result: RunResult) -> None:
         self._coordinator.periodic(self.checkpoint, result.checkpoints, result.failed_checkpoints)
+
+    def _dead_letters(self) -> StagedDeadLetters | None:
+        """The job's staged dead letters, if ``statekit.bad-records.*`` sends them to a directory."""
+        if self._letters is None:
+            path = self.config.get("statekit.bad-records.dead-letter-path")
+            if path is not None and self.config.get("statekit.bad-records.policy") == "dead-letter":
+                self._letters = StagedDeadLetters(path, self.job_id)
+        return self._letters
 
     # --- checkpoints and savepoints ------------------------------------------------------
 
@@ -765,7 +802,15 @@ class LocalRunner:
             FencedError: If a newer run of the job took over; nothing is written or deleted.
             CheckpointError: If the checkpoint fails; the previous one stays the latest.
         """
-        return self._coordinator.checkpoint(self._write_all, self._time_properties(), self._notify_native)
+        properties = self._time_properties()
+        letters = self._letters
+        staged = letters.seal() if letters is not None else []
+        if staged:
+            properties[DEAD_LETTERS_PROPERTY] = staged  # what the checkpoint commits, see recover()
+        location = self._coordinator.checkpoint(self._write_all, properties, self._notify_native)
+        if letters is not None and staged:
+            letters.publish(self._coordinator.last_completed, staged)
+        return location
 
     def _time_properties(self) -> dict[str, Any]:
         """What a checkpoint's metadata keeps of time (the watermark)."""

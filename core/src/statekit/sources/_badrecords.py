@@ -9,7 +9,6 @@ half-way, and fail the job as before.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import BadRecordError, ConfigurationError
+from ._deadletters import StagedDeadLetters
 
 __all__ = ["RAW_TEXT_LIMIT", "BadRecord", "BadRecordPolicy", "bad_record_error"]
 
@@ -41,6 +41,9 @@ class BadRecord:
             as surrogate escapes (``"\\udcff"`` in JSON), so
             ``raw.encode("utf-8", "surrogateescape")`` gives the bytes back.
             For a record without a line, its ``repr``.
+        batch: The Spark micro-batch the record came in (None elsewhere); with
+            ``file`` the place Spark gives a row of a file source, which knows
+            no offset or line.
     """
 
     stage: str
@@ -49,6 +52,7 @@ class BadRecord:
     offset: int | None = None
     line: int | None = None
     raw: str = ""
+    batch: int | None = None
 
     @classmethod
     def from_line(
@@ -59,7 +63,9 @@ class BadRecord:
 
     def place(self) -> str:
         """Where the record came from, in words: ``access.log, byte 120, line 3``."""
-        parts = [self.file or "input"]
+        parts = [] if self.batch is None else [f"micro-batch {self.batch}"]
+        if self.file or self.batch is None:
+            parts.append(self.file or "input")
         if self.offset is not None:
             parts.append(f"byte {self.offset}")
         if self.line is not None:
@@ -67,8 +73,8 @@ class BadRecord:
         return ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
-        """The dead letter: every field, JSON-able."""
-        return {
+        """The dead letter: every field, JSON-able (``batch`` only when set)."""
+        out: dict[str, Any] = {
             "stage": self.stage,
             "error": self.error,
             "file": self.file,
@@ -76,6 +82,9 @@ class BadRecord:
             "line": self.line,
             "raw": self.raw,
         }
+        if self.batch is not None:
+            out["batch"] = self.batch
+        return out
 
 
 def _describe(exc: BaseException) -> str:
@@ -100,15 +109,30 @@ def bad_record_error(bad: BadRecord, why: str = "") -> BadRecordError:
 class BadRecordPolicy:
     """Applies ``statekit.bad-records.*``: fail on a bad record, or skip it into dead letters.
 
-    Dead letters go to a JSON-lines file (``dead-letter-path``, appended to)
-    and/or to a callback, each with :meth:`BadRecord.to_json`'s fields and the
-    job id. The budget counts the bad records of one run: more than ``max``,
-    or more than ``max_ratio`` of the records read when it is checked (at each
-    periodic checkpoint and at the end of the input), fails the job.
+    Dead letters go into a directory of JSON-lines files (``dead-letter-path``,
+    see :mod:`statekit.sources._deadletters`) and/or to a callback, each with
+    :meth:`BadRecord.to_json`'s fields and the job id. The budget counts the
+    bad records of one run: more than ``max``, or more than ``max_ratio`` of
+    the records read when it is checked (at each periodic checkpoint and at
+    the end of the input), fails the job.
 
-    Dead letters are written at least once: a run that restarts from a
-    checkpoint writes again those written after it. ``file`` and ``offset``
-    tell duplicates apart.
+    The files are exactly once: the letters are staged, and a runner
+    publishes them with the checkpoint that covers their input (a run
+    restarted from a checkpoint writes again only the letters after it, which
+    no published file holds). The callback is called as each bad record is
+    met, so at least once: after a restart, again for those after the
+    restored checkpoint (``file`` and ``offset`` tell them apart).
+
+    Args:
+        policy: ``fail`` or ``dead-letter``.
+        dead_letter_path: The dead-letter directory (made with mode 0700;
+            an existing one must be private to the running user).
+        sink: Called with every dead letter.
+        max_bad: The run's count budget.
+        max_ratio: The run's share budget.
+        job_id: Written into every letter, and part of every file name.
+        letters: The staged files to write into (a runner keeps one across
+            its runs); None: made from ``dead_letter_path``.
     """
 
     def __init__(
@@ -120,15 +144,16 @@ class BadRecordPolicy:
         max_bad: int | None = None,
         max_ratio: float | None = None,
         job_id: str | None = None,
+        letters: StagedDeadLetters | None = None,
     ) -> None:
         if policy not in ("fail", "dead-letter"):
             raise ConfigurationError(
                 f"statekit.bad-records.policy must be fail or dead-letter, not {policy!r}"
             )
-        if policy == "dead-letter" and dead_letter_path is None and sink is None:
+        if policy == "dead-letter" and dead_letter_path is None and sink is None and letters is None:
             raise ConfigurationError(
                 "statekit.bad-records.policy=dead-letter needs somewhere to put them: set "
-                "statekit.bad-records.dead-letter-path, or give the runner a dead_letter_sink"
+                "statekit.bad-records.dead-letter-path (a directory), or give the runner a dead_letter_sink"
             )
         if max_bad is not None and max_bad < 0:
             raise ConfigurationError(f"statekit.bad-records.max must be at least 0, not {max_bad}")
@@ -142,12 +167,20 @@ class BadRecordPolicy:
         self.job_id = job_id
         self.count = 0
         """Bad records met since this policy was made (one run)."""
-        self._file: Any = None
+        if letters is None and self.dead_letter_path is not None and policy == "dead-letter":
+            letters = StagedDeadLetters(self.dead_letter_path, job_id or "job")
+        self.letters = letters
+        """Where dead letters are staged (None: only the callback takes them)."""
         self._lock = threading.Lock()
 
     @classmethod
     def from_config(
-        cls, config: Any, *, sink: Callable[[BadRecord], None] | None = None, job_id: str | None = None
+        cls,
+        config: Any,
+        *,
+        sink: Callable[[BadRecord], None] | None = None,
+        job_id: str | None = None,
+        letters: StagedDeadLetters | None = None,
     ) -> BadRecordPolicy:
         """The policy ``config`` (a :class:`~statekit.Configuration`) sets."""
         return cls(
@@ -157,6 +190,7 @@ class BadRecordPolicy:
             max_bad=config.get("statekit.bad-records.max"),
             max_ratio=config.get("statekit.bad-records.max-ratio"),
             job_id=job_id,
+            letters=letters,
         )
 
     def handle(self, bad: BadRecord) -> None:
@@ -172,7 +206,8 @@ class BadRecordPolicy:
             raise bad_record_error(
                 bad,
                 f"{self.count} bad records in this run, more than statekit.bad-records.max={self.max_bad}: "
-                "the job stops (the earlier ones are in the dead letters)",
+                "the job stops (the earlier ones are dead letters, published with the checkpoint that "
+                "covers them)",
             )
         self._dead_letter(bad)
 
@@ -187,27 +222,24 @@ class BadRecordPolicy:
         if self.count > self.max_ratio * records:
             raise BadRecordError(
                 f"{self.count} bad records of {records} read in this run, more than "
-                f"statekit.bad-records.max-ratio={self.max_ratio}: the job stops (the bad ones are in the "
-                "dead letters)"
+                f"statekit.bad-records.max-ratio={self.max_ratio}: the job stops (the bad ones are dead "
+                "letters, published with the checkpoint that covers them)"
             )
 
+    def letter(self, bad: BadRecord) -> dict[str, Any]:
+        """The dead letter of ``bad``: its fields, the job id and the time."""
+        return {"job_id": self.job_id, "time": time.time(), **bad.to_json()}
+
     def _dead_letter(self, bad: BadRecord) -> None:
-        if self.dead_letter_path is not None:
-            letter: Mapping[str, Any] = {"job_id": self.job_id, "time": time.time(), **bad.to_json()}
+        if self.letters is not None:
+            letter: Mapping[str, Any] = self.letter(bad)
             with self._lock:
-                if self._file is None:
-                    parent = os.path.dirname(self.dead_letter_path)
-                    if parent:
-                        os.makedirs(parent, exist_ok=True)
-                    self._file = open(self.dead_letter_path, "a", encoding="utf-8")  # noqa: SIM115
-                self._file.write(json.dumps(letter) + "\n")
-                self._file.flush()  # bad records are rare: each is on disk before the job goes on
+                self.letters.write(letter)
         if self.sink is not None:
             self.sink(bad)
 
     def close(self) -> None:
-        """Close the dead-letter file, if one is open."""
+        """Close the open staging file, if any; its letters stay staged for the next checkpoint."""
         with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            if self.letters is not None:
+                self.letters.close()

@@ -30,6 +30,7 @@ from ._driver import (
     check_columns,
     check_key_type,
     driver_storage,
+    resolve_dead_letters,
 )
 from ._shipping import ship_by_value
 from ._sparkconf import is_connect, spark_configuration
@@ -42,7 +43,10 @@ def keyed(df: DataFrame, key: str, *, key_type: Any = str) -> KeyedDataFrame:
 
     Args:
         df: The input; each row reaches the function as a ``dict`` of its columns.
-        key: The key column. Rows with a null key are an error.
+        key: The key column. A row whose key is null (or that ``key_type``'s
+            serializer refuses) is a bad record: ``statekit.bad-records.policy``
+            fails the query naming it, or skips it into dead letters with the
+            micro-batch, the file Spark read it from and the row's values.
         key_type: The key's Python type (``str``, ``int``, ``bytes``, a tuple or
             dataclass type…) or a :class:`~statekit.TypeSerializer`; it fixes the
             key's canonical bytes, hence its key group. ``str`` and ``int`` keys
@@ -324,6 +328,8 @@ class ProcessedStream:
         # The backend itself is made on the server only: its engine need not be installed here.
         conf = spark_configuration(session, spec.config)
         conf.validate(default_registry())
+        # A relative dead-letter path is refused here; the server checks the directory itself.
+        conf = resolve_dead_letters(conf, connect=True, check=False)
         if conf.storage_name == "jobmanager":
             raise ConfigurationError(
                 "a streaming query started from a Spark Connect client cannot keep its checkpoints in the "

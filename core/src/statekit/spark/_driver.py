@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import threading
 import time
 import uuid
@@ -52,7 +53,7 @@ from ..checkpoints._checkpoint import (
     highest_checkpoint_id,
     load_checkpoint,
 )
-from ..checkpoints._fencing import RunFence
+from ..checkpoints._fencing import RunFence, takeover_note
 from ..checkpoints._verify import verify_loaded
 from ..plugins._config import Configuration
 from ..plugins._registry import PluginRegistry, default_registry
@@ -60,6 +61,7 @@ from ..runtime._function import KeyedBatchFunction, KeyedProcessFunction
 from ..runtime._runner import _end_of_time_message, checkpoint_storage_from_config, state_backend_from_config
 from ..serialization._keygroups import compute_default_max_parallelism, validate_parallelism
 from ..serialization._serializers import TypeSerializer
+from ..sources._deadletters import DeadLetterDir
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY, EventTime
 from ._handoff import batch_status
 from ._jvm import JvmLocality, LocalityUnavailable
@@ -89,6 +91,7 @@ __all__ = [
     "check_columns",
     "check_key_type",
     "driver_storage",
+    "resolve_dead_letters",
 ]
 
 #: Checkpoint metadata properties written by the Spark runner.
@@ -144,6 +147,9 @@ class BatchInfo:
         locality: ``"on"``, or ``"off: <why>"`` (configured off, Spark Connect, or the
             JVM helper could not be loaded: the reason says how to fix it).
         late_records: Rows at or below the watermark the batch ran with.
+        bad_records: Rows without a key (null, or refused by the key serializer)
+            skipped into dead letters (``statekit.bad-records.policy=dead-letter``);
+            not in ``records``.
         timers_fired: Timers that fired in the batch.
         watermark: The event-time watermark the next batch runs with.
         phases: Where the batch's time went, in seconds. On the driver (wall
@@ -177,6 +183,7 @@ class BatchInfo:
     subtask_locations: Mapping[int, str] = field(default_factory=dict)
     locality: str = "off"
     late_records: int = 0
+    bad_records: int = 0
     timers_fired: int = 0
     watermark: int = MIN_WATERMARK
     phases: Mapping[str, float] = field(default_factory=dict)
@@ -311,6 +318,7 @@ class Coordinator:
         self.registry = default_registry()
         conf = spark_configuration(session, spec.config)
         conf.validate(self.registry)
+        conf = resolve_dead_letters(conf, connect=is_connect(session))
         state_backend_from_config(conf, self.registry)  # fail on the driver, not in every task
         # Made once here too: a factory that makes no function fails now, not in every task.
         function = spec.function_factory()
@@ -326,9 +334,9 @@ class Coordinator:
         self.retained = int(conf.get("statekit.checkpoints.retained") or 1)
         self.run_id = uuid.uuid4().hex
         self.connect = is_connect(session)
-        # The newest run of the job: an older driver still running it is fenced off from now on.
+        # Claimed at the first batch this query processes (see _claim): a query refused before
+        # (its state is not its own) must not fence off the run that owns the job.
         self.fence = RunFence(self.storage, spec.job_id, application(session))
-        self.fence.claim()
         # Ids only go up: a new checkpoint is numbered above every completed one, damaged ones too.
         self._floor = highest_checkpoint_id(self.storage, spec.job_id)
         self._checked: set[str] = set()  # checkpoints whose files were checked before tasks read them
@@ -359,6 +367,17 @@ class Coordinator:
         self._claimed: dict[str, bool] = {}
         self.locality, self.locality_status = _locality(session, str(conf.get("statekit.spark.locality")))
         self.handoff_enabled = bool(conf.get("statekit.spark.worker-handoff"))
+
+    def _claim(self) -> None:
+        """Become the newest run of the job (once): an older driver still running it is fenced off now.
+
+        Only once this query is sure to process a batch (its state is its own,
+        or it was told where to start from). The ids of its checkpoints then go
+        above every one completed so far, the fenced run's included.
+        """
+        if self.fence.epoch is None:
+            self.fence.claim()
+            self._floor = max(self._floor, highest_checkpoint_id(self.storage, self.spec.job_id))
 
     def _claims(self, source: CompletedCheckpoint | None, latest: CompletedCheckpoint | None) -> bool:
         """Whether ``source`` is a completed checkpoint of this job in this storage (not a savepoint).
@@ -449,11 +468,12 @@ class Coordinator:
             return False, latest
         if self.restore is None:
             if latest is not None:
+                note = takeover_note(self.storage, job, latest.metadata.timestamp_ms)
                 raise CheckpointError(
                     f"statekit job {job!r} already has state: {latest.location}, made by "
                     f"{_origin(props)}, not by this query ({query}). A new query (a new Spark checkpoint "
                     "location) must say where its state comes from: pass restore='latest' to start(), "
-                    "or use another job_id"
+                    f"or use another job_id. {note}".rstrip()
                 )
             if batch_id > 0:
                 raise CheckpointError(
@@ -482,6 +502,11 @@ class Coordinator:
         self.fence.check()  # before anything is written or aborted: the files may be a newer run's
         latest = self.latest()
         skip, source = self._source(latest, batch_id, query)
+        if not skip and self.fence.epoch is None:
+            self._claim()
+            # Read again: a run this claim fenced off may have completed one more checkpoint meanwhile.
+            latest = self.latest()
+            skip, source = self._source(latest, batch_id, query)
         if skip:
             assert latest is not None
             info = BatchInfo(
@@ -534,6 +559,8 @@ class Coordinator:
             late_schema=late_schema,
             vectorized=self.vectorized,
             restore_claimed=self._claims(source, latest),
+            batch_id=batch_id,
+            query_id=query,
         )
         routed = self.router.route(df)
         if self.locality is not None:
@@ -628,6 +655,7 @@ class Coordinator:
             subtask_locations=dict(sorted(locations.items())),
             locality=self.locality_status,
             late_records=sum(int(r.get("late", 0)) for r in reports),
+            bad_records=sum(int(r.get("bad", 0)) for r in reports),
             timers_fired=sum(int(r.get("fired", 0)) for r in reports),
             watermark=new_watermark,
             phases=phases,
@@ -820,6 +848,52 @@ def _origin(props: dict[str, Any]) -> str:
     if query == STATIC_QUERY:
         return f"a static run (batch {props.get(BATCH_PROPERTY)})"
     return f"Spark query {query} (micro-batch {props.get(BATCH_PROPERTY)})"
+
+
+def resolve_dead_letters(conf: Configuration, *, connect: bool, check: bool = True) -> Configuration:
+    """``conf`` with its local paths absolute, as the driver sees them, and the dead-letter directory checked.
+
+    Executors write the dead letters and the checkpoint files; a relative path
+    would land in each executor's working directory, so it is taken from the
+    driver's working directory when the query starts. From a Spark Connect
+    client the driver is the server, whose working directory the client does
+    not know: a relative dead-letter path is refused there (a relative
+    checkpoints directory stays the server's, as before). With ``check``, the
+    dead-letter directory is made (mode 0700) or checked private here, before
+    any task runs.
+
+    Raises:
+        ConfigurationError: If ``dead-letter`` has no path, or the path is relative under Spark Connect.
+        UnsafeLocalPathError: If the directory is a symlink, someone else's, or group- or other-writable.
+    """
+    if not connect:
+        local = {}
+        for key in ("statekit.checkpoints.dir", "statekit.savepoints.dir"):
+            value = conf.get(key)
+            if value and "://" not in str(value) and not os.path.isabs(str(value)):
+                local[key] = os.path.abspath(str(value))
+        if local:
+            conf = conf.with_options(local)
+    if conf.get("statekit.bad-records.policy") != "dead-letter":
+        return conf
+    path = conf.get("statekit.bad-records.dead-letter-path")
+    if path is None:
+        raise ConfigurationError(
+            "statekit.bad-records.policy=dead-letter needs somewhere to put them on Spark: set "
+            "spark.statekit.bad-records.dead-letter-path to a directory every executor reaches"
+        )
+    text = str(path)
+    if not os.path.isabs(text) and "://" not in text:
+        if connect:
+            raise ConfigurationError(
+                f"spark.statekit.bad-records.dead-letter-path {text!r} is relative: from a Spark Connect "
+                "client it would be taken from the server's working directory, which this client does not "
+                "know. Give an absolute path the server's executors reach"
+            )
+        text = os.path.abspath(text)
+    if check:
+        DeadLetterDir(text)  # a URL, a file, a symlink or someone else's directory fail here
+    return conf.with_options({"statekit.bad-records.dead-letter-path": text})
 
 
 def check_columns(df: DataFrame, key_column: str) -> None:

@@ -56,6 +56,7 @@ from pyspark.sql.streaming.datasource import (
 from .._errors import ConfigurationError, SourceError
 from ..plugins._config import Configuration
 from ..sources import FOLLOW_SYMLINKS_KEY, MAX_LINE_BYTES_KEY, BadRecord, BadRecordPolicy, LogSource
+from ..sources._deadletters import DeadLetterDir
 from ..sources._files import (
     IN_LONG_LINE,
     PARTIAL_END,
@@ -90,6 +91,7 @@ _OPTIONS = (
     "onlost",
     "maxlinespertrigger",
     "jobid",
+    "key",
     "badrecordspolicy",
     "deadletterpath",
     "maxbadrecords",
@@ -118,6 +120,7 @@ def read_logs(
     on_lost: str = "warn",
     max_lines_per_trigger: int | None = None,
     job_id: str | None = None,
+    key: str | None = None,
     config: Mapping[str, object] | None = None,
     max_line_bytes: int | None = None,
     follow_symlinks: bool | None = None,
@@ -170,6 +173,10 @@ def read_logs(
             finished is gone (see docs/operations.md#input-files).
         max_lines_per_trigger: Lines per micro-batch at most (None: all there are).
         job_id: Written into dead letters.
+        key: The column ``keyed(...)`` will key by: a record whose value of it is
+            null is a bad record of stage ``key`` here, where its file, byte
+            offset and line are known (past this source, a row carries only
+            its values).
         config: ``statekit.bad-records.*`` and ``statekit.source.*`` keys overriding the session's.
         max_line_bytes: The longest line read as a record (bytes); None:
             ``statekit.source.max-line-bytes`` (default 4 MiB).
@@ -191,13 +198,17 @@ def read_logs(
         options["maxLinesPerTrigger"] = str(max_lines_per_trigger)
     if job_id is not None:
         options["jobId"] = job_id
+    key_column = key  # (the loop below reuses the name)
+    if key_column is not None:
+        options["key"] = key_column
     overrides = {k.removeprefix("spark."): v for k, v in (config or {}).items()}
     for key, option in _CONFIG_KEYS.items():
         value = overrides.get(key)
         if value is None:
             value = spark.conf.get(f"spark.{key}", None)
         if value is not None:
-            options[option] = str(value)
+            # Executors write the dead letters: a relative path is the driver's, made absolute here.
+            options[option] = os.path.abspath(str(value)) if option == "deadLetterPath" else str(value)
     if max_line_bytes is not None:
         options["maxLineBytes"] = str(max_line_bytes)
     if follow_symlinks is not None:
@@ -207,6 +218,10 @@ def read_logs(
     struct = schema if isinstance(schema, T.StructType) else T._parse_datatype_string(schema)
     if not isinstance(struct, T.StructType):
         raise ConfigurationError(f"read_logs: schema must be a struct, not {schema!r}")
+    if key_column is not None and key_column not in struct.names:
+        raise ConfigurationError(
+            f"read_logs: key {key_column!r} is not a column of the schema: {struct.names}"
+        )
     source = _source_class(parse, struct)
     spark.dataSource.register(source)
     return spark.readStream.format(source.name()).options(**options).load()
@@ -291,6 +306,7 @@ class _Options:
     max_ratio: float | None
     max_line: int
     follow_symlinks: bool
+    key: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> _Options:
@@ -299,7 +315,7 @@ class _Options:
         if unknown:
             raise ConfigurationError(
                 f"{LOG_SOURCE_NAME}: unknown options {unknown}; the options are: path, paths, pattern, "
-                "inactiveAfter, onLost, maxLinesPerTrigger, jobId, badRecordsPolicy, deadLetterPath, "
+                "inactiveAfter, onLost, maxLinesPerTrigger, jobId, key, badRecordsPolicy, deadLetterPath, "
                 "maxBadRecords, maxBadRatio, maxLineBytes, followSymlinks"
             )
         if opts.get("paths"):
@@ -341,6 +357,7 @@ class _Options:
             max_ratio,
             max_line,
             follow,
+            opts.get("key") or None,
         )
         parsed.policy_for(lambda bad: None)  # checks the policy now, not in the first task
         return parsed
@@ -566,6 +583,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
             return
         f, path, stop = opened
+        key = self.options.key
         rows: list[Any] = []
         places: list[tuple[int, int, bytes]] = []
         lines = 0
@@ -585,6 +603,11 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 except Exception as exc:  # noqa: BLE001 - invalid UTF-8, or any parse failure: a bad record
                     stage = "decode" if isinstance(exc, UnicodeDecodeError) else "parse"
                     policy.handle(BadRecord.from_line(stage, exc, path, start, line, raw))
+                    continue
+                if key is not None and _key_of(record, self.schema.names, key) is None:
+                    # Here the line's place is known; keyed() past the shuffle would know only the row.
+                    null = ValueError(f"null key in column {key!r}: every record needs a key")
+                    policy.handle(BadRecord.from_line("key", null, path, start, line, raw))
                     continue
                 rows.append(record)
                 places.append((start, line, raw))
@@ -628,20 +651,19 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._write_letters(partition, letters)
 
     def _write_letters(self, partition: LogRange, letters: Sequence[BadRecord]) -> None:
-        """The range's dead letters, in a file named by the range: a retried task replaces it."""
+        """The range's dead letters, in a file named by the range: a retried task replaces it.
+
+        Written exclusively under a hidden name and renamed (see DeadLetterDir), in a private directory.
+        """
         directory = self.options.dead_letter_path
         assert directory is not None
-        os.makedirs(directory, exist_ok=True)
         e = partition.entry
         name = f"part-{e[4]}-{e[1]}-{e[2]}-{partition.start:012d}-{e[5]:012d}.json"
-        tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")  # hidden: Spark's readers skip it
         now = time.time()
-        with open(tmp, "w", encoding="utf-8") as out:
-            for bad in sorted(letters, key=lambda b: b.offset or 0):  # in file order, whatever found them
-                out.write(json.dumps({"job_id": self.options.job_id, "time": now, **bad.to_json()}) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, os.path.join(directory, name))
+        ordered = sorted(letters, key=lambda b: b.offset or 0)  # in file order, whatever found them
+        DeadLetterDir(directory).publish(
+            name, ({"job_id": self.options.job_id, "time": now, **bad.to_json()} for bad in ordered)
+        )
 
 
 class _PlanningSource(LogSource):
@@ -803,6 +825,19 @@ def _to_arrow(
         good.append(values)
     if good:
         yield _batch(good, schema)
+
+
+def _key_of(record: Any, names: Sequence[str], key: str) -> Any:
+    """The value of column ``key`` in a parsed record (a dict, a tuple, or the one column's value).
+
+    A record whose shape does not fit the schema gives a non-null answer: the
+    Arrow conversion names that problem (stage ``arrow``).
+    """
+    if isinstance(record, Mapping):
+        return record.get(key)
+    if isinstance(record, (tuple, list)):
+        return record[names.index(key)] if len(record) == len(names) else ()
+    return record if len(names) == 1 else ()
 
 
 def _fields(record: Any, names: Sequence[str]) -> tuple[Any, ...]:

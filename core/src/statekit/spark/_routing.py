@@ -16,6 +16,13 @@ One *marker* row per subtask joins the batch, so that every subtask runs (and
 snapshots) even when it receives no record. Tasks never trust the partition id:
 they serve every subtask whose rows they receive, and the driver checks that
 each subtask reported exactly once.
+
+A row without a key group (its key is null, or a Python key its serializer
+refuses) gets no subtask and a null routing value, so every such row of a
+micro-batch lands in one partition (Spark hashes every null alike), whose
+task hands it to the bad-records policy (``statekit.bad-records.*``) with its
+place: the file ``input_file_name()`` names for a file source, read before
+the shuffle, in :data:`PLACE_COLUMN`, and the micro-batch.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from ..serialization._serializers import IntSerializer, StrSerializer, TypeSeria
 __all__ = [
     "KEY_GROUP_COLUMN",
     "MARKER_COLUMN",
+    "PLACE_COLUMN",
     "RESERVED_COLUMNS",
     "ROUTE_COLUMN",
     "SUBTASK_COLUMN",
@@ -49,8 +57,11 @@ KEY_GROUP_COLUMN = "__statekit_kg"
 SUBTASK_COLUMN = "__statekit_subtask"
 MARKER_COLUMN = "__statekit_marker"
 ROUTE_COLUMN = "__statekit_route"
-RESERVED_COLUMNS = (KEY_GROUP_COLUMN, SUBTASK_COLUMN, MARKER_COLUMN, ROUTE_COLUMN)
+#: Where a row without a key group came from (the input file, if Spark knows it); null on the others.
+PLACE_COLUMN = "__statekit_place"
+RESERVED_COLUMNS = (KEY_GROUP_COLUMN, SUBTASK_COLUMN, MARKER_COLUMN, ROUTE_COLUMN, PLACE_COLUMN)
 
+_FILE_COLUMN = "__statekit_file"  # the input file of every row, before the Python key-group pass
 _M32 = 0xFFFFFFFF
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 
@@ -131,16 +142,20 @@ def sql_key_group(df: DataFrame, key_column: str, serializer: TypeSerializer, ma
 def with_key_group(
     df: DataFrame, key_column: str, serializer: TypeSerializer, max_parallelism: int
 ) -> DataFrame:
-    """``df`` plus :data:`KEY_GROUP_COLUMN`: by Spark SQL for ``str`` and ``int`` keys, else in Python."""
+    """``df`` plus :data:`KEY_GROUP_COLUMN`: by Spark SQL for ``str`` and ``int`` keys, else in Python.
+
+    The key group is null where the key is null or (in Python) its serializer refuses it.
+    """
     if supports_sql_routing(serializer, df.schema[key_column].dataType):
         return sql_key_group(df, key_column, serializer, max_parallelism, KEY_GROUP_COLUMN)
-    schema = T.StructType([*df.schema.fields, T.StructField(KEY_GROUP_COLUMN, T.IntegerType(), False)])
+    schema = T.StructType([*df.schema.fields, T.StructField(KEY_GROUP_COLUMN, T.IntegerType(), True)])
     return df.mapInArrow(_PythonKeyGroups(key_column, serializer, max_parallelism), schema)
 
 
 class _PythonKeyGroups:
     """Adds the key-group column in Python, for keys Spark SQL cannot serialize (a module-level class,
-    so that tasks unpickle it by reference)."""
+    so that tasks unpickle it by reference). A null key, or one the serializer refuses, gets a null
+    key group: the task that receives the row applies the bad-records policy to it."""
 
     def __init__(self, key_column: str, serializer: TypeSerializer, max_parallelism: int):
         self.key_column = key_column
@@ -151,13 +166,19 @@ class _PythonKeyGroups:
         cache: dict[Any, int] = {}
         maxp = self.max_parallelism
         for batch in batches:
-            out = []
+            out: list[int | None] = []
             for key in batch.column(self.key_column).to_pylist():
-                kg = cache.get(key)
-                if kg is None:
-                    if key is None:
-                        raise ValueError(f"null key in column {self.key_column!r}: every record needs a key")
-                    kg = key_group_for_bytes(self.serializer.serialize(key), maxp)
+                try:
+                    kg = cache.get(key)
+                except TypeError:  # unhashable (a dict for a dataclass key): no key the serializer takes
+                    out.append(None)
+                    continue
+                if kg is None and key is not None:
+                    try:
+                        kg = key_group_for_bytes(self.serializer.serialize(key), maxp)
+                    except Exception:  # noqa: BLE001 - the task names the error in the bad record
+                        out.append(None)
+                        continue
                     if len(cache) > 65536:
                         cache.clear()
                     cache[key] = kg
@@ -213,12 +234,22 @@ class Router:
         values = ", ".join(f"CAST({v} AS BIGINT)" for v in route_values)
         # Flink's operator index kg * p // maxp, in integer arithmetic.
         index = f"CAST(CAST({KEY_GROUP_COLUMN} AS BIGINT) * {parallelism} DIV {max_parallelism} AS INT)"
+        # Read before the shuffle, where the scan still knows its file; only for rows without a key.
+        place = f"CASE WHEN {KEY_GROUP_COLUMN} IS NULL THEN {{file}} END AS {PLACE_COLUMN}"
         self.tail = [
             f"{index} AS {SUBTASK_COLUMN}",
             f"false AS {MARKER_COLUMN}",
             f"element_at(array({values}), {SUBTASK_COLUMN} + 1) AS {ROUTE_COLUMN}",
+            place.format(file="nullif(input_file_name(), '')" if self.sql else _FILE_COLUMN),
         ]
-        self.keep = [*self.columns, KEY_GROUP_COLUMN, SUBTASK_COLUMN, MARKER_COLUMN, ROUTE_COLUMN]
+        self.keep = [
+            *self.columns,
+            KEY_GROUP_COLUMN,
+            SUBTASK_COLUMN,
+            MARKER_COLUMN,
+            ROUTE_COLUMN,
+            PLACE_COLUMN,
+        ]
         self.marker_rows: DataFrame | None = None
         if markers:
             # One partition: one small task in the scan stage, not one per subtask.
@@ -228,6 +259,7 @@ class Router:
                 f"CAST(id AS INT) AS {SUBTASK_COLUMN}",
                 f"true AS {MARKER_COLUMN}",
                 f"element_at(array({values}), CAST(id AS INT) + 1) AS {ROUTE_COLUMN}",
+                f"CAST(NULL AS STRING) AS {PLACE_COLUMN}",
             )
 
     def route(self, df: DataFrame) -> DataFrame:
@@ -235,8 +267,10 @@ class Router:
         if self.sql:
             rows = df.selectExpr("*", *self.key_group, *self.tail).select(*self.keep)
         else:
-            keyed = with_key_group(df, self.key_column, self.serializer, self.max_parallelism)
-            rows = keyed.selectExpr("*", *self.tail)
+            # The Python pass runs apart from the scan: the file is read before it, for every row.
+            named = df.selectExpr("*", f"nullif(input_file_name(), '') AS {_FILE_COLUMN}")
+            keyed = with_key_group(named, self.key_column, self.serializer, self.max_parallelism)
+            rows = keyed.selectExpr("*", *self.tail).select(*self.keep)
         if self.marker_rows is not None:
             rows = rows.union(self.marker_rows)
         return rows.repartition(self.parallelism, ROUTE_COLUMN)

@@ -63,11 +63,13 @@ from ..runtime._function import (
 from ..runtime._runner import checkpoint_storage_from_config, state_backend_from_config
 from ..serialization._keygroups import key_group_range_for_operator
 from ..serialization._serializers import TypeSerializer
+from ..sources import BadRecord, BadRecordPolicy
+from ..sources._deadletters import DeadLetterDir, file_part
 from ..state._operator import OperatorSnapshot
 from ..state._ttl import system_clock
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, EventTime, LatePolicy, TimeDomain, TimerService
 from . import _handoff
-from ._routing import MARKER_COLUMN, SUBTASK_COLUMN
+from ._routing import MARKER_COLUMN, PLACE_COLUMN, SUBTASK_COLUMN
 
 __all__ = [
     "HANDLE_COLUMN",
@@ -129,6 +131,10 @@ class TaskPlan:
     restore_claimed: bool = False
     """The restore checkpoint is a completed checkpoint of this job in this storage: a restored
     native instance may reference its files (``notify_checkpoint_complete`` after the restore)."""
+    batch_id: int = 0
+    """Spark's micro-batch (for ``run()``, the batch id it was given or chose): named in bad records."""
+    query_id: str = ""
+    """The streaming query (``static`` for ``run()``): with the batch, names the dead-letter file."""
 
 
 def internal_schema(output_schema: T.StructType, late_schema: T.StructType | None = None) -> T.StructType:
@@ -798,6 +804,9 @@ class _TaskRun:
         self.phases = dict.fromkeys(TASK_PHASES, 0.0)
         self.started = time.perf_counter()
         self.handed_from: int | None = None  # the sibling worker whose task this is, if handed off
+        self.letters: list[BadRecord] = []  # this task's rows without a key, under the dead-letter policy
+        self.rows_read = 0  # every row but the markers, for statekit.bad-records.max-ratio
+        self._policy: BadRecordPolicy | None = None
 
     def subtask(self, index: Any) -> _Subtask:
         """The subtask ``index``, acquired (restored or reused) on its first row."""
@@ -805,7 +814,7 @@ class _TaskRun:
         if st is not None:
             return st
         plan = self.plan
-        if index is None:
+        if index is None:  # the loops hand such rows to reject_key, never here
             raise ValueError(f"null key in column {plan.key_column!r}: every record needs a key")
         t = time.perf_counter()
         st, how, downloaded = _acquire(plan, index, self.source)
@@ -815,6 +824,62 @@ class _TaskRun:
         self.active[index] = st
         self.how[index] = (how, downloaded)
         return st
+
+    def reject_key(self, record: Mapping[str, Any], place: str | None) -> None:
+        """A row routed to no subtask (its key is null, or refused by the key serializer): a bad record.
+
+        It goes to ``statekit.bad-records.policy`` with the micro-batch, the
+        file Spark read it from (when it knows) and the row's values.
+
+        Raises:
+            BadRecordError: Under the ``fail`` policy, or past the task's ``max`` budget.
+        """
+        plan = self.plan
+        key = record.get(plan.key_column)
+        error: Exception = ValueError(f"null key in column {plan.key_column!r}: every record needs a key")
+        if key is not None:
+            try:
+                plan.key_serializer.serialize(key)
+                error = ValueError(f"key {key!r} of column {plan.key_column!r} has no key group")
+            except Exception as e:  # noqa: BLE001 - what the serializer says is the record's error
+                error = e
+        if self._policy is None:
+            conf = plan.config
+            self._policy = BadRecordPolicy(
+                policy=str(conf.get("statekit.bad-records.policy")),
+                sink=self.letters.append,
+                max_bad=conf.get("statekit.bad-records.max"),
+                max_ratio=conf.get("statekit.bad-records.max-ratio"),
+                job_id=plan.job_id,
+            )
+        file = place.removeprefix("file://") if place and place.startswith("file:///") else place
+        bad = BadRecord(
+            "key", f"{type(error).__name__}: {error}", file, raw=repr(dict(record)), batch=plan.batch_id
+        )
+        self._policy.handle(bad)
+
+    def commit_letters(self) -> int:
+        """Check the task's bad-record share, then write its dead letters; how many there were.
+
+        One file per micro-batch (every row without a key group lands in one
+        partition), named by query and batch: a retried task, or the batch run
+        again after a failure, replaces it.
+        """
+        policy = self._policy
+        if policy is None:
+            return 0
+        policy.check_ratio(self.rows_read)
+        if self.letters:
+            plan = self.plan
+            path = plan.config.get("statekit.bad-records.dead-letter-path")
+            assert path is not None  # the driver refuses dead-letter without a path
+            name = (
+                f"part-{file_part(plan.job_id)}-{file_part(plan.operator_id)}-{file_part(plan.query_id)}"
+                f"-batch-{plan.batch_id:012d}.json"
+            )
+            extra = {"query_id": plan.query_id, "operator_id": plan.operator_id}
+            DeadLetterDir(str(path)).publish(name, ({**policy.letter(b), **extra} for b in self.letters))
+        return policy.count
 
     def late(self, st: _Subtask, ts: int, row: int, late_rows: list[int]) -> bool:
         """Whether row ``row`` (event time ``ts``) is late and left out; counts it, notes the event time.
@@ -855,17 +920,24 @@ class _TaskRun:
             records = batch.select(list(plan.input_columns)).to_pylist()
             times = _event_times(batch, et) if et is not None else None
             late_rows: list[int] = []
+            places = batch.column(PLACE_COLUMN).to_pylist() if None in subtasks else None
+            self.rows_read += len(subtasks)
             t_loop = clock()
             phases["convert"] += t_loop - t
             restoring = phases["restore"]  # a restore inside the loop is the restore's time
             cur: Any = _NO_SUBTASK
             for row, (index, marker, record) in enumerate(zip(subtasks, markers, records)):
+                if index is None:
+                    assert places is not None
+                    self.reject_key(record, places[row])
+                    continue
                 if index != cur:
                     # Rows come grouped by subtask: bind its state and function once per run.
                     st = self.subtask(index)
                     cur = index
                     set_key, pctx, process = st.keyed.set_current_key, st.pctx, st.function.process
                 if marker:
+                    self.rows_read -= 1
                     continue
                 ts = None
                 if times is not None:
@@ -909,20 +981,31 @@ class _TaskRun:
         subtasks = batch.column(SUBTASK_COLUMN).to_pylist()
         markers = batch.column(MARKER_COLUMN).to_pylist()
         keys = batch.column(plan.key_column).to_pylist()
-        served = set(subtasks)
+        self.rows_read += len(markers) - sum(markers)
+        if None in subtasks:  # rows without a key group: bad records, never in a group
+            bad = [row for row, index in enumerate(subtasks) if index is None]
+            places = batch.column(PLACE_COLUMN).take(pa.array(bad, pa.int64())).to_pylist()
+            rejected = batch.select(list(plan.input_columns)).take(pa.array(bad, pa.int64())).to_pylist()
+            for record, place in zip(rejected, places):
+                self.reject_key(record, place)
+        served = {index for index in subtasks if index is not None}
         restoring = phases["restore"]
-        for index in sorted(served, key=lambda i: (i is None, i)):
+        for index in sorted(served):
             self.subtask(index)  # every subtask whose rows (or marker) came here runs and snapshots
         late_rows: list[int] = []
         et = plan.event_time
         if et is None:
-            rows = [row for row, marker in enumerate(markers) if not marker]
+            rows = [
+                row
+                for row, (index, marker) in enumerate(zip(subtasks, markers))
+                if not marker and index is not None
+            ]
         else:
             rows = []
             times = _event_times(batch, et)
             active = self.active
             for row, (index, marker) in enumerate(zip(subtasks, markers)):
-                if marker:
+                if marker or index is None:
                     continue
                 ts = times[row]
                 if ts is not None and self.late(active[index], ts, row, late_rows):
@@ -993,6 +1076,7 @@ class _TaskRun:
         The subtasks go back into the process cache, marked with this attempt.
         """
         plan, phases, clock = self.plan, self.phases, time.perf_counter
+        bad = self.commit_letters()
         t_snapshot = clock()
         storage = _storage(plan.config)
         copies = _local_copies(plan)
@@ -1027,6 +1111,7 @@ class _TaskRun:
         reports = []
         for index, state in states:
             st = self.active[index]
+            reported_bad, bad = bad, 0  # the task's bad rows, reported with its first subtask
             reports.append(
                 {
                     "subtask": index,
@@ -1034,6 +1119,7 @@ class _TaskRun:
                     "records": st.records,
                     "outputs": st.outputs,
                     "late": st.late,
+                    "bad": reported_bad,
                     "fired": st.fired,
                     "max_event_time": st.max_event_time,
                     "reused": self.how[index][0] == REUSED,

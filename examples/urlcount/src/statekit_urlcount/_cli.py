@@ -15,6 +15,7 @@ import argparse
 import os
 import shutil
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from ._generate import GenerateResult, generate_logs
 from ._job import JobSettings, RunReport, run_job
 from ._progress import ProgressDisplay, top_urls_table, top_windows_table
 from ._remote import remote_spark_session, run_job_remote
-from ._session import local_spark_session
+from ._session import active_spark_session, local_spark_session
 from ._windowed import (
     PendingWindows,
     WindowedSettings,
@@ -66,8 +67,33 @@ def _add_generate_options(p: argparse.ArgumentParser, *, records: int, files: in
     p.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
 
 
-def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--files-per-trigger", type=int, default=1, help="log files per micro-batch (default 1)")
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
+def _add_run_options(
+    p: argparse.ArgumentParser, *, windowed: bool = False, lines_per_trigger: int | None = None
+) -> None:
+    if windowed:  # the windowed job reads through Spark's text source, the others through read_logs
+        p.add_argument(
+            "--files-per-trigger",
+            type=_positive,
+            default=1,
+            help="log files per micro-batch: Spark's file source reads them (maxFilesPerTrigger; default 1)",
+        )
+    else:
+        default = "all new lines in one batch" if lines_per_trigger is None else f"{lines_per_trigger:,}"
+        p.add_argument(
+            "--lines-per-trigger",
+            type=_positive,
+            default=lines_per_trigger,
+            metavar="N",
+            help="log lines per micro-batch at most: statekit's log source reads the files, so a batch "
+            f"ends after N lines, wherever they are (default: {default})",
+        )
     p.add_argument("--parallelism", type=int, default=2, help="statekit subtasks (default 2)")
     p.add_argument(
         "--backend",
@@ -145,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="allowed out-of-orderness: the watermark trails the newest @timestamp by this "
         "(default '10 seconds')",
     )
-    _add_run_options(w)
+    _add_run_options(w, windowed=True)
 
     d = sub.add_parser("demo", help="generate logs, run, add more logs, resume from the checkpoint, check")
     d.add_argument(
@@ -154,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--more-records", type=int, default=50_000, help="lines added before the second run")
     d.add_argument("--more-files", type=int, default=2, help="files added before the second run")
     _add_generate_options(d, records=200_000, files=4)
-    _add_run_options(d)
+    _add_run_options(d, lines_per_trigger=50_000)
     _add_vectorized_option(d)
     _add_remote_option(d)
     return parser
@@ -194,10 +220,10 @@ def _settings(args: argparse.Namespace, logs: str, state: str, output: str | Non
         logs_dir=logs,
         state_dir=state,
         output_dir=output,
-        files_per_trigger=args.files_per_trigger,
         parallelism=args.parallelism,
         backend=args.backend,
         vectorized=args.vectorized,
+        lines_per_trigger=args.lines_per_trigger,
     )
 
 
@@ -206,12 +232,18 @@ def _run_displayed(
 ) -> RunReport:
     """``run(spark, settings, ...)`` on a local (or Connect) Spark session, with the live progress display."""
     remote = getattr(args, "remote", None)
+    if not args.no_progress:
+        # Starting Spark takes a while on a small machine; say so rather than print nothing.
+        console.print(f"{title}: starting Spark ({remote or args.master}) ...", highlight=False)
+    # A session that runs already (a notebook's, a test suite's) is used, and left running.
+    own = remote is not None or active_spark_session() is None
     spark = remote_spark_session(remote) if remote else local_spark_session(master=args.master)
     try:
         with ProgressDisplay(console, settings, title=title, enabled=not args.no_progress) as display:
             return run(spark, settings, on_batch=display.on_batch, on_poll=display.on_poll)
     finally:
-        spark.stop()
+        if own:
+            spark.stop()
 
 
 def _run_once(args: argparse.Namespace, console: Console, settings: JobSettings, title: str) -> RunReport:
@@ -330,6 +362,7 @@ def demo(args: argparse.Namespace, console: Console) -> DemoReport:
     files, so the final counts must equal the generator's counts over all
     files exactly, and the second run must read exactly the added lines.
     """
+    started = time.perf_counter()
     work = args.workdir
     if os.path.isdir(work) and os.listdir(work):
         if not os.path.exists(os.path.join(work, _DEMO_MARKER)):
@@ -425,6 +458,7 @@ def demo(args: argparse.Namespace, console: Console) -> DemoReport:
         mark = "[green]✔[/green]" if ok else "[red]✘[/red]"
         console.print(f"{mark} {name}: {detail}", highlight=False)
     console.print("[bold green]all checks passed[/]" if report.ok else "[bold red]a check failed[/]")
+    console.print(f"the demo took {time.perf_counter() - started:.0f} s", highlight=False)
     return report
 
 

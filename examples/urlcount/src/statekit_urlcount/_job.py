@@ -18,6 +18,7 @@ same directory resumes where the first stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -86,8 +87,8 @@ class JobSettings:
         output_dir: Where counts and dead letters go; default ``<state_dir>/output``.
         job_id: statekit's job id (its checkpoints' folder name).
         files_per_trigger: Log files per micro-batch of the windowed job (Spark's
-            ``maxFilesPerTrigger``); the count job reads through ``read_logs``, see
-            ``lines_per_trigger``.
+            ``maxFilesPerTrigger``: it reads through Spark's text source); the count
+            job reads through ``read_logs`` and ignores it, see ``lines_per_trigger``.
         parallelism: statekit subtasks (``spark.statekit.parallelism``).
         backend: ``spark.statekit.backend``.
         vectorized: Run :class:`CountPerUrlVectorized` (a key's lines of a
@@ -409,6 +410,7 @@ def build_stream(spark: SparkSession, settings: JobSettings, sink: _Sink) -> Pro
         schema=REQUEST_SCHEMA,
         max_lines_per_trigger=settings.lines_per_trigger,
         job_id=settings.job_id,
+        key="url",  # parse_request refuses a line without one already; a null key would be one here
         config={
             "statekit.bad-records.policy": "dead-letter",
             "statekit.bad-records.dead-letter-path": os.path.abspath(settings.dead_letter_dir),
@@ -445,7 +447,7 @@ def run_job(
     return run_stream(
         spark,
         settings,
-        lambda guarded: _Sink(settings, guarded),
+        _Sink,
         build_stream,
         on_batch=on_batch,
         on_poll=on_poll,
@@ -456,14 +458,24 @@ def run_job(
 def run_stream(
     spark: SparkSession,
     settings: S,
-    make_sink: Callable[[Callable[[BatchStats], None]], K],
+    make_sink: Callable[[S, Callable[[BatchStats], None]], K],
     build: Callable[[SparkSession, S, K], ProcessedStream],
     *,
     on_batch: Callable[[BatchStats], None],
     on_poll: Callable[[Any], None],
     poll_seconds: int,
 ) -> RunReport:
-    """Runs a job's query ``availableNow``: what :func:`run_job` and the windowed job share."""
+    """Runs a job's query ``availableNow``: what :func:`run_job` and the windowed job share.
+
+    Paths are made absolute first: Spark resolves a relative one against the
+    working directory its JVM started in, which need not be this process's now.
+    """
+    settings = dataclasses.replace(
+        settings,
+        logs_dir=os.path.abspath(settings.logs_dir),
+        state_dir=os.path.abspath(settings.state_dir),
+        output_dir=None if settings.output_dir is None else os.path.abspath(settings.output_dir),
+    )
     for key, value in statekit_conf(settings).items():
         spark.conf.set(key, value)
     os.makedirs(settings.state_dir, exist_ok=True)
@@ -473,7 +485,7 @@ def run_stream(
         with lock:
             on_batch(stats)
 
-    sink = make_sink(guarded)
+    sink = make_sink(settings, guarded)
     t0 = time.perf_counter()
     query = build(spark, settings, sink).start(
         checkpoint_location=os.path.abspath(settings.spark_checkpoint), trigger={"availableNow": True}

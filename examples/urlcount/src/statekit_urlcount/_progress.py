@@ -1,7 +1,7 @@
 """The live progress display and the final table, drawn with rich.
 
 On a terminal the display redraws in place; elsewhere (a pipe, CI) it prints
-one line per micro-batch instead.
+one line per micro-batch instead, and a status line while a batch runs long.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ from statekit import StateError
 
 from ._job import BatchStats, JobSettings, StateSummary, checkpoint_info
 
-__all__ = ["ProgressDisplay", "top_urls_table", "top_windows_table"]
+__all__ = ["STATUS_EVERY", "ProgressDisplay", "top_urls_table", "top_windows_table"]
+
+#: Seconds between status lines off a terminal while a batch runs.
+STATUS_EVERY = 15.0
 
 
 def _age(timestamp_ms: int) -> str:
@@ -56,6 +59,7 @@ class ProgressDisplay:
         self.checkpoint = StateSummary()
         self._t0 = time.perf_counter()
         self._live: Live | None = None
+        self._noted = 0.0  # when the last status line was printed off a terminal
 
     def __enter__(self) -> ProgressDisplay:
         self._t0 = time.perf_counter()
@@ -100,13 +104,27 @@ class ProgressDisplay:
             self.console.print(self.line(), highlight=False)
 
     def on_poll(self, query: Any) -> None:
-        """Picks up the query's status message between batches."""
+        """Picks up the query's status message between batches.
+
+        Off a terminal (a pipe, CI) it prints a status line now and then, so
+        a long batch does not look like a hang: when the message changes,
+        and every :data:`STATUS_EVERY` seconds.
+        """
+        before = self.status
         try:
             self.status = str(query.status.get("message", "")) or self.status
         except Exception:  # noqa: BLE001 - a display must never fail the job
             return
         if self._live is not None:
             self._live.update(self.render())
+        elif self.enabled:
+            now = time.perf_counter()
+            if self.status != before or now - self._noted >= STATUS_EVERY:
+                self._noted = now
+                elapsed = now - self._t0
+                self.console.print(
+                    f"{elapsed:.0f} s: {self.status} ({self.batches} batches done)", highlight=False
+                )
 
     def line(self) -> str:
         """One line for non-terminal output."""

@@ -101,7 +101,7 @@ def run_job_remote(
     report = run_stream(
         spark,
         settings,
-        lambda _guarded: _Sink(settings, log),
+        lambda absolute, _guarded: _Sink(absolute, log),
         build_stream,
         on_batch=lambda stats: None,
         on_poll=poll,

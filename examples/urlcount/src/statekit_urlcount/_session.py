@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["local_spark_session"]
+__all__ = ["active_spark_session", "local_spark_session"]
+
+
+def active_spark_session() -> SparkSession | None:
+    """The SparkSession that runs in this process already, if any (a notebook's, a test suite's)."""
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession()
 
 
 def local_spark_session(

@@ -326,7 +326,7 @@ def run_windowed_job(
     return run_stream(
         spark,
         settings,
-        lambda guarded: _WindowedSink(settings, guarded),
+        _WindowedSink,
         build_windowed_stream,
         on_batch=on_batch,
         on_poll=on_poll,
