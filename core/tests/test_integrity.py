@@ -5,14 +5,23 @@ file of one layout (the CRC residue), so each keyed, operator and native file's
 entry in ``_metadata`` records a SHA-256 of its bytes, and a canonical keyed
 file's entry one per header and key-group block: a restore that reads some key
 groups checks exactly what it reads, and ``verify`` checks every byte.
+
+Task-local recovery (real files in a real local-recovery directory, restores
+through :class:`LocalRecoveryStorage` exactly as a Spark task restores) uses a
+local copy only if its bytes have the digest the checkpoint records: every
+copy that is there but is not that file (another checkpoint's, another
+subtask's, deleted, changed or unreadable after it was checked) sends the
+restore to the storage, is counted, and the state is exact.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
 import re
+import stat
 import zlib
 from pathlib import Path
 from typing import Any
@@ -24,6 +33,7 @@ from statekit import (
     CorruptSnapshotError,
     KeyGroupRange,
     ListStateDescriptor,
+    UnsafeLocalPathError,
     ValueStateDescriptor,
     key_group_for_bytes,
     key_group_range_for_operator,
@@ -31,6 +41,13 @@ from statekit import (
 )
 from statekit.backend_api import NativeFile, OperatorStateBackendImpl, upload_native_file
 from statekit.checkpoints._checkpoint import complete_checkpoint, load_checkpoint, write_subtask_state
+from statekit.checkpoints._local_recovery import (
+    Downloads,
+    LocalCopies,
+    LocalRecoveryStorage,
+    LocalRecoveryWriter,
+    digests_of,
+)
 from statekit.checkpoints._verify import CRC_ONLY, crc_only_files, verify_loaded
 from statekit.snapshots._digest import (
     NOT_RECORDED,
@@ -66,7 +83,9 @@ class CountingJob:
     def __init__(self) -> None:
         self.storage = ReferenceCheckpointStorage()
 
-    def checkpoint(self, n: int, *, bump: int, native: bool = False) -> str:
+    def checkpoint(
+        self, n: int, *, bump: int, native: bool = False, copies: LocalCopies | None = None
+    ) -> str:
         subtasks = []
         for index in range(2):
             kgr = key_group_range_for_operator(MAXP, 2, index)
@@ -77,14 +96,18 @@ class CountingJob:
                 count.update(i + bump)
             operator = OperatorStateBackendImpl()
             operator.get_list_state(SEEN).update([f"{index}-{bump}"])
+            inner = self.storage.begin_checkpoint("job", n)
+            local = None if copies is None else LocalRecoveryWriter(inner, copies)
             state = write_subtask_state(
-                self.storage.begin_checkpoint("job", n),
+                inner if local is None else local,
                 "op",
                 index,
                 keyed,
                 operator,
                 native_checkpoint_id=n if native else None,
             )
+            if local is not None and copies is not None:
+                copies.remember(index, local.keep(state.to_json()))
             subtasks.append(state)
         return complete_checkpoint(
             self.storage.begin_checkpoint("job", n),
@@ -154,10 +177,22 @@ class CountingJob:
                 st.keyed, st.operator = drop(st.keyed), drop(st.operator)
         self.storage._metadata[location] = meta.to_bytes()
 
+    def reading(self, copies: LocalCopies | None, location: str) -> LocalRecoveryStorage:
+        """What a Spark task restores through: the checkpoint's digest of each file, and the local copies."""
+        meta = load_checkpoint(self.storage, location).metadata
+        digests = digests_of([st.to_json() for st in meta.operators["op"]])
+        return LocalRecoveryStorage(self.storage, copies, Downloads(), digests)
+
 
 @pytest.fixture
 def job() -> CountingJob:
     return CountingJob()
+
+
+@pytest.fixture
+def copies(tmp_path: Path) -> LocalCopies:
+    root = tmp_path / "local" / "statekit" / "local-recovery" / "job" / "op"
+    return LocalCopies(str(root), base=str(tmp_path / "local"))
 
 
 # --- the digest helper ------------------------------------------------------------------------
@@ -333,3 +368,297 @@ def test_native_file_entries_round_trip_with_and_without_a_digest(tmp_path: Path
     with pytest.raises(CorruptSnapshotError, match=re.escape(NOT_RECORDED)):
         wrong.copy_to(tmp_path / "copy.sst")
     assert not (tmp_path / "copy.sst").exists()
+
+
+# --- local copies: named by content, read only when their bytes are the recorded ones ---------
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["canonical", "native"])
+def test_a_written_checkpoint_restores_from_its_local_copies(
+    job: Any, copies: LocalCopies, native: bool
+) -> None:
+    location = job.checkpoint(1, bump=4, native=native, copies=copies)
+    names = set(copies.index())
+    for index in range(2):
+        for part in ("keyed", "operator"):
+            data = job.storage._blobs[job.blob(location, index, part)]
+            digest = hashlib.sha256(data).hexdigest()
+            assert digest == job.entry(location, index, part)["sha256"] and digest in names
+            assert Path(copies.path_of(digest)).read_bytes() == data
+    through = job.reading(copies, location)
+    assert job.restored(location, through=through) == job.expected(4)
+    d = through.downloads
+    assert (d.remote_files, d.remote_bytes, d.rejected) == (0, 0, 0) and d.local_files >= 2 and d.local_bytes
+    assert through.used and set(through.used) <= names
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["canonical", "native"])
+def test_a_copy_swapped_in_from_another_checkpoint_is_rejected_and_the_storage_read(
+    job: Any, copies: LocalCopies, native: bool
+) -> None:
+    """The finding of issue #32: chk-3's bytes over chk-4's copy, under chk-4's name."""
+    old = job.checkpoint(3, bump=0, native=native, copies=copies)
+    new = job.checkpoint(4, bump=10, native=native, copies=copies)
+    victim = Path(copies.path_of(job.entry(new, 0)["sha256"]))
+    victim.write_bytes(Path(copies.path_of(job.entry(old, 0)["sha256"])).read_bytes())
+    through = job.reading(copies, new)
+    assert job.restored(new, through=through) == job.expected(10)
+    d = through.downloads
+    assert d.rejected == 1 and d.remote_files == 1 and d.remote_bytes > 0
+    (reason,) = d.reasons
+    assert reason.startswith("op-0") and "bytes are not the ones the checkpoint records" in reason
+    assert reason.endswith("read from the checkpoint storage instead")
+    assert not victim.exists()  # a copy found bad is deleted
+    again = job.reading(copies, new)
+    assert job.restored(new, through=again) == job.expected(10) and again.downloads.rejected == 0
+
+
+def test_another_subtasks_bytes_under_the_right_name_are_rejected(job: Any, copies: LocalCopies) -> None:
+    location = job.checkpoint(1, bump=2, copies=copies)
+    theirs = Path(copies.path_of(job.entry(location, 1)["sha256"])).read_bytes()
+    Path(copies.path_of(job.entry(location, 0)["sha256"])).write_bytes(theirs)
+    through = job.reading(copies, location)
+    assert job.restored(location, through=through) == job.expected(2)
+    assert through.downloads.rejected == 1
+
+
+class _Vanishing(LocalCopies):
+    """Copies that lose the file right after it was checked, before any of it is read."""
+
+    def check(self, sha256: str) -> Any:
+        found = super().check(sha256)
+        if found is not None:
+            os.unlink(found.path)
+        return found
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["canonical", "native"])
+def test_a_copy_deleted_after_it_was_checked_sends_the_read_to_the_storage(
+    job: Any, tmp_path: Path, native: bool
+) -> None:
+    root = str(tmp_path / "lr" / "job" / "op")
+    location = job.checkpoint(1, bump=6, native=native, copies=LocalCopies(root))
+    through = job.reading(_Vanishing(root), location)
+    assert job.restored(location, through=through) == job.expected(6)
+    d = through.downloads
+    assert d.rejected >= 1 and all("deleted after it was checked" in r for r in d.reasons), d.reasons
+
+
+def test_a_copy_that_cannot_be_read_sends_the_read_to_the_storage(
+    job: Any, copies: LocalCopies, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An I/O error of the local disk (EIO, injected into reads after the check) is not the checkpoint's."""
+    location = job.checkpoint(1, bump=1, copies=copies)
+    real_pread = os.pread
+    local = {os.stat(p).st_ino for p in copies.index().values()}
+
+    def failing(fd: int, n: int, offset: int) -> bytes:
+        if n < (4 << 20) and os.fstat(fd).st_ino in local:  # a range read, not the check's whole pass
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_pread(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", failing)
+    through = job.reading(copies, location)
+    assert job.restored(location, through=through) == job.expected(1)
+    d = through.downloads
+    assert d.rejected >= 1 and all("cannot be read (Input/output error)" in r for r in d.reasons), d.reasons
+
+
+def test_a_copy_changed_after_it_was_checked_is_not_read(job: Any, copies: LocalCopies) -> None:
+    location = job.checkpoint(1, bump=3, copies=copies)
+    through = job.reading(copies, location)
+    desc = job.entry(location, 0)["handle"]
+    handle = through.resolve_handle(location, desc)  # checked now
+    path = copies.path_of(job.entry(location, 0)["sha256"])
+    with open(path, "r+b") as f:  # rewritten in place: the same inode, another modification time
+        f.seek(30)
+        f.write(b"\xff" * 8)
+    os.utime(path, ns=(0, os.stat(path).st_mtime_ns + 1_000_000))
+    assert handle.read(0, 64) == job.storage._blobs[int(desc["blob"])][:64]
+    d = through.downloads
+    assert d.rejected == 1 and "replaced or changed after it was checked" in d.reasons[0]
+
+
+def test_files_of_a_checkpoint_before_digests_are_read_from_the_storage(
+    job: Any, copies: LocalCopies
+) -> None:
+    location = job.checkpoint(1, bump=5, copies=copies)
+    job.strip_digests(location)  # as a statekit before digests wrote it: copies cannot be checked
+    through = job.reading(copies, location)
+    assert job.restored(location, through=through) == job.expected(5)
+    assert through.downloads.local_files == 0 and through.downloads.rejected == 0
+
+
+def test_each_copy_is_hashed_once_per_restore(
+    job: Any, copies: LocalCopies, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    location = job.checkpoint(1, bump=0, copies=copies)
+    checked: list[str] = []
+    original = LocalCopies.check
+
+    def counting(self: LocalCopies, sha256: str) -> Any:
+        checked.append(sha256)
+        return original(self, sha256)
+
+    monkeypatch.setattr(LocalCopies, "check", counting)
+    through = job.reading(copies, location)
+    # Rescaled to 3, subtask 1 reads both old keyed files; the restores share one reading storage.
+    for index in range(3):
+        assert job.restored(location, parallelism=3, index=index, through=through) == job.expected(
+            0, parallelism=3, index=index
+        )
+    assert len(checked) == len(set(checked)) == 4 and through.downloads.remote_files == 0
+
+
+# --- native files: linked when checked, downloaded and kept when not ---------------------------------
+
+
+def _uploaded(copies: LocalCopies, storage: ReferenceCheckpointStorage, src: Path) -> NativeFile:
+    writer = LocalRecoveryWriter(storage.begin_checkpoint("job", 1), copies)
+    f = upload_native_file(
+        lambda n, s: writer.create_stream(n, shared=s), "s/000012.sst", "000012.sst", str(src),
+        shared=True, checkpoint_id=1,
+    )  # fmt: skip
+    writer.keep(f.to_json())
+    return f
+
+
+def _restored_file(f: NativeFile, through: LocalRecoveryStorage) -> NativeFile:
+    return NativeFile.from_json(f.to_json(), lambda d: through.resolve_handle("loc", d))
+
+
+def test_native_files_are_linked_from_checked_copies_and_kept_when_downloaded(
+    tmp_path: Path, copies: LocalCopies
+) -> None:
+    storage = ReferenceCheckpointStorage()
+    sst = tmp_path / "000012.sst"
+    sst.write_bytes(DATA)
+    f = _uploaded(copies, storage, sst)
+    assert f.sha256 is not None
+    assert os.stat(copies.path_of(f.sha256)).st_ino == os.stat(sst).st_ino  # linked, not copied
+    through = LocalRecoveryStorage(storage, copies, Downloads(), digests_of(f.to_json()))
+    _restored_file(f, through).copy_to(tmp_path / "linked.sst", link=True)
+    assert os.stat(tmp_path / "linked.sst").st_ino == os.stat(sst).st_ino
+    assert through.downloads.remote_bytes == 0 and through.downloads.local_bytes == len(DATA)
+
+    # Downloaded where there is no copy: checked by its digest, then kept for the next restore here.
+    elsewhere = LocalCopies(str(tmp_path / "elsewhere" / "job" / "op"))
+    through = LocalRecoveryStorage(storage, elsewhere, Downloads(), digests_of(f.to_json()))
+    _restored_file(f, through).copy_to(tmp_path / "fetched.sst", link=True)
+    assert through.downloads.remote_bytes == len(DATA)
+    assert list(elsewhere.index()) == [f.sha256] and through.used == [f.sha256]
+    # A file the engine writes into (link=False) is copied and never kept.
+    third = LocalCopies(str(tmp_path / "third" / "job" / "op"))
+    through = LocalRecoveryStorage(storage, third, Downloads(), digests_of(f.to_json()))
+    _restored_file(f, through).copy_to(tmp_path / "data.mdb")
+    assert third.index() == {}
+
+
+def test_a_linked_copy_deleted_after_it_was_checked_is_downloaded(tmp_path: Path) -> None:
+    storage = ReferenceCheckpointStorage()
+    root = str(tmp_path / "lr" / "job" / "op")
+    sst = tmp_path / "000012.sst"
+    sst.write_bytes(DATA)
+    f = _uploaded(LocalCopies(root), storage, sst)
+    through = LocalRecoveryStorage(storage, _Vanishing(root), Downloads(), digests_of(f.to_json()))
+    _restored_file(f, through).copy_to(tmp_path / "restored.sst", link=True)
+    assert (tmp_path / "restored.sst").read_bytes() == DATA
+    assert through.downloads.rejected == 1 and through.downloads.remote_bytes == len(DATA)
+
+
+def test_a_source_changed_after_its_upload_is_never_used(tmp_path: Path, copies: LocalCopies) -> None:
+    storage = ReferenceCheckpointStorage()
+    src = tmp_path / "file.sst"
+    src.write_bytes(DATA)
+    f = _uploaded(copies, storage, src)
+    with open(src, "r+b") as changed:  # the same inode: the kept link sees the change
+        changed.write(b"\0" * 16)
+    through = LocalRecoveryStorage(storage, copies, Downloads(), digests_of(f.to_json()))
+    assert _restored_file(f, through).read() == DATA
+    assert through.downloads.remote_bytes == len(DATA) and through.downloads.rejected == 1
+    assert copies.index() == {}
+
+
+def test_a_description_recorded_with_two_digests_uses_no_copy() -> None:
+    handle = {"type": "file", "path": "a"}
+    assert digests_of([{"handle": handle, "sha256": "a" * 64}, {"handle": handle, "sha256": "b" * 64}]) == {}
+    assert digests_of({"handle": handle, "sha256": "oops"}) == {}
+    assert list(digests_of({"x": [{"handle": handle, "sha256": "c" * 64}]}).values()) == ["c" * 64]
+    assert digests_of({"handle": {"type": "inline", "data": ""}, "sha256": "c" * 64}) == {}
+
+
+# --- bounded: each subtask keeps its last two snapshots ----------------------------------------------
+
+
+def test_each_subtask_keeps_its_last_two_snapshots_and_collect_frees_the_rest(
+    job: Any, tmp_path: Path
+) -> None:
+    root = str(tmp_path / "lr" / "job" / "op")
+    young = LocalCopies(root)
+    job.checkpoint(99, bump=99, copies=young)
+    for name in os.listdir(root):
+        if name.startswith("subtask-"):
+            os.unlink(os.path.join(root, name))  # no manifest keeps them...
+    assert young.collect() == 0  # ...but another process may be about to write its manifest
+    copies = LocalCopies(root, grace_seconds=0)
+    kept = []
+    for n in range(1, 5):
+        location = job.checkpoint(n, bump=n, copies=copies)
+        kept.append({job.entry(location, i, p)["sha256"] for i in range(2) for p in ("keyed", "operator")})
+        copies.collect()
+    assert set(copies.index()) == kept[-1] | kept[-2]
+    before = os.path.join(root, "files", "0" * 40 + ".1234abcd")  # a copy of a statekit before digests
+    with open(before, "wb") as f:
+        f.write(b"old")
+    assert copies.collect() == 3 and set(copies.index()) == kept[-1] | kept[-2]
+    assert not os.path.exists(before)
+
+
+# --- confinement ---------------------------------------------------------------------------------------
+
+
+def test_directories_are_0700_and_copies_and_manifests_0600(
+    job: Any, copies: LocalCopies, tmp_path: Path
+) -> None:
+    old = os.umask(0)  # a permissive umask changes nothing
+    try:
+        job.checkpoint(1, bump=0, copies=copies)
+    finally:
+        os.umask(old)
+    top = tmp_path / "local"
+    for d in [p for p in top.rglob("*") if p.is_dir()]:
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    files = [p for p in top.rglob("*") if p.is_file()]
+    assert sum(p.name.startswith("subtask-") for p in files) == 2 and len(files) == 6
+    for f in files:
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+
+
+def test_a_planted_symlink_or_a_writable_directory_is_refused_and_left_alone(tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.mkdir(mode=0o700)
+    (target / "keep").write_text("x")
+    root = tmp_path / "local" / "statekit" / "local-recovery" / "job" / "op"
+    root.mkdir(parents=True)
+    (root / "files").symlink_to(target)
+    with pytest.raises(UnsafeLocalPathError, match=re.escape(f"{root / 'files'} is a symlink")):
+        LocalCopies(str(root), base=str(tmp_path / "local"))
+    assert os.listdir(target) == ["keep"]
+    (root / "files").unlink()
+    os.chmod(root.parent, 0o777)
+    with pytest.raises(UnsafeLocalPathError, match="can be written by its group or by others"):
+        LocalCopies(str(root), base=str(tmp_path / "local"))
+    assert not (root / "files").exists()
+
+
+def test_a_restore_never_reads_a_symlink_planted_as_a_copy(
+    job: Any, copies: LocalCopies, tmp_path: Path
+) -> None:
+    location = job.checkpoint(1, bump=8, copies=copies)
+    path = copies.path_of(job.entry(location, 0)["sha256"])
+    elsewhere = tmp_path / "elsewhere"
+    os.replace(path, elsewhere)
+    os.symlink(elsewhere, path)  # the right bytes, through a link: still not a copy statekit made
+    through = job.reading(copies, location)
+    assert job.restored(location, through=through) == job.expected(8)
+    assert through.downloads.rejected == 1 and "cannot be opened" in through.downloads.reasons[0]

@@ -185,19 +185,17 @@ class NativeFile:
             path: Where the file goes.
             link: True if the caller never modifies the file at ``path`` (an
                 engine's immutable file, such as a RocksDB SST). Then a local copy
-                that task-local recovery kept of it (checked against its CRC-32) is
-                hard-linked instead of copied, and a downloaded file is kept as
-                such a copy for the next restore on this machine. Never pass True
-                for a file the engine writes into (an LMDB data file).
+                that task-local recovery kept of it, whose bytes have this file's
+                SHA-256, is hard-linked instead of copied, and a downloaded file is
+                kept as such a copy for the next restore on this machine. Never
+                pass True for a file the engine writes into (an LMDB data file).
+                Files without a recorded SHA-256 (uploaded before digests) are
+                always downloaded.
         """
-        if link:
-            local = getattr(self.stream, "local_file", None)
-            if local is not None:
-                with contextlib.suppress(OSError):
-                    src = local()
-                    if os.stat(src).st_size == self.size:
-                        os.link(src, path)
-                        return
+        if link and self.sha256 is not None:
+            linked = getattr(self.stream, "link_verified_copy", None)
+            if linked is not None and linked(os.fspath(path), self.sha256):
+                return
         try:
             with open(path, "wb") as f:
                 for data in self.chunks():
@@ -206,11 +204,11 @@ class NativeFile:
             with contextlib.suppress(OSError):
                 os.unlink(path)
             raise
-        if link:
+        if link and self.sha256 is not None:
             keep = getattr(self.stream, "keep_local", None)
             if keep is not None:
                 with contextlib.suppress(OSError):
-                    keep(os.fspath(path), self.crc32)
+                    keep(os.fspath(path), self.sha256)
 
 
 @dataclass(frozen=True)
