@@ -102,6 +102,25 @@ def craft(chk: Path, change: Callable[[dict[str, Any]], None]) -> None:
     (chk / "_metadata").write_bytes(seal(meta))
 
 
+def before_digests(meta: Any) -> None:
+    """Drop every SHA-256 from metadata: a checkpoint of a statekit before digests.
+
+    Then the CRC-32s and the parser are what refuses a crafted file (as they are
+    for a crafter who records the digests of the crafted bytes too).
+    """
+    if isinstance(meta, dict):
+        for key in ("sha256", "header_sha256", "block_sha256"):
+            meta.pop(key, None)
+        for value in meta.values():
+            before_digests(value)
+    elif isinstance(meta, list):
+        for value in meta:
+            before_digests(value)
+
+
+NOT_RECORDED = "the bytes are not the ones this checkpoint recorded"
+
+
 def keyed_handle(meta: dict[str, Any], subtask: int = 0) -> dict[str, Any]:
     handle: dict[str, Any] = meta["operators"]["process"][subtask]["keyed"]["handle"]
     return handle
@@ -257,6 +276,8 @@ def test_a_wrong_format_version_is_corrupt_and_names_the_file(chk: Path, which: 
     current = _HDR.unpack_from(data)[1]  # the version this statekit writes (and the newest it reads)
     version = {"zero": 0, "newer": current + 1, "max": 0xFFFF}[which]
     f.write_bytes(rewrite_header(data, version=version))
+    restore_fails(chk, rf"process-1\.keyed: the header: {NOT_RECORDED}")
+    craft(chk, before_digests)
     restore_fails(
         chk, rf"process-1\.keyed: canonical format version {version} is not one this statekit reads"
     )
@@ -273,6 +294,8 @@ def test_oversized_length_fields_are_refused_before_reading(chk: Path) -> None:
     original = f.read_bytes()
     # The header's length field claims 4 GiB: refused from the 14 bytes before it.
     f.write_bytes(original[:10] + struct.pack("<I", 0xFFFFFFF0) + original[14:])
+    restore_fails(chk, rf"process-0\.keyed: the header: {NOT_RECORDED}")  # the recorded length is read
+    craft(chk, before_digests)
     restore_fails(chk, r"process-0\.keyed: header length 4294967280 exceeds")
     # A header of 65 MiB in a (sparse) file large enough to hold it: over the header limit.
     with open(f, "wb") as out:
@@ -295,6 +318,8 @@ def test_a_block_whose_column_length_overruns_it_is_corrupt(chk: Path) -> None:
     struct.pack_into("<I", block, 8 + 6, 0x7FFFFFFF)
     data[off : off + ln] = bytes(block) + struct.pack("<I", zlib.crc32(bytes(block)))
     f.write_bytes(bytes(data))
+    restore_fails(chk, rf"process-0\.keyed: the block of key group {kg}: {NOT_RECORDED}")
+    craft(chk, before_digests)
     restore_fails(chk, rf"process-0\.keyed: malformed block of key group {kg}: a column of 2147483647 bytes")
 
 
@@ -314,6 +339,8 @@ def test_deeply_nested_json_is_corrupt_not_a_recursion_error(chk: Path) -> None:
     f = chk / "process-0.keyed"
     f.write_bytes(rewrite_header(f.read_bytes(), hjson=deep))
     craft(chk, lambda m: keyed_handle(m).update(size=f.stat().st_size))
+    restore_fails(chk, rf"process-0\.keyed: the header: {NOT_RECORDED}")
+    craft(chk, before_digests)
     restore_fails(chk, r"process-0\.keyed: malformed header: RecursionError")
     (chk / "_metadata").write_bytes(_META_MAGIC + deep + struct.pack("<I", zlib.crc32(deep)))
     restore_fails(chk, r"_metadata: malformed metadata \(RecursionError")
@@ -354,12 +381,21 @@ def test_a_narrowed_key_group_range_or_a_dropped_block_is_not_a_partial_restore(
 
 
 def test_another_subtasks_valid_file_is_not_read_as_this_ones(chk: Path) -> None:
-    craft(chk, lambda m: m["operators"]["process"][0]["operator"]["handle"].update(path="process-1.operator"))
-    restore_fails(chk, "its CRC-32 is not the one")
-    craft(chk, lambda m: m["operators"]["process"][0]["operator"]["handle"].update(path="process-0.operator"))
+    def operator_file(name: str) -> Callable[[dict[str, Any]], None]:
+        return lambda m: m["operators"]["process"][0]["operator"]["handle"].update(path=name)
+
+    craft(chk, operator_file("process-1.operator"))
+    restore_fails(chk, f"process-1.operator: operator 'process' subtask 0: {NOT_RECORDED}")
+    craft(chk, operator_file("process-0.operator"))
     craft(chk, lambda m: keyed_handle(m).update(path="process-1.keyed"))
     craft(chk, lambda m: keyed_handle(m).pop("size"))  # else the size alone gives it away
+    restore_fails(chk, rf"process-1\.keyed: the header: {NOT_RECORDED}")
+    # Before digests, the CRC-32 of the operator file's entry and the block index caught them.
+    craft(chk, before_digests)
     restore_fails(chk, "the block index disagrees")
+    craft(chk, lambda m: keyed_handle(m).update(path="process-0.keyed"))
+    craft(chk, operator_file("process-1.operator"))
+    restore_fails(chk, "its CRC-32 is not the one")
 
 
 # --- fuzz: restore is exact or a StateError, never anything else, never partial ------------------------

@@ -568,3 +568,68 @@ def test_an_executor_directory_the_second_user_prepared_is_refused(tmp_path: Pat
         assert os.listdir(os.path.join(local, "statekit")) == []
     finally:
         shutil.rmtree(top)
+
+
+class _FilesOnly(Driver):
+    """Every state in a file of its own (none inline in the metadata): restores read files."""
+
+    def plan(self, *, run_id: str = "run-1") -> TaskPlan:
+        import dataclasses
+
+        plan = super().plan(run_id=run_id)
+        files = {**plan.config.as_dict(), "statekit.checkpoint.storage.filesystem.inline-threshold": 0}
+        return dataclasses.replace(plan, config=Configuration(files))
+
+
+def test_a_local_recovery_directory_another_user_prepared_turns_local_recovery_off(
+    tmp_path: Path, second_user: Any
+) -> None:
+    """As another local user, plant the operator's copies directory as a symlink to a root-only one.
+
+    Local recovery is off in that worker, with the reason in every task's report
+    (``BatchInfo.local_recovery``); statekit writes and deletes nothing there, and
+    restores read the checkpoint storage.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    from statekit.spark._driver import _local_recovery_status
+
+    top = tempfile.mkdtemp(prefix="statekit-lr-", dir="/tmp")
+    try:
+        os.chmod(top, 0o755)  # the second user must reach it
+        shared = os.path.join(top, "shared")
+        os.mkdir(shared)
+        os.chmod(shared, 0o1777)  # a shared, sticky local directory, like /tmp
+        secret = os.path.join(top, "secret")
+        os.mkdir(secret, 0o700)
+        with open(os.path.join(secret, "keep"), "w") as f:
+            f.write("x")
+        # The executor's statekit directory is ours (a directory another user made there fails every
+        # task: test_an_executor_directory_the_second_user_prepared_is_refused); one below it that another
+        # user was given, and planted a symlink in, only turns local recovery off.
+        os.mkdir(os.path.join(shared, "statekit"), 0o711)
+        os.mkdir(os.path.join(shared, "statekit", "local-recovery"), 0o700)
+        os.chown(os.path.join(shared, "statekit", "local-recovery"), second_user.uid, second_user.gid)
+        op = os.path.join(shared, "statekit", "local-recovery", "unit", "process")
+        second_user.run("mkdir", "-p", op)
+        second_user.run("ln", "-s", secret, os.path.join(op, "files"))
+        driver = _FilesOnly(tmp_path)
+        driver.local_dir = shared
+        first = driver.batch(RECORDS[:300])
+        reset_cache()  # the next task restores, as on another worker
+        second = driver.batch(RECORDS[300:])
+        for report in (first, second):
+            why = report["local_recovery"]
+            assert why.startswith(
+                f"off: the local-recovery directory {shared}/statekit/local-recovery belongs to user id "
+            )
+            assert f"user id {second_user.uid}, not to the running user" in why
+        assert _local_recovery_status([first, second]) == first["local_recovery"]
+        assert second["how"] == "remote" and second["copies_rejected"] == 0
+        assert os.listdir(secret) == ["keep"]  # nothing written, nothing deleted
+        assert os.readlink(os.path.join(op, "files")) == secret
+        assert driver.state() == model_state(RECORDS)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

@@ -53,7 +53,7 @@ def test_a_failed_native_restore_changes_nothing_and_leaves_no_files(
         s.update(i)
     handle = snapshot_handle(src, native=True)
     f = handle.files[0]
-    corrupt = dataclasses.replace(handle, files=(dataclasses.replace(f, crc32=f.crc32 ^ 1),))
+    corrupt = dataclasses.replace(handle, files=(dataclasses.replace(f, sha256="0" * 64),))
     target = make_backend(local_dir=tmp_path / "t")
     with pytest.raises(CorruptSnapshotError, match=r"data\.mdb"):
         target.restore_native([corrupt])

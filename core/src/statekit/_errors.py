@@ -138,7 +138,11 @@ class SnapshotError(StateError):
 
 
 class CorruptSnapshotError(SnapshotError):
-    """Snapshot bytes fail their checksum or are malformed. Nothing was restored."""
+    """Snapshot bytes fail their checksum or recorded digest, or are malformed. Nothing was restored.
+
+    A recorded digest (SHA-256) fails when the bytes are damaged or are not the
+    file the checkpoint wrote (another checkpoint's or subtask's file).
+    """
 
 
 class CheckpointError(StateError):

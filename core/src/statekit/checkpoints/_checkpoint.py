@@ -43,6 +43,7 @@ from .._errors import (
 )
 from ..serialization._keygroups import KeyGroupRange, key_group_range_for_operator, validate_parallelism
 from ..serialization._serializers import serializer_from_config
+from ..snapshots._digest import NOT_RECORDED, HashingOutput, parse_sha256, sha256_of
 from ..snapshots._native import NativeStateHandle, WriterNativeOutput
 from ..snapshots._snapshot import (
     CANONICAL_FORMAT,
@@ -51,6 +52,7 @@ from ..snapshots._snapshot import (
     SnapshotHeader,
     SnapshotWriteResult,
     _where,
+    checked_parts,
 )
 from ..state._keyed import KeyedBackendBase
 from ..state._operator import (
@@ -174,9 +176,16 @@ def write_operator_file(writer: CheckpointWriter, name: str, ops: OperatorSnapsh
     except BaseException:
         stream.discard()
         raise
-    # The CRC binds the entry to these bytes: a handle pointing at another subtask's
-    # (valid) file is caught on restore, not silently read.
-    return {"handle": oh.to_json(), "size": len(data), "states": sorted(ops), "crc32": zlib.crc32(data)}
+    # The digest binds the entry to these bytes: a handle pointing at another subtask's or
+    # checkpoint's (valid) file is caught on restore, not silently read. The CRC-32 stays for
+    # statekit versions before digests, which read only it.
+    return {
+        "handle": oh.to_json(),
+        "size": len(data),
+        "states": sorted(ops),
+        "crc32": zlib.crc32(data),
+        "sha256": sha256_of(data),
+    }
 
 
 def write_keyed_file(
@@ -191,8 +200,12 @@ def write_keyed_file(
 
     ``write(stream)`` writes the file (see :func:`~statekit.backend_api.write_canonical`);
     ``check`` may refuse the result, which then leaves nothing behind.
+
+    The entry records the SHA-256 of the whole file (computed as it is written)
+    and, from the result of ``write``, of its header and of each key group's
+    block: the parts a restore reads alone (``header_sha256``, ``block_sha256``).
     """
-    stream = writer.create_stream(name)
+    stream = HashingOutput(writer.create_stream(name))
     try:
         r = write(stream)
         if check is not None:
@@ -201,7 +214,7 @@ def write_keyed_file(
     except BaseException:
         stream.discard()
         raise
-    return {
+    entry: dict[str, Any] = {
         "handle": handle.to_json(),
         "format": CANONICAL_FORMAT,
         "backend": header.backend,
@@ -210,7 +223,13 @@ def write_keyed_file(
         "size": r.size,
         "entries": r.entries,
         "state_sizes": r.state_sizes,
+        "sha256": stream.sha256,
     }
+    if r.header_sha256 is not None:
+        entry["header_sha256"] = r.header_sha256
+    if r.block_sha256:
+        entry["block_sha256"] = {str(kg): d for kg, d in r.block_sha256.items()}
+    return entry
 
 
 def _write_native(
@@ -652,11 +671,24 @@ class CompletedCheckpoint:
                     int(kg): (_typed(o, int, "offset"), _typed(n, int, "length"))
                     for kg, (o, n) in _typed(k["offsets"], dict, "offsets").items()
                 }
+                header_length = _typed(k["header_length"], int, "header_length")
+                blocks = {
+                    int(kg): parse_sha256(d, f"the block of key group {kg}")
+                    for kg, d in _typed(k.get("block_sha256") or {}, dict, "block_sha256").items()
+                }
+                # Absent in checkpoints of a statekit before digests: their blocks' CRC-32s are checked.
+                stream = checked_parts(
+                    stream,
+                    header_length,
+                    parse_sha256(k.get("header_sha256"), "the header"),
+                    offsets,
+                    {kg: d for kg, d in blocks.items() if d is not None},
+                )
                 h = KeyedStateHandle(
                     stream,
                     st.key_group_range,
                     offsets,
-                    int(k["header_length"]),
+                    header_length,
                     str(k.get("format", CANONICAL_FORMAT)),
                     str(k.get("backend", "")),
                     int(k.get("size", 0)),
@@ -727,9 +759,14 @@ class CompletedCheckpoint:
                     h = self.storage.resolve_handle(
                         self.location, _typed(st.operator["handle"], dict, "handle")
                     )
+                    sha = parse_sha256(st.operator.get("sha256"), "the operator state file")
                 data = h.read()
                 crc = st.operator.get("crc32")  # absent in checkpoints of statekit before it was added
-                if crc is not None and crc != zlib.crc32(data):
+                if sha is not None:  # absent in checkpoints of statekit before digests: the CRC-32 then
+                    if sha256_of(data) != sha:
+                        where = f"{_where(h)}: operator {operator_id!r} subtask {st.subtask_index}"
+                        raise CorruptSnapshotError(f"{where}: {NOT_RECORDED}")
+                elif crc is not None and crc != zlib.crc32(data):
                     raise CorruptSnapshotError(
                         f"{_where(h)}: its CRC-32 is not the one {self.location}/_metadata records for "
                         f"operator {operator_id!r} subtask {st.subtask_index}; the file was replaced or "

@@ -2,27 +2,44 @@
 
 Flink's task-local recovery, for processes that share one local directory
 (the Python workers of one Spark executor): every file a subtask's snapshot
-writes into the checkpoint storage is also kept under ``root/files``, named
-after the storage's own description of the file (which names the attempt
-that wrote it: no two checkpoint files share one). A restore reads through
-:class:`LocalRecoveryStorage`: a file with a local copy is read from it, any
-other from the storage, whose bytes are counted (:class:`Downloads`). Shared
-files a native snapshot downloads are kept too, so a subtask that comes back
-downloads only what it does not have.
+writes into the checkpoint storage is also kept under ``root/files``, named by
+the SHA-256 of its bytes, which is the digest the checkpoint's ``_metadata``
+records for the file (so one copy serves every checkpoint file with those
+bytes). A restore reads through :class:`LocalRecoveryStorage`, which is given
+the digest the restored checkpoint records for each file it names
+(:func:`digests_of`): a file whose copy's bytes have that digest is read from
+the copy, any other from the storage, whose bytes are counted
+(:class:`Downloads`). Shared files a native snapshot downloads are kept too, so
+a subtask that comes back downloads only what it does not have. Files of
+checkpoints written before digests are always read from the storage.
 
-A local copy is used only if it is the very file the checkpoint names (the
-description decides) and its bytes still have the CRC-32 recorded when it was
-kept (checked before its first read); anything else is deleted and read from
-the storage. Copies are bounded: each subtask keeps the files of its last two
-snapshots here (the one being written may never complete), and
+A copy is hashed once per restore, before its first read, and bound to what
+was hashed (device, inode, size, modification time): a copy that is there but
+cannot be used (its bytes have another digest, it cannot be read, it vanished
+or changed after it was checked) is *rejected*: the file is read from the
+storage instead, and the rejection counted with its reason
+(:attr:`Downloads.rejected`, which the Spark runner reports in ``BatchInfo``).
+A local copy never fails a restore and never gives it other bytes.
+
+The directory is confined (:mod:`statekit._localfs`): :class:`LocalCopies`
+creates it with mode 0700 and refuses, with :class:`~statekit.UnsafeLocalPathError`,
+one that belongs to another user, that its group or others may write, or that
+is (or passes through) a symlink; the caller then turns local recovery off
+and deletes and writes nothing there. Copies, temporaries and manifests are
+created exclusively (``O_EXCL | O_NOFOLLOW``, mode 0600) and renamed or linked
+into place.
+
+Copies are bounded: each subtask keeps the files of its last two snapshots
+here (the one being written may never complete), and
 :meth:`LocalCopies.collect` deletes every file no subtask keeps (once it is
 ten minutes old: younger ones may belong to a snapshot another process has
-not finished yet). Concurrent
-processes never share a file being written (each writes under a unique
-temporary name and renames); a copy deleted under a reader only sends that
+not finished yet). Concurrent processes never share a file being written
+(each writes under a unique temporary name, then links it to its digest's
+name, which replaces nothing); a copy deleted under a reader only sends that
 reader to the storage.
 
-What it may import: ``_contracts``, ``snapshots`` and ``statekit._errors``.
+What it may import: ``_contracts``, ``snapshots``, ``statekit._localfs`` and
+``statekit._errors``.
 """
 
 from __future__ import annotations
@@ -31,16 +48,21 @@ import contextlib
 import hashlib
 import json
 import os
+import re
+import stat
 import threading
 import time
-import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .._contracts import CheckpointOutputStream, CheckpointStorage, CheckpointWriter
-from ..snapshots._snapshot import BytesStreamHandle, StreamStateHandle
+from .._errors import CorruptSnapshotError
+from .._localfs import create_exclusive, open_exclusive, private_dir, write_atomically
+from ..snapshots._digest import file_sha256, parse_sha256
+from ..snapshots._snapshot import BytesStreamHandle, StreamStateHandle, _where
 
-__all__ = ["Downloads", "LocalCopies", "LocalRecoveryStorage", "LocalRecoveryWriter"]
+__all__ = ["Downloads", "LocalCopies", "LocalRecoveryStorage", "LocalRecoveryWriter", "digests_of"]
 
 _CHUNK = 4 << 20
 #: A temporary file older than this is a leftover of a killed process.
@@ -48,26 +70,86 @@ _STALE_TMP_SECONDS = 3600.0
 #: A copy younger than this may belong to a snapshot another process is still writing (its
 #: manifest comes after its files): collect leaves it for a later round.
 _GRACE_SECONDS = 600.0
+_COPY_NAME = re.compile(r"[0-9a-f]{64}")
+_TMP_PREFIX = ".tmp-"
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
+#: Rejection reasons a restore keeps (the count is exact; the reasons are examples).
+_MAX_REASONS = 10
 
 
 def _key(description: Mapping[str, Any]) -> str | None:
-    """The local name of the file a storage describes so; None for bytes inline in metadata."""
-    if description.get("type") == "bytes":
+    """The storage's description of a file as a short name; None for bytes inline in metadata."""
+    if description.get("type") in ("bytes", "inline"):
         return None
     text = json.dumps(description, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
-def _crc_of(path: str) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while data := f.read(_CHUNK):
-            crc = zlib.crc32(data, crc)
-    return crc
+def digests_of(state: Any) -> dict[str, str]:
+    """The SHA-256 recorded for each file a subtask state's JSON names, by the file's description.
+
+    Every entry that names a file (a ``handle``) beside its ``sha256``: keyed,
+    operator and native files, uploaded or referenced. A description recorded
+    with two different digests (a damaged or crafted metadata) maps to none,
+    so no local copy is used for it.
+    """
+    found: dict[str, str | None] = {}
+    stack = [state]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, dict):
+            handle = obj.get("handle")
+            if isinstance(handle, dict):
+                key = _key(handle)
+                try:
+                    sha = parse_sha256(obj.get("sha256"), "a file")
+                except CorruptSnapshotError:
+                    sha = None  # the restore itself refuses the entry
+                if key is not None and sha is not None:
+                    found[key] = sha if found.get(key, sha) == sha else None
+            stack.extend(v for k, v in obj.items() if k != "handle")
+        elif isinstance(obj, list):
+            stack.extend(obj)
+    return {k: v for k, v in found.items() if v is not None}
+
+
+class _Rejected(Exception):
+    """A local copy that is there but cannot be used; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A copy whose bytes had the digest it is named by, as it was when it was hashed."""
+
+    path: str
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+
+    def same(self, st: os.stat_result) -> bool:
+        """Whether ``st`` is still the file that was hashed (a rename, rewrite or truncation is not)."""
+        return stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == (
+            self.dev,
+            self.ino,
+            self.size,
+            self.mtime_ns,
+        )
 
 
 class Downloads:
-    """Bytes read from the checkpoint storage, and from local copies, during one restore."""
+    """Bytes read from the checkpoint storage, and from local copies, during one restore.
+
+    Attributes:
+        rejected: How many local copies were there but not used (and their
+            files read from the storage instead).
+        reasons: Why, one line per rejected copy naming the checkpoint file
+            (at most ten are kept).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -75,6 +157,8 @@ class Downloads:
         self.local_bytes = 0
         self.remote_files = 0
         self.local_files = 0
+        self.rejected = 0
+        self.reasons: list[str] = []
 
     def add(self, *, remote: int = 0, local: int = 0) -> None:
         """Count bytes read."""
@@ -82,122 +166,222 @@ class Downloads:
             self.remote_bytes += remote
             self.local_bytes += local
 
+    def reject(self, reason: str) -> None:
+        """Count a local copy that could not be used (its file is read from the storage instead)."""
+        with self._lock:
+            self.rejected += 1
+            if len(self.reasons) < _MAX_REASONS:
+                self.reasons.append(reason)
+
 
 class LocalCopies:
-    """The local copies of one job operator's checkpoint files, in ``root`` (shared by processes)."""
+    """The local copies of one job operator's checkpoint files, in ``root`` (shared by processes).
 
-    def __init__(self, root: str, *, grace_seconds: float = _GRACE_SECONDS) -> None:
-        self.root = root
+    Args:
+        root: The directory (``<local dir>/statekit/local-recovery/<job>/<operator>``).
+        base: A trusted ancestor of ``root`` (the executor's local directory):
+            every directory between it and ``root/files`` is created with mode
+            0700 or checked (see :func:`statekit._localfs.private_dir`); default
+            ``root``'s parent.
+        grace_seconds: How old an unkept copy must be before :meth:`collect` deletes it.
+
+    Raises:
+        UnsafeLocalPathError: If a directory on the way is a symlink, another
+            user's, or writable by its group or others. Nothing is written there.
+    """
+
+    def __init__(self, root: str, *, base: str | None = None, grace_seconds: float = _GRACE_SECONDS) -> None:
+        self.root = os.path.abspath(root)
         self.grace_seconds = grace_seconds
-        self.files = os.path.join(root, "files")
-        os.makedirs(self.files, exist_ok=True)
+        self.files = private_dir(
+            os.path.join(self.root, "files"),
+            base=os.path.dirname(self.root) if base is None else base,
+            what="the local-recovery directory",
+        )
+
+    def path_of(self, sha256: str) -> str:
+        """Where the copy of the file with this digest lies (if one is kept)."""
+        return os.path.join(self.files, sha256)
 
     def index(self) -> dict[str, str]:
-        """Every copy kept now: local name -> path (``<name>.<crc32 hex>``)."""
-        found: dict[str, str] = {}
+        """Every copy kept now: digest -> path."""
         with contextlib.suppress(FileNotFoundError):
-            for name in os.listdir(self.files):
-                if not name.startswith("."):
-                    found[name.rsplit(".", 1)[0]] = os.path.join(self.files, name)
-        return found
+            return {n: self.path_of(n) for n in os.listdir(self.files) if _COPY_NAME.fullmatch(n)}
+        return {}
 
-    def verified(self, key: str, index: Mapping[str, str] | None = None) -> str | None:
-        """The copy of file ``key`` if its bytes still have its recorded CRC-32; deleted if not."""
-        path = (self.index() if index is None else index).get(key)
-        if path is None:
+    def check(self, sha256: str) -> _Checked | None:
+        """The copy of the file with this digest, hashed now; None if there is none.
+
+        Raises:
+            _Rejected: If a copy is there but its bytes have another digest (it is
+                deleted), or it cannot be read.
+        """
+        path = self.path_of(sha256)
+        try:
+            fd = os.open(path, _READ_FLAGS)
+        except FileNotFoundError:
             return None
+        except OSError as e:  # ELOOP: a symlink where a copy should be
+            raise _Rejected(f"the local copy cannot be opened ({e.strerror or e})") from None
         try:
-            expected = int(path.rsplit(".", 1)[1], 16)
-            if _crc_of(path) == expected:
-                return path
-        except (OSError, ValueError):
-            pass
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        return None
+            before = os.fstat(fd)
+            if not stat.S_ISREG(before.st_mode):
+                raise _Rejected("the local copy is not a regular file")
+            digest = file_sha256(fd)
+            after = os.fstat(fd)
+        except OSError as e:
+            raise _Rejected(f"the local copy cannot be read ({e.strerror or e})") from None
+        finally:
+            os.close(fd)
+        checked = _Checked(path, after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns)
+        if digest != sha256:
+            self._remove(checked)
+            raise _Rejected("the local copy's bytes are not the ones the checkpoint records")
+        if not checked.same(before):
+            raise _Rejected("the local copy changed while it was checked")
+        return checked
 
-    def temporary(self) -> str:
-        """A fresh temporary path in the copies' directory (never collected while young)."""
-        return os.path.join(self.files, f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
+    def read(self, copy: _Checked, offset: int, length: int | None) -> bytes:
+        """``length`` bytes of ``copy`` from ``offset``, if it is still the file that was hashed.
 
-    def keep(self, key: str, staged: str, crc: int) -> None:
-        """Make the complete file at ``staged`` the copy of ``key`` (atomically; replaces none)."""
-        os.replace(staged, os.path.join(self.files, f"{key}.{crc:08x}"))
-
-    def adopt(self, key: str, path: str, crc: int) -> None:
-        """Keep the immutable local file ``path`` (a hard link; a copy across file systems)."""
-        if key in self.index():
-            return
-        staged = self.temporary()
+        Raises:
+            _Rejected: If it was deleted, replaced or changed since, or cannot be read.
+        """
+        end = copy.size if length is None else offset + length
         try:
-            try:
-                os.link(path, staged)
-            except OSError:
-                with open(path, "rb") as src, open(staged, "wb") as dst:
-                    while data := src.read(_CHUNK):
-                        dst.write(data)
-            self.keep(key, staged, crc)
+            fd = os.open(copy.path, _READ_FLAGS)
+        except FileNotFoundError:
+            raise _Rejected("the local copy was deleted after it was checked") from None
+        except OSError as e:
+            raise _Rejected(f"the local copy cannot be opened ({e.strerror or e})") from None
+        try:
+            if not copy.same(os.fstat(fd)):
+                raise _Rejected("the local copy was replaced or changed after it was checked")
+            parts = []
+            pos = offset
+            while pos < end:
+                data = os.pread(fd, min(_CHUNK, end - pos), pos)
+                if not data:
+                    raise _Rejected("the local copy is shorter than when it was checked")
+                parts.append(data)
+                pos += len(data)
+        except OSError as e:
+            raise _Rejected(f"the local copy cannot be read ({e.strerror or e})") from None
+        finally:
+            os.close(fd)
+        return b"".join(parts)
+
+    def link(self, copy: _Checked, path: str) -> None:
+        """Hard-link ``copy`` at ``path`` (a new name), if it is still the file that was hashed.
+
+        Raises:
+            _Rejected: If it was deleted, replaced or changed since (nothing is left at ``path``).
+        """
+        try:
+            os.link(copy.path, path, follow_symlinks=False)
+        except FileNotFoundError:
+            raise _Rejected("the local copy was deleted after it was checked") from None
+        except OSError as e:
+            raise _Rejected(f"the local copy cannot be linked ({e.strerror or e})") from None
+        try:
+            same = copy.same(os.lstat(path))
         except OSError:
+            same = False
+        if not same:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise _Rejected("the local copy was replaced or changed after it was checked")
+
+    def staged(self) -> tuple[Any, str]:
+        """A new temporary file in the copies' directory (0600, exclusive): (binary file, path)."""
+        fd, path = create_exclusive(self.files, f"{_TMP_PREFIX}{os.getpid()}-")
+        return os.fdopen(fd, "wb"), path
+
+    def stage_link(self, path: str) -> str:
+        """A hard link to the immutable local file ``path`` under a temporary name (a copy across devices)."""
+        for _ in range(100):
+            staged = os.path.join(self.files, f"{_TMP_PREFIX}{os.getpid()}-{os.urandom(8).hex()}")
+            try:
+                os.link(path, staged, follow_symlinks=False)
+                return staged
+            except FileExistsError:
+                continue
+            except OSError:  # another file system: copy it
+                break
+        with open(path, "rb") as src, open_exclusive(self.files, f"{_TMP_PREFIX}{os.getpid()}-") as (dst, p):
+            while data := src.read(_CHUNK):
+                dst.write(data)
+        return p
+
+    def keep(self, staged: str, sha256: str) -> None:
+        """Make the complete file at ``staged`` the copy of the file with this digest (replaces none)."""
+        try:
+            os.link(staged, self.path_of(sha256), follow_symlinks=False)
+        except FileExistsError:
+            pass  # kept already (a restore rejects and deletes one whose bytes are not these)
+        finally:
             with contextlib.suppress(OSError):
                 os.unlink(staged)
 
-    @staticmethod
-    def keys_of(state: Any) -> list[str]:
-        """The local names of every file a subtask state's JSON describes (uploaded or referenced)."""
-        keys: list[str] = []
-        stack = [state]
-        while stack:
-            obj = stack.pop()
-            if isinstance(obj, dict):
-                handle = obj.get("handle")
-                if isinstance(handle, dict):
-                    key = _key(handle)
-                    if key is not None:
-                        keys.append(key)
-                stack.extend(v for k, v in obj.items() if k != "handle")
-            elif isinstance(obj, list):
-                stack.extend(obj)
-        return keys
+    def adopt(self, path: str, sha256: str) -> None:
+        """Keep the local file ``path``, whose bytes were checked to have this digest (linked if it can)."""
+        if os.path.lexists(self.path_of(sha256)):
+            return
+        self.keep(self.stage_link(path), sha256)
 
-    def remember(self, subtask: int, keys: Sequence[str]) -> None:
-        """Subtask ``subtask``'s newest snapshot here uses ``keys``; its snapshot before stays kept too."""
+    def _remove(self, copy: _Checked) -> None:
+        """Delete a copy found bad, unless another process replaced it with a new file meanwhile."""
+        with contextlib.suppress(OSError):
+            st = os.lstat(copy.path)
+            if (st.st_dev, st.st_ino) == (copy.dev, copy.ino):
+                os.unlink(copy.path)
+
+    def remember(self, subtask: int, digests: list[str]) -> None:
+        """Subtask ``subtask``'s newest snapshot uses these files; its snapshot before stays kept too."""
         manifest = os.path.join(self.root, f"subtask-{subtask}.json")
-        previous: list[str] = []
-        with contextlib.suppress(OSError, ValueError, TypeError, KeyError), open(manifest) as f:
-            previous = list(json.load(f)["current"])
-        staged = os.path.join(self.root, f".subtask-{subtask}-{os.getpid()}-{os.urandom(4).hex()}")
-        with open(staged, "w") as f:
-            json.dump({"current": sorted(set(keys)), "previous": previous}, f)
-        os.replace(staged, manifest)
+        previous = self._manifest(manifest).get("current", [])
+        body = {"current": sorted(set(digests)), "previous": previous}
+        write_atomically(manifest, json.dumps(body).encode())
+
+    @staticmethod
+    def _manifest(path: str) -> dict[str, list[str]]:
+        try:
+            fd = os.open(path, _READ_FLAGS)
+            with os.fdopen(fd, "rb") as f:
+                obj = json.loads(f.read(16 << 20))
+            return {k: [str(d) for d in obj[k] if isinstance(d, str)] for k in ("current", "previous")}
+        except (OSError, ValueError, TypeError, KeyError):
+            return {}
 
     def collect(self) -> int:
         """Delete every copy no subtask's manifest keeps (and stale temporaries); returns bytes freed."""
         kept: set[str] = set()
+        now = time.time()
         for name in os.listdir(self.root):
             if name.startswith("subtask-") and name.endswith(".json"):
-                with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-                    with open(os.path.join(self.root, name)) as f:
-                        entry = json.load(f)
-                    kept.update(entry["current"])
-                    kept.update(entry["previous"])
+                entry = self._manifest(os.path.join(self.root, name))
+                kept.update(entry.get("current", []))
+                kept.update(entry.get("previous", []))
+            elif name.startswith(".subtask-"):  # a manifest's temporary a killed process left
+                with contextlib.suppress(OSError):
+                    if now - os.lstat(os.path.join(self.root, name)).st_mtime > _STALE_TMP_SECONDS:
+                        os.unlink(os.path.join(self.root, name))
         freed = 0
-        now = time.time()
         for name in os.listdir(self.files):
             path = os.path.join(self.files, name)
-            if name.startswith("."):
-                with contextlib.suppress(OSError):
-                    if now - os.stat(path).st_mtime > _STALE_TMP_SECONDS:
-                        freed += os.stat(path).st_size
-                        os.unlink(path)
-                continue
-            if name.rsplit(".", 1)[0] not in kept:
-                with contextlib.suppress(OSError):
-                    st = os.stat(path)
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                if name.startswith("."):
+                    young = now - st.st_mtime <= _STALE_TMP_SECONDS
+                elif name in kept:
+                    continue
+                else:
                     # ctime: a hard link made now has an old mtime but a new ctime.
-                    if now - max(st.st_mtime, st.st_ctime) < self.grace_seconds:
-                        continue
-                    freed += st.st_size
-                    os.unlink(path)
+                    young = now - max(st.st_mtime, st.st_ctime) < self.grace_seconds
+                if young:
+                    continue
+                os.unlink(path)
+                freed += st.st_size
         return freed
 
     def size(self) -> int:
@@ -205,16 +389,16 @@ class LocalCopies:
         total = 0
         for name in os.listdir(self.files):
             with contextlib.suppress(OSError):
-                total += os.stat(os.path.join(self.files, name)).st_size
+                total += os.lstat(os.path.join(self.files, name)).st_size
         return total
 
 
 class _Delegating:
     """A storage handle that reads in its own way and hands everything else to the storage's."""
 
-    def __init__(self, inner: StreamStateHandle, downloads: Downloads) -> None:
+    def __init__(self, inner: StreamStateHandle, reading: LocalRecoveryStorage) -> None:
         self._inner = inner
-        self._downloads = downloads
+        self._reading = reading
 
     def discard(self) -> None:
         self._inner.discard()
@@ -222,116 +406,160 @@ class _Delegating:
     def to_json(self) -> dict[str, Any]:
         return self._inner.to_json()
 
+    def _remote(self, offset: int, length: int | None) -> bytes:
+        data = self._inner.read(offset, length)
+        self._reading.downloads.add(remote=len(data))
+        return data
+
+    def keep_local(self, path: str, sha256: str) -> None:
+        """``path`` holds this file's bytes, checked to have ``sha256`` (a native restore downloaded it)."""
+        copies = self._reading.copies
+        if copies is not None:
+            copies.adopt(path, sha256)
+            self._reading.used.append(sha256)
+
     def __getattr__(self, name: str) -> Any:  # what a storage's handle offers beyond the protocol
         return getattr(self._inner, name)
 
 
 class _LocalHandle(_Delegating):
-    """A checkpoint file read from its local copy; the storage's handle for everything else."""
+    """A checkpoint file read from its checked local copy; from the storage once the copy is rejected."""
 
-    def __init__(self, inner: StreamStateHandle, path: str, downloads: Downloads) -> None:
-        super().__init__(inner, downloads)
-        self._path = path
+    def __init__(
+        self, inner: StreamStateHandle, reading: LocalRecoveryStorage, copy: _Checked, sha256: str
+    ) -> None:
+        super().__init__(inner, reading)
+        self._copy: _Checked | None = copy
+        self._sha256 = sha256
 
     @property
     def size(self) -> int:
-        return os.stat(self._path).st_size
+        return self._inner.size if self._copy is None else self._copy.size
 
     def read(self, offset: int = 0, length: int | None = None) -> bytes:
-        with open(self._path, "rb") as f:
-            f.seek(offset)
-            data = f.read(-1 if length is None else length)
-        self._downloads.add(local=len(data))
-        return data
+        copy, copies = self._copy, self._reading.copies
+        # A range outside the file goes to the storage, which says what is wrong with it.
+        if copy is not None and copies is not None and _inside(offset, length, copy.size):
+            try:
+                data = copies.read(copy, offset, length)
+            except _Rejected as e:
+                self._reject(e.reason)
+            else:
+                self._reading.downloads.add(local=len(data))
+                return data
+        return self._remote(offset, length)
 
-    def local_file(self) -> str:
-        """The verified local copy (native restores hard-link it instead of copying)."""
-        self._downloads.add(local=self.size)
-        return self._path
+    def link_verified_copy(self, path: str, sha256: str) -> bool:
+        """Hard-link the local copy at ``path`` if its bytes have ``sha256``; False: download instead."""
+        copy, copies = self._copy, self._reading.copies
+        if copy is None or copies is None or sha256 != self._sha256:
+            return False
+        try:
+            copies.link(copy, path)
+        except _Rejected as e:
+            self._reject(e.reason)
+            return False
+        self._reading.downloads.add(local=copy.size)
+        return True
+
+    def _reject(self, reason: str) -> None:
+        self._copy = None
+        self._reading.reject(self._sha256, self._inner, reason)
+        with self._reading.downloads._lock:
+            self._reading.downloads.remote_files += 1  # from now on this file is read from the storage
+
+
+def _inside(offset: int, length: int | None, size: int) -> bool:
+    return 0 <= offset <= size and (length is None or 0 <= length <= size - offset)
 
 
 class _CountedHandle(_Delegating):
     """A checkpoint file read from the storage, counted; downloaded shared files may be kept locally."""
-
-    def __init__(
-        self,
-        inner: StreamStateHandle,
-        key: str,
-        copies: LocalCopies | None,
-        downloads: Downloads,
-        kept: list[str],
-    ) -> None:
-        super().__init__(inner, downloads)
-        self._key = key
-        self._copies = copies
-        self._kept = kept
 
     @property
     def size(self) -> int:
         return self._inner.size
 
     def read(self, offset: int = 0, length: int | None = None) -> bytes:
-        data = self._inner.read(offset, length)
-        self._downloads.add(remote=len(data))
-        return data
-
-    def keep_local(self, path: str, crc32: int) -> None:
-        """``path`` holds this file's verified bytes (a native restore downloaded it): keep a copy."""
-        if self._copies is not None:
-            self._copies.adopt(self._key, path, crc32)
-            self._kept.append(self._key)
+        return self._remote(offset, length)
 
 
 class LocalRecoveryStorage:
-    """A checkpoint storage whose reads prefer local copies; everything else goes to ``inner``.
+    """A checkpoint storage whose reads prefer checked local copies; everything else goes to ``inner``.
 
-    With ``copies`` None it only counts what is read from ``inner``. ``used``
-    lists the local names of every file a restore read locally or kept, so the
+    Args:
+        inner: The checkpoint storage.
+        copies: The local copies, or None to only count what is read from ``inner``.
+        downloads: Where reads and rejected copies are counted.
+        digests: The digest the restored checkpoint records for each file, by
+            the file's description (:func:`digests_of` of its subtask entries).
+            A file without one is read from ``inner``.
+
+    ``used`` lists the digests of every copy a restore read or kept, so the
     subtask's manifest keeps them.
     """
 
-    def __init__(self, inner: CheckpointStorage, copies: LocalCopies | None, downloads: Downloads) -> None:
+    def __init__(
+        self,
+        inner: CheckpointStorage,
+        copies: LocalCopies | None,
+        downloads: Downloads,
+        digests: Mapping[str, str] | None = None,
+    ) -> None:
         self._inner = inner
         self.copies = copies
         self.downloads = downloads
         self.used: list[str] = []
-        self._index: dict[str, str] | None = None
+        self._digests = dict(digests or {})
+        self._checked: dict[str, _Checked | None] = {}  # each copy is hashed once per restore
         self.name = inner.name
         self.max_state_size = inner.max_state_size
 
     def resolve_handle(self, location: str, description: Mapping[str, Any]) -> StreamStateHandle:
-        """The file's local copy if a verified one is kept, else the storage's (counted) handle."""
+        """The file's checked local copy if one is kept, else the storage's (counted) handle."""
         inner = self._inner.resolve_handle(location, description)
         key = _key(description)
         if key is None or isinstance(inner, BytesStreamHandle):
             return inner
-        if self.copies is None:
+        sha = self._digests.get(key)
+        copy = self._check(sha, inner) if sha is not None and self.copies is not None else None
+        if copy is None or sha is None:
             self.downloads.remote_files += 1
-            return _CountedHandle(inner, key, None, self.downloads, self.used)
-        if self._index is None:
-            self._index = self.copies.index()
-        path = self.copies.verified(key, self._index)
-        if path is not None:
-            self.used.append(key)
-            self.downloads.local_files += 1
-            return _LocalHandle(inner, path, self.downloads)
-        self.downloads.remote_files += 1
-        return _CountedHandle(inner, key, self.copies, self.downloads, self.used)
+            return _CountedHandle(inner, self)
+        self.used.append(sha)
+        self.downloads.local_files += 1
+        return _LocalHandle(inner, self, copy, sha)
+
+    def _check(self, sha256: str, inner: StreamStateHandle) -> _Checked | None:
+        if sha256 in self._checked:
+            return self._checked[sha256]
+        assert self.copies is not None
+        try:
+            copy = self.copies.check(sha256)
+        except _Rejected as e:
+            self.reject(sha256, inner, e.reason)
+            return None
+        self._checked[sha256] = copy
+        return copy
+
+    def reject(self, sha256: str, inner: StreamStateHandle, reason: str) -> None:
+        """Never use the copy of ``sha256`` again in this restore; count it, naming the file."""
+        self._checked[sha256] = None
+        self.downloads.reject(f"{_where(inner)}: {reason}; read from the checkpoint storage instead")
 
     def __getattr__(self, name: str) -> Any:  # the rest of the storage, unchanged
         return getattr(self._inner, name)
 
 
 class _TeeStream:
-    """Writes into the storage's stream and into a local temporary file; keeps it on success."""
+    """Writes into the storage's stream and into a local temporary file, staged on success."""
 
-    def __init__(self, inner: CheckpointOutputStream, copies: LocalCopies, kept: list[str]) -> None:
+    def __init__(self, inner: CheckpointOutputStream, writer: LocalRecoveryWriter) -> None:
         self._inner = inner
-        self._copies = copies
-        self._kept = kept
-        self._tmp: str | None = copies.temporary()
-        self._local: Any = open(self._tmp, "wb")  # noqa: SIM115 - closed in close/discard
-        self._crc = 0
+        self._writer = writer
+        self._local: Any
+        self._tmp: str | None
+        self._local, self._tmp = writer.copies.staged()
         self._linked: str | None = None
 
     def write(self, data: bytes) -> int:
@@ -341,7 +569,6 @@ class _TeeStream:
                 self._local.write(data)
             except OSError:  # a full local disk: no copy, the checkpoint file is still written
                 self._drop_local()
-        self._crc = zlib.crc32(data, self._crc)
         return n
 
     def tell(self) -> int:
@@ -350,8 +577,8 @@ class _TeeStream:
     def link_source(self, path: str) -> None:
         """The bytes come from the immutable local file ``path``: keep a hard link, not a second copy.
 
-        The link is kept under the CRC-32 of the bytes written, so a source that
-        changed after all is never used (it fails the check before its first read).
+        A source that changed after all fails its digest when a restore checks
+        the copy, and the storage is read instead.
         """
         self._drop_local()
         self._linked = path
@@ -363,14 +590,12 @@ class _TeeStream:
             if key is None or isinstance(handle, BytesStreamHandle):
                 self._drop_local()
             elif self._linked is not None:
-                self._copies.adopt(key, self._linked, self._crc)
-                self._kept.append(key)
+                self._writer.stage(key, self._writer.copies.stage_link(self._linked))
             elif self._local is not None and self._tmp is not None:
                 self._local.close()
                 self._local = None
-                self._copies.keep(key, self._tmp, self._crc)
+                self._writer.stage(key, self._tmp)
                 self._tmp = None
-                self._kept.append(key)
         except OSError:
             self._drop_local()  # a local copy is an optimization: the checkpoint file is written
         return handle
@@ -383,19 +608,26 @@ class _TeeStream:
         local, self._local = self._local, None
         tmp, self._tmp = self._tmp, None
         if local is not None:
-            local.close()
+            with contextlib.suppress(OSError):
+                local.close()
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
 
 
 class LocalRecoveryWriter:
-    """A checkpoint writer whose streams also leave local copies; ``kept`` lists their local names."""
+    """A checkpoint writer whose streams also leave local copies.
+
+    Each stream's bytes are staged under a temporary name as they are written;
+    :meth:`keep` names them by the digests the subtask's metadata entry
+    records (so the copy is named by the digest a restore will ask for), or
+    :meth:`discard_staged` deletes them.
+    """
 
     def __init__(self, inner: CheckpointWriter, copies: LocalCopies) -> None:
         self._inner = inner
-        self._copies = copies
-        self.kept: list[str] = []
+        self.copies = copies
+        self._staged: dict[str, str] = {}
 
     @property
     def location(self) -> str:
@@ -406,9 +638,43 @@ class LocalRecoveryWriter:
         """The storage's stream for ``name``, copied locally as it is written."""
         inner = self._inner.create_stream(name, shared=shared)
         try:
-            return _TeeStream(inner, self._copies, self.kept)
+            return _TeeStream(inner, self)
         except OSError:
             return inner  # no local copy (a full local disk): the checkpoint is still written
+
+    def stage(self, key: str, path: str) -> None:
+        """The bytes of the file described by ``key`` lie complete at ``path`` (a temporary name)."""
+        old = self._staged.pop(key, None)
+        if old is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(old)
+        self._staged[key] = path
+
+    def keep(self, state: Any) -> list[str]:
+        """Keep each staged file under the digest ``state`` (a subtask entry's JSON) records for it.
+
+        Returns:
+            The digests of every file ``state`` names (written here or referenced),
+            for the subtask's manifest.
+        """
+        digests = digests_of(state)
+        staged, self._staged = self._staged, {}
+        for key, path in staged.items():
+            sha = digests.get(key)
+            if sha is None:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                continue
+            with contextlib.suppress(OSError):
+                self.copies.keep(path, sha)
+        return sorted(set(digests.values()))
+
+    def discard_staged(self) -> None:
+        """Delete every staged file (the snapshot failed)."""
+        staged, self._staged = self._staged, {}
+        for path in staged.values():
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
     def complete(self, metadata: bytes) -> str:
         """Complete the checkpoint (the storage's writer does)."""

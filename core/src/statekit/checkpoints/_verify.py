@@ -5,10 +5,13 @@ Two depths:
 - shallow (``deep=False``): the metadata parses, and every file it names exists
   with (at least) the size it records. One small read per file; what
   ``restore="latest"`` checks before it restores a candidate.
-- deep (``deep=True``): every byte is read and every checksum compared: each
-  canonical keyed file's header, index and key-group blocks, each native file's
-  CRC-32, each operator state file's CRC-32. What ``statekit checkpoints verify``
-  does.
+- deep (``deep=True``): every byte is read and compared with the SHA-256 the
+  metadata records for it: each file's whole bytes, and each canonical keyed
+  file's header and key-group blocks (the parts restores read alone), in one
+  pass per file; each keyed file's header and index are parsed and the index
+  compared with the metadata. A file written by a statekit before digests is
+  checked by its CRC-32s instead (:func:`crc_only_files` names them). What
+  ``statekit checkpoints verify`` does.
 
 Failures of the store itself (it is down, access is refused) are raised, not
 reported as problems: they say nothing about the checkpoint.
@@ -23,8 +26,11 @@ from typing import Any
 
 from .._contracts import CheckpointStorage
 from .._errors import CorruptCheckpointError, CorruptSnapshotError
+from ..snapshots._digest import NOT_RECORDED, new_sha256, parse_sha256, sha256_of
 from ..snapshots._snapshot import (
     CANONICAL_FORMAT,
+    BytesStreamHandle,
+    KeyedStateHandle,
     StreamStateHandle,
     _where,
     read_block,
@@ -34,7 +40,11 @@ from ..snapshots._snapshot import (
 from ..state._operator import decode_operator_snapshot
 from ._checkpoint import CompletedCheckpoint, _typed, load_checkpoint
 
-__all__ = ["CheckpointProblem", "verify_checkpoint", "verify_loaded"]
+__all__ = ["CRC_ONLY", "CheckpointProblem", "crc_only_files", "verify_checkpoint", "verify_loaded"]
+
+#: How verification describes a file without a recorded digest.
+CRC_ONLY = "CRC only (written by a statekit before digests)"
+_CHUNK = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -124,17 +134,48 @@ def _checks(
                     streams = []
                 for item, kind in streams:
                     if kind == "canonical":
-                        yield _canonical_check(item, deep), item.stream
+                        yield _canonical_check(cp, item, keyed, deep), item.stream
                     else:
                         yield _native_check(item, deep), item.stream
             part = st.operator
             if part:
                 try:
                     stream = cp.storage.resolve_handle(cp.location, _typed(part["handle"], dict, "handle"))
+                    sha = parse_sha256(part.get("sha256"), "the operator state file")
                 except (CorruptSnapshotError, KeyError, TypeError, ValueError) as e:
                     problems.append(_problem(cp.location, meta_file, f"malformed operator state entry: {e}"))
                     continue
-                yield _operator_check(stream, part.get("crc32"), deep), stream
+                yield _operator_check(stream, part.get("crc32"), sha, deep), stream
+
+
+def crc_only_files(cp: CompletedCheckpoint) -> list[str]:
+    """The files of ``cp`` whose metadata records no SHA-256: checked by their CRC-32s only.
+
+    Files a statekit before digests wrote (a rocksdb checkpoint may reference
+    such files of older checkpoints too). Bytes inline in ``_metadata`` are not
+    listed: the metadata's own checksum covers them. Entries that cannot be
+    parsed are left to :func:`verify_loaded`, which reports them.
+    """
+    found: list[str] = []
+    for subtasks in cp.metadata.operators.values():
+        for st in subtasks:
+            entries: list[Any] = [st.operator]
+            keyed = st.keyed
+            if keyed and keyed.get("format", CANONICAL_FORMAT) == CANONICAL_FORMAT:
+                entries.append(keyed)
+            elif keyed and isinstance(keyed.get("native"), dict):
+                files = keyed["native"].get("files")
+                entries.extend(files if isinstance(files, list) else [])
+            for entry in entries:
+                if not isinstance(entry, dict) or entry.get("sha256") is not None:
+                    continue
+                try:
+                    stream = cp.storage.resolve_handle(cp.location, _typed(entry["handle"], dict, "handle"))
+                except (CorruptSnapshotError, KeyError, TypeError, ValueError):
+                    continue
+                if not isinstance(stream, BytesStreamHandle):
+                    found.append(_where(stream))
+    return sorted(set(found))
 
 
 def _exists_with_size(stream: StreamStateHandle, size: int) -> None:
@@ -148,7 +189,9 @@ def _exists_with_size(stream: StreamStateHandle, size: int) -> None:
         stream.read(size - 1, 1)
 
 
-def _canonical_check(h: Any, deep: bool) -> Callable[[], None]:
+def _canonical_check(
+    cp: CompletedCheckpoint, h: KeyedStateHandle, entry: Any, deep: bool
+) -> Callable[[], None]:
     def check() -> None:
         if h.size:
             _exists_with_size(h.stream, h.size)
@@ -156,6 +199,12 @@ def _canonical_check(h: Any, deep: bool) -> Callable[[], None]:
             h.stream.read(0, min(1, h.stream.size))
         if not deep:
             return
+        verified: set[int] = set()
+        sha = parse_sha256(entry.get("sha256"), "the keyed state file")
+        if sha is not None:
+            # One pass over the file's bytes checks the whole and every recorded part.
+            raw = cp.storage.resolve_handle(cp.location, _typed(entry["handle"], dict, "handle"))
+            verified = _scan(raw, h.size or raw.size, sha, _parts(entry, h))
         header, _ = read_header(h.stream)
         index = read_index(h.stream)
         names = [s["name"] for s in header.states]
@@ -165,9 +214,63 @@ def _canonical_check(h: Any, deep: bool) -> Callable[[], None]:
                     f"{_where(h.stream)}: the block of key group {kg} is at {index.get(kg)} in the file's "
                     f"index, at {(off, ln)} in the metadata"
                 )
-            read_block(h.stream, kg, off, ln, names)
+            if kg not in verified:  # its bytes were not compared with a recorded digest: its CRC-32
+                read_block(h.stream, kg, off, ln, names)
 
     return check
+
+
+def _parts(entry: Any, h: KeyedStateHandle) -> list[tuple[int, int, str, str, int | None]]:
+    """The recorded parts of a keyed file: ``(offset, length, sha256, what, key group)``, by offset."""
+    parts: list[tuple[int, int, str, str, int | None]] = []
+    header = parse_sha256(entry.get("header_sha256"), "the header")
+    if header is not None:
+        parts.append((0, h.header_length, header, "the header", None))
+    blocks = entry.get("block_sha256") or {}
+    for kg, (off, ln) in h.offsets.items():
+        sha = parse_sha256(blocks.get(str(kg)) if isinstance(blocks, dict) else None, f"key group {kg}")
+        if sha is not None:
+            parts.append((off, ln, sha, f"the block of key group {kg}", kg))
+    return sorted(parts)
+
+
+def _scan(
+    stream: StreamStateHandle, size: int, sha256: str, parts: list[tuple[int, int, str, str, int | None]]
+) -> set[int]:
+    """Read ``stream`` once, comparing it and each part with their digests; the key groups verified.
+
+    Raises:
+        CorruptSnapshotError: Naming the part that differs when only one does,
+            else the file (replaced by another, or damaged in many places).
+    """
+    whole = new_sha256()
+    hashers = [new_sha256() for _ in parts]
+    first = 0  # parts before this one end before the current chunk
+    pos = 0
+    while pos < size:
+        data = stream.read(pos, min(_CHUNK, size - pos))
+        if not data:
+            break
+        end = pos + len(data)
+        whole.update(data)
+        view = memoryview(data)
+        i = first
+        while i < len(parts) and parts[i][0] < end:
+            start, length = parts[i][0], parts[i][1]
+            lo, hi = max(start, pos), min(start + length, end)
+            if lo < hi:
+                hashers[i].update(view[lo - pos : hi - pos])
+            i += 1
+        while first < len(parts) and parts[first][0] + parts[first][1] <= end:
+            first += 1
+        pos = end
+    where = _where(stream)
+    wrong = [p[3] for p, h in zip(parts, hashers) if h.hexdigest() != p[2]]
+    if pos == size and whole.hexdigest() == sha256 and not wrong:
+        return {p[4] for p in parts if p[4] is not None}
+    if len(wrong) == 1:
+        raise CorruptSnapshotError(f"{where}: {wrong[0]}: {NOT_RECORDED}")
+    raise CorruptSnapshotError(f"{where}: {NOT_RECORDED}")
 
 
 def _native_check(f: Any, deep: bool) -> Callable[[], None]:
@@ -181,14 +284,19 @@ def _native_check(f: Any, deep: bool) -> Callable[[], None]:
     return check
 
 
-def _operator_check(stream: StreamStateHandle, crc: object, deep: bool) -> Callable[[], None]:
+def _operator_check(
+    stream: StreamStateHandle, crc: object, sha: str | None, deep: bool
+) -> Callable[[], None]:
     def check() -> None:
         if not deep:
             if stream.size:
                 stream.read(stream.size - 1, 1)
             return
         data = stream.read()
-        if isinstance(crc, int) and zlib.crc32(data) != crc:
+        if sha is not None:
+            if sha256_of(data) != sha:
+                raise CorruptSnapshotError(f"{_where(stream)}: {NOT_RECORDED}")
+        elif isinstance(crc, int) and zlib.crc32(data) != crc:
             raise CorruptSnapshotError(
                 f"{_where(stream)}: its CRC-32 is not the one the metadata records; the file is corrupt"
             )

@@ -3,8 +3,10 @@
 ``checkpoints list`` checks each checkpoint quickly (its metadata parses, every
 file it names is there with its size: status ``complete``) and marks the others
 ``unreadable`` with the reason; ``checkpoints verify`` reads every byte and
-compares every checksum (status ``verified``), and exits 1 when anything is
-damaged. Problems name the checkpoint's directory and the file's full path.
+compares it with the SHA-256 the metadata records (status ``verified``; files
+written by a statekit before digests by their CRC-32s, and said so), and exits
+1 when anything is damaged or not the recorded file. Problems name the
+checkpoint's directory and the file's full path.
 """
 
 from __future__ import annotations
@@ -38,7 +40,13 @@ from ..checkpoints._checkpoint import (
     write_subtask_state,
 )
 from ..checkpoints._locations import filesystem_storage, parent_location
-from ..checkpoints._verify import CheckpointProblem, verify_checkpoint, verify_loaded
+from ..checkpoints._verify import (
+    CRC_ONLY,
+    CheckpointProblem,
+    crc_only_files,
+    verify_checkpoint,
+    verify_loaded,
+)
 from ..plugins._registry import default_registry
 from ..serialization._evolution import describe_schema
 from ..snapshots._snapshot import CANONICAL_FORMAT
@@ -461,13 +469,13 @@ def _verify(args: argparse.Namespace, ctx: CommandContext) -> int:
     for location in locations:
         try:
             with _working(ctx, f"verifying {location}"):
-                problems = verify_checkpoint(storage, location, deep=True)
+                problems, crc_only = _verified(storage, location)
         except CheckpointNotFoundError:
             if len(locations) == 1:
                 raise
             ctx.note(f"{location} was deleted while verifying (retention of a running job); skipped")
             continue
-        results.append({"location": location, **_status(problems, VERIFIED)})
+        results.append({"location": location, **_status(problems, VERIFIED), "crc_only": crc_only})
     bad = [r for r in results if r["problems"]]
     if args.json:
         print(json.dumps(results, indent=2))
@@ -475,15 +483,29 @@ def _verify(args: argparse.Namespace, ctx: CommandContext) -> int:
         rows: list[tuple[Cell, ...]] = []
         for r in results:
             rows.extend((r["location"], UNREADABLE, p["file"], p["problem"]) for p in r["problems"])
-            if not r["problems"]:
+            damaged = {p["file"] for p in r["problems"]}
+            # A file checked by its CRC-32s only is said so: its identity was not checked.
+            rows.extend((r["location"], VERIFIED, f, CRC_ONLY) for f in r["crc_only"] if f not in damaged)
+            if not r["problems"] and not r["crc_only"]:
                 rows.append((r["location"], VERIFIED, "-", "-"))
         print_table(ctx.console, ("checkpoint", "status", "file", "problem"), rows)
         files = sum(len(r["problems"]) for r in bad)
+        crc = sum(len(r["crc_only"]) for r in results)
         ctx.note(
             f"{_count(len(results), 'checkpoint')}: {len(results) - len(bad)} verified, {len(bad)} unreadable"
             + (f" ({_count(files, 'damaged file')})" if files else "")
+            + (f"; {_count(crc, 'file')} checked by {CRC_ONLY}" if crc else "")
         )
     return EXIT_PROBLEM if bad else EXIT_OK
+
+
+def _verified(storage: CheckpointStorage, location: str) -> tuple[list[CheckpointProblem], list[str]]:
+    """Every problem of the checkpoint at ``location`` (read whole), and its files checked by CRC only."""
+    try:
+        cp = load_checkpoint(storage, location)
+    except CorruptCheckpointError:
+        return verify_checkpoint(storage, location, deep=True), []
+    return verify_loaded(cp, deep=True), crc_only_files(cp)
 
 
 def _count(n: int, what: str) -> str:

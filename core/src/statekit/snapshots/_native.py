@@ -36,6 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .._errors import CorruptSnapshotError
 from ..serialization._keygroups import KeyGroupRange
+from ._digest import NOT_RECORDED, new_sha256, parse_sha256
 from ._snapshot import ProgressCallback, StreamStateHandle, _where
 
 __all__ = [
@@ -84,11 +85,17 @@ class NativeFile:
         name: The backend's own name for the file (``000012.sst``).
         stream: Where its bytes are.
         size: Its size in bytes.
-        crc32: The CRC-32 of its bytes, checked on every read.
+        crc32: The CRC-32 of its bytes (what statekit checked before digests;
+            still written, for older readers).
         shared: True if it lies in the storage's shared area, so later
             checkpoints may reference it; False for files of this checkpoint only.
         checkpoint_id: The checkpoint that uploaded it. A handle of checkpoint
             ``n`` whose file has another id references an earlier upload.
+        sha256: The SHA-256 of its bytes (lowercase hex), computed by
+            :func:`upload_native_file` as they were uploaded and checked on
+            every read; None for a file uploaded by a statekit before digests,
+            whose reads check the CRC-32. A snapshot that references the file
+            carries it forward (it reuses this object).
     """
 
     name: str
@@ -97,10 +104,11 @@ class NativeFile:
     crc32: int
     shared: bool
     checkpoint_id: int
+    sha256: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The file's entry in checkpoint metadata."""
-        return {
+        entry = {
             "name": self.name,
             "handle": self.stream.to_json(),
             "size": self.size,
@@ -108,6 +116,9 @@ class NativeFile:
             "shared": self.shared,
             "checkpoint_id": self.checkpoint_id,
         }
+        if self.sha256 is not None:
+            entry["sha256"] = self.sha256
+        return entry
 
     @classmethod
     def from_json(
@@ -122,12 +133,17 @@ class NativeFile:
                 int(obj["crc32"]),
                 bool(obj["shared"]),
                 int(obj["checkpoint_id"]),
+                parse_sha256(obj.get("sha256"), f"native file {obj.get('name')!r}"),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise CorruptSnapshotError(f"malformed native file entry {str(obj)[:200]}: {e!r}") from None
 
     def chunks(self, chunk_size: int = _CHUNK) -> Iterable[bytes]:
-        """The file's bytes in chunks; the size and CRC-32 are checked after the last one.
+        """The file's bytes in chunks; the size and digest are checked after the last one.
+
+        The digest is the SHA-256 where the checkpoint records one, else the
+        CRC-32 (a file uploaded before digests). A caller must not use the
+        bytes before the last chunk was yielded without an error.
 
         Raises:
             CorruptSnapshotError: Naming the file, if its bytes are not what was uploaded.
@@ -137,16 +153,23 @@ class NativeFile:
                 f"{_where(self.stream)}: native file {self.name} has {self.stream.size} bytes, "
                 f"the checkpoint says {self.size}; the file is truncated or was replaced"
             )
+        sha = new_sha256() if self.sha256 is not None else None
         crc = 0
         pos = 0
         while pos < self.size:
             data = self.stream.read(pos, min(chunk_size, self.size - pos))
             if not data:
                 break
-            crc = zlib.crc32(data, crc)
+            if sha is not None:
+                sha.update(data)
+            else:
+                crc = zlib.crc32(data, crc)
             pos += len(data)
             yield data
-        if pos != self.size or crc != self.crc32:
+        if sha is not None:
+            if pos != self.size or sha.hexdigest() != self.sha256:
+                raise CorruptSnapshotError(f"{_where(self.stream)}: native file {self.name}: {NOT_RECORDED}")
+        elif pos != self.size or crc != self.crc32:
             raise CorruptSnapshotError(
                 f"{_where(self.stream)}: native file {self.name}: checksum mismatch; the file is corrupt"
             )
@@ -162,19 +185,17 @@ class NativeFile:
             path: Where the file goes.
             link: True if the caller never modifies the file at ``path`` (an
                 engine's immutable file, such as a RocksDB SST). Then a local copy
-                that task-local recovery kept of it (checked against its CRC-32) is
-                hard-linked instead of copied, and a downloaded file is kept as
-                such a copy for the next restore on this machine. Never pass True
-                for a file the engine writes into (an LMDB data file).
+                that task-local recovery kept of it, whose bytes have this file's
+                SHA-256, is hard-linked instead of copied, and a downloaded file is
+                kept as such a copy for the next restore on this machine. Never
+                pass True for a file the engine writes into (an LMDB data file).
+                Files without a recorded SHA-256 (uploaded before digests) are
+                always downloaded.
         """
-        if link:
-            local = getattr(self.stream, "local_file", None)
-            if local is not None:
-                with contextlib.suppress(OSError):
-                    src = local()
-                    if os.stat(src).st_size == self.size:
-                        os.link(src, path)
-                        return
+        if link and self.sha256 is not None:
+            linked = getattr(self.stream, "link_verified_copy", None)
+            if linked is not None and linked(os.fspath(path), self.sha256):
+                return
         try:
             with open(path, "wb") as f:
                 for data in self.chunks():
@@ -183,11 +204,11 @@ class NativeFile:
             with contextlib.suppress(OSError):
                 os.unlink(path)
             raise
-        if link:
+        if link and self.sha256 is not None:
             keep = getattr(self.stream, "keep_local", None)
             if keep is not None:
                 with contextlib.suppress(OSError):
-                    keep(os.fspath(path), self.crc32)
+                    keep(os.fspath(path), self.sha256)
 
 
 @dataclass(frozen=True)
@@ -332,14 +353,16 @@ def upload_native_file(
     shared: bool,
     checkpoint_id: int,
 ) -> NativeFile:
-    """Copy ``source`` into a new checkpoint stream, computing its size and CRC-32."""
+    """Copy ``source`` into a new checkpoint stream, computing its size, CRC-32 and SHA-256 as it goes."""
     out = create_stream(stream_name, shared)
     crc = size = 0
+    sha = new_sha256()
     try:
         if isinstance(source, (bytes, bytearray, memoryview)):
             data = bytes(source)
             out.write(data)
             crc, size = zlib.crc32(data), len(data)
+            sha.update(data)
         else:
             link_source = getattr(out, "link_source", None)
             if shared and link_source is not None:
@@ -349,12 +372,13 @@ def upload_native_file(
                 while data := f.read(_CHUNK):
                     out.write(data)
                     crc = zlib.crc32(data, crc)
+                    sha.update(data)
                     size += len(data)
         stream = out.close_and_get_handle()
     except BaseException:
         out.discard()
         raise
-    return NativeFile(name, stream, size, crc, shared, checkpoint_id)
+    return NativeFile(name, stream, size, crc, shared, checkpoint_id, sha.hexdigest())
 
 
 class WriterNativeOutput:

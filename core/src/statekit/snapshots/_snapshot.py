@@ -13,6 +13,11 @@ documented in ``docs/snapshot-format.md``; in short::
 All integers are little-endian. A restore of some key groups reads the header
 and those key groups' blocks only, at offsets the state handle carries.
 
+Writing a snapshot also gives the SHA-256 of its header and of each block
+(:class:`SnapshotWriteResult`), which checkpoints record in ``_metadata``; a
+stream made by :func:`checked_parts` checks every header or block read against
+them, so a reader of some key groups verifies exactly what it reads.
+
 Version 2 added timers: the header's ``timers`` object names, per time domain,
 the internal map state holding that domain's timers (whose user keys are
 encoded by :func:`statekit.timers.encode_timer`). Version 1 snapshots have no
@@ -31,6 +36,7 @@ from typing import Any, BinaryIO, Protocol, runtime_checkable
 from .._errors import CorruptSnapshotError, SnapshotError
 from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import TypeSerializer
+from ._digest import check_sha256, sha256_of
 
 __all__ = [
     "CANONICAL_FORMAT",
@@ -42,6 +48,7 @@ __all__ = [
     "SnapshotHeader",
     "SnapshotWriteResult",
     "StreamStateHandle",
+    "checked_parts",
     "iter_blocks",
     "read_block",
     "read_header",
@@ -255,6 +262,10 @@ class SnapshotWriteResult:
     size: int
     state_sizes: dict[str, int]
     """Bytes of each state's sections, for storages that limit state size."""
+    header_sha256: str | None = None
+    """The SHA-256 of the header (its first ``header_length`` bytes), lowercase hex."""
+    block_sha256: dict[int, str] = field(default_factory=dict)
+    """The SHA-256 of each non-empty key group's block (the bytes at its ``offsets`` entry)."""
 
 
 def write_canonical(
@@ -271,6 +282,7 @@ def write_canonical(
     out.write(head)
     pos = len(head)
     offsets: dict[int, tuple[int, int]] = {}
+    digests: dict[int, str] = {}
     entries = 0
     names = [st["name"] for st in header.states]
     state_sizes = dict.fromkeys(names, 0)
@@ -291,6 +303,7 @@ def write_canonical(
             block += _U32.pack(zlib.crc32(block))
             out.write(block)
             offsets[kg] = (pos, len(block))
+            digests[kg] = sha256_of(block)
             pos += len(block)
         if progress is not None:
             progress(i + 1, total)
@@ -299,7 +312,9 @@ def write_canonical(
     ib = b"".join(index)
     tail = ib + _U32.pack(zlib.crc32(ib)) + _TRAILER.pack(pos, _INDEX_MAGIC)
     out.write(tail)
-    return SnapshotWriteResult(offsets, len(head), entries, pos + len(tail), state_sizes)
+    return SnapshotWriteResult(
+        offsets, len(head), entries, pos + len(tail), state_sizes, sha256_of(head), digests
+    )
 
 
 # --- reading ---------------------------------------------------------------------
@@ -317,6 +332,91 @@ def _where(stream: StreamStateHandle) -> str:
         return str(j.get("path") or j.get("name") or stream)
     except Exception:  # noqa: BLE001 - only for the message
         return repr(stream)
+
+
+class _CheckedParts:
+    """A canonical keyed file whose header and blocks are checked against their recorded SHA-256.
+
+    The header's bytes are read whole and checked before any of them is
+    returned (its length field is in the file, so a reader cannot be trusted to
+    ask for exactly the recorded range); a read of exactly a block's recorded
+    range is checked. Other reads (the index, the trailer) pass unchecked:
+    readers compare the index with the recorded offsets.
+    """
+
+    def __init__(
+        self,
+        inner: StreamStateHandle,
+        header_length: int,
+        header_sha256: str | None,
+        blocks: Mapping[tuple[int, int], tuple[int, str]],
+    ) -> None:
+        self._inner = inner
+        self._header_length = header_length
+        self._header_sha256 = header_sha256
+        self._blocks = blocks
+        self._head: bytes | None = None
+
+    @property
+    def size(self) -> int:
+        """The number of bytes."""
+        return self._inner.size
+
+    def read(self, offset: int = 0, length: int | None = None) -> bytes:
+        """``length`` bytes from ``offset``; a header or block checked against its digest first."""
+        hl = self._header_length
+        if self._header_sha256 is None or not 0 <= offset < hl or (length is not None and length < 0):
+            return self._read(offset, length)
+        head = self._header()
+        end = self.size if length is None else offset + length
+        if end <= hl:
+            return head[offset:end]
+        return head[offset:] + self._read(hl, None if length is None else end - hl)
+
+    def _header(self) -> bytes:
+        if self._head is None:
+            assert self._header_sha256 is not None
+            data = self._inner.read(0, self._header_length)
+            check_sha256(data, self._header_sha256, _where(self._inner), "the header")
+            self._head = data
+        return self._head
+
+    def _read(self, offset: int, length: int | None) -> bytes:
+        data = self._inner.read(offset, length)
+        block = self._blocks.get((offset, length)) if length is not None else None
+        if block is not None:
+            check_sha256(data, block[1], _where(self._inner), f"the block of key group {block[0]}")
+        return data
+
+    def discard(self) -> None:
+        """Delete the bytes (the wrapped handle does)."""
+        self._inner.discard()
+
+    def to_json(self) -> dict[str, Any]:
+        """The wrapped handle's description."""
+        return self._inner.to_json()
+
+    def __getattr__(self, name: str) -> Any:  # what a storage's handle offers beyond the protocol (url)
+        return getattr(self._inner, name)
+
+
+def checked_parts(
+    stream: StreamStateHandle,
+    header_length: int,
+    header_sha256: str | None,
+    offsets: Mapping[int, tuple[int, int]],
+    block_sha256: Mapping[int, str],
+) -> StreamStateHandle:
+    """``stream`` with its header and each key group's block checked against the recorded SHA-256.
+
+    Every reader of a :class:`KeyedStateHandle` over the returned stream
+    (restores, the state processor, verification) reads through the check;
+    ``stream`` itself when nothing is recorded (a snapshot written before digests).
+    """
+    blocks = {offsets[kg]: (kg, sha) for kg, sha in block_sha256.items() if kg in offsets}
+    if header_sha256 is None and not blocks:
+        return stream
+    return _CheckedParts(stream, header_length, header_sha256, blocks)
 
 
 def read_header(stream: StreamStateHandle) -> tuple[SnapshotHeader, int]:

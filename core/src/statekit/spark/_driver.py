@@ -134,6 +134,18 @@ class BatchInfo:
         restored_remotely: Of those, subtasks that read files from the checkpoint storage
             (only the files their executor had no local copy of).
         bytes_downloaded: Bytes the restores read from the checkpoint storage.
+        local_recovery: ``"on"``, ``"off"`` (``statekit.local-recovery=false``), or
+            ``"off: <why>"`` when a task found its executor's local-recovery
+            directory unsafe (another user's, writable by others, or a symlink
+            statekit did not make) or could not create it: local recovery is then
+            off in that Python worker, which writes and deletes nothing there.
+        local_copies_rejected: Local copies that were there but not used, each file
+            read from the checkpoint storage instead: its bytes were not the ones the
+            checkpoint records (another checkpoint's or subtask's file, or damaged),
+            or it could not be read, or it was deleted or changed after it was
+            checked. Those subtasks count as ``restored_remotely``.
+        local_copy_rejections: Why, one line per rejected copy naming the checkpoint
+            file (at most ten per subtask).
         handed_off: Of the reused subtasks, those whose task Spark gave to another Python
             worker of the executor than the one holding the state, and which handed its
             rows to that worker (``statekit.spark.worker-handoff``).
@@ -177,6 +189,9 @@ class BatchInfo:
     restored_locally: int = 0
     restored_remotely: int = 0
     bytes_downloaded: int = 0
+    local_recovery: str = "off"
+    local_copies_rejected: int = 0
+    local_copy_rejections: tuple[str, ...] = ()
     handed_off: int = 0
     handoff: str = "on"
     executor_pids: tuple[int, ...] = ()
@@ -649,6 +664,9 @@ class Coordinator:
             restored_locally=how.count("local"),
             restored_remotely=how.count("remote"),
             bytes_downloaded=sum(int(r.get("downloaded", 0)) for r in reports),
+            local_recovery=_local_recovery_status(reports),
+            local_copies_rejected=sum(int(r.get("copies_rejected", 0)) for r in reports),
+            local_copy_rejections=tuple(str(m) for r in reports for m in r.get("copy_rejections") or ()),
             handed_off=sum(1 for r in reports if r.get("handed_from") is not None),
             handoff=batch_status(self.handoff_enabled, [r.get("handoff") for r in reports]),
             executor_pids=tuple(sorted({int(r["pid"]) for r in reports})),
@@ -825,6 +843,15 @@ def _task_damage(e: Exception, source: CompletedCheckpoint | None) -> CorruptChe
         return None
     problem = text[start + len(marker) :].splitlines()[0].strip()
     return CorruptCheckpointError(source.location, problem + _SPARK_WAYS_OUT)
+
+
+def _local_recovery_status(reports: list[dict[str, Any]]) -> str:
+    """``BatchInfo.local_recovery``: on, off, or off with every distinct reason the tasks gave."""
+    statuses = [str(r.get("local_recovery", "off")) for r in reports]
+    reasons = sorted({s.removeprefix("off: ") for s in statuses if s.startswith("off: ")})
+    if reasons:
+        return "off: " + "; ".join(reasons)
+    return "on" if statuses and all(s == "on" for s in statuses) else "off"
 
 
 def _attempts(source: CompletedCheckpoint | None) -> dict[int, str]:

@@ -44,10 +44,16 @@ from .._contracts import (
     StateBackend,
     SupportsNativeSnapshot,
 )
-from .._errors import CheckpointError
+from .._errors import CheckpointError, UnsafeLocalPathError
 from .._localfs import private_dir
 from ..checkpoints._checkpoint import CompletedCheckpoint, metadata_at, write_subtask_state
-from ..checkpoints._local_recovery import Downloads, LocalCopies, LocalRecoveryStorage, LocalRecoveryWriter
+from ..checkpoints._local_recovery import (
+    Downloads,
+    LocalCopies,
+    LocalRecoveryStorage,
+    LocalRecoveryWriter,
+    digests_of,
+)
 from ..plugins._config import Configuration
 from ..plugins._registry import default_registry
 from ..runtime._columnar import group_runs, is_columnar, output_columns
@@ -195,6 +201,9 @@ _CACHE: dict[tuple[str, str, int], _Subtask] = {}
 _STORAGES: dict[str, CheckpointStorage] = {}
 _BACKENDS: dict[str, StateBackend] = {}
 _LOCAL_ATTEMPTS = itertools.count()  # attempt ids outside Spark (tests)
+#: Local-recovery directories found unsafe in this process, and why: never checked again, never
+#: written or deleted in (see _local_copies).
+_UNSAFE_LOCAL_RECOVERY: dict[str, str] = {}
 
 
 def reset_cache() -> None:
@@ -300,6 +309,7 @@ class _RestoreSource:
     metadata: Any  # InlineMetadata, StoredMetadata or a Broadcast of the metadata bytes
     _checkpoint: CompletedCheckpoint | None = None
     _operator_states: list[OperatorSnapshot] | None = field(default=None)
+    _digests: dict[str, str] | None = field(default=None)
 
     def checkpoint(self) -> CompletedCheckpoint | None:
         if self.plan.restore_location is None:
@@ -319,6 +329,16 @@ class _RestoreSource:
         if cp is None:
             return None
         return CompletedCheckpoint(storage, cp.location, cp.metadata)
+
+    def digests(self) -> dict[str, str]:
+        """The SHA-256 the restore checkpoint records for each file of the operator."""
+        cp = self.checkpoint()
+        if cp is None:
+            return {}
+        if self._digests is None:
+            subtasks = cp.metadata.operators.get(self.plan.operator_id, [])
+            self._digests = digests_of([st.to_json() for st in subtasks])
+        return self._digests
 
     def operator_states(self) -> list[OperatorSnapshot]:
         cp = self.checkpoint()
@@ -351,15 +371,31 @@ def _local_root(plan: TaskPlan) -> str:
     return plan.spark_local_dir or tempfile.gettempdir()
 
 
-def _local_copies(plan: TaskPlan) -> LocalCopies | None:
-    """This executor's local copies of the operator's checkpoint files (None: local recovery is off)."""
+def _local_copies(plan: TaskPlan) -> tuple[LocalCopies | None, str]:
+    """This executor's local copies of the operator's checkpoint files, and ``BatchInfo.local_recovery``.
+
+    None with ``"off"`` when configured off, or with ``"off: <why>"`` when the
+    directory cannot be used: one that is not this user's own (another user's,
+    writable by others, or a symlink statekit did not make, anywhere below the
+    local directory) turns local recovery off for this process, which then
+    writes and deletes nothing there; restores read the checkpoint storage.
+    """
     if not plan.config.get("statekit.local-recovery"):
-        return None
-    root = os.path.join(_local_root(plan), "statekit", "local-recovery", plan.job_id, plan.operator_id)
+        return None, "off"
+    base = _local_root(plan)
+    root = os.path.join(base, "statekit", "local-recovery", plan.job_id, plan.operator_id)
+    with _LOCK:
+        unsafe = _UNSAFE_LOCAL_RECOVERY.get(root)
+    if unsafe is not None:
+        return None, f"off: {unsafe}"
     try:
-        return LocalCopies(root)
-    except OSError:  # an unwritable local directory: restores read the storage, as without copies
-        return None
+        return LocalCopies(root, base=base), "on"
+    except UnsafeLocalPathError as e:
+        with _LOCK:
+            _UNSAFE_LOCAL_RECOVERY[root] = str(e)
+        return None, f"off: {e}"
+    except (OSError, ValueError) as e:  # unwritable now (a full disk): off for this task only
+        return None, f"off: cannot create the local-recovery directory {root}: {e}"
 
 
 def _evict_stale(plan: TaskPlan) -> None:
@@ -375,12 +411,27 @@ def _evict_stale(plan: TaskPlan) -> None:
         entry.close()
 
 
-def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subtask, str, int]:
-    """The subtask ``index`` holding the state of the restore source; how it came by it, bytes downloaded.
+@dataclass(frozen=True)
+class _Acquired:
+    """How a task came by a subtask's state, for its report to the driver."""
+
+    how: str
+    """:data:`REUSED`, :data:`RESTORED_LOCALLY`, :data:`RESTORED_REMOTELY` or :data:`STARTED_EMPTY`."""
+    downloaded: int = 0
+    """Bytes read from the checkpoint storage."""
+    rejected: int = 0
+    """Local copies that were there but not used (read from the storage instead)."""
+    reasons: tuple[str, ...] = ()
+    """Why, naming each file (at most ten)."""
+
+
+def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subtask, _Acquired]:
+    """The subtask ``index`` holding the state of the restore source, and how it came by it.
 
     How: :data:`REUSED` (open in this process), :data:`RESTORED_LOCALLY` (every
     file from this executor's local copies), :data:`RESTORED_REMOTELY` (some
-    from the checkpoint storage) or :data:`STARTED_EMPTY`.
+    from the checkpoint storage, also in place of a rejected local copy) or
+    :data:`STARTED_EMPTY`.
     """
     if not 0 <= index < plan.parallelism:
         raise CheckpointError(f"row routed to subtask {index}, outside 0..{plan.parallelism - 1}")
@@ -397,7 +448,7 @@ def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subta
             cp = source.checkpoint()
             if cp is not None and isinstance(entry.keyed, SupportsNativeSnapshot):
                 entry.keyed.notify_checkpoint_complete(cp.checkpoint_id)
-            return entry, REUSED, 0
+            return entry, _Acquired(REUSED)
         entry.close()
     backend = _backend(plan.config)
     local_root = _local_root(plan)
@@ -451,8 +502,9 @@ def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subta
     st.local_dir = local_dir
     how, downloads = STARTED_EMPTY, Downloads()
     try:
-        copies = _local_copies(plan)
-        reading = LocalRecoveryStorage(_storage(plan.config), copies, downloads)
+        copies, _ = _local_copies(plan)
+        # A local copy is read only if its bytes have the digest this checkpoint records.
+        reading = LocalRecoveryStorage(_storage(plan.config), copies, downloads, source.digests())
         cp = source.reading_through(reading)
         if cp is not None:
             cp.restore_subtask(
@@ -484,7 +536,7 @@ def _acquire(plan: TaskPlan, index: int, source: _RestoreSource) -> tuple[_Subta
         subtask_index=index,
         parallelism=plan.parallelism,
     )
-    return st, how, downloads.remote_bytes
+    return st, _Acquired(how, downloads.remote_bytes, downloads.rejected, tuple(downloads.reasons))
 
 
 class _BatchClock:
@@ -800,7 +852,7 @@ class _TaskRun:
         self.attempt = attempt
         self.out = _Output(plan)
         self.active: dict[int, _Subtask] = {}
-        self.how: dict[int, tuple[str, int]] = {}  # subtask -> (how it came by its state, bytes downloaded)
+        self.how: dict[int, _Acquired] = {}  # subtask -> how it came by its state
         self.phases = dict.fromkeys(TASK_PHASES, 0.0)
         self.started = time.perf_counter()
         self.handed_from: int | None = None  # the sibling worker whose task this is, if handed off
@@ -817,12 +869,12 @@ class _TaskRun:
         if index is None:  # the loops hand such rows to reject_key, never here
             raise ValueError(f"null key in column {plan.key_column!r}: every record needs a key")
         t = time.perf_counter()
-        st, how, downloaded = _acquire(plan, index, self.source)
+        st, acquired = _acquire(plan, index, self.source)
         self.phases["restore"] += time.perf_counter() - t
         st.clock.now = plan.batch_timestamp_ms
         st.timers.set_watermark(plan.watermark)
         self.active[index] = st
-        self.how[index] = (how, downloaded)
+        self.how[index] = acquired
         return st
 
     def reject_key(self, record: Mapping[str, Any], place: str | None) -> None:
@@ -1079,30 +1131,35 @@ class _TaskRun:
         bad = self.commit_letters()
         t_snapshot = clock()
         storage = _storage(plan.config)
-        copies = _local_copies(plan)
+        copies, local_recovery = _local_copies(plan)
         states = []
         for index, st in sorted(self.active.items()):
             inner: CheckpointWriter = storage.begin_checkpoint(plan.job_id, plan.checkpoint_id)
-            if copies is not None:
-                inner = LocalRecoveryWriter(inner, copies)
-            writer = _AttemptWriter(inner, self.attempt)
-            state = write_subtask_state(
-                writer,
-                plan.operator_id,
-                index,
-                st.keyed,
-                st.operator,
-                max_state_size=storage.max_state_size,
-                native_checkpoint_id=(
-                    plan.checkpoint_id
-                    if plan.config.get("statekit.checkpoint.format") != "canonical"
-                    else None
-                ),
-            )
+            local = None if copies is None else LocalRecoveryWriter(inner, copies)
+            writer = _AttemptWriter(inner if local is None else local, self.attempt)
+            try:
+                state = write_subtask_state(
+                    writer,
+                    plan.operator_id,
+                    index,
+                    st.keyed,
+                    st.operator,
+                    max_state_size=storage.max_state_size,
+                    native_checkpoint_id=(
+                        plan.checkpoint_id
+                        if plan.config.get("statekit.checkpoint.format") != "canonical"
+                        else None
+                    ),
+                )
+            except BaseException:
+                if local is not None:
+                    local.discard_staged()
+                raise
             states.append((index, state))
-            if copies is not None:
+            if copies is not None and local is not None:
                 with contextlib.suppress(OSError):  # local copies only ever save a download
-                    copies.remember(index, copies.keys_of(state.to_json()))
+                    # Named by the digests the metadata records: what a restore asks for.
+                    copies.remember(index, local.keep(state.to_json()))
         if copies is not None:
             with contextlib.suppress(OSError):
                 copies.collect()
@@ -1122,9 +1179,12 @@ class _TaskRun:
                     "bad": reported_bad,
                     "fired": st.fired,
                     "max_event_time": st.max_event_time,
-                    "reused": self.how[index][0] == REUSED,
-                    "how": self.how[index][0],
-                    "downloaded": self.how[index][1],
+                    "reused": self.how[index].how == REUSED,
+                    "how": self.how[index].how,
+                    "downloaded": self.how[index].downloaded,
+                    "copies_rejected": self.how[index].rejected,
+                    "copy_rejections": list(self.how[index].reasons),
+                    "local_recovery": local_recovery,
                     "pid": os.getpid(),
                     "handed_from": self.handed_from,
                     "attempt": self.attempt,

@@ -38,6 +38,7 @@ from ..serialization._keygroups import (
     operator_index_for_key_group,
 )
 from ..serialization._serializers import StrSerializer, TypeSerializer, serializer_from_config
+from ..snapshots._digest import sha256_of
 from ..snapshots._native import NativeFile, NativeStateHandle
 from ..snapshots._snapshot import (
     CANONICAL_FORMAT,
@@ -168,7 +169,9 @@ class KitNativeOutput:
                 data = f.read()
         stream = KitNativeStream(data, f"<kit native chk {self._checkpoint_id}: {name}>", self._checkpoint_id)
         self.uploaded.append(stream)
-        return NativeFile(name, stream, len(data), zlib.crc32(data), shared, self._checkpoint_id)
+        return NativeFile(
+            name, stream, len(data), zlib.crc32(data), shared, self._checkpoint_id, sha256_of(data)
+        )
 
     def delete_all(self) -> None:
         """Delete every upload, as a storage may do with an aborted checkpoint's files at any time."""

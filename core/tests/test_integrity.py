@@ -1,0 +1,664 @@
+"""Integrity by content: every checkpoint file is known by the SHA-256 of its bytes.
+
+A CRC-32 over sections that each end in their own CRC is the same for every
+file of one layout (the CRC residue), so each keyed, operator and native file's
+entry in ``_metadata`` records a SHA-256 of its bytes, and a canonical keyed
+file's entry one per header and key-group block: a restore that reads some key
+groups checks exactly what it reads, and ``verify`` checks every byte.
+
+Task-local recovery (real files in a real local-recovery directory, restores
+through :class:`LocalRecoveryStorage` exactly as a Spark task restores) uses a
+local copy only if its bytes have the digest the checkpoint records: every
+copy that is there but is not that file (another checkpoint's, another
+subtask's, deleted, changed or unreadable after it was checked) sends the
+restore to the storage, is counted, and the state is exact.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import os
+import re
+import stat
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statekit import (
+    CorruptCheckpointError,
+    CorruptSnapshotError,
+    KeyGroupRange,
+    ListStateDescriptor,
+    UnsafeLocalPathError,
+    ValueStateDescriptor,
+    key_group_for_bytes,
+    key_group_range_for_operator,
+    serializer_for,
+)
+from statekit.backend_api import NativeFile, OperatorStateBackendImpl, upload_native_file
+from statekit.checkpoints._checkpoint import complete_checkpoint, load_checkpoint, write_subtask_state
+from statekit.checkpoints._local_recovery import (
+    Downloads,
+    LocalCopies,
+    LocalRecoveryStorage,
+    LocalRecoveryWriter,
+    digests_of,
+)
+from statekit.checkpoints._verify import CRC_ONLY, crc_only_files, verify_loaded
+from statekit.snapshots._digest import (
+    NOT_RECORDED,
+    HashingOutput,
+    check_sha256,
+    file_sha256,
+    parse_sha256,
+    sha256_of,
+)
+from statekit.testing import ReferenceCheckpointStorage, ReferenceKeyedStateBackend
+
+MAXP = 128
+KEYS = serializer_for(str)
+COUNT = ValueStateDescriptor("count", int)
+SEEN = ListStateDescriptor("seen", str)
+DIGESTS = ("sha256", "header_sha256", "block_sha256")
+DATA = bytes(range(256)) * 64
+
+
+def keys_of(kgr: KeyGroupRange) -> list[str]:
+    keys = (f"url-{i}" for i in range(400))
+    return [k for k in keys if key_group_for_bytes(KEYS.serialize(k), MAXP) in kgr]
+
+
+class CountingJob:
+    """Operator ``op`` of job ``job``: two subtasks counting keys (``i + bump``) and listing what they saw.
+
+    Checkpoints go into a :class:`ReferenceCheckpointStorage` (blobs in memory,
+    so a test can swap a file's bytes), through task-local recovery when given
+    local copies, exactly as a Spark task writes them.
+    """
+
+    def __init__(self) -> None:
+        self.storage = ReferenceCheckpointStorage()
+
+    def checkpoint(
+        self, n: int, *, bump: int, native: bool = False, copies: LocalCopies | None = None
+    ) -> str:
+        subtasks = []
+        for index in range(2):
+            kgr = key_group_range_for_operator(MAXP, 2, index)
+            keyed = ReferenceKeyedStateBackend(key_serializer=KEYS, key_group_range=kgr, max_parallelism=MAXP)
+            count = keyed.get_state(COUNT)
+            for i, key in enumerate(keys_of(kgr)):
+                keyed.set_current_key(key)
+                count.update(i + bump)
+            operator = OperatorStateBackendImpl()
+            operator.get_list_state(SEEN).update([f"{index}-{bump}"])
+            inner = self.storage.begin_checkpoint("job", n)
+            local = None if copies is None else LocalRecoveryWriter(inner, copies)
+            state = write_subtask_state(
+                inner if local is None else local,
+                "op",
+                index,
+                keyed,
+                operator,
+                native_checkpoint_id=n if native else None,
+            )
+            if local is not None and copies is not None:
+                copies.remember(index, local.keep(state.to_json()))
+            subtasks.append(state)
+        return complete_checkpoint(
+            self.storage.begin_checkpoint("job", n),
+            job_id="job",
+            checkpoint_id=n,
+            max_parallelism=MAXP,
+            subtasks=subtasks,
+        )
+
+    def restored(self, location: str, *, parallelism: int = 2, index: int = 0, through: Any = None) -> Any:
+        """New subtask ``index`` of ``parallelism`` restored from ``location``, read ``through`` a storage."""
+        cp = load_checkpoint(self.storage if through is None else through, location)
+        kgr = key_group_range_for_operator(MAXP, parallelism, index)
+        keyed = ReferenceKeyedStateBackend(key_serializer=KEYS, key_group_range=kgr, max_parallelism=MAXP)
+        operator = OperatorStateBackendImpl()
+        cp.restore_subtask("op", index, parallelism, keyed, operator)
+        count = keyed.get_state(COUNT)
+        out: dict[str, Any] = {}
+        for key in keys_of(kgr):
+            keyed.set_current_key(key)
+            if count.value() is not None:
+                out[key] = count.value()
+        out["seen"] = sorted(operator.get_list_state(SEEN).get())
+        return out
+
+    @staticmethod
+    def expected(bump: int, *, parallelism: int = 2, index: int = 0) -> dict[str, Any]:
+        """What :meth:`restored` gives after a checkpoint with ``bump``."""
+        out: dict[str, Any] = {}
+        for old in range(2):
+            kgr = key_group_range_for_operator(MAXP, 2, old)
+            out.update({k: i + bump for i, k in enumerate(keys_of(kgr))})
+        mine = set(keys_of(key_group_range_for_operator(MAXP, parallelism, index)))
+        out = {k: v for k, v in out.items() if k in mine}
+        # Operator state: the old lists [0-b], [1-b], split evenly over the new subtasks.
+        seen = [f"{i}-{bump}" for i in range(2)]
+        share, extra = divmod(len(seen), parallelism)
+        start = index * share + min(index, extra)
+        out["seen"] = sorted(seen[start : start + share + (1 if index < extra else 0)])
+        return out
+
+    def entry(self, location: str, subtask: int, part: str = "keyed") -> dict[str, Any]:
+        """The metadata entry of a subtask's keyed (for a native snapshot: its file) or operator file."""
+        st = load_checkpoint(self.storage, location).metadata.operators["op"][subtask]
+        found: dict[str, Any] = getattr(st, part)
+        if part == "keyed" and "native" in found:
+            return dict(found["native"]["files"][0])
+        return found
+
+    def blob(self, location: str, subtask: int, part: str = "keyed") -> int:
+        """The blob that holds that file: ``storage._blobs[n]`` are its bytes."""
+        return int(self.entry(location, subtask, part)["handle"]["blob"])
+
+    def strip_digests(self, location: str) -> None:
+        """Rewrite ``location``'s metadata without any digest: as a statekit before digests wrote it."""
+        meta = load_checkpoint(self.storage, location).metadata
+
+        def drop(obj: Any) -> Any:
+            if isinstance(obj, dict):
+                return {k: drop(v) for k, v in obj.items() if k not in DIGESTS}
+            if isinstance(obj, list):
+                return [drop(v) for v in obj]
+            return obj
+
+        for sts in meta.operators.values():
+            for st in sts:
+                st.keyed, st.operator = drop(st.keyed), drop(st.operator)
+        self.storage._metadata[location] = meta.to_bytes()
+
+    def reading(self, copies: LocalCopies | None, location: str) -> LocalRecoveryStorage:
+        """What a Spark task restores through: the checkpoint's digest of each file, and the local copies."""
+        meta = load_checkpoint(self.storage, location).metadata
+        digests = digests_of([st.to_json() for st in meta.operators["op"]])
+        return LocalRecoveryStorage(self.storage, copies, Downloads(), digests)
+
+
+@pytest.fixture
+def job() -> CountingJob:
+    return CountingJob()
+
+
+@pytest.fixture
+def copies(tmp_path: Path) -> LocalCopies:
+    root = tmp_path / "local" / "statekit" / "local-recovery" / "job" / "op"
+    return LocalCopies(str(root), base=str(tmp_path / "local"))
+
+
+# --- the digest helper ------------------------------------------------------------------------
+
+
+def test_sha256_helpers_agree_with_hashlib(tmp_path: Path) -> None:
+    data = os.urandom(100_000)
+    want = hashlib.sha256(data).hexdigest()
+    assert sha256_of(data) == sha256_of(memoryview(data)) == want
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    assert file_sha256(path, chunk_size=4096) == want  # in chunks
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.lseek(fd, 500, os.SEEK_SET)  # a descriptor is read from its start, whatever its offset
+        assert file_sha256(fd, chunk_size=777) == want
+    finally:
+        os.close(fd)
+    (tmp_path / "empty").write_bytes(b"")
+    assert file_sha256(tmp_path / "empty") == hashlib.sha256(b"").hexdigest()
+
+
+def test_hashing_output_hashes_what_passes_and_delegates_the_rest() -> None:
+    class Stream(io.BytesIO):
+        def close_and_get_handle(self) -> str:
+            return "handle"
+
+    inner = Stream()
+    out = HashingOutput(inner)
+    assert out.write(b"abc") == 3 and out.write(memoryview(b"def")) == 3
+    assert out.sha256 == hashlib.sha256(b"abcdef").hexdigest() and out.size == 6
+    assert inner.getvalue() == b"abcdef" and out.close_and_get_handle() == "handle"
+
+
+@pytest.mark.parametrize("value", [1, "", "AB" * 32, "0" * 63, "g" * 64, ["0" * 64], {"x": 1}])
+def test_a_malformed_recorded_digest_is_corrupt(value: Any) -> None:
+    with pytest.raises(CorruptSnapshotError, match="malformed SHA-256 of the header"):
+        parse_sha256(value, "the header")
+    assert parse_sha256(None, "x") is None and parse_sha256("a" * 64, "x") == "a" * 64
+
+
+def test_a_mismatch_names_the_file_the_part_and_what_it_means() -> None:
+    check_sha256(b"x", sha256_of(b"x"), "f")
+    with pytest.raises(CorruptSnapshotError) as e:
+        check_sha256(b"y", sha256_of(b"x"), "/ckpt/chk-3/process-0.keyed", "the block of key group 7")
+    assert str(e.value) == f"/ckpt/chk-3/process-0.keyed: the block of key group 7: {NOT_RECORDED}"
+    assert "another checkpoint's or subtask's file?" in NOT_RECORDED
+
+
+# --- what a checkpoint records and checks -----------------------------------------------------
+
+
+def test_the_metadata_records_each_files_sha256_and_each_part_a_restore_reads_alone(job: Any) -> None:
+    location = job.checkpoint(1, bump=0)
+    keyed, operator = job.entry(location, 0), job.entry(location, 0, "operator")
+    data = job.storage._blobs[job.blob(location, 0)]
+    assert keyed["sha256"] == hashlib.sha256(data).hexdigest()
+    assert keyed["header_sha256"] == hashlib.sha256(data[: keyed["header_length"]]).hexdigest()
+    assert set(keyed["block_sha256"]) == set(keyed["offsets"]) and keyed["offsets"]
+    for kg, (off, ln) in keyed["offsets"].items():
+        assert keyed["block_sha256"][kg] == hashlib.sha256(data[off : off + ln]).hexdigest()
+    op_data = job.storage._blobs[job.blob(location, 0, "operator")]
+    assert operator["sha256"] == hashlib.sha256(op_data).hexdigest()
+    assert operator["crc32"] == zlib.crc32(op_data)  # still written, for readers before digests
+    assert job.restored(location) == job.expected(0)
+
+
+def test_the_crc_residue_gives_every_keyed_file_of_one_layout_one_crc_but_not_one_digest(job: Any) -> None:
+    """Why a CRC cannot tell files apart (DESIGN.md §16), and the digest can."""
+    a = job.storage._blobs[job.blob(job.checkpoint(1, bump=0), 0)]
+    b = job.storage._blobs[job.blob(job.checkpoint(2, bump=5), 0)]
+    assert a != b and zlib.crc32(a) == zlib.crc32(b)
+    assert sha256_of(a) != sha256_of(b)
+
+
+def test_a_file_swapped_in_from_another_checkpoint_is_refused_naming_it(job: Any) -> None:
+    old, new = job.checkpoint(1, bump=0), job.checkpoint(2, bump=9)
+    blobs = job.storage._blobs
+    for part in ("keyed", "operator"):
+        target = job.blob(new, 0, part)
+        saved = blobs[target]
+        blobs[target] = blobs[job.blob(old, 0, part)]  # a valid file of chk-1
+        with pytest.raises(CorruptCheckpointError) as e:
+            job.restored(new)
+        assert str(e.value).startswith(f"checkpoint {new}: op-0.{part}: ") and NOT_RECORDED in str(e.value)
+        (problem,) = verify_loaded(load_checkpoint(job.storage, new), deep=True)
+        assert problem.file == f"op-0.{part}" and problem.problem.endswith(NOT_RECORDED)
+        blobs[target] = saved
+    assert job.restored(new) == job.expected(9)
+    assert verify_loaded(load_checkpoint(job.storage, new), deep=True) == []
+
+
+def test_another_subtasks_file_is_refused(job: Any) -> None:
+    location = job.checkpoint(1, bump=0)
+    job.storage._blobs[job.blob(location, 0)] = job.storage._blobs[job.blob(location, 1)]
+    with pytest.raises(CorruptCheckpointError, match=f"op-0.keyed: the header: {re.escape(NOT_RECORDED)}"):
+        job.restored(location)
+
+
+def test_a_rescaled_restore_checks_exactly_the_blocks_it_reads(job: Any) -> None:
+    """Subtask 0 of 4 reads half of old subtask 0's file: a damaged block in the other half is not its own."""
+    location = job.checkpoint(1, bump=0)
+    keyed = job.entry(location, 0)
+    mine = key_group_range_for_operator(MAXP, 4, 0)
+    theirs = max(int(kg) for kg in keyed["offsets"] if int(kg) not in mine)
+    off, ln = keyed["offsets"][str(theirs)]
+    data = bytearray(job.storage._blobs[job.blob(location, 0)])
+    data[off + ln // 2] ^= 0xFF
+    job.storage._blobs[job.blob(location, 0)] = bytes(data)
+    assert job.restored(location, parallelism=4, index=0) == job.expected(0, parallelism=4, index=0)
+    damaged = f"the block of key group {theirs}: {re.escape(NOT_RECORDED)}"
+    with pytest.raises(CorruptCheckpointError, match=damaged):
+        job.restored(location, parallelism=4, index=1)
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["canonical", "native"])
+def test_a_checkpoint_without_digests_restores_and_verify_says_crc_only(job: Any, native: bool) -> None:
+    location = job.checkpoint(1, bump=3, native=native)
+    assert crc_only_files(load_checkpoint(job.storage, location)) == []
+    job.strip_digests(location)
+    cp = load_checkpoint(job.storage, location)
+    assert b"sha256" not in cp.metadata.to_bytes()
+    assert job.restored(location) == job.expected(3)
+    assert verify_loaded(cp, deep=True) == []
+    # Two keyed (or native) files and two operator files, checked by their CRC-32s.
+    assert crc_only_files(cp) == ["op-0.keyed", "op-0.operator", "op-1.keyed", "op-1.operator"] or native
+    assert len(crc_only_files(cp)) == 4
+    assert CRC_ONLY == "CRC only (written by a statekit before digests)"
+    # Damage is still found, by the CRC-32s.
+    blob = job.blob(location, 1, "operator")
+    data = bytearray(job.storage._blobs[blob])
+    data[len(data) // 2] ^= 1
+    job.storage._blobs[blob] = bytes(data)
+    (problem,) = verify_loaded(cp, deep=True)
+    assert "CRC-32" in problem.problem
+
+
+def test_native_files_carry_their_digest_and_are_checked_by_it(job: Any) -> None:
+    location = job.checkpoint(1, bump=2, native=True)
+    entry = job.entry(location, 0)
+    data = job.storage._blobs[job.blob(location, 0)]
+    assert entry["sha256"] == hashlib.sha256(data).hexdigest() and entry["crc32"] == zlib.crc32(data)
+    assert job.restored(location) == job.expected(2)
+    other = job.checkpoint(2, bump=7, native=True)
+    job.storage._blobs[job.blob(location, 0)] = job.storage._blobs[job.blob(other, 0)]
+    with pytest.raises(CorruptCheckpointError, match=f"native file .*: {re.escape(NOT_RECORDED)}"):
+        job.restored(location)
+
+
+def test_native_file_entries_round_trip_with_and_without_a_digest(tmp_path: Path) -> None:
+    storage = ReferenceCheckpointStorage()
+    writer = storage.begin_checkpoint("job", 1)
+    src = tmp_path / "000001.sst"
+    src.write_bytes(os.urandom(10_000))
+    f = upload_native_file(
+        lambda n, s: writer.create_stream(n, shared=s),
+        "x",
+        "000001.sst",
+        str(src),
+        shared=True,
+        checkpoint_id=1,
+    )
+    assert f.sha256 == hashlib.sha256(src.read_bytes()).hexdigest()
+    resolve = lambda d: storage.resolve_handle("loc", d)  # noqa: E731
+    again = NativeFile.from_json(f.to_json(), resolve)
+    assert again.sha256 == f.sha256 and again.read() == src.read_bytes()
+    old = {k: v for k, v in f.to_json().items() if k != "sha256"}  # an entry of a statekit before digests
+    before = NativeFile.from_json(old, resolve)
+    assert before.sha256 is None and before.to_json() == old and before.read() == src.read_bytes()
+    with pytest.raises(CorruptSnapshotError, match="malformed SHA-256"):
+        NativeFile.from_json({**f.to_json(), "sha256": "not hex"}, resolve)
+    wrong = NativeFile.from_json({**f.to_json(), "sha256": sha256_of(b"other")}, resolve)
+    with pytest.raises(CorruptSnapshotError, match=re.escape(NOT_RECORDED)):
+        wrong.copy_to(tmp_path / "copy.sst")
+    assert not (tmp_path / "copy.sst").exists()
+
+
+# --- local copies: named by content, read only when their bytes are the recorded ones ---------
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["canonical", "native"])
+def test_a_written_checkpoint_restores_from_its_local_copies(
+    job: Any, copies: LocalCopies, native: bool
+) -> None:
+    location = job.checkpoint(1, bump=4, native=native, copies=copies)
+    names = set(copies.index())
+    for index in range(2):
+        for part in ("keyed", "operator"):
+            data = job.storage._blobs[job.blob(location, index, part)]
+            digest = hashlib.sha256(data).hexdigest()
+            assert digest == job.entry(location, index, part)["sha256"] and digest in names
+            assert Path(copies.path_of(digest)).read_bytes() == data
+    through = job.reading(copies, location)
+    assert job.restored(location, through=through) == job.expected(4)
+    d = through.downloads
+    assert (d.remote_files, d.remote_bytes, d.rejected) == (0, 0, 0) and d.local_files >= 2 and d.local_bytes
+    assert through.used and set(through.used) <= names
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["canonical", "native"])
+def test_a_copy_swapped_in_from_another_checkpoint_is_rejected_and_the_storage_read(
+    job: Any, copies: LocalCopies, native: bool
+) -> None:
+    """The finding of issue #32: chk-3's bytes over chk-4's copy, under chk-4's name."""
+    old = job.checkpoint(3, bump=0, native=native, copies=copies)
+    new = job.checkpoint(4, bump=10, native=native, copies=copies)
+    victim = Path(copies.path_of(job.entry(new, 0)["sha256"]))
+    victim.write_bytes(Path(copies.path_of(job.entry(old, 0)["sha256"])).read_bytes())
+    through = job.reading(copies, new)
+    assert job.restored(new, through=through) == job.expected(10)
+    d = through.downloads
+    assert d.rejected == 1 and d.remote_files == 1 and d.remote_bytes > 0
+    (reason,) = d.reasons
+    assert reason.startswith("op-0") and "bytes are not the ones the checkpoint records" in reason
+    assert reason.endswith("read from the checkpoint storage instead")
+    assert not victim.exists()  # a copy found bad is deleted
+    again = job.reading(copies, new)
+    assert job.restored(new, through=again) == job.expected(10) and again.downloads.rejected == 0
+
+
+def test_another_subtasks_bytes_under_the_right_name_are_rejected(job: Any, copies: LocalCopies) -> None:
+    location = job.checkpoint(1, bump=2, copies=copies)
+    theirs = Path(copies.path_of(job.entry(location, 1)["sha256"])).read_bytes()
+    Path(copies.path_of(job.entry(location, 0)["sha256"])).write_bytes(theirs)
+    through = job.reading(copies, location)
+    assert job.restored(location, through=through) == job.expected(2)
+    assert through.downloads.rejected == 1
+
+
+class _Vanishing(LocalCopies):
+    """Copies that lose the file right after it was checked, before any of it is read."""
+
+    def check(self, sha256: str) -> Any:
+        found = super().check(sha256)
+        if found is not None:
+            os.unlink(found.path)
+        return found
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["canonical", "native"])
+def test_a_copy_deleted_after_it_was_checked_sends_the_read_to_the_storage(
+    job: Any, tmp_path: Path, native: bool
+) -> None:
+    root = str(tmp_path / "lr" / "job" / "op")
+    location = job.checkpoint(1, bump=6, native=native, copies=LocalCopies(root))
+    through = job.reading(_Vanishing(root), location)
+    assert job.restored(location, through=through) == job.expected(6)
+    d = through.downloads
+    assert d.rejected >= 1 and all("deleted after it was checked" in r for r in d.reasons), d.reasons
+
+
+def test_a_copy_that_cannot_be_read_sends_the_read_to_the_storage(
+    job: Any, copies: LocalCopies, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An I/O error of the local disk (EIO, injected into reads after the check) is not the checkpoint's."""
+    location = job.checkpoint(1, bump=1, copies=copies)
+    real_pread = os.pread
+    local = {os.stat(p).st_ino for p in copies.index().values()}
+
+    def failing(fd: int, n: int, offset: int) -> bytes:
+        if n < (4 << 20) and os.fstat(fd).st_ino in local:  # a range read, not the check's whole pass
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_pread(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", failing)
+    through = job.reading(copies, location)
+    assert job.restored(location, through=through) == job.expected(1)
+    d = through.downloads
+    assert d.rejected >= 1 and all("cannot be read (Input/output error)" in r for r in d.reasons), d.reasons
+
+
+def test_a_copy_changed_after_it_was_checked_is_not_read(job: Any, copies: LocalCopies) -> None:
+    location = job.checkpoint(1, bump=3, copies=copies)
+    through = job.reading(copies, location)
+    desc = job.entry(location, 0)["handle"]
+    handle = through.resolve_handle(location, desc)  # checked now
+    path = copies.path_of(job.entry(location, 0)["sha256"])
+    with open(path, "r+b") as f:  # rewritten in place: the same inode, another modification time
+        f.seek(30)
+        f.write(b"\xff" * 8)
+    os.utime(path, ns=(0, os.stat(path).st_mtime_ns + 1_000_000))
+    assert handle.read(0, 64) == job.storage._blobs[int(desc["blob"])][:64]
+    d = through.downloads
+    assert d.rejected == 1 and "replaced or changed after it was checked" in d.reasons[0]
+
+
+def test_files_of_a_checkpoint_before_digests_are_read_from_the_storage(
+    job: Any, copies: LocalCopies
+) -> None:
+    location = job.checkpoint(1, bump=5, copies=copies)
+    job.strip_digests(location)  # as a statekit before digests wrote it: copies cannot be checked
+    through = job.reading(copies, location)
+    assert job.restored(location, through=through) == job.expected(5)
+    assert through.downloads.local_files == 0 and through.downloads.rejected == 0
+
+
+def test_each_copy_is_hashed_once_per_restore(
+    job: Any, copies: LocalCopies, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    location = job.checkpoint(1, bump=0, copies=copies)
+    checked: list[str] = []
+    original = LocalCopies.check
+
+    def counting(self: LocalCopies, sha256: str) -> Any:
+        checked.append(sha256)
+        return original(self, sha256)
+
+    monkeypatch.setattr(LocalCopies, "check", counting)
+    through = job.reading(copies, location)
+    # Rescaled to 3, subtask 1 reads both old keyed files; the restores share one reading storage.
+    for index in range(3):
+        assert job.restored(location, parallelism=3, index=index, through=through) == job.expected(
+            0, parallelism=3, index=index
+        )
+    assert len(checked) == len(set(checked)) == 4 and through.downloads.remote_files == 0
+
+
+# --- native files: linked when checked, downloaded and kept when not ---------------------------------
+
+
+def _uploaded(copies: LocalCopies, storage: ReferenceCheckpointStorage, src: Path) -> NativeFile:
+    writer = LocalRecoveryWriter(storage.begin_checkpoint("job", 1), copies)
+    f = upload_native_file(
+        lambda n, s: writer.create_stream(n, shared=s), "s/000012.sst", "000012.sst", str(src),
+        shared=True, checkpoint_id=1,
+    )  # fmt: skip
+    writer.keep(f.to_json())
+    return f
+
+
+def _restored_file(f: NativeFile, through: LocalRecoveryStorage) -> NativeFile:
+    return NativeFile.from_json(f.to_json(), lambda d: through.resolve_handle("loc", d))
+
+
+def test_native_files_are_linked_from_checked_copies_and_kept_when_downloaded(
+    tmp_path: Path, copies: LocalCopies
+) -> None:
+    storage = ReferenceCheckpointStorage()
+    sst = tmp_path / "000012.sst"
+    sst.write_bytes(DATA)
+    f = _uploaded(copies, storage, sst)
+    assert f.sha256 is not None
+    assert os.stat(copies.path_of(f.sha256)).st_ino == os.stat(sst).st_ino  # linked, not copied
+    through = LocalRecoveryStorage(storage, copies, Downloads(), digests_of(f.to_json()))
+    _restored_file(f, through).copy_to(tmp_path / "linked.sst", link=True)
+    assert os.stat(tmp_path / "linked.sst").st_ino == os.stat(sst).st_ino
+    assert through.downloads.remote_bytes == 0 and through.downloads.local_bytes == len(DATA)
+
+    # Downloaded where there is no copy: checked by its digest, then kept for the next restore here.
+    elsewhere = LocalCopies(str(tmp_path / "elsewhere" / "job" / "op"))
+    through = LocalRecoveryStorage(storage, elsewhere, Downloads(), digests_of(f.to_json()))
+    _restored_file(f, through).copy_to(tmp_path / "fetched.sst", link=True)
+    assert through.downloads.remote_bytes == len(DATA)
+    assert list(elsewhere.index()) == [f.sha256] and through.used == [f.sha256]
+    # A file the engine writes into (link=False) is copied and never kept.
+    third = LocalCopies(str(tmp_path / "third" / "job" / "op"))
+    through = LocalRecoveryStorage(storage, third, Downloads(), digests_of(f.to_json()))
+    _restored_file(f, through).copy_to(tmp_path / "data.mdb")
+    assert third.index() == {}
+
+
+def test_a_linked_copy_deleted_after_it_was_checked_is_downloaded(tmp_path: Path) -> None:
+    storage = ReferenceCheckpointStorage()
+    root = str(tmp_path / "lr" / "job" / "op")
+    sst = tmp_path / "000012.sst"
+    sst.write_bytes(DATA)
+    f = _uploaded(LocalCopies(root), storage, sst)
+    through = LocalRecoveryStorage(storage, _Vanishing(root), Downloads(), digests_of(f.to_json()))
+    _restored_file(f, through).copy_to(tmp_path / "restored.sst", link=True)
+    assert (tmp_path / "restored.sst").read_bytes() == DATA
+    assert through.downloads.rejected == 1 and through.downloads.remote_bytes == len(DATA)
+
+
+def test_a_source_changed_after_its_upload_is_never_used(tmp_path: Path, copies: LocalCopies) -> None:
+    storage = ReferenceCheckpointStorage()
+    src = tmp_path / "file.sst"
+    src.write_bytes(DATA)
+    f = _uploaded(copies, storage, src)
+    with open(src, "r+b") as changed:  # the same inode: the kept link sees the change
+        changed.write(b"\0" * 16)
+    through = LocalRecoveryStorage(storage, copies, Downloads(), digests_of(f.to_json()))
+    assert _restored_file(f, through).read() == DATA
+    assert through.downloads.remote_bytes == len(DATA) and through.downloads.rejected == 1
+    assert copies.index() == {}
+
+
+def test_a_description_recorded_with_two_digests_uses_no_copy() -> None:
+    handle = {"type": "file", "path": "a"}
+    assert digests_of([{"handle": handle, "sha256": "a" * 64}, {"handle": handle, "sha256": "b" * 64}]) == {}
+    assert digests_of({"handle": handle, "sha256": "oops"}) == {}
+    assert list(digests_of({"x": [{"handle": handle, "sha256": "c" * 64}]}).values()) == ["c" * 64]
+    assert digests_of({"handle": {"type": "inline", "data": ""}, "sha256": "c" * 64}) == {}
+
+
+# --- bounded: each subtask keeps its last two snapshots ----------------------------------------------
+
+
+def test_each_subtask_keeps_its_last_two_snapshots_and_collect_frees_the_rest(
+    job: Any, tmp_path: Path
+) -> None:
+    root = str(tmp_path / "lr" / "job" / "op")
+    young = LocalCopies(root)
+    job.checkpoint(99, bump=99, copies=young)
+    for name in os.listdir(root):
+        if name.startswith("subtask-"):
+            os.unlink(os.path.join(root, name))  # no manifest keeps them...
+    assert young.collect() == 0  # ...but another process may be about to write its manifest
+    copies = LocalCopies(root, grace_seconds=0)
+    kept = []
+    for n in range(1, 5):
+        location = job.checkpoint(n, bump=n, copies=copies)
+        kept.append({job.entry(location, i, p)["sha256"] for i in range(2) for p in ("keyed", "operator")})
+        copies.collect()
+    assert set(copies.index()) == kept[-1] | kept[-2]
+    before = os.path.join(root, "files", "0" * 40 + ".1234abcd")  # a copy of a statekit before digests
+    with open(before, "wb") as f:
+        f.write(b"old")
+    assert copies.collect() == 3 and set(copies.index()) == kept[-1] | kept[-2]
+    assert not os.path.exists(before)
+
+
+# --- confinement ---------------------------------------------------------------------------------------
+
+
+def test_directories_are_0700_and_copies_and_manifests_0600(
+    job: Any, copies: LocalCopies, tmp_path: Path
+) -> None:
+    old = os.umask(0)  # a permissive umask changes nothing
+    try:
+        job.checkpoint(1, bump=0, copies=copies)
+    finally:
+        os.umask(old)
+    top = tmp_path / "local"
+    for d in [p for p in top.rglob("*") if p.is_dir()]:
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    files = [p for p in top.rglob("*") if p.is_file()]
+    assert sum(p.name.startswith("subtask-") for p in files) == 2 and len(files) == 6
+    for f in files:
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+
+
+def test_a_planted_symlink_or_a_writable_directory_is_refused_and_left_alone(tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.mkdir(mode=0o700)
+    (target / "keep").write_text("x")
+    root = tmp_path / "local" / "statekit" / "local-recovery" / "job" / "op"
+    root.mkdir(parents=True)
+    (root / "files").symlink_to(target)
+    with pytest.raises(UnsafeLocalPathError, match=re.escape(f"{root / 'files'} is a symlink")):
+        LocalCopies(str(root), base=str(tmp_path / "local"))
+    assert os.listdir(target) == ["keep"]
+    (root / "files").unlink()
+    os.chmod(root.parent, 0o777)
+    with pytest.raises(UnsafeLocalPathError, match="can be written by its group or by others"):
+        LocalCopies(str(root), base=str(tmp_path / "local"))
+    assert not (root / "files").exists()
+
+
+def test_a_restore_never_reads_a_symlink_planted_as_a_copy(
+    job: Any, copies: LocalCopies, tmp_path: Path
+) -> None:
+    location = job.checkpoint(1, bump=8, copies=copies)
+    path = copies.path_of(job.entry(location, 0)["sha256"])
+    elsewhere = tmp_path / "elsewhere"
+    os.replace(path, elsewhere)
+    os.symlink(elsewhere, path)  # the right bytes, through a link: still not a copy statekit made
+    through = job.reading(copies, location)
+    assert job.restored(location, through=through) == job.expected(8)
+    assert through.downloads.rejected == 1 and "cannot be opened" in through.downloads.reasons[0]
