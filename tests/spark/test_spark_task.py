@@ -601,7 +601,7 @@ def test_a_local_recovery_directory_another_user_prepared_turns_local_recovery_o
         os.chmod(top, 0o755)  # the second user must reach it
         shared = os.path.join(top, "shared")
         os.mkdir(shared)
-        os.chmod(shared, 0o1777)  # a shared, sticky local directory, like /tmp
+        os.chmod(shared, 0o755)  # the configured local directory: ours, the second user may pass
         secret = os.path.join(top, "secret")
         os.mkdir(secret, 0o700)
         with open(os.path.join(secret, "keep"), "w") as f:
