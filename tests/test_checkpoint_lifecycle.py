@@ -51,11 +51,7 @@ class Place:
         """Every file below ``<dir>/<under>`` but the run records, by path relative to the job."""
         base = f"{self.root}/{under}"
         self.fs.invalidate_cache()
-        return {
-            p[len(base) + 1 :]: self.fs.cat_file(p)
-            for p in self.fs.find(base)
-            if "/runs/" not in p
-        }
+        return {p[len(base) + 1 :]: self.fs.cat_file(p) for p in self.fs.find(base) if "/runs/" not in p}
 
     def path(self, relative: str) -> str:
         return f"{self.root}/job/{relative}"

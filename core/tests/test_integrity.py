@@ -40,7 +40,6 @@ from statekit import (
     serializer_for,
 )
 from statekit.backend_api import NativeFile, OperatorStateBackendImpl, upload_native_file
-from statekit.checkpoints._checkpoint import complete_checkpoint, load_checkpoint, write_subtask_state
 from statekit.checkpoints._local_recovery import (
     Downloads,
     LocalCopies,
@@ -48,7 +47,9 @@ from statekit.checkpoints._local_recovery import (
     LocalRecoveryWriter,
     digests_of,
 )
+from statekit.checkpoints._restore import load_checkpoint
 from statekit.checkpoints._verify import CRC_ONLY, crc_only_files, verify_loaded
+from statekit.checkpoints._writing import complete_checkpoint, write_subtask_state
 from statekit.snapshots._digest import (
     NOT_RECORDED,
     HashingOutput,

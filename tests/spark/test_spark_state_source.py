@@ -34,7 +34,7 @@ from statekit import (
     serializer_for,
 )
 from statekit.backend_api import CANONICAL_FORMAT
-from statekit.checkpoints._checkpoint import complete_checkpoint, write_subtask_state
+from statekit.checkpoints._writing import complete_checkpoint, write_subtask_state
 from statekit.spark import register_state_source
 from statekit.spark._state_source import StateDataSource, _Options, plan_partitions, spark_schema
 from statekit.state_processor import SavepointReader

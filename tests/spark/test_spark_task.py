@@ -14,7 +14,8 @@ from pyspark.sql import types as T
 
 from jobs import CountUrls, CountUrlsBatch, make_records, model_state, state_of_runner
 from statekit import Configuration, LocalRunner, ProcessContext
-from statekit.checkpoints._checkpoint import SubtaskState, complete_checkpoint
+from statekit.checkpoints._metadata import SubtaskState
+from statekit.checkpoints._writing import complete_checkpoint
 from statekit.serializers import StrSerializer
 from statekit.spark._driver import ATTEMPTS_PROPERTY, TOKEN_PROPERTY
 from statekit.spark._routing import MARKER_COLUMN, SUBTASK_COLUMN

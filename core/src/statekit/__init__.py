@@ -43,7 +43,8 @@ from ._errors import (
     UnknownPluginError,
     UnsafeLocalPathError,
 )
-from .checkpoints._checkpoint import CheckpointMetadata, CompletedCheckpoint, load_checkpoint
+from .checkpoints._metadata import CheckpointMetadata
+from .checkpoints._restore import CompletedCheckpoint, load_checkpoint
 from .plugins._config import CORE_OPTIONS, ConfigOption, Configuration
 from .plugins._registry import (
     BackendSpec,

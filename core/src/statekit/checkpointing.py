@@ -10,16 +10,10 @@ a :class:`CompletedCheckpoint` and calls its ``validate`` and
 
 from __future__ import annotations
 
-from .checkpoints._checkpoint import (
-    CheckpointMetadata,
-    CompletedCheckpoint,
-    SubtaskState,
-    apply_retention,
-    complete_checkpoint,
-    discard_native_uploads,
-    load_checkpoint,
-    write_subtask_state,
-)
+from .checkpoints._metadata import CheckpointMetadata, SubtaskState
+from .checkpoints._restore import CompletedCheckpoint, load_checkpoint
+from .checkpoints._retention import apply_retention
+from .checkpoints._writing import complete_checkpoint, discard_native_uploads, write_subtask_state
 
 __all__ = [
     "CheckpointMetadata",

@@ -1,7 +1,9 @@
 """Checkpoints and savepoints: what subtasks write, what completes them, and how they are found again.
 
-What it holds: ``_checkpoint`` (subtask states, ``_metadata`` written last,
-retention, restore plans), ``_fencing`` (of two runs of one job, only the
+What it holds: ``_metadata`` (the ``_metadata`` file and each subtask's
+entry), ``_writing`` (subtasks' files, then ``_metadata`` last),
+``_retention`` (checkpoint ids, which checkpoints stay), ``_restore``
+(which subtask restores which state: restore plans), ``_fencing`` (of two runs of one job, only the
 newest completes checkpoints), ``_locations`` (paths and URLs to the
 ``filesystem`` storage that reaches them), ``_verify`` (checking a
 checkpoint's files without restoring it) and ``_local_recovery`` (local copies

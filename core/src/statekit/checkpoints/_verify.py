@@ -38,7 +38,8 @@ from ..snapshots._snapshot import (
     read_index,
 )
 from ..state._operator import decode_operator_snapshot
-from ._checkpoint import CompletedCheckpoint, _typed, load_checkpoint
+from ._metadata import typed
+from ._restore import CompletedCheckpoint, load_checkpoint
 
 __all__ = ["CRC_ONLY", "CheckpointProblem", "crc_only_files", "verify_checkpoint", "verify_loaded"]
 
@@ -140,7 +141,7 @@ def _checks(
             part = st.operator
             if part:
                 try:
-                    stream = cp.storage.resolve_handle(cp.location, _typed(part["handle"], dict, "handle"))
+                    stream = cp.storage.resolve_handle(cp.location, typed(part["handle"], dict, "handle"))
                     sha = parse_sha256(part.get("sha256"), "the operator state file")
                 except (CorruptSnapshotError, KeyError, TypeError, ValueError) as e:
                     problems.append(_problem(cp.location, meta_file, f"malformed operator state entry: {e}"))
@@ -170,7 +171,7 @@ def crc_only_files(cp: CompletedCheckpoint) -> list[str]:
                 if not isinstance(entry, dict) or entry.get("sha256") is not None:
                     continue
                 try:
-                    stream = cp.storage.resolve_handle(cp.location, _typed(entry["handle"], dict, "handle"))
+                    stream = cp.storage.resolve_handle(cp.location, typed(entry["handle"], dict, "handle"))
                 except (CorruptSnapshotError, KeyError, TypeError, ValueError):
                     continue
                 if not isinstance(stream, BytesStreamHandle):
@@ -203,7 +204,7 @@ def _canonical_check(
         sha = parse_sha256(entry.get("sha256"), "the keyed state file")
         if sha is not None:
             # One pass over the file's bytes checks the whole and every recorded part.
-            raw = cp.storage.resolve_handle(cp.location, _typed(entry["handle"], dict, "handle"))
+            raw = cp.storage.resolve_handle(cp.location, typed(entry["handle"], dict, "handle"))
             verified = _scan(raw, h.size or raw.size, sha, _parts(entry, h))
         header, _ = read_header(h.stream)
         index = read_index(h.stream)

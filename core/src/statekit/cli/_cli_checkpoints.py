@@ -31,15 +31,9 @@ from .._errors import (
     CorruptSnapshotError,
     StateError,
 )
-from ..checkpoints._checkpoint import (
-    CheckpointMetadata,
-    CompletedCheckpoint,
-    SubtaskState,
-    complete_checkpoint,
-    load_checkpoint,
-    write_subtask_state,
-)
 from ..checkpoints._locations import filesystem_storage, parent_location
+from ..checkpoints._metadata import CheckpointMetadata, SubtaskState
+from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
 from ..checkpoints._verify import (
     CRC_ONLY,
     CheckpointProblem,
@@ -47,6 +41,7 @@ from ..checkpoints._verify import (
     verify_checkpoint,
     verify_loaded,
 )
+from ..checkpoints._writing import complete_checkpoint, write_subtask_state
 from ..plugins._registry import default_registry
 from ..serialization._evolution import describe_schema
 from ..snapshots._snapshot import CANONICAL_FORMAT

@@ -32,7 +32,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .._errors import ConfigurationError
-from ..checkpoints._checkpoint import naming_damage
+from ..checkpoints._metadata import naming_damage
 from ..serialization._serializers import _describe
 from ..state_processor._arrow import arrow_column
 from ..state_processor._reader import SavepointReader

@@ -39,14 +39,11 @@ from .._contracts import (
     SupportsNativeSnapshot,
 )
 from .._errors import CheckpointError
-from ..checkpoints._checkpoint import (
-    CompletedCheckpoint,
-    SubtaskState,
-    highest_checkpoint_id,
-    load_checkpoint,
-    write_subtask_state,
-)
 from ..checkpoints._fencing import RunFence
+from ..checkpoints._metadata import SubtaskState
+from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
+from ..checkpoints._retention import highest_checkpoint_id
+from ..checkpoints._writing import write_subtask_state
 from ..plugins._config import Configuration
 from ..plugins._registry import PluginRegistry, default_registry
 from ..serialization._keygroups import (

@@ -19,7 +19,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from .._contracts import CheckpointWriter
 from .._errors import BadRecordError
-from ..checkpoints._checkpoint import CompletedCheckpoint, SubtaskState, write_subtask_state
+from ..checkpoints._metadata import SubtaskState
+from ..checkpoints._restore import CompletedCheckpoint
+from ..checkpoints._writing import write_subtask_state
 from ..sources import BadRecord, BadRecordPolicy, LogSource, bad_record_error
 from ..state._operator import OperatorStateBackendImpl
 from ..state._state import ListStateDescriptor

@@ -27,8 +27,9 @@ from pyspark.sql import types as T
 
 from .._contracts import CheckpointStorage, CheckpointWriter
 from .._errors import ConfigurationError, StateError
-from ..checkpoints._checkpoint import SubtaskState, complete_checkpoint, write_keyed_file
 from ..checkpoints._locations import filesystem_storage
+from ..checkpoints._metadata import SubtaskState
+from ..checkpoints._writing import complete_checkpoint, write_keyed_file
 from ..serialization._keygroups import (
     KeyGroupRange,
     key_group_range_for_operator,

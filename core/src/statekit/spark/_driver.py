@@ -45,16 +45,12 @@ from pyspark.sql import types as T
 
 from .._contracts import CheckpointStorage
 from .._errors import CheckpointError, ConfigurationError, CorruptCheckpointError
-from ..checkpoints._checkpoint import (
-    CompletedCheckpoint,
-    SubtaskState,
-    apply_retention,
-    complete_checkpoint,
-    highest_checkpoint_id,
-    load_checkpoint,
-)
 from ..checkpoints._fencing import RunFence, takeover_note
+from ..checkpoints._metadata import SubtaskState
+from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
+from ..checkpoints._retention import apply_retention, highest_checkpoint_id
 from ..checkpoints._verify import verify_loaded
+from ..checkpoints._writing import complete_checkpoint
 from ..plugins._config import Configuration
 from ..plugins._registry import PluginRegistry, default_registry
 from ..runtime._function import KeyedBatchFunction, KeyedProcessFunction

@@ -46,7 +46,6 @@ from .._contracts import (
 )
 from .._errors import CheckpointError, UnsafeLocalPathError
 from .._localfs import private_dir
-from ..checkpoints._checkpoint import CompletedCheckpoint, metadata_at, write_subtask_state
 from ..checkpoints._local_recovery import (
     Downloads,
     LocalCopies,
@@ -54,6 +53,9 @@ from ..checkpoints._local_recovery import (
     LocalRecoveryWriter,
     digests_of,
 )
+from ..checkpoints._metadata import metadata_at
+from ..checkpoints._restore import CompletedCheckpoint
+from ..checkpoints._writing import write_subtask_state
 from ..plugins._config import Configuration
 from ..plugins._registry import default_registry
 from ..runtime._columnar import group_runs, is_columnar, output_columns

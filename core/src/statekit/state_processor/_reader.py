@@ -22,8 +22,9 @@ import pyarrow as pa  # type: ignore[import-untyped]
 
 from .._contracts import CheckpointStorage
 from .._errors import CheckpointError, CheckpointNotFoundError, CorruptSnapshotError, StateError
-from ..checkpoints._checkpoint import CompletedCheckpoint, SubtaskState, load_checkpoint
 from ..checkpoints._locations import filesystem_storage, parent_location
+from ..checkpoints._metadata import SubtaskState
+from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
 from ..plugins._registry import PluginRegistry, default_registry
 from ..serialization._evolution import describe_schema
 from ..serialization._keygroups import KeyGroupRange, key_group_for_bytes

@@ -19,13 +19,9 @@ from typing import Any
 
 from .._contracts import CheckpointStorage
 from .._errors import ConfigurationError, SerializationError, StateError, StateMigrationError
-from ..checkpoints._checkpoint import (
-    SubtaskState,
-    complete_checkpoint,
-    write_keyed_file,
-    write_operator_file,
-)
 from ..checkpoints._locations import filesystem_storage
+from ..checkpoints._metadata import SubtaskState
+from ..checkpoints._writing import complete_checkpoint, write_keyed_file, write_operator_file
 from ..plugins._registry import PluginRegistry
 from ..serialization._keygroups import (
     KeyGroupRange,

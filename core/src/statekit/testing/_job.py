@@ -31,7 +31,8 @@ from .._contracts import (
     SupportsNativeSnapshot,
 )
 from .._errors import CorruptSnapshotError
-from ..checkpoints._checkpoint import complete_checkpoint, load_checkpoint, write_subtask_state
+from ..checkpoints._restore import load_checkpoint
+from ..checkpoints._writing import complete_checkpoint, write_subtask_state
 from ..serialization._keygroups import (
     key_group_for_bytes,
     key_group_range_for_operator,

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from .._contracts import StateBackend
-from ..checkpoints._checkpoint import load_checkpoint
+from ..checkpoints._restore import load_checkpoint
 from ..runtime._runner import LocalRunner
 from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import StrSerializer, TypeSerializer

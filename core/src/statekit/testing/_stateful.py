@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from .._contracts import SupportsNativeSnapshot
-from ..checkpoints._checkpoint import apply_retention
+from ..checkpoints._retention import apply_retention
 from ..serialization._keygroups import key_group_for_bytes, key_group_range_for_operator
 from ..serialization._serializers import StrSerializer
 from ..snapshots._snapshot import KeyedStateHandle

@@ -1,0 +1,227 @@
+"""The ``_metadata`` of a checkpoint or savepoint: its bytes, its JSON, and what each subtask wrote.
+
+A checkpoint of a job with ``p`` subtasks per operator is complete once its
+metadata is stored (last, atomically, by the storage). The metadata names,
+per operator and subtask, the key-group range, where the keyed snapshot lies
+(with the offset and digest of every key group's block) and where the
+operator state lies. :meth:`CheckpointMetadata.from_bytes` checks everything a
+restore relies on before any state is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import struct
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import (
+    CorruptCheckpointError,
+    CorruptSnapshotError,
+)
+from ..serialization._keygroups import KeyGroupRange, key_group_range_for_operator
+
+__all__ = ["CheckpointMetadata", "METADATA_VERSION", "SubtaskState", "metadata_at", "naming_damage", "typed"]
+
+_MAGIC = b"STKMETA1"
+_U32 = struct.Struct("<I")
+METADATA_VERSION = 1
+
+
+@dataclass
+class SubtaskState:
+    """What one subtask of one operator contributes to a checkpoint (JSON-able)."""
+
+    operator_id: str
+    subtask_index: int
+    key_group_range: KeyGroupRange
+    keyed: dict[str, Any] | None = None
+    operator: dict[str, Any] | None = None
+    states: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The subtask's entry in the metadata."""
+        return {
+            "operator_id": self.operator_id,
+            "subtask_index": self.subtask_index,
+            "key_group_range": [self.key_group_range.start, self.key_group_range.end],
+            "keyed": self.keyed,
+            "operator": self.operator,
+            "states": self.states,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> SubtaskState:
+        """Parse :meth:`to_json` output."""
+        s, e = obj["key_group_range"]
+        return cls(
+            str(obj["operator_id"]),
+            typed(obj["subtask_index"], int, "subtask_index"),
+            KeyGroupRange.of(typed(s, int, "key group"), typed(e, int, "key group")),
+            obj.get("keyed"),
+            obj.get("operator"),
+            list(obj.get("states") or []),
+        )
+
+
+@dataclass
+class CheckpointMetadata:
+    """The ``_metadata`` of a checkpoint or savepoint."""
+
+    job_id: str
+    checkpoint_id: int
+    max_parallelism: int
+    operators: dict[str, list[SubtaskState]]
+    kind: str = "checkpoint"
+    backend: str = ""
+    timestamp_ms: int = 0
+    properties: dict[str, Any] = field(default_factory=dict)
+
+    def parallelism(self, operator_id: str) -> int:
+        """The number of subtasks ``operator_id`` had."""
+        return len(self.operators[operator_id])
+
+    def shared_handles(self) -> list[dict[str, Any]]:
+        """Descriptions of the shared files this checkpoint references."""
+        out: list[dict[str, Any]] = []
+        for subtasks in self.operators.values():
+            for st in subtasks:
+                for part in (st.keyed, st.operator):
+                    shared = part.get("shared") if part else None  # from_bytes checked: a dict or None
+                    if isinstance(shared, list):
+                        out.extend(d for d in shared if isinstance(d, dict))
+        return out
+
+    def to_bytes(self) -> bytes:
+        """The metadata file: magic, JSON, CRC-32."""
+        body = json.dumps(
+            {
+                "version": METADATA_VERSION,
+                "job_id": self.job_id,
+                "checkpoint_id": self.checkpoint_id,
+                "kind": self.kind,
+                "max_parallelism": self.max_parallelism,
+                "backend": self.backend,
+                "timestamp_ms": self.timestamp_ms,
+                "properties": self.properties,
+                "operators": {op: [st.to_json() for st in sts] for op, sts in self.operators.items()},
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        ).encode()
+        return _MAGIC + body + _U32.pack(zlib.crc32(body))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str = "_metadata") -> CheckpointMetadata:
+        """Parse and check metadata bytes.
+
+        Everything a restore relies on is checked here, so a damaged or crafted
+        file is refused before any state is read: the checksum, the version, the
+        JSON's shape, and that each operator's subtasks are ``0..p-1`` owning
+        exactly the key groups Flink's formula gives them.
+
+        Raises:
+            CorruptSnapshotError: Naming ``where``, if anything is wrong.
+        """
+        if len(data) < len(_MAGIC) + 4 or data[: len(_MAGIC)] != _MAGIC:
+            raise CorruptSnapshotError(f"{where}: not a statekit checkpoint metadata file")
+        body = data[len(_MAGIC) : -4]
+        if zlib.crc32(body) != _U32.unpack(data[-4:])[0]:
+            raise CorruptSnapshotError(f"{where}: checksum mismatch; the metadata file is corrupt")
+        try:
+            obj = json.loads(body)
+            version = obj.get("version")
+            if not isinstance(version, int) or not 1 <= version <= METADATA_VERSION:
+                raise CorruptSnapshotError(
+                    f"metadata version {version!r} is not one this statekit reads "
+                    f"(1 to {METADATA_VERSION}); a newer statekit wrote it (upgrade), or the file is corrupt"
+                )
+            meta = cls(
+                job_id=typed(obj["job_id"], str, "job_id"),
+                checkpoint_id=typed(obj["checkpoint_id"], int, "checkpoint_id"),
+                max_parallelism=typed(obj["max_parallelism"], int, "max_parallelism"),
+                operators={
+                    typed(op, str, "operator id"): sorted(
+                        (SubtaskState.from_json(typed(s, dict, "subtask")) for s in typed(sts, list, op)),
+                        key=lambda s: s.subtask_index,
+                    )
+                    for op, sts in typed(obj["operators"], dict, "operators").items()
+                },
+                kind=typed(obj.get("kind", "checkpoint"), str, "kind"),
+                backend=typed(obj.get("backend", ""), str, "backend"),
+                timestamp_ms=typed(obj.get("timestamp_ms", 0), int, "timestamp_ms"),
+                properties=typed(obj.get("properties") or {}, dict, "properties"),
+            )
+            meta._check_layout()
+        except CorruptSnapshotError as e:  # raised without the file's name: add it
+            raise CorruptSnapshotError(f"{where}: {e}") from None
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as e:
+            # RecursionError: JSON nested too deeply for the parser (a crafted file).
+            raise CorruptSnapshotError(
+                f"{where}: malformed metadata ({type(e).__name__}: {str(e)[:200]}); the file is corrupt"
+            ) from None
+        return meta
+
+    def _check_layout(self) -> None:
+        """Refuse subtask lists and key-group ranges a runner could not have written."""
+        if self.checkpoint_id < 0 or not 1 <= self.max_parallelism <= 32768:
+            raise CorruptSnapshotError(
+                f"checkpoint id {self.checkpoint_id} or max parallelism {self.max_parallelism} "
+                "is out of range"
+            )
+        for op, sts in self.operators.items():
+            p = len(sts)
+            if [s.subtask_index for s in sts] != list(range(p)) or p > self.max_parallelism:
+                raise CorruptSnapshotError(
+                    f"operator {op!r}: subtasks {[s.subtask_index for s in sts]} are not 0..{p - 1}"
+                )
+            for st in sts:
+                for part in (st.keyed, st.operator):
+                    if part is not None and not isinstance(part, dict):
+                        raise CorruptSnapshotError(
+                            f"operator {op!r} subtask {st.subtask_index}: malformed entry"
+                        )
+                if st.keyed is None:
+                    continue
+                want = key_group_range_for_operator(self.max_parallelism, p, st.subtask_index)
+                if st.key_group_range != want:
+                    # A narrower range would silently restore only part of the key groups.
+                    raise CorruptSnapshotError(
+                        f"operator {op!r} subtask {st.subtask_index} of {p} claims key groups "
+                        f"{st.key_group_range}, but owns {want} at max parallelism {self.max_parallelism}"
+                    )
+
+
+def typed(value: Any, kind: type[Any], what: str) -> Any:
+    """``value`` if it is a ``kind`` (a bool is no int here), else a CorruptSnapshotError."""
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise CorruptSnapshotError(f"{what} is {type(value).__name__}, expected {kind.__name__}")
+    return value
+
+
+@contextlib.contextmanager
+def naming_damage(location: str) -> Iterator[None]:
+    """Turn a :class:`CorruptSnapshotError` raised inside into a ``CorruptCheckpointError`` of ``location``.
+
+    So every corruption error of a checkpoint reads ``checkpoint <location>:
+    <file>: <what is wrong>``, wherever the damaged bytes were found.
+    """
+    try:
+        yield
+    except CorruptCheckpointError:
+        raise
+    except CorruptSnapshotError as e:
+        raise CorruptCheckpointError(location, str(e)) from e
+
+
+def metadata_at(location: str, data: bytes) -> CheckpointMetadata:
+    """Parse the ``_metadata`` bytes of the checkpoint at ``location``.
+
+    Raises:
+        CorruptCheckpointError: Naming ``<location>/_metadata``, if they are damaged.
+    """
+    with naming_damage(location):
+        return CheckpointMetadata.from_bytes(data, f"{location.rstrip('/')}/_metadata")
