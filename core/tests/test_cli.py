@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 import statekit.cli._cli as cli
-from statekit._errors import ConfigurationError
+from statekit._errors import ConfigurationError, install_hint
 from statekit.plugins._config import ConfigOption
 from statekit.plugins._registry import (
     BackendSpec,
@@ -283,5 +283,5 @@ def test_state_without_pyarrow_says_what_to_install_for_the_documented_command(t
     assert "unrecognized arguments" not in done.stderr
     assert done.stderr.strip() == (
         "statekit: error: statekit state needs pyarrow, which is not installed. "
-        'Install it with: pip install "statekit[arrow]"'
+        f"Install it with: {install_hint('statekit[arrow]')}"
     )

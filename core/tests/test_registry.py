@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 
 from statekit import KeyedProcessFunction, LocalRunner, ProcessContext, RecordSource
-from statekit._errors import ConfigurationError, PluginConflictError, PluginError, UnknownPluginError
+from statekit._errors import (
+    ConfigurationError,
+    PluginConflictError,
+    PluginError,
+    UnknownPluginError,
+    install_hint,
+)
 from statekit.plugins._config import ConfigOption, Configuration
 from statekit.plugins._registry import (
     BackendSpec,
@@ -202,7 +208,7 @@ def test_a_known_name_in_other_case_names_its_extra(monkeypatch: pytest.MonkeyPa
         PluginRegistry().backend_spec("FoundationDB")
     message = str(info.value)
     assert "Did you mean 'foundationdb'? (backend names are case-sensitive)" in message
-    assert message.endswith('Install it with: pip install "statekit[foundationdb]"')
+    assert message.endswith(f"Install it with: {install_hint('statekit[foundationdb]')}")
 
 
 def test_options_are_validated_before_the_factory_runs(make_dist: MakeDist) -> None:

@@ -200,7 +200,7 @@ def readme_spark_code() -> str:
     """The README's Spark snippet, as written."""
     text = README.read_text(encoding="utf-8")
     section = text[text.index("## On Spark\n") :]
-    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    match = re.search(r"```python[^\n]*\n(.*?)```", section, re.DOTALL)
     assert match is not None
     return match.group(1)
 
@@ -209,7 +209,7 @@ def quickstart_function() -> str:
     """``CountPerUrl`` as the README's Quickstart defines it."""
     text = README.read_text(encoding="utf-8")
     section = text[text.index("## Quickstart\n") :]
-    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    match = re.search(r"```python[^\n]*\n(.*?)```", section, re.DOTALL)
     assert match is not None
     code = match.group(1)
     start = code.index("class CountPerUrl")
@@ -223,10 +223,9 @@ def test_the_readmes_spark_job_from_a_connect_client(connect_server: ConnectServ
     paths are made absolute (a Connect server resolves paths on its own side).
     """
     snippet = readme_spark_code()
-    for rel in ("logs/", "out/counts", "spark-checkpoints/urlcount", "s3://bucket/statekit"):
+    paths = ("logs/", "out/counts", "spark-checkpoints/urlcount", "state/spark", "state/spark-dead-letters")
+    for rel in paths:
         assert f'"{rel}"' in snippet, rel
-    snippet = snippet.replace('"s3://bucket/statekit"', '"statekit"')
-    for rel in ("logs/", "out/counts", "spark-checkpoints/urlcount", "statekit"):
         snippet = snippet.replace(f'"{rel}"', f'"{tmp_path / rel}"')
     script = "\n".join(
         [
