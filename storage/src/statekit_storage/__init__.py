@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 from ._plugin import DEFAULT_INLINE_THRESHOLD, DEFAULT_MAX_STATE_SIZE
 
 if TYPE_CHECKING:
-    from ._filesystem import METADATA_FILE, FileSystemCheckpointStorage, find_latest_checkpoint
+    from ._filesystem import FileSystemCheckpointStorage, find_latest_checkpoint
     from ._handles import FileStreamHandle, InlineStreamHandle
     from ._jobmanager import JobManagerCheckpointStorage
+    from ._paths import METADATA_FILE
 
 __all__ = [
     "DEFAULT_INLINE_THRESHOLD",
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 _MODULES = {
-    "METADATA_FILE": "._filesystem",
+    "METADATA_FILE": "._paths",
     "FileSystemCheckpointStorage": "._filesystem",
     "find_latest_checkpoint": "._filesystem",
     "FileStreamHandle": "._handles",
