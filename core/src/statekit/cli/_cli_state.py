@@ -35,7 +35,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 
 from .._errors import ConfigurationError
 from ..checkpoints._metadata import naming_damage
-from ..serialization._serializers import _describe
+from ..serialization._serializers import describe_serializer
 from ..state_processor._reader import SavepointReader
 from ..timers import TimeDomain
 from ._cli import (
@@ -252,7 +252,7 @@ def _list(args: argparse.Namespace, ctx: CommandContext) -> int:
                 {
                     "id": info.id,
                     "parallelism": info.parallelism,
-                    "key_type": _describe(key_cfg) if key_cfg else None,
+                    "key_type": describe_serializer(key_cfg) if key_cfg else None,
                     "entries": info.entries,
                     "bytes": info.bytes,
                     "formats": list(info.formats),
@@ -264,7 +264,9 @@ def _list(args: argparse.Namespace, ctx: CommandContext) -> int:
                             "type": s.type_name,
                             "serializer": s.serializer,
                             "namespace_type": (
-                                None if s.namespace_serializer is None else _describe(s.namespace_serializer)
+                                None
+                                if s.namespace_serializer is None
+                                else describe_serializer(s.namespace_serializer)
                             ),
                             "ttl": s.ttl,
                             "bytes": s.bytes,

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._errors import ConfigurationError
-from ..serialization._serializers import _describe
+from ..serialization._serializers import describe_serializer
 from ..state_processor._arrow import arrow_column
 
 __all__ = ["KEY_TYPES", "parse_key"]
@@ -52,7 +52,7 @@ def parse_key(text: str, key_type: str | None, key_serializer: Mapping[str, Any]
         except Exception as e:  # noqa: BLE001 - any failure means "not a key of this serializer"
             raise ConfigurationError(
                 f"key {text!r} read as {type(key).__name__} is no key of the state's key serializer "
-                f"{_describe(dict(key_serializer))} ({e}); pass another --key-type"
+                f"{describe_serializer(dict(key_serializer))} ({e}); pass another --key-type"
             ) from None
     return key
 

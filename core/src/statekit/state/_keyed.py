@@ -38,8 +38,8 @@ from ..snapshots._snapshot import (
     Section,
     SnapshotHeader,
     SnapshotWriteResult,
-    _where,
     decode_namespaces,
+    describe_stream,
     encode_namespaces,
     iter_blocks,
     read_header,
@@ -851,7 +851,7 @@ class KeyedBackendBase(ABC):
             mine = {kg: o for kg, o in index.items() if kg in h.key_group_range}
             if mine != {kg: tuple(o) for kg, o in h.offsets.items()}:
                 raise CorruptSnapshotError(
-                    f"{_where(h.stream)}: the block index disagrees with the checkpoint metadata"
+                    f"{describe_stream(h.stream)}: the block index disagrees with the checkpoint metadata"
                 )
             for meta in self._check_snapshot(header.max_parallelism, header.key_serializer, header.states):
                 prev = staged.get(meta["name"])

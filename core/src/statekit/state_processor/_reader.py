@@ -28,14 +28,14 @@ from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
 from ..plugins._registry import PluginRegistry, default_registry
 from ..serialization._evolution import describe_schema
 from ..serialization._keygroups import KeyGroupRange, key_group_for_bytes
-from ..serialization._serializers import TypeSerializer, _describe
+from ..serialization._serializers import TypeSerializer, describe_serializer
 from ..snapshots._snapshot import (
     CANONICAL_FORMAT,
     KeyedStateHandle,
     Section,
     SnapshotHeader,
-    _where,
     decode_namespaces,
+    describe_stream,
     read_block,
     read_header,
     read_index,
@@ -80,7 +80,7 @@ class StateInfo:
     @property
     def type_name(self) -> str:
         """The serializer, e.g. ``int`` or ``dict<str,optional<int>>``."""
-        return _describe(self.serializer)
+        return describe_serializer(self.serializer)
 
     @property
     def schema(self) -> str:
@@ -446,7 +446,8 @@ class SavepointReader:
         index = read_index(part.handle.stream)
         if index != {kg: tuple(o) for kg, o in part.handle.offsets.items()}:
             raise CorruptSnapshotError(
-                f"{_where(part.handle.stream)}: the block index disagrees with the checkpoint metadata"
+                f"{describe_stream(part.handle.stream)}: the block index disagrees with the "
+                "checkpoint metadata"
             )
 
     def blocks(
@@ -475,7 +476,7 @@ class SavepointReader:
                 continue
             if key_groups is None:
                 self._check_index(part)
-            where = _where(part.handle.stream)
+            where = describe_stream(part.handle.stream)
             for kg in blocks:
                 off, ln = part.handle.offsets[kg]
                 yield kg, header, read_block(part.handle.stream, kg, off, ln, names), where
@@ -486,7 +487,7 @@ class SavepointReader:
             mine = (meta.get("serializer"), meta.get("ttl"), version_of(meta))
             if mine != (info.serializer, info.ttl, info.schema_version):
                 raise StateError(
-                    f"{_where(part.handle.stream)}: state {info.name!r} of operator {operator!r} is "
+                    f"{describe_stream(part.handle.stream)}: state {info.name!r} of operator {operator!r} is "
                     f"{describe_schema(meta.get('serializer') or {})} (version {version_of(meta)}) in this "
                     f"file and {info.schema} (version {info.schema_version}) in another: only some "
                     "subtasks declared it after its type changed. Restore the checkpoint at its parallelism "
