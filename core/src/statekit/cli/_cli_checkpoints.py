@@ -22,16 +22,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from rich.markup import escape
-
 from .._errors import CheckpointNotFoundError
 from ..checkpoints._locations import parent_location
+from ..checkpoints._metadata import CheckpointMetadata
 from ..checkpoints._restore import load_checkpoint
 from ..checkpoints._verify import CRC_ONLY, verify_loaded
-from ..serialization._evolution import describe_schema
-from ..state._migration import schema_history
 from ._checkpoints_find import jobs_under, storage_for, verify_targets
-from ._checkpoints_render import LIST_COLUMNS, list_cells, plural, ttl_cell, working
+from ._checkpoints_render import LIST_COLUMNS, list_cells, plural, print_inspection, working
 from ._checkpoints_report import (
     COMPLETE,
     UNREADABLE,
@@ -49,7 +46,6 @@ from ._cli import (
     command,
     full_location,
     print_table,
-    printable,
 )
 
 __all__: list[str] = []
@@ -130,6 +126,18 @@ def _inspect(args: argparse.Namespace, ctx: CommandContext) -> int:
     meta = cp.metadata
     problems = verify_loaded(cp, deep=False)
     summary = {**checkpoint_summary(args.path, meta), **status_fields(problems, COMPLETE)}
+    states, subtasks = _states_and_subtasks(meta)
+    if args.json:
+        print(json.dumps({**summary, "subtasks": subtasks, "states": states}, indent=2))
+        return EXIT_OK
+    print_inspection(ctx, args.path, meta, summary["time"], problems, subtasks, states)
+    return EXIT_OK
+
+
+def _states_and_subtasks(
+    meta: CheckpointMetadata,
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """What ``inspect`` shows of each state (by ``operator/state``) and of each subtask."""
     states: dict[str, dict[str, Any]] = {}
     subtasks = []
     for op, sts in meta.operators.items():
@@ -151,85 +159,7 @@ def _inspect(args: argparse.Namespace, ctx: CommandContext) -> int:
                     "operator_state_bytes": int((st.operator or {}).get("size", 0)),
                 }
             )
-    if args.json:
-        print(json.dumps({**summary, "subtasks": subtasks, "states": states}, indent=2))
-        return EXIT_OK
-    c = ctx.console
-    c.print(
-        f"[bold]{escape(printable(meta.kind))} {meta.checkpoint_id}[/] of job "
-        f"[bold]{escape(printable(meta.job_id))}[/]",
-        soft_wrap=True,
-    )
-
-    def line(label: str, value: str) -> None:
-        c.print(f"  {label:<18}{printable(value)}", markup=False, highlight=False, soft_wrap=True)
-
-    line("location", args.path)
-    line("taken", summary["time"])
-    line("max parallelism", str(meta.max_parallelism))
-    line("backend", meta.backend or "-")
-    if meta.properties:
-        line("properties", json.dumps(meta.properties))
-    if problems:
-        line("status", f"{UNREADABLE}: it cannot be restored")
-        for p in problems:
-            line("", f"{p.file}: {p.problem}")
-    else:
-        line("status", f"{COMPLETE}: every file is there with its size (verify reads every block)")
-    print_table(
-        c,
-        ("operator", "subtask", "key groups", "entries", "bytes", "format", "stored as", "op. state bytes"),
-        [
-            (
-                s["operator"],
-                str(s["subtask"]),
-                "-" if s["key_groups"] is None else f"{s['key_groups'][0]}-{s['key_groups'][1]}",
-                f"{s['entries']:,}",
-                f"{s['bytes']:,}",
-                str(s["format"] or "-"),
-                str(s["handle"] or "-"),
-                f"{s['operator_state_bytes']:,}",
-            )
-            for s in subtasks
-        ],
-    )
-    if not c.is_terminal:
-        c.file.write("\n")  # two tab-separated tables: a blank line between them
-    print_table(
-        c,
-        ("operator/state", "kind", "schema", "version", "TTL"),
-        [
-            (
-                name,
-                str(s.get("kind")),
-                describe_schema(s.get("serializer") or {}),
-                str(schema_history(s)[-1].version),
-                ttl_cell(s.get("ttl")),
-            )
-            for name, s in states.items()
-        ],
-    )
-    migrated = {name: schema_history(s) for name, s in states.items() if s.get("lineage")}
-    if migrated:
-        if not c.is_terminal:
-            c.file.write("\n")
-        print_table(
-            c,
-            ("operator/state", "version", "schema", "TTL", "until", "changes"),
-            [
-                (
-                    name,
-                    str(step.version),
-                    step.schema,
-                    ttl_cell(step.ttl),
-                    step.until,
-                    "; ".join(step.changes) or "-",
-                )
-                for name, steps in migrated.items()
-                for step in reversed(steps)
-            ],
-        )
-    return EXIT_OK
+    return states, subtasks
 
 
 def _verify(args: argparse.Namespace, ctx: CommandContext) -> int:

@@ -36,12 +36,11 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from .._errors import ConfigurationError
 from ..checkpoints._metadata import naming_damage
 from ..serialization._serializers import describe_serializer
-from ..state_processor._reader import SavepointReader
+from ..state_processor._reader import OperatorInfo, SavepointReader
 from ..timers import TimeDomain
 from ._cli import (
     EXIT_OK,
     EXIT_PROBLEM,
-    Cell,
     CommandContext,
     command,
     full_location,
@@ -51,7 +50,7 @@ from ._cli import (
 from ._state_export import FORMATS, SUFFIXES, ExportWriter, check_target, publish_export
 from ._state_json import dumps, json_converter, json_rows, key_json, same
 from ._state_keys import KEY_TYPES, parse_key
-from ._state_render import Progressed, cell, progress_bar, rows_text
+from ._state_render import Progressed, cell, print_list, progress_bar, rows_text
 
 __all__: list[str] = []
 
@@ -244,98 +243,60 @@ def _whole(title: str, table: pa.Table, filtered: bool) -> _Source:
 
 def _list(args: argparse.Namespace, ctx: CommandContext) -> int:
     with _open(args, ctx) as reader:
-        meta = reader.checkpoint.metadata
-        operators: list[dict[str, Any]] = []
-        for info in reader.operators():
-            key_cfg = info.states[0].key_serializer if info.states else {}
-            operators.append(
-                {
-                    "id": info.id,
-                    "parallelism": info.parallelism,
-                    "key_type": describe_serializer(key_cfg) if key_cfg else None,
-                    "entries": info.entries,
-                    "bytes": info.bytes,
-                    "formats": list(info.formats),
-                    "backends": list(info.backends),
-                    "states": [
-                        {
-                            "name": s.name,
-                            "kind": s.kind,
-                            "type": s.type_name,
-                            "serializer": s.serializer,
-                            "namespace_type": (
-                                None
-                                if s.namespace_serializer is None
-                                else describe_serializer(s.namespace_serializer)
-                            ),
-                            "ttl": s.ttl,
-                            "bytes": s.bytes,
-                        }
-                        for s in info.states
-                        if s.timer_domain is None
-                    ],
-                    "timers": [
-                        {"domain": s.timer_domain, "state": s.name, "bytes": s.bytes}
-                        for s in info.states
-                        if s.timer_domain is not None
-                    ],
-                    "operator_states": list(info.operator_states),
-                }
-            )
-        summary = {
-            "location": reader.location,
-            "kind": meta.kind,
-            "job_id": meta.job_id,
-            "checkpoint_id": meta.checkpoint_id,
-            "max_parallelism": reader.max_parallelism,
-            "watermark": reader.watermark,
-            "operators": operators,
-        }
+        summary = _list_summary(reader)
     if args.json:
         print(json.dumps(summary, indent=2))
         return EXIT_OK
-    c = ctx.console
-    # A title, not rows: on a terminal above the tables, in a pipe on stderr (--json has it all).
-    ctx.note(f"{meta.kind} {meta.checkpoint_id} of job {meta.job_id}")
-    for label, value in (
-        ("location", reader.location),
-        ("max parallelism", str(reader.max_parallelism)),
-        ("watermark", "-" if reader.watermark is None else str(reader.watermark)),
-    ):
-        ctx.note(f"  {label:<18}{value}")
-    op_rows: list[tuple[Cell, ...]] = []
-    for o in operators:
-        fmt = ", ".join(o["formats"]) or "-"
-        if o["backends"]:
-            fmt += f" ({', '.join(o['backends'])})"
-        op_rows.append(
-            (
-                o["id"],
-                str(o["parallelism"]),
-                o["key_type"] or "-",
-                f"{o['entries']:,}",
-                f"{o['bytes']:,}",
-                fmt,
-            )
-        )
-    print_table(c, ("operator", "parallelism", "key", "entries", "bytes", "format"), op_rows)
-    state_rows: list[tuple[Cell, ...]] = []
-    for o in operators:
-        for s in o["states"]:
-            ttl = s["ttl"]
-            typ = (
-                s["type"] if s["namespace_type"] is None else f"{s['type']} (namespace {s['namespace_type']})"
-            )
-            ttl_text = "-" if not ttl else f"{ttl['ttl_ms']} ms, {ttl['update_type']}"
-            state_rows.append((o["id"], s["name"], s["kind"], typ, ttl_text, f"{s['bytes']:,}"))
-        for t in o["timers"]:
-            state_rows.append((o["id"], t["state"], "timers", t["domain"], "-", f"{t['bytes']:,}"))
-        for name in o["operator_states"]:
-            state_rows.append((o["id"], name, "operator state", "-", "-", "-"))
-    if not c.is_terminal:
-        c.file.write("\n")  # two tab-separated tables: a blank line between them
-    print_table(c, ("operator", "state", "kind", "type", "TTL", "bytes"), state_rows)
+    print_list(ctx, summary)
     return EXIT_OK
+
+
+def _list_summary(reader: SavepointReader) -> dict[str, Any]:
+    """What ``list`` prints: the checkpoint, then each operator with its states and timers."""
+    meta = reader.checkpoint.metadata
+    return {
+        "location": reader.location,
+        "kind": meta.kind,
+        "job_id": meta.job_id,
+        "checkpoint_id": meta.checkpoint_id,
+        "max_parallelism": reader.max_parallelism,
+        "watermark": reader.watermark,
+        "operators": [_operator_summary(info) for info in reader.operators()],
+    }
+
+
+def _operator_summary(info: OperatorInfo) -> dict[str, Any]:
+    key_cfg = info.states[0].key_serializer if info.states else {}
+    return {
+        "id": info.id,
+        "parallelism": info.parallelism,
+        "key_type": describe_serializer(key_cfg) if key_cfg else None,
+        "entries": info.entries,
+        "bytes": info.bytes,
+        "formats": list(info.formats),
+        "backends": list(info.backends),
+        "states": [
+            {
+                "name": s.name,
+                "kind": s.kind,
+                "type": s.type_name,
+                "serializer": s.serializer,
+                "namespace_type": (
+                    None if s.namespace_serializer is None else describe_serializer(s.namespace_serializer)
+                ),
+                "ttl": s.ttl,
+                "bytes": s.bytes,
+            }
+            for s in info.states
+            if s.timer_domain is None
+        ],
+        "timers": [
+            {"domain": s.timer_domain, "state": s.name, "bytes": s.bytes}
+            for s in info.states
+            if s.timer_domain is not None
+        ],
+        "operator_states": list(info.operator_states),
+    }
 
 
 # --- statekit state show -------------------------------------------------------------------

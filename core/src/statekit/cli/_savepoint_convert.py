@@ -7,12 +7,12 @@ from typing import Any
 
 from .._contracts import CheckpointStorage
 from .._errors import CorruptCheckpointError
-from ..checkpoints._metadata import SubtaskState
+from ..checkpoints._metadata import CheckpointMetadata, SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
 from ..checkpoints._verify import verify_loaded
 from ..checkpoints._writing import complete_checkpoint, write_subtask_state
 from ..plugins._registry import default_registry
-from ..snapshots._snapshot import CANONICAL_FORMAT
+from ..snapshots._snapshot import CANONICAL_FORMAT, StreamStateHandle
 
 __all__ = ["convert_to_savepoint"]
 
@@ -51,20 +51,7 @@ def convert_to_savepoint(
     if native:
         # Fails here, naming the backend and its pip extra, if it is not installed.
         backend = default_registry().create_backend(meta.backend, {})
-    parts = [
-        (st, part)
-        for sts in meta.operators.values()
-        for st in sts
-        for part in ("keyed", "operator")
-        if (st.operator_id, st.subtask_index) not in native or part == "operator"
-    ]
-    handles = {
-        (st.operator_id, st.subtask_index, part): storage.resolve_handle(
-            checkpoint, getattr(st, part)["handle"]
-        )
-        for st, part in parts
-        if getattr(st, part)
-    }
+    handles = _copied_handles(storage, checkpoint, meta, native)
     total = sum(h.size for h in handles.values())
     done = 0
     writer = storage.begin_savepoint(meta.job_id, target_dir)
@@ -102,6 +89,26 @@ def convert_to_savepoint(
     except BaseException:
         writer.abort()
         raise
+
+
+def _copied_handles(
+    storage: CheckpointStorage, checkpoint: str, meta: CheckpointMetadata, native: set[tuple[str, int]]
+) -> dict[tuple[str, int, str], StreamStateHandle]:
+    """The files copied as they are: every operator state, and the keyed state of canonical subtasks."""
+    parts = [
+        (st, part)
+        for sts in meta.operators.values()
+        for st in sts
+        for part in ("keyed", "operator")
+        if (st.operator_id, st.subtask_index) not in native or part == "operator"
+    ]
+    return {
+        (st.operator_id, st.subtask_index, part): storage.resolve_handle(
+            checkpoint, getattr(st, part)["handle"]
+        )
+        for st, part in parts
+        if getattr(st, part)
+    }
 
 
 def _native_to_canonical(

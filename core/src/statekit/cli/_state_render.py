@@ -1,4 +1,4 @@
-"""How ``statekit state`` draws what it read: table cells, row counts, a progress bar of key-group blocks."""
+"""How ``statekit state`` draws what it read: ``list``'s tables, cells, row counts, a progress bar."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ._cli import CommandContext
+from ._cli import Cell, CommandContext, print_table
 from ._state_json import dumps
 
-__all__ = ["Progressed", "cell", "progress_bar", "rows_text"]
+__all__ = ["Progressed", "cell", "print_list", "progress_bar", "rows_text"]
 
 Progressed = Callable[[int, int], None]
 
@@ -43,3 +43,49 @@ def cell(value: Any) -> str | None:
     if value is None:
         return None
     return value if isinstance(value, str) else dumps(value)
+
+
+def print_list(ctx: CommandContext, summary: dict[str, Any]) -> None:
+    """Draws ``list``'s summary: a title, then a table of operators and one of their states."""
+    c = ctx.console
+    operators: list[dict[str, Any]] = summary["operators"]
+    # A title, not rows: on a terminal above the tables, in a pipe on stderr (--json has it all).
+    ctx.note(f"{summary['kind']} {summary['checkpoint_id']} of job {summary['job_id']}")
+    for label, value in (
+        ("location", summary["location"]),
+        ("max parallelism", str(summary["max_parallelism"])),
+        ("watermark", "-" if summary["watermark"] is None else str(summary["watermark"])),
+    ):
+        ctx.note(f"  {label:<18}{value}")
+    op_rows: list[tuple[Cell, ...]] = []
+    for o in operators:
+        fmt = ", ".join(o["formats"]) or "-"
+        if o["backends"]:
+            fmt += f" ({', '.join(o['backends'])})"
+        op_rows.append(
+            (
+                o["id"],
+                str(o["parallelism"]),
+                o["key_type"] or "-",
+                f"{o['entries']:,}",
+                f"{o['bytes']:,}",
+                fmt,
+            )
+        )
+    print_table(c, ("operator", "parallelism", "key", "entries", "bytes", "format"), op_rows)
+    state_rows: list[tuple[Cell, ...]] = []
+    for o in operators:
+        for s in o["states"]:
+            ttl = s["ttl"]
+            typ = (
+                s["type"] if s["namespace_type"] is None else f"{s['type']} (namespace {s['namespace_type']})"
+            )
+            ttl_text = "-" if not ttl else f"{ttl['ttl_ms']} ms, {ttl['update_type']}"
+            state_rows.append((o["id"], s["name"], s["kind"], typ, ttl_text, f"{s['bytes']:,}"))
+        for t in o["timers"]:
+            state_rows.append((o["id"], t["state"], "timers", t["domain"], "-", f"{t['bytes']:,}"))
+        for name in o["operator_states"]:
+            state_rows.append((o["id"], name, "operator state", "-", "-", "-"))
+    if not c.is_terminal:
+        c.file.write("\n")  # two tab-separated tables: a blank line between them
+    print_table(c, ("operator", "state", "kind", "type", "TTL", "bytes"), state_rows)
