@@ -17,14 +17,8 @@ from __future__ import annotations
 
 from ._badrecords import RAW_TEXT_LIMIT, BadRecord, BadRecordPolicy, bad_record_error
 from ._files import COMPRESSED_SUFFIXES, FINGERPRINT_BYTES, LONG_LINE_HEAD, MAX_LINE_BYTES
-from ._logsource import (
-    FOLLOW_SYMLINKS_KEY,
-    MAX_LINE_BYTES_KEY,
-    POSITION_TAG,
-    InputLostWarning,
-    LogSource,
-    LostInput,
-)
+from ._locating import InputLostWarning, LostInput
+from ._logsource import FOLLOW_SYMLINKS_KEY, MAX_LINE_BYTES_KEY, POSITION_TAG, LogSource
 
 __all__ = [
     "COMPRESSED_SUFFIXES",
