@@ -36,7 +36,8 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from .._errors import ConfigurationError
 from ..checkpoints._metadata import naming_damage
 from ..serialization._serializers import describe_serializer
-from ..state_processor._reader import OperatorInfo, SavepointReader
+from ..state_processor._info import OperatorInfo
+from ..state_processor._reader import SavepointReader
 from ..timers import TimeDomain
 from ._cli import (
     EXIT_OK,

@@ -30,7 +30,8 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installa
 
 from ..state._migration import SchemaStep
 from ._arrow import arrow_type
-from ._reader import OperatorInfo, SavepointReader, StateInfo, open_storage
+from ._info import OperatorInfo, StateInfo
+from ._reader import SavepointReader, open_storage
 from ._writer import SavepointWriter
 
 __all__ = [

@@ -45,7 +45,8 @@ from ..state._operator import OperatorSnapshot
 from ..state._state import VOID_NAMESPACE, StateDescriptor
 from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX
 from ._arrow import arrow_column
-from ._reader import SavepointReader, StateInfo, StateLayout
+from ._info import StateInfo
+from ._reader import SavepointReader, StateLayout
 
 __all__ = ["SavepointWriter", "canonical_writer", "state_columns", "stored_entries", "verify_written"]
 
