@@ -38,12 +38,10 @@ from .snapshots._snapshot import (
 from .state._keyed import (
     AggregatingStateImpl,
     KeyedBackendBase,
-    KeyedSnapshot,
     ReducingStateImpl,
-    RegisteredState,
-    StateEntries,
     merge_list_namespaces,
 )
+from .state._keyed_snapshots import KeyedSnapshot
 from .state._kvlayout import (
     EntryCodec,
     KeyLayout,
@@ -73,6 +71,7 @@ from .state._operator import (
     encode_operator_snapshot,
     redistribute_operator_state,
 )
+from .state._registered import RegisteredState, StateEntries
 from .state._slots import SlotListState, SlotMapState, SlotState, SlotValueState
 from .state._state import StateKind
 from .state._ttl import Clock, purge_expired, system_clock, ttl_serializer

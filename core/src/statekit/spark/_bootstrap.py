@@ -37,7 +37,7 @@ from ..serialization._keygroups import (
 )
 from ..serialization._serializers import IntSerializer, StrSerializer, TypeSerializer
 from ..snapshots._snapshot import SnapshotHeader
-from ..state._keyed import RegisteredState
+from ..state._registered import RegisteredState
 from ..state._state import StateDescriptor
 from ..state_processor._arrow import arrow_column
 from ..state_processor._writer import (

@@ -35,9 +35,10 @@ from .._errors import CorruptSnapshotError, StateAccessError
 from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import TypeSerializer
 from ..snapshots._native import NativeStateHandle
-from ._keyed import KeyedBackendBase, RegisteredState, StateEntries, merge_list_namespaces
+from ._keyed import KeyedBackendBase, merge_list_namespaces
 from ._kvlayout import KeyLayout, encode_varint, entry_codec, ttl_timestamp
 from ._migration import DROP, StateMigrationPlan
+from ._registered import RegisteredState, StateEntries
 from ._state import VOID_NAMESPACE, StateKind
 from ._ttl import Clock
 

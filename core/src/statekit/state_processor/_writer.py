@@ -39,9 +39,9 @@ from ..snapshots._snapshot import (
     read_index,
     write_canonical,
 )
-from ..state._keyed import RegisteredState
 from ..state._migration import LINEAGE, REWRITTEN, SCHEMA_VERSION, lineage_of, same_schema, version_of
 from ..state._operator import OperatorSnapshot
+from ..state._registered import RegisteredState
 from ..state._state import VOID_NAMESPACE, StateDescriptor
 from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX
 from ._arrow import arrow_column

@@ -24,8 +24,10 @@ from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import TypeSerializer
 from ..snapshots._native import NativeSnapshotOutput, NativeStateHandle
 from ..snapshots._snapshot import BytesStreamHandle, KeyedStateHandle, ProgressCallback, StreamStateHandle
-from ..state._keyed import KeyedBackendBase, KeyedSnapshot, RegisteredState, StateEntries
+from ..state._keyed import KeyedBackendBase
+from ..state._keyed_snapshots import KeyedSnapshot
 from ..state._operator import OperatorStateBackendImpl
+from ..state._registered import RegisteredState, StateEntries
 from ..state._slots import SlotListState, SlotMapState, SlotState, SlotValueState
 from ..state._ttl import Clock
 
