@@ -42,6 +42,7 @@ from .state._keyed import (
     merge_list_namespaces,
 )
 from .state._keyed_snapshots import KeyedSnapshot
+from .state._kvcolumn import KVColumn
 from .state._kvlayout import (
     EntryCodec,
     KeyLayout,
@@ -52,7 +53,6 @@ from .state._kvlayout import (
     ttl_timestamp,
 )
 from .state._kvstate import (
-    KVColumn,
     KVListState,
     KVMapState,
     KVNativeRestore,
