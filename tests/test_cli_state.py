@@ -26,8 +26,8 @@ from statekit import (
     RecordSource,
     RuntimeContext,
     ValueStateDescriptor,
-    key_group_for_bytes,
 )
+from statekit.backend_api import key_group_for_bytes
 from statekit.cli._cli import CommandContext, build_parser, main
 from statekit.serialization._serializers import StrSerializer
 

@@ -22,12 +22,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from jobs import RULES, SEEN, CountUrls, count_urls_runner, make_records, state_of_runner
-from statekit import (
-    CorruptSnapshotError,
-    LocalRunner,
-    RecordSource,
-    StateError,
-)
+from statekit import LocalRunner, RecordSource
+from statekit.errors import CorruptSnapshotError, StateError
 from statekit_storage import FileSystemCheckpointStorage
 
 RECORDS = make_records(600, urls=40, seed=11)

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from statekit import CheckpointStorage, ConfigurationError, PluginRegistry
+from statekit.backend_api import CheckpointStorage, PluginRegistry
+from statekit.errors import ConfigurationError
 from statekit_storage import FileSystemCheckpointStorage, JobManagerCheckpointStorage
 
 

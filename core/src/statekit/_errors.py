@@ -28,6 +28,8 @@ exception fits, the error also inherits it, so callers may catch either::
 
 from __future__ import annotations
 
+import warnings
+
 __all__ = [
     "BackendIOError",
     "BadRecordError",
@@ -51,6 +53,7 @@ __all__ = [
     "UnknownPluginError",
     "UnsafeLocalPathError",
     "install_hint",
+    "warn_moved",
 ]
 
 
@@ -79,7 +82,7 @@ class BadRecordError(StateError, ValueError):
     """An input record cannot be processed: its line does not parse, it has no usable key, its columns clash.
 
     The message names the place (file, byte offset, line number) and the raw
-    text, cut short; ``bad`` holds them all (a :class:`statekit.sources.BadRecord`).
+    text, cut short; ``bad`` holds them all (a :class:`statekit.BadRecord`).
     Raised under ``statekit.bad-records.policy=fail`` and when a dead-letter
     budget is spent (see docs/operations.md#input-files).
 
@@ -226,4 +229,19 @@ def install_hint(requirement: str) -> str:
     return (
         f'pip install --find-links wheelhouse "{requirement}" (statekit is not on PyPI: `make wheels` '
         "in a statekit checkout builds the wheelhouse, see its README)"
+    )
+
+
+def warn_moved(module: str, name: str, home: str) -> None:
+    """Warn (DeprecationWarning) that ``module.name`` moved to ``home``; for a module's ``__getattr__``.
+
+    Old import paths keep working for one release: the module's ``__getattr__``
+    calls this and returns the name from its home. The message names both
+    places (``statekit.errors.StateError moved to statekit.errors: ...``).
+    """
+    warnings.warn(
+        f"{module}.{name} moved to {home}: import it from there (from {home} import {name}); "
+        f"{module}.{name} is removed in the next release",
+        DeprecationWarning,
+        stacklevel=3,
     )

@@ -30,8 +30,8 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from statekit import CheckpointError, CheckpointWriter, ConfigurationError
-from statekit.backend_api import StreamStateHandle
+from statekit.backend_api import CheckpointWriter, StreamStateHandle
+from statekit.errors import CheckpointError, ConfigurationError
 
 from ._files import Files, list_names, remove_tree
 from ._handles import FS_ERRORS, FileStreamHandle
@@ -239,7 +239,7 @@ class FileSystemCheckpointStorage:
         handle.discard()
 
     def discard_orphans(self, job_id: str, referenced: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
-        """Deletes what failed checkpoints of ``job_id`` left: see :class:`statekit.SupportsOrphanCleanup`.
+        """Deletes what failed checkpoints of ``job_id`` left behind (see ``SupportsOrphanCleanup``).
 
         That is every ``chk-<n>`` directory without ``_metadata`` older than the
         newest completed checkpoint, and every file under ``<job id>/shared/`` that
@@ -285,13 +285,13 @@ class FileSystemCheckpointStorage:
             raise CheckpointError(f"cannot delete what failed checkpoints left in {job}: {exc}") from exc
         return deleted
 
-    # --- fencing (statekit.SupportsRunFencing) --------------------------------------------
+    # --- fencing (statekit.backend_api.SupportsRunFencing) --------------------------------------------
 
     def register_run(self, job_id: str, run_id: str, description: Mapping[str, Any]) -> int:
         """Writes ``<job>/runs/run-<epoch>-<run id>.json``, ``epoch`` one above the highest there.
 
         Records older than the run this one displaces are deleted (best effort).
-        See :class:`statekit.SupportsRunFencing`.
+        See :class:`statekit.backend_api.SupportsRunFencing`.
 
         Raises:
             CheckpointError: If the store fails.

@@ -16,8 +16,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from statekit import CheckpointError, CheckpointNotFoundError, CheckpointWriter, ConfigurationError
-from statekit.backend_api import StreamStateHandle
+from statekit.backend_api import CheckpointWriter, StreamStateHandle
+from statekit.errors import CheckpointError, CheckpointNotFoundError, ConfigurationError
 
 from ._files import Files
 from ._handles import InlineStreamHandle
@@ -253,7 +253,7 @@ class JobManagerCheckpointStorage:
             self._completed.pop(job_id, None)
             self._runs.pop(job_id, None)
 
-    # --- fencing (statekit.SupportsRunFencing): runs sharing this object ----------------------
+    # --- fencing (statekit.backend_api.SupportsRunFencing): runs sharing this object ----------------------
 
     def register_run(self, job_id: str, run_id: str, description: Mapping[str, Any]) -> int:
         """Records run ``run_id`` with an epoch above every run of ``job_id`` recorded here."""

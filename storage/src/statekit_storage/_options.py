@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from statekit import ConfigurationError
+from statekit.errors import ConfigurationError
 
 __all__ = ["parse_storage_options"]
 

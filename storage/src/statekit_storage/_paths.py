@@ -15,7 +15,7 @@ import re
 
 from fsspec.core import split_protocol  # type: ignore[import-untyped]
 
-from statekit import CheckpointError
+from statekit.errors import CheckpointError
 
 __all__ = [
     "CHECKPOINT_DIR",

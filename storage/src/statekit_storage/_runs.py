@@ -1,7 +1,7 @@
 """The run records of a job (``<job>/runs/run-<epoch>-<run id>.json``), for fencing.
 
 Of two runs of one job, only the newest completes checkpoints
-(:class:`statekit.SupportsRunFencing`): each run writes a record here with an
+(:class:`statekit.backend_api.SupportsRunFencing`): each run writes a record here with an
 epoch one above the highest, and the coordinator asks which is the newest.
 """
 
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from statekit import CheckpointError
+from statekit.errors import CheckpointError
 
 from ._files import Files, list_names
 from ._handles import FS_ERRORS

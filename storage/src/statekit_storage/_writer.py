@@ -5,7 +5,8 @@ from __future__ import annotations
 import posixpath
 import secrets
 
-from statekit import CheckpointError, CheckpointOutputStream, ConfigurationError
+from statekit.backend_api import CheckpointOutputStream
+from statekit.errors import CheckpointError, ConfigurationError
 
 from ._files import Files, remove_tree
 from ._handles import FS_ERRORS

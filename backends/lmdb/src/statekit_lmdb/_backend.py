@@ -24,9 +24,9 @@ from typing import Any
 
 import lmdb
 
-from statekit import ConfigurationError, KeyGroupRange, SnapshotError, StateAccessError, TypeSerializer
 from statekit.backend_api import (
     Clock,
+    KeyGroupRange,
     KVColumn,
     NativeStateHandle,
     OperatorStateBackendImpl,
@@ -36,6 +36,8 @@ from statekit.backend_api import (
     StateKind,
     create_instance_dir,
 )
+from statekit.errors import ConfigurationError, SnapshotError, StateAccessError
+from statekit.serializers import TypeSerializer
 
 from ._full_snapshot import LMDBNativeSnapshot
 from ._layout import BULK_CHUNK, DATA_FILE, DB_PREFIX, MAX_KEY_SIZE, db_name, iterate

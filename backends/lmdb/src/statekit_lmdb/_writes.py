@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import lmdb
 
-from statekit import KeyGroupRange, StateAccessError
-from statekit.backend_api import KVColumn, local_write_error
+from statekit.backend_api import KeyGroupRange, KVColumn, local_write_error
+from statekit.errors import StateAccessError
 
 from ._views import PinnedView
 

@@ -22,7 +22,7 @@ storage instead, and the rejection counted with its reason
 A local copy never fails a restore and never gives it other bytes.
 
 The directory is confined (:mod:`statekit._localfs`): :class:`LocalCopies`
-creates it with mode 0700 and refuses, with :class:`~statekit.UnsafeLocalPathError`,
+creates it with mode 0700 and refuses, with :class:`~statekit.errors.UnsafeLocalPathError`,
 one that belongs to another user, that its group or others may write, or that
 is (or passes through) a symlink; the caller then turns local recovery off
 and deletes and writes nothing there. Copies, temporaries and manifests are

@@ -38,7 +38,7 @@ from ..checkpoints._metadata import naming_damage
 from ..serialization._serializers import describe_serializer
 from ..state_processor._info import OperatorInfo
 from ..state_processor._reader import SavepointReader
-from ..timers import TimeDomain
+from ..timers._service import TimeDomain
 from ._cli import (
     EXIT_OK,
     EXIT_PROBLEM,

@@ -2,7 +2,7 @@
 
 A serializer has a stable identity (its :meth:`~TypeSerializer.config`), written
 into every snapshot; restoring with a serializer whose config differs raises
-:class:`~statekit.IncompatibleSerializerError` before any state changes.
+:class:`~statekit.errors.IncompatibleSerializerError` before any state changes.
 
 Besides one value at a time (``serialize``/``deserialize``), every serializer
 encodes a whole column of values at once (``encode_column``/``decode_column``).

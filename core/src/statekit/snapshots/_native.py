@@ -21,7 +21,7 @@ shared file (:meth:`NativeStateHandle.shared_descriptions`), and retention
 deletes a shared file once no retained checkpoint references it.
 
 The completion contract follows: :data:`COMPLETION_CONTRACT`, written once
-here and appended to this docstring, to :class:`statekit.SupportsNativeSnapshot`'s
+here and appended to this docstring, to :class:`statekit.backend_api.SupportsNativeSnapshot`'s
 and to :mod:`statekit.testing`'s when they are imported.
 """
 
@@ -219,7 +219,7 @@ class NativeStateHandle:
     """One subtask's native snapshot: its files and what a restore must check first.
 
     Attributes:
-        format: The backend's :attr:`~statekit.SupportsNativeSnapshot.native_format`.
+        format: The backend's :attr:`~statekit.backend_api.SupportsNativeSnapshot.native_format`.
         backend: The backend's name.
         checkpoint_id: The checkpoint that took it.
         key_group_range: The key groups it holds (the owner's range, or a part of it).

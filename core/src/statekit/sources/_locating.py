@@ -107,7 +107,7 @@ class FileLocator:
         (its path, and its inode for a ``copytruncate`` copy, are updated);
         new files follow at offset 0. Files that cannot be found are left out
         and reported as by :meth:`read` (:attr:`lost`, a warning, or
-        :class:`~statekit.SourceError` under ``on_lost="fail"``).
+        :class:`~statekit.errors.SourceError` under ``on_lost="fail"``).
         """
         self.lost = []
         return self._scan(tracked)

@@ -74,7 +74,7 @@ class LogSource(FileLocator):
     It reads only what it was pointed at: a symlink that leaves the watched
     files (unless ``follow_symlinks``), a FIFO, a socket, a device or a
     directory among the watched names is refused with a
-    :class:`~statekit.SourceError` naming it; files are opened so that no open
+    :class:`~statekit.errors.SourceError` naming it; files are opened so that no open
     blocks on a special file.
 
     What it follows (see docs/operations.md#input-files):
@@ -99,7 +99,7 @@ class LogSource(FileLocator):
       linear in its length and memory bounded by the limit.
 
     A line that is not valid UTF-8, that ``parse`` rejects or that is too
-    long raises :class:`~statekit.BadRecordError` naming the file, byte
+    long raises :class:`~statekit.errors.BadRecordError` naming the file, byte
     offset, line number and text; the :class:`~statekit.LocalRunner` applies
     its bad-records policy instead (``statekit.bad-records.*``).
 

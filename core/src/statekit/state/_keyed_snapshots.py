@@ -317,7 +317,7 @@ class KeyedSnapshots:
     def check_native_restore(self, handles: Sequence[Any], native_format: str) -> dict[str, dict[str, Any]]:
         """Every check a native restore must make before it touches anything; returns each state's entry.
 
-        For backends with a native format (:class:`statekit.SupportsNativeSnapshot`):
+        For backends with a native format (:class:`statekit.backend_api.SupportsNativeSnapshot`):
         call it first in ``restore_native`` with the
         :class:`~statekit.backend_api.NativeStateHandle` objects, then load the
         files, then :meth:`adopt_native_states` with what it returned.

@@ -388,7 +388,7 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
 
     Subclasses implement :meth:`kv_bind`, :meth:`kv_write`, :meth:`kv_load`,
     ``_snapshot_entries`` (use :meth:`kv_read_group` over a frozen view) and,
-    for native snapshots, the :class:`~statekit.SupportsNativeSnapshot`
+    for native snapshots, the :class:`~statekit.backend_api.SupportsNativeSnapshot`
     methods. Their own attributes take a prefix of their own (``_mydb_...``);
     the base's are ``kv_*`` and ``_kv_*``.
     """

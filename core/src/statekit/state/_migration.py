@@ -4,7 +4,7 @@ A restored state arrives with its snapshot entry (``RegisteredState.meta()``):
 kind, serializers, TTL, schema version and schema history. When the job
 declares it, :func:`plan_state_migration` compares that entry with the
 declaration and returns None (the same schema: nothing to do), a
-:class:`StateMigrationPlan`, or raises :class:`~statekit.StateMigrationError`
+:class:`StateMigrationPlan`, or raises :class:`~statekit.errors.StateMigrationError`
 naming both schemas. Every backend path calls it: canonical restores (in
 ``KeyedBackendBase``, which decodes old sections and converts them before it
 loads anything), and natively restored states (rewritten in place by the

@@ -33,8 +33,8 @@ from ..snapshots._snapshot import (
 from ..state._migration import lineage_of, version_of
 from ..state._operator import OperatorStateMode
 from ..state._state import VOID_NAMESPACE
-from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX, WATERMARK_PROPERTY, TimeDomain
-from ..timers._service import decode_timer
+from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX, WATERMARK_PROPERTY
+from ..timers._service import TimeDomain, decode_timer
 from ._arrow import ArrowColumn, arrow_column, arrow_type
 from ._blocks import BlockReading, Part
 from ._info import OperatorInfo, StateInfo

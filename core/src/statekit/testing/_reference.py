@@ -146,7 +146,7 @@ class _Shifted:
 class ReferenceKeyedStateBackend(KeyedBackendBase):
     """Keyed state as serialized bytes in dicts; copies them at the snapshot point.
 
-    Satisfies :class:`statekit.SupportsNativeSnapshot` with a trivial native
+    Satisfies :class:`statekit.backend_api.SupportsNativeSnapshot` with a trivial native
     format (the canonical bytes behind a magic of its own), so that the kit's
     native-snapshot path always has a backend to run against.
     """

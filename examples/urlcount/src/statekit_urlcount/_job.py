@@ -26,11 +26,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from statekit import (
-    CheckpointStorage,
-    default_registry,
-    load_checkpoint,
-)
+from statekit import default_registry
+from statekit.backend_api import CheckpointStorage
+from statekit.checkpointing import load_checkpoint
 from statekit.state_processor import SavepointReader
 
 from ._function import COUNT_STATE, OUTPUT_SCHEMA, CountPerUrl, CountPerUrlVectorized
