@@ -100,12 +100,15 @@ class BadRecordError(StateError, ValueError):
 
 
 class SourceError(StateError):
-    """A source cannot follow its input as promised.
+    """A source cannot read its input as promised; the message names the file and the reason.
 
-    For example, a checkpointed position that names a file no longer there in
-    a form that cannot be matched again, or input lost (a file moved away
-    before it was read to its end) under ``on_lost="fail"``. The message names
-    the file and the reason.
+    Raised when a watched path does not exist (naming the first missing part,
+    and a near name), or holds what a log source may not read (a symlink out of
+    the watched files, a FIFO, a socket, a device, a directory); when a
+    checkpointed position (on Spark: the offset in Spark's offset log) is not
+    one of the source's, or names files that changed since, so they cannot be
+    matched again; and when input is lost (a file moved away, truncated or
+    compressed before it was read to its end) under ``on_lost="fail"``.
     """
 
 

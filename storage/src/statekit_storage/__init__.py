@@ -9,6 +9,10 @@ directly::
     storage.latest_checkpoint("job-1")  # "s3://bucket/checkpoints/job-1/chk-7" or None
 
 The storages (and fsspec) are imported on first use, so listing plugins stays light.
+``_filesystem`` and ``_jobmanager`` are the storage classes; each step of the
+filesystem storage has a module of its own (``_paths``, ``_options``,
+``_files``, ``_streams``, ``_publishing``, ``_writer``, ``_runs``), and
+``_handles`` the state handles both return.
 """
 
 from __future__ import annotations
