@@ -18,7 +18,8 @@ import random
 
 from harness import best_of, rmw_batched, rmw_per_record, zipf_keys
 
-from statekit import KeyGroupRange, ValueStateDescriptor
+from statekit import ValueStateDescriptor
+from statekit.backend_api import KeyGroupRange
 from statekit.serializers import StrSerializer
 from statekit_heap import HeapKeyedStateBackend
 

@@ -45,7 +45,9 @@ from harness import (
     zipf_keys,
 )
 
-from statekit import KeyGroupRange, ValueStateDescriptor, key_group_for_bytes, load_checkpoint
+from statekit import ValueStateDescriptor
+from statekit.backend_api import KeyGroupRange, key_group_for_bytes
+from statekit.checkpointing import load_checkpoint
 from statekit.serializers import StrSerializer
 from statekit_heap import HeapKeyedStateBackend
 from statekit_lmdb import LMDBKeyedStateBackend, LMDBStateBackend

@@ -40,9 +40,9 @@ import time
 import tracemalloc
 from dataclasses import dataclass, field
 
-from statekit import EventTime, LocalRunner
+from statekit import EventTime, LocalRunner, TimeDomain
 from statekit.plugins._registry import default_registry
-from statekit.timers import TIMER_STATE_NAMES, TimeDomain
+from statekit.timers import TIMER_STATE_NAMES
 from statekit.windows import Count, TumblingEventTimeWindows, WindowedAggregate
 
 WINDOW_MS = 60_000

@@ -32,7 +32,8 @@ from typing import Any
 from harness import best_of, expected_counts, rmw_batched, rmw_per_record, run_parts, zipf_keys
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from statekit import KeyedProcessFunction, KeyGroupRange, LocalRunner, ValueStateDescriptor
+from statekit import KeyedProcessFunction, LocalRunner, ValueStateDescriptor
+from statekit.backend_api import KeyGroupRange
 from statekit.checkpointing import load_checkpoint
 from statekit.serializers import StrSerializer
 from statekit_rocksdb import RocksDBKeyedStateBackend, RocksDBStateBackend

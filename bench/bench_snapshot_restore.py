@@ -20,7 +20,9 @@ import tempfile
 
 from harness import timed, write_checkpoint
 
-from statekit import KeyGroupRange, ValueStateDescriptor, load_checkpoint
+from statekit import ValueStateDescriptor
+from statekit.backend_api import KeyGroupRange
+from statekit.checkpointing import load_checkpoint
 from statekit.serializers import StrSerializer
 from statekit_heap import HeapKeyedStateBackend
 from statekit_storage import FileSystemCheckpointStorage

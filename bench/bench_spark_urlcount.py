@@ -301,7 +301,7 @@ DRIVER_PHASES = ("prepare", "tasks", "sink", "checkpoint", "retention")
 
 def spark_side(spark: Any, logs: str, parallelism: int) -> list[tuple[float, float]]:
     """Per input file: Spark's scan and parse alone, then with statekit's routing and shuffle (noop sink)."""
-    from statekit import serializer_for
+    from statekit.serializers import serializer_for
     from statekit.spark._routing import Router, routing_values
 
     values = routing_values(spark, parallelism)

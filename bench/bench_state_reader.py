@@ -25,7 +25,8 @@ from pathlib import Path
 
 from harness import timed
 
-from statekit import ValueStateDescriptor, load_checkpoint
+from statekit import ValueStateDescriptor
+from statekit.checkpointing import load_checkpoint
 from statekit.state_processor import SavepointReader, SavepointWriter
 
 COUNT = ValueStateDescriptor("count", int, default=0)

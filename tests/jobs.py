@@ -108,7 +108,7 @@ def state_of_runner(runner: Any) -> dict[str, tuple[int, int, int]]:
 
     Asserts every key lives on exactly one subtask, the one owning its key group.
     """
-    from statekit import key_group_for_bytes
+    from statekit.backend_api import key_group_for_bytes
 
     out: dict[str, tuple[int, int, int]] = {}
     for ctx in runner.subtasks:

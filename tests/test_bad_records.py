@@ -16,7 +16,6 @@ import pytest
 from logfiles import CountJob, LogDir
 from statekit import (
     BadRecord,
-    BadRecordError,
     KeyedBatchFunction,
     LocalRunner,
     LogSource,
@@ -25,6 +24,7 @@ from statekit import (
     RuntimeContext,
     ValueStateDescriptor,
 )
+from statekit.errors import BadRecordError
 
 COUNT = ValueStateDescriptor("count", int, default=0)
 

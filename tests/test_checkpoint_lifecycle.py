@@ -17,14 +17,9 @@ import pytest
 from fsspec.core import url_to_fs
 
 from jobs import count_urls_runner, make_records, model_state, state_of_runner
-from statekit import (
-    CheckpointError,
-    CorruptCheckpointError,
-    LocalRunner,
-    MaxParallelismMismatchError,
-    RecordSource,
-)
+from statekit import LocalRunner, RecordSource
 from statekit.checkpointing import load_checkpoint
+from statekit.errors import CheckpointError, CorruptCheckpointError, MaxParallelismMismatchError
 
 RECORDS = make_records(3000, urls=80, seed=11)
 INTERVAL = {"statekit.checkpoint.interval-records": 500, "statekit.checkpoints.retained": 10}

@@ -10,14 +10,8 @@ from typing import Any
 import pytest
 
 from jobs import COUNT, RULES, SEEN, CountUrls, make_records, model_state, state_of_runner
-from statekit import (
-    CheckpointNotFoundError,
-    LocalRunner,
-    MaxParallelismMismatchError,
-    RecordSource,
-    StateMigrationError,
-    default_registry,
-)
+from statekit import LocalRunner, RecordSource, default_registry
+from statekit.errors import CheckpointNotFoundError, MaxParallelismMismatchError, StateMigrationError
 from statekit.serializers import StrSerializer
 
 RECORDS = make_records(3000)
@@ -183,7 +177,7 @@ def test_latest_with_nothing_restores_nothing(storage_config: dict[str, Any]) ->
 
 
 def test_lifecycle_hooks_fire(storage_config: dict[str, Any]) -> None:
-    from statekit import hookimpl
+    from statekit.backend_api import hookimpl
 
     calls: list[tuple[str, Any]] = []
 
@@ -212,7 +206,7 @@ def test_lifecycle_hooks_fire(storage_config: dict[str, Any]) -> None:
 
 
 def test_metadata_records_the_layout(storage_config: dict[str, Any]) -> None:
-    from statekit import load_checkpoint
+    from statekit.checkpointing import load_checkpoint
 
     r = runner(storage_config, 3)
     r.run(RecordSource(RECORDS), max_records=500)

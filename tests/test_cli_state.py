@@ -26,8 +26,8 @@ from statekit import (
     RecordSource,
     RuntimeContext,
     ValueStateDescriptor,
-    key_group_for_bytes,
 )
+from statekit.backend_api import key_group_for_bytes
 from statekit.cli._cli import CommandContext, build_parser, main
 from statekit.serialization._serializers import StrSerializer
 
@@ -542,16 +542,16 @@ def test_export_refuses_to_replace_a_file_unless_told_to(
 def test_export_never_replaces_a_file_made_while_it_ran(
     sp: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import statekit.cli._cli_state as state_cli
+    import statekit.cli._state_export as state_export
 
     out = tmp_path / "count.json"
-    real = state_cli._Writer.close
+    real = state_export.ExportWriter.close
 
     def close_then_someone_writes(self: Any) -> None:
         real(self)
         out.write_text("written meanwhile\n")
 
-    monkeypatch.setattr(state_cli._Writer, "close", close_then_someone_writes)
+    monkeypatch.setattr(state_export.ExportWriter, "close", close_then_someone_writes)
     code, _, err = run(
         capsys, "export", sp, "--operator", "process", "--state", "count", "-o", str(out), "--no-progress"
     )

@@ -10,16 +10,10 @@ from typing import Any
 import pytest
 
 from jobs import CountUrls, count_urls_runner, make_records
-from statekit import (
-    CorruptSnapshotError,
-    KeyGroupRange,
-    LocalRunner,
-    RecordSource,
-    StateError,
-    StateSizeLimitError,
-    ValueStateDescriptor,
-)
+from statekit import LocalRunner, RecordSource, ValueStateDescriptor
+from statekit.backend_api import KeyGroupRange
 from statekit.checkpointing import SubtaskState, apply_retention, complete_checkpoint
+from statekit.errors import CorruptSnapshotError, StateError, StateSizeLimitError
 from statekit.serializers import StrSerializer
 from statekit_heap import HeapKeyedStateBackend
 from statekit_storage import FileSystemCheckpointStorage

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from jobs import CountUrls, make_records, model_state
-from statekit import LocalRunner, default_registry, load_checkpoint
+from statekit import LocalRunner, default_registry
+from statekit.checkpointing import load_checkpoint
 
 CHILD = Path(__file__).with_name("crash_child.py")
 RECORDS = make_records(1200, urls=40, seed=11)

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from logfiles import CountJob, LogDir
-from statekit import UnsafeLocalPathError
 from statekit._errors import ConfigurationError
+from statekit.errors import UnsafeLocalPathError
 from statekit.sources._deadletters import DeadLetterDir
 
 

@@ -22,12 +22,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from jobs import RULES, SEEN, CountUrls, count_urls_runner, make_records, state_of_runner
-from statekit import (
-    CorruptSnapshotError,
-    LocalRunner,
-    RecordSource,
-    StateError,
-)
+from statekit import LocalRunner, RecordSource
+from statekit.errors import CorruptSnapshotError, StateError
 from statekit_storage import FileSystemCheckpointStorage
 
 RECORDS = make_records(600, urls=40, seed=11)
@@ -349,10 +345,10 @@ def test_deeply_nested_json_is_corrupt_not_a_recursion_error(chk: Path) -> None:
 def test_a_huge_metadata_file_is_refused_without_loading_it(
     chk: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from statekit_storage import _filesystem
+    from statekit_storage import _files
 
     # The real limit is 256 MiB; a lower one keeps the test's memory small, the code path is the same.
-    monkeypatch.setattr(_filesystem, "MAX_METADATA_SIZE", 1 << 20)
+    monkeypatch.setattr(_files, "MAX_METADATA_SIZE", 1 << 20)
     with open(chk / "_metadata", "r+b") as f:
         f.truncate(3 << 20)
     restore_fails(chk, "_metadata is larger than 1,048,576 bytes")

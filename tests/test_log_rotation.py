@@ -30,14 +30,8 @@ from typing import Any
 import pytest
 
 from logfiles import LOGROTATE, CountJob, LogDir, Logrotate, SeqJob, Writer, lines_in_files
-from statekit import (
-    BadRecord,
-    BadRecordError,
-    InputLostWarning,
-    LocalRunner,
-    LogSource,
-    SourceError,
-)
+from statekit import BadRecord, InputLostWarning, LocalRunner, LogSource
+from statekit.errors import BadRecordError, SourceError
 from statekit.sources import LONG_LINE_HEAD, POSITION_TAG
 from statekit.sources._files import open_candidate
 

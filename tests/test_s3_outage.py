@@ -21,7 +21,8 @@ import pytest
 
 from jobs import count_urls_runner, make_records, model_state, state_of_runner
 from s3faults import FaultyS3, get_of, put_of, serving
-from statekit import CheckpointError, LocalRunner, RecordSource
+from statekit import LocalRunner, RecordSource
+from statekit.errors import CheckpointError
 
 pytest.importorskip("s3fs")
 RECORDS = make_records(600, urls=30, seed=21)

@@ -24,8 +24,8 @@ from statekit import (
     StateTtlConfig,
     ValueStateDescriptor,
     default_registry,
-    serializer_for,
 )
+from statekit.serializers import serializer_for
 
 BACKENDS = ["heap", "rocksdb", "lmdb", "sqlite", "heap"]
 INT_NS = serializer_for(int)

@@ -15,8 +15,9 @@ import boto3
 import pytest
 
 from jobs import CountUrls, make_records
-from statekit import CheckpointError, ConfigurationError, LocalRunner, RecordSource, StateError
+from statekit import LocalRunner, RecordSource
 from statekit.cli._cli import main
+from statekit.errors import CheckpointError, ConfigurationError, StateError
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYSECRETMARKER"
 RECORDS = make_records(300, urls=20, seed=5)

@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 
 from statekit import (
-    IncompatibleSerializerError,
     KeyedProcessFunction,
     ListStateDescriptor,
     LocalRunner,
@@ -30,14 +29,13 @@ from statekit import (
     ProcessContext,
     RecordSource,
     RuntimeContext,
-    StateError,
-    StateMigrationError,
     StateTtlConfig,
     ValueStateDescriptor,
     default_registry,
-    key_group_for_bytes,
 )
+from statekit.backend_api import key_group_for_bytes
 from statekit.cli._cli import main
+from statekit.errors import IncompatibleSerializerError, StateError, StateMigrationError
 from statekit.serializers import StrSerializer
 from statekit.state_processor import SavepointReader
 

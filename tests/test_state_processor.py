@@ -19,20 +19,22 @@ import pytest
 
 from jobs import make_records
 from statekit import (
-    CheckpointError,
-    ConfigurationError,
-    CorruptSnapshotError,
-    IncompatibleSerializerError,
     KeyedProcessFunction,
     ListStateDescriptor,
     LocalRunner,
     MapStateDescriptor,
-    PluginRegistry,
-    StateError,
     StateTtlConfig,
     ValueStateDescriptor,
     default_registry,
-    load_checkpoint,
+)
+from statekit.backend_api import PluginRegistry
+from statekit.checkpointing import load_checkpoint
+from statekit.errors import (
+    CheckpointError,
+    ConfigurationError,
+    CorruptSnapshotError,
+    IncompatibleSerializerError,
+    StateError,
 )
 from statekit.state_processor import SavepointReader, SavepointWriter
 from statekit_urlcount import COUNT_STATE, CountPerUrl

@@ -17,13 +17,8 @@ from typing import Any
 
 import pytest
 
-from statekit import (
-    KeyedProcessFunction,
-    LocalRunner,
-    RecordSource,
-    ValueStateDescriptor,
-    key_group_for_bytes,
-)
+from statekit import KeyedProcessFunction, LocalRunner, RecordSource, ValueStateDescriptor
+from statekit.backend_api import key_group_for_bytes
 from statekit.checkpointing import load_checkpoint
 from statekit.cli._cli import main
 from statekit.serializers import StrSerializer

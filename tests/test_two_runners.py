@@ -19,7 +19,10 @@ from pathlib import Path
 import pytest
 
 from jobs import CountUrls, count_urls_runner, make_records, model_state, state_of_runner
-from statekit import CheckpointStorage, FencedError, LocalRunner, RecordSource, load_checkpoint
+from statekit import LocalRunner, RecordSource
+from statekit.backend_api import CheckpointStorage
+from statekit.checkpointing import load_checkpoint
+from statekit.errors import FencedError
 
 RECORDS = make_records(600, urls=30, seed=23)
 INTERVAL = {"statekit.checkpoint.interval-records": 100, "statekit.checkpoints.retained": 10}

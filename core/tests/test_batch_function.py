@@ -15,7 +15,6 @@ pa = pytest.importorskip("pyarrow")
 
 from statekit import (  # noqa: E402
     AggregatingStateDescriptor,
-    ConfigurationError,
     EventTime,
     KeyedBatchFunction,
     KeyedProcessFunction,
@@ -30,6 +29,7 @@ from statekit import (  # noqa: E402
     StateTtlConfig,
     ValueStateDescriptor,
 )
+from statekit.errors import ConfigurationError  # noqa: E402
 from statekit.runtime._columnar import group_runs, output_columns, output_rows  # noqa: E402
 from statekit.testing._semantics_state import Mean  # noqa: E402
 

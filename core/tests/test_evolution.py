@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from statekit import SerializationError
+from statekit.errors import SerializationError
 from statekit.serialization._evolution import (
     FORMER_NAMES,
     LossyValueError,
@@ -110,7 +110,7 @@ def test_a_refusal_names_the_place_in_the_type() -> None:
 
 
 def test_a_custom_serializer_is_identical_or_refused() -> None:
-    from statekit import PickleSerializer
+    from statekit.serializers import PickleSerializer
 
     assert resolve_schema(PickleSerializer().config(), PickleSerializer()).kind == "identical"
     c = resolve_schema({"id": "myapp.point", "v": 1}, PickleSerializer())

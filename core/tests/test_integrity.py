@@ -28,18 +28,15 @@ from typing import Any
 
 import pytest
 
-from statekit import (
-    CorruptCheckpointError,
-    CorruptSnapshotError,
+from statekit import ListStateDescriptor, ValueStateDescriptor
+from statekit.backend_api import (
     KeyGroupRange,
-    ListStateDescriptor,
-    UnsafeLocalPathError,
-    ValueStateDescriptor,
+    NativeFile,
+    OperatorStateBackendImpl,
     key_group_for_bytes,
     key_group_range_for_operator,
-    serializer_for,
+    upload_native_file,
 )
-from statekit.backend_api import NativeFile, OperatorStateBackendImpl, upload_native_file
 from statekit.checkpoints._local_recovery import (
     Downloads,
     LocalCopies,
@@ -50,6 +47,8 @@ from statekit.checkpoints._local_recovery import (
 from statekit.checkpoints._restore import load_checkpoint
 from statekit.checkpoints._verify import CRC_ONLY, crc_only_files, verify_loaded
 from statekit.checkpoints._writing import complete_checkpoint, write_subtask_state
+from statekit.errors import CorruptCheckpointError, CorruptSnapshotError, UnsafeLocalPathError
+from statekit.serializers import serializer_for
 from statekit.snapshots._digest import (
     NOT_RECORDED,
     HashingOutput,

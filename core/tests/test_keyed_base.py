@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from statekit import KeyGroupRange, StateAccessError, key_group_for_bytes, serializer_for
+from statekit.backend_api import KeyGroupRange, key_group_for_bytes
+from statekit.errors import StateAccessError
+from statekit.serializers import serializer_for
 from statekit.testing import ReferenceKeyedStateBackend
 
 KEYS = serializer_for(tuple[int, str])

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from statekit import StateError, UnsafeLocalPathError
 from statekit._localfs import (
     check_private_dir,
     create_exclusive,
@@ -19,6 +18,7 @@ from statekit._localfs import (
     read_no_follow,
     write_atomically,
 )
+from statekit.errors import StateError, UnsafeLocalPathError
 
 
 def _mode(path: str) -> int:

@@ -7,7 +7,9 @@ import warnings
 
 import pytest
 
-from statekit import ConfigOption, Configuration, ConfigurationError
+from statekit import Configuration
+from statekit.backend_api import ConfigOption
+from statekit.errors import ConfigurationError
 from statekit.plugins._secrets import REDACTED, SPARK_DEFAULT_REDACTION, is_secret_key, redact, secret_keys_in
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCY"

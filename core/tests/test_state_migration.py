@@ -10,17 +10,9 @@ from typing import Any
 
 import pytest
 
-from statekit import (
-    IncompatibleSerializerError,
-    KeyGroupRange,
-    ListStateDescriptor,
-    Migration,
-    SnapshotError,
-    StateMigrationError,
-    StateTtlConfig,
-    ValueStateDescriptor,
-    default_registry,
-)
+from statekit import ListStateDescriptor, Migration, StateTtlConfig, ValueStateDescriptor, default_registry
+from statekit.backend_api import KeyGroupRange
+from statekit.errors import IncompatibleSerializerError, SnapshotError, StateMigrationError
 from statekit.serializers import IntSerializer, StrSerializer
 from statekit.state._migration import plan_state_migration
 from statekit.state._state import StateKind

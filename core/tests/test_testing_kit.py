@@ -20,8 +20,14 @@ from typing import Any
 import pytest
 from hypothesis import Phase, settings
 
-from statekit import IncompatibleSerializerError, KeyGroupRange
-from statekit.backend_api import KeyedStateHandle, OperatorStateBackendImpl, OperatorStateData, StateKind
+from statekit.backend_api import (
+    KeyedStateHandle,
+    KeyGroupRange,
+    OperatorStateBackendImpl,
+    OperatorStateData,
+    StateKind,
+)
+from statekit.errors import IncompatibleSerializerError
 from statekit.testing import (
     PROPERTIES,
     CheckpointStorageTests,

@@ -26,9 +26,9 @@ from statekit import (
     TimeDomain,
     ValueStateDescriptor,
     default_registry,
-    serializer_for,
 )
 from statekit.backend_api import BytesStreamHandle, KeyedStateHandle
+from statekit.serializers import serializer_for
 from statekit.testing import ManualClock
 from statekit.timers import (
     MAX_WATERMARK,
@@ -449,7 +449,7 @@ def test_timers_and_watermark_survive_restore_and_rescale(tmp_path: Any) -> None
 def test_a_version_1_snapshot_still_restores() -> None:
     """Version 2 added timers to the header; version 1 files (no timers) read unchanged."""
     backend = default_registry().create_backend("heap", {})
-    from statekit import KeyGroupRange
+    from statekit.backend_api import KeyGroupRange
 
     kb = backend.create_keyed_backend(
         key_serializer=serializer_for(str), key_group_range=KeyGroupRange.of(0, 7), max_parallelism=8

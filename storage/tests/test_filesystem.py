@@ -12,13 +12,8 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 import pytest
 
-from statekit import (
-    CheckpointError,
-    CheckpointNotFoundError,
-    CheckpointStorage,
-    ConfigurationError,
-    CorruptSnapshotError,
-)
+from statekit.backend_api import CheckpointStorage
+from statekit.errors import CheckpointError, CheckpointNotFoundError, ConfigurationError, CorruptSnapshotError
 from statekit_storage import (
     FileStreamHandle,
     FileSystemCheckpointStorage,

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from statekit import CheckpointError, CheckpointNotFoundError, CheckpointStorage, ConfigurationError
+from statekit.backend_api import CheckpointStorage
+from statekit.errors import CheckpointError, CheckpointNotFoundError, ConfigurationError
 from statekit_storage import DEFAULT_MAX_STATE_SIZE, InlineStreamHandle, JobManagerCheckpointStorage
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from statekit import CheckpointStorage, ConfigurationError, PluginRegistry
+from statekit.backend_api import CheckpointStorage, PluginRegistry
+from statekit.errors import ConfigurationError
 from statekit_storage import FileSystemCheckpointStorage, JobManagerCheckpointStorage
 
 
@@ -130,7 +131,7 @@ def test_hdfs_without_hadoop_points_to_the_readme() -> None:
 
 
 def test_secret_storage_options_merge_and_env_references_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
-    from statekit_storage._filesystem import parse_storage_options
+    from statekit_storage._options import parse_storage_options
 
     monkeypatch.setenv("STATEKIT_TEST_TOKEN", "from-the-environment")
     options = parse_storage_options(

@@ -55,7 +55,7 @@ def completed(checkpoints: Path, job_id: str) -> list[int]:
 
 
 def subtasks_of_latest(checkpoints: Path, job_id: str) -> int:
-    from statekit import load_checkpoint
+    from statekit.checkpointing import load_checkpoint
     from statekit_storage import FileSystemCheckpointStorage
 
     storage = FileSystemCheckpointStorage(str(checkpoints))
@@ -66,7 +66,7 @@ def subtasks_of_latest(checkpoints: Path, job_id: str) -> int:
 
 def latest_batch(checkpoints: Path, job_id: str) -> int | None:
     """The Spark batch id whose state the job's latest checkpoint holds."""
-    from statekit import load_checkpoint
+    from statekit.checkpointing import load_checkpoint
     from statekit_storage import FileSystemCheckpointStorage
 
     storage = FileSystemCheckpointStorage(str(checkpoints))

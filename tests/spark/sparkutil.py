@@ -66,7 +66,7 @@ def restored_state(
 
     The runner uses the backend that wrote the checkpoint, which native checkpoints need.
     """
-    from statekit import load_checkpoint
+    from statekit.checkpointing import load_checkpoint
 
     found = storage.latest_checkpoint(job_id) if location == "latest" else location
     assert found is not None, "no checkpoint to restore"

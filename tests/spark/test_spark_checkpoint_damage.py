@@ -15,7 +15,7 @@ import pytest
 from sparkutil import OUTPUT, assert_exact_state, run_to_end, stream_of, write_inputs
 
 from jobs import CountUrls, make_records
-from statekit import load_checkpoint
+from statekit.checkpointing import load_checkpoint
 from statekit.spark import BatchInfo, keyed
 
 RECORDS = make_records(1800, urls=60, seed=5)

@@ -20,7 +20,7 @@ import pytest
 from sparkutil import OUTPUT, SCHEMA, assert_exact_state
 
 from jobs import CountUrls, make_records
-from statekit import load_checkpoint
+from statekit.checkpointing import load_checkpoint
 from statekit.spark import BatchInfo, keyed
 
 RECORDS = make_records(1800)

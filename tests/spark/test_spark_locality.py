@@ -23,7 +23,7 @@ import pytest
 from sparkutil import OUTPUT, SCHEMA, assert_exact_state
 
 from jobs import CountUrls, make_records
-from statekit import ConfigurationError
+from statekit.errors import ConfigurationError
 from statekit.spark import _jvm, keyed
 from statekit.spark._jvm_build import JAR_NAME, MANIFEST_NAME, HelperBuildError, find_javac, find_spark_jars
 

@@ -24,7 +24,8 @@ import pytest
 from pyspark.sql import types as T
 
 from logfiles import LOGROTATE, CountAndSeq, CountPerUrl, LogDir, Logrotate, Writer, lines_in_files
-from statekit import BadRecordError, InputLostWarning, SourceError
+from statekit import InputLostWarning
+from statekit.errors import BadRecordError, SourceError
 from statekit.spark import keyed, read_logs
 from statekit.spark._log_source import LogDataSource, LogRange, LogStreamReader
 

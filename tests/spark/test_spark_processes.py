@@ -293,7 +293,7 @@ def test_a_second_driver_on_the_same_job_fences_off_the_first(tmp_path: Path) ->
     assert f"a newer run {newest.name.split('-')[2][:12]} (epoch 2)" in error, error
     assert f"pid {second.pid} on host" in error, error
 
-    from statekit import load_checkpoint
+    from statekit.checkpointing import load_checkpoint
     from statekit.spark._driver import QUERY_PROPERTY
     from statekit_storage import FileSystemCheckpointStorage
 

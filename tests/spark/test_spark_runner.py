@@ -24,13 +24,9 @@ from sparkutil import (
 )
 
 from jobs import SEEN, CountUrls, make_records, model_state
-from statekit import (
-    ConfigurationError,
-    LocalRunner,
-    UnknownPluginError,
-    default_registry,
-    load_checkpoint,
-)
+from statekit import LocalRunner, default_registry
+from statekit.checkpointing import load_checkpoint
+from statekit.errors import ConfigurationError, UnknownPluginError
 from statekit.spark import BatchInfo, keyed
 
 RECORDS = make_records(2400)

@@ -109,7 +109,7 @@ def test_endpoint_stops_mid_upload_the_batch_fails_and_the_restarted_query_is_ex
 
 def shared_keys(storage: Any, location: str, job: str) -> set[str]:
     """The object keys of the shared files the checkpoint at ``location`` references."""
-    from statekit import load_checkpoint
+    from statekit.checkpointing import load_checkpoint
 
     handles = load_checkpoint(storage, location).metadata.shared_handles()
     return {f"{job}/shared/{d['path'].rsplit('/', 1)[1]}" for d in handles}

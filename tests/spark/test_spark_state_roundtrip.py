@@ -10,7 +10,8 @@ import pytest
 from sparkutil import OUTPUT, SCHEMA, read_outputs
 
 from jobs import make_records
-from statekit import ListStateDescriptor, LocalRunner, StateError
+from statekit import ListStateDescriptor, LocalRunner
+from statekit.errors import StateError
 from statekit.spark import keyed, write_savepoint
 from statekit.state_processor import SavepointReader, SavepointWriter
 from statekit_urlcount import COUNT_STATE, CountPerUrl

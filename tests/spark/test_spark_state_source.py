@@ -22,7 +22,6 @@ from jobs import count_urls_runner, expected_counts, make_records
 from statekit import (
     EventTime,
     KeyedProcessFunction,
-    KeyGroupRange,
     ListStateDescriptor,
     LocalRunner,
     MapStateDescriptor,
@@ -31,10 +30,10 @@ from statekit import (
     StateTtlConfig,
     ValueStateDescriptor,
     default_registry,
-    serializer_for,
 )
-from statekit.backend_api import CANONICAL_FORMAT
+from statekit.backend_api import CANONICAL_FORMAT, KeyGroupRange
 from statekit.checkpoints._writing import complete_checkpoint, write_subtask_state
+from statekit.serializers import serializer_for
 from statekit.spark import register_state_source
 from statekit.spark._state_source import StateDataSource, _Options, plan_partitions, spark_schema
 from statekit.state_processor import SavepointReader

@@ -457,7 +457,7 @@ def test_a_sibling_that_stops_after_accepting_fails_the_task_naming_it_and_the_r
     import signal
     import time
 
-    from statekit import CheckpointError
+    from statekit.errors import CheckpointError
 
     driver = Driver(tmp_path, function=StopOnce, config={"statekit.spark.worker-handoff.timeout": 2})
     sibling = _Sibling(driver)
@@ -547,7 +547,7 @@ def test_an_executor_directory_the_second_user_prepared_is_refused(tmp_path: Pat
     import os
     import shutil
 
-    from statekit import UnsafeLocalPathError
+    from statekit.errors import UnsafeLocalPathError
 
     top = _shared_top()
     try:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from statekit import KeyGroupRange
+from statekit.backend_api import KeyGroupRange
 from statekit.serializers import StrSerializer, TypeSerializer
 from statekit.testing import ManualClock
 from statekit_heap import HeapKeyedStateBackend

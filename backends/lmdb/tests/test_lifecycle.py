@@ -8,15 +8,8 @@ from typing import Any
 
 import pytest
 
-from statekit import (
-    Configuration,
-    ConfigurationError,
-    CorruptSnapshotError,
-    StateAccessError,
-    StateTtlConfig,
-    ValueStateDescriptor,
-    default_registry,
-)
+from statekit import Configuration, StateTtlConfig, ValueStateDescriptor, default_registry
+from statekit.errors import ConfigurationError, CorruptSnapshotError, StateAccessError
 from statekit.testing import OnDiskLifecycleTests, instance_dirs, snapshot_handle
 
 COUNT = ValueStateDescriptor("count", int, default=0)

@@ -7,14 +7,8 @@ from typing import Any
 
 import pytest
 
-from statekit import (
-    ConfigurationError,
-    ListStateDescriptor,
-    MapStateDescriptor,
-    SnapshotError,
-    StateAccessError,
-    ValueStateDescriptor,
-)
+from statekit import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+from statekit.errors import ConfigurationError, SnapshotError, StateAccessError
 from statekit.testing import KitNativeOutput, decode_canonical, snapshot_handle
 from statekit_lmdb import LMDBStateBackend, MapSizeLimitError
 

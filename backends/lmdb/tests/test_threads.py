@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from statekit import KeyGroupRange, ValueStateDescriptor, key_group_for_bytes
-from statekit.backend_api import BytesStreamHandle, KeyedStateHandle
+from statekit import ValueStateDescriptor
+from statekit.backend_api import BytesStreamHandle, KeyedStateHandle, KeyGroupRange, key_group_for_bytes
 from statekit.serializers import StrSerializer
 from statekit.testing import KitNativeOutput, decode_canonical, snapshot_handle
 

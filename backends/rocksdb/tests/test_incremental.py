@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from statekit import KeyedProcessFunction, LocalRunner, ValueStateDescriptor, load_checkpoint
+from statekit import KeyedProcessFunction, LocalRunner, ValueStateDescriptor
+from statekit.checkpointing import load_checkpoint
 from statekit.testing import keyed_checkpoint_part, value_state_contents
 
 COUNT = ValueStateDescriptor("count", int, default=0)

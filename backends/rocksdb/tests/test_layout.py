@@ -5,17 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from statekit import (
-    VOID_NAMESPACE,
-    KeyGroupRange,
-    ListStateDescriptor,
-    MapStateDescriptor,
-    ValueStateDescriptor,
-    key_group_for_bytes,
-    serializer_for,
-)
-from statekit.backend_api import KeyLayout
-from statekit.serializers import IntSerializer, StrSerializer
+from statekit import VOID_NAMESPACE, ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+from statekit.backend_api import KeyGroupRange, KeyLayout, key_group_for_bytes
+from statekit.serializers import IntSerializer, StrSerializer, serializer_for
 from statekit.testing import snapshot_handle
 
 INT_NS = serializer_for(int)

@@ -7,13 +7,8 @@ from typing import Any
 
 import pytest
 
-from statekit import (
-    Configuration,
-    ConfigurationError,
-    StateTtlConfig,
-    ValueStateDescriptor,
-    default_registry,
-)
+from statekit import Configuration, StateTtlConfig, ValueStateDescriptor, default_registry
+from statekit.errors import ConfigurationError
 from statekit.testing import OnDiskLifecycleTests, snapshot_handle
 
 COUNT = ValueStateDescriptor("count", int, default=0)

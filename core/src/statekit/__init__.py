@@ -1,61 +1,31 @@
 """statekit: pluggable keyed and operator state for Python stream processing.
 
-The user-facing API: state descriptors and handles, TTL, key groups,
-serializers, the backend and storage contracts, the plugin registry and its
-configuration. Backend authors also use :mod:`statekit.backend_api`;
-:mod:`statekit.serializers` holds every built-in serializer.
+This module is what a job author uses: state descriptors and handles, TTL,
+the function API, the embedded runner and its sources, timers, and the job's
+configuration. Everything else has one public home of its own:
+
+- :mod:`statekit.errors`: every error statekit raises (``StateError`` and its subclasses);
+- :mod:`statekit.serializers`: the built-in serializers;
+- :mod:`statekit.checkpointing`: checkpoints and savepoints for runner authors;
+- :mod:`statekit.backend_api`: what backend and storage authors build on: the
+  contracts (``StateBackend``, ``CheckpointStorage``, ``Supports*``), plugin
+  specs and hooks, key groups, and the base classes;
+- :mod:`statekit.testing`, :mod:`statekit.spark`, :mod:`statekit.state_processor`,
+  :mod:`statekit.windows`, :mod:`statekit.timers` and :mod:`statekit.sources`.
+
+Names that lived here before (``statekit.CheckpointStorage``, ``statekit.StateError``,
+...) are still found for one release, with a :class:`DeprecationWarning`
+naming their home.
 """
 
 from __future__ import annotations
 
-from ._contracts import (
-    CheckpointOutputStream,
-    CheckpointStorage,
-    CheckpointWriter,
-    KeyedStateBackend,
-    OperatorStateBackend,
-    StateBackend,
-    SupportsBatchUpdate,
-    SupportsNativeSnapshot,
-    SupportsOrphanCleanup,
-    SupportsRunFencing,
-)
-from ._errors import (
-    BackendIOError,
-    BadRecordError,
-    CheckpointError,
-    CheckpointNotFoundError,
-    ConfigurationError,
-    CorruptCheckpointError,
-    CorruptSnapshotError,
-    FencedError,
-    IncompatibleSerializerError,
-    MaxParallelismMismatchError,
-    PluginConflictError,
-    PluginError,
-    SerializationError,
-    SnapshotError,
-    SourceError,
-    StateAccessError,
-    StateError,
-    StateMigrationError,
-    StateSizeLimitError,
-    UnknownPluginError,
-    UnsafeLocalPathError,
-)
-from .checkpoints._metadata import CheckpointMetadata
-from .checkpoints._restore import CompletedCheckpoint, load_checkpoint
-from .plugins._config import CORE_OPTIONS, ConfigOption, Configuration
-from .plugins._registry import (
-    BackendSpec,
-    PluginLoadWarning,
-    PluginRegistry,
-    RegisteredPlugin,
-    StorageSpec,
-    default_registry,
-    hookimpl,
-    hookspec,
-)
+import importlib
+from typing import Any
+
+from ._errors import warn_moved
+from .plugins._config import Configuration
+from .plugins._registry import default_registry
 from .runtime._function import (
     KeyedBatchFunction,
     KeyedProcessFunction,
@@ -64,15 +34,9 @@ from .runtime._function import (
     RuntimeContext,
 )
 from .runtime._runner import FileSource, LocalRunner, RecordSource, ReplayableSource, RunResult
-from .serialization._keygroups import (
-    KeyGroupRange,
-    compute_default_max_parallelism,
-    key_group_for_bytes,
-    key_group_range_for_operator,
-    operator_index_for_key_group,
-)
-from .serialization._serializers import PickleSerializer, TypeSerializer, serializer_for
-from .sources import BadRecord, BadRecordPolicy, InputLostWarning, LogSource, LostInput
+from .sources._badrecords import BadRecord, BadRecordPolicy
+from .sources._locating import InputLostWarning, LostInput
+from .sources._logsource import LogSource
 from .state._state import (
     VOID_NAMESPACE,
     AggregateFunction,
@@ -93,99 +57,121 @@ from .state._state import (
     ValueState,
     ValueStateDescriptor,
 )
-from .timers import EventTime, TimeDomain, TimerService
+from .timers._eventtime import EventTime
+from .timers._service import TimeDomain, TimerService
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CORE_OPTIONS",
     "VOID_NAMESPACE",
-    "BackendSpec",
-    "CheckpointMetadata",
-    "CompletedCheckpoint",
-    "FileSource",
-    "LogSource",
-    "BadRecord",
-    "BadRecordError",
-    "BadRecordPolicy",
-    "InputLostWarning",
-    "LostInput",
-    "SourceError",
-    "EventTime",
-    "KeyedBatchFunction",
-    "KeyedProcessFunction",
-    "LocalRunner",
-    "OnTimerContext",
-    "ProcessContext",
-    "RecordSource",
-    "ReplayableSource",
-    "RunResult",
-    "RuntimeContext",
-    "load_checkpoint",
-    "ConfigOption",
-    "Configuration",
-    "PluginLoadWarning",
-    "PluginRegistry",
-    "RegisteredPlugin",
-    "StorageSpec",
-    "default_registry",
-    "hookimpl",
-    "hookspec",
     "AggregateFunction",
     "AggregatingState",
     "AggregatingStateDescriptor",
-    "BackendIOError",
-    "CheckpointError",
-    "CheckpointNotFoundError",
-    "CheckpointOutputStream",
-    "CheckpointStorage",
-    "CheckpointWriter",
-    "ConfigurationError",
-    "CorruptCheckpointError",
-    "CorruptSnapshotError",
-    "FencedError",
-    "IncompatibleSerializerError",
-    "KeyGroupRange",
-    "KeyedStateBackend",
+    "BadRecord",
+    "BadRecordPolicy",
+    "Configuration",
+    "EventTime",
+    "FileSource",
+    "InputLostWarning",
+    "KeyedBatchFunction",
+    "KeyedProcessFunction",
     "ListState",
     "ListStateDescriptor",
+    "LocalRunner",
+    "LogSource",
+    "LostInput",
     "MapState",
     "MapStateDescriptor",
     "Migration",
-    "MaxParallelismMismatchError",
-    "OperatorStateBackend",
-    "PickleSerializer",
-    "PluginConflictError",
-    "PluginError",
+    "OnTimerContext",
+    "ProcessContext",
+    "RecordSource",
     "ReducingState",
     "ReducingStateDescriptor",
-    "SerializationError",
-    "SnapshotError",
+    "ReplayableSource",
+    "RunResult",
+    "RuntimeContext",
     "State",
-    "StateAccessError",
-    "StateBackend",
     "StateDescriptor",
-    "StateError",
-    "StateMigrationError",
-    "StateSizeLimitError",
     "StateTtlConfig",
-    "SupportsBatchUpdate",
-    "SupportsNativeSnapshot",
-    "SupportsOrphanCleanup",
-    "SupportsRunFencing",
     "TimeDomain",
     "TimerService",
     "TtlUpdateType",
     "TtlVisibility",
-    "TypeSerializer",
-    "UnknownPluginError",
-    "UnsafeLocalPathError",
     "ValueState",
     "ValueStateDescriptor",
     "__version__",
-    "compute_default_max_parallelism",
-    "key_group_for_bytes",
-    "key_group_range_for_operator",
-    "operator_index_for_key_group",
-    "serializer_for",
+    "default_registry",
 ]
+
+#: Names that ``statekit`` exported before each had one home, and that home.
+_MOVED = {
+    **dict.fromkeys(
+        (
+            "BackendIOError",
+            "BadRecordError",
+            "CheckpointError",
+            "CheckpointNotFoundError",
+            "ConfigurationError",
+            "CorruptCheckpointError",
+            "CorruptSnapshotError",
+            "FencedError",
+            "IncompatibleSerializerError",
+            "MaxParallelismMismatchError",
+            "PluginConflictError",
+            "PluginError",
+            "SerializationError",
+            "SnapshotError",
+            "SourceError",
+            "StateAccessError",
+            "StateError",
+            "StateMigrationError",
+            "StateSizeLimitError",
+            "UnknownPluginError",
+            "UnsafeLocalPathError",
+        ),
+        "statekit.errors",
+    ),
+    **dict.fromkeys(
+        (
+            "CORE_OPTIONS",
+            "BackendSpec",
+            "CheckpointOutputStream",
+            "CheckpointStorage",
+            "CheckpointWriter",
+            "ConfigOption",
+            "KeyGroupRange",
+            "KeyedStateBackend",
+            "OperatorStateBackend",
+            "PluginLoadWarning",
+            "PluginRegistry",
+            "RegisteredPlugin",
+            "StateBackend",
+            "StorageSpec",
+            "SupportsBatchUpdate",
+            "SupportsNativeSnapshot",
+            "SupportsOrphanCleanup",
+            "SupportsRunFencing",
+            "compute_default_max_parallelism",
+            "hookimpl",
+            "hookspec",
+            "key_group_for_bytes",
+            "key_group_range_for_operator",
+            "operator_index_for_key_group",
+        ),
+        "statekit.backend_api",
+    ),
+    **dict.fromkeys(
+        ("CheckpointMetadata", "CompletedCheckpoint", "load_checkpoint"), "statekit.checkpointing"
+    ),
+    **dict.fromkeys(("PickleSerializer", "TypeSerializer", "serializer_for"), "statekit.serializers"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The names that moved out of ``statekit``, for one release, with a DeprecationWarning."""
+    home = _MOVED.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warn_moved(__name__, name, home)
+    return getattr(importlib.import_module(home), name)

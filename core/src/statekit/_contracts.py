@@ -21,8 +21,8 @@ from .state._state import ListStateDescriptor, MapStateDescriptor, StateDescript
 
 __all__ = [
     "CheckpointOutputStream",
-    "CheckpointWriter",
     "CheckpointStorage",
+    "CheckpointWriter",
     "KeyedStateBackend",
     "OperatorStateBackend",
     "StateBackend",
@@ -294,7 +294,7 @@ class SupportsRunFencing(Protocol):
     starts and gets an *epoch*, higher than every epoch recorded before (Flink's
     leader epoch, a fencing token); before writing a checkpoint and again before
     its ``_metadata`` the runner asks for the newest run and stops with
-    :class:`statekit.FencedError` if it is not itself.
+    :class:`statekit.errors.FencedError` if it is not itself.
 
     Registering needs no atomic compare-and-swap: each run's record has a name of
     its own, the newest is the highest ``(epoch, run_id)``, so two runs that

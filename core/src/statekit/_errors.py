@@ -28,6 +28,8 @@ exception fits, the error also inherits it, so callers may catch either::
 
 from __future__ import annotations
 
+import warnings
+
 __all__ = [
     "BackendIOError",
     "BadRecordError",
@@ -51,6 +53,7 @@ __all__ = [
     "UnknownPluginError",
     "UnsafeLocalPathError",
     "install_hint",
+    "warn_moved",
 ]
 
 
@@ -79,7 +82,7 @@ class BadRecordError(StateError, ValueError):
     """An input record cannot be processed: its line does not parse, it has no usable key, its columns clash.
 
     The message names the place (file, byte offset, line number) and the raw
-    text, cut short; ``bad`` holds them all (a :class:`statekit.sources.BadRecord`).
+    text, cut short; ``bad`` holds them all (a :class:`statekit.BadRecord`).
     Raised under ``statekit.bad-records.policy=fail`` and when a dead-letter
     budget is spent (see docs/operations.md#input-files).
 
@@ -97,12 +100,15 @@ class BadRecordError(StateError, ValueError):
 
 
 class SourceError(StateError):
-    """A source cannot follow its input as promised.
+    """A source cannot read its input as promised; the message names the file and the reason.
 
-    For example, a checkpointed position that names a file no longer there in
-    a form that cannot be matched again, or input lost (a file moved away
-    before it was read to its end) under ``on_lost="fail"``. The message names
-    the file and the reason.
+    Raised when a watched path does not exist (naming the first missing part,
+    and a near name), or holds what a log source may not read (a symlink out of
+    the watched files, a FIFO, a socket, a device, a directory); when a
+    checkpointed position (on Spark: the offset in Spark's offset log) is not
+    one of the source's, or names files that changed since, so they cannot be
+    matched again; and when input is lost (a file moved away, truncated or
+    compressed before it was read to its end) under ``on_lost="fail"``.
     """
 
 
@@ -226,4 +232,19 @@ def install_hint(requirement: str) -> str:
     return (
         f'pip install --find-links wheelhouse "{requirement}" (statekit is not on PyPI: `make wheels` '
         "in a statekit checkout builds the wheelhouse, see its README)"
+    )
+
+
+def warn_moved(module: str, name: str, home: str) -> None:
+    """Warn (DeprecationWarning) that ``module.name`` moved to ``home``; for a module's ``__getattr__``.
+
+    Old import paths keep working for one release: the module's ``__getattr__``
+    calls this and returns the name from its home. The message names both
+    places (``statekit.errors.StateError moved to statekit.errors: ...``).
+    """
+    warnings.warn(
+        f"{module}.{name} moved to {home}: import it from there (from {home} import {name}); "
+        f"{module}.{name} is removed in the next release",
+        DeprecationWarning,
+        stacklevel=3,
     )

@@ -1,17 +1,54 @@
-"""What backend authors build on: the keyed backend base and its helpers.
+"""What backend and storage authors build on: the contracts, plugin specs, key groups, base classes.
 
-Read ``docs/writing-a-backend.md`` first. A minimal backend subclasses
-:class:`KeyedBackendBase` and stores what it is given; core adds the current
-key, TTL, reducing and aggregating state and canonical snapshots. A backend
-on an ordered key-value engine subclasses :class:`OrderedKVBackendBase`; its
-native restores are planned by ``kv_plan_native_restore`` (a
-:class:`KVNativeRestore`) and finished by ``kv_finish_native_restore``, in an
-instance directory made by :func:`create_instance_dir`.
+Read ``docs/writing-a-backend.md`` first. The contracts a backend or a storage
+fulfils are protocols (:class:`StateBackend`, :class:`KeyedStateBackend`,
+:class:`OperatorStateBackend`, :class:`CheckpointStorage` and the optional
+``Supports*`` abilities); a plugin registers its factories by name with a
+:class:`BackendSpec` or :class:`StorageSpec` from a :func:`hookimpl`, and
+declares its options as :class:`ConfigOption` objects. Key groups are Flink's
+arithmetic (:class:`KeyGroupRange`, :func:`key_group_for_bytes`, ...).
+
+A minimal backend subclasses :class:`KeyedBackendBase` and stores what it is
+given; core adds the current key, TTL, reducing and aggregating state and
+canonical snapshots. A backend on an ordered key-value engine subclasses
+:class:`OrderedKVBackendBase`; its native restores are planned by
+``kv_plan_native_restore`` (a :class:`KVNativeRestore`) and finished by
+``kv_finish_native_restore``, in an instance directory made by
+:func:`create_instance_dir`. Errors are in :mod:`statekit.errors`.
 """
 
 from __future__ import annotations
 
+from ._contracts import (
+    CheckpointOutputStream,
+    CheckpointStorage,
+    CheckpointWriter,
+    KeyedStateBackend,
+    OperatorStateBackend,
+    StateBackend,
+    SupportsBatchUpdate,
+    SupportsNativeSnapshot,
+    SupportsOrphanCleanup,
+    SupportsRunFencing,
+)
+from .plugins._config import CORE_OPTIONS, ConfigOption
+from .plugins._registry import (
+    BackendSpec,
+    PluginLoadWarning,
+    PluginRegistry,
+    RegisteredPlugin,
+    StorageSpec,
+    hookimpl,
+    hookspec,
+)
 from .runtime._localdirs import OWNER_FILE, create_instance_dir, local_write_error, remove_stale_instance_dirs
+from .serialization._keygroups import (
+    KeyGroupRange,
+    compute_default_max_parallelism,
+    key_group_for_bytes,
+    key_group_range_for_operator,
+    operator_index_for_key_group,
+)
 from .snapshots._native import (
     NativeFile,
     NativeSnapshot,
@@ -38,12 +75,11 @@ from .snapshots._snapshot import (
 from .state._keyed import (
     AggregatingStateImpl,
     KeyedBackendBase,
-    KeyedSnapshot,
     ReducingStateImpl,
-    RegisteredState,
-    StateEntries,
     merge_list_namespaces,
 )
+from .state._keyed_snapshots import KeyedSnapshot
+from .state._kvcolumn import KVColumn
 from .state._kvlayout import (
     EntryCodec,
     KeyLayout,
@@ -54,7 +90,6 @@ from .state._kvlayout import (
     ttl_timestamp,
 )
 from .state._kvstate import (
-    KVColumn,
     KVListState,
     KVMapState,
     KVNativeRestore,
@@ -73,27 +108,36 @@ from .state._operator import (
     encode_operator_snapshot,
     redistribute_operator_state,
 )
+from .state._registered import RegisteredState, StateEntries
 from .state._slots import SlotListState, SlotMapState, SlotState, SlotValueState
 from .state._state import StateKind
 from .state._ttl import Clock, purge_expired, system_clock, ttl_serializer
 
 __all__ = [
     "CANONICAL_FORMAT",
+    "CORE_OPTIONS",
     "DROP",
     "OWNER_FILE",
     "AggregatingStateImpl",
+    "BackendSpec",
     "BroadcastState",
     "BytesStreamHandle",
+    "CheckpointOutputStream",
+    "CheckpointStorage",
+    "CheckpointWriter",
     "Clock",
+    "ConfigOption",
     "EntryCodec",
     "KVColumn",
     "KVListState",
     "KVMapState",
     "KVNativeRestore",
     "KVValueState",
+    "KeyGroupRange",
     "KeyLayout",
     "KeyedBackendBase",
     "KeyedSnapshot",
+    "KeyedStateBackend",
     "KeyedStateHandle",
     "MigrationProgress",
     "NativeFile",
@@ -101,12 +145,16 @@ __all__ = [
     "NativeSnapshotOutput",
     "NativeStateHandle",
     "OperatorListState",
+    "OperatorStateBackend",
     "OperatorStateBackendImpl",
     "OperatorStateData",
     "OperatorStateMode",
     "OrderedKVBackendBase",
+    "PluginLoadWarning",
+    "PluginRegistry",
     "ProgressCallback",
     "ReducingStateImpl",
+    "RegisteredPlugin",
     "RegisteredState",
     "Section",
     "SlotListState",
@@ -115,21 +163,33 @@ __all__ = [
     "SlotValueState",
     "SnapshotHeader",
     "SnapshotWriteResult",
+    "StateBackend",
     "StateEntries",
     "StateKind",
     "StateMigrationPlan",
+    "StorageSpec",
     "StreamStateHandle",
+    "SupportsBatchUpdate",
+    "SupportsNativeSnapshot",
+    "SupportsOrphanCleanup",
+    "SupportsRunFencing",
     "WriterNativeOutput",
+    "compute_default_max_parallelism",
     "create_instance_dir",
-    "local_write_error",
     "decode_operator_snapshot",
     "decode_varint",
+    "encode_operator_snapshot",
     "encode_varint",
     "entry_codec",
     "group_entries",
-    "encode_operator_snapshot",
+    "hookimpl",
+    "hookspec",
     "iter_blocks",
+    "key_group_for_bytes",
+    "key_group_range_for_operator",
+    "local_write_error",
     "merge_list_namespaces",
+    "operator_index_for_key_group",
     "prefix_end",
     "purge_expired",
     "read_block",

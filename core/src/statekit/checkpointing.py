@@ -1,7 +1,7 @@
 """The checkpoint coordinator's building blocks, for runner authors.
 
 A runner snapshots each subtask with :func:`write_subtask_state` into the
-streams of a :class:`~statekit.CheckpointWriter`, completes the checkpoint
+streams of a :class:`~statekit.backend_api.CheckpointWriter`, completes the checkpoint
 with :func:`complete_checkpoint` once every subtask (and the sink) is done,
 and trims old checkpoints with :func:`apply_retention`. To restore, it loads
 a :class:`CompletedCheckpoint` and calls its ``validate`` and

@@ -6,14 +6,9 @@ import os
 import sqlite3
 import threading
 
-from statekit import (
-    KeyGroupRange,
-    LocalRunner,
-    RecordSource,
-    ValueStateDescriptor,
-    default_registry,
-    serializer_for,
-)
+from statekit import LocalRunner, RecordSource, ValueStateDescriptor, default_registry
+from statekit.backend_api import KeyGroupRange
+from statekit.serializers import serializer_for
 from statekit_sqlite import SqliteKeyedStateBackend, SqliteStateBackend
 
 

@@ -9,6 +9,10 @@ directly::
     storage.latest_checkpoint("job-1")  # "s3://bucket/checkpoints/job-1/chk-7" or None
 
 The storages (and fsspec) are imported on first use, so listing plugins stays light.
+``_filesystem`` and ``_jobmanager`` are the storage classes; each step of the
+filesystem storage has a module of its own (``_paths``, ``_options``,
+``_files``, ``_streams``, ``_publishing``, ``_writer``, ``_runs``), and
+``_handles`` the state handles both return.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 from ._plugin import DEFAULT_INLINE_THRESHOLD, DEFAULT_MAX_STATE_SIZE
 
 if TYPE_CHECKING:
-    from ._filesystem import METADATA_FILE, FileSystemCheckpointStorage, find_latest_checkpoint
+    from ._filesystem import FileSystemCheckpointStorage, find_latest_checkpoint
     from ._handles import FileStreamHandle, InlineStreamHandle
     from ._jobmanager import JobManagerCheckpointStorage
+    from ._paths import METADATA_FILE
 
 __all__ = [
     "DEFAULT_INLINE_THRESHOLD",
@@ -35,7 +40,7 @@ __all__ = [
 ]
 
 _MODULES = {
-    "METADATA_FILE": "._filesystem",
+    "METADATA_FILE": "._paths",
     "FileSystemCheckpointStorage": "._filesystem",
     "find_latest_checkpoint": "._filesystem",
     "FileStreamHandle": "._handles",

@@ -11,8 +11,8 @@ from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
-from statekit import CheckpointError, CorruptSnapshotError
 from statekit.backend_api import BytesStreamHandle
+from statekit.errors import CheckpointError, CorruptSnapshotError
 
 __all__ = ["FS_ERRORS", "FileStreamHandle", "InlineStreamHandle"]
 
@@ -37,7 +37,7 @@ def _filesystem_errors() -> tuple[type[Exception], ...]:
     return tuple(errors)
 
 
-#: Exceptions of a failing store, turned into :class:`statekit.CheckpointError` naming the file.
+#: Exceptions of a failing store, turned into :class:`statekit.errors.CheckpointError` naming the file.
 FS_ERRORS = _filesystem_errors()
 #: What asking a file's size may raise besides a missing file (an odd answer of a store).
 _SIZE_ERRORS: tuple[type[Exception], ...] = (*FS_ERRORS, TypeError, ValueError)

@@ -16,19 +16,16 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from statekit import CheckpointError, CheckpointNotFoundError, CheckpointWriter, ConfigurationError
-from statekit.backend_api import StreamStateHandle
+from statekit.backend_api import CheckpointWriter, StreamStateHandle
+from statekit.errors import CheckpointError, CheckpointNotFoundError, ConfigurationError
 
-from ._filesystem import (
-    _check_job_id,
-    _check_name,
-    _Files,
-    _MemoryOutputStream,
-    _normalize_dir,
-    parse_storage_options,
-)
+from ._files import Files
 from ._handles import InlineStreamHandle
+from ._options import parse_storage_options
+from ._paths import check_job_id, check_name, normalize_dir
 from ._plugin import DEFAULT_INLINE_THRESHOLD, DEFAULT_MAX_STATE_SIZE
+from ._streams import MemoryOutputStream
+from ._writer import begin_savepoint
 
 __all__ = ["JobManagerCheckpointStorage"]
 
@@ -65,7 +62,7 @@ class _MemoryWriter:
         with self._storage._lock:
             return self._checkpoint_id in self._storage._completed.get(self._job_id, {})
 
-    def create_stream(self, name: str, *, shared: bool = False) -> _MemoryOutputStream:
+    def create_stream(self, name: str, *, shared: bool = False) -> MemoryOutputStream:
         """An in-memory stream; its handle is always inline (``shared`` changes nothing).
 
         Raises:
@@ -73,7 +70,7 @@ class _MemoryWriter:
         """
         if self._complete():
             raise CheckpointError(f"{self.location} is a completed checkpoint: it is never written again")
-        return _MemoryOutputStream(_check_name(name))
+        return MemoryOutputStream(check_name(name))
 
     def complete(self, metadata: bytes) -> str:
         """Keeps ``metadata`` in the storage object; returns :attr:`location`.
@@ -138,8 +135,8 @@ class JobManagerCheckpointStorage:
         if max_state_size <= 0:
             raise ConfigurationError(f"max-state-size must be positive, not {max_state_size}")
         self.max_state_size: int | None = max_state_size
-        self.savepoints_dir = None if savepoints_dir is None else _normalize_dir(savepoints_dir)
-        self._files = _Files(storage_options or {}, (self.savepoints_dir,), DEFAULT_INLINE_THRESHOLD)
+        self.savepoints_dir = None if savepoints_dir is None else normalize_dir(savepoints_dir)
+        self._files = Files(storage_options or {}, (self.savepoints_dir,), DEFAULT_INLINE_THRESHOLD)
         self._completed: dict[str, dict[int, bytes]] = {}  # job id -> checkpoint id -> metadata
         self._runs: dict[str, dict[str, tuple[int, dict[str, Any]]]] = {}  # job id -> run id -> record
         self._lock = threading.Lock()
@@ -171,7 +168,7 @@ class JobManagerCheckpointStorage:
         """A writer whose streams stay in memory."""
         if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 0:
             raise CheckpointError(f"invalid checkpoint id {checkpoint_id!r}: expected an integer >= 0")
-        return _MemoryWriter(self, _check_job_id(job_id), checkpoint_id)
+        return _MemoryWriter(self, check_job_id(job_id), checkpoint_id)
 
     def begin_savepoint(self, job_id: str, target_dir: str | None = None) -> CheckpointWriter:
         """A writer for a savepoint as files, in ``target_dir`` or the savepoints dir.
@@ -185,7 +182,7 @@ class JobManagerCheckpointStorage:
                 "set statekit.savepoints.dir or pass a target directory"
             )
         parent = target_dir if target_dir is not None else self.savepoints_dir
-        return self._files.begin_savepoint(job_id, parent)
+        return begin_savepoint(self._files, job_id, parent)
 
     def list_checkpoints(self, job_id: str) -> list[str]:
         """Locations of the completed checkpoints of ``job_id`` held here, oldest first."""
@@ -256,7 +253,7 @@ class JobManagerCheckpointStorage:
             self._completed.pop(job_id, None)
             self._runs.pop(job_id, None)
 
-    # --- fencing (statekit.SupportsRunFencing): runs sharing this object ----------------------
+    # --- fencing (statekit.backend_api.SupportsRunFencing): runs sharing this object ----------------------
 
     def register_run(self, job_id: str, run_id: str, description: Mapping[str, Any]) -> int:
         """Records run ``run_id`` with an epoch above every run of ``job_id`` recorded here."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from statekit import ConfigOption, StorageSpec, hookimpl
+from statekit.backend_api import ConfigOption, StorageSpec, hookimpl
 
 __all__ = [
     "DEFAULT_INLINE_THRESHOLD",

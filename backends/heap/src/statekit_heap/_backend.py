@@ -17,15 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from statekit import (
-    VOID_NAMESPACE,
-    KeyGroupRange,
-    StateAccessError,
-    TypeSerializer,
-)
+from statekit import VOID_NAMESPACE
 from statekit.backend_api import (
     Clock,
     KeyedBackendBase,
+    KeyGroupRange,
     OperatorStateBackendImpl,
     RegisteredState,
     StateEntries,
@@ -33,7 +29,8 @@ from statekit.backend_api import (
     merge_list_namespaces,
     purge_expired,
 )
-from statekit.serializers import DictSerializer, ListSerializer
+from statekit.errors import StateAccessError
+from statekit.serializers import DictSerializer, ListSerializer, TypeSerializer
 
 __all__ = ["HeapKeyedStateBackend", "HeapStateBackend"]
 

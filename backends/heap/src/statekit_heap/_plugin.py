@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from statekit import BackendSpec, hookimpl
+from statekit.backend_api import BackendSpec, hookimpl
 
 
 @hookimpl

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from ._backend import LMDB_NATIVE_FORMAT, LMDBKeyedStateBackend, LMDBStateBackend, MapSizeLimitError
+from ._backend import LMDB_NATIVE_FORMAT, LMDBKeyedStateBackend, LMDBStateBackend
+from ._writes import MapSizeLimitError
 
 __all__ = ["LMDB_NATIVE_FORMAT", "LMDBKeyedStateBackend", "LMDBStateBackend", "MapSizeLimitError"]

@@ -4,7 +4,7 @@ The handles, the write buffer, key listing, canonical decoding, bulk loads
 and TTL sweeps are core's (``statekit.backend_api.OrderedKVBackendBase``);
 this module binds them to LMDB. Buffered writes are committed in one write
 transaction per batch; a full map grows and the transaction is written again
-(:meth:`LMDBKeyedStateBackend.lmdb_commit`). Reads go through a read
+(``_writes``: :meth:`LMDBWrites.lmdb_commit`). Reads go through a read
 transaction per state, renewed by every commit. Snapshots are taken while
 processing goes on: both kinds read a read transaction pinned at the snapshot
 point (``_views``); canonical ones iterate it, native ones are a compact copy
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import mmap
 import os
 import shutil
 import struct
@@ -25,9 +24,9 @@ from typing import Any
 
 import lmdb
 
-from statekit import ConfigurationError, KeyGroupRange, SnapshotError, StateAccessError, TypeSerializer
 from statekit.backend_api import (
     Clock,
+    KeyGroupRange,
     KVColumn,
     NativeStateHandle,
     OperatorStateBackendImpl,
@@ -36,30 +35,23 @@ from statekit.backend_api import (
     StateEntries,
     StateKind,
     create_instance_dir,
-    local_write_error,
 )
+from statekit.errors import ConfigurationError, SnapshotError, StateAccessError
+from statekit.serializers import TypeSerializer
 
 from ._full_snapshot import LMDBNativeSnapshot
 from ._layout import BULK_CHUNK, DATA_FILE, DB_PREFIX, MAX_KEY_SIZE, db_name, iterate
 from ._plugin import OPTIONS
 from ._restore import restore_instance
 from ._views import PinnedView
+from ._writes import LMDBWrites, MapSizeLimitError, round_up
 
-__all__ = ["LMDB_NATIVE_FORMAT", "LMDBKeyedStateBackend", "LMDBStateBackend", "MapSizeLimitError"]
+__all__ = ["LMDB_NATIVE_FORMAT", "LMDBKeyedStateBackend", "LMDBStateBackend"]
 
 #: The native snapshot format: a compact copy of the environment (see docs/backends/lmdb.md).
 LMDB_NATIVE_FORMAT = "statekit-lmdb-1"
 # Reader slots for pinned snapshots, besides one per state for the task's reads.
 _SNAPSHOT_READERS = 126
-_PAGE = mmap.PAGESIZE
-
-
-class MapSizeLimitError(StateAccessError):
-    """The LMDB map of one subtask reached ``statekit.backend.lmdb.max-map-size``.
-
-    The writes that did not fit stay in the backend's write buffer (nothing is
-    lost in memory), but no more can be committed, nor snapshots taken.
-    """
 
 
 class LMDBStateBackend:
@@ -142,11 +134,7 @@ class _Binding:
         self.reader: Any = None
 
 
-def _round_up(n: int) -> int:
-    return -(-n // _PAGE) * _PAGE
-
-
-class LMDBKeyedStateBackend(OrderedKVBackendBase):
+class LMDBKeyedStateBackend(LMDBWrites, OrderedKVBackendBase):
     """Keyed state of one subtask in an LMDB environment under its local directory.
 
     The instance lives in ``<local dir>/lmdb-<random>/``: ``db/`` is the live
@@ -183,7 +171,7 @@ class LMDBKeyedStateBackend(OrderedKVBackendBase):
             ttl_sweep_interval=int(opts["ttl-sweep-interval"]),
         )
         self._lmdb_options = opts
-        self._lmdb_max_map = _round_up(int(opts["max-map-size"]))
+        self._lmdb_max_map = round_up(int(opts["max-map-size"]))
         self._lmdb_views: dict[int, PinnedView] = {}
         self._lmdb_env: Any = None
         self._lmdb_reading = False  # whether the columns' read transactions are open
@@ -223,7 +211,7 @@ class LMDBKeyedStateBackend(OrderedKVBackendBase):
         o = self._lmdb_options
         self._lmdb_env = lmdb.open(
             self.db_path,
-            map_size=min(self._lmdb_max_map, _round_up(map_size)),
+            map_size=min(self._lmdb_max_map, round_up(map_size)),
             subdir=True,
             max_dbs=int(o["max-states"]),
             max_readers=int(o["max-states"]) + _SNAPSHOT_READERS,
@@ -341,89 +329,6 @@ class LMDBKeyedStateBackend(OrderedKVBackendBase):
                         cur.putmulti(chunk)
 
             self.lmdb_commit((), work)
-
-    # --- writing: one transaction per batch, growing the map when full ------------------------------
-
-    def lmdb_commit(self, columns: Sequence[KVColumn], work: Callable[[Any], None] | None = None) -> None:
-        """Commit the buffers of ``columns``, and ``work(txn)`` after them, in one write transaction.
-
-        A buffer is cleared only once the transaction that wrote it
-        committed: on ``MapFullError`` the transaction is aborted, the map
-        grows (:meth:`_lmdb_grow`) and the same buffers and ``work`` are
-        written again (``work`` must do the same when called again). No write
-        transaction outlives the call (LMDB ties one to its thread). Every
-        column's read transaction is renewed, so reads see the commit.
-
-        Raises:
-            MapSizeLimitError: If the map is at ``max-map-size`` and still too small.
-            BackendIOError: If LMDB cannot write its files (a full disk); names the directory.
-        """
-        env = self._lmdb_live()
-        # Ended first: an open read transaction keeps the pages the commit frees from reuse.
-        self._lmdb_end_reads()
-        try:
-            while True:
-                txn = env.begin(write=True)
-                try:
-                    for col in columns:
-                        _write_buffer(txn, col)
-                    if work is not None:
-                        work(txn)
-                    txn.commit()
-                except lmdb.MapFullError:
-                    with contextlib.suppress(lmdb.Error):
-                        txn.abort()
-                    self._lmdb_grow()
-                    continue
-                except lmdb.Error as e:
-                    with contextlib.suppress(lmdb.Error):
-                        txn.abort()
-                    if _is_io_error(e):
-                        raise local_write_error("lmdb", self.instance_dir, e) from e
-                    raise
-                except BaseException:
-                    with contextlib.suppress(lmdb.Error):
-                        txn.abort()
-                    raise
-                break
-            for col in columns:
-                col.buffer.clear()
-        finally:
-            if self._lmdb_env is not None:
-                self._lmdb_begin_reads()
-
-    def _lmdb_grow(self) -> None:
-        """Double the map (up to ``max-map-size``), freezing pending snapshots first (see ``_views``)."""
-        size = self.map_size
-        if size >= self._lmdb_max_map:
-            raise MapSizeLimitError(
-                f"the LMDB map of this subtask's state ({self.key_group_range}) is full at "
-                f"{size:,} bytes, the maximum; raise statekit.backend.lmdb.max-map-size (now "
-                f"{self._lmdb_options['max-map-size']}) or spread the state over more subtasks"
-            )
-        self._lmdb_remap(min(self._lmdb_max_map, _round_up(size * 2)))
-
-    def _lmdb_remap(self, size: int) -> None:
-        for view in list(self._lmdb_views.values()):
-            if view.freeze():  # waits for a read of it in progress on another thread
-                self.frozen_views += 1
-        reading = self._lmdb_reading
-        self._lmdb_end_reads()
-        self._lmdb_env.set_mapsize(size)
-        self.map_growths += 1
-        if reading:
-            self._lmdb_begin_reads()
-
-    @property
-    def map_size(self) -> int:
-        """The current map size of the live environment."""
-        return int(self._lmdb_live().info()["map_size"])
-
-    @property
-    def map_used(self) -> int:
-        """Bytes of the map in use (pages up to the last one written)."""
-        env = self._lmdb_live()
-        return (int(env.info()["last_pgno"]) + 1) * int(env.stat()["psize"])
 
     # --- entry counts ------------------------------------------------------------------------------
 
@@ -561,32 +466,6 @@ class LMDBKeyedStateBackend(OrderedKVBackendBase):
                 col.close()
         finally:
             shutil.rmtree(self.instance_dir, ignore_errors=True)
-
-
-def _is_io_error(e: Exception) -> bool:
-    """Whether LMDB failed to write its files: no space (``DiskError``), ``EIO`` from the OS, or a
-    panic after such a failure (LMDB then refuses every write transaction)."""
-    text = str(e)
-    return isinstance(e, (lmdb.DiskError, lmdb.PanicError)) or any(
-        s in text for s in ("Input/output error", "No space left on device")
-    )
-
-
-def _write_buffer(txn: Any, col: KVColumn) -> None:
-    """Put one column's buffered updates (None deletes) into the write transaction ``txn``."""
-    buf = col.buffer
-    if not buf:
-        return
-    db = col.engine.db
-    puts = [(k, v) for k, v in buf.items() if v is not None]
-    if len(puts) != len(buf):
-        delete = txn.delete
-        for k, v in buf.items():
-            if v is None:
-                delete(k, db=db)
-    if puts:
-        with txn.cursor(db=db) as cur:
-            cur.putmulti(puts)
 
 
 class _CanonicalReader:

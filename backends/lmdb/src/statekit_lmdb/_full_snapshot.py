@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from statekit import StateAccessError
 from statekit.backend_api import (
     KeyLayout,
     NativeSnapshotOutput,
@@ -29,6 +28,7 @@ from statekit.backend_api import (
     ProgressCallback,
     RegisteredState,
 )
+from statekit.errors import StateAccessError
 
 from ._layout import DATA_FILE
 from ._views import PinnedView

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from statekit import StateAccessError
+from statekit.errors import StateAccessError
 
 __all__ = [
     "BULK_CHUNK",

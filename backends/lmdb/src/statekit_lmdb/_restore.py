@@ -34,8 +34,8 @@ from typing import Any, Protocol
 
 import lmdb
 
-from statekit import CorruptSnapshotError, KeyGroupRange, SnapshotError
-from statekit.backend_api import KeyLayout, NativeStateHandle
+from statekit.backend_api import KeyGroupRange, KeyLayout, NativeStateHandle
+from statekit.errors import CorruptSnapshotError, SnapshotError
 
 from ._layout import BULK_CHUNK, DATA_FILE, db_name, state_names
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import lmdb
 
-from statekit import CheckpointError, StateAccessError
 from statekit.backend_api import KeyLayout, StateKind, group_entries
+from statekit.errors import CheckpointError, StateAccessError
 
 from ._layout import DATA_FILE, db_name, read_range
 

@@ -37,9 +37,9 @@ from rocksdict import (
     WriteOptions,
 )
 
-from statekit import KeyGroupRange, StateAccessError, TypeSerializer
 from statekit.backend_api import (
     Clock,
+    KeyGroupRange,
     KVColumn,
     NativeStateHandle,
     OperatorStateBackendImpl,
@@ -48,6 +48,8 @@ from statekit.backend_api import (
     create_instance_dir,
     local_write_error,
 )
+from statekit.errors import StateAccessError
+from statekit.serializers import TypeSerializer
 
 from ._incremental import RocksDBNativeSnapshot, UploadTracker
 from ._layout import CF_PREFIX

@@ -25,8 +25,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from statekit import StateAccessError
 from statekit.backend_api import NativeFile, NativeSnapshotOutput, NativeStateHandle, ProgressCallback
+from statekit.errors import StateAccessError
 
 __all__ = ["RocksDBNativeSnapshot", "SnapshotSource", "UploadTracker"]
 

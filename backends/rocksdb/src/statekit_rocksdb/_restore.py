@@ -32,8 +32,8 @@ from typing import Any, Protocol
 
 from rocksdict import AccessType, Options, Rdict, SstFileWriter
 
-from statekit import CorruptSnapshotError, KeyGroupRange
-from statekit.backend_api import KeyLayout, KVColumn, NativeStateHandle
+from statekit.backend_api import KeyGroupRange, KeyLayout, KVColumn, NativeStateHandle
+from statekit.errors import CorruptSnapshotError
 
 from ._layout import CF_PREFIX
 

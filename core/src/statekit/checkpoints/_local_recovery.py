@@ -22,7 +22,7 @@ storage instead, and the rejection counted with its reason
 A local copy never fails a restore and never gives it other bytes.
 
 The directory is confined (:mod:`statekit._localfs`): :class:`LocalCopies`
-creates it with mode 0700 and refuses, with :class:`~statekit.UnsafeLocalPathError`,
+creates it with mode 0700 and refuses, with :class:`~statekit.errors.UnsafeLocalPathError`,
 one that belongs to another user, that its group or others may write, or that
 is (or passes through) a symlink; the caller then turns local recovery off
 and deletes and writes nothing there. Copies, temporaries and manifests are
@@ -60,7 +60,7 @@ from .._contracts import CheckpointOutputStream, CheckpointStorage, CheckpointWr
 from .._errors import CorruptSnapshotError
 from .._localfs import create_exclusive, open_exclusive, private_dir, write_atomically
 from ..snapshots._digest import file_sha256, parse_sha256
-from ..snapshots._snapshot import BytesStreamHandle, StreamStateHandle, _where
+from ..snapshots._snapshot import BytesStreamHandle, StreamStateHandle, describe_stream
 
 __all__ = ["Downloads", "LocalCopies", "LocalRecoveryStorage", "LocalRecoveryWriter", "digests_of"]
 
@@ -545,7 +545,7 @@ class LocalRecoveryStorage:
     def reject(self, sha256: str, inner: StreamStateHandle, reason: str) -> None:
         """Never use the copy of ``sha256`` again in this restore; count it, naming the file."""
         self._checked[sha256] = None
-        self.downloads.reject(f"{_where(inner)}: {reason}; read from the checkpoint storage instead")
+        self.downloads.reject(f"{describe_stream(inner)}: {reason}; read from the checkpoint storage instead")
 
     def __getattr__(self, name: str) -> Any:  # the rest of the storage, unchanged
         return getattr(self._inner, name)

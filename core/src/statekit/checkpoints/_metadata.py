@@ -24,7 +24,7 @@ from .._errors import (
 )
 from ..serialization._keygroups import KeyGroupRange, key_group_range_for_operator
 
-__all__ = ["CheckpointMetadata", "METADATA_VERSION", "SubtaskState", "metadata_at", "naming_damage", "typed"]
+__all__ = ["METADATA_VERSION", "CheckpointMetadata", "SubtaskState", "metadata_at", "naming_damage", "typed"]
 
 _MAGIC = b"STKMETA1"
 _U32 = struct.Struct("<I")

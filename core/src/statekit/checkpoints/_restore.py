@@ -35,8 +35,8 @@ from ..snapshots._native import NativeStateHandle
 from ..snapshots._snapshot import (
     CANONICAL_FORMAT,
     KeyedStateHandle,
-    _where,
     checked_parts,
+    describe_stream,
 )
 from ..state._keyed import KeyedBackendBase
 from ..state._operator import (
@@ -244,15 +244,16 @@ class CompletedCheckpoint:
                 crc = st.operator.get("crc32")  # absent in checkpoints of statekit before it was added
                 if sha is not None:  # absent in checkpoints of statekit before digests: the CRC-32 then
                     if sha256_of(data) != sha:
-                        where = f"{_where(h)}: operator {operator_id!r} subtask {st.subtask_index}"
+                        where = f"{describe_stream(h)}: operator {operator_id!r} subtask {st.subtask_index}"
                         raise CorruptSnapshotError(f"{where}: {NOT_RECORDED}")
                 elif crc is not None and crc != zlib.crc32(data):
                     raise CorruptSnapshotError(
-                        f"{_where(h)}: its CRC-32 is not the one {self.location}/_metadata records for "
+                        f"{describe_stream(h)}: its CRC-32 is not the one {self.location}/_metadata "
+                        "records for "
                         f"operator {operator_id!r} subtask {st.subtask_index}; the file was replaced or "
                         "the metadata is damaged"
                     )
-                old.append(decode_operator_snapshot(data, _where(h)))
+                old.append(decode_operator_snapshot(data, describe_stream(h)))
             else:
                 old.append(None)
         return redistribute_operator_state(old, new_parallelism)

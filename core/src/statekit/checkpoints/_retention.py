@@ -52,7 +52,7 @@ def apply_retention(storage: CheckpointStorage, job_id: str, retained: int) -> l
     """Discard all but the newest ``retained`` checkpoints, unreferenced shared files, and orphans.
 
     Orphans are what failed checkpoints could not delete (their store was down):
-    storages that can (:class:`~statekit.SupportsOrphanCleanup`) delete them here.
+    storages that can (:class:`~statekit.backend_api.SupportsOrphanCleanup`) delete them here.
     Never raises for a failing store: what cannot be deleted now is warned of
     and tried again after the next checkpoint. Returns the discarded locations.
     Call it when no checkpoint is in flight.

@@ -32,7 +32,7 @@ from ..snapshots._snapshot import (
     BytesStreamHandle,
     KeyedStateHandle,
     StreamStateHandle,
-    _where,
+    describe_stream,
     read_block,
     read_header,
     read_index,
@@ -94,7 +94,7 @@ def verify_loaded(cp: CompletedCheckpoint, *, deep: bool) -> list[CheckpointProb
     problems: list[CheckpointProblem] = []
     seen: set[str] = set()  # a shared file several subtasks reference is read once
     for check, stream in _checks(cp, deep, problems):
-        key = _where(stream)
+        key = describe_stream(stream)
         if key in seen:
             continue
         seen.add(key)
@@ -175,7 +175,7 @@ def crc_only_files(cp: CompletedCheckpoint) -> list[str]:
                 except (CorruptSnapshotError, KeyError, TypeError, ValueError):
                     continue
                 if not isinstance(stream, BytesStreamHandle):
-                    found.append(_where(stream))
+                    found.append(describe_stream(stream))
     return sorted(set(found))
 
 
@@ -183,7 +183,7 @@ def _exists_with_size(stream: StreamStateHandle, size: int) -> None:
     """One small read at the end: raises if the file is missing or shorter than ``size``."""
     if stream.size != size:
         raise CorruptSnapshotError(
-            f"{_where(stream)}: has {stream.size} bytes, the metadata records {size}; "
+            f"{describe_stream(stream)}: has {stream.size} bytes, the metadata records {size}; "
             "the file is truncated or was replaced"
         )
     if size:
@@ -212,8 +212,8 @@ def _canonical_check(
         for kg, (off, ln) in sorted(h.offsets.items()):
             if index.get(kg) != (off, ln):
                 raise CorruptSnapshotError(
-                    f"{_where(h.stream)}: the block of key group {kg} is at {index.get(kg)} in the file's "
-                    f"index, at {(off, ln)} in the metadata"
+                    f"{describe_stream(h.stream)}: the block of key group {kg} is at {index.get(kg)} in the "
+                    f"file's index, at {(off, ln)} in the metadata"
                 )
             if kg not in verified:  # its bytes were not compared with a recorded digest: its CRC-32
                 read_block(h.stream, kg, off, ln, names)
@@ -265,7 +265,7 @@ def _scan(
         while first < len(parts) and parts[first][0] + parts[first][1] <= end:
             first += 1
         pos = end
-    where = _where(stream)
+    where = describe_stream(stream)
     wrong = [p[3] for p, h in zip(parts, hashers) if h.hexdigest() != p[2]]
     if pos == size and whole.hexdigest() == sha256 and not wrong:
         return {p[4] for p in parts if p[4] is not None}
@@ -296,11 +296,12 @@ def _operator_check(
         data = stream.read()
         if sha is not None:
             if sha256_of(data) != sha:
-                raise CorruptSnapshotError(f"{_where(stream)}: {NOT_RECORDED}")
+                raise CorruptSnapshotError(f"{describe_stream(stream)}: {NOT_RECORDED}")
         elif isinstance(crc, int) and zlib.crc32(data) != crc:
             raise CorruptSnapshotError(
-                f"{_where(stream)}: its CRC-32 is not the one the metadata records; the file is corrupt"
+                f"{describe_stream(stream)}: its CRC-32 is not the one the metadata records; "
+                "the file is corrupt"
             )
-        decode_operator_snapshot(data, _where(stream))
+        decode_operator_snapshot(data, describe_stream(stream))
 
     return check

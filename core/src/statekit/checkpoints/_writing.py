@@ -1,7 +1,7 @@
 """Writing a checkpoint: each subtask's files, then the ``_metadata`` that completes it.
 
 Subtasks write their keyed state (canonical or native) and operator state
-through a :class:`~statekit.CheckpointWriter`; :func:`complete_checkpoint`
+through a :class:`~statekit.backend_api.CheckpointWriter`; :func:`complete_checkpoint`
 writes the metadata last, which is what makes the checkpoint exist. A
 checkpoint that fails before that deletes only its own native uploads.
 """
@@ -63,7 +63,7 @@ def write_subtask_state(
     """Snapshot a subtask's keyed and operator state into ``writer``'s streams.
 
     With ``native_checkpoint_id``, a keyed backend that has a native format
-    (:class:`~statekit.SupportsNativeSnapshot`) writes a native snapshot for
+    (:class:`~statekit.backend_api.SupportsNativeSnapshot`) writes a native snapshot for
     that checkpoint (uploading only what no completed checkpoint uploaded);
     other backends, and savepoints (None), write the canonical format.
 

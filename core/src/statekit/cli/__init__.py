@@ -2,10 +2,15 @@
 
 ``_cli`` is the registry (:func:`~statekit.cli._cli.command`), the shared
 output helpers and ``main``; each command module (``_cli_checkpoints``,
-``_cli_state``) imports it and registers its commands. This package imports
-every command module, so importing any part of it (the console script imports
-``statekit.cli._cli``) registers them all, and a command module never needs to
-be imported by the registry: the registry sits below the commands.
+``_cli_savepoint``, ``_cli_state``) imports it and registers its commands.
+This package imports every command module, so importing any part of it (the
+console script imports ``statekit.cli._cli``) registers them all, and a
+command module never needs to be imported by the registry: the registry sits
+below the commands. A command's steps are modules named for them, below the
+command module: ``_checkpoints_find``, ``_checkpoints_report`` and
+``_checkpoints_render`` (``checkpoints``), ``_savepoint_convert``
+(``savepoint``), ``_state_keys``, ``_state_json``, ``_state_render`` and
+``_state_export`` (``state``).
 
 May import every core package below it (``state_processor``, ``checkpoints``,
 ``plugins``, ``serialization``, ...); nothing but ``spark`` may import it, and
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 from .._errors import install_hint
 from . import _cli_checkpoints as _cli_checkpoints
+from . import _cli_savepoint as _cli_savepoint
 from ._cli import unavailable_command
 
 try:  # statekit state reads state as Arrow: it needs the optional pyarrow

@@ -13,7 +13,7 @@ registers them all); adding one is a decorated function::
         ctx.console.print(args.path)
         return 0
 
-A command that raises :class:`~statekit.StateError` prints one line to stderr and
+A command that raises :class:`~statekit.errors.StateError` prints one line to stderr and
 exits with status 2 (:data:`EXIT_ERROR`); the exit statuses are the same for
 every command (:data:`EXIT_OK`, :data:`EXIT_PROBLEM`, :data:`EXIT_ERROR`,
 :data:`EXIT_INTERRUPTED`, :data:`EXIT_BROKEN_PIPE`; docs/operations.md lists them).

@@ -13,47 +13,47 @@ bytes again as base64.
 Keys given on the command line (``get KEY``, ``--key``) are parsed as the
 state's key serializer says (``str``, ``int``, ``float``, ``bytes`` as base64,
 anything else as JSON, arrays becoming tuples); ``--key-type`` overrides that.
+
+This module holds the arguments and the four actions; the steps are modules of
+their own: ``_state_keys`` (keys from the command line), ``_state_json``
+(Arrow values as JSON), ``_state_render`` (cells, counts, the progress bar)
+and ``_state_export`` (the files ``export`` writes).
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .._errors import ConfigurationError
 from ..checkpoints._metadata import naming_damage
-from ..serialization._serializers import _describe
-from ..state_processor._arrow import arrow_column
+from ..serialization._serializers import describe_serializer
+from ..state_processor._info import OperatorInfo
 from ..state_processor._reader import SavepointReader
-from ..timers import TimeDomain
+from ..timers._service import TimeDomain
 from ._cli import (
     EXIT_OK,
     EXIT_PROBLEM,
-    Cell,
     CommandContext,
     command,
     full_location,
     print_table,
     printable,
 )
+from ._state_export import FORMATS, SUFFIXES, ExportWriter, check_target, publish_export
+from ._state_json import dumps, json_converter, json_rows, key_json, same
+from ._state_keys import KEY_TYPES, parse_key
+from ._state_render import Progressed, cell, print_list, progress_bar, rows_text
 
 __all__: list[str] = []
-
-Progressed = Callable[[int, int], None]
-_FORMATS = ("json", "csv", "parquet")
-_SUFFIXES = {".json": "json", ".jsonl": "json", ".ndjson": "json", ".csv": "csv", ".parquet": "parquet"}
-_KEY_TYPES = ("str", "int", "float", "bytes", "json")
 
 
 # --- arguments -------------------------------------------------------------------
@@ -103,7 +103,7 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
 def _add_key_type(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--key-type",
-        choices=_KEY_TYPES,
+        choices=KEY_TYPES,
         help="parse keys as this (default: as the state's key serializer says; bytes are base64)",
     )
 
@@ -141,7 +141,7 @@ def _configure_state(parser: argparse.ArgumentParser) -> None:
     exp.add_argument("--output", "-o", required=True, metavar="PATH", help="the file to write (a local path)")
     exp.add_argument(
         "--format",
-        choices=_FORMATS,
+        choices=FORMATS,
         help="json (JSON lines, bytes as base64), csv (flat columns only) or parquet; "
         "default: from the output's suffix",
     )
@@ -180,137 +180,6 @@ def _open(args: argparse.Namespace, ctx: CommandContext) -> Iterator[SavepointRe
         )
     with reader, naming_damage(reader.location):
         yield reader
-
-
-# --- keys ----------------------------------------------------------------------------
-
-
-def parse_key(text: str, key_type: str | None, key_serializer: Mapping[str, Any]) -> Any:
-    """The key ``text`` stands for, as a key of ``key_serializer`` (a serializer config).
-
-    ``key_type`` (one of ``str``, ``int``, ``float``, ``bytes``, ``json``)
-    overrides what the serializer suggests.
-
-    Raises:
-        ConfigurationError: If ``text`` does not parse, or the result is no key of ``key_serializer``.
-    """
-    ident = str(key_serializer.get("id", "str"))
-    kind = key_type or (ident if ident in _KEY_TYPES else "json")
-    try:
-        if kind == "str":
-            key: Any = text
-        elif kind == "int":
-            key = int(text)
-        elif kind == "float":
-            key = float(text)
-        elif kind == "bytes":
-            key = base64.b64decode(text, validate=True)
-        else:
-            key = _coerce(json.loads(text), key_serializer)
-    except ValueError as e:  # json's and base64's errors are ValueErrors too
-        raise ConfigurationError(f"key {text!r} is not a valid {kind} ({e})") from None
-    if key_serializer:
-        serializer = arrow_column(dict(key_serializer)).serializer
-        try:
-            hash(key)
-            serializer.serialize(key)
-        except Exception as e:  # noqa: BLE001 - any failure means "not a key of this serializer"
-            raise ConfigurationError(
-                f"key {text!r} read as {type(key).__name__} is no key of the state's key serializer "
-                f"{_describe(dict(key_serializer))} ({e}); pass another --key-type"
-            ) from None
-    return key
-
-
-def _coerce(value: Any, cfg: Mapping[str, Any]) -> Any:
-    """A JSON value as a key of serializer config ``cfg``: arrays become tuples, base64 strings bytes."""
-    ident = cfg.get("id")
-    args: list[Mapping[str, Any]] = list(cfg.get("args", []))
-    if value is None:
-        return None
-    if ident == "optional":
-        return _coerce(value, args[0])
-    if ident == "bytes" and isinstance(value, str):
-        return base64.b64decode(value, validate=True)
-    if ident == "float" and isinstance(value, int):
-        return float(value)
-    if ident == "dataclass":
-        fields = [(str(n), c) for n, c in cfg.get("fields", [])]
-        if isinstance(value, dict):
-            value = [value.get(n) for n, _ in fields]
-        args = [c for _, c in fields]
-    if isinstance(value, list):
-        if ident in ("tuple", "dataclass") and len(value) == len(args):
-            return tuple(_coerce(v, c) for v, c in zip(value, args))
-        if ident in ("tuple...", "list") and args:
-            return tuple(_coerce(v, args[0]) for v in value)
-        return tuple(value)  # a key must be hashable; the serializer check says if it fits
-    return value
-
-
-# --- values as JSON ----------------------------------------------------------------------
-
-Convert = Callable[[Any], Any]
-
-
-def json_converter(typ: pa.DataType) -> Convert | None:
-    """Turns a :meth:`pyarrow.Array.to_pylist` value of ``typ`` into JSON; None when it already is."""
-    t = pa.types
-    if _is_binary(typ):
-        return lambda v: None if v is None else base64.b64encode(v).decode("ascii")
-    if t.is_timestamp(typ) or t.is_date(typ) or t.is_time(typ):
-        return lambda v: None if v is None else v.isoformat()
-    if t.is_map(typ):
-        kc = json_converter(typ.key_type)
-        vc = json_converter(typ.item_type)
-        k: Convert = kc or _same
-        v: Convert = vc or _same
-        if t.is_string(typ.key_type) or t.is_large_string(typ.key_type):
-            return lambda m: None if m is None else {key: v(x) for key, x in m}
-        return lambda m: None if m is None else [[k(key), v(x)] for key, x in m]
-    if t.is_list(typ) or t.is_large_list(typ) or t.is_fixed_size_list(typ):
-        ec = json_converter(typ.value_type)
-        if ec is None:
-            return None
-        conv = ec
-        return lambda xs: None if xs is None else [conv(x) for x in xs]
-    if t.is_struct(typ):
-        convs = [(f.name, json_converter(f.type)) for f in typ]
-        if all(c is None for _, c in convs):
-            return None
-        return lambda d: None if d is None else {n: (d[n] if c is None else c(d[n])) for n, c in convs}
-    return None
-
-
-def _is_binary(typ: pa.DataType) -> bool:
-    t = pa.types
-    return bool(t.is_binary(typ) or t.is_large_binary(typ) or t.is_fixed_size_binary(typ))
-
-
-def _same(v: Any) -> Any:
-    return v
-
-
-def _json_rows(batch: pa.RecordBatch | pa.Table) -> list[dict[str, Any]]:
-    convs = [(f.name, c) for f in batch.schema if (c := json_converter(f.type)) is not None]
-    rows: list[dict[str, Any]] = batch.to_pylist()
-    for row in rows:
-        for name, conv in convs:
-            row[name] = conv(row[name])
-    return rows
-
-
-def _dumps(value: Any) -> str:
-    # default=str: anything Arrow gives that JSON has no type for (decimals, durations) as text
-    return json.dumps(value, ensure_ascii=False, default=str)
-
-
-def _key_json(key: Any) -> Any:
-    if isinstance(key, bytes):
-        return base64.b64encode(key).decode("ascii")
-    if isinstance(key, tuple):
-        return [_key_json(k) for k in key]
-    return key
 
 
 # --- what to read ------------------------------------------------------------------------
@@ -370,118 +239,65 @@ def _whole(title: str, table: pa.Table, filtered: bool) -> _Source:
     return _Source(title, table.schema, lambda progress: iter(table.to_batches()), table.num_rows)
 
 
-@contextlib.contextmanager
-def _progress(ctx: CommandContext, title: str, enabled: bool) -> Iterator[Progressed | None]:
-    if not enabled or not ctx.err_console.is_terminal:  # a log gets no bar (rich would leave a blank line)
-        yield None
-        return
-    columns = (
-        TextColumn(f"reading {escape(title)}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("key-group blocks"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=ctx.err_console, transient=True) as bar:
-        task = bar.add_task("read", total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
-
-
 # --- statekit state list -------------------------------------------------------------------
 
 
 def _list(args: argparse.Namespace, ctx: CommandContext) -> int:
     with _open(args, ctx) as reader:
-        meta = reader.checkpoint.metadata
-        operators: list[dict[str, Any]] = []
-        for info in reader.operators():
-            key_cfg = info.states[0].key_serializer if info.states else {}
-            operators.append(
-                {
-                    "id": info.id,
-                    "parallelism": info.parallelism,
-                    "key_type": _describe(key_cfg) if key_cfg else None,
-                    "entries": info.entries,
-                    "bytes": info.bytes,
-                    "formats": list(info.formats),
-                    "backends": list(info.backends),
-                    "states": [
-                        {
-                            "name": s.name,
-                            "kind": s.kind,
-                            "type": s.type_name,
-                            "serializer": s.serializer,
-                            "namespace_type": (
-                                None if s.namespace_serializer is None else _describe(s.namespace_serializer)
-                            ),
-                            "ttl": s.ttl,
-                            "bytes": s.bytes,
-                        }
-                        for s in info.states
-                        if s.timer_domain is None
-                    ],
-                    "timers": [
-                        {"domain": s.timer_domain, "state": s.name, "bytes": s.bytes}
-                        for s in info.states
-                        if s.timer_domain is not None
-                    ],
-                    "operator_states": list(info.operator_states),
-                }
-            )
-        summary = {
-            "location": reader.location,
-            "kind": meta.kind,
-            "job_id": meta.job_id,
-            "checkpoint_id": meta.checkpoint_id,
-            "max_parallelism": reader.max_parallelism,
-            "watermark": reader.watermark,
-            "operators": operators,
-        }
+        summary = _list_summary(reader)
     if args.json:
         print(json.dumps(summary, indent=2))
         return EXIT_OK
-    c = ctx.console
-    # A title, not rows: on a terminal above the tables, in a pipe on stderr (--json has it all).
-    ctx.note(f"{meta.kind} {meta.checkpoint_id} of job {meta.job_id}")
-    for label, value in (
-        ("location", reader.location),
-        ("max parallelism", str(reader.max_parallelism)),
-        ("watermark", "-" if reader.watermark is None else str(reader.watermark)),
-    ):
-        ctx.note(f"  {label:<18}{value}")
-    op_rows: list[tuple[Cell, ...]] = []
-    for o in operators:
-        fmt = ", ".join(o["formats"]) or "-"
-        if o["backends"]:
-            fmt += f" ({', '.join(o['backends'])})"
-        op_rows.append(
-            (
-                o["id"],
-                str(o["parallelism"]),
-                o["key_type"] or "-",
-                f"{o['entries']:,}",
-                f"{o['bytes']:,}",
-                fmt,
-            )
-        )
-    print_table(c, ("operator", "parallelism", "key", "entries", "bytes", "format"), op_rows)
-    state_rows: list[tuple[Cell, ...]] = []
-    for o in operators:
-        for s in o["states"]:
-            ttl = s["ttl"]
-            typ = (
-                s["type"] if s["namespace_type"] is None else f"{s['type']} (namespace {s['namespace_type']})"
-            )
-            ttl_text = "-" if not ttl else f"{ttl['ttl_ms']} ms, {ttl['update_type']}"
-            state_rows.append((o["id"], s["name"], s["kind"], typ, ttl_text, f"{s['bytes']:,}"))
-        for t in o["timers"]:
-            state_rows.append((o["id"], t["state"], "timers", t["domain"], "-", f"{t['bytes']:,}"))
-        for name in o["operator_states"]:
-            state_rows.append((o["id"], name, "operator state", "-", "-", "-"))
-    if not c.is_terminal:
-        c.file.write("\n")  # two tab-separated tables: a blank line between them
-    print_table(c, ("operator", "state", "kind", "type", "TTL", "bytes"), state_rows)
+    print_list(ctx, summary)
     return EXIT_OK
+
+
+def _list_summary(reader: SavepointReader) -> dict[str, Any]:
+    """What ``list`` prints: the checkpoint, then each operator with its states and timers."""
+    meta = reader.checkpoint.metadata
+    return {
+        "location": reader.location,
+        "kind": meta.kind,
+        "job_id": meta.job_id,
+        "checkpoint_id": meta.checkpoint_id,
+        "max_parallelism": reader.max_parallelism,
+        "watermark": reader.watermark,
+        "operators": [_operator_summary(info) for info in reader.operators()],
+    }
+
+
+def _operator_summary(info: OperatorInfo) -> dict[str, Any]:
+    key_cfg = info.states[0].key_serializer if info.states else {}
+    return {
+        "id": info.id,
+        "parallelism": info.parallelism,
+        "key_type": describe_serializer(key_cfg) if key_cfg else None,
+        "entries": info.entries,
+        "bytes": info.bytes,
+        "formats": list(info.formats),
+        "backends": list(info.backends),
+        "states": [
+            {
+                "name": s.name,
+                "kind": s.kind,
+                "type": s.type_name,
+                "serializer": s.serializer,
+                "namespace_type": (
+                    None if s.namespace_serializer is None else describe_serializer(s.namespace_serializer)
+                ),
+                "ttl": s.ttl,
+                "bytes": s.bytes,
+            }
+            for s in info.states
+            if s.timer_domain is None
+        ],
+        "timers": [
+            {"domain": s.timer_domain, "state": s.name, "bytes": s.bytes}
+            for s in info.states
+            if s.timer_domain is not None
+        ],
+        "operator_states": list(info.operator_states),
+    }
 
 
 # --- statekit state show -------------------------------------------------------------------
@@ -496,10 +312,10 @@ def _show(args: argparse.Namespace, ctx: CommandContext) -> int:
         it = src.batches(None)
         for batch in it:
             if limit and len(rows) + batch.num_rows > limit:
-                rows.extend(_json_rows(batch.slice(0, limit - len(rows))))
+                rows.extend(json_rows(batch.slice(0, limit - len(rows))))
                 more = True
                 break
-            rows.extend(_json_rows(batch))
+            rows.extend(json_rows(batch))
             if limit and len(rows) == limit:
                 # One more block says whether there is more; counting it all could read everything.
                 more = next(it, None) is not None
@@ -517,25 +333,14 @@ def _show(args: argparse.Namespace, ctx: CommandContext) -> int:
         print(json.dumps(out, indent=2, ensure_ascii=False, default=str))
         return EXIT_OK
     ctx.note(f"{src.title} of {location}")
-    print_table(ctx.console, src.schema.names, [[_cell(v) for v in row.values()] for row in rows])
+    print_table(ctx.console, src.schema.names, [[cell(v) for v in row.values()] for row in rows])
     if total is None:
-        ctx.note(f"first {_rows(len(rows))}; there are more (--limit 0 shows and counts all)")
+        ctx.note(f"first {rows_text(len(rows))}; there are more (--limit 0 shows and counts all)")
     elif total > len(rows):
-        ctx.note(f"{len(rows)} of {_rows(total)}")
+        ctx.note(f"{len(rows)} of {rows_text(total)}")
     else:
-        ctx.note(_rows(total))
+        ctx.note(rows_text(total))
     return EXIT_OK
-
-
-def _rows(n: int) -> str:
-    return f"{n:,} row" if n == 1 else f"{n:,} rows"
-
-
-def _cell(value: Any) -> str | None:
-    """A value as a table shows it: text as it is, anything else as JSON (escaped by print_table)."""
-    if value is None:
-        return None
-    return value if isinstance(value, str) else _dumps(value)
 
 
 # --- statekit state get -------------------------------------------------------------------
@@ -556,7 +361,7 @@ def _get(args: argparse.Namespace, ctx: CommandContext) -> int:
         message = f"no value for key {key!r} in state {name!r} of operator {op!r} in {location}{hint}"
         print(f"statekit: {printable(message)}", file=sys.stderr)
         return EXIT_PROBLEM
-    conv = json_converter(schema.field("value").type) or _same
+    conv = json_converter(schema.field("value").type) or same
     if info.kind == "list":
         shown: Any = [conv(v) for v in value]
     elif info.kind == "map":
@@ -564,66 +369,19 @@ def _get(args: argparse.Namespace, ctx: CommandContext) -> int:
         if pa.types.is_string(uk_type) or pa.types.is_large_string(uk_type):
             shown = {k: conv(v) for k, v in value.items()}
         else:
-            kc = json_converter(uk_type) or _same
+            kc = json_converter(uk_type) or same
             shown = [[kc(k), conv(v)] for k, v in value.items()]
     else:
         shown = conv(value)
     if args.json:
-        out = {"key": _key_json(key), "value": shown, "location": location, "bytes_read": bytes_read}
+        out = {"key": key_json(key), "value": shown, "location": location, "bytes_read": bytes_read}
         print(json.dumps(out, indent=2, ensure_ascii=False, default=str))
     else:
-        print(_dumps(shown))
+        print(dumps(shown))
     return EXIT_OK
 
 
 # --- statekit state export -------------------------------------------------------------------
-
-
-class _Writer:
-    """Writes record batches to one file in one format."""
-
-    def __init__(self, fmt: str, path: str, schema: pa.Schema) -> None:
-        self.fmt = fmt
-        self._file = open(path, "wb")  # noqa: SIM115 - closed in close()
-        self._writer: Any = None
-        self._schema = schema
-        # CSV cannot hold raw bytes: its bytes columns are written as base64 text.
-        self._binary = [i for i, f in enumerate(schema) if _is_binary(f.type)]
-        try:
-            if fmt == "parquet":
-                import pyarrow.parquet as pq  # type: ignore[import-untyped]
-
-                self._writer = pq.ParquetWriter(self._file, schema)
-            elif fmt == "csv":
-                import pyarrow.csv as pcsv  # type: ignore[import-untyped]
-
-                for i in self._binary:
-                    self._schema = self._schema.set(i, pa.field(schema.field(i).name, pa.string()))
-                self._writer = pcsv.CSVWriter(self._file, self._schema)
-        except BaseException:
-            self._file.close()
-            raise
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        if self.fmt == "json":
-            self._file.write("".join(_dumps(row) + "\n" for row in _json_rows(batch)).encode())
-        elif self.fmt == "csv":
-            cols = list(batch.columns)
-            for i in self._binary:
-                cols[i] = pa.array(
-                    [None if v is None else base64.b64encode(v).decode("ascii") for v in cols[i].to_pylist()],
-                    pa.string(),
-                )
-            self._writer.write_batch(pa.RecordBatch.from_arrays(cols, schema=self._schema))
-        else:
-            self._writer.write_batch(batch)
-
-    def close(self) -> None:
-        try:
-            if self._writer is not None:
-                self._writer.close()
-        finally:
-            self._file.close()
 
 
 def _check_csv(src: _Source) -> None:
@@ -638,12 +396,12 @@ def _check_csv(src: _Source) -> None:
 
 def _export(args: argparse.Namespace, ctx: CommandContext) -> int:
     path: str = args.output
-    fmt: str | None = args.format or _SUFFIXES.get(os.path.splitext(path)[1].lower())
+    fmt: str | None = args.format or SUFFIXES.get(os.path.splitext(path)[1].lower())
     if fmt is None:
         raise ConfigurationError(
             f"cannot tell the format of {path} from its suffix; pass --format json|csv|parquet"
         )
-    _check_target(path, args.overwrite)
+    check_target(path, args.overwrite)
     rows = 0
     with _open(args, ctx) as reader:
         src = _source(reader, args)
@@ -654,45 +412,20 @@ def _export(args: argparse.Namespace, ctx: CommandContext) -> int:
         tmp = os.path.join(head, f".{tail}.{os.getpid()}.partial")
         try:
             try:
-                writer = _Writer(fmt, tmp, src.schema)
+                writer = ExportWriter(fmt, tmp, src.schema)
             except OSError as e:
                 raise ConfigurationError(f"cannot write {path}: {e.strerror or e}") from None
             try:
-                with _progress(ctx, src.title, not args.no_progress) as progress:
+                with progress_bar(ctx, src.title, not args.no_progress) as progress:
                     for batch in src.batches(progress):
                         writer.write(batch)
                         rows += batch.num_rows
             finally:
                 writer.close()
-            _publish(tmp, path, args.overwrite)
+            publish_export(tmp, path, args.overwrite)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tmp)
             raise
-    ctx.console.print(printable(f"{_rows(rows)} written to {path} ({fmt})"), markup=False, soft_wrap=True)
+    ctx.console.print(printable(f"{rows_text(rows)} written to {path} ({fmt})"), markup=False, soft_wrap=True)
     return EXIT_OK
-
-
-def _check_target(path: str, overwrite: bool) -> None:
-    """Refuses, before anything is read, a directory, or an existing file unless ``overwrite``."""
-    if os.path.isdir(path):
-        raise ConfigurationError(f"cannot write {path}: it is a directory")
-    if not overwrite and os.path.lexists(path):
-        raise ConfigurationError(f"{path} exists; pass --overwrite to replace it")
-
-
-def _publish(tmp: str, path: str, overwrite: bool) -> None:
-    """Renames the finished ``tmp`` to ``path``; without ``overwrite``, never over a file made meanwhile."""
-    if overwrite:
-        os.replace(tmp, path)
-        return
-    try:
-        os.link(tmp, path)  # fails if path exists, where a rename would replace it
-    except FileExistsError:
-        raise ConfigurationError(f"{path} exists (it was made during the export); pass --overwrite") from None
-    except OSError:  # a file system without hard links: check, then rename
-        if os.path.lexists(path):
-            raise ConfigurationError(f"{path} exists; pass --overwrite to replace it") from None
-        os.replace(tmp, path)
-        return
-    os.remove(tmp)

@@ -412,7 +412,7 @@ def parse_plugin_options(
 
 
 class PluginOptions(Protocol):
-    """What a plugin declares about its options (:class:`~statekit.BackendSpec` is one)."""
+    """What a plugin declares about its options (:class:`~statekit.backend_api.BackendSpec` is one)."""
 
     @property
     def options(self) -> Sequence[ConfigOption]:
@@ -423,21 +423,21 @@ class PluginOptions(Protocol):
 class InstalledPlugins(Protocol):
     """What :meth:`Configuration.validate` asks of the installed plugins.
 
-    :class:`~statekit.PluginRegistry` is one. Configuration sits below the
+    :class:`~statekit.backend_api.PluginRegistry` is one. Configuration sits below the
     registry (the registry parses plugin options with :func:`parse_plugin_options`),
     so it names only what it asks.
     """
 
     def require_all_loaded(self, reason: str) -> None:
-        """Raises :class:`~statekit.PluginError` naming each plugin that failed to load."""
+        """Raises :class:`~statekit.errors.PluginError` naming each plugin that failed to load."""
         ...
 
     def backend_spec(self, name: str) -> PluginOptions:
-        """The installed backend ``name``; raises :class:`~statekit.UnknownPluginError` if none."""
+        """The installed backend ``name``; raises :class:`~statekit.errors.UnknownPluginError` if none."""
         ...
 
     def storage_spec(self, name: str) -> PluginOptions:
-        """The installed checkpoint storage ``name``; raises :class:`~statekit.UnknownPluginError` if none."""
+        """The installed checkpoint storage ``name``; raises :class:`~statekit.errors.UnknownPluginError`."""
         ...
 
 

@@ -127,7 +127,7 @@ class BackendSpec(_PluginSpec):
     A complete plugin, ``my_backend/_plugin.py``, named by an entry point::
 
         # pyproject.toml: [project.entry-points.statekit] mydb = "my_backend._plugin"
-        from statekit import BackendSpec, ConfigOption, hookimpl
+        from statekit.backend_api import BackendSpec, ConfigOption, hookimpl
 
         @hookimpl
         def statekit_register_backends(register):

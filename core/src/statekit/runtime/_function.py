@@ -32,7 +32,8 @@ from ..serialization._serializers import TypeSerializer, serializer_for
 from ..state._operator import BroadcastState, OperatorListState
 from ..state._state import ListStateDescriptor, MapStateDescriptor, StateDescriptor
 from ..state._ttl import Clock
-from ..timers import TIMER_STATE_PREFIX, ProcessingTimeHint, TimeDomain, TimerService
+from ..timers import TIMER_STATE_PREFIX, ProcessingTimeHint
+from ..timers._service import TimeDomain, TimerService
 from ._columnar import is_columnar, output_rows, require_pyarrow
 
 __all__ = [
@@ -200,7 +201,7 @@ class KeyedProcessFunction(ABC):
     fires; ``close`` runs when the subtask stops.
 
     Attributes:
-        timer_namespace: The type (or :class:`~statekit.TypeSerializer`) of the
+        timer_namespace: The type (or :class:`~statekit.serializers.TypeSerializer`) of the
             namespaces timers are registered in; None (the default) allows only
             ``VOID_NAMESPACE``. Kept in checkpoints, so it must not change
             incompatibly between runs.

@@ -6,7 +6,7 @@ resumes after a crash from the latest completed checkpoint: state is restored
 and the source replays the records after the checkpointed position, so state
 reflects every record exactly once.
 
-With :class:`~statekit.timers.EventTime` the watermark advances as records
+With :class:`~statekit.EventTime` the watermark advances as records
 arrive (the largest event time minus the delay); event-time timers fire as it
 passes them, processing-time timers when the clock reaches them (checked after
 every record). Timers are keyed state, and the watermark is kept in each
@@ -54,11 +54,14 @@ from ..serialization._keygroups import (
     validate_parallelism,
 )
 from ..serialization._serializers import serializer_for
-from ..sources import BadRecord, BadRecordPolicy, LogSource
+from ..sources._badrecords import BadRecord, BadRecordPolicy
 from ..sources._deadletters import DEAD_LETTERS_PROPERTY, StagedDeadLetters
+from ..sources._logsource import LogSource
 from ..state._operator import OperatorStateBackendImpl
 from ..state._ttl import Clock, system_clock
-from ..timers import MAX_WATERMARK, MIN_WATERMARK, NO_TIMER, EventTime, TimeDomain, TimerService
+from ..timers import MAX_WATERMARK, MIN_WATERMARK, NO_TIMER
+from ..timers._eventtime import EventTime
+from ..timers._service import TimeDomain, TimerService
 from ._columnar import group_runs, output_rows, require_pyarrow
 from ._coordinator import CheckpointCoordinator
 from ._function import (
@@ -534,7 +537,7 @@ class LocalRunner:
         event time, records at or below the watermark the batch starts with are
         late, and the watermark moves after the batch (as on Spark). A bad
         record (its key or event time cannot be computed, its columns clash
-        with the rows before it) raises :class:`~statekit.BadRecordError`.
+        with the rows before it) raises :class:`~statekit.errors.BadRecordError`.
         """
         return self._process_batch(records, None)
 

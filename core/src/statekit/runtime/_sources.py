@@ -22,7 +22,9 @@ from .._errors import BadRecordError
 from ..checkpoints._metadata import SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint
 from ..checkpoints._writing import write_subtask_state
-from ..sources import BadRecord, BadRecordPolicy, LogSource, bad_record_error
+from ..sources import bad_record_error
+from ..sources._badrecords import BadRecord, BadRecordPolicy
+from ..sources._logsource import LogSource
 from ..state._operator import OperatorStateBackendImpl
 from ..state._state import ListStateDescriptor
 
@@ -68,7 +70,7 @@ class RecordSource:
             yield self.records[i], i + 1
 
 
-#: The rotation-safe :class:`~statekit.sources.LogSource` under its old name. The
+#: The rotation-safe :class:`~statekit.LogSource` under its old name. The
 #: FileSource it replaces identified a file by its name and lost or repeated lines
 #: when logs rotated; a checkpoint holding that source's ``[file name, byte offset]``
 #: position is still restored (files named before it count as read, as they did),

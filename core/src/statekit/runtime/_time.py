@@ -7,7 +7,7 @@ minus the delay, never moving back, kept in each checkpoint's metadata),
 which records are late and where they go, firing every subtask's event-time
 timers as the watermark passes them and its processing-time timers when the
 clock reaches them, and the end of a bounded input. The timers themselves
-are keyed state in each subtask's :class:`~statekit.timers.TimerService`.
+are keyed state in each subtask's :class:`~statekit.TimerService`.
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ from ..timers import (
     MIN_WATERMARK,
     NO_TIMER,
     WATERMARK_PROPERTY,
-    EventTime,
     LatePolicy,
     ProcessingTimeHint,
-    TimeDomain,
-    TimerService,
 )
+from ..timers._eventtime import EventTime
+from ..timers._service import TimeDomain, TimerService
 
 __all__ = ["TimeCoordinator", "TimedSubtask"]
 

@@ -2,7 +2,7 @@
 
 A serializer has a stable identity (its :meth:`~TypeSerializer.config`), written
 into every snapshot; restoring with a serializer whose config differs raises
-:class:`~statekit.IncompatibleSerializerError` before any state changes.
+:class:`~statekit.errors.IncompatibleSerializerError` before any state changes.
 
 Besides one value at a time (``serialize``/``deserialize``), every serializer
 encodes a whole column of values at once (``encode_column``/``decode_column``).
@@ -44,6 +44,7 @@ __all__ = [
     "TupleSerializer",
     "TypeSerializer",
     "VarTupleSerializer",
+    "describe_serializer",
     "rebuild_serializer",
     "serializer_for",
     "serializer_from_config",
@@ -167,7 +168,7 @@ class TypeSerializer(ABC):
 
     def describe(self) -> str:
         """A short human-readable name, e.g. ``list<int>``."""
-        return _describe(self.config())
+        return describe_serializer(self.config())
 
     def check_compatibility(self, stored: SerializerConfig, what: str) -> None:
         """Raise :class:`IncompatibleSerializerError` unless ``stored`` can be read.
@@ -177,7 +178,7 @@ class TypeSerializer(ABC):
         """
         if stored != self.config():
             raise IncompatibleSerializerError(
-                f"{what} was written with serializer {_describe(stored)} but is declared with "
+                f"{what} was written with serializer {describe_serializer(stored)} but is declared with "
                 f"{self.describe()}; declare the original type, or migrate the state with a "
                 "savepoint written by a job that reads the old type"
             )
@@ -192,13 +193,14 @@ class TypeSerializer(ABC):
         return f"<{type(self).__name__} {self.describe()}>"
 
 
-def _describe(cfg: SerializerConfig) -> str:
+def describe_serializer(cfg: SerializerConfig) -> str:
+    """A serializer config as messages and tables show it: ``tuple<str,int>``, ``dataclass<Point>``."""
     ident = cfg.get("id", "?")
     args = cfg.get("args")
     if ident == "dataclass":
         return f"dataclass<{cfg.get('class')}>"
     if args:
-        return f"{ident}<{','.join(_describe(a) for a in args)}>"
+        return f"{ident}<{','.join(describe_serializer(a) for a in args)}>"
     return str(ident)
 
 

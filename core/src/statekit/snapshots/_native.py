@@ -21,7 +21,7 @@ shared file (:meth:`NativeStateHandle.shared_descriptions`), and retention
 deletes a shared file once no retained checkpoint references it.
 
 The completion contract follows: :data:`COMPLETION_CONTRACT`, written once
-here and appended to this docstring, to :class:`statekit.SupportsNativeSnapshot`'s
+here and appended to this docstring, to :class:`statekit.backend_api.SupportsNativeSnapshot`'s
 and to :mod:`statekit.testing`'s when they are imported.
 """
 
@@ -37,7 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 from .._errors import CorruptSnapshotError
 from ..serialization._keygroups import KeyGroupRange
 from ._digest import NOT_RECORDED, new_sha256, parse_sha256
-from ._snapshot import ProgressCallback, StreamStateHandle, _where
+from ._snapshot import ProgressCallback, StreamStateHandle, describe_stream
 
 __all__ = [
     "COMPLETION_CONTRACT",
@@ -150,7 +150,7 @@ class NativeFile:
         """
         if self.stream.size != self.size:
             raise CorruptSnapshotError(
-                f"{_where(self.stream)}: native file {self.name} has {self.stream.size} bytes, "
+                f"{describe_stream(self.stream)}: native file {self.name} has {self.stream.size} bytes, "
                 f"the checkpoint says {self.size}; the file is truncated or was replaced"
             )
         sha = new_sha256() if self.sha256 is not None else None
@@ -168,10 +168,13 @@ class NativeFile:
             yield data
         if sha is not None:
             if pos != self.size or sha.hexdigest() != self.sha256:
-                raise CorruptSnapshotError(f"{_where(self.stream)}: native file {self.name}: {NOT_RECORDED}")
+                raise CorruptSnapshotError(
+                    f"{describe_stream(self.stream)}: native file {self.name}: {NOT_RECORDED}"
+                )
         elif pos != self.size or crc != self.crc32:
             raise CorruptSnapshotError(
-                f"{_where(self.stream)}: native file {self.name}: checksum mismatch; the file is corrupt"
+                f"{describe_stream(self.stream)}: native file {self.name}: checksum mismatch; "
+                "the file is corrupt"
             )
 
     def read(self) -> bytes:
@@ -216,7 +219,7 @@ class NativeStateHandle:
     """One subtask's native snapshot: its files and what a restore must check first.
 
     Attributes:
-        format: The backend's :attr:`~statekit.SupportsNativeSnapshot.native_format`.
+        format: The backend's :attr:`~statekit.backend_api.SupportsNativeSnapshot.native_format`.
         backend: The backend's name.
         checkpoint_id: The checkpoint that took it.
         key_group_range: The key groups it holds (the owner's range, or a part of it).

@@ -49,6 +49,7 @@ __all__ = [
     "SnapshotWriteResult",
     "StreamStateHandle",
     "checked_parts",
+    "describe_stream",
     "iter_blocks",
     "read_block",
     "read_header",
@@ -320,7 +321,7 @@ def write_canonical(
 # --- reading ---------------------------------------------------------------------
 
 
-def _where(stream: StreamStateHandle) -> str:
+def describe_stream(stream: StreamStateHandle) -> str:
     """The stream as messages name it: its full URL where the handle knows one."""
     url = getattr(stream, "url", None)
     if isinstance(url, str) and url:
@@ -377,7 +378,7 @@ class _CheckedParts:
         if self._head is None:
             assert self._header_sha256 is not None
             data = self._inner.read(0, self._header_length)
-            check_sha256(data, self._header_sha256, _where(self._inner), "the header")
+            check_sha256(data, self._header_sha256, describe_stream(self._inner), "the header")
             self._head = data
         return self._head
 
@@ -385,7 +386,7 @@ class _CheckedParts:
         data = self._inner.read(offset, length)
         block = self._blocks.get((offset, length)) if length is not None else None
         if block is not None:
-            check_sha256(data, block[1], _where(self._inner), f"the block of key group {block[0]}")
+            check_sha256(data, block[1], describe_stream(self._inner), f"the block of key group {block[0]}")
         return data
 
     def discard(self) -> None:
@@ -421,7 +422,7 @@ def checked_parts(
 
 def read_header(stream: StreamStateHandle) -> tuple[SnapshotHeader, int]:
     """Read and check the header; returns it and its length in bytes."""
-    where = _where(stream)
+    where = describe_stream(stream)
     raw = stream.read(0, _HDR.size)
     try:
         magic, version, hlen = _HDR.unpack(raw)
@@ -457,7 +458,7 @@ def read_header(stream: StreamStateHandle) -> tuple[SnapshotHeader, int]:
 
 def read_index(stream: StreamStateHandle) -> dict[int, tuple[int, int]]:
     """Read the block index from the end of a snapshot file."""
-    where = _where(stream)
+    where = describe_stream(stream)
     size = stream.size
     if size < _TRAILER.size:
         raise CorruptSnapshotError(f"{where}: truncated (no index)")
@@ -486,7 +487,7 @@ def read_block(
     state_names: Sequence[str],
 ) -> list[Section]:
     """Read and check one key group's block; returns its sections."""
-    where = _where(stream)
+    where = describe_stream(stream)
     raw = stream.read(offset, length)
     if len(raw) != length or length < _BLOCK_HEAD.size + 4:
         raise CorruptSnapshotError(f"{where}: key group {key_group} block is truncated")

@@ -1,9 +1,9 @@
-"""Which files a :class:`~statekit.sources.LogSource` watches, how it opens them, how it knows them again.
+"""Which files a :class:`~statekit.LogSource` watches, how it opens them, how it knows them again.
 
 What is watched is only what the source was pointed at: regular files in the
 watched directories. A symlink that leads anywhere but to another watched file
 (unless the source follows symlinks), a FIFO, a socket, a device or a
-directory taken by the watch is refused with a :class:`~statekit.SourceError`
+directory taken by the watch is refused with a :class:`~statekit.errors.SourceError`
 naming it and what it is, never skipped in silence; a watched path that does
 not exist is an error too (with a near name, if one exists). Files are opened
 with ``O_NOFOLLOW | O_NONBLOCK`` and checked to be regular on the open

@@ -14,12 +14,10 @@ file's records, so a record costs one small list.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .._errors import SourceError
@@ -33,30 +31,19 @@ from ._files import (
     LineReader,
     LongLine,
     Tracked,
-    Watch,
-    check_watches,
-    count_lines,
-    find_compressed,
-    find_copy,
-    find_prefix_copy,
     fingerprint,
-    head_of,
     holds,
-    is_copy,
     list_candidates,
-    matched_head,
     open_candidate,
     open_regular,
-    watches_for,
 )
+from ._locating import FileLocator, LostInput
 
 __all__ = [
     "FOLLOW_SYMLINKS_KEY",
     "MAX_LINE_BYTES_KEY",
     "POSITION_TAG",
-    "InputLostWarning",
     "LogSource",
-    "LostInput",
 ]
 
 #: The first element of a :class:`LogSource` position.
@@ -68,48 +55,9 @@ MAX_LINE_BYTES_KEY = "statekit.source.max-line-bytes"
 FOLLOW_SYMLINKS_KEY = "statekit.source.follow-symlinks"
 
 _BACK = 1 << 16  # how far back locate() looks for the start of a line
-_LISTINGS = 3  # listings a scan takes at most before it decides a known file is gone
-
-_log = logging.getLogger("statekit.sources")
 
 
-class InputLostWarning(RuntimeWarning):
-    """Lines may have been lost: a file was moved away or changed before it was read to its end."""
-
-
-@dataclass(frozen=True, slots=True)
-class LostInput:
-    """A file the source had not finished and can no longer read.
-
-    Attributes:
-        path: Where the file was.
-        offset: How far it was read (bytes).
-        line: How far it was read (lines; None when not known at ``offset``).
-        reason: What happened to it.
-        end: Where the bytes known not to have been read end (they are
-            ``offset`` to ``end``); None when the source cannot know whether
-            anything was written after ``offset``.
-        progress: How the source got to ``offset``: ``read to``, or
-            ``planned to`` (Spark's driver, which plans ranges that tasks read).
-    """
-
-    path: str
-    offset: int
-    line: int | None
-    reason: str
-    end: int | None = None
-    progress: str = "read to"
-
-    def __str__(self) -> str:
-        line = "" if self.line is None else f", line {self.line}"
-        if self.end is not None:
-            unread = f"bytes {self.offset}-{self.end} ({self.end - self.offset} bytes) were not read"
-        else:
-            unread = "lines written to it after that point, if any, were not read"
-        return f"{self.path} ({self.progress} byte {self.offset}{line}) {self.reason}; {unread}"
-
-
-class LogSource:
+class LogSource(FileLocator):
     """Lines of log files that rotate, read exactly once; the position lives in the checkpoint.
 
     ``paths`` is a directory (every regular file in it, except hidden and
@@ -126,7 +74,7 @@ class LogSource:
     It reads only what it was pointed at: a symlink that leaves the watched
     files (unless ``follow_symlinks``), a FIFO, a socket, a device or a
     directory among the watched names is refused with a
-    :class:`~statekit.SourceError` naming it; files are opened so that no open
+    :class:`~statekit.errors.SourceError` naming it; files are opened so that no open
     blocks on a special file.
 
     What it follows (see docs/operations.md#input-files):
@@ -151,7 +99,7 @@ class LogSource:
       linear in its length and memory bounded by the limit.
 
     A line that is not valid UTF-8, that ``parse`` rejects or that is too
-    long raises :class:`~statekit.BadRecordError` naming the file, byte
+    long raises :class:`~statekit.errors.BadRecordError` naming the file, byte
     offset, line number and text; the :class:`~statekit.LocalRunner` applies
     its bad-records policy instead (``statekit.bad-records.*``).
 
@@ -203,8 +151,6 @@ class LogSource:
         self.lost: list[LostInput] = []
         """What the last :meth:`read` found lost (also warned about)."""
 
-    _progress = "read to"  # how LostInput describes the offset; the Spark driver's plans
-
     def configure(self, config: Any) -> None:
         """Take ``statekit.source.*`` from a job's configuration, for what the constructor was not given.
 
@@ -216,10 +162,6 @@ class LogSource:
             self.max_line_bytes = int(config.get(MAX_LINE_BYTES_KEY))
         if follow is None:
             self.follow_symlinks = bool(config.get(FOLLOW_SYMLINKS_KEY))
-
-    def watches(self) -> list[Watch]:
-        """What the source watches, from its paths and pattern."""
-        return watches_for(self.paths, self.pattern)
 
     # --- reading ------------------------------------------------------------------
 
@@ -277,19 +219,7 @@ class LogSource:
                 if piece.__class__ is LongLine:
                     assert isinstance(piece, LongLine)
                     line += 1
-                    if piece.ended:
-                        position: Any = [tag, files, i, piece.offset + piece.length + 1, line]
-                    else:  # no newline yet: the rest of it is skipped when it comes
-                        t.offset, t.line = piece.offset + piece.length, line
-                        t.flags = (t.flags | IN_LONG_LINE) & ~PARTIAL_END
-                        position = [tag, [x.to_json() for x in tracked], -1, 0, 0]
-                    bad = BadRecord(
-                        "too-long", piece.describe(limit), t.path, piece.offset, line,
-                        piece.head.decode("utf-8", "surrogateescape"),
-                    )  # fmt: skip
-                    if not mark_bad:
-                        raise bad_record_error(bad)
-                    yield bad, position
+                    yield self._too_long(piece, tracked, files, i, line, mark_bad)
                     continue
                 offset, body = piece  # type: ignore[misc]
                 if body.isascii():
@@ -327,20 +257,45 @@ class LogSource:
                             yield bad, [tag, files, i, offset, line]
                             continue
                         yield record, [tag, files, i, offset, line]
-            if reader.offset != t.offset:
-                t.flags &= ~(PARTIAL_END | IN_LONG_LINE)
-            t.offset, t.line = reader.offset, line
-            if reader.skipping:
-                t.flags |= IN_LONG_LINE
-                return
-            pending = reader.tail
-            st = os.fstat(f.fileno())
-            if pending and st.st_size == reader.pos and self.clock() - st.st_mtime >= self.inactive_after:
-                # A last line without its newline, in a file idle long enough: read it as a line.
-                line += 1
-                t.offset, t.line, t.flags = reader.offset + len(pending), line, t.flags | PARTIAL_END
-                position = [tag, [x.to_json() for x in tracked], -1, 0, 0]
-                yield from self._one(pending, t.offset, line, t.path, position, mark_bad)
+            yield from self._finish_file(f, reader, tracked, t, line, mark_bad)
+
+    def _too_long(
+        self, piece: LongLine, tracked: list[Tracked], files: list[Any], i: int, line: int, mark_bad: bool
+    ) -> tuple[BadRecord, Any]:
+        """The bad record of a line longer than the limit, with its position; raised unless ``mark_bad``."""
+        t = tracked[i]
+        if piece.ended:
+            position: Any = [POSITION_TAG, files, i, piece.offset + piece.length + 1, line]
+        else:  # no newline yet: the rest of it is skipped when it comes
+            t.offset, t.line = piece.offset + piece.length, line
+            t.flags = (t.flags | IN_LONG_LINE) & ~PARTIAL_END
+            position = [POSITION_TAG, [x.to_json() for x in tracked], -1, 0, 0]
+        bad = BadRecord(
+            "too-long", piece.describe(self.max_line_bytes), t.path, piece.offset, line,
+            piece.head.decode("utf-8", "surrogateescape"),
+        )  # fmt: skip
+        if not mark_bad:
+            raise bad_record_error(bad)
+        return bad, position
+
+    def _finish_file(
+        self, f: Any, reader: LineReader, tracked: list[Tracked], t: Tracked, line: int, mark_bad: bool
+    ) -> Iterator[tuple[Any, Any]]:
+        """Moves ``t`` to where the read ended; reads a last line without newline once the file is idle."""
+        if reader.offset != t.offset:
+            t.flags &= ~(PARTIAL_END | IN_LONG_LINE)
+        t.offset, t.line = reader.offset, line
+        if reader.skipping:
+            t.flags |= IN_LONG_LINE
+            return
+        pending = reader.tail
+        st = os.fstat(f.fileno())
+        if pending and st.st_size == reader.pos and self.clock() - st.st_mtime >= self.inactive_after:
+            # A last line without its newline, in a file idle long enough: read it as a line.
+            line += 1
+            t.offset, t.line, t.flags = reader.offset + len(pending), line, t.flags | PARTIAL_END
+            position = [POSITION_TAG, [x.to_json() for x in tracked], -1, 0, 0]
+            yield from self._one(pending, t.offset, line, t.path, position, mark_bad)
 
     def _one(
         self, raw: bytes, end: int, line: int, path: str, position: Any, mark_bad: bool
@@ -441,172 +396,6 @@ class LogSource:
             stacklevel=3,
         )
         return tracked
-
-    # --- finding the files ----------------------------------------------------------
-
-    def locate_files(self, tracked: list[Tracked]) -> list[tuple[Tracked, Candidate]]:
-        """Where each known file is now, then the new files, in the order a read takes them.
-
-        What :meth:`read` does before reading, for readers that keep their
-        position elsewhere (the Spark source plans its micro-batches with it).
-        Each entry of ``tracked`` is re-bound to the file that holds it now
-        (its path, and its inode for a ``copytruncate`` copy, are updated);
-        new files follow at offset 0. Files that cannot be found are left out
-        and reported as by :meth:`read` (:attr:`lost`, a warning, or
-        :class:`~statekit.SourceError` under ``on_lost="fail"``).
-        """
-        self.lost = []
-        return self._scan(tracked)
-
-    def _scan(self, tracked: list[Tracked]) -> list[tuple[Tracked, Candidate]]:
-        """Binds each known file to the file that holds it now; lists new files; reports lost ones.
-
-        In order: a known file on its own inode with its content whole; else
-        its copy under another inode (what ``copytruncate`` leaves), finished
-        from the offset; else a copy of less than was read (everything in it
-        was read), or the file is gone and reported if anything of it was not
-        read. Then the files not bound so far: a copy of a file that is still
-        whole, known or new (between ``copytruncate``'s copy and its
-        truncation), is not read, since the original holds the same lines; the
-        rest are new files, in the order found (by modification time).
-        """
-        watches = self.watches()
-        check_watches(watches, tracked)
-        for _ in range(_LISTINGS):
-            cands = list_candidates(watches, follow_symlinks=self.follow_symlinks)
-            by_inode = {(c.dev, c.ino): c for c in cands}
-            claimed: set[tuple[int, int]] = set()
-            bound: dict[int, Candidate] = {}
-            heads: dict[int, bytes | None] = {}  # the first bytes of a file bound on its own inode
-            for i, t in enumerate(tracked):
-                c = by_inode.get((t.dev, t.ino))
-                if c is not None and (head := matched_head(c, t)) is not None:
-                    bound[i], heads[i] = c, head
-                    claimed.add((c.dev, c.ino))
-            copies: dict[int, Candidate] = {}
-            for i, t in enumerate(tracked):
-                if i in bound:
-                    continue
-                # A copy of what was read under another inode: what copytruncate leaves.
-                c = find_copy(t, cands, claimed | {(t.dev, t.ino)})
-                if c is not None:
-                    bound[i] = copies[i] = c
-                    claimed.add((c.dev, c.ino))
-            if len(bound) == len(tracked):
-                break
-            # A file changed or went after the listing was taken: logrotate truncates (and
-            # deletes a file it compressed) only once the copy is complete, so a listing taken
-            # now shows where its content is. List again before deciding it is gone.
-        for i, c in copies.items():
-            t = tracked[i]
-            if c.size < t.size:
-                self._lose(LostInput(
-                    t.path, c.size, None,
-                    f"was truncated after its copy {c.path} was made, and what was written to it in "
-                    "between (as logrotate's copytruncate loses it) was truncated away",
-                    end=t.size, progress="as last seen, up to",
-                ))  # fmt: skip
-            t.dev, t.ino = c.dev, c.ino
-        for i, t in enumerate(tracked):
-            if i in bound:
-                continue
-            p = find_prefix_copy(t, cands, claimed)
-            if p is not None:
-                self._fully_read_copy(t, p)
-                bound[i] = p
-                claimed.add((p.dev, p.ino))
-                continue
-            self._gone(t, by_inode.get((t.dev, t.ino)), watches)
-        plan: list[tuple[Tracked, Candidate]] = []
-        for i, t in enumerate(tracked):
-            c = bound.get(i)
-            if c is not None:
-                t.path, t.size = c.path, c.size
-                plan.append((t, c))
-        # Known files still whole, then new files, longest first: a copy is never longer than its
-        # original, which is then already here to compare it with (the original and its copy can
-        # both be new: a job that starts between copytruncate's copy and its truncation).
-        owners = [(bound[i], head, tracked[i]) for i, head in heads.items() if head is not None]
-        new: list[tuple[Tracked, Candidate]] = []
-        for c in sorted((c for c in cands if (c.dev, c.ino) not in claimed), key=lambda c: (-c.size, c.path)):
-            head = head_of(c)
-            if not head:
-                continue  # gone since the listing
-            original = next((o for o, oh, ot in owners if is_copy(c, head, o, oh, ot)), None)
-            if original is not None:
-                _log.debug("%s is a copy of %s, which is still whole: not read again", c.path, original.path)
-                continue
-            t = Tracked(c.path, c.dev, c.ino, len(head), fingerprint(head), size=c.size)
-            owners.append((c, head, t))
-            new.append((t, c))
-        return plan + sorted(new, key=lambda tc: (tc[1].mtime_ns, tc[1].path))
-
-    def _fully_read_copy(self, t: Tracked, p: Candidate) -> None:
-        """Moves ``t`` to ``p``, a copy of its first bytes, as read to its end: ``t`` was read past its end.
-
-        ``t`` stays the same entry (the Spark source keeps its id), now for ``p``.
-        """
-        counted = count_lines(p, p.size)
-        head = head_of(p) or b""
-        lines, ends_with_newline = counted if counted is not None else (0, True)
-        if t.size > t.offset:
-            self._lose(LostInput(
-                t.path, t.offset, t.line,
-                f"was truncated (as by logrotate's copytruncate) and its copy {p.path} holds only its first "
-                f"{p.size} bytes, less than was read",
-                end=t.size, progress=self._progress,
-            ))  # fmt: skip
-        else:
-            _log.debug("%s was read to its end; its copy %s holds less, all of it read", t.describe(), p.path)
-        t.dev, t.ino, t.fp_len, t.fp = p.dev, p.ino, len(head), fingerprint(head)
-        t.offset, t.line = p.size, lines + (not ends_with_newline)
-        t.flags = 0 if ends_with_newline else PARTIAL_END
-
-    def _gone(self, t: Tracked, same: Candidate | None, watches: Sequence[Watch]) -> None:
-        """Reports ``t``, found nowhere, if anything of it was not read; says where its content went."""
-        if same is not None and same.path == t.path:
-            reason = (
-                "was truncated or rewritten in place (as by logrotate's copytruncate), with no copy of it "
-                "among the watched files"
-            )
-        elif same is not None:
-            reason = (
-                f"was deleted or moved out, and its inode number now belongs to another file, {same.path}"
-            )
-        else:
-            reason = "is no longer among the watched files (moved out or deleted)"
-        z = find_compressed(t, watches)
-        if z is not None:
-            if z.size > t.offset:
-                self._lose(LostInput(
-                    t.path, t.offset, t.line,
-                    f"was compressed to {z.path} before it was read to its end (compressed files are "
-                    "not read)",
-                    end=z.size, progress=self._progress,
-                ))  # fmt: skip
-            else:
-                _log.debug("%s was read to its end, then compressed to %s", t.describe(), z.path)
-        elif t.size > t.offset:
-            self._lose(LostInput(
-                t.path, t.offset, t.line, f"{reason}; it was {t.size} bytes long when the source last looked",
-                end=t.size, progress=self._progress,
-            ))  # fmt: skip
-        elif t.size < 0 or (same is not None and same.path == t.path):
-            # No length on record (a position of an earlier statekit), or a file truncated in place
-            # whose copy went elsewhere: whatever was written after the last look is not known.
-            self._lose(LostInput(t.path, t.offset, t.line, reason, progress=self._progress))
-        else:
-            _log.debug(
-                "%s was read to its end as last seen, then %s", t.describe(), reason.removeprefix("is ")
-            )
-
-    def _lose(self, lost: LostInput) -> None:
-        self.lost.append(lost)
-        if self.on_lost == "fail":
-            raise SourceError(
-                f"input lost: {lost}. To accept the loss and go on, run once with on_lost='warn'"
-            )
-        warnings.warn(f"input lost: {lost}", InputLostWarning, stacklevel=5)
 
     # --- error places -----------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from ..plugins._config import Configuration
 from ..plugins._registry import default_registry
 from ..runtime._function import KeyedProcessFunction
 from ..serialization._serializers import serializer_for
-from ..timers import EventTime
+from ..timers._eventtime import EventTime
 from ._driver import (
     BATCH_PROPERTY,
     QUERY_PROPERTY,
@@ -48,7 +48,7 @@ def keyed(df: DataFrame, key: str, *, key_type: Any = str) -> KeyedDataFrame:
             fails the query naming it, or skips it into dead letters with the
             micro-batch, the file Spark read it from and the row's values.
         key_type: The key's Python type (``str``, ``int``, ``bytes``, a tuple or
-            dataclass type…) or a :class:`~statekit.TypeSerializer`; it fixes the
+            dataclass type…) or a :class:`~statekit.serializers.TypeSerializer`; it fixes the
             key's canonical bytes, hence its key group. ``str`` and ``int`` keys
             are routed by Spark SQL alone; others by a Python pass.
 

@@ -37,16 +37,16 @@ from ..serialization._keygroups import (
 )
 from ..serialization._serializers import IntSerializer, StrSerializer, TypeSerializer
 from ..snapshots._snapshot import SnapshotHeader
-from ..state._keyed import RegisteredState
+from ..state._registered import RegisteredState
 from ..state._state import StateDescriptor
 from ..state_processor._arrow import arrow_column
 from ..state_processor._writer import (
     BOOTSTRAP_BACKEND,
-    _columns,
-    _entries,
-    _verify,
-    _writing,
+    canonical_writer,
     encode_section,
+    state_columns,
+    stored_entries,
+    verify_written,
 )
 from ._routing import KEY_GROUP_COLUMN, RESERVED_COLUMNS, ROUTE_COLUMN, Router, routing_values
 from ._sparkconf import default_parallelism
@@ -119,11 +119,11 @@ def write_savepoint(
     metas = []
     for desc, df in frames:
         meta = RegisteredState.of(desc, ns_sers.get(desc.name)).meta()
-        missing = [c for c in _columns(meta) if c not in df.columns and c != "last_access"]
+        missing = [c for c in state_columns(meta) if c not in df.columns and c != "last_access"]
         if missing:
             raise StateError(
                 f"state {desc.name!r}: the DataFrame lacks columns {missing}; a {meta['kind']} state takes "
-                f"{_columns(meta)}, as the statekit-state data source reads it"
+                f"{state_columns(meta)}, as the statekit-state data source reads it"
             )
         metas.append(meta)
     ks = key_serializer or _default_key_serializer(frames[0][1].schema["key"].dataType)
@@ -222,7 +222,7 @@ class _EncodeSections:
             if end < len(kgs) and kgs[end] == kgs[start]:
                 continue
             kg = kgs[start]
-            entries, _ = _entries(self.meta, data.slice(start, end - start), self.now)
+            entries, _ = stored_entries(self.meta, data.slice(start, end - start), self.now)
             n, k, s, v = encode_section(entries, keys, ns, stored, self.meta["name"])
             for name, value in zip(
                 out, ((kg * self.p) // self.maxp, kg, self.index, n, k, s, v), strict=True
@@ -259,10 +259,10 @@ class _WriteFiles:
             kgr: KeyGroupRange = key_group_range_for_operator(self.maxp, self.p, sub)
             header = SnapshotHeader(self.maxp, kgr, self.key_config, self.metas, backend=BOOTSTRAP_BACKEND)
             keyed = write_keyed_file(
-                self.writer, f"{self.operator}-{sub}.keyed", header, _writing(header, by_kg)
+                self.writer, f"{self.operator}-{sub}.keyed", header, canonical_writer(header, by_kg)
             )
             state = SubtaskState(self.operator, sub, kgr, keyed, None, list(self.metas))
-            _verify(self.storage, self.writer.location, state)
+            verify_written(self.storage, self.writer.location, state)
             out["subtask"].append(sub)
             out["keyed"].append(json.dumps(keyed))
         if out["subtask"]:

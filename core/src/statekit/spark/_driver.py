@@ -58,7 +58,8 @@ from ..runtime._runner import _end_of_time_message, checkpoint_storage_from_conf
 from ..serialization._keygroups import compute_default_max_parallelism, validate_parallelism
 from ..serialization._serializers import TypeSerializer
 from ..sources._deadletters import DeadLetterDir
-from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY, EventTime
+from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY
+from ..timers._eventtime import EventTime
 from ._handoff import batch_status
 from ._jvm import JvmLocality, LocalityUnavailable
 from ._routing import Router, routing_values

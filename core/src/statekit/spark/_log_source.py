@@ -55,7 +55,8 @@ from pyspark.sql.streaming.datasource import (
 
 from .._errors import ConfigurationError, SourceError
 from ..plugins._config import Configuration
-from ..sources import FOLLOW_SYMLINKS_KEY, MAX_LINE_BYTES_KEY, BadRecord, BadRecordPolicy, LogSource
+from ..sources import FOLLOW_SYMLINKS_KEY, MAX_LINE_BYTES_KEY
+from ..sources._badrecords import BadRecord, BadRecordPolicy
 from ..sources._deadletters import DeadLetterDir
 from ..sources._files import (
     IN_LONG_LINE,
@@ -74,6 +75,7 @@ from ..sources._files import (
     open_candidate,
     watches_for,
 )
+from ..sources._logsource import LogSource
 
 __all__ = ["LOG_SOURCE_NAME", "LogDataSource", "LogRange", "read_logs", "register_log_source"]
 
@@ -146,7 +148,7 @@ def read_logs(
     values do not fit ``schema``) follow ``statekit.bad-records.*``, read from
     ``config`` (keys with or without ``spark.``) or else from the session's
     ``spark.statekit.bad-records.*``: ``fail`` (the default) fails the task
-    with a :class:`~statekit.BadRecordError` naming the file, byte offset,
+    with a :class:`~statekit.errors.BadRecordError` naming the file, byte offset,
     line and text; a line longer than ``max_line_bytes`` is a bad record too
     (stage ``too-long``, its first 64 KiB kept, the rest skipped by the task
     without holding it in memory); ``dead-letter`` skips them into JSON-lines files under
@@ -159,7 +161,7 @@ def read_logs(
     watched path that does not exist (a directory: already here), a symlink
     that leaves the watched files (unless ``follow_symlinks``), a FIFO, socket,
     device or directory among the watched names fails the query with a
-    :class:`~statekit.SourceError` naming it.
+    :class:`~statekit.errors.SourceError` naming it.
 
     Args:
         spark: The session.

@@ -48,9 +48,9 @@ __all__ = [
     "Router",
     "key_group_exprs",
     "routing_values",
-    "with_key_group",
     "sql_key_group",
     "supports_sql_routing",
+    "with_key_group",
 ]
 
 KEY_GROUP_COLUMN = "__statekit_kg"

@@ -28,7 +28,8 @@ from .._errors import ConfigurationError, CorruptSnapshotError, StateError
 from ..snapshots._snapshot import CANONICAL_FORMAT
 from ..state_processor import SavepointReader
 from ..state_processor._arrow import ENCODING_KEY
-from ..timers import TIMER_STATE_NAMES, TimeDomain
+from ..timers import TIMER_STATE_NAMES
+from ..timers._service import TimeDomain
 
 __all__ = ["SOURCE_NAME", "StateDataSource", "StatePartition", "register_state_source"]
 

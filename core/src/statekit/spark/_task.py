@@ -71,19 +71,21 @@ from ..runtime._function import (
 from ..runtime._runner import checkpoint_storage_from_config, state_backend_from_config
 from ..serialization._keygroups import key_group_range_for_operator
 from ..serialization._serializers import TypeSerializer
-from ..sources import BadRecord, BadRecordPolicy
+from ..sources._badrecords import BadRecord, BadRecordPolicy
 from ..sources._deadletters import DeadLetterDir, file_part
 from ..state._operator import OperatorSnapshot
 from ..state._ttl import system_clock
-from ..timers import MAX_WATERMARK, MIN_WATERMARK, EventTime, LatePolicy, TimeDomain, TimerService
+from ..timers import MAX_WATERMARK, MIN_WATERMARK, LatePolicy
+from ..timers._eventtime import EventTime
+from ..timers._service import TimeDomain, TimerService
 from . import _handoff
 from ._routing import MARKER_COLUMN, PLACE_COLUMN, SUBTASK_COLUMN
 
 __all__ = [
     "HANDLE_COLUMN",
     "LATE_COLUMN",
-    "InlineMetadata",
     "LATE_PREFIX",
+    "InlineMetadata",
     "StoredMetadata",
     "TaskPlan",
     "internal_schema",

@@ -30,7 +30,7 @@ from typing import Any
 
 from .._errors import CorruptSnapshotError
 from ..serialization._serializers import DictSerializer, ListSerializer, TupleSerializer, TypeSerializer
-from ._keyed import RegisteredState
+from ._registered import RegisteredState
 from ._state import StateKind
 
 __all__ = [

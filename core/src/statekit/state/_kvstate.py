@@ -14,7 +14,8 @@ does the rest once:
   snapshots, bulk loads of restored entries (sorted, per state);
 - TTL: a bounded sweep over a state's entries by their timestamps (for
   engines without a compaction filter), and the purge a native restore needs
-  to drop what full-snapshot cleanup would have.
+  to drop what full-snapshot cleanup would have (in ``_kvttl``, a base of
+  :class:`OrderedKVBackendBase`).
 
 An engine implements :meth:`OrderedKVBackendBase.kv_bind` (make a
 :class:`KVColumn` read its column, table or database), :meth:`~OrderedKVBackendBase.kv_write`
@@ -35,14 +36,16 @@ from .._errors import CorruptSnapshotError, StateAccessError
 from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import TypeSerializer
 from ..snapshots._native import NativeStateHandle
-from ._keyed import KeyedBackendBase, RegisteredState, StateEntries, merge_list_namespaces
+from ._keyed import KeyedBackendBase, merge_list_namespaces
+from ._kvcolumn import KVColumn
 from ._kvlayout import KeyLayout, encode_varint, entry_codec, ttl_timestamp
+from ._kvttl import KVTtl
 from ._migration import DROP, StateMigrationPlan
+from ._registered import RegisteredState, StateEntries
 from ._state import VOID_NAMESPACE, StateKind
 from ._ttl import Clock
 
 __all__ = [
-    "KVColumn",
     "KVListState",
     "KVMapState",
     "KVNativeRestore",
@@ -54,48 +57,6 @@ __all__ = [
 _VOID = KeyLayout.namespace_part(None)
 _MISSING: Any = object()
 _NONE: Any = object()
-
-Get = Callable[[bytes], "bytes | None"]
-Iterate = Callable[[bytes], Iterator[tuple[bytes, bytes]]]
-
-
-def _closed_get(key: bytes) -> bytes | None:
-    raise StateAccessError("the backend is closed")
-
-
-def _closed_iterate(start: bytes) -> Iterator[tuple[bytes, bytes]]:
-    raise StateAccessError("the backend is closed")
-
-
-class KVColumn:
-    """One state's entries in the engine, and its buffer of pending writes (``None`` deletes).
-
-    The engine binds ``get(key) -> bytes | None`` and ``iterate(start) ->``
-    ``(key, value)`` pairs in key order from ``start`` to the end, both of
-    the live data, without the buffer (see :meth:`OrderedKVBackendBase.kv_bind`).
-    """
-
-    __slots__ = ("buffer", "engine", "get", "iterate", "name")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.buffer: dict[bytes, bytes | None] = {}
-        self.get: Get = _closed_get
-        self.iterate: Iterate = _closed_iterate
-        self.engine: Any = None  # whatever the engine keeps per column (a handle, a database)
-
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Engine entries whose key starts with ``prefix`` (the buffer is not looked at)."""
-        n = len(prefix)
-        for k, v in self.iterate(prefix):
-            if k[:n] != prefix:
-                return
-            yield k, v
-
-    def close(self) -> None:
-        """Unbind: every later access raises StateAccessError; pending writes are dropped."""
-        self.buffer.clear()
-        self.get, self.iterate, self.engine = _closed_get, _closed_iterate, None
 
 
 def group_entries(
@@ -422,12 +383,12 @@ class KVNativeRestore:
         return len(self.ranges[id(part)].intersection(own))
 
 
-class OrderedKVBackendBase(KeyedBackendBase):
+class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
     """A keyed backend on an ordered key-value engine (``docs/writing-a-backend.md``, ordered engines).
 
     Subclasses implement :meth:`kv_bind`, :meth:`kv_write`, :meth:`kv_load`,
     ``_snapshot_entries`` (use :meth:`kv_read_group` over a frozen view) and,
-    for native snapshots, the :class:`~statekit.SupportsNativeSnapshot`
+    for native snapshots, the :class:`~statekit.backend_api.SupportsNativeSnapshot`
     methods. Their own attributes take a prefix of their own (``_mydb_...``);
     the base's are ``kv_*`` and ``_kv_*``.
     """
@@ -752,77 +713,6 @@ class OrderedKVBackendBase(KeyedBackendBase):
         except Exception:  # noqa: BLE001 - only a message is at stake
             return f"composite key {composite!r}"
 
-    # --- TTL -----------------------------------------------------------------------------------------
-
-    def _ttl_hook(self, reg: RegisteredState) -> Callable[[], None] | None:
-        ttl = reg.ttl
-        if ttl is None or ttl.cleanup_incremental_size <= 0:
-            return None
-        interval = self.kv_ttl_sweep_interval
-        return _Sweep(self, reg.name, ttl.ttl_ms, interval, ttl.cleanup_incremental_size * interval)
-
-    def sweep_expired(
-        self, name: str, ttl_ms: int, start: bytes, budget: int, *, now: int | None = None
-    ) -> bytes:
-        """Check up to ``budget`` entries of state ``name`` from ``start``; delete the expired ones.
-
-        Returns where the next sweep starts. One lap at most: from ``start`` to
-        the end, then from the beginning up to ``start``. Works on every unit
-        (a value, a list element, a map entry) by its timestamp, without
-        deserializing it. Snapshots already taken are unaffected.
-        """
-        col = self.kv_column(name, create=False)
-        if col is None:
-            return b""
-        self.kv_write_column(col)
-        limit = (self.clock() if now is None else now) - ttl_ms  # expired when ts <= now - ttl
-        expired: list[bytes] = []
-        checked = 0
-        next_start = b""
-        for lower, upper in ((start, None), (b"", start or None)):
-            for key, raw in col.iterate(lower):
-                if upper is not None and key >= upper:
-                    break
-                if checked >= budget:
-                    next_start = key
-                    break
-                if ttl_timestamp(raw) <= limit:
-                    expired.append(key)
-                checked += 1
-            if next_start or not start:
-                break
-        if expired:
-            col.buffer.update(dict.fromkeys(expired))
-            self.kv_write([col])
-        return next_start
-
-    def delete_expired(self, name: str, ttl_ms: int, *, now: int) -> None:
-        """Delete every unit of state ``name`` expired at ``now`` (one whole sweep)."""
-        self.sweep_expired(name, ttl_ms, b"", 1 << 62, now=now)
-
-    def full_snapshot_ttl(self) -> dict[str, int]:
-        """TTL (ms) of every stored state whose expired entries full snapshots leave out.
-
-        Native snapshots record it, with the time they were taken, so that a
-        restore drops what a canonical snapshot taken then would have left out.
-        """
-        out = {}
-        for name in self.stored_state_names:
-            reg = self._states.get(name)
-            if reg is None:
-                if name in self.restored_ttl_cleanup:
-                    out[name] = self.restored_ttl_cleanup[name]
-            elif reg.ttl is not None and reg.ttl.cleanup_full_snapshot:
-                out[name] = reg.ttl.ttl_ms
-        return out
-
-    def purge_as_of(self, meta: dict[str, Any]) -> None:
-        """After a native restore: drop what full-snapshot cleanup would have, as of the snapshot's time."""
-        when = int(meta.get("time_ms", 0))
-        for name, ttl_ms in (meta.get("ttl_cleanup") or {}).items():
-            self.restored_ttl_cleanup[name] = int(ttl_ms)
-            self.delete_expired(name, int(ttl_ms), now=when)
-
     @staticmethod
     def kv_snapshot_range(handle: NativeStateHandle) -> KeyGroupRange:
         """The key groups the instance that took ``handle`` owned (``meta["range"]``, see kv_native_meta)."""
@@ -878,26 +768,3 @@ class OrderedKVBackendBase(KeyedBackendBase):
             "time_ms": self.clock(),
             "ttl_cleanup": self.full_snapshot_ttl(),
         }
-
-
-class _Sweep:
-    """Called on every access of a TTL state; every ``interval`` accesses, sweeps ``budget`` entries."""
-
-    __slots__ = ("_backend", "_budget", "_count", "_cursor", "_interval", "_name", "_ttl_ms")
-
-    def __init__(
-        self, backend: OrderedKVBackendBase, name: str, ttl_ms: int, interval: int, budget: int
-    ) -> None:
-        self._backend = backend
-        self._name = name
-        self._ttl_ms = ttl_ms
-        self._interval = interval
-        self._budget = budget
-        self._count = 0
-        self._cursor = b""
-
-    def __call__(self) -> None:
-        self._count += 1
-        if self._count >= self._interval:
-            self._count = 0
-            self._cursor = self._backend.sweep_expired(self._name, self._ttl_ms, self._cursor, self._budget)

@@ -4,7 +4,7 @@ A restored state arrives with its snapshot entry (``RegisteredState.meta()``):
 kind, serializers, TTL, schema version and schema history. When the job
 declares it, :func:`plan_state_migration` compares that entry with the
 declaration and returns None (the same schema: nothing to do), a
-:class:`StateMigrationPlan`, or raises :class:`~statekit.StateMigrationError`
+:class:`StateMigrationPlan`, or raises :class:`~statekit.errors.StateMigrationError`
 naming both schemas. Every backend path calls it: canonical restores (in
 ``KeyedBackendBase``, which decodes old sections and converts them before it
 loads anything), and natively restored states (rewritten in place by the
@@ -346,22 +346,7 @@ def plan_state_migration(
             both schemas and the way out.
     """
     old_meta = dict(meta)
-    if old_meta.get("kind") != kind.value:
-        raise StateMigrationError(
-            f"state {name!r} was written as {old_meta.get('kind')} state and is now declared as "
-            f"{kind.value} state; use a new name for the new state"
-        )
-    ns = old_meta.get("namespace_serializer")
-    if (
-        ns is not None
-        and namespace_serializer is not None
-        and not same_layout(ns, namespace_serializer.config())
-    ):
-        raise IncompatibleSerializerError(
-            f"the namespaces of state {name!r} were written as {describe_schema(ns)} and are declared as "
-            f"{describe_schema(namespace_serializer.config())}; namespaces never change type (they are "
-            "part of where an entry lives): declare the original namespace type"
-        )
+    _check_kind_and_namespaces(name, kind, namespace_serializer, old_meta)
     new_meta = descriptor.meta()
     old_v, new_v = version_of(old_meta), descriptor.version
     old_cfg = old_meta.get("serializer")
@@ -383,66 +368,18 @@ def plan_state_migration(
     old_unit = _unit_config(skind, old_cfg, name)
     new_ser = descriptor.serializer
     new_unit = _unit_serializer(skind, new_ser)
-    key_decoder = None
-    if skind is StateKind.MAP:
-        assert isinstance(new_ser, DictSerializer)
-        old_key = _unit_config(StateKind.LIST, old_cfg, name)  # a list's element is args[0]: here the keys
-        if not same_layout(old_key, new_ser.key.config()):
-            raise IncompatibleSerializerError(
-                f"{plan_desc}: map keys were written as {describe_schema(old_key)} and are declared as "
-                f"{describe_schema(new_ser.key.config())}; map keys never change type (two old keys could "
-                "become one): declare the original key type, or rewrite the savepoint with "
-                "statekit.state_processor (transform_state)"
-            )
-        key_decoder = new_ser.key
+    key_decoder = _map_key_decoder(skind, new_ser, old_cfg, name, plan_desc)
     changes = _ttl_change(old_ttl_cfg, descriptor.ttl)
     if old_v != new_v:
         changes.insert(0, f"schema version {old_v} → {new_v}")
-    declared = [
-        m
-        for m in descriptor.migrations
-        if (m.from_version is not None and m.from_version == old_v and old_v != new_v)
-        or (m.from_type is not None and same_layout(_source_serializer(skind, m).config(), old_unit))
-    ]
-    if len(declared) > 1:
-        raise StateMigrationError(
-            f"{plan_desc}: {len(declared)} declared migrations apply to it ({declared}); keep one"
-        )
+    declared = _declared_migration(descriptor, skind, old_unit, old_v, new_v, plan_desc)
     convert: Convert | None
-    if declared:
-        m = declared[0]
-        fn = m.function
-        if m.from_type is not None:
-            decoder = _source_serializer(skind, m)
-            convert = fn
-            changes.append(f"declared migration from type {decoder.describe()}")
-        else:
-            try:
-                decoder = layout_serializer(old_unit)
-            except SerializationError:
-                raise StateMigrationError(
-                    f"{plan_desc}: the declared migration from version {old_v} cannot read the old values "
-                    f"({describe_schema(old_unit)} is not a built-in serializer); declare it with "
-                    "from_type= naming the old type or serializer instead"
-                ) from None
-            records = record_converter(old_unit)
-            convert = fn if records is None else (lambda v, fn=fn, rec=records: fn(rec(v)))  # type: ignore[misc]
-            changes.append(f"declared migration from version {old_v}")
+    if declared is not None:
+        decoder, convert = _declared_conversion(declared, skind, old_unit, old_v, plan_desc, changes)
         how = "function"
         same_bytes = False
     else:
-        c = resolve_schema(
-            old_unit, new_unit, path={StateKind.LIST: "element", StateKind.MAP: "value"}.get(skind, "")
-        )
-        if not c.compatible:
-            raise IncompatibleSerializerError(
-                f"{plan_desc}: {c.reason}. Declare a Migration on the descriptor (from_version= or "
-                "from_type=) that converts the old values, or rewrite the savepoint with "
-                "statekit.state_processor (transform_state)"
-            )
-        assert c.migration is not None
-        decoder, convert, same_bytes = c.migration.decoder, c.migration.convert, c.migration.same_bytes
-        changes.extend(c.migration.changes)
+        decoder, convert, same_bytes = _schema_conversion(skind, old_unit, new_unit, plan_desc, changes)
         ttl_switched = (old_ttl_cfg is None) != (descriptor.ttl is None)
         how = "unchanged" if same_bytes and not ttl_switched else "converted"
     entry = {
@@ -468,3 +405,108 @@ def plan_state_migration(
         new_ttl=descriptor.ttl is not None,
         lineage=(*lineage_of(old_meta), entry),
     )
+
+
+def _check_kind_and_namespaces(
+    name: str, kind: StateKind, namespace_serializer: TypeSerializer | None, old_meta: Mapping[str, Any]
+) -> None:
+    """Refuses another kind of state, or namespaces of another type: neither ever migrates."""
+    if old_meta.get("kind") != kind.value:
+        raise StateMigrationError(
+            f"state {name!r} was written as {old_meta.get('kind')} state and is now declared as "
+            f"{kind.value} state; use a new name for the new state"
+        )
+    ns = old_meta.get("namespace_serializer")
+    if (
+        ns is not None
+        and namespace_serializer is not None
+        and not same_layout(ns, namespace_serializer.config())
+    ):
+        raise IncompatibleSerializerError(
+            f"the namespaces of state {name!r} were written as {describe_schema(ns)} and are declared as "
+            f"{describe_schema(namespace_serializer.config())}; namespaces never change type (they are "
+            "part of where an entry lives): declare the original namespace type"
+        )
+
+
+def _map_key_decoder(
+    skind: StateKind, new_ser: TypeSerializer, old_cfg: SerializerConfig, name: str, plan_desc: str
+) -> TypeSerializer | None:
+    """Map state: the declared key serializer, once the stored keys are known to be of its type."""
+    if skind is not StateKind.MAP:
+        return None
+    assert isinstance(new_ser, DictSerializer)
+    old_key = _unit_config(StateKind.LIST, old_cfg, name)  # a list's element is args[0]: here the keys
+    if not same_layout(old_key, new_ser.key.config()):
+        raise IncompatibleSerializerError(
+            f"{plan_desc}: map keys were written as {describe_schema(old_key)} and are declared as "
+            f"{describe_schema(new_ser.key.config())}; map keys never change type (two old keys could "
+            "become one): declare the original key type, or rewrite the savepoint with "
+            "statekit.state_processor (transform_state)"
+        )
+    return new_ser.key
+
+
+def _declared_migration(
+    descriptor: StateDescriptor,
+    skind: StateKind,
+    old_unit: SerializerConfig,
+    old_v: int,
+    new_v: int,
+    plan_desc: str,
+) -> Migration | None:
+    """The one declared :class:`~statekit.Migration` that applies to the stored values, if any."""
+    declared = [
+        m
+        for m in descriptor.migrations
+        if (m.from_version is not None and m.from_version == old_v and old_v != new_v)
+        or (m.from_type is not None and same_layout(_source_serializer(skind, m).config(), old_unit))
+    ]
+    if len(declared) > 1:
+        raise StateMigrationError(
+            f"{plan_desc}: {len(declared)} declared migrations apply to it ({declared}); keep one"
+        )
+    return declared[0] if declared else None
+
+
+def _declared_conversion(
+    m: Migration, skind: StateKind, old_unit: SerializerConfig, old_v: int, plan_desc: str, changes: list[str]
+) -> tuple[TypeSerializer, Convert]:
+    """The decoder of the old values and the declared function that converts them; notes it in ``changes``."""
+    fn = m.function
+    if m.from_type is not None:
+        decoder = _source_serializer(skind, m)
+        convert = fn
+        changes.append(f"declared migration from type {decoder.describe()}")
+    else:
+        try:
+            decoder = layout_serializer(old_unit)
+        except SerializationError:
+            raise StateMigrationError(
+                f"{plan_desc}: the declared migration from version {old_v} cannot read the old values "
+                f"({describe_schema(old_unit)} is not a built-in serializer); declare it with "
+                "from_type= naming the old type or serializer instead"
+            ) from None
+        records = record_converter(old_unit)
+        convert = fn if records is None else (lambda v, fn=fn, rec=records: fn(rec(v)))  # type: ignore[misc]
+        changes.append(f"declared migration from version {old_v}")
+    return decoder, convert
+
+
+def _schema_conversion(
+    skind: StateKind, old_unit: SerializerConfig, new_unit: TypeSerializer, plan_desc: str, changes: list[str]
+) -> tuple[TypeSerializer, Convert | None, bool]:
+    """Decoder, conversion and whether the bytes stay, by the schema rules; notes the changes."""
+    c = resolve_schema(
+        old_unit, new_unit, path={StateKind.LIST: "element", StateKind.MAP: "value"}.get(skind, "")
+    )
+    if not c.compatible:
+        raise IncompatibleSerializerError(
+            f"{plan_desc}: {c.reason}. Declare a Migration on the descriptor (from_version= or "
+            "from_type=) that converts the old values, or rewrite the savepoint with "
+            "statekit.state_processor (transform_state)"
+        )
+    assert c.migration is not None
+    decoder, convert, same_bytes = c.migration.decoder, c.migration.convert, c.migration.same_bytes
+    changes.extend(c.migration.changes)
+    return decoder, convert, same_bytes

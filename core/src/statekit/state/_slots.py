@@ -20,7 +20,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .._errors import StateAccessError
-from ._keyed import RegisteredState, merge_list_namespaces
+from ._keyed import merge_list_namespaces
+from ._registered import RegisteredState
 from ._state import VOID_NAMESPACE, list_elements
 
 __all__ = ["SlotListState", "SlotMapState", "SlotState", "SlotValueState"]

@@ -13,6 +13,10 @@ Like Flink's State Processor API, without a running job:
   writes a DataFrame in parallel by key group), or rewrites an existing one:
   drop, rename or map a state, change the max parallelism. A job starts from
   the result with ``restore=<location>``.
+
+The modules inside are private: ``_reader`` (the reader), ``_blocks`` (the
+blocks a read takes, a native snapshot restored first), ``_info`` (what the
+reader lists), ``_arrow`` (Arrow types of serializers) and ``_writer``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installa
 
 from ..state._migration import SchemaStep
 from ._arrow import arrow_type
-from ._reader import OperatorInfo, SavepointReader, StateInfo, open_storage
+from ._info import OperatorInfo, StateInfo
+from ._reader import SavepointReader, open_storage
 from ._writer import SavepointWriter
 
 __all__ = [

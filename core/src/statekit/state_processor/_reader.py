@@ -9,110 +9,41 @@ needs, and a point query reads the file's header and one block.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from .._contracts import CheckpointStorage
-from .._errors import CheckpointError, CheckpointNotFoundError, CorruptSnapshotError, StateError
+from .._errors import CheckpointNotFoundError, CorruptSnapshotError, StateError
 from ..checkpoints._locations import filesystem_storage, parent_location
 from ..checkpoints._metadata import SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
-from ..plugins._registry import PluginRegistry, default_registry
-from ..serialization._evolution import describe_schema
-from ..serialization._keygroups import KeyGroupRange, key_group_for_bytes
-from ..serialization._serializers import TypeSerializer, _describe
+from ..plugins._registry import PluginRegistry
+from ..serialization._keygroups import key_group_for_bytes
+from ..serialization._serializers import TypeSerializer
 from ..snapshots._snapshot import (
     CANONICAL_FORMAT,
-    KeyedStateHandle,
     Section,
-    SnapshotHeader,
-    _where,
     decode_namespaces,
-    read_block,
-    read_header,
-    read_index,
 )
-from ..state._migration import LINEAGE, SCHEMA_VERSION, SchemaStep, lineage_of, schema_history, version_of
+from ..state._migration import lineage_of, version_of
 from ..state._operator import OperatorStateMode
 from ..state._state import VOID_NAMESPACE
-from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX, WATERMARK_PROPERTY, TimeDomain
-from ..timers._service import decode_timer
+from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX, WATERMARK_PROPERTY
+from ..timers._service import TimeDomain, decode_timer
 from ._arrow import ArrowColumn, arrow_column, arrow_type
+from ._blocks import BlockReading, Part
+from ._info import OperatorInfo, StateInfo
 
-__all__ = ["OperatorInfo", "SavepointReader", "StateInfo", "open_storage"]
+__all__ = ["SavepointReader", "open_storage"]
 
 #: Arrow type of the TTL timestamp column.
 TTL_TYPE = pa.timestamp("ms", tz="UTC")
 _VALUE_KINDS = ("value", "reducing", "aggregating")
-
-
-@dataclass(frozen=True)
-class StateInfo:
-    """One keyed state of an operator, as the snapshot declares it."""
-
-    operator: str
-    name: str
-    kind: str
-    """``value``, ``list``, ``reducing``, ``aggregating`` or ``map``."""
-    serializer: dict[str, Any]
-    """The descriptor's serializer config (lists: ``list<element>``, maps: ``dict<key, optional<value>>``)."""
-    key_serializer: dict[str, Any]
-    namespace_serializer: dict[str, Any] | None
-    ttl: dict[str, Any] | None
-    """``{"ttl_ms", "update_type", "visibility"}``, or None."""
-    bytes: int
-    """Bytes of its sections in canonical files (0 where unknown: native snapshots)."""
-    timer_domain: str | None = None
-    """For the internal state holding timers: its time domain."""
-    schema_version: int = 1
-    """The schema version the job declared (``version=`` of the descriptor)."""
-    lineage: tuple[dict[str, Any], ...] = ()
-    """The former schemas, oldest first, as the snapshot records them (see :attr:`history`)."""
-
-    @property
-    def type_name(self) -> str:
-        """The serializer, e.g. ``int`` or ``dict<str,optional<int>>``."""
-        return _describe(self.serializer)
-
-    @property
-    def schema(self) -> str:
-        """The type in full, dataclass fields included: ``Visit{count: int, first_seen: optional<int>}``."""
-        return describe_schema(self.serializer)
-
-    @property
-    def history(self) -> list[SchemaStep]:
-        """Every schema the state had, oldest first, the current one last, with how each was migrated."""
-        return schema_history(
-            {
-                "serializer": self.serializer,
-                "ttl": self.ttl,
-                SCHEMA_VERSION: self.schema_version,
-                LINEAGE: list(self.lineage),
-            }
-        )
-
-
-@dataclass(frozen=True)
-class OperatorInfo:
-    """One operator of a checkpoint or savepoint."""
-
-    id: str
-    parallelism: int
-    entries: int
-    """Keyed (key, namespace) entries, timers included."""
-    bytes: int
-    formats: tuple[str, ...]
-    backends: tuple[str, ...]
-    states: tuple[StateInfo, ...]
-    operator_states: tuple[str, ...] = field(default=())
 
 
 def open_storage(
@@ -129,45 +60,7 @@ def open_storage(
     return filesystem_storage(parent_location(location), storage_options=storage_options, registry=registry)
 
 
-class _FileHandle:
-    """A :class:`~statekit.backend_api.StreamStateHandle` over a local temporary file."""
-
-    def __init__(self, path: str, name: str) -> None:
-        self.path = path
-        self.name = name
-
-    @property
-    def size(self) -> int:
-        return os.path.getsize(self.path)
-
-    def read(self, offset: int = 0, length: int | None = None) -> bytes:
-        with open(self.path, "rb") as f:
-            f.seek(offset)
-            return f.read() if length is None else f.read(length)
-
-    def discard(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(self.path)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"type": "file", "name": self.name}
-
-
-@dataclass
-class _Part:
-    """One subtask's canonical keyed file, and the metadata's offsets of its blocks."""
-
-    subtask: int
-    handle: KeyedStateHandle
-    header: SnapshotHeader | None = None
-
-    def read_header(self) -> SnapshotHeader:
-        if self.header is None:
-            self.header, _ = read_header(self.handle.stream)
-        return self.header
-
-
-class SavepointReader:
+class SavepointReader(BlockReading):
     """A completed checkpoint or savepoint, read as data.
 
     Open one with :meth:`open` (a location) or :meth:`latest` (a job's latest
@@ -192,7 +85,7 @@ class SavepointReader:
         self._cp = checkpoint
         self._serializers = dict(serializers or {})
         self._registry = registry
-        self._parts: dict[str, dict[int, _Part]] = {}
+        self._parts: dict[str, dict[int, Part]] = {}
         self._layouts: dict[tuple[str, str], StateLayout] = {}
         self._operators: list[OperatorInfo] | None = None
         self._native_dir: tempfile.TemporaryDirectory[str] | None = None
@@ -376,123 +269,6 @@ class SavepointReader:
             f"operator {operator!r} of {self.location} has no keyed state {name!r}; its states: "
             f"{', '.join(sorted(names)) or 'none'}"
         )
-
-    # --- the parts to read ----------------------------------------------------------
-
-    def _keyed_parts(self, operator: str, key_groups: set[int] | None = None) -> list[_Part]:
-        """The files of ``operator``'s subtasks that own any of ``key_groups`` (all when None).
-
-        A native subtask is restored (once) only when one of its key groups is read.
-        """
-        cache = self._parts.setdefault(operator, {})
-        cp = self._cp
-        sts = [
-            st
-            for st in cp.metadata.operators.get(operator, [])
-            if st.keyed and (key_groups is None or any(kg in st.key_group_range for kg in key_groups))
-        ]
-        missing = [st for st in sts if st.subtask_index not in cache]
-        if missing and cp.keyed_formats(operator) - {CANONICAL_FORMAT}:
-            for st in missing:
-                cache[st.subtask_index] = self._counted(self._native_part(operator, st))
-        elif missing:
-            full = KeyGroupRange.of(0, cp.metadata.max_parallelism - 1)
-            handles = {h.key_group_range.start: h for h in cp.keyed_handles(operator, full)}
-            for st in missing:
-                h = handles.get(st.key_group_range.start)
-                if h is not None:
-                    cache[st.subtask_index] = self._counted(_Part(st.subtask_index, h))
-        return [cache[st.subtask_index] for st in sts if st.subtask_index in cache]
-
-    def _counted(self, part: _Part) -> _Part:
-        part.handle = dataclasses.replace(part.handle, stream=_Counting(part.handle.stream, self))
-        return part
-
-    def _native_part(self, operator: str, st: SubtaskState) -> _Part:
-        """Restore a native subtask into its own backend, and write it canonically to a temporary file."""
-        backend_name = str((st.keyed or {}).get("backend") or self._cp.metadata.backend)
-        registry = self._registry or default_registry()
-        try:
-            backend = registry.create_backend(backend_name, {})
-        except StateError as e:
-            raise CheckpointError(
-                f"{self.location}: operator {operator!r} is a native snapshot of the {backend_name!r} "
-                f"backend, which only that backend reads. {e} Or read a savepoint instead: "
-                f"statekit savepoint convert {self.location} --target <dir> writes one (canonical, "
-                "readable without any backend)"
-            ) from None
-        if self._native_dir is None:
-            self._native_dir = tempfile.TemporaryDirectory(prefix="statekit-read-")
-        base = self._native_dir.name
-        path = os.path.join(base, f"{operator}-{st.subtask_index}.keyed")
-        with (
-            self._cp.restored_native(operator, st, backend, tempfile.mkdtemp(dir=base)) as keyed,
-            open(path, "wb") as f,
-        ):
-            r = keyed.snapshot().write(f)
-        handle = KeyedStateHandle(
-            _FileHandle(path, f"{self.location} {operator}-{st.subtask_index} (native, via {backend_name})"),
-            st.key_group_range,
-            r.offsets,
-            r.header_length,
-            backend=backend_name,
-            size=r.size,
-            entries=r.entries,
-        )
-        return _Part(st.subtask_index, handle)
-
-    def _check_index(self, part: _Part) -> None:
-        """Refuse a file whose own block index disagrees with the metadata (a block left out)."""
-        index = read_index(part.handle.stream)
-        if index != {kg: tuple(o) for kg, o in part.handle.offsets.items()}:
-            raise CorruptSnapshotError(
-                f"{_where(part.handle.stream)}: the block index disagrees with the checkpoint metadata"
-            )
-
-    def blocks(
-        self, operator: str, key_groups: set[int] | None = None, *, state: str | None = None
-    ) -> Iterator[tuple[int, SnapshotHeader, list[Section], str]]:
-        """Each key-group block of ``operator``: ``(key group, its file's header, sections, file name)``.
-
-        Only blocks in ``key_groups`` (all when None), and only of files that
-        hold ``state`` (when given), are read; every block's checksum is
-        checked. When no key groups are chosen, each file's index is checked
-        against the metadata too, so a block left out of it is an error.
-
-        Raises:
-            StateError: If a state has another schema in this file than in the
-                checkpoint's description of it (some subtasks migrated it, others
-                never declared it): its sections could not be read as one.
-        """
-        for part in self._keyed_parts(operator, key_groups):
-            blocks = sorted(kg for kg in part.handle.offsets if key_groups is None or kg in key_groups)
-            if not blocks:
-                continue
-            header = part.read_header()
-            self._check_schemas(operator, header, part)
-            names = [s["name"] for s in header.states]
-            if state is not None and state not in names:
-                continue
-            if key_groups is None:
-                self._check_index(part)
-            where = _where(part.handle.stream)
-            for kg in blocks:
-                off, ln = part.handle.offsets[kg]
-                yield kg, header, read_block(part.handle.stream, kg, off, ln, names), where
-
-    def _check_schemas(self, operator: str, header: SnapshotHeader, part: _Part) -> None:
-        for meta in header.states:
-            info = self.state(operator, str(meta["name"]))
-            mine = (meta.get("serializer"), meta.get("ttl"), version_of(meta))
-            if mine != (info.serializer, info.ttl, info.schema_version):
-                raise StateError(
-                    f"{_where(part.handle.stream)}: state {info.name!r} of operator {operator!r} is "
-                    f"{describe_schema(meta.get('serializer') or {})} (version {version_of(meta)}) in this "
-                    f"file and {info.schema} (version {info.schema_version}) in another: only some "
-                    "subtasks declared it after its type changed. Restore the checkpoint at its parallelism "
-                    "with a job that declares the state in every subtask (in open()), and read its next "
-                    "checkpoint"
-                )
 
     # --- reading keyed state ----------------------------------------------------------
 
@@ -681,36 +457,6 @@ class SavepointReader:
         return pa.table(
             {"position": pa.array(range(len(values)), pa.int32()), "value": cols[0].array(values)}
         )
-
-
-class _Counting:
-    """A stream handle that adds what it reads to its reader's ``bytes_read``."""
-
-    def __init__(self, inner: Any, reader: SavepointReader) -> None:
-        self._inner = inner
-        self._reader = reader
-
-    @property
-    def size(self) -> int:
-        return int(self._inner.size)
-
-    @property
-    def url(self) -> str | None:
-        """The wrapped file's URL, so that messages name it in full."""
-        url = getattr(self._inner, "url", None)
-        return url if isinstance(url, str) else None
-
-    def read(self, offset: int = 0, length: int | None = None) -> bytes:
-        data: bytes = self._inner.read(offset, length)
-        self._reader.bytes_read += len(data)
-        return data
-
-    def discard(self) -> None:
-        self._inner.discard()
-
-    def to_json(self) -> dict[str, Any]:
-        j: dict[str, Any] = self._inner.to_json()
-        return j
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ and checkpointed) and :func:`run_killed_job` (a job whose process dies by
 SIGKILL, leaving its local directories behind).
 
 Native snapshots are held to the completion contract, the one rule of
-``docs/writing-a-backend.md`` and :class:`statekit.SupportsNativeSnapshot`, and
+``docs/writing-a-backend.md`` and :class:`statekit.backend_api.SupportsNativeSnapshot`, and
 the kit's helpers (:func:`snapshot_handle` with ``native=True``, the state
 machines) follow it:
 

@@ -1,10 +1,10 @@
 """The kit's harness: the subtasks of one operator, on one backend, at one parallelism.
 
 A :class:`Job` owns ``p`` keyed and operator backends created by a
-:class:`~statekit.StateBackend` (each keyed backend with a fresh ``local_dir``),
+:class:`~statekit.backend_api.StateBackend` (each keyed backend with a fresh ``local_dir``),
 routes keys to the subtask owning their key group, snapshots every subtask
 (canonically or natively), restores into a new job at any parallelism, directly
-or through a :class:`~statekit.CheckpointStorage`, and reads everything back
+or through a :class:`~statekit.backend_api.CheckpointStorage`, and reads everything back
 without side effects: keyed state by decoding canonical snapshots, operator
 state through its handles.
 """
@@ -66,18 +66,18 @@ __all__ = [
     "NativeCheckpoints",
     "StorageFactory",
     "Subtask",
-    "decode_canonical",
     "check_native_references",
+    "decode_canonical",
     "new_job_id",
     "snapshot_handle",
     "write_snapshot",
 ]
 
 BackendFactory = Callable[[], StateBackend]
-"""Makes a fresh :class:`~statekit.StateBackend`; called once per example or test."""
+"""Makes a fresh :class:`~statekit.backend_api.StateBackend`; called once per example or test."""
 
 StorageFactory = Callable[[], CheckpointStorage]
-"""Makes a fresh :class:`~statekit.CheckpointStorage` (savepoints included)."""
+"""Makes a fresh :class:`~statekit.backend_api.CheckpointStorage` (savepoints included)."""
 
 OPERATOR_ID = "kit"
 SPLIT: ListStateDescriptor[int] = ListStateDescriptor("split", int)

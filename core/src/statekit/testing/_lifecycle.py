@@ -40,7 +40,7 @@ from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import StrSerializer
 from ..state._state import ValueStateDescriptor
 from ._plugin_helpers import run_killed_job, value_state_contents
-from ._suite import _Guarded
+from ._suite import GuardedTests
 
 __all__ = ["OnDiskLifecycleTests", "instance_dirs"]
 
@@ -69,7 +69,7 @@ def instance_dirs(local_dir: str | os.PathLike[str]) -> list[Path]:
     return sorted(d for d in owned if not any(o != d and d in o.parents for o in owned))
 
 
-class OnDiskLifecycleTests(_Guarded):
+class OnDiskLifecycleTests(GuardedTests):
     """The on-disk lifecycle of a backend with local working directories; see the module.
 
     Required fixture: ``backend_name`` (the installed backend's name).

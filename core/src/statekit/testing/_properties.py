@@ -121,6 +121,35 @@ def check_keyed(
             check does this: their counts are checked against the model separately).
     """
     now = job.clock() if now is None else now
+    problems = _layout_problems(job)
+    if decoded is not None:
+        entries = [list(x) for x in decoded]
+    elif skip_empty:
+        entries = []
+        for subtask in job.subtasks:
+            empty = not subtask.keyed.num_entries()
+            entries.append([] if empty else decode_canonical(snapshot_handle(subtask.keyed)))
+    else:
+        entries = job.decoded()
+    got = _held(job, model, entries, problems)
+    want_all = expected if expected is not None else model.snapshot_view(model.entries, now)
+    for name in model.specs:
+        want = model.comparable(name, want_all.get(name, {}), now)
+        have = model.comparable(name, got.get(name, {}), now)
+        problems.extend(_differences(job, name, have, want))
+    for name in set(got) - set(model.specs):
+        problems.append((-1, "extra", f"unexpected state {name!r} with {len(got[name])} entries"))
+    if problems:
+        lost = sorted({kg for kg, kind, _ in problems if kind == "lost"})
+        summary = f"key groups that lost entries: {lost}\n" if lost else ""
+        lines = "\n".join(f"  - {p}" for _, _, p in problems[:_SHOWN])
+        more = f"\n  ... and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else ""
+        raise PropertyViolation(prop, f"after {context} (now {job}):\n{summary}{lines}{more}")
+    return entries
+
+
+def _layout_problems(job: Job) -> list[tuple[int, str, str]]:
+    """Subtasks whose key group range is not Flink's, and key groups owned twice or not at all."""
     problems: list[tuple[int, str, str]] = []
     covered: dict[int, int] = {}
     for st in job.subtasks:
@@ -138,15 +167,16 @@ def check_keyed(
     missing = [kg for kg in range(job.max_parallelism) if kg not in covered]
     if missing:
         problems.append((missing[0], "layout", f"key groups {missing} are owned by no subtask"))
-    if decoded is not None:
-        entries = [list(x) for x in decoded]
-    elif skip_empty:
-        entries = []
-        for subtask in job.subtasks:
-            empty = not subtask.keyed.num_entries()
-            entries.append([] if empty else decode_canonical(snapshot_handle(subtask.keyed)))
-    else:
-        entries = job.decoded()
+    return problems
+
+
+def _held(
+    job: Job,
+    model: KeyedModel,
+    entries: Sequence[Sequence[DecodedEntry]],
+    problems: list[tuple[int, str, str]],
+) -> dict[str, dict[Slot, Any]]:
+    """Each state's stored values by (key, namespace); misplaced or doubled entries go to ``problems``."""
     got: dict[str, dict[Slot, Any]] = {name: {} for name in model.specs}
     for st, subtask_entries in zip(job.subtasks, entries):
         for e in subtask_entries:
@@ -173,20 +203,7 @@ def check_keyed(
                     )
                 )
             table[(e.key, e.namespace)] = e.stored
-    want_all = expected if expected is not None else model.snapshot_view(model.entries, now)
-    for name in model.specs:
-        want = model.comparable(name, want_all.get(name, {}), now)
-        have = model.comparable(name, got.get(name, {}), now)
-        problems.extend(_differences(job, name, have, want))
-    for name in set(got) - set(model.specs):
-        problems.append((-1, "extra", f"unexpected state {name!r} with {len(got[name])} entries"))
-    if problems:
-        lost = sorted({kg for kg, kind, _ in problems if kind == "lost"})
-        summary = f"key groups that lost entries: {lost}\n" if lost else ""
-        lines = "\n".join(f"  - {p}" for _, _, p in problems[:_SHOWN])
-        more = f"\n  ... and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else ""
-        raise PropertyViolation(prop, f"after {context} (now {job}):\n{summary}{lines}{more}")
-    return entries
+    return got
 
 
 def check_keyed_counts(job: Job, model: KeyedModel, *, prop: str, context: str) -> None:

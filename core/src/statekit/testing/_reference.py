@@ -24,8 +24,10 @@ from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import TypeSerializer
 from ..snapshots._native import NativeSnapshotOutput, NativeStateHandle
 from ..snapshots._snapshot import BytesStreamHandle, KeyedStateHandle, ProgressCallback, StreamStateHandle
-from ..state._keyed import KeyedBackendBase, KeyedSnapshot, RegisteredState, StateEntries
+from ..state._keyed import KeyedBackendBase
+from ..state._keyed_snapshots import KeyedSnapshot
 from ..state._operator import OperatorStateBackendImpl
+from ..state._registered import RegisteredState, StateEntries
 from ..state._slots import SlotListState, SlotMapState, SlotState, SlotValueState
 from ..state._ttl import Clock
 
@@ -144,7 +146,7 @@ class _Shifted:
 class ReferenceKeyedStateBackend(KeyedBackendBase):
     """Keyed state as serialized bytes in dicts; copies them at the snapshot point.
 
-    Satisfies :class:`statekit.SupportsNativeSnapshot` with a trivial native
+    Satisfies :class:`statekit.backend_api.SupportsNativeSnapshot` with a trivial native
     format (the canonical bytes behind a magic of its own), so that the kit's
     native-snapshot path always has a backend to run against.
     """

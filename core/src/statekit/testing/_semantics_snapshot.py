@@ -252,7 +252,13 @@ def cow_expected(i: int, mutated: bool) -> dict[str, Any]:
 
 
 class SnapshotSemantics:
-    """Canonical (and native) snapshots: exact round trips, refused restores, isolation, rescaling."""
+    """Canonical (and native) snapshots: exact round trips, refused restores, isolation, rescaling.
+
+    Long on purpose: a test suite class, one short test per rule, grouped by the
+    ``# ---`` sections below. A plugin's test class inherits every test from the
+    kit classes at once, so splitting this one would only scatter the rules of
+    one subject over several files.
+    """
 
     # --- round trips ------------------------------------------------------------------------------
 

@@ -177,7 +177,13 @@ BATCH_CASES: list[tuple[Any, Any, Callable[[Any], Any]]] = [
 
 
 class KeyedStateSemantics:
-    """DESIGN.md §5: value, list, reducing, aggregating and map state; namespaces; misuse."""
+    """DESIGN.md §5: value, list, reducing, aggregating and map state; namespaces; misuse.
+
+    Long on purpose: a test suite class, one short test per rule of §5, grouped
+    by state kind in the ``# ---`` sections below. A plugin's test class inherits
+    every test from the kit classes at once, so splitting this one would only
+    scatter the rules of one subject over several files.
+    """
 
     # --- ValueState -----------------------------------------------------------------------------
 

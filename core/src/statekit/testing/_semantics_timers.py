@@ -15,7 +15,8 @@ import pytest
 from .._contracts import SupportsNativeSnapshot
 from ..serialization._keygroups import KeyGroupRange, key_group_for_bytes
 from ..serialization._serializers import StrSerializer
-from ..timers import MAX_WATERMARK, TIMER_STATE_NAMES, TimeDomain, TimerService
+from ..timers import MAX_WATERMARK, TIMER_STATE_NAMES
+from ..timers._service import TimeDomain, TimerService
 from ._job import snapshot_handle
 
 __all__ = ["TimerSemantics"]

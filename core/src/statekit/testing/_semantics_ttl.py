@@ -178,7 +178,13 @@ def _write_aged(backend: Any, clock: ManualClock, descs: tuple[StateDescriptor, 
 
 
 class TtlSemantics:
-    """DESIGN.md §6: expiry, update types, visibility, per element and per entry, cleanup, restores."""
+    """DESIGN.md §6: expiry, update types, visibility, per element and per entry, cleanup, restores.
+
+    Long on purpose: a test suite class, one short test per rule of §6, grouped
+    in the ``# ---`` sections below. A plugin's test class inherits every test
+    from the kit classes at once, so splitting this one would only scatter the
+    rules of one subject over several files.
+    """
 
     # --- expiry -------------------------------------------------------------------------------
 

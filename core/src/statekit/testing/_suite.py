@@ -56,7 +56,14 @@ from ._semantics_timers import TimerSemantics
 from ._semantics_ttl import TtlSemantics
 from ._stateful import MACHINES, ConformanceTarget
 
-__all__ = ["CheckpointStorageTests", "StateBackendTests", "kit_settings", "kit_tests", "run_property"]
+__all__ = [
+    "CheckpointStorageTests",
+    "GuardedTests",
+    "StateBackendTests",
+    "kit_settings",
+    "kit_tests",
+    "run_property",
+]
 
 _KIT_MODULE_PREFIX = __name__.rpartition(".")[0] + "."
 _KIT_TESTS: dict[type, dict[str, Any]] = {}  # kit class -> its kit tests, frozen when it is defined
@@ -108,7 +115,7 @@ def kit_tests(cls: type) -> dict[str, Any]:
     return out
 
 
-class _Guarded:
+class GuardedTests:
     """Refuses subclasses that override or remove a kit test; applies ``expected_failures``."""
 
     expected_failures: ClassVar[Mapping[str, str]] = {}
@@ -172,7 +179,7 @@ def _registry_backends() -> dict[str, BackendFactory]:
     return out
 
 
-class _KitFixtures(_Guarded):
+class _KitFixtures(GuardedTests):
     """What every kit class needs: factories, a scratch directory, a clock."""
 
     stateful_step_count: ClassVar[int] = 25

@@ -31,8 +31,8 @@ from ._eventtime import MIN_WATERMARK
 __all__ = [
     "NO_TIMER",
     "TIMER_STATE_NAMES",
-    "ProcessingTimeHint",
     "TIMER_STATE_PREFIX",
+    "ProcessingTimeHint",
     "TimeDomain",
     "TimerService",
     "decode_timer",
@@ -117,7 +117,7 @@ class TimerService:
     Registering the same (key, namespace, timestamp) again is a no-op; a timer
     fires once, with its key (and namespace) current. Namespaces other than
     ``VOID_NAMESPACE`` need the function's ``timer_namespace`` (a type or
-    :class:`~statekit.TypeSerializer`).
+    :class:`~statekit.serializers.TypeSerializer`).
 
     The methods without a leading ``register``/``delete``/``current`` are the
     runner's: they restore the queue, advance time and fire what is due.

@@ -28,10 +28,11 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from statekit import VOID_NAMESPACE, KeyGroupRange, TypeSerializer
+from statekit import VOID_NAMESPACE
 from statekit.backend_api import (
     Clock,
     KeyedBackendBase,
+    KeyGroupRange,
     OperatorStateBackendImpl,
     RegisteredState,
     SlotListState,
@@ -40,6 +41,7 @@ from statekit.backend_api import (
     SlotValueState,
     StateEntries,
 )
+from statekit.serializers import TypeSerializer
 
 __all__ = ["SqliteKeyedStateBackend", "SqliteStateBackend"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from statekit import BackendSpec, ConfigOption, hookimpl
+from statekit.backend_api import BackendSpec, ConfigOption, hookimpl
 
 __all__ = ["statekit_register_backends"]
 

@@ -74,8 +74,8 @@ from ._windowed import (
 __all__ = [
     "COUNT_STATE",
     "JITTER_SECONDS",
-    "LATE_SECONDS",
     "JOB_OUTPUT_SCHEMA",
+    "LATE_SECONDS",
     "MALFORMED_KEY",
     "MALFORMED_KINDS",
     "OUTPUT_SCHEMA",

@@ -354,16 +354,8 @@ def _diff(expected: Counter[str], actual: dict[str, int]) -> str:
     return f"{len(wrong)} URLs differ, e.g. {u}: expected {expected.get(u, 0)}, got {actual.get(u, 0)}"
 
 
-def demo(args: argparse.Namespace, console: Console) -> DemoReport:
-    """Generates logs, runs, adds logs, runs again from the checkpoint, and checks every count.
-
-    The second run is a new SparkSession (a restart): statekit restores the
-    counts from its checkpoint and Spark's file source reads only the new
-    files, so the final counts must equal the generator's counts over all
-    files exactly, and the second run must read exactly the added lines.
-    """
-    started = time.perf_counter()
-    work = args.workdir
+def _fresh_workdir(work: str) -> None:
+    """Empties the demo's directory (only one the demo made: it holds the marker) or makes it."""
     if os.path.isdir(work) and os.listdir(work):
         if not os.path.exists(os.path.join(work, _DEMO_MARKER)):
             raise SystemExit(
@@ -372,36 +364,14 @@ def demo(args: argparse.Namespace, console: Console) -> DemoReport:
         shutil.rmtree(work)
     os.makedirs(work, exist_ok=True)
     open(os.path.join(work, _DEMO_MARKER), "w").close()
-    logs, state = os.path.join(work, "logs"), os.path.join(work, "state")
-    settings = _settings(args, logs, state)
 
-    def gen(records: int, files: int, first_file: int) -> GenerateResult:
-        return generate_logs(
-            logs,
-            records=records,
-            files=files,
-            first_file=first_file,
-            n_urls=args.urls,
-            malformed_fraction=args.malformed,
-            late_fraction=args.late,
-            seed=args.seed,
-        )
 
-    console.rule("1. generate logs and count them")
-    first_gen = gen(args.records, args.files, 0)
-    _print_generated(console, first_gen, logs)
-    first = _run_once(args, console, settings, "first run")
-    console.print(top_urls_table(first.state, args.top))
-
-    console.rule("2. more logs arrive; a new Spark session resumes from the checkpoint")
-    more = gen(args.more_records, args.more_files, args.files)
-    _print_generated(console, more, logs)
-    second = _run_once(args, console, settings, "second run")
-    console.print(top_urls_table(second.state, args.top))
-
+def _checks(report: DemoReport, settings: JobSettings) -> list[tuple[str, bool, str]]:
+    """``(name, passed, detail)`` of each thing the demo proves: exact counts, a resumed run, dead letters."""
+    first, second = report.first, report.second
+    first_gen, more = report.generated_first, report.generated_more
     both = first_gen.merge(more)
-    report = DemoReport(first, second, first_gen, more)
-    checks = report.checks
+    checks: list[tuple[str, bool, str]] = []
     checks.append(
         (
             "first run: counts equal the generator's",
@@ -452,9 +422,52 @@ def demo(args: argparse.Namespace, console: Console) -> DemoReport:
             f"{dead:,} dead letters under {settings.dead_letter_dir}",
         )
     )
+    return checks
+
+
+def demo(args: argparse.Namespace, console: Console) -> DemoReport:
+    """Generates logs, runs, adds logs, runs again from the checkpoint, and checks every count.
+
+    The second run is a new SparkSession (a restart): statekit restores the
+    counts from its checkpoint and Spark's file source reads only the new
+    files, so the final counts must equal the generator's counts over all
+    files exactly, and the second run must read exactly the added lines.
+    """
+    started = time.perf_counter()
+    work = args.workdir
+    _fresh_workdir(work)
+    logs, state = os.path.join(work, "logs"), os.path.join(work, "state")
+    settings = _settings(args, logs, state)
+
+    def gen(records: int, files: int, first_file: int) -> GenerateResult:
+        return generate_logs(
+            logs,
+            records=records,
+            files=files,
+            first_file=first_file,
+            n_urls=args.urls,
+            malformed_fraction=args.malformed,
+            late_fraction=args.late,
+            seed=args.seed,
+        )
+
+    console.rule("1. generate logs and count them")
+    first_gen = gen(args.records, args.files, 0)
+    _print_generated(console, first_gen, logs)
+    first = _run_once(args, console, settings, "first run")
+    console.print(top_urls_table(first.state, args.top))
+
+    console.rule("2. more logs arrive; a new Spark session resumes from the checkpoint")
+    more = gen(args.more_records, args.more_files, args.files)
+    _print_generated(console, more, logs)
+    second = _run_once(args, console, settings, "second run")
+    console.print(top_urls_table(second.state, args.top))
+
+    report = DemoReport(first, second, first_gen, more)
+    report.checks.extend(_checks(report, settings))
 
     console.rule("3. check")
-    for name, ok, detail in checks:
+    for name, ok, detail in report.checks:
         mark = "[green]✔[/green]" if ok else "[red]✘[/red]"
         console.print(f"{mark} {name}: {detail}", highlight=False)
     console.print("[bold green]all checks passed[/]" if report.ok else "[bold red]a check failed[/]")

@@ -26,11 +26,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from statekit import (
-    CheckpointStorage,
-    default_registry,
-    load_checkpoint,
-)
+from statekit import default_registry
+from statekit.backend_api import CheckpointStorage
+from statekit.checkpointing import load_checkpoint
 from statekit.state_processor import SavepointReader
 
 from ._function import COUNT_STATE, OUTPUT_SCHEMA, CountPerUrl, CountPerUrlVectorized
@@ -47,6 +45,7 @@ __all__ = [
     "BatchStats",
     "JobSettings",
     "RunReport",
+    "Sink",
     "StateSummary",
     "build_stream",
     "checkpoint_info",
@@ -333,7 +332,7 @@ def dead_letters(directory: str) -> list[str]:
     return out
 
 
-class _Sink:
+class Sink:
     """The ``foreach_batch`` callback and ``on_batch`` listener of one run.
 
     The sink writes counts, idempotently per batch id (the log source has
@@ -395,7 +394,7 @@ class _Sink:
         self.on_batch(stats)
 
 
-def build_stream(spark: SparkSession, settings: JobSettings, sink: _Sink) -> ProcessedStream:
+def build_stream(spark: SparkSession, settings: JobSettings, sink: Sink) -> ProcessedStream:
     """Defines the streaming job (not started): log files -> parse -> statekit -> sink.
 
     Malformed lines are bad records of the log source, skipped into
@@ -447,7 +446,7 @@ def run_job(
     return run_stream(
         spark,
         settings,
-        _Sink,
+        Sink,
         build_stream,
         on_batch=on_batch,
         on_poll=on_poll,

@@ -17,7 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from statekit import StateError
+from statekit.errors import StateError
 
 from ._job import BatchStats, JobSettings, StateSummary, checkpoint_info
 

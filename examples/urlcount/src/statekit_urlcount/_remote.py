@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._job import BatchStats, JobSettings, RunReport, _Sink, build_stream, run_stream
+from ._job import BatchStats, JobSettings, RunReport, Sink, build_stream, run_stream
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -101,7 +101,7 @@ def run_job_remote(
     report = run_stream(
         spark,
         settings,
-        lambda absolute, _guarded: _Sink(absolute, log),
+        lambda absolute, _guarded: Sink(absolute, log),
         build_stream,
         on_batch=lambda stats: None,
         on_poll=poll,
