@@ -30,13 +30,14 @@ import json
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from .._errors import CorruptSnapshotError, SnapshotError
 from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import TypeSerializer
-from ._digest import check_sha256, sha256_of
+from ._digest import check_sha256, check_sha256_later, sha256_later, sha256_of
 
 __all__ = [
     "CANONICAL_FORMAT",
@@ -283,7 +284,7 @@ def write_canonical(
     out.write(head)
     pos = len(head)
     offsets: dict[int, tuple[int, int]] = {}
-    digests: dict[int, str] = {}
+    hashing: dict[int, Future[str]] = {}  # each block's SHA-256, computed while the next is encoded
     entries = 0
     names = [st["name"] for st in header.states]
     state_sizes = dict.fromkeys(names, 0)
@@ -304,7 +305,7 @@ def write_canonical(
             block += _U32.pack(zlib.crc32(block))
             out.write(block)
             offsets[kg] = (pos, len(block))
-            digests[kg] = sha256_of(block)
+            hashing[kg] = sha256_later(block)
             pos += len(block)
         if progress is not None:
             progress(i + 1, total)
@@ -313,6 +314,7 @@ def write_canonical(
     ib = b"".join(index)
     tail = ib + _U32.pack(zlib.crc32(ib)) + _TRAILER.pack(pos, _INDEX_MAGIC)
     out.write(tail)
+    digests = {kg: f.result() for kg, f in hashing.items()}
     return SnapshotWriteResult(
         offsets, len(head), entries, pos + len(tail), state_sizes, sha256_of(head), digests
     )
@@ -388,6 +390,22 @@ class _CheckedParts:
         if block is not None:
             check_sha256(data, block[1], describe_stream(self._inner), f"the block of key group {block[0]}")
         return data
+
+    def read_later(self, offset: int, length: int) -> tuple[bytes, Future[None] | None]:
+        """A block's bytes now, and its digest check running on the hashing thread (see :func:`iter_blocks`).
+
+        The check's ``result()`` raises :class:`CorruptSnapshotError` if the bytes
+        are not the recorded ones; None when nothing is recorded for this range.
+        """
+        if self._header_sha256 is not None and offset < self._header_length:
+            return self.read(offset, length), None
+        data = self._inner.read(offset, length)
+        block = self._blocks.get((offset, length))
+        if block is None:
+            return data, None
+        return data, check_sha256_later(
+            data, block[1], describe_stream(self._inner), f"the block of key group {block[0]}"
+        )
 
     def discard(self) -> None:
         """Delete the bytes (the wrapped handle does)."""
@@ -487,8 +505,15 @@ def read_block(
     state_names: Sequence[str],
 ) -> list[Section]:
     """Read and check one key group's block; returns its sections."""
-    where = describe_stream(stream)
-    raw = stream.read(offset, length)
+    return _parse_block(
+        stream.read(offset, length), describe_stream(stream), key_group, offset, length, state_names
+    )
+
+
+def _parse_block(
+    raw: bytes, where: str, key_group: int, offset: int, length: int, state_names: Sequence[str]
+) -> list[Section]:
+    """The sections of one key group's block ``raw``, its CRC and layout checked."""
     if len(raw) != length or length < _BLOCK_HEAD.size + 4:
         raise CorruptSnapshotError(f"{where}: key group {key_group} block is truncated")
     (crc,) = _U32.unpack_from(raw, length - 4)
@@ -524,9 +549,32 @@ def read_block(
 
 
 def iter_blocks(handle: KeyedStateHandle, header: SnapshotHeader) -> Iterable[tuple[int, list[Section]]]:
-    """Each key group of ``handle`` with its sections, in key-group order."""
+    """Each key group of ``handle`` with its sections, in key-group order, each block checked first.
+
+    Where the checkpoint records each block's digest, the next block is read and
+    hashed on the hashing thread while the caller loads this one, so a restore
+    hardly waits for the digests; no block is parsed or handed out before its
+    digest matched.
+    """
     names = [s["name"] for s in header.states]
-    for kg in sorted(handle.offsets):
-        if kg in handle.key_group_range:
+    stream = handle.stream
+    read_later = getattr(stream, "read_later", None)
+    wanted = [kg for kg in sorted(handle.offsets) if kg in handle.key_group_range]
+    if read_later is None:
+        for kg in wanted:
             off, ln = handle.offsets[kg]
-            yield kg, read_block(handle.stream, kg, off, ln, names)
+            yield kg, read_block(stream, kg, off, ln, names)
+        return
+    where = describe_stream(stream)
+    ahead: tuple[int, bytes, Future[None] | None] | None = None
+    for following in [*wanted, None]:
+        current = ahead
+        if following is not None:
+            off, ln = handle.offsets[following]
+            ahead = (following, *read_later(off, ln))
+        if current is not None:
+            ckg, raw, check = current
+            if check is not None:
+                check.result()  # raises, naming the block, if its bytes are not the recorded ones
+            off, ln = handle.offsets[ckg]
+            yield ckg, _parse_block(raw, where, ckg, off, ln, names)
