@@ -18,8 +18,10 @@ from statekit.checkpoints._metadata import SubtaskState
 from statekit.checkpoints._writing import complete_checkpoint
 from statekit.serializers import StrSerializer
 from statekit.spark._driver import ATTEMPTS_PROPERTY, TOKEN_PROPERTY
+from statekit.spark._output import TaskOutput
+from statekit.spark._plan import HANDLE_COLUMN, TaskPlan
 from statekit.spark._routing import MARKER_COLUMN, SUBTASK_COLUMN
-from statekit.spark._task import HANDLE_COLUMN, TaskPlan, _Output, make_task, reset_cache
+from statekit.spark._task import make_task, reset_cache
 from statekit_storage import FileSystemCheckpointStorage
 
 RECORDS = make_records(600)
@@ -240,7 +242,7 @@ def test_output_records_are_tuples_rows_dicts_or_single_values() -> None:
     from pyspark.sql import Row
 
     plan = Driver(Path("/nonexistent")).plan()
-    out = _Output(plan)
+    out = TaskOutput(plan)
     for record in [("a", 1), ["b", 2], Row(url="c", n=3), {"url": "d", "n": 4}, {"n": 5}]:
         out.add(record)
     batch = out.flush()
@@ -261,7 +263,7 @@ def test_output_columns_and_records_keep_their_order() -> None:
     import numpy as np
     import pandas as pd
 
-    out = _Output(Driver(Path("/nonexistent")).plan())
+    out = TaskOutput(Driver(Path("/nonexistent")).plan())
     assert out.add_columns({"url": ["a", "b"], "n": range(1, 3)}) == 2
     out.add(("c", 3))
     out.add_columns(pa.record_batch({"n": pa.array([4, 5], pa.int32()), "url": ["d", "e"]}))

@@ -61,9 +61,7 @@ from ..sources._deadletters import DeadLetterDir
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY, EventTime
 from ._handoff import batch_status
 from ._jvm import JvmLocality, LocalityUnavailable
-from ._routing import Router, routing_values
-from ._sparkconf import application, default_parallelism, is_connect, local_dir, spark_configuration
-from ._task import (
+from ._plan import (
     HANDLE_COLUMN,
     LATE_COLUMN,
     LATE_PREFIX,
@@ -71,8 +69,10 @@ from ._task import (
     StoredMetadata,
     TaskPlan,
     internal_schema,
-    make_task,
 )
+from ._routing import Router, routing_values
+from ._sparkconf import application, default_parallelism, is_connect, local_dir, spark_configuration
+from ._task import make_task
 
 __all__ = [
     "ATTEMPTS_PROPERTY",

@@ -1,0 +1,271 @@
+"""Acquiring a task's subtask: reused open in this worker, or restored (local copies first), or new.
+
+A subtask is reused only when this worker holds it open at exactly the task
+attempt the restore checkpoint recorded (see :mod:`._cache`). Otherwise it is
+created in a fresh directory below the executor's statekit directory and
+restored from the checkpoint the batch starts from: from this executor's local
+copies of its files where their bytes have the digest the checkpoint records
+(task-local recovery, ``statekit.local-recovery``), from the checkpoint
+storage for the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._contracts import SupportsNativeSnapshot
+from .._errors import CheckpointError, UnsafeLocalPathError
+from .._localfs import private_dir
+from ..checkpoints._local_recovery import Downloads, LocalCopies, LocalRecoveryStorage, digests_of
+from ..checkpoints._metadata import metadata_at
+from ..checkpoints._restore import CompletedCheckpoint
+from ..plugins._registry import default_registry
+from ..runtime._function import OnTimerContext, ProcessContext, RuntimeContext, timer_service_for
+from ..serialization._keygroups import key_group_range_for_operator
+from ..state._operator import OperatorSnapshot
+from ..state._ttl import system_clock
+from . import _cache
+from ._cache import BatchClock, OpenSubtask
+from ._plan import StoredMetadata, TaskPlan
+
+__all__ = [
+    "REUSED",
+    "RESTORED_LOCALLY",
+    "RESTORED_REMOTELY",
+    "STARTED_EMPTY",
+    "Acquired",
+    "RestoreSource",
+    "acquire",
+    "local_copies",
+    "local_root",
+]
+
+#: How a task came by a subtask's state: open in this process, from local copies, from the
+#: checkpoint storage (maybe partly local), or none (no checkpoint to start from).
+REUSED, RESTORED_LOCALLY, RESTORED_REMOTELY, STARTED_EMPTY = "reused", "local", "remote", "empty"
+
+
+@dataclass
+class RestoreSource:
+    """The checkpoint a task's subtasks start from, read lazily from the driver's metadata."""
+
+    plan: TaskPlan
+    metadata: Any  # InlineMetadata, StoredMetadata or a Broadcast of the metadata bytes
+    _checkpoint: CompletedCheckpoint | None = None
+    _operator_states: list[OperatorSnapshot] | None = field(default=None)
+    _digests: dict[str, str] | None = field(default=None)
+
+    def checkpoint(self) -> CompletedCheckpoint | None:
+        if self.plan.restore_location is None:
+            return None
+        if self._checkpoint is None:
+            stored = self.metadata
+            storage = _cache.storage_for(self.plan.config)
+            data = stored.read(storage) if isinstance(stored, StoredMetadata) else stored.value
+            meta = metadata_at(self.plan.restore_location, data)
+            self._checkpoint = CompletedCheckpoint(storage, self.plan.restore_location, meta)
+        return self._checkpoint
+
+    def reading_through(self, storage: Any) -> CompletedCheckpoint | None:
+        """The restore checkpoint, its files read through ``storage`` (local copies, counted)."""
+        cp = self.checkpoint()
+        if cp is None:
+            return None
+        return CompletedCheckpoint(storage, cp.location, cp.metadata)
+
+    def digests(self) -> dict[str, str]:
+        """The SHA-256 the restore checkpoint records for each file of the operator."""
+        cp = self.checkpoint()
+        if cp is None:
+            return {}
+        if self._digests is None:
+            subtasks = cp.metadata.operators.get(self.plan.operator_id, [])
+            self._digests = digests_of([st.to_json() for st in subtasks])
+        return self._digests
+
+    def operator_states(self) -> list[OperatorSnapshot]:
+        cp = self.checkpoint()
+        assert cp is not None
+        if self._operator_states is None:
+            self._operator_states = cp.operator_states(self.plan.operator_id, self.plan.parallelism)
+        return self._operator_states
+
+
+def local_root(plan: TaskPlan) -> str:
+    """Where this executor's backends keep files: under Spark's local directories, never /tmp by accident.
+
+    ``statekit.local-dir`` if set; else the first of ``SPARK_LOCAL_DIRS`` (set by
+    Spark's workers for their executors); else the directory Spark serves this
+    application's files from, which lies in ``spark.local.dir``; else the
+    driver's ``spark.local.dir``.
+    """
+    configured = plan.config.get("statekit.local-dir")
+    if configured:
+        return str(configured)
+    env = os.environ.get("SPARK_LOCAL_DIRS")
+    if env:
+        return env.split(",")[0]
+    with contextlib.suppress(Exception):
+        from pyspark import SparkFiles
+
+        root = SparkFiles.getRootDirectory()
+        if root:
+            return os.path.dirname(root)
+    return plan.spark_local_dir or tempfile.gettempdir()
+
+
+def local_copies(plan: TaskPlan) -> tuple[LocalCopies | None, str]:
+    """This executor's local copies of the operator's checkpoint files, and ``BatchInfo.local_recovery``.
+
+    None with ``"off"`` when configured off, or with ``"off: <why>"`` when the
+    directory cannot be used: one that is not this user's own (another user's,
+    writable by others, or a symlink statekit did not make, anywhere below the
+    local directory) turns local recovery off for this process, which then
+    writes and deletes nothing there; restores read the checkpoint storage.
+    """
+    if not plan.config.get("statekit.local-recovery"):
+        return None, "off"
+    base = local_root(plan)
+    root = os.path.join(base, "statekit", "local-recovery", plan.job_id, plan.operator_id)
+    unsafe = _cache.unsafe_local_recovery(root)
+    if unsafe is not None:
+        return None, f"off: {unsafe}"
+    try:
+        return LocalCopies(root, base=base), "on"
+    except UnsafeLocalPathError as e:
+        _cache.unsafe_local_recovery(root, str(e))
+        return None, f"off: {e}"
+    except (OSError, ValueError) as e:  # unwritable now (a full disk): off for this task only
+        return None, f"off: cannot create the local-recovery directory {root}: {e}"
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """How a task came by a subtask's state, for its report to the driver."""
+
+    how: str
+    """:data:`REUSED`, :data:`RESTORED_LOCALLY`, :data:`RESTORED_REMOTELY` or :data:`STARTED_EMPTY`."""
+    downloaded: int = 0
+    """Bytes read from the checkpoint storage."""
+    rejected: int = 0
+    """Local copies that were there but not used (read from the storage instead)."""
+    reasons: tuple[str, ...] = ()
+    """Why, naming each file (at most ten)."""
+
+
+def acquire(plan: TaskPlan, index: int, source: RestoreSource) -> tuple[OpenSubtask, Acquired]:
+    """The subtask ``index`` holding the state of the restore source, and how it came by it.
+
+    How: :data:`REUSED` (open in this process), :data:`RESTORED_LOCALLY` (every
+    file from this executor's local copies), :data:`RESTORED_REMOTELY` (some
+    from the checkpoint storage, also in place of a rejected local copy) or
+    :data:`STARTED_EMPTY`.
+    """
+    if not 0 <= index < plan.parallelism:
+        raise CheckpointError(f"row routed to subtask {index}, outside 0..{plan.parallelism - 1}")
+    _cache.evict_stale(plan)
+    entry = _cache.take(plan, index)
+    if entry is not None:
+        # The very state whose snapshot the checkpoint holds: same batch and same task attempt
+        # (two attempts of one task may both succeed, over records in another order).
+        wanted = plan.restore_attempts.get(index)
+        if entry.run_id == plan.run_id and wanted is not None and entry.attempt == wanted:
+            # Its last snapshot is in the checkpoint this batch starts from, so that checkpoint
+            # completed: the executor learns it here, as Flink's notifyCheckpointComplete.
+            cp = source.checkpoint()
+            if cp is not None and isinstance(entry.keyed, SupportsNativeSnapshot):
+                entry.keyed.notify_checkpoint_complete(cp.checkpoint_id)
+            return entry, Acquired(REUSED)
+        entry.close()
+    backend = _cache.backend_for(plan.config)
+    root_dir = local_root(plan)
+    # Private to this user (0700, no symlink, no one else's): the backends' state lives below it.
+    # Spark's own local directory is trusted as Spark made it; a configured one is checked too.
+    configured = bool(plan.config.get("statekit.local-dir"))
+    root = private_dir(
+        os.path.join(root_dir, "statekit"),
+        base=os.path.dirname(os.path.abspath(root_dir)) if configured else root_dir,
+        what="the executor's statekit directory",
+        otherwise="Or set statekit.local-dir to a directory of your own.",
+    )
+    local_dir = tempfile.mkdtemp(prefix=f"{plan.job_id}-{plan.operator_id}-{index}-", dir=root)
+    try:
+        keyed = backend.create_keyed_backend(
+            key_serializer=plan.key_serializer,
+            key_group_range=key_group_range_for_operator(plan.max_parallelism, plan.parallelism, index),
+            max_parallelism=plan.max_parallelism,
+            clock=system_clock,
+            key_cache_size=int(plan.config.get("statekit.key-cache-size")),
+            local_dir=local_dir,
+        )
+    except BaseException:
+        shutil.rmtree(local_dir, ignore_errors=True)
+        raise
+    operator = backend.create_operator_backend()
+    ctx = RuntimeContext(
+        keyed,
+        operator,
+        job_id=plan.job_id,
+        subtask_index=index,
+        parallelism=plan.parallelism,
+        max_parallelism=plan.max_parallelism,
+        clock=system_clock,
+    )
+    function = plan.function_factory()
+    clock = BatchClock()
+    timers = timer_service_for(function, ctx, plan.key_serializer, clock)
+    st = OpenSubtask(
+        plan.run_id,
+        index,
+        keyed,
+        operator,
+        function,
+        ctx,
+        ProcessContext(ctx, timers),
+        timers,
+        OnTimerContext(ctx, timers),
+        clock,
+    )
+    st.local_dir = local_dir
+    how, downloads = STARTED_EMPTY, Downloads()
+    try:
+        copies, _ = local_copies(plan)
+        # A local copy is read only if its bytes have the digest this checkpoint records.
+        reading = LocalRecoveryStorage(_cache.storage_for(plan.config), copies, downloads, source.digests())
+        cp = source.reading_through(reading)
+        if cp is not None:
+            cp.restore_subtask(
+                plan.operator_id,
+                index,
+                plan.parallelism,
+                keyed,
+                operator,
+                operator_states=source.operator_states(),
+            )
+            # Local: nothing read from the storage (local copies, or state inline in the metadata).
+            how = RESTORED_REMOTELY if downloads.remote_files else RESTORED_LOCALLY
+            if plan.restore_claimed and isinstance(keyed, SupportsNativeSnapshot):
+                # A completed checkpoint of this job in this storage: the instance may keep
+                # referencing the files it restored (the completion contract's claim).
+                keyed.notify_checkpoint_complete(cp.checkpoint_id)
+            if copies is not None and reading.used:
+                with contextlib.suppress(OSError):  # local copies only ever save a download
+                    copies.remember(index, reading.used)
+        st.function.open(ctx)
+        st.opened = True
+        timers.restore_timers()
+    except BaseException:
+        st.close()
+        raise
+    default_registry().hook.statekit_restore_done(
+        job_id=plan.job_id,
+        checkpoint_id=None if cp is None else cp.checkpoint_id,
+        subtask_index=index,
+        parallelism=plan.parallelism,
+    )
+    return st, Acquired(how, downloads.remote_bytes, downloads.rejected, tuple(downloads.reasons))

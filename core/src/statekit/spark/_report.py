@@ -1,0 +1,130 @@
+"""The end of a task: every subtask's snapshot into the batch's checkpoint, and the report to the driver.
+
+Each subtask writes its snapshot through the checkpoint storage under stream
+names unique to the task attempt (tasks never complete a checkpoint: the
+driver does, once the sink has the batch's outputs), keeps local copies of
+what it wrote (task-local recovery), and goes back into the worker's cache
+marked with the attempt. The report says, per subtask, where its snapshot
+is, what the task did and where its time went.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Any
+
+from .._contracts import CheckpointOutputStream, CheckpointWriter
+from .._errors import CheckpointError
+from ..checkpoints._local_recovery import LocalRecoveryWriter
+from ..checkpoints._writing import write_subtask_state
+from . import _cache
+from ._acquire import REUSED, local_copies
+from ._run import TaskRun
+
+__all__ = ["write_snapshots"]
+
+
+class _AttemptWriter:
+    """Names every stream after the task attempt, so that retried or speculative attempts never clash.
+
+    Tasks only create streams; the driver completes the checkpoint.
+    """
+
+    def __init__(self, inner: CheckpointWriter, suffix: str) -> None:
+        self._inner = inner
+        self._suffix = suffix
+
+    @property
+    def location(self) -> str:
+        """The checkpoint's location."""
+        return self._inner.location
+
+    def create_stream(self, name: str, *, shared: bool = False) -> CheckpointOutputStream:
+        """A stream named ``<name>.<attempt>``."""
+        return self._inner.create_stream(f"{name}.{self._suffix}", shared=shared)
+
+    def complete(self, metadata: bytes) -> str:
+        """Tasks never complete a checkpoint."""
+        raise CheckpointError("a Spark task cannot complete a checkpoint; the driver does")
+
+    def abort(self) -> None:
+        """Nothing to do: the driver cleans up unfinished checkpoints."""
+
+
+def write_snapshots(run: TaskRun, attempt_number: int) -> list[dict[str, Any]]:
+    """Every subtask's snapshot into the batch's checkpoint; the reports that describe them.
+
+    The subtasks go back into the process cache, marked with this attempt.
+    """
+    plan, phases, clock = run.plan, run.phases, time.perf_counter
+    bad = run.bad_keys.commit()
+    t_snapshot = clock()
+    storage = _cache.storage_for(plan.config)
+    copies, local_recovery = local_copies(plan)
+    states = []
+    for index, st in sorted(run.active.items()):
+        inner: CheckpointWriter = storage.begin_checkpoint(plan.job_id, plan.checkpoint_id)
+        local = None if copies is None else LocalRecoveryWriter(inner, copies)
+        writer = _AttemptWriter(inner if local is None else local, run.attempt)
+        try:
+            state = write_subtask_state(
+                writer,
+                plan.operator_id,
+                index,
+                st.keyed,
+                st.operator,
+                max_state_size=storage.max_state_size,
+                native_checkpoint_id=(
+                    plan.checkpoint_id
+                    if plan.config.get("statekit.checkpoint.format") != "canonical"
+                    else None
+                ),
+            )
+        except BaseException:
+            if local is not None:
+                local.discard_staged()
+            raise
+        states.append((index, state))
+        if copies is not None and local is not None:
+            with contextlib.suppress(OSError):  # local copies only ever save a download
+                # Named by the digests the metadata records: what a restore asks for.
+                copies.remember(index, local.keep(state.to_json()))
+    if copies is not None:
+        with contextlib.suppress(OSError):
+            copies.collect()
+    phases["snapshot"] = clock() - t_snapshot
+    phases["task"] = clock() - run.started
+    reports = []
+    for index, state in states:
+        st = run.active[index]
+        reported_bad, bad = bad, 0  # the task's bad rows, reported with its first subtask
+        reports.append(
+            {
+                "subtask": index,
+                "state": state.to_json(),
+                "records": st.records,
+                "outputs": st.outputs,
+                "late": st.late,
+                "bad": reported_bad,
+                "fired": st.fired,
+                "max_event_time": st.max_event_time,
+                "reused": run.how[index].how == REUSED,
+                "how": run.how[index].how,
+                "downloaded": run.how[index].downloaded,
+                "copies_rejected": run.how[index].rejected,
+                "copy_rejections": list(run.how[index].reasons),
+                "local_recovery": local_recovery,
+                "pid": os.getpid(),
+                "handed_from": run.handed_from,
+                "attempt": run.attempt,
+                "attempt_number": attempt_number,
+                "phases": phases,
+            }
+        )
+    for st in run.active.values():
+        st.token, st.attempt, st.records, st.outputs = plan.token, run.attempt, 0, 0
+        st.late, st.fired, st.max_event_time = 0, 0, None
+    _cache.put_back(plan, run.active.items())
+    return reports

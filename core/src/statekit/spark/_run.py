@@ -1,0 +1,70 @@
+"""One task attempt's state: the subtasks it serves (acquired on their first row), its output, its time.
+
+The loops (:mod:`._loops`) feed it rows, the report (:mod:`._report`)
+snapshots what it served; :mod:`._task` runs the steps in order.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..timers import LatePolicy
+from ._acquire import Acquired, RestoreSource, acquire
+from ._bad_keys import BadKeys
+from ._cache import OpenSubtask
+from ._output import TaskOutput
+from ._plan import TASK_PHASES, TaskPlan
+
+__all__ = ["TaskRun"]
+
+
+class TaskRun:
+    """One task attempt: the subtasks it serves, their outputs, and where its time went."""
+
+    def __init__(self, plan: TaskPlan, source: RestoreSource, attempt: str) -> None:
+        self.plan = plan
+        self.source = source
+        self.attempt = attempt
+        self.out = TaskOutput(plan)
+        self.active: dict[int, OpenSubtask] = {}
+        self.how: dict[int, Acquired] = {}  # subtask -> how it came by its state
+        self.phases = dict.fromkeys(TASK_PHASES, 0.0)
+        self.started = time.perf_counter()
+        self.handed_from: int | None = None  # the sibling worker whose task this is, if handed off
+        self.bad_keys = BadKeys(plan)
+
+    def subtask(self, index: Any) -> OpenSubtask:
+        """The subtask ``index``, acquired (restored or reused) on its first row."""
+        st = self.active.get(index)
+        if st is not None:
+            return st
+        plan = self.plan
+        if index is None:  # the loops hand such rows to bad_keys, never here
+            raise ValueError(f"null key in column {plan.key_column!r}: every record needs a key")
+        t = time.perf_counter()
+        st, acquired = acquire(plan, index, self.source)
+        self.phases["restore"] += time.perf_counter() - t
+        st.clock.now = plan.batch_timestamp_ms
+        st.timers.set_watermark(plan.watermark)
+        self.active[index] = st
+        self.how[index] = acquired
+        return st
+
+    def late(self, st: OpenSubtask, ts: int, row: int, late_rows: list[int]) -> bool:
+        """Whether row ``row`` (event time ``ts``) is late and left out; counts it, notes the event time.
+
+        A late row (at or below the batch's watermark) goes to ``late_rows``
+        when a late-records sink takes it, or to the function under the
+        ``process`` policy (then this returns False).
+        """
+        if ts <= self.plan.watermark:
+            st.late += 1
+            et = self.plan.event_time
+            if et is None or et.late is not LatePolicy.PROCESS:
+                if self.out.late_columns:
+                    late_rows.append(row)
+                return True
+        if st.max_event_time is None or ts > st.max_event_time:
+            st.max_event_time = ts
+        return False
