@@ -3,8 +3,7 @@
 What it holds: ``_function`` (``KeyedProcessFunction``, its context and the
 batch function API every runner shares), ``_runner`` (``LocalRunner``: a keyed
 function over records in one process, with checkpoints) and the collaborators
-it hands work to: ``_coordinator`` (``CheckpointCoordinator``: checkpoint ids,
-fencing, completion, retention, what to restore), ``_sources``
+it hands work to (besides :mod:`statekit.checkpoints`' ``CheckpointCoordinator``): ``_sources``
 (``SourceReader``: the source position, reading it, bad records) and ``_time``
 (``TimeCoordinator``: the watermark, late records, firing timers); also
 ``_columnar`` (columnar micro-batch rows for batch functions) and

@@ -15,7 +15,7 @@ one would.
 
 The runner keeps the subtasks and routes records to them; the rest it hands
 to collaborators, as Flink does: checkpoints to a
-:class:`~statekit.runtime._coordinator.CheckpointCoordinator`, the input (its
+:class:`~statekit.checkpoints._coordinator.CheckpointCoordinator`, the input (its
 position, reading it, bad records) to a
 :class:`~statekit.runtime._sources.SourceReader`, and time (the watermark, late
 records, firing timers) to a :class:`~statekit.runtime._time.TimeCoordinator`.
@@ -39,6 +39,7 @@ from .._contracts import (
     SupportsNativeSnapshot,
 )
 from .._errors import CheckpointError
+from ..checkpoints._coordinator import CheckpointCoordinator
 from ..checkpoints._fencing import RunFence
 from ..checkpoints._metadata import SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
@@ -60,7 +61,6 @@ from ..state._operator import OperatorStateBackendImpl
 from ..state._ttl import Clock, system_clock
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, NO_TIMER, EventTime, TimeDomain, TimerService
 from ._columnar import group_runs, output_rows, require_pyarrow
-from ._coordinator import CheckpointCoordinator
 from ._function import (
     KeyedBatchFunction,
     KeyedProcessFunction,

@@ -18,13 +18,13 @@ from typing import Any
 
 from .._contracts import CheckpointStorage, CheckpointWriter
 from .._errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, FencedError
-from ..checkpoints._fencing import RunFence
-from ..checkpoints._metadata import SubtaskState
-from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
-from ..checkpoints._retention import apply_retention, highest_checkpoint_id
-from ..checkpoints._verify import verify_loaded
-from ..checkpoints._writing import complete_checkpoint, discard_native_uploads
 from ..plugins._registry import PluginRegistry
+from ._fencing import RunFence
+from ._metadata import SubtaskState
+from ._restore import CompletedCheckpoint, load_checkpoint
+from ._retention import apply_retention, highest_checkpoint_id
+from ._verify import verify_loaded
+from ._writing import complete_checkpoint, discard_native_uploads
 
 __all__ = ["CheckpointCoordinator", "WriteSubtasks"]
 
