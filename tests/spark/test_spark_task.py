@@ -597,7 +597,7 @@ def test_a_local_recovery_directory_another_user_prepared_turns_local_recovery_o
     import shutil
     import tempfile
 
-    from statekit.spark._driver import _local_recovery_status
+    from statekit.spark._batchinfo import local_recovery_status
 
     top = tempfile.mkdtemp(prefix="statekit-lr-", dir="/tmp")
     try:
@@ -629,7 +629,7 @@ def test_a_local_recovery_directory_another_user_prepared_turns_local_recovery_o
                 f"off: the local-recovery directory {shared}/statekit/local-recovery belongs to user id "
             )
             assert f"user id {second_user.uid}, not to the running user" in why
-        assert _local_recovery_status([first, second]) == first["local_recovery"]
+        assert local_recovery_status([first, second]) == first["local_recovery"]
         assert second["how"] == "remote" and second["copies_rejected"] == 0
         assert os.listdir(secret) == ["keep"]  # nothing written, nothing deleted
         assert os.readlink(os.path.join(op, "files")) == secret

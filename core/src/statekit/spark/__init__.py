@@ -46,8 +46,8 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installa
     ) from exc
 
 from ._api import KeyedDataFrame, ProcessedStream, keyed
+from ._batchinfo import BatchInfo
 from ._bootstrap import write_savepoint
-from ._driver import BatchInfo
 from ._log_source import LOG_SOURCE_NAME, read_logs, register_log_source
 from ._sparkconf import spark_configuration
 from ._state_source import register_state_source

@@ -26,22 +26,16 @@ is the batch's timestamp, fixed when the driver plans it.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
-import os
-import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from .._contracts import CheckpointStorage
 from .._errors import CheckpointError, ConfigurationError, CorruptCheckpointError
@@ -51,15 +45,14 @@ from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
 from ..checkpoints._retention import apply_retention, highest_checkpoint_id
 from ..checkpoints._verify import verify_loaded
 from ..checkpoints._writing import complete_checkpoint
-from ..plugins._config import Configuration
-from ..plugins._registry import PluginRegistry, default_registry
+from ..plugins._registry import default_registry
 from ..runtime._function import KeyedBatchFunction, KeyedProcessFunction
-from ..runtime._runner import _end_of_time_message, checkpoint_storage_from_config, state_backend_from_config
+from ..runtime._runner import _end_of_time_message, state_backend_from_config
 from ..serialization._keygroups import compute_default_max_parallelism, validate_parallelism
-from ..serialization._serializers import TypeSerializer
-from ..sources._deadletters import DeadLetterDir
-from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY, EventTime
+from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY
+from ._batchinfo import BatchInfo, local_recovery_status
 from ._handoff import batch_status
+from ._jobspec import JobSpec, driver_storage, resolve_dead_letters
 from ._jvm import JvmLocality, LocalityUnavailable
 from ._plan import (
     HANDLE_COLUMN,
@@ -80,14 +73,7 @@ __all__ = [
     "QUERY_PROPERTY",
     "STATIC_QUERY",
     "TOKEN_PROPERTY",
-    "BatchInfo",
-    "ConnectBatches",
-    "Coordinator",
-    "JobSpec",
-    "check_columns",
-    "check_key_type",
-    "driver_storage",
-    "resolve_dead_letters",
+    "MicroBatchDriver",
 ]
 
 #: Checkpoint metadata properties written by the Spark runner.
@@ -98,215 +84,8 @@ ATTEMPTS_PROPERTY = "spark_subtask_attempts"
 #: The query id recorded by :meth:`ProcessedStream.run` (static DataFrames).
 STATIC_QUERY = "static"
 
-Sink = Callable[[DataFrame, int], None]
-
-_DRIVER_STORAGES: dict[str, CheckpointStorage] = {}
 #: Checkpoint metadata up to this size is shipped inside the tasks, larger as a broadcast.
 _INLINE_METADATA = 256 * 1024
-_DRIVER_LOCK = threading.Lock()
-
-
-@dataclass(frozen=True)
-class BatchInfo:
-    """What happened to one micro-batch (or one :meth:`~statekit.spark.ProcessedStream.run`).
-
-    Attributes:
-        batch_id: Spark's batch id (for ``run``, the batch id it was given or chose).
-        checkpoint_id: The checkpoint that holds the state after this batch.
-        location: Where that checkpoint lives.
-        skipped: True if the batch had been completed before (a replay after a
-            driver failure); nothing was processed or written.
-        restored_from: The checkpoint the subtasks started from, None for a fresh start.
-        parallelism: The number of subtasks.
-        records: Records processed.
-        outputs: Output records written to the sink.
-        reused_subtasks: Subtasks whose open state an executor kept from the previous batch.
-        restored_subtasks: Subtasks that did not reuse open state: restored (locally or
-            remotely) or started empty.
-        restored_locally: Of those, subtasks restored reading nothing from the checkpoint
-            storage: from the local copies their executor kept (task-local recovery,
-            ``statekit.local-recovery``), or from state small enough to travel inside
-            the checkpoint's metadata.
-        restored_remotely: Of those, subtasks that read files from the checkpoint storage
-            (only the files their executor had no local copy of).
-        bytes_downloaded: Bytes the restores read from the checkpoint storage.
-        local_recovery: ``"on"``, ``"off"`` (``statekit.local-recovery=false``), or
-            ``"off: <why>"`` when a task found its executor's local-recovery
-            directory unsafe (another user's, writable by others, or a symlink
-            statekit did not make) or could not create it: local recovery is then
-            off in that Python worker, which writes and deletes nothing there.
-        local_copies_rejected: Local copies that were there but not used, each file
-            read from the checkpoint storage instead: its bytes were not the ones the
-            checkpoint records (another checkpoint's or subtask's file, or damaged),
-            or it could not be read, or it was deleted or changed after it was
-            checked. Those subtasks count as ``restored_remotely``.
-        local_copy_rejections: Why, one line per rejected copy naming the checkpoint
-            file (at most ten per subtask).
-        handed_off: Of the reused subtasks, those whose task Spark gave to another Python
-            worker of the executor than the one holding the state, and which handed its
-            rows to that worker (``statekit.spark.worker-handoff``).
-        handoff: ``"on"``, or ``"off: <why>"``: configured off, or a task's Python worker
-            could not take part (its hand-off directory was refused: another user's, a
-            symlink, writable by others; the reason names the path and the way out).
-        executor_pids: The process ids of the Python workers that ran the subtasks.
-        subtask_locations: Where each subtask's task ran (``executor_<host>_<id>``), as
-            the tasks reported it; the next batch prefers the same executors. Empty
-            when locality is off.
-        locality: ``"on"``, or ``"off: <why>"`` (configured off, Spark Connect, or the
-            JVM helper could not be loaded: the reason says how to fix it).
-        late_records: Rows at or below the watermark the batch ran with.
-        bad_records: Rows without a key (null, or refused by the key serializer)
-            skipped into dead letters (``statekit.bad-records.policy=dead-letter``);
-            not in ``records``.
-        timers_fired: Timers that fired in the batch.
-        watermark: The event-time watermark the next batch runs with.
-        phases: Where the batch's time went, in seconds. On the driver (wall
-            time): ``prepare`` (the checkpoint to start from, the plan),
-            ``tasks`` (the Spark job that scans, routes and processes every
-            row and writes the snapshots), ``sink``, ``checkpoint`` (completing
-            it), ``retention``. Summed over the tasks: ``task_input`` (waiting
-            for input rows: shuffle read and Arrow transfer), ``task_restore``
-            (restoring the subtasks that did not reuse open state), ``task_convert``
-            (Arrow to Python), ``task_records`` (the record loop: state access,
-            the function, output rows), ``task_output`` (output Arrow batches),
-            ``task_timers``, ``task_snapshot``, ``task_task`` (the whole task).
-    """
-
-    batch_id: int
-    checkpoint_id: int | None
-    location: str | None
-    skipped: bool
-    restored_from: str | None
-    parallelism: int
-    records: int = 0
-    outputs: int = 0
-    reused_subtasks: int = 0
-    restored_subtasks: int = 0
-    restored_locally: int = 0
-    restored_remotely: int = 0
-    bytes_downloaded: int = 0
-    local_recovery: str = "off"
-    local_copies_rejected: int = 0
-    local_copy_rejections: tuple[str, ...] = ()
-    handed_off: int = 0
-    handoff: str = "on"
-    executor_pids: tuple[int, ...] = ()
-    subtask_locations: Mapping[int, str] = field(default_factory=dict)
-    locality: str = "off"
-    late_records: int = 0
-    bad_records: int = 0
-    timers_fired: int = 0
-    watermark: int = MIN_WATERMARK
-    phases: Mapping[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """Everything :class:`ProcessedStream` knows about the job (driver side)."""
-
-    df: DataFrame
-    key_column: str
-    key_serializer: TypeSerializer
-    function_factory: Callable[[], KeyedProcessFunction]
-    output_schema: T.StructType
-    job_id: str
-    operator_id: str
-    config: Configuration | None
-    allow_non_restored_state: bool
-    on_batch: Callable[[BatchInfo], None] | None
-    sink: Sink | None
-    event_time: EventTime | None = None
-    late_sink: Sink | None = None
-
-
-class ConnectBatches:
-    """The ``foreachBatch`` function of a query started from a Spark Connect client.
-
-    Spark Connect pickles it to the server, which calls it in a Python
-    process of the query's own, with each micro-batch bound to a session of
-    the query (a Connect session too). So the driver side of statekit runs
-    there: the :class:`Coordinator` is made at the first micro-batch of each
-    query run and lives as long as that process, as it lives as long as
-    ``start()``'s closure on a classic driver.
-
-    A Connect session cannot tell which query runs a batch (classic tasks read
-    it from a local property), so the query's id is read where Spark keeps it:
-    the ``metadata`` file of the query's checkpoint location, written when the
-    query first started and kept across restarts, read through Spark itself
-    (any file system the checkpoint location is on).
-    """
-
-    def __init__(self, spec: JobSpec, *, restore: str | None, checkpoint_location: str) -> None:
-        """``spec`` without its DataFrame (a Connect DataFrame belongs to the client's session)."""
-        # The server puts each batch's DataFrame in; a Connect DataFrame cannot be pickled.
-        self._spec = dataclasses.replace(spec, df=None)  # type: ignore[arg-type]
-        self._restore = restore
-        self._checkpoint_location = checkpoint_location
-        self._coordinator: Coordinator | None = None
-        self._query_id: str | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Pickled once, by the client, before any batch: no coordinator to carry.
-        return {**self.__dict__, "_coordinator": None, "_query_id": None}
-
-    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
-        """Process one micro-batch (on the Connect server's Python process)."""
-        if self._coordinator is None or self._query_id is None:
-            session = batch_df.sparkSession
-            query_id = query_id_at(session, self._checkpoint_location)
-            spec = dataclasses.replace(self._spec, df=batch_df)
-            self._coordinator = Coordinator(spec, session, restore=self._restore)
-            self._query_id = query_id
-        self._coordinator.process_batch(batch_df, batch_id, self._query_id)
-
-
-def query_id_at(session: SparkSession, checkpoint_location: str) -> str:
-    """The id of the streaming query whose checkpoint location this is, as Spark recorded it.
-
-    Raises:
-        CheckpointError: If the location holds no query metadata.
-    """
-    path = checkpoint_location.rstrip("/") + "/metadata"
-    try:
-        rows = session.read.text(path).collect()
-        found = json.loads(rows[0][0])["id"] if rows else None
-    except Exception as e:  # Spark's own errors (a missing file, ...), and bad JSON
-        raise CheckpointError(
-            f"cannot read the streaming query's id from {path} (Spark writes it when a query "
-            f"starts): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        ) from e
-    if not isinstance(found, str) or not found:
-        raise CheckpointError(f"{path} names no streaming query id")
-    return found
-
-
-def _storage_key(conf: Configuration) -> str:
-    name = conf.storage_name
-    return json.dumps(
-        [
-            name,
-            conf.plugin_options("storage", name),
-            conf.get("statekit.checkpoints.dir"),
-            conf.get("statekit.savepoints.dir"),
-        ],
-        sort_keys=True,
-        default=str,
-    )
-
-
-def driver_storage(conf: Configuration, registry: PluginRegistry | None = None) -> CheckpointStorage:
-    """The driver's checkpoint storage for ``conf``: one object per storage configuration and process.
-
-    The ``jobmanager`` storage keeps completed checkpoints in this object, so a
-    query restarted in the same driver process finds them, as a Flink job finds
-    its checkpoints in the JobManager.
-    """
-    key = _storage_key(conf)
-    with _DRIVER_LOCK:
-        storage = _DRIVER_STORAGES.get(key)
-        if storage is None:
-            storage = _DRIVER_STORAGES[key] = checkpoint_storage_from_config(conf, registry)
-        return storage
 
 
 def _parallelism_of(cp: CompletedCheckpoint, operator_id: str) -> int | None:
@@ -314,7 +93,7 @@ def _parallelism_of(cp: CompletedCheckpoint, operator_id: str) -> int | None:
     return len(subtasks) if subtasks else None
 
 
-class Coordinator:
+class MicroBatchDriver:
     """Runs the micro-batches of one query run (one ``start`` or ``run``) on the driver."""
 
     def __init__(self, spec: JobSpec, session: SparkSession, *, restore: str | None) -> None:
@@ -660,7 +439,7 @@ class Coordinator:
             restored_locally=how.count("local"),
             restored_remotely=how.count("remote"),
             bytes_downloaded=sum(int(r.get("downloaded", 0)) for r in reports),
-            local_recovery=_local_recovery_status(reports),
+            local_recovery=local_recovery_status(reports),
             local_copies_rejected=sum(int(r.get("copies_rejected", 0)) for r in reports),
             local_copy_rejections=tuple(str(m) for r in reports for m in r.get("copy_rejections") or ()),
             handed_off=sum(1 for r in reports if r.get("handed_from") is not None),
@@ -841,15 +620,6 @@ def _task_damage(e: Exception, source: CompletedCheckpoint | None) -> CorruptChe
     return CorruptCheckpointError(source.location, problem + _SPARK_WAYS_OUT)
 
 
-def _local_recovery_status(reports: list[dict[str, Any]]) -> str:
-    """``BatchInfo.local_recovery``: on, off, or off with every distinct reason the tasks gave."""
-    statuses = [str(r.get("local_recovery", "off")) for r in reports]
-    reasons = sorted({s.removeprefix("off: ") for s in statuses if s.startswith("off: ")})
-    if reasons:
-        return "off: " + "; ".join(reasons)
-    return "on" if statuses and all(s == "on" for s in statuses) else "off"
-
-
 def _attempts(source: CompletedCheckpoint | None) -> dict[int, str]:
     """Which task attempt wrote each subtask's snapshot in ``source`` (none if not made here)."""
     if source is None:
@@ -871,74 +641,3 @@ def _origin(props: dict[str, Any]) -> str:
     if query == STATIC_QUERY:
         return f"a static run (batch {props.get(BATCH_PROPERTY)})"
     return f"Spark query {query} (micro-batch {props.get(BATCH_PROPERTY)})"
-
-
-def resolve_dead_letters(conf: Configuration, *, connect: bool, check: bool = True) -> Configuration:
-    """``conf`` with its local paths absolute, as the driver sees them, and the dead-letter directory checked.
-
-    Executors write the dead letters and the checkpoint files; a relative path
-    would land in each executor's working directory, so it is taken from the
-    driver's working directory when the query starts. From a Spark Connect
-    client the driver is the server, whose working directory the client does
-    not know: a relative dead-letter path is refused there (a relative
-    checkpoints directory stays the server's, as before). With ``check``, the
-    dead-letter directory is made (mode 0700) or checked private here, before
-    any task runs.
-
-    Raises:
-        ConfigurationError: If ``dead-letter`` has no path, or the path is relative under Spark Connect.
-        UnsafeLocalPathError: If the directory is a symlink, someone else's, or group- or other-writable.
-    """
-    if not connect:
-        local = {}
-        for key in ("statekit.checkpoints.dir", "statekit.savepoints.dir"):
-            value = conf.get(key)
-            if value and "://" not in str(value) and not os.path.isabs(str(value)):
-                local[key] = os.path.abspath(str(value))
-        if local:
-            conf = conf.with_options(local)
-    if conf.get("statekit.bad-records.policy") != "dead-letter":
-        return conf
-    path = conf.get("statekit.bad-records.dead-letter-path")
-    if path is None:
-        raise ConfigurationError(
-            "statekit.bad-records.policy=dead-letter needs somewhere to put them on Spark: set "
-            "spark.statekit.bad-records.dead-letter-path to a directory every executor reaches"
-        )
-    text = str(path)
-    if not os.path.isabs(text) and "://" not in text:
-        if connect:
-            raise ConfigurationError(
-                f"spark.statekit.bad-records.dead-letter-path {text!r} is relative: from a Spark Connect "
-                "client it would be taken from the server's working directory, which this client does not "
-                "know. Give an absolute path the server's executors reach"
-            )
-        text = os.path.abspath(text)
-    if check:
-        DeadLetterDir(text)  # a URL, a file, a symlink or someone else's directory fail here
-    return conf.with_options({"statekit.bad-records.dead-letter-path": text})
-
-
-def check_columns(df: DataFrame, key_column: str) -> None:
-    """Raise a clear error if the key column is missing or a reserved column name is taken."""
-    from ._routing import RESERVED_COLUMNS
-
-    if key_column not in df.columns:
-        raise ConfigurationError(f"key column {key_column!r} is not a column of the DataFrame: {df.columns}")
-    taken = [c for c in df.columns if c in RESERVED_COLUMNS or c.startswith("__statekit_")]
-    if taken:
-        raise ConfigurationError(f"column names {taken} are reserved by statekit.spark; rename them")
-
-
-def check_key_type(serializer: TypeSerializer, data_type: T.DataType, key_column: str) -> None:
-    """Refuse, before anything runs, a ``str`` or ``int`` key type over a column of another type."""
-    from ..serialization._serializers import IntSerializer, StrSerializer
-    from ._routing import supports_sql_routing
-
-    if type(serializer) in (StrSerializer, IntSerializer) and not supports_sql_routing(serializer, data_type):
-        kind = "str" if type(serializer) is StrSerializer else "int"
-        raise ConfigurationError(
-            f"key column {key_column!r} is {data_type.simpleString()}, not a {kind} column: pass the "
-            "key_type that matches its values (str for string columns, int for integer columns, "
-            "bytes for binary ones)"
-        )
