@@ -61,6 +61,7 @@ from ..state._operator import OperatorStateBackendImpl
 from ..state._ttl import Clock, system_clock
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, NO_TIMER, EventTime, TimeDomain, TimerService
 from ._columnar import group_runs, output_rows, require_pyarrow
+from ._configured import checkpoint_storage_from_config, state_backend_from_config
 from ._function import (
     KeyedBatchFunction,
     KeyedProcessFunction,
@@ -79,7 +80,7 @@ from ._sources import (
     ReplayableSource,
     SourceReader,
 )
-from ._time import TimeCoordinator
+from ._time import TimeCoordinator, end_of_time_message
 
 __all__ = [
     "FileSource",
@@ -87,41 +88,7 @@ __all__ = [
     "RecordSource",
     "ReplayableSource",
     "RunResult",
-    "checkpoint_storage_from_config",
-    "state_backend_from_config",
 ]
-
-
-def state_backend_from_config(config: Configuration, registry: PluginRegistry | None = None) -> StateBackend:
-    """The state backend ``statekit.backend`` names, with its options."""
-    reg = registry or default_registry()
-    name = config.backend_name
-    backend: StateBackend = reg.create_backend(name, config.plugin_options("backend", name))
-    return backend
-
-
-def checkpoint_storage_from_config(
-    config: Configuration, registry: PluginRegistry | None = None
-) -> CheckpointStorage:
-    """The checkpoint storage ``statekit.checkpoint.storage`` names, with its options.
-
-    ``statekit.checkpoints.dir`` and ``statekit.savepoints.dir`` reach the
-    storage as its options ``checkpoints-dir`` and ``savepoints-dir``.
-    """
-    reg = registry or default_registry()
-    name = config.storage_name
-    opts: dict[str, object] = dict(config.plugin_options("storage", name))
-    spec = reg.storage_spec(name)
-    declared = {o.name for o in spec.options}
-    for key, opt in (
-        ("statekit.checkpoints.dir", "checkpoints-dir"),
-        ("statekit.savepoints.dir", "savepoints-dir"),
-    ):
-        value = config.get(key)
-        if value is not None and opt in declared:
-            opts.setdefault(opt, value)
-    storage: CheckpointStorage = reg.create_storage(name, opts)
-    return storage
 
 
 @dataclass
@@ -744,7 +711,7 @@ class LocalRunner:
             # Only a restored watermark can be the end of time (an end of input here keeps the
             # event-time one) and nothing lowers it: every record is late, so say so loudly.
             warnings.warn(
-                _end_of_time_message(
+                end_of_time_message(
                     f"job {self.job_id!r}", self._restored_from, f"all {result.late_records} records"
                 ),
                 RuntimeWarning,
@@ -860,16 +827,3 @@ class LocalRunner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _end_of_time_message(job: str, checkpoint: str | None, records: str) -> str:
-    """The warning for records that met a restored watermark at the end of time (both runners)."""
-    where = f"checkpoint {checkpoint}" if checkpoint else "the checkpoint it restored"
-    return (
-        f"{job}: the event-time watermark of {where} is the end of time, so {records} were late "
-        "and no event-time timer will fire again. Older statekit versions checkpointed that "
-        "watermark after firing the timers at the end of an input (statekit.timers.end-of-input=fire); "
-        "now the end of input keeps the watermark the records made. Way out: restore a checkpoint or "
-        "savepoint taken before that end of input (`statekit checkpoints list` shows the retained "
-        "ones), so the records after it are read again"
-    )

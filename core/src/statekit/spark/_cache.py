@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from .._contracts import CheckpointStorage, KeyedStateBackend, OperatorStateBackend, StateBackend
 from ..plugins._config import Configuration
+from ..runtime._configured import checkpoint_storage_from_config, state_backend_from_config
 from ..runtime._function import (
     KeyedProcessFunction,
     OnTimerContext,
@@ -30,7 +31,6 @@ from ..runtime._function import (
     RuntimeContext,
     fire_timer_results,
 )
-from ..runtime._runner import checkpoint_storage_from_config, state_backend_from_config
 from ..timers import TimeDomain, TimerService
 from ._output import TaskOutput
 from ._plan import TaskPlan

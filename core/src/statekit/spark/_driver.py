@@ -46,8 +46,9 @@ from ..checkpoints._retention import apply_retention, highest_checkpoint_id
 from ..checkpoints._verify import verify_loaded
 from ..checkpoints._writing import complete_checkpoint
 from ..plugins._registry import default_registry
+from ..runtime._configured import state_backend_from_config
 from ..runtime._function import KeyedBatchFunction, KeyedProcessFunction
-from ..runtime._runner import _end_of_time_message, state_backend_from_config
+from ..runtime._time import end_of_time_message
 from ..serialization._keygroups import compute_default_max_parallelism, validate_parallelism
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY
 from ._batchinfo import BatchInfo, local_recovery_status
@@ -496,7 +497,7 @@ class MicroBatchDriver:
             late = sum(int(r.get("late", 0)) for r in reports)
             if late:
                 warnings.warn(
-                    _end_of_time_message(f"statekit job {self.spec.job_id!r}", source, f"all {late} rows"),
+                    end_of_time_message(f"statekit job {self.spec.job_id!r}", source, f"all {late} rows"),
                     RuntimeWarning,
                     stacklevel=3,
                 )

@@ -22,8 +22,8 @@ from .._contracts import CheckpointStorage
 from .._errors import ConfigurationError
 from ..plugins._config import Configuration
 from ..plugins._registry import PluginRegistry
+from ..runtime._configured import checkpoint_storage_from_config
 from ..runtime._function import KeyedProcessFunction
-from ..runtime._runner import checkpoint_storage_from_config
 from ..serialization._serializers import TypeSerializer
 from ..sources._deadletters import DeadLetterDir
 from ..timers import EventTime
