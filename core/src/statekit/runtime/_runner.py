@@ -34,7 +34,6 @@ from typing import Any
 from .._contracts import (
     CheckpointStorage,
     CheckpointWriter,
-    KeyedStateBackend,
     StateBackend,
     SupportsNativeSnapshot,
 )
@@ -50,26 +49,21 @@ from ..plugins._registry import PluginRegistry, default_registry
 from ..serialization._keygroups import (
     compute_default_max_parallelism,
     key_group_for_bytes,
-    key_group_range_for_operator,
     operator_index_for_key_group,
     validate_parallelism,
 )
 from ..serialization._serializers import serializer_for
 from ..sources import BadRecord, BadRecordPolicy, LogSource
 from ..sources._deadletters import DEAD_LETTERS_PROPERTY, StagedDeadLetters
-from ..state._operator import OperatorStateBackendImpl
+from ..state._parameters import KeyedBackendParameters
 from ..state._ttl import Clock, system_clock
-from ..timers import MAX_WATERMARK, MIN_WATERMARK, NO_TIMER, EventTime, TimeDomain, TimerService
+from ..timers import MAX_WATERMARK, MIN_WATERMARK, NO_TIMER, EventTime
 from ._columnar import group_runs, output_rows, require_pyarrow
 from ._configured import checkpoint_storage_from_config, state_backend_from_config
 from ._function import (
     KeyedBatchFunction,
     KeyedProcessFunction,
-    OnTimerContext,
-    ProcessContext,
     RuntimeContext,
-    fire_timers,
-    timer_service_for,
 )
 from ._localdirs import create_instance_dir
 from ._sources import (
@@ -80,6 +74,7 @@ from ._sources import (
     ReplayableSource,
     SourceReader,
 )
+from ._subtask import Subtask
 from ._time import TimeCoordinator, end_of_time_message
 
 __all__ = [
@@ -144,30 +139,6 @@ def _arrow_culprit(pa: Any, rows: Sequence[Mapping[str, Any]]) -> tuple[int, str
                 hi = mid
         return lo - 1, name
     return None
-
-
-class _Subtask:
-    __slots__ = ("ctx", "function", "keyed", "operator", "pctx", "tctx", "timers")
-
-    def __init__(
-        self,
-        keyed: KeyedStateBackend,
-        operator: OperatorStateBackendImpl,
-        function: KeyedProcessFunction,
-        ctx: RuntimeContext,
-        timers: TimerService,
-    ) -> None:
-        self.keyed = keyed
-        self.operator = operator
-        self.function = function
-        self.ctx = ctx
-        self.timers = timers
-        self.pctx = ProcessContext(ctx, timers)
-        self.tctx = OnTimerContext(ctx, timers)
-
-    def fire(self, domain: TimeDomain, until: int, outputs: list[Any]) -> None:
-        """Call ``on_timer`` for every timer of ``domain`` due at ``until``, collecting outputs."""
-        outputs.extend(fire_timers(self.function, self.tctx, domain, until))
 
 
 class LocalRunner:
@@ -238,7 +209,7 @@ class LocalRunner:
         self.sink = sink
         self.allow_non_restored_state = allow_non_restored_state
         self.event_time = event_time
-        self._subtasks: list[_Subtask] = []
+        self._subtasks: list[Subtask] = []
         self._time = TimeCoordinator(
             lambda: self._subtasks,
             event_time=event_time,
@@ -277,39 +248,40 @@ class LocalRunner:
             self._local_root = create_instance_dir(self.local_dir_parent, f"statekit-{self.job_id}-")
         return tempfile.mkdtemp(prefix=f"{self.operator_id}-{index}-", dir=self._local_root)
 
-    def _create(self) -> list[_Subtask]:
-        subtasks: list[_Subtask] = []
+    def _create(self) -> list[Subtask]:
+        subtasks: list[Subtask] = []
         try:
             for i in range(self.parallelism):
                 subtasks.append(self._create_subtask(i))
         except BaseException:
             for st in subtasks:
-                st.keyed.close()
+                st.discard()
             raise
         return subtasks
 
-    def _create_subtask(self, i: int) -> _Subtask:
-        keyed = self.backend.create_keyed_backend(
+    def _create_subtask(self, i: int) -> Subtask:
+        parameters = KeyedBackendParameters.of_subtask(
+            i,
+            self.parallelism,
             key_serializer=self.key_serializer,
-            key_group_range=key_group_range_for_operator(self.max_parallelism, self.parallelism, i),
             max_parallelism=self.max_parallelism,
             clock=self.clock,
             key_cache_size=self.key_cache_size,
             local_dir=self._local_dir(i),
         )
-        op = OperatorStateBackendImpl()
-        ctx = RuntimeContext(
-            keyed,
-            op,
-            job_id=self.job_id,
-            subtask_index=i,
-            parallelism=self.parallelism,
-            max_parallelism=self.max_parallelism,
-            clock=self.clock,
-        )
-        function = self.function_factory()
-        timers = timer_service_for(function, ctx, self.key_serializer, self.clock, self._time.processing_hint)
-        return _Subtask(keyed, op, function, ctx, timers)
+        st = Subtask.create(i, self.backend, parameters)
+        try:
+            st.bind(
+                self.function_factory(),
+                job_id=self.job_id,
+                parallelism=self.parallelism,
+                clock=self.clock,
+                hint=self._time.processing_hint,
+            )
+        except BaseException:
+            st.discard()
+            raise
+        return st
 
     def restore(self, location: str = "latest") -> str | None:
         """Restore from a checkpoint or savepoint location, or the newest restorable checkpoint.
@@ -360,11 +332,11 @@ class LocalRunner:
             source_state, position = SourceReader.restored(cp)
         except BaseException:
             for st in fresh:
-                st.keyed.close()
+                st.discard()
             raise
-        for st in self._subtasks:  # an earlier restore's subtasks, replaced now
-            st.keyed.close()
-        self._subtasks = fresh
+        replaced, self._subtasks = self._subtasks, fresh
+        for st in replaced:  # an earlier restore's subtasks
+            st.close()
         if self._claims(cp):
             # A completed checkpoint of this job in this storage: restored native instances may
             # keep referencing its files (the completion contract's claim); never a savepoint.
@@ -395,8 +367,7 @@ class LocalRunner:
         if not self._subtasks:
             self._subtasks = self._create()
         for st in self._subtasks:
-            st.function.open(st.ctx)
-            st.timers.restore_timers()
+            st.open()
             st.timers.set_watermark(self._time.watermark)
         self._opened = True
 
@@ -407,19 +378,22 @@ class LocalRunner:
         ``max_records``) is read again by the next run that restores; call
         :meth:`checkpoint` first to keep it.
         """
-        for st in self._subtasks:
-            if self._opened:
-                st.function.close()
-            st.keyed.close()
-            st.operator.close()
-        self._subtasks = []
+        subtasks, self._subtasks = self._subtasks, []
         self._opened = False
+        failure: BaseException | None = None
+        for st in subtasks:
+            try:
+                st.close()
+            except BaseException as e:  # noqa: BLE001 - raised below, once every subtask is closed
+                failure = failure or e
         self._coordinator.end()
         if self._letters is not None:
             self._letters.close()
         if self._local_root is not None:
             shutil.rmtree(self._local_root, ignore_errors=True)
             self._local_root = None
+        if failure is not None:
+            raise failure
 
     # --- processing ----------------------------------------------------------------
 

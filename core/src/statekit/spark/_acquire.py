@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,9 +24,9 @@ from ..checkpoints._local_recovery import Downloads, LocalCopies, LocalRecoveryS
 from ..checkpoints._metadata import metadata_at
 from ..checkpoints._restore import CompletedCheckpoint
 from ..plugins._registry import default_registry
-from ..runtime._function import OnTimerContext, ProcessContext, RuntimeContext, timer_service_for
-from ..serialization._keygroups import key_group_range_for_operator
+from ..runtime._subtask import Subtask
 from ..state._operator import OperatorSnapshot
+from ..state._parameters import KeyedBackendParameters
 from ..state._ttl import system_clock
 from . import _cache
 from ._cache import BatchClock, OpenSubtask
@@ -178,60 +177,13 @@ def acquire(plan: TaskPlan, index: int, source: RestoreSource) -> tuple[OpenSubt
             # Its last snapshot is in the checkpoint this batch starts from, so that checkpoint
             # completed: the executor learns it here, as Flink's notifyCheckpointComplete.
             cp = source.checkpoint()
-            if cp is not None and isinstance(entry.keyed, SupportsNativeSnapshot):
-                entry.keyed.notify_checkpoint_complete(cp.checkpoint_id)
+            keyed = entry.subtask.keyed
+            if cp is not None and isinstance(keyed, SupportsNativeSnapshot):
+                keyed.notify_checkpoint_complete(cp.checkpoint_id)
             return entry, Acquired(REUSED)
         entry.close()
-    backend = _cache.backend_for(plan.config)
-    root_dir = local_root(plan)
-    # Private to this user (0700, no symlink, no one else's): the backends' state lives below it.
-    # Spark's own local directory is trusted as Spark made it; a configured one is checked too.
-    configured = bool(plan.config.get("statekit.local-dir"))
-    root = private_dir(
-        os.path.join(root_dir, "statekit"),
-        base=os.path.dirname(os.path.abspath(root_dir)) if configured else root_dir,
-        what="the executor's statekit directory",
-        otherwise="Or set statekit.local-dir to a directory of your own.",
-    )
-    local_dir = tempfile.mkdtemp(prefix=f"{plan.job_id}-{plan.operator_id}-{index}-", dir=root)
-    try:
-        keyed = backend.create_keyed_backend(
-            key_serializer=plan.key_serializer,
-            key_group_range=key_group_range_for_operator(plan.max_parallelism, plan.parallelism, index),
-            max_parallelism=plan.max_parallelism,
-            clock=system_clock,
-            key_cache_size=int(plan.config.get("statekit.key-cache-size")),
-            local_dir=local_dir,
-        )
-    except BaseException:
-        shutil.rmtree(local_dir, ignore_errors=True)
-        raise
-    operator = backend.create_operator_backend()
-    ctx = RuntimeContext(
-        keyed,
-        operator,
-        job_id=plan.job_id,
-        subtask_index=index,
-        parallelism=plan.parallelism,
-        max_parallelism=plan.max_parallelism,
-        clock=system_clock,
-    )
-    function = plan.function_factory()
-    clock = BatchClock()
-    timers = timer_service_for(function, ctx, plan.key_serializer, clock)
-    st = OpenSubtask(
-        plan.run_id,
-        index,
-        keyed,
-        operator,
-        function,
-        ctx,
-        ProcessContext(ctx, timers),
-        timers,
-        OnTimerContext(ctx, timers),
-        clock,
-    )
-    st.local_dir = local_dir
+    st = _create(plan, index)
+    keyed, operator = st.subtask.keyed, st.subtask.operator
     how, downloads = STARTED_EMPTY, Downloads()
     try:
         copies, _ = local_copies(plan)
@@ -256,9 +208,7 @@ def acquire(plan: TaskPlan, index: int, source: RestoreSource) -> tuple[OpenSubt
             if copies is not None and reading.used:
                 with contextlib.suppress(OSError):  # local copies only ever save a download
                     copies.remember(index, reading.used)
-        st.function.open(ctx)
-        st.opened = True
-        timers.restore_timers()
+        st.subtask.open()
     except BaseException:
         st.close()
         raise
@@ -269,3 +219,40 @@ def acquire(plan: TaskPlan, index: int, source: RestoreSource) -> tuple[OpenSubt
         parallelism=plan.parallelism,
     )
     return st, Acquired(how, downloads.remote_bytes, downloads.rejected, tuple(downloads.reasons))
+
+
+def _create(plan: TaskPlan, index: int) -> OpenSubtask:
+    """A new subtask ``index`` with its function, in a fresh directory below the executor's statekit one."""
+    root_dir = local_root(plan)
+    # Private to this user (0700, no symlink, no one else's): the backends' state lives below it.
+    # Spark's own local directory is trusted as Spark made it; a configured one is checked too.
+    configured = bool(plan.config.get("statekit.local-dir"))
+    root = private_dir(
+        os.path.join(root_dir, "statekit"),
+        base=os.path.dirname(os.path.abspath(root_dir)) if configured else root_dir,
+        what="the executor's statekit directory",
+        otherwise="Or set statekit.local-dir to a directory of your own.",
+    )
+    parameters = KeyedBackendParameters.of_subtask(
+        index,
+        plan.parallelism,
+        key_serializer=plan.key_serializer,
+        max_parallelism=plan.max_parallelism,
+        clock=system_clock,
+        key_cache_size=int(plan.config.get("statekit.key-cache-size")),
+        local_dir=tempfile.mkdtemp(prefix=f"{plan.job_id}-{plan.operator_id}-{index}-", dir=root),
+    )
+    subtask = Subtask.create(index, _cache.backend_for(plan.config), parameters)
+    clock = BatchClock()
+    try:
+        subtask.bind(
+            plan.function_factory(),
+            job_id=plan.job_id,
+            parallelism=plan.parallelism,
+            clock=system_clock,
+            timer_clock=clock,
+        )
+    except BaseException:
+        subtask.discard()
+        raise
+    return OpenSubtask(subtask, plan.run_id, clock)

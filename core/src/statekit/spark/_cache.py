@@ -14,25 +14,15 @@ state is never used.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import shutil
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .._contracts import CheckpointStorage, KeyedStateBackend, OperatorStateBackend, StateBackend
+from .._contracts import CheckpointStorage, StateBackend
 from ..plugins._config import Configuration
 from ..runtime._configured import checkpoint_storage_from_config, state_backend_from_config
-from ..runtime._function import (
-    KeyedProcessFunction,
-    OnTimerContext,
-    ProcessContext,
-    RuntimeContext,
-    fire_timer_results,
-)
-from ..timers import TimeDomain, TimerService
-from ._output import TaskOutput
+from ..runtime._subtask import Subtask
 from ._plan import TaskPlan
 
 __all__ = [
@@ -61,46 +51,18 @@ class BatchClock:
 
 @dataclass(eq=False)
 class OpenSubtask:
-    """A subtask open in this Python worker: its state, function and timers, and which state it holds."""
+    """A subtask open in this Python worker, and which state it holds: of which run, batch and attempt."""
 
+    subtask: Subtask
     run_id: str
-    index: int
-    keyed: KeyedStateBackend
-    operator: OperatorStateBackend
-    function: KeyedProcessFunction
-    ctx: RuntimeContext
-    pctx: ProcessContext
-    timers: TimerService
-    tctx: OnTimerContext
     clock: BatchClock
+    """The processing time its timers fire by: the micro-batch's timestamp."""
     token: str | None = None  # the batch whose state this is
     attempt: str | None = None  # the task attempt that made it (and wrote its snapshot)
-    local_dir: str | None = None
-    opened: bool = False
-    records: int = 0
-    outputs: int = 0
-    late: int = 0
-    fired: int = 0
-    max_event_time: int | None = None
-
-    def fire(self, domain: TimeDomain, until: int, out: TaskOutput) -> None:
-        before = self.timers.fired
-        self.outputs += sum(
-            out.add_result(r) for r in fire_timer_results(self.function, self.tctx, domain, until)
-        )
-        self.fired += self.timers.fired - before
 
     def close(self) -> None:
-        # Best effort: the subtask is being dropped, an error here must not hide the real one.
-        if self.opened:
-            with contextlib.suppress(Exception):
-                self.function.close()
-        with contextlib.suppress(Exception):
-            self.keyed.close()
-        with contextlib.suppress(Exception):
-            self.operator.close()
-        if self.local_dir is not None:
-            shutil.rmtree(self.local_dir, ignore_errors=True)
+        """Close the subtask, best effort: it is being dropped, an error here must not hide the real one."""
+        self.subtask.discard()
 
 
 _LOCK = threading.Lock()

@@ -20,11 +20,12 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from ..runtime._columnar import group_runs
-from ..runtime._function import KeyedBatchFunction
+from ..runtime._function import KeyedBatchFunction, fire_timer_results
+from ..runtime._subtask import Subtask
 from ..timers import MAX_WATERMARK, EventTime, TimeDomain
-from ._output import FLUSH_ROWS
+from ._output import FLUSH_ROWS, TaskOutput
 from ._routing import MARKER_COLUMN, PLACE_COLUMN, SUBTASK_COLUMN
-from ._run import TaskRun
+from ._run import SubtaskCounts, TaskRun
 
 __all__ = ["event_times", "fire_timers", "process_groups", "process_records"]
 
@@ -66,6 +67,7 @@ def process_records(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
             if index != cur:
                 # Rows come grouped by subtask: bind its state and function once per run.
                 st = run.subtask(index)
+                counts = run.counts[index]
                 cur = index
                 set_key, pctx, process = st.keyed.set_current_key, st.pctx, st.function.process
             if marker:
@@ -74,13 +76,13 @@ def process_records(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
             ts = None
             if times is not None:
                 ts = times[row]
-                if ts is not None and run.late(st, ts, row, late_rows):
+                if ts is not None and run.late(counts, ts, row, late_rows):
                     continue
             key = record[key_column]
             set_key(key)
             pctx.current_key = key
             pctx.timestamp = ts
-            st.records += 1
+            counts.records += 1
             result = process(record, pctx)
             if result is not None:
                 for o in result:
@@ -88,7 +90,7 @@ def process_records(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
                         append(o)
                     else:
                         out.add(o)
-                    st.outputs += 1
+                    counts.outputs += 1
                 if len(pending) >= FLUSH_ROWS:
                     t = clock()
                     flushed = out.flush()
@@ -136,12 +138,12 @@ def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
     else:
         rows = []
         times = event_times(batch, et)
-        active = run.active
+        counts_of = run.counts
         for row, (index, marker) in enumerate(zip(subtasks, markers)):
             if marker or index is None:
                 continue
             ts = times[row]
-            if ts is not None and run.late(active[index], ts, row, late_rows):
+            if ts is not None and run.late(counts_of[index], ts, row, late_rows):
                 continue
             rows.append(row)
     serialize = plan.key_serializer.serialize
@@ -159,7 +161,8 @@ def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
     cur: Any = _NO_SUBTASK
     for (index, key), offset, length in runs:
         if index != cur:
-            st = run.active[index]
+            st = run.active[index].subtask
+            counts = run.counts[index]
             cur = index
             function = st.function
             assert isinstance(function, KeyedBatchFunction)  # plan.vectorized says so
@@ -167,10 +170,10 @@ def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
             pctx.timestamp = None
         set_key(key)
         pctx.current_key = key
-        st.records += length
+        counts.records += length
         result = process_batch(grouped.slice(offset, length), pctx)
         if result is not None:
-            st.outputs += out.add_columns(result)
+            counts.outputs += out.add_columns(result)
             if out.size >= FLUSH_ROWS:
                 t = clock()
                 flushed = out.flush()
@@ -187,14 +190,15 @@ def fire_timers(run: TaskRun) -> Iterator[Any]:
     plan, out, clock = run.plan, run.out, time.perf_counter
     t = clock()
     fire_until = MAX_WATERMARK if plan.end_of_input else plan.watermark
-    for _, st in sorted(run.active.items()):
+    for index, open_st in sorted(run.active.items()):
+        st, counts = open_st.subtask, run.counts[index]
         st.timers.set_watermark(fire_until)
-        st.fire(TimeDomain.EVENT_TIME, fire_until, out)
+        _fire(st, counts, TimeDomain.EVENT_TIME, fire_until, out)
         if plan.end_of_input:
             # The end of time lasts for this firing only (the checkpoint keeps the rows'
             # watermark): a subtask this process keeps for the next batch must not keep it.
             st.timers.end_of_time_passed(plan.watermark)
-        st.fire(TimeDomain.PROCESSING_TIME, plan.batch_timestamp_ms, out)
+        _fire(st, counts, TimeDomain.PROCESSING_TIME, plan.batch_timestamp_ms, out)
         if out.size >= FLUSH_ROWS:
             yield out.flush()
     run.phases["timers"] += clock() - t
@@ -203,6 +207,13 @@ def fire_timers(run: TaskRun) -> Iterator[Any]:
         flushed = out.flush()
         run.phases["output"] += clock() - t
         yield flushed
+
+
+def _fire(st: Subtask, counts: SubtaskCounts, domain: TimeDomain, until: int, out: TaskOutput) -> None:
+    """``on_timer`` for every timer of ``domain`` due at ``until``; its results into ``out``, counted."""
+    before = st.timers.fired
+    counts.outputs += sum(out.add_result(r) for r in fire_timer_results(st.function, st.tctx, domain, until))
+    counts.fired += st.timers.fired - before
 
 
 def event_times(batch: Any, et: EventTime) -> list[int | None]:

@@ -64,7 +64,8 @@ def write_snapshots(run: TaskRun, attempt_number: int) -> list[dict[str, Any]]:
     storage = _cache.storage_for(plan.config)
     copies, local_recovery = local_copies(plan)
     states = []
-    for index, st in sorted(run.active.items()):
+    for index, open_st in sorted(run.active.items()):
+        st = open_st.subtask
         inner: CheckpointWriter = storage.begin_checkpoint(plan.job_id, plan.checkpoint_id)
         local = None if copies is None else LocalRecoveryWriter(inner, copies)
         writer = _AttemptWriter(inner if local is None else local, run.attempt)
@@ -98,18 +99,18 @@ def write_snapshots(run: TaskRun, attempt_number: int) -> list[dict[str, Any]]:
     phases["task"] = clock() - run.started
     reports = []
     for index, state in states:
-        st = run.active[index]
+        counts = run.counts[index]
         reported_bad, bad = bad, 0  # the task's bad rows, reported with its first subtask
         reports.append(
             {
                 "subtask": index,
                 "state": state.to_json(),
-                "records": st.records,
-                "outputs": st.outputs,
-                "late": st.late,
+                "records": counts.records,
+                "outputs": counts.outputs,
+                "late": counts.late,
                 "bad": reported_bad,
-                "fired": st.fired,
-                "max_event_time": st.max_event_time,
+                "fired": counts.fired,
+                "max_event_time": counts.max_event_time,
                 "reused": run.how[index].how == REUSED,
                 "how": run.how[index].how,
                 "downloaded": run.how[index].downloaded,
@@ -123,8 +124,7 @@ def write_snapshots(run: TaskRun, attempt_number: int) -> list[dict[str, Any]]:
                 "phases": phases,
             }
         )
-    for st in run.active.values():
-        st.token, st.attempt, st.records, st.outputs = plan.token, run.attempt, 0, 0
-        st.late, st.fired, st.max_event_time = 0, 0, None
+    for open_st in run.active.values():
+        open_st.token, open_st.attempt = plan.token, run.attempt
     _cache.put_back(plan, run.active.items())
     return reports

@@ -7,8 +7,10 @@ snapshots what it served; :mod:`._task` runs the steps in order.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
+from ..runtime._subtask import Subtask
 from ..timers import LatePolicy
 from ._acquire import Acquired, RestoreSource, acquire
 from ._bad_keys import BadKeys
@@ -16,7 +18,18 @@ from ._cache import OpenSubtask
 from ._output import TaskOutput
 from ._plan import TASK_PHASES, TaskPlan
 
-__all__ = ["TaskRun"]
+__all__ = ["SubtaskCounts", "TaskRun"]
+
+
+@dataclass(slots=True)
+class SubtaskCounts:
+    """What one task did with one subtask: rows, outputs, late rows, timers, the largest event time."""
+
+    records: int = 0
+    outputs: int = 0
+    late: int = 0
+    fired: int = 0
+    max_event_time: int | None = None
 
 
 class TaskRun:
@@ -29,29 +42,32 @@ class TaskRun:
         self.out = TaskOutput(plan)
         self.active: dict[int, OpenSubtask] = {}
         self.how: dict[int, Acquired] = {}  # subtask -> how it came by its state
+        self.counts: dict[int, SubtaskCounts] = {}
         self.phases = dict.fromkeys(TASK_PHASES, 0.0)
         self.started = time.perf_counter()
         self.handed_from: int | None = None  # the sibling worker whose task this is, if handed off
         self.bad_keys = BadKeys(plan)
 
-    def subtask(self, index: Any) -> OpenSubtask:
+    def subtask(self, index: Any) -> Subtask:
         """The subtask ``index``, acquired (restored or reused) on its first row."""
-        st = self.active.get(index)
-        if st is not None:
-            return st
+        open_st = self.active.get(index)
+        if open_st is not None:
+            return open_st.subtask
         plan = self.plan
         if index is None:  # the loops hand such rows to bad_keys, never here
             raise ValueError(f"null key in column {plan.key_column!r}: every record needs a key")
         t = time.perf_counter()
-        st, acquired = acquire(plan, index, self.source)
+        open_st, acquired = acquire(plan, index, self.source)
         self.phases["restore"] += time.perf_counter() - t
-        st.clock.now = plan.batch_timestamp_ms
+        open_st.clock.now = plan.batch_timestamp_ms
+        st = open_st.subtask
         st.timers.set_watermark(plan.watermark)
-        self.active[index] = st
+        self.active[index] = open_st
         self.how[index] = acquired
+        self.counts[index] = SubtaskCounts()
         return st
 
-    def late(self, st: OpenSubtask, ts: int, row: int, late_rows: list[int]) -> bool:
+    def late(self, counts: SubtaskCounts, ts: int, row: int, late_rows: list[int]) -> bool:
         """Whether row ``row`` (event time ``ts``) is late and left out; counts it, notes the event time.
 
         A late row (at or below the batch's watermark) goes to ``late_rows``
@@ -59,12 +75,12 @@ class TaskRun:
         ``process`` policy (then this returns False).
         """
         if ts <= self.plan.watermark:
-            st.late += 1
+            counts.late += 1
             et = self.plan.event_time
             if et is None or et.late is not LatePolicy.PROCESS:
                 if self.out.late_columns:
                     late_rows.append(row)
                 return True
-        if st.max_event_time is None or ts > st.max_event_time:
-            st.max_event_time = ts
+        if counts.max_event_time is None or ts > counts.max_event_time:
+            counts.max_event_time = ts
         return False
