@@ -38,7 +38,7 @@ from .._contracts import (
     SupportsNativeSnapshot,
 )
 from .._errors import CheckpointError
-from ..checkpoints._coordinator import CheckpointCoordinator
+from ..checkpoints._coordinator import CheckpointCoordinator, CheckpointPolicy
 from ..checkpoints._fencing import RunFence
 from ..checkpoints._metadata import SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
@@ -107,6 +107,13 @@ class RunResult:
     input fired every timer. ``MAX_WATERMARK`` only when the job's restored watermark is the end of
     time (a checkpoint an older statekit wrote at an end of input): then every record is late, with
     a warning."""
+
+
+#: What a damaged checkpoint's error says when statekit.restore.fallback is off.
+_NO_FALLBACK = (
+    ". statekit.restore.fallback is off, so no older checkpoint is tried: restore one by its location "
+    "(statekit checkpoints list shows them), or a savepoint"
+)
 
 
 def _reject(rejected: Callable[[int, BadRecord], None] | None, i: int, error: RejectedRecordError) -> None:
@@ -226,8 +233,12 @@ class LocalRunner:
             max_parallelism=self.max_parallelism,
             retained=int(conf.get("statekit.checkpoints.retained")),
             native=conf.get("statekit.checkpoint.format") != "canonical",
-            tolerable_failures=conf.get("statekit.checkpoint.tolerable-failures"),
-            fallback=bool(conf.get("statekit.restore.fallback")),
+            policy=CheckpointPolicy(
+                "LocalRunner",
+                fallback=bool(conf.get("statekit.restore.fallback")),
+                ways_out=_NO_FALLBACK,
+                tolerable_failures=conf.get("statekit.checkpoint.tolerable-failures"),
+            ),
             registry=self.registry,
         )
         self._restored_from: str | None = None
@@ -337,7 +348,7 @@ class LocalRunner:
         replaced, self._subtasks = self._subtasks, fresh
         for st in replaced:  # an earlier restore's subtasks
             st.close()
-        if self._claims(cp):
+        if self._coordinator.claims(cp):
             # A completed checkpoint of this job in this storage: restored native instances may
             # keep referencing its files (the completion contract's claim); never a savepoint.
             for st in fresh:
@@ -349,19 +360,13 @@ class LocalRunner:
         props = cp.metadata.properties
         self._restored_letters = (
             (cp.checkpoint_id, [str(n) for n in props.get(DEAD_LETTERS_PROPERTY) or ()])
-            if self._claims(cp)
+            if self._coordinator.claims(cp)
             else (None, [])
         )
         self._coordinator.restored(cp, highest)
         self.registry.hook.statekit_restore_done(
             job_id=self.job_id, checkpoint_id=cp.checkpoint_id, subtask_index=0, parallelism=self.parallelism
         )
-
-    def _claims(self, cp: CompletedCheckpoint) -> bool:
-        """Whether ``cp`` is a completed checkpoint of this job in this runner's storage."""
-        if cp.metadata.kind != "checkpoint" or cp.metadata.job_id != self.job_id:
-            return False
-        return cp.location in self.storage.list_checkpoints(self.job_id)
 
     def _open(self) -> None:
         if not self._subtasks:

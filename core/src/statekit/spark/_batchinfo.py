@@ -6,9 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..checkpoints._restore import CompletedCheckpoint
 from ..timers import MIN_WATERMARK
+from ._handoff import batch_status
 
-__all__ = ["BatchInfo", "local_recovery_status"]
+__all__ = ["BatchInfo", "batch_info", "local_recovery_status"]
 
 
 @dataclass(frozen=True)
@@ -112,3 +114,53 @@ def local_recovery_status(reports: list[dict[str, Any]]) -> str:
     if reasons:
         return "off: " + "; ".join(reasons)
     return "on" if statuses and all(s == "on" for s in statuses) else "off"
+
+
+def batch_info(
+    batch_id: int,
+    checkpoint_id: int,
+    location: str,
+    source: CompletedCheckpoint | None,
+    parallelism: int,
+    reports: list[dict[str, Any]],
+    *,
+    locations: Mapping[int, str],
+    locality: str,
+    handoff_enabled: bool,
+    watermark: int,
+    phases: dict[str, float],
+) -> BatchInfo:
+    """What a processed micro-batch did, summed over its tasks' reports (``phases`` gets theirs added)."""
+    for r in reports:
+        for name, secs in (r.get("phases") or {}).items():
+            phases[f"task_{name}"] = phases.get(f"task_{name}", 0.0) + float(secs)
+    reused = sum(1 for r in reports if r["reused"])
+    how = [r.get("how") for r in reports]
+    return BatchInfo(
+        batch_id,
+        checkpoint_id,
+        location,
+        False,
+        source.location if source else None,
+        parallelism,
+        records=sum(int(r["records"]) for r in reports),
+        outputs=sum(int(r["outputs"]) for r in reports),
+        reused_subtasks=reused,
+        restored_subtasks=len(reports) - reused,
+        restored_locally=how.count("local"),
+        restored_remotely=how.count("remote"),
+        bytes_downloaded=sum(int(r.get("downloaded", 0)) for r in reports),
+        local_recovery=local_recovery_status(reports),
+        local_copies_rejected=sum(int(r.get("copies_rejected", 0)) for r in reports),
+        local_copy_rejections=tuple(str(m) for r in reports for m in r.get("copy_rejections") or ()),
+        handed_off=sum(1 for r in reports if r.get("handed_from") is not None),
+        handoff=batch_status(handoff_enabled, [r.get("handoff") for r in reports]),
+        executor_pids=tuple(sorted({int(r["pid"]) for r in reports})),
+        subtask_locations=dict(sorted(locations.items())),
+        locality=locality,
+        late_records=sum(int(r.get("late", 0)) for r in reports),
+        bad_records=sum(int(r.get("bad", 0)) for r in reports),
+        timers_fired=sum(int(r.get("fired", 0)) for r in reports),
+        watermark=watermark,
+        phases=phases,
+    )

@@ -31,28 +31,34 @@ import json
 import time
 import uuid
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from .._contracts import CheckpointStorage
 from .._errors import CheckpointError, ConfigurationError, CorruptCheckpointError
+from ..checkpoints._coordinator import (
+    CheckpointCoordinator,
+    CheckpointPolicy,
+    PendingCheckpoint,
+    newest_checkpoint,
+)
 from ..checkpoints._fencing import RunFence, takeover_note
 from ..checkpoints._metadata import SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
-from ..checkpoints._retention import apply_retention, highest_checkpoint_id
-from ..checkpoints._verify import verify_loaded
-from ..checkpoints._writing import complete_checkpoint
-from ..plugins._registry import default_registry
+from ..plugins._config import Configuration
+from ..plugins._registry import PluginRegistry, default_registry
 from ..runtime._configured import state_backend_from_config
 from ..runtime._function import KeyedBatchFunction, KeyedProcessFunction
 from ..runtime._time import end_of_time_message
 from ..serialization._keygroups import compute_default_max_parallelism, validate_parallelism
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY
-from ._batchinfo import BatchInfo, local_recovery_status
-from ._handoff import batch_status
+from ._batchinfo import BatchInfo, batch_info
 from ._jobspec import JobSpec, driver_storage, resolve_dead_letters
 from ._jvm import JvmLocality, LocalityUnavailable
 from ._plan import (
@@ -94,8 +100,40 @@ def _parallelism_of(cp: CompletedCheckpoint, operator_id: str) -> int | None:
     return len(subtasks) if subtasks else None
 
 
+@dataclass
+class _Batch:
+    """One micro-batch being processed: what it starts from, its checkpoint, where its time goes."""
+
+    df: DataFrame
+    batch_id: int
+    query: str
+    end_of_input: bool
+    latest: CompletedCheckpoint | None
+    source: CompletedCheckpoint | None
+    pending: PendingCheckpoint
+    started: float
+    timestamp_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def watermark(self) -> int:
+        """The watermark the batch runs with: the one its source checkpoint recorded."""
+        return _watermark_of(self.source)
+
+
 class MicroBatchDriver:
-    """Runs the micro-batches of one query run (one ``start`` or ``run``) on the driver."""
+    """Runs the micro-batches of one query run (one ``start`` or ``run``) on the driver.
+
+    What a batch is (skipped, continued, started) is decided here, from the
+    job's newest checkpoint and the batch protocol of the module doc; the
+    checkpoint itself (ids, fencing, completion, retention, which checkpoint
+    to start from and its files' check) is the
+    :class:`~statekit.checkpoints._coordinator.CheckpointCoordinator`'s, as
+    on the LocalRunner, with Spark's policy: no fallback past a damaged
+    checkpoint, no failed checkpoint tolerated (a batch is committed with its
+    checkpoint or not at all), the tasks write the subtasks' files.
+    """
 
     def __init__(self, spec: JobSpec, session: SparkSession, *, restore: str | None) -> None:
         """Reads and validates the configuration, picks parallelism and max parallelism.
@@ -107,32 +145,15 @@ class MicroBatchDriver:
         self.spec = spec
         self.session = session
         self.registry = default_registry()
-        conf = spark_configuration(session, spec.config)
-        conf.validate(self.registry)
-        conf = resolve_dead_letters(conf, connect=is_connect(session))
-        state_backend_from_config(conf, self.registry)  # fail on the driver, not in every task
-        # Made once here too: a factory that makes no function fails now, not in every task.
-        function = spec.function_factory()
-        if not isinstance(function, KeyedProcessFunction):
-            raise TypeError(
-                f"the function factory made a {type(function).__name__}, not a KeyedProcessFunction "
-                "or KeyedBatchFunction"
-            )
-        self.vectorized = isinstance(function, KeyedBatchFunction)
-        self.config = conf
+        self.config = conf = _configuration(spec, session, self.registry)
+        self.vectorized = _is_vectorized(spec)
         self.storage = driver_storage(conf, self.registry)
         self.restore = restore
-        self.retained = int(conf.get("statekit.checkpoints.retained") or 1)
         self.run_id = uuid.uuid4().hex
         self.connect = is_connect(session)
-        # Claimed at the first batch this query processes (see _claim): a query refused before
-        # (its state is not its own) must not fence off the run that owns the job.
-        self.fence = RunFence(self.storage, spec.job_id, application(session))
-        # Ids only go up: a new checkpoint is numbered above every completed one, damaged ones too.
-        self._floor = highest_checkpoint_id(self.storage, spec.job_id)
-        self._checked: set[str] = set()  # checkpoints whose files were checked before tasks read them
-        latest = self.latest()
-        base = latest if restore in (None, "latest") else _load(self.storage, restore)
+        base = self._newest(lambda: newest_checkpoint(self.storage, spec.job_id, _SPARK_WAYS_OUT))
+        if restore not in (None, "latest"):
+            base = _load(self.storage, restore)
         p = conf.get("statekit.parallelism")
         if p is None and base is not None:
             p = _parallelism_of(base, spec.operator_id)
@@ -144,6 +165,17 @@ class MicroBatchDriver:
         validate_parallelism(self.parallelism, self.max_parallelism)
         if base is not None:
             self._validate(base)
+        # The run is claimed at the first batch this query processes: a query refused before (its
+        # state is not its own) must not fence off the run that owns the job.
+        self.coordinator = CheckpointCoordinator(
+            self.storage,
+            spec.job_id,
+            max_parallelism=self.max_parallelism,
+            retained=int(conf.get("statekit.checkpoints.retained")),
+            native=conf.get("statekit.checkpoint.format") != "canonical",
+            policy=CheckpointPolicy(application(session), False, _SPARK_WAYS_OUT, tolerable_failures=0),
+            registry=self.registry,
+        )
         self.router = Router(
             session,
             spec.df.schema,
@@ -155,37 +187,13 @@ class MicroBatchDriver:
         )
         self.timezone = session.conf.get("spark.sql.session.timeZone")
         self.local_dir = local_dir(session)
-        self._claimed: dict[str, bool] = {}
         self.locality, self.locality_status = _locality(session, str(conf.get("statekit.spark.locality")))
         self.handoff_enabled = bool(conf.get("statekit.spark.worker-handoff"))
 
-    def _claim(self) -> None:
-        """Become the newest run of the job (once): an older driver still running it is fenced off now.
-
-        Only once this query is sure to process a batch (its state is its own,
-        or it was told where to start from). The ids of its checkpoints then go
-        above every one completed so far, the fenced run's included.
-        """
-        if self.fence.epoch is None:
-            self.fence.claim()
-            self._floor = max(self._floor, highest_checkpoint_id(self.storage, self.spec.job_id))
-
-    def _claims(self, source: CompletedCheckpoint | None, latest: CompletedCheckpoint | None) -> bool:
-        """Whether ``source`` is a completed checkpoint of this job in this storage (not a savepoint).
-
-        Then a restored native instance may reference its files (the completion
-        contract's claim); a savepoint or another job's checkpoint is never claimed.
-        """
-        if source is None or source.metadata.kind != "checkpoint":
-            return False
-        if source.metadata.job_id != self.spec.job_id:
-            return False
-        if latest is not None and source.location == latest.location:
-            return True
-        if source.location not in self._claimed:
-            own = self.storage.list_checkpoints(self.spec.job_id)
-            self._claimed[source.location] = source.location in own
-        return self._claimed[source.location]
+    @property
+    def fence(self) -> RunFence:
+        """This query run's fence."""
+        return self.coordinator.fence
 
     def _validate(self, cp: CompletedCheckpoint) -> None:
         cp.validate(
@@ -205,27 +213,35 @@ class MicroBatchDriver:
         Raises:
             CorruptCheckpointError: If the latest checkpoint's metadata is damaged.
         """
-        location = self.storage.latest_checkpoint(self.spec.job_id)
-        if location is None:
-            return None
+        return self._newest(self.coordinator.newest)
+
+    def _newest(self, newest: Callable[[], CompletedCheckpoint | None]) -> CompletedCheckpoint | None:
         try:
-            return _load(self.storage, location)
+            return newest()
         except CorruptCheckpointError:
             if self.restore not in (None, "latest"):
                 return None
             raise
 
-    def _check_files(self, source: CompletedCheckpoint) -> None:
-        """Once per checkpoint: every file ``source`` names is there with its size, before tasks read it."""
-        if source.location in self._checked:
-            return
-        problems = verify_loaded(source, deep=False)
-        if problems:
-            damage = "; ".join(f"{p.file}: {p.problem}" for p in problems)
-            raise CorruptCheckpointError(source.location, damage + _SPARK_WAYS_OUT)
-        self._checked.add(source.location)
-
     # --- deciding what a batch is ------------------------------------------------------
+
+    def _decide(
+        self, batch_id: int, query: str
+    ) -> tuple[CompletedCheckpoint | None, bool, CompletedCheckpoint | None]:
+        """``(latest, skip, source)``: the newest checkpoint, whether the batch is done, where it starts.
+
+        A batch to process claims the job first (once): an older driver still
+        running it is fenced off now, and the ids of this run's checkpoints go
+        above every one completed so far, the fenced run's included.
+        """
+        latest = self.latest()
+        skip, source = self._source(latest, batch_id, query)
+        if not skip and self.fence.epoch is None:
+            self.coordinator.claim()
+            # Read again: a run this claim fenced off may have completed one more checkpoint meanwhile.
+            latest = self.latest()
+            skip, source = self._source(latest, batch_id, query)
+        return latest, skip, source
 
     def _source(
         self, latest: CompletedCheckpoint | None, batch_id: int, query: str
@@ -285,51 +301,51 @@ class MicroBatchDriver:
         self, df: DataFrame, batch_id: int, query: str, *, end_of_input: bool = False
     ) -> BatchInfo:
         """Process one micro-batch exactly once, or skip it if it was done; see the module doc."""
-        spec = self.spec
-        clock = time.perf_counter
-        started = clock()
-        phases: dict[str, float] = {}
-        batch_timestamp = time.time_ns() // 1_000_000
+        started = time.perf_counter()
         self.fence.check()  # before anything is written or aborted: the files may be a newer run's
-        latest = self.latest()
-        skip, source = self._source(latest, batch_id, query)
-        if not skip and self.fence.epoch is None:
-            self._claim()
-            # Read again: a run this claim fenced off may have completed one more checkpoint meanwhile.
-            latest = self.latest()
-            skip, source = self._source(latest, batch_id, query)
+        latest, skip, source = self._decide(batch_id, query)
         if skip:
             assert latest is not None
-            info = BatchInfo(
-                batch_id,
-                latest.checkpoint_id,
-                latest.location,
-                True,
-                None,
-                self.parallelism,
+            skipped = BatchInfo(
+                batch_id, latest.checkpoint_id, latest.location, True, None, self.parallelism,
                 watermark=_watermark_of(latest),
-            )
-            self._notify(info)
-            return info
+            )  # fmt: skip
+            self._notify(skipped)
+            return skipped
         if source is not None:
             self._validate(source)
-            self._check_files(source)
-        n = max(latest.checkpoint_id if latest else 0, source.checkpoint_id if source else 0, self._floor) + 1
-        self._floor = n
-        # Files of an attempt at checkpoint n that never completed (a driver that died mid-batch).
-        with contextlib.suppress(CheckpointError):
-            self.storage.begin_checkpoint(spec.job_id, n).abort()
-        token = uuid.uuid4().hex
-        watermark = _watermark_of(source)
-        late_schema = df.schema if spec.event_time is not None and spec.late_sink is not None else None
-        data = self.storage.read_metadata(source.location) if source else b""
-        metadata = self._ship_metadata(data, source)
-        plan = TaskPlan(
+            self.coordinator.check(source)
+        batch = _Batch(df, batch_id, query, end_of_input, latest, source, self.coordinator.begin(), started)
+        reports: list[dict[str, Any]] = []
+        try:
+            reports, locations = self._run_tasks(batch)
+            location, watermark = self._complete(batch, reports)
+        except BaseException as e:
+            if self.coordinator.last_completed != batch.pending.checkpoint_id:
+                states = [SubtaskState.from_json(r["state"]) for r in reports]
+                self.coordinator.abort(batch.pending, states, e)
+            raise
+        t = time.perf_counter()
+        self.coordinator.retain()
+        batch.phases["retention"] = time.perf_counter() - t
+        info = batch_info(
+            batch.batch_id, batch.pending.checkpoint_id, location, source, self.parallelism, reports,
+            locations=locations, locality=self.locality_status, handoff_enabled=self.handoff_enabled,
+            watermark=watermark, phases=batch.phases,
+        )  # fmt: skip
+        self._warn_of_late_rows(info)
+        self._notify(info)
+        return info
+
+    def _plan(self, batch: _Batch) -> TaskPlan:
+        """What every task of ``batch`` is told."""
+        spec, source = self.spec, batch.source
+        return TaskPlan(
             job_id=spec.job_id,
             operator_id=spec.operator_id,
             run_id=self.run_id,
-            checkpoint_id=n,
-            token=token,
+            checkpoint_id=batch.pending.checkpoint_id,
+            token=batch.token,
             restore_location=source.location if source else None,
             restore_token=source.metadata.properties.get(TOKEN_PROPERTY) if source else None,
             restore_attempts=_attempts(source),
@@ -339,35 +355,50 @@ class MicroBatchDriver:
             function_factory=spec.function_factory,
             key_column=spec.key_column,
             key_serializer=spec.key_serializer,
-            input_columns=tuple(df.columns),
+            input_columns=tuple(batch.df.columns),
             output_schema=spec.output_schema,
             timezone=self.timezone,
             spark_local_dir=self.local_dir,
             event_time=spec.event_time,
-            watermark=watermark,
-            batch_timestamp_ms=batch_timestamp,
-            end_of_input=end_of_input,
-            late_schema=late_schema,
+            watermark=batch.watermark,
+            batch_timestamp_ms=batch.timestamp_ms,
+            end_of_input=batch.end_of_input,
+            late_schema=self._late_schema(batch.df),
             vectorized=self.vectorized,
-            restore_claimed=self._claims(source, latest),
-            batch_id=batch_id,
-            query_id=query,
+            restore_claimed=self.coordinator.claims(source, batch.latest),
+            batch_id=batch.batch_id,
+            query_id=batch.query,
         )
+
+    def _late_schema(self, df: DataFrame) -> T.StructType | None:
+        """The input schema, when late rows go to a late-records sink."""
+        spec = self.spec
+        return df.schema if spec.event_time is not None and spec.late_sink is not None else None
+
+    def _run_tasks(self, batch: _Batch) -> tuple[list[dict[str, Any]], dict[int, str]]:
+        """Run the batch's tasks, then its sinks; the tasks' reports and where each subtask ran.
+
+        One pass computes (and caches) every partition; the sinks then read the cache.
+        """
+        clock, spec, df = time.perf_counter, self.spec, batch.df
+        source = batch.source
+        data = self.storage.read_metadata(source.location) if source else b""
+        metadata = self._ship_metadata(data, source)
+        plan = self._plan(batch)
         routed = self.router.route(df)
         if self.locality is not None:
             routed = self.locality.prefer(routed, self.parallelism)
         processed = routed.mapInArrow(
-            make_task(plan, metadata), internal_schema(spec.output_schema, late_schema)
+            make_task(plan, metadata), internal_schema(spec.output_schema, plan.late_schema)
         )
-        if query != STATIC_QUERY:
+        if batch.query != STATIC_QUERY:
             _as_stateful_query(df.sparkSession)
             processed = _persist_uncompressed(processed, df.sparkSession)
         else:
             processed = processed.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            # One pass computes (and caches) every partition; the sink then reads the cache.
             t = clock()
-            phases["prepare"] = t - started
+            batch.phases["prepare"] = t - batch.started
             try:
                 rows = processed.where(F.col(HANDLE_COLUMN).isNotNull()).select(HANDLE_COLUMN).collect()
             except Exception as e:
@@ -375,96 +406,62 @@ class MicroBatchDriver:
                 if damage is None:
                     raise
                 raise damage from e
-            phases["tasks"] = clock() - t
+            batch.phases["tasks"] = clock() - t
             locations = self.locality.ran() if self.locality is not None else {}
             reports = self._reports([r[0] for r in rows])
             t = clock()
-            outputs = processed.where(F.col(HANDLE_COLUMN).isNull())
-            if late_schema is not None:
-                assert spec.late_sink is not None
-                late = outputs.where(F.col(LATE_COLUMN).isNotNull()).select(
-                    *(F.col(LATE_PREFIX + c).alias(c) for c in late_schema.names)
-                )
-                spec.late_sink(late, batch_id)
-                outputs = outputs.where(F.col(LATE_COLUMN).isNull())
-            if spec.sink is not None:
-                spec.sink(outputs.select(*spec.output_schema.names), batch_id)
-            phases["sink"] = clock() - t
-            t = clock()
-            new_watermark = self._next_watermark(watermark, reports, source.location if source else None)
-            properties: dict[str, Any] = {
-                QUERY_PROPERTY: query,
-                BATCH_PROPERTY: batch_id,
-                TOKEN_PROPERTY: token,
-                ATTEMPTS_PROPERTY: {str(r["subtask"]): r["attempt"] for r in reports},
-            }
-            if new_watermark != MIN_WATERMARK:
-                properties[WATERMARK_PROPERTY] = new_watermark
-            self.fence.check()  # last, right before _metadata: what makes the checkpoint exist
-            location = complete_checkpoint(
-                self.storage.begin_checkpoint(spec.job_id, n),
-                job_id=spec.job_id,
-                checkpoint_id=n,
-                max_parallelism=self.max_parallelism,
-                subtasks=[SubtaskState.from_json(r["state"]) for r in reports],
-                properties=properties,
-            )
-            phases["checkpoint"] = clock() - t
+            self._sink(processed, batch.batch_id, plan.late_schema)
+            batch.phases["sink"] = clock() - t
         finally:
             processed.unpersist()
             if not isinstance(metadata, (InlineMetadata, StoredMetadata)):
                 with contextlib.suppress(Exception):
                     metadata.destroy()
-        self.registry.hook.statekit_checkpoint_completed(
-            job_id=spec.job_id, checkpoint_id=n, location=location
-        )
-        t = clock()
-        apply_retention(self.storage, spec.job_id, self.retained)
-        phases["retention"] = clock() - t
-        for r in reports:
-            for name, secs in (r.get("phases") or {}).items():
-                phases[f"task_{name}"] = phases.get(f"task_{name}", 0.0) + float(secs)
-        reused = sum(1 for r in reports if r["reused"])
-        how = [r.get("how") for r in reports]
-        info = BatchInfo(
-            batch_id,
-            n,
-            location,
-            False,
-            source.location if source else None,
-            self.parallelism,
-            records=sum(int(r["records"]) for r in reports),
-            outputs=sum(int(r["outputs"]) for r in reports),
-            reused_subtasks=reused,
-            restored_subtasks=len(reports) - reused,
-            restored_locally=how.count("local"),
-            restored_remotely=how.count("remote"),
-            bytes_downloaded=sum(int(r.get("downloaded", 0)) for r in reports),
-            local_recovery=local_recovery_status(reports),
-            local_copies_rejected=sum(int(r.get("copies_rejected", 0)) for r in reports),
-            local_copy_rejections=tuple(str(m) for r in reports for m in r.get("copy_rejections") or ()),
-            handed_off=sum(1 for r in reports if r.get("handed_from") is not None),
-            handoff=batch_status(self.handoff_enabled, [r.get("handoff") for r in reports]),
-            executor_pids=tuple(sorted({int(r["pid"]) for r in reports})),
-            subtask_locations=dict(sorted(locations.items())),
-            locality=self.locality_status,
-            late_records=sum(int(r.get("late", 0)) for r in reports),
-            bad_records=sum(int(r.get("bad", 0)) for r in reports),
-            timers_fired=sum(int(r.get("fired", 0)) for r in reports),
-            watermark=new_watermark,
-            phases=phases,
-        )
+        return reports, locations
+
+    def _sink(self, processed: DataFrame, batch_id: int, late_schema: T.StructType | None) -> None:
+        """The batch's late rows to the late-records sink, its outputs to the sink."""
+        spec = self.spec
+        outputs = processed.where(F.col(HANDLE_COLUMN).isNull())
+        if late_schema is not None:
+            assert spec.late_sink is not None
+            late = outputs.where(F.col(LATE_COLUMN).isNotNull()).select(
+                *(F.col(LATE_PREFIX + c).alias(c) for c in late_schema.names)
+            )
+            spec.late_sink(late, batch_id)
+            outputs = outputs.where(F.col(LATE_COLUMN).isNull())
+        if spec.sink is not None:
+            spec.sink(outputs.select(*spec.output_schema.names), batch_id)
+
+    def _complete(self, batch: _Batch, reports: list[dict[str, Any]]) -> tuple[str, int]:
+        """Complete the batch's checkpoint from the tasks' reports; its location and the new watermark."""
+        t = time.perf_counter()
+        source = batch.source
+        watermark = self._next_watermark(batch.watermark, reports, source.location if source else None)
+        properties: dict[str, Any] = {
+            QUERY_PROPERTY: batch.query,
+            BATCH_PROPERTY: batch.batch_id,
+            TOKEN_PROPERTY: batch.token,
+            ATTEMPTS_PROPERTY: {str(r["subtask"]): r["attempt"] for r in reports},
+        }
+        if watermark != MIN_WATERMARK:
+            properties[WATERMARK_PROPERTY] = watermark
+        states = [SubtaskState.from_json(r["state"]) for r in reports]
+        location = self.coordinator.complete(batch.pending, states, properties)
+        batch.phases["checkpoint"] = time.perf_counter() - t
+        return location, watermark
+
+    def _warn_of_late_rows(self, info: BatchInfo) -> None:
+        spec = self.spec
         et = spec.event_time
         if info.late_records and spec.late_sink is None and et is not None and et.late != "process":
             warnings.warn(
-                f"statekit job {spec.job_id!r}, micro-batch {batch_id}: {info.late_records} late rows "
+                f"statekit job {spec.job_id!r}, micro-batch {info.batch_id}: {info.late_records} late rows "
                 "(event time at or below the watermark) were counted and not processed; add "
                 "foreach_late_batch() to receive them, or EventTime(late='process')",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
-        self._notify(info)
-        return info
 
     def _ship_metadata(self, data: bytes, source: CompletedCheckpoint | None) -> Any:
         """How the tasks get the restore checkpoint's metadata: inside the task, a broadcast, or the storage.
@@ -499,7 +496,7 @@ class MicroBatchDriver:
                 warnings.warn(
                     end_of_time_message(f"statekit job {self.spec.job_id!r}", source, f"all {late} rows"),
                     RuntimeWarning,
-                    stacklevel=3,
+                    stacklevel=4,
                 )
             return current
         et = self.spec.event_time
@@ -521,6 +518,30 @@ class MicroBatchDriver:
     def _notify(self, info: BatchInfo) -> None:
         if self.spec.on_batch is not None:
             self.spec.on_batch(info)
+
+
+def _configuration(spec: JobSpec, session: SparkSession, registry: PluginRegistry) -> Configuration:
+    """The query's configuration, validated, with its local paths resolved, its backend known to load.
+
+    Raises:
+        ConfigurationError, UnknownPluginError, PluginError: On a bad configuration.
+    """
+    conf = spark_configuration(session, spec.config)
+    conf.validate(registry)
+    conf = resolve_dead_letters(conf, connect=is_connect(session))
+    state_backend_from_config(conf, registry)  # fail on the driver, not in every task
+    return conf
+
+
+def _is_vectorized(spec: JobSpec) -> bool:
+    """Whether the job's function is a batch function; made once here, so a bad factory fails now."""
+    function = spec.function_factory()
+    if not isinstance(function, KeyedProcessFunction):
+        raise TypeError(
+            f"the function factory made a {type(function).__name__}, not a KeyedProcessFunction "
+            "or KeyedBatchFunction"
+        )
+    return isinstance(function, KeyedBatchFunction)
 
 
 def _locality(session: SparkSession, mode: str) -> tuple[JvmLocality | None, str]:
