@@ -629,7 +629,10 @@ def test_a_local_recovery_directory_another_user_prepared_turns_local_recovery_o
                 f"off: the local-recovery directory {shared}/statekit/local-recovery belongs to user id "
             )
             assert f"user id {second_user.uid}, not to the running user" in why
-        assert local_recovery_status([first, second]) == first["local_recovery"]
+        assert (
+            local_recovery_status([first["local_recovery"], second["local_recovery"]])
+            == first["local_recovery"]
+        )
         assert second["how"] == "remote" and second["copies_rejected"] == 0
         assert os.listdir(secret) == ["keep"]  # nothing written, nothing deleted
         assert os.readlink(os.path.join(op, "files")) == secret

@@ -31,22 +31,15 @@ from ..state._ttl import system_clock
 from . import _cache
 from ._cache import BatchClock, OpenSubtask
 from ._plan import StoredMetadata, TaskPlan
+from ._report import SubtaskOrigin
 
 __all__ = [
-    "REUSED",
-    "RESTORED_LOCALLY",
-    "RESTORED_REMOTELY",
-    "STARTED_EMPTY",
     "Acquired",
     "RestoreSource",
     "acquire",
     "local_copies",
     "local_root",
 ]
-
-#: How a task came by a subtask's state: open in this process, from local copies, from the
-#: checkpoint storage (maybe partly local), or none (no checkpoint to start from).
-REUSED, RESTORED_LOCALLY, RESTORED_REMOTELY, STARTED_EMPTY = "reused", "local", "remote", "empty"
 
 
 @dataclass
@@ -145,10 +138,11 @@ def local_copies(plan: TaskPlan) -> tuple[LocalCopies | None, str]:
 
 @dataclass(frozen=True)
 class Acquired:
-    """How a task came by a subtask's state, for its report to the driver."""
+    """A subtask a task acquired, and how it came by its state (for its report to the driver)."""
 
-    how: str
-    """:data:`REUSED`, :data:`RESTORED_LOCALLY`, :data:`RESTORED_REMOTELY` or :data:`STARTED_EMPTY`."""
+    subtask: OpenSubtask
+    origin: SubtaskOrigin
+    """Reused open here, restored from local copies or from the storage, or new (empty)."""
     downloaded: int = 0
     """Bytes read from the checkpoint storage."""
     rejected: int = 0
@@ -157,13 +151,13 @@ class Acquired:
     """Why, naming each file (at most ten)."""
 
 
-def acquire(plan: TaskPlan, index: int, source: RestoreSource) -> tuple[OpenSubtask, Acquired]:
+def acquire(plan: TaskPlan, index: int, source: RestoreSource) -> Acquired:
     """The subtask ``index`` holding the state of the restore source, and how it came by it.
 
-    How: :data:`REUSED` (open in this process), :data:`RESTORED_LOCALLY` (every
-    file from this executor's local copies), :data:`RESTORED_REMOTELY` (some
-    from the checkpoint storage, also in place of a rejected local copy) or
-    :data:`STARTED_EMPTY`.
+    Reused if this worker holds it open at exactly the attempt the restore
+    checkpoint recorded; else made anew and restored: from this executor's
+    local copies where their bytes have the checkpoint's digests, from the
+    checkpoint storage for the rest (also in place of a rejected local copy).
     """
     if not 0 <= index < plan.parallelism:
         raise CheckpointError(f"row routed to subtask {index}, outside 0..{plan.parallelism - 1}")
@@ -180,45 +174,48 @@ def acquire(plan: TaskPlan, index: int, source: RestoreSource) -> tuple[OpenSubt
             keyed = entry.subtask.keyed
             if cp is not None and isinstance(keyed, SupportsNativeSnapshot):
                 keyed.notify_checkpoint_complete(cp.checkpoint_id)
-            return entry, Acquired(REUSED)
+            return Acquired(entry, SubtaskOrigin.REUSED)
         entry.close()
     st = _create(plan, index)
-    keyed, operator = st.subtask.keyed, st.subtask.operator
-    how, downloads = STARTED_EMPTY, Downloads()
     try:
-        copies, _ = local_copies(plan)
-        # A local copy is read only if its bytes have the digest this checkpoint records.
-        reading = LocalRecoveryStorage(_cache.storage_for(plan.config), copies, downloads, source.digests())
-        cp = source.reading_through(reading)
-        if cp is not None:
-            cp.restore_subtask(
-                plan.operator_id,
-                index,
-                plan.parallelism,
-                keyed,
-                operator,
-                operator_states=source.operator_states(),
-            )
-            # Local: nothing read from the storage (local copies, or state inline in the metadata).
-            how = RESTORED_REMOTELY if downloads.remote_files else RESTORED_LOCALLY
-            if plan.restore_claimed and isinstance(keyed, SupportsNativeSnapshot):
-                # A completed checkpoint of this job in this storage: the instance may keep
-                # referencing the files it restored (the completion contract's claim).
-                keyed.notify_checkpoint_complete(cp.checkpoint_id)
-            if copies is not None and reading.used:
-                with contextlib.suppress(OSError):  # local copies only ever save a download
-                    copies.remember(index, reading.used)
+        acquired = _restore(plan, index, source, st)
         st.subtask.open()
     except BaseException:
         st.close()
         raise
+    cp = source.checkpoint()
     default_registry().hook.statekit_restore_done(
         job_id=plan.job_id,
         checkpoint_id=None if cp is None else cp.checkpoint_id,
         subtask_index=index,
         parallelism=plan.parallelism,
     )
-    return st, Acquired(how, downloads.remote_bytes, downloads.rejected, tuple(downloads.reasons))
+    return acquired
+
+
+def _restore(plan: TaskPlan, index: int, source: RestoreSource, st: OpenSubtask) -> Acquired:
+    """Restore the new subtask ``st`` from the source, local copies first; how it went."""
+    keyed, operator = st.subtask.keyed, st.subtask.operator
+    downloads = Downloads()
+    copies, _ = local_copies(plan)
+    # A local copy is read only if its bytes have the digest this checkpoint records.
+    reading = LocalRecoveryStorage(_cache.storage_for(plan.config), copies, downloads, source.digests())
+    cp = source.reading_through(reading)
+    if cp is None:
+        return Acquired(st, SubtaskOrigin.NEW)
+    cp.restore_subtask(
+        plan.operator_id, index, plan.parallelism, keyed, operator, operator_states=source.operator_states()
+    )
+    if plan.restore_claimed and isinstance(keyed, SupportsNativeSnapshot):
+        # A completed checkpoint of this job in this storage: the instance may keep
+        # referencing the files it restored (the completion contract's claim).
+        keyed.notify_checkpoint_complete(cp.checkpoint_id)
+    if copies is not None and reading.used:
+        with contextlib.suppress(OSError):  # local copies only ever save a download
+            copies.remember(index, reading.used)
+    # Local: nothing read from the storage (local copies, or state inline in the metadata).
+    origin = SubtaskOrigin.RESTORED_REMOTELY if downloads.remote_files else SubtaskOrigin.RESTORED_LOCALLY
+    return Acquired(st, origin, downloads.remote_bytes, downloads.rejected, tuple(downloads.reasons))
 
 
 def _create(plan: TaskPlan, index: int) -> OpenSubtask:

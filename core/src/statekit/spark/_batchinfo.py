@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..checkpoints._restore import CompletedCheckpoint
 from ..timers import MIN_WATERMARK
 from ._handoff import batch_status
+from ._report import SubtaskOrigin, TaskReport
 
 __all__ = ["BatchInfo", "batch_info", "local_recovery_status"]
 
@@ -107,9 +107,8 @@ class BatchInfo:
     phases: Mapping[str, float] = field(default_factory=dict)
 
 
-def local_recovery_status(reports: list[dict[str, Any]]) -> str:
-    """``BatchInfo.local_recovery``: on, off, or off with every distinct reason the tasks gave."""
-    statuses = [str(r.get("local_recovery", "off")) for r in reports]
+def local_recovery_status(statuses: Sequence[str]) -> str:
+    """``BatchInfo.local_recovery`` from the tasks' statuses: on, off, or off with every distinct reason."""
     reasons = sorted({s.removeprefix("off: ") for s in statuses if s.startswith("off: ")})
     if reasons:
         return "off: " + "; ".join(reasons)
@@ -122,7 +121,7 @@ def batch_info(
     location: str,
     source: CompletedCheckpoint | None,
     parallelism: int,
-    reports: list[dict[str, Any]],
+    reports: Sequence[TaskReport],
     *,
     locations: Mapping[int, str],
     locality: str,
@@ -132,10 +131,10 @@ def batch_info(
 ) -> BatchInfo:
     """What a processed micro-batch did, summed over its tasks' reports (``phases`` gets theirs added)."""
     for r in reports:
-        for name, secs in (r.get("phases") or {}).items():
-            phases[f"task_{name}"] = phases.get(f"task_{name}", 0.0) + float(secs)
-    reused = sum(1 for r in reports if r["reused"])
-    how = [r.get("how") for r in reports]
+        for name, secs in r.phases.items():
+            phases[f"task_{name}"] = phases.get(f"task_{name}", 0.0) + secs
+    origins = [r.origin for r in reports]
+    reused = sum(1 for o in origins if o.reused)
     return BatchInfo(
         batch_id,
         checkpoint_id,
@@ -143,24 +142,24 @@ def batch_info(
         False,
         source.location if source else None,
         parallelism,
-        records=sum(int(r["records"]) for r in reports),
-        outputs=sum(int(r["outputs"]) for r in reports),
+        records=sum(r.records for r in reports),
+        outputs=sum(r.outputs for r in reports),
         reused_subtasks=reused,
         restored_subtasks=len(reports) - reused,
-        restored_locally=how.count("local"),
-        restored_remotely=how.count("remote"),
-        bytes_downloaded=sum(int(r.get("downloaded", 0)) for r in reports),
-        local_recovery=local_recovery_status(reports),
-        local_copies_rejected=sum(int(r.get("copies_rejected", 0)) for r in reports),
-        local_copy_rejections=tuple(str(m) for r in reports for m in r.get("copy_rejections") or ()),
-        handed_off=sum(1 for r in reports if r.get("handed_from") is not None),
-        handoff=batch_status(handoff_enabled, [r.get("handoff") for r in reports]),
-        executor_pids=tuple(sorted({int(r["pid"]) for r in reports})),
+        restored_locally=origins.count(SubtaskOrigin.RESTORED_LOCALLY),
+        restored_remotely=origins.count(SubtaskOrigin.RESTORED_REMOTELY),
+        bytes_downloaded=sum(r.downloaded for r in reports),
+        local_recovery=local_recovery_status([r.local_recovery for r in reports]),
+        local_copies_rejected=sum(r.copies_rejected for r in reports),
+        local_copy_rejections=tuple(m for r in reports for m in r.copy_rejections),
+        handed_off=origins.count(SubtaskOrigin.HANDED_OFF),
+        handoff=batch_status(handoff_enabled, [r.handoff for r in reports]),
+        executor_pids=tuple(sorted({r.pid for r in reports})),
         subtask_locations=dict(sorted(locations.items())),
         locality=locality,
-        late_records=sum(int(r.get("late", 0)) for r in reports),
-        bad_records=sum(int(r.get("bad", 0)) for r in reports),
-        timers_fired=sum(int(r.get("fired", 0)) for r in reports),
+        late_records=sum(r.late for r in reports),
+        bad_records=sum(r.bad for r in reports),
+        timers_fired=sum(r.fired for r in reports),
         watermark=watermark,
         phases=phases,
     )

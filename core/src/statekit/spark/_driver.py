@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import time
 import uuid
 import warnings
@@ -49,7 +48,6 @@ from ..checkpoints._coordinator import (
     newest_checkpoint,
 )
 from ..checkpoints._fencing import RunFence, takeover_note
-from ..checkpoints._metadata import SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
 from ..plugins._config import Configuration
 from ..plugins._registry import PluginRegistry, default_registry
@@ -70,6 +68,7 @@ from ._plan import (
     TaskPlan,
     internal_schema,
 )
+from ._report import TaskReport
 from ._routing import Router, routing_values
 from ._sparkconf import application, default_parallelism, is_connect, local_dir, spark_configuration
 from ._task import make_task
@@ -316,14 +315,13 @@ class MicroBatchDriver:
             self._validate(source)
             self.coordinator.check(source)
         batch = _Batch(df, batch_id, query, end_of_input, latest, source, self.coordinator.begin(), started)
-        reports: list[dict[str, Any]] = []
+        reports: list[TaskReport] = []
         try:
             reports, locations = self._run_tasks(batch)
             location, watermark = self._complete(batch, reports)
         except BaseException as e:
             if self.coordinator.last_completed != batch.pending.checkpoint_id:
-                states = [SubtaskState.from_json(r["state"]) for r in reports]
-                self.coordinator.abort(batch.pending, states, e)
+                self.coordinator.abort(batch.pending, [r.state for r in reports], e)
             raise
         t = time.perf_counter()
         self.coordinator.retain()
@@ -375,7 +373,7 @@ class MicroBatchDriver:
         spec = self.spec
         return df.schema if spec.event_time is not None and spec.late_sink is not None else None
 
-    def _run_tasks(self, batch: _Batch) -> tuple[list[dict[str, Any]], dict[int, str]]:
+    def _run_tasks(self, batch: _Batch) -> tuple[list[TaskReport], dict[int, str]]:
         """Run the batch's tasks, then its sinks; the tasks' reports and where each subtask ran.
 
         One pass computes (and caches) every partition; the sinks then read the cache.
@@ -433,7 +431,7 @@ class MicroBatchDriver:
         if spec.sink is not None:
             spec.sink(outputs.select(*spec.output_schema.names), batch_id)
 
-    def _complete(self, batch: _Batch, reports: list[dict[str, Any]]) -> tuple[str, int]:
+    def _complete(self, batch: _Batch, reports: list[TaskReport]) -> tuple[str, int]:
         """Complete the batch's checkpoint from the tasks' reports; its location and the new watermark."""
         t = time.perf_counter()
         source = batch.source
@@ -442,12 +440,11 @@ class MicroBatchDriver:
             QUERY_PROPERTY: batch.query,
             BATCH_PROPERTY: batch.batch_id,
             TOKEN_PROPERTY: batch.token,
-            ATTEMPTS_PROPERTY: {str(r["subtask"]): r["attempt"] for r in reports},
+            ATTEMPTS_PROPERTY: {str(r.subtask): r.attempt for r in reports},
         }
         if watermark != MIN_WATERMARK:
             properties[WATERMARK_PROPERTY] = watermark
-        states = [SubtaskState.from_json(r["state"]) for r in reports]
-        location = self.coordinator.complete(batch.pending, states, properties)
+        location = self.coordinator.complete(batch.pending, [r.state for r in reports], properties)
         batch.phases["checkpoint"] = time.perf_counter() - t
         return location, watermark
 
@@ -480,7 +477,7 @@ class MicroBatchDriver:
             return InlineMetadata(data)
         return StoredMetadata(source.location, hashlib.sha256(data).hexdigest())
 
-    def _next_watermark(self, current: int, reports: list[dict[str, Any]], source: str | None) -> int:
+    def _next_watermark(self, current: int, reports: list[TaskReport], source: str | None) -> int:
         """The watermark the next batch runs with: the largest event time seen minus the delay.
 
         Also after an end of input: its tasks fired every timer as at the end
@@ -491,7 +488,7 @@ class MicroBatchDriver:
         of input; its rows are all late, which is said here.
         """
         if current == MAX_WATERMARK:
-            late = sum(int(r.get("late", 0)) for r in reports)
+            late = sum(r.late for r in reports)
             if late:
                 warnings.warn(
                     end_of_time_message(f"statekit job {self.spec.job_id!r}", source, f"all {late} rows"),
@@ -502,12 +499,13 @@ class MicroBatchDriver:
         et = self.spec.event_time
         if et is None:
             return current
-        seen = [int(r["max_event_time"]) for r in reports if r.get("max_event_time") is not None]
+        seen = [r.max_event_time for r in reports if r.max_event_time is not None]
         return et.watermark(current, max(seen) if seen else None)
 
-    def _reports(self, descriptions: list[str]) -> list[dict[str, Any]]:
-        reports = sorted((json.loads(d) for d in descriptions), key=lambda r: int(r["subtask"]))
-        seen = [int(r["subtask"]) for r in reports]
+    def _reports(self, descriptions: list[str]) -> list[TaskReport]:
+        """The tasks' reports, one per subtask, by subtask; else the batch is not committed."""
+        reports = sorted((TaskReport.from_json(d) for d in descriptions), key=lambda r: r.subtask)
+        seen = [r.subtask for r in reports]
         if seen != list(range(self.parallelism)):
             raise CheckpointError(
                 f"expected one snapshot from each of subtasks 0..{self.parallelism - 1}, got subtasks "

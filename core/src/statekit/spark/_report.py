@@ -1,130 +1,167 @@
-"""The end of a task: every subtask's snapshot into the batch's checkpoint, and the report to the driver.
+"""The task's report to the driver: one typed message per subtask, and its JSON in one place.
 
-Each subtask writes its snapshot through the checkpoint storage under stream
-names unique to the task attempt (tasks never complete a checkpoint: the
-driver does, once the sink has the batch's outputs), keeps local copies of
-what it wrote (task-local recovery), and goes back into the worker's cache
-marked with the attempt. The report says, per subtask, where its snapshot
-is, what the task did and where its time went.
+Each task ends with one row per subtask it served, whose handle column
+carries a :class:`TaskReport` as JSON (:meth:`TaskReport.to_json`); the
+driver reads them back with :meth:`TaskReport.from_json` and sums them into
+the batch's :class:`~statekit.spark.BatchInfo`. :class:`SubtaskOrigin` says
+how the task came by the subtask's state.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import time
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from .._contracts import CheckpointOutputStream, CheckpointWriter
 from .._errors import CheckpointError
-from ..checkpoints._local_recovery import LocalRecoveryWriter
-from ..checkpoints._writing import write_subtask_state
-from . import _cache
-from ._acquire import REUSED, local_copies
-from ._run import TaskRun
+from ..checkpoints._metadata import SubtaskState
 
-__all__ = ["write_snapshots"]
+__all__ = ["SubtaskOrigin", "TaskReport"]
 
 
-class _AttemptWriter:
-    """Names every stream after the task attempt, so that retried or speculative attempts never clash.
+class SubtaskOrigin(enum.Enum):
+    """How a task came by a subtask's state."""
 
-    Tasks only create streams; the driver completes the checkpoint.
-    """
-
-    def __init__(self, inner: CheckpointWriter, suffix: str) -> None:
-        self._inner = inner
-        self._suffix = suffix
+    REUSED = "reused"
+    """Open in the Python worker that ran the task, at exactly the checkpoint's task attempt."""
+    HANDED_OFF = "handed-off"
+    """Open in a sibling Python worker of the executor, to which the task handed its rows."""
+    RESTORED_LOCALLY = "local"
+    """Restored reading nothing from the checkpoint storage: this executor's local copies, or
+    state small enough to travel inside the checkpoint's metadata."""
+    RESTORED_REMOTELY = "remote"
+    """Restored reading files from the checkpoint storage (those without a usable local copy)."""
+    NEW = "empty"
+    """Started empty: the batch has no checkpoint to start from."""
 
     @property
-    def location(self) -> str:
-        """The checkpoint's location."""
-        return self._inner.location
-
-    def create_stream(self, name: str, *, shared: bool = False) -> CheckpointOutputStream:
-        """A stream named ``<name>.<attempt>``."""
-        return self._inner.create_stream(f"{name}.{self._suffix}", shared=shared)
-
-    def complete(self, metadata: bytes) -> str:
-        """Tasks never complete a checkpoint."""
-        raise CheckpointError("a Spark task cannot complete a checkpoint; the driver does")
-
-    def abort(self) -> None:
-        """Nothing to do: the driver cleans up unfinished checkpoints."""
+    def reused(self) -> bool:
+        """Whether open state was reused (here or in a sibling worker), not restored."""
+        return self in (SubtaskOrigin.REUSED, SubtaskOrigin.HANDED_OFF)
 
 
-def write_snapshots(run: TaskRun, attempt_number: int) -> list[dict[str, Any]]:
-    """Every subtask's snapshot into the batch's checkpoint; the reports that describe them.
+@dataclass(frozen=True)
+class TaskReport:
+    """What a task says of one subtask it served: where its snapshot is, what the task did, its time.
 
-    The subtasks go back into the process cache, marked with this attempt.
+    Attributes:
+        subtask: The subtask's index.
+        state: Its entry in the checkpoint's metadata (the snapshot's files).
+        attempt: The task attempt that wrote the snapshot (the checkpoint records it).
+        attempt_number: Spark's attempt number of the task.
+        origin: How the task came by the subtask's state.
+        pid: The Python worker that ran the subtask.
+        handed_from: The worker whose task this was, when handed off (``origin`` then says so).
+        records: Rows processed.
+        outputs: Output records.
+        late: Rows at or below the watermark.
+        bad: Rows without a key group (reported with the task's first subtask).
+        fired: Timers fired.
+        max_event_time: The largest event time seen (None: none).
+        downloaded: Bytes the restore read from the checkpoint storage.
+        copies_rejected: Local copies there but not used.
+        copy_rejections: Why, one line per rejected copy.
+        local_recovery: ``"on"``, ``"off"`` or ``"off: <why>"``.
+        handoff: ``"on"`` or ``"off: <why>"``.
+        phases: Seconds the task spent per phase (``BatchInfo.phases``, summed over tasks).
     """
-    plan, phases, clock = run.plan, run.phases, time.perf_counter
-    bad = run.bad_keys.commit()
-    t_snapshot = clock()
-    storage = _cache.storage_for(plan.config)
-    copies, local_recovery = local_copies(plan)
-    states = []
-    for index, open_st in sorted(run.active.items()):
-        st = open_st.subtask
-        inner: CheckpointWriter = storage.begin_checkpoint(plan.job_id, plan.checkpoint_id)
-        local = None if copies is None else LocalRecoveryWriter(inner, copies)
-        writer = _AttemptWriter(inner if local is None else local, run.attempt)
-        try:
-            state = write_subtask_state(
-                writer,
-                plan.operator_id,
-                index,
-                st.keyed,
-                st.operator,
-                max_state_size=storage.max_state_size,
-                native_checkpoint_id=(
-                    plan.checkpoint_id
-                    if plan.config.get("statekit.checkpoint.format") != "canonical"
-                    else None
-                ),
-            )
-        except BaseException:
-            if local is not None:
-                local.discard_staged()
-            raise
-        states.append((index, state))
-        if copies is not None and local is not None:
-            with contextlib.suppress(OSError):  # local copies only ever save a download
-                # Named by the digests the metadata records: what a restore asks for.
-                copies.remember(index, local.keep(state.to_json()))
-    if copies is not None:
-        with contextlib.suppress(OSError):
-            copies.collect()
-    phases["snapshot"] = clock() - t_snapshot
-    phases["task"] = clock() - run.started
-    reports = []
-    for index, state in states:
-        counts = run.counts[index]
-        reported_bad, bad = bad, 0  # the task's bad rows, reported with its first subtask
-        reports.append(
+
+    subtask: int
+    state: SubtaskState
+    attempt: str
+    attempt_number: int
+    origin: SubtaskOrigin
+    pid: int
+    handed_from: int | None = None
+    records: int = 0
+    outputs: int = 0
+    late: int = 0
+    bad: int = 0
+    fired: int = 0
+    max_event_time: int | None = None
+    downloaded: int = 0
+    copies_rejected: int = 0
+    copy_rejections: tuple[str, ...] = ()
+    local_recovery: str = "off"
+    handoff: str = "on"
+    phases: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def reused(self) -> bool:
+        """Whether the task reused open state (here or in a sibling worker)."""
+        return self.origin.reused
+
+    def to_json(self) -> str:
+        """The report as the handle column carries it.
+
+        ``how`` is the state's origin as restores name it (a handed-off
+        subtask's is ``reused``); ``handed_from`` says whether it was handed off.
+        """
+        how = SubtaskOrigin.REUSED if self.origin is SubtaskOrigin.HANDED_OFF else self.origin
+        return json.dumps(
             {
-                "subtask": index,
-                "state": state.to_json(),
-                "records": counts.records,
-                "outputs": counts.outputs,
-                "late": counts.late,
-                "bad": reported_bad,
-                "fired": counts.fired,
-                "max_event_time": counts.max_event_time,
-                "reused": run.how[index].how == REUSED,
-                "how": run.how[index].how,
-                "downloaded": run.how[index].downloaded,
-                "copies_rejected": run.how[index].rejected,
-                "copy_rejections": list(run.how[index].reasons),
-                "local_recovery": local_recovery,
-                "pid": os.getpid(),
-                "handed_from": run.handed_from,
-                "attempt": run.attempt,
-                "attempt_number": attempt_number,
-                "phases": phases,
-            }
+                "subtask": self.subtask,
+                "state": self.state.to_json(),
+                "records": self.records,
+                "outputs": self.outputs,
+                "late": self.late,
+                "bad": self.bad,
+                "fired": self.fired,
+                "max_event_time": self.max_event_time,
+                "reused": self.reused,
+                "how": how.value,
+                "downloaded": self.downloaded,
+                "copies_rejected": self.copies_rejected,
+                "copy_rejections": list(self.copy_rejections),
+                "local_recovery": self.local_recovery,
+                "pid": self.pid,
+                "handed_from": self.handed_from,
+                "attempt": self.attempt,
+                "attempt_number": self.attempt_number,
+                "phases": dict(self.phases),
+                "handoff": self.handoff,
+            },
+            separators=(",", ":"),
         )
-    for open_st in run.active.values():
-        open_st.token, open_st.attempt = plan.token, run.attempt
-    _cache.put_back(plan, run.active.items())
-    return reports
+
+    @classmethod
+    def from_json(cls, text: str) -> TaskReport:
+        """A report from the handle column.
+
+        Raises:
+            CheckpointError: If it is no report (a task of another statekit version).
+        """
+        try:
+            r: dict[str, Any] = json.loads(text)
+            origin = SubtaskOrigin(r["how"])
+            handed_from = None if r.get("handed_from") is None else int(r["handed_from"])
+            if origin is SubtaskOrigin.REUSED and handed_from is not None:
+                origin = SubtaskOrigin.HANDED_OFF
+            mark = r.get("max_event_time")
+            return cls(
+                subtask=int(r["subtask"]),
+                state=SubtaskState.from_json(r["state"]),
+                attempt=str(r["attempt"]),
+                attempt_number=int(r["attempt_number"]),
+                origin=origin,
+                pid=int(r["pid"]),
+                handed_from=handed_from,
+                records=int(r["records"]),
+                outputs=int(r["outputs"]),
+                late=int(r["late"]),
+                bad=int(r["bad"]),
+                fired=int(r["fired"]),
+                max_event_time=None if mark is None else int(mark),
+                downloaded=int(r["downloaded"]),
+                copies_rejected=int(r["copies_rejected"]),
+                copy_rejections=tuple(str(m) for m in r["copy_rejections"]),
+                local_recovery=str(r["local_recovery"]),
+                handoff=str(r["handoff"]),
+                phases={str(k): float(v) for k, v in r["phases"].items()},
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(
+                f"a task's report cannot be read ({type(e).__name__}: {e}): {text[:200]}"
+            ) from e

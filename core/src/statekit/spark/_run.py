@@ -1,7 +1,7 @@
 """One task attempt's state: the subtasks it serves (acquired on their first row), its output, its time.
 
-The loops (:mod:`._loops`) feed it rows, the report (:mod:`._report`)
-snapshots what it served; :mod:`._task` runs the steps in order.
+The loops (:mod:`._loops`) feed it rows, :mod:`._snapshots` snapshots what
+it served and reports it; :mod:`._task` runs the steps in order.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class TaskRun:
         self.attempt = attempt
         self.out = TaskOutput(plan)
         self.active: dict[int, OpenSubtask] = {}
-        self.how: dict[int, Acquired] = {}  # subtask -> how it came by its state
+        self.acquired: dict[int, Acquired] = {}  # subtask -> how the task came by its state
         self.counts: dict[int, SubtaskCounts] = {}
         self.phases = dict.fromkeys(TASK_PHASES, 0.0)
         self.started = time.perf_counter()
@@ -57,13 +57,14 @@ class TaskRun:
         if index is None:  # the loops hand such rows to bad_keys, never here
             raise ValueError(f"null key in column {plan.key_column!r}: every record needs a key")
         t = time.perf_counter()
-        open_st, acquired = acquire(plan, index, self.source)
+        acquired = acquire(plan, index, self.source)
         self.phases["restore"] += time.perf_counter() - t
+        open_st = acquired.subtask
         open_st.clock.now = plan.batch_timestamp_ms
         st = open_st.subtask
         st.timers.set_watermark(plan.watermark)
         self.active[index] = open_st
-        self.how[index] = acquired
+        self.acquired[index] = acquired
         self.counts[index] = SubtaskCounts()
         return st
 

@@ -5,16 +5,15 @@ rows to the sibling Python worker that holds its subtask open, if one does
 (:mod:`._task_handoff`); otherwise it acquires each subtask on its first row,
 reused from this worker's cache (:mod:`._cache`) or restored
 (:mod:`._acquire`), runs the per-record or vectorized loop and fires the
-batch's timers (:mod:`._loops`), writes every subtask's snapshot and reports
-them to the driver (:mod:`._report`) in the handle column of its output
-(:mod:`._output`, schema in :mod:`._plan`). A task that does not finish
+batch's timers (:mod:`._loops`), writes every subtask's snapshot
+(:mod:`._snapshots`) and reports each to the driver (:mod:`._report`) in the
+handle column of its output (:mod:`._output`, schema in :mod:`._plan`). A task that does not finish
 closes every subtask it touched: a retried task restores.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,8 +21,8 @@ from ._acquire import RestoreSource
 from ._cache import reset_cache
 from ._loops import fire_timers, process_groups, process_records
 from ._plan import TaskPlan
-from ._report import write_snapshots
 from ._run import TaskRun
+from ._snapshots import task_reports, write_snapshots
 from ._task_handoff import announce, hand_off
 
 __all__ = ["make_task", "reset_cache"]
@@ -88,10 +87,18 @@ def _run_partition(
         else:
             yield from process_records(run, batches)
         yield from fire_timers(run)
-        reports = write_snapshots(run, attempt_number)
+        bad = run.bad_keys.commit()
+        states, local_recovery = write_snapshots(run)
         handoff = announce(plan, sorted(run.active), run.attempt, _serve_handoff)
-        descriptions = [json.dumps({**r, "handoff": handoff}, separators=(",", ":")) for r in reports]
-        handles = run.out.handles(descriptions)
+        reports = task_reports(
+            run,
+            states,
+            attempt_number=attempt_number,
+            bad=bad,
+            local_recovery=local_recovery,
+            handoff=handoff,
+        )
+        handles = run.out.handles([r.to_json() for r in reports])
         done = True
         yield handles
     finally:
