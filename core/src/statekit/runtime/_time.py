@@ -185,6 +185,11 @@ class TimeCoordinator:
                 st.timers.end_of_time_passed(self.watermark)
         return outputs
 
+    def start_run(self) -> tuple[int, int]:
+        """A run starts: what it counts from (late records, fired timers); late records unsunk afresh."""
+        self.late_unsunk = 0
+        return self.late_records, self.timers_fired
+
     @property
     def timers_fired(self) -> int:
         """Timers the current subtasks fired so far, both domains."""
