@@ -42,11 +42,11 @@ from ..state._state import StateDescriptor
 from ..state_processor._arrow import arrow_column
 from ..state_processor._writer import (
     BOOTSTRAP_BACKEND,
-    _columns,
-    _entries,
-    _verify,
-    _writing,
+    canonical_writing,
     encode_section,
+    state_columns,
+    state_entries,
+    verify_written,
 )
 from ._routing import KEY_GROUP_COLUMN, RESERVED_COLUMNS, ROUTE_COLUMN, Router, routing_values
 from ._sparkconf import default_parallelism
@@ -115,17 +115,7 @@ def write_savepoint(
     session = frames[0][1].sparkSession
     p = parallelism or min(max_parallelism, default_parallelism(session))
     validate_parallelism(p, max_parallelism)
-    ns_sers = dict(namespace_serializers or {})
-    metas = []
-    for desc, df in frames:
-        meta = RegisteredState.of(desc, ns_sers.get(desc.name)).meta()
-        missing = [c for c in _columns(meta) if c not in df.columns and c != "last_access"]
-        if missing:
-            raise StateError(
-                f"state {desc.name!r}: the DataFrame lacks columns {missing}; a {meta['kind']} state takes "
-                f"{_columns(meta)}, as the statekit-state data source reads it"
-            )
-        metas.append(meta)
+    metas = _metas(frames, dict(namespace_serializers or {}))
     ks = key_serializer or _default_key_serializer(frames[0][1].schema["key"].dataType)
     store = storage or filesystem_storage(target_dir, storage_options=storage_options)
     if type(store).__name__ == "JobManagerCheckpointStorage":
@@ -135,46 +125,99 @@ def write_savepoint(
         )
     writer = store.begin_savepoint(job_id, target_dir)
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-    route_values = routing_values(session, p)
-    values = F.array(*(F.lit(v).cast("bigint") for v in route_values))
     try:
-        sections = None
-        for idx, ((_, df), meta) in enumerate(zip(frames, metas)):
-            router = Router(
-                session, df.schema, key_column="key", serializer=ks, parallelism=p,
-                max_parallelism=max_parallelism, route_values=route_values, markers=False,
-            )  # fmt: skip
-            routed = router.route(df)
-            encoded = routed.sortWithinPartitions(KEY_GROUP_COLUMN).mapInArrow(
-                _EncodeSections(idx, meta, ks.config(), now, p, max_parallelism), _SECTIONS
-            )
-            sections = encoded if sections is None else sections.unionByName(encoded)
-        assert sections is not None
-        files = (
-            sections.withColumn(ROUTE_COLUMN, F.element_at(values, F.col("subtask") + F.lit(1)))
-            .repartition(p, ROUTE_COLUMN)
-            .drop(ROUTE_COLUMN)
-            .mapInArrow(_WriteFiles(store, writer, operator, ks.config(), metas, max_parallelism, p), _FILES)
-        )
-        written = {int(r["subtask"]): json.loads(r["keyed"]) for r in files.collect()}
-        subtasks = []
-        for i in range(p):
-            sub = SubtaskState(operator, i, key_group_range_for_operator(max_parallelism, p, i))
-            if i in written:
-                sub.keyed, sub.states = written[i], list(metas)
-            subtasks.append(sub)
-        return complete_checkpoint(
-            writer,
-            job_id=job_id,
-            checkpoint_id=0,
-            max_parallelism=max_parallelism,
-            subtasks=subtasks,
-            kind="savepoint",
-            properties={"bootstrapped_by": "statekit.spark.write_savepoint"},
+        route_values = routing_values(session, p)
+        sections = _sections(frames, metas, ks, now, p, max_parallelism, route_values)
+        return _write_files(
+            sections, store, writer, job_id, operator, ks, metas, max_parallelism, route_values
         )
     except BaseException:
         writer.abort()
         raise
+
+
+def _write_files(
+    sections: DataFrame,
+    store: CheckpointStorage,
+    writer: CheckpointWriter,
+    job_id: str,
+    operator: str,
+    ks: TypeSerializer,
+    metas: list[Any],
+    max_parallelism: int,
+    route_values: list[int],
+) -> str:
+    """Stage 2: every subtask's sections into its file, then ``_metadata``; the savepoint's location."""
+    p = len(route_values)
+    values = F.array(*(F.lit(v).cast("bigint") for v in route_values))
+    files = (
+        sections.withColumn(ROUTE_COLUMN, F.element_at(values, F.col("subtask") + F.lit(1)))
+        .repartition(p, ROUTE_COLUMN)
+        .drop(ROUTE_COLUMN)
+        .mapInArrow(_WriteFiles(store, writer, operator, ks.config(), metas, max_parallelism, p), _FILES)
+    )
+    written = {int(r["subtask"]): json.loads(r["keyed"]) for r in files.collect()}
+    subtasks = []
+    for i in range(p):
+        sub = SubtaskState(operator, i, key_group_range_for_operator(max_parallelism, p, i))
+        if i in written:
+            sub.keyed, sub.states = written[i], list(metas)
+        subtasks.append(sub)
+    return complete_checkpoint(
+        writer,
+        job_id=job_id,
+        checkpoint_id=0,
+        max_parallelism=max_parallelism,
+        subtasks=subtasks,
+        kind="savepoint",
+        properties={"bootstrapped_by": "statekit.spark.write_savepoint"},
+    )
+
+
+def _metas(frames: list[tuple[StateDescriptor, DataFrame]], ns_sers: dict[str, TypeSerializer]) -> list[Any]:
+    """Each state's metadata, once its DataFrame is known to have the columns its kind needs.
+
+    Raises:
+        StateError: Naming the state and the columns it lacks.
+    """
+    metas = []
+    for desc, df in frames:
+        meta = RegisteredState.of(desc, ns_sers.get(desc.name)).meta()
+        missing = [c for c in state_columns(meta) if c not in df.columns and c != "last_access"]
+        if missing:
+            raise StateError(
+                f"state {desc.name!r}: the DataFrame lacks columns {missing}; a {meta['kind']} state takes "
+                f"{state_columns(meta)}, as the statekit-state data source reads it"
+            )
+        metas.append(meta)
+    return metas
+
+
+def _sections(
+    frames: list[tuple[StateDescriptor, DataFrame]],
+    metas: list[Any],
+    ks: TypeSerializer,
+    now: int,
+    p: int,
+    max_parallelism: int,
+    route_values: list[int],
+) -> DataFrame:
+    """Stage 1 of every state: its rows routed to their subtask, sorted by key group, made sections."""
+    session = frames[0][1].sparkSession
+    sections = None
+    for idx, ((_, df), meta) in enumerate(zip(frames, metas)):
+        router = Router(
+            session, df.schema, key_column="key", serializer=ks, parallelism=p,
+            max_parallelism=max_parallelism, route_values=route_values, markers=False,
+        )  # fmt: skip
+        encoded = (
+            router.route(df)
+            .sortWithinPartitions(KEY_GROUP_COLUMN)
+            .mapInArrow(_EncodeSections(idx, meta, ks.config(), now, p, max_parallelism), _SECTIONS)
+        )
+        sections = encoded if sections is None else sections.unionByName(encoded)
+    assert sections is not None
+    return sections
 
 
 def _default_key_serializer(key_type: T.DataType) -> TypeSerializer:
@@ -222,7 +265,7 @@ class _EncodeSections:
             if end < len(kgs) and kgs[end] == kgs[start]:
                 continue
             kg = kgs[start]
-            entries, _ = _entries(self.meta, data.slice(start, end - start), self.now)
+            entries, _ = state_entries(self.meta, data.slice(start, end - start), self.now)
             n, k, s, v = encode_section(entries, keys, ns, stored, self.meta["name"])
             for name, value in zip(
                 out, ((kg * self.p) // self.maxp, kg, self.index, n, k, s, v), strict=True
@@ -259,10 +302,10 @@ class _WriteFiles:
             kgr: KeyGroupRange = key_group_range_for_operator(self.maxp, self.p, sub)
             header = SnapshotHeader(self.maxp, kgr, self.key_config, self.metas, backend=BOOTSTRAP_BACKEND)
             keyed = write_keyed_file(
-                self.writer, f"{self.operator}-{sub}.keyed", header, _writing(header, by_kg)
+                self.writer, f"{self.operator}-{sub}.keyed", header, canonical_writing(header, by_kg)
             )
             state = SubtaskState(self.operator, sub, kgr, keyed, None, list(self.metas))
-            _verify(self.storage, self.writer.location, state)
+            verify_written(self.storage, self.writer.location, state)
             out["subtask"].append(sub)
             out["keyed"].append(json.dumps(keyed))
         if out["subtask"]:

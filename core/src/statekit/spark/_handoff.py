@@ -250,59 +250,20 @@ def _exchange(
     timeout: float,
 ) -> Iterator[Any]:
     """The accepted hand-off: input streams out from a thread, output frames come back here."""
-    failure: list[BaseException] = []
     where = f"Python worker {pid} (socket {path}; it held subtask {header.get('subtask')}'s open state)"
-
-    def send() -> None:
-        try:
-            with sock.makefile("wb") as f:
-                writer = pa.ipc.new_stream(f, first.schema)
-                writer.write_batch(first)
-                for batch in rest:
-                    writer.write_batch(batch)
-                writer.close()
-        except BaseException as e:  # noqa: BLE001 - handed to the task's thread below
-            failure.append(e)
-        finally:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_WR)
-
-    def read(n: int) -> bytes:
-        try:
-            return _recv_within(sock, n, timeout)
-        except TimeoutError:
-            raise CheckpointError(
-                f"the hand-off to {where} received nothing for {timeout:g} s, not even a heartbeat "
-                "(statekit.spark.worker-handoff.timeout): that worker is stopped or hung. Spark "
-                "retries the task, which restores the subtask from the checkpoint"
-            ) from None
-        except (OSError, EOFError) as e:
-            sender.join()
-            if failure:
-                raise failure[0] from None
-            raise CheckpointError(
-                f"the hand-off to {where} broke off mid-task ({e}); Spark retries the task, "
-                "which restores the subtask from the checkpoint"
-            ) from e
-
-    sender = threading.Thread(target=send, name="statekit-handoff-send", daemon=True)
-    sender.start()
+    sender = _Sender(sock, first, rest)
     finished = False
     try:
         while True:
-            kind = read(1)
+            kind = _frame_kind(sock, sender, where, timeout)
             if kind == _HEARTBEAT:
                 continue
             if kind == _BATCH:
-                (n,) = _LEN.unpack(read(_LEN.size))
-                yield from pa.ipc.open_stream(pa.py_buffer(read(n)))
+                yield from pa.ipc.open_stream(pa.py_buffer(_frame_body(sock, sender, where, timeout)))
                 continue
             if kind == _FAILED:
-                (n,) = _LEN.unpack(read(_LEN.size))
-                error = _loads(read(n))
-                sender.join()
-                if failure:  # the input broke first: that is the task's error
-                    raise failure[0] from None
+                error = _loads(_frame_body(sock, sender, where, timeout))
+                sender.raise_failure()  # the input broke first: that is the task's error
                 if isinstance(error, BaseException):
                     error.add_note(f"raised in {where}, to which this task handed its rows")
                     raise error
@@ -314,9 +275,7 @@ def _exchange(
                     "retries the task, which restores the subtask from the checkpoint"
                 )
             break
-        sender.join()
-        if failure:
-            raise failure[0]
+        sender.raise_failure()
         finished = True
     finally:
         if not finished:
@@ -325,6 +284,70 @@ def _exchange(
                 sock.shutdown(socket.SHUT_RDWR)
         sock.close()
         sender.join(timeout=5)
+
+
+class _Sender:
+    """Streams a handed-off task's input to the sibling from a thread of its own (an Arrow IPC stream)."""
+
+    def __init__(self, sock: socket.socket, first: Any, rest: Iterator[Any]) -> None:
+        self.failure: list[BaseException] = []
+        self._thread = threading.Thread(
+            target=self._send, args=(sock, first, rest), name="statekit-handoff-send", daemon=True
+        )
+        self._thread.start()
+
+    def _send(self, sock: socket.socket, first: Any, rest: Iterator[Any]) -> None:
+        try:
+            with sock.makefile("wb") as f:
+                writer = pa.ipc.new_stream(f, first.schema)
+                writer.write_batch(first)
+                for batch in rest:
+                    writer.write_batch(batch)
+                writer.close()
+        except BaseException as e:  # noqa: BLE001 - handed to the task's thread (raise_failure)
+            self.failure.append(e)
+        finally:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_WR)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the input to be sent (or to fail)."""
+        self._thread.join(timeout)
+
+    def raise_failure(self) -> None:
+        """Once the input is sent: raise what broke it, if anything did."""
+        self.join()
+        if self.failure:
+            raise self.failure[0] from None
+
+
+def _frame_kind(sock: socket.socket, sender: _Sender, where: str, timeout: float) -> bytes:
+    """The kind of the sibling's next frame."""
+    return _read(sock, 1, sender, where, timeout)
+
+
+def _frame_body(sock: socket.socket, sender: _Sender, where: str, timeout: float) -> bytes:
+    """The length-prefixed body of the sibling's frame."""
+    (n,) = _LEN.unpack(_read(sock, _LEN.size, sender, where, timeout))
+    return _read(sock, n, sender, where, timeout)
+
+
+def _read(sock: socket.socket, n: int, sender: _Sender, where: str, timeout: float) -> bytes:
+    """``n`` bytes from the sibling, waiting at most ``timeout`` for each read; errors name it."""
+    try:
+        return _recv_within(sock, n, timeout)
+    except TimeoutError:
+        raise CheckpointError(
+            f"the hand-off to {where} received nothing for {timeout:g} s, not even a heartbeat "
+            "(statekit.spark.worker-handoff.timeout): that worker is stopped or hung. Spark "
+            "retries the task, which restores the subtask from the checkpoint"
+        ) from None
+    except (OSError, EOFError) as e:
+        sender.raise_failure()
+        raise CheckpointError(
+            f"the hand-off to {where} broke off mid-task ({e}); Spark retries the task, "
+            "which restores the subtask from the checkpoint"
+        ) from e
 
 
 class _Server:

@@ -118,11 +118,7 @@ def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
     keys = batch.column(plan.key_column).to_pylist()
     bad_keys.rows_read += len(markers) - sum(markers)
     if None in subtasks:  # rows without a key group: bad records, never in a group
-        bad = [row for row, index in enumerate(subtasks) if index is None]
-        places = batch.column(PLACE_COLUMN).take(pa.array(bad, pa.int64())).to_pylist()
-        rejected = batch.select(list(plan.input_columns)).take(pa.array(bad, pa.int64())).to_pylist()
-        for record, place in zip(rejected, places):
-            bad_keys.reject(record, place)
+        _reject_unrouted(run, batch, subtasks)
     served = {index for index in subtasks if index is not None}
     restoring = phases["restore"]
     for index in sorted(served):
@@ -183,6 +179,15 @@ def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
     phases["records"] += clock() - t_loop
     if late_rows:
         yield out.late(batch, late_rows)
+
+
+def _reject_unrouted(run: TaskRun, batch: Any, subtasks: list[int | None]) -> None:
+    """The rows of ``batch`` routed to no subtask (``subtasks`` says which), to the bad-records policy."""
+    bad = pa.array([row for row, index in enumerate(subtasks) if index is None], pa.int64())
+    places = batch.column(PLACE_COLUMN).take(bad).to_pylist()
+    rejected = batch.select(list(run.plan.input_columns)).take(bad).to_pylist()
+    for record, place in zip(rejected, places):
+        run.bad_keys.reject(record, place)
 
 
 def fire_timers(run: TaskRun) -> Iterator[Any]:

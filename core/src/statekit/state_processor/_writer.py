@@ -47,7 +47,15 @@ from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX
 from ._arrow import arrow_column
 from ._reader import SavepointReader, StateInfo, StateLayout
 
-__all__ = ["SavepointWriter"]
+__all__ = [
+    "BOOTSTRAP_BACKEND",
+    "SavepointWriter",
+    "canonical_writing",
+    "encode_section",
+    "state_columns",
+    "state_entries",
+    "verify_written",
+]
 
 BOOTSTRAP_BACKEND = "bootstrap"
 _Entry = tuple[Any, Any, Any]
@@ -301,7 +309,7 @@ class SavepointWriter:
         reg = RegisteredState.of(descriptor, namespace_serializer)
         meta = reg.meta()
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        entries, arrow = _entries(meta, data, now)
+        entries, arrow = state_entries(meta, data, now)
         stored = reg.serializer
         ns_ser = namespace_serializer
         if arrow:  # Arrow values come as tuples and dicts: encode them with the config's own layout
@@ -380,10 +388,10 @@ class SavepointWriter:
                                 writer,
                                 f"{op_id}-{i}.keyed",
                                 header,
-                                _writing(header, blocks),
+                                canonical_writing(header, blocks),
                             )
                             sub.states = list(header.states)
-                            _verify(st, writer.location, sub)
+                            verify_written(st, writer.location, sub)
                     if op_states is not None and op_states[i]:
                         sub.operator = write_operator_file(writer, f"{op_id}-{i}.operator", op_states[i])
                     subtasks.append(sub)
@@ -480,7 +488,7 @@ class SavepointWriter:
         return header, blocks
 
 
-def _writing(
+def canonical_writing(
     header: SnapshotHeader, blocks: dict[int, list[tuple[int, _SectionBytes]]]
 ) -> Callable[[Any], SnapshotWriteResult]:
     return lambda out: write_canonical(out, header, lambda kg: _sections(blocks, kg))
@@ -554,7 +562,7 @@ def _encode(state: _KeptState, layout: StateLayout, entries: list[_Entry]) -> _S
     return encode_section(entries, layout.key.serializer, ns, stored, state.meta["name"])
 
 
-def _verify(storage: CheckpointStorage, location: str, sub: SubtaskState) -> None:
+def verify_written(storage: CheckpointStorage, location: str, sub: SubtaskState) -> None:
     """Read a written file back through its index and every block's checksum."""
     k = sub.keyed
     assert k is not None
@@ -583,7 +591,7 @@ def _timestamp(v: Any, now: int) -> int:
     return int(v)
 
 
-def _columns(meta: dict[str, Any]) -> list[str]:
+def state_columns(meta: dict[str, Any]) -> list[str]:
     cols = ["key"]
     if meta.get("namespace_serializer") is not None:
         cols.append("namespace")
@@ -606,7 +614,7 @@ def _rows(meta: dict[str, Any], data: Any) -> tuple[Iterable[Mapping[str, Any]],
         data = pa.Table.from_pandas(data, preserve_index=False)
         mod = "pyarrow"
     if mod.startswith("pyarrow"):
-        cols = _columns(meta)
+        cols = state_columns(meta)
         missing = [c for c in cols if c not in data.schema.names and c != "last_access"]
         if missing:
             raise StateError(
@@ -620,7 +628,7 @@ def _rows(meta: dict[str, Any], data: Any) -> tuple[Iterable[Mapping[str, Any]],
         return ({c: py[c][i] for c in py} for i in range(n)), True
     if isinstance(data, Mapping):
         return _from_mapping(meta, data), False
-    cols = _columns(meta)
+    cols = state_columns(meta)
     return (dict(zip(cols, r)) if not isinstance(r, Mapping) else r for r in data), False
 
 
@@ -663,7 +671,7 @@ def _from_mapping(meta: dict[str, Any], data: Mapping[Any, Any]) -> Iterator[dic
             yield {"key": k, "value": v}
 
 
-def _entries(meta: dict[str, Any], data: Any, now: int) -> tuple[list[_Entry], bool]:
+def state_entries(meta: dict[str, Any], data: Any, now: int) -> tuple[list[_Entry], bool]:
     """The stored entries of ``data``: (key, namespace, stored value), one per (key, namespace)."""
     rows, arrow = _rows(meta, data)
     kind, ttl = meta["kind"], meta.get("ttl") is not None
