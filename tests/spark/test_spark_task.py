@@ -89,7 +89,9 @@ class Driver:
         vectorized: bool = False,
         config: dict[str, Any] | None = None,
         local_dir: str | None = None,
+        job_id: str = "unit",
     ) -> None:
+        self.job_id = job_id
         self.vectorized = vectorized
         self.local_dir = local_dir or str(tmp_path / "executor")  # one executor's local directory
         self.config = config or {}
@@ -101,7 +103,7 @@ class Driver:
 
     def plan(self, *, run_id: str = "run-1") -> TaskPlan:
         return TaskPlan(
-            job_id="unit", operator_id="process", run_id=run_id, checkpoint_id=self.next_id,
+            job_id=self.job_id, operator_id="process", run_id=run_id, checkpoint_id=self.next_id,
             token=uuid.uuid4().hex, restore_location=self.latest[0] if self.latest else None,
             restore_token=self.latest[1] if self.latest else None,
             restore_attempts=self.latest[2] if self.latest else {}, parallelism=1, max_parallelism=128,
@@ -128,7 +130,7 @@ class Driver:
 
     def complete(self, plan: TaskPlan, report: dict[str, Any]) -> None:
         location = complete_checkpoint(
-            self.storage.begin_checkpoint("unit", plan.checkpoint_id), job_id="unit",
+            self.storage.begin_checkpoint(self.job_id, plan.checkpoint_id), job_id=self.job_id,
             checkpoint_id=plan.checkpoint_id, max_parallelism=128,
             subtasks=[SubtaskState.from_json(report["state"])],
             properties={TOKEN_PROPERTY: plan.token, ATTEMPTS_PROPERTY: {"0": report["attempt"]}},
@@ -144,7 +146,9 @@ class Driver:
         return report
 
     def state(self) -> dict[str, Any]:
-        runner = LocalRunner(CountUrls, key_selector=lambda r: r["url"], storage=self.storage, job_id="unit")
+        runner = LocalRunner(
+            CountUrls, key_selector=lambda r: r["url"], storage=self.storage, job_id=self.job_id
+        )
         runner.restore(self.latest[0] if self.latest else "latest")
         return state_of_runner(runner)
 
@@ -321,10 +325,11 @@ class _Sibling:
     its process there; ``("quit", None)`` ends it.
     """
 
-    def __init__(self, driver: Driver) -> None:
+    def __init__(self, driver: Driver, *others: Driver) -> None:
         import multiprocessing
 
         self.driver = driver
+        self.others = others  # ("batch-of", (i, records)) runs a batch of others[i] there
         ctx = multiprocessing.get_context("fork")
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=self._serve, args=(child,), daemon=True)
@@ -337,6 +342,9 @@ class _Sibling:
             if command == "batch":
                 report = driver.batch(arg)
                 conn.send((report, driver.latest, driver.next_id))
+            elif command == "batch-of":
+                other = self.others[arg[0]]
+                conn.send((other.batch(arg[1]), other.latest, other.next_id))
             elif command == "arm":
                 FailOnce.countdown = arg
                 conn.send(None)
@@ -350,6 +358,11 @@ class _Sibling:
     def batch(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         self.conn.send(("batch", records))
         report, self.driver.latest, self.driver.next_id = self.conn.recv()
+        return report
+
+    def batch_of(self, i: int, records: list[dict[str, Any]]) -> dict[str, Any]:
+        self.conn.send(("batch-of", (i, records)))
+        report, self.others[i].latest, self.others[i].next_id = self.conn.recv()
         return report
 
     def call(self, command: str, arg: Any = None) -> None:
@@ -382,6 +395,32 @@ def test_a_task_hands_its_rows_to_the_sibling_worker_whose_state_is_open(
     finally:
         sibling.stop()
     assert driver.state() == model_state(RECORDS + RECORDS[:100])
+
+
+def test_a_sibling_serves_hand_offs_under_every_local_directory_it_held_state_in(tmp_path: Path) -> None:
+    """A worker that ran a query with another statekit.local-dir still serves the first query's tasks.
+
+    Its server used to move to the directory of the latest announcement, so the
+    owner files of the first query's subtasks named a socket nobody served: their
+    tasks restored instead of handing off (shared Spark sessions of tests met it).
+    """
+    import os
+
+    first = Driver(tmp_path / "first")
+    other = Driver(tmp_path / "other", local_dir=str(tmp_path / "other-executor"), job_id="other")
+    sibling = _Sibling(first, other)
+    try:
+        assert sibling.batch(RECORDS[:300])["pid"] == sibling.process.pid
+        assert sibling.batch_of(0, RECORDS[:100])["pid"] == sibling.process.pid  # another local dir
+        report = first.batch(RECORDS[300:])
+        assert report["how"] == "reused" and report["pid"] == sibling.process.pid
+        assert report["handed_from"] == os.getpid()
+        report = other.batch(RECORDS[100:200])
+        assert report["how"] == "reused" and report["handed_from"] == os.getpid()
+    finally:
+        sibling.stop()
+    assert first.state() == model_state(RECORDS)
+    assert other.state() == model_state(RECORDS[:200])
 
 
 def test_an_error_in_the_sibling_fails_the_task_and_the_retry_restores(tmp_path: Path) -> None:

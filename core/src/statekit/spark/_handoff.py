@@ -13,7 +13,9 @@ Flink never moves state between checkpoints:
   owner file per subtask (``<pid> <task attempt>``) in a private directory
   (``$TMPDIR/statekit-<uid>``, see below), and a Unix socket served by a
   daemon thread of that worker. Both are named after the executor's local
-  directory, so only workers of the same executor ever find each other.
+  directory, so only workers of the same executor ever find each other; a
+  worker that ran queries with different local directories
+  (``statekit.local-dir``) serves a socket under each of them.
 * A task whose subtask is open in a sibling worker, at exactly the attempt the
   driver's checkpoint recorded, connects to it and sends a header (the task's
   plan); the sibling accepts only if it still holds that attempt's state.
@@ -80,7 +82,9 @@ _BATCH, _HEARTBEAT, _DONE, _FAILED = b"B", b"H", b"D", b"E"
 _HANDSHAKE_TIMEOUT_S = 30.0
 _LEN = struct.Struct(">Q")
 _lock = threading.Lock()
-_server: _Server | None = None
+#: This worker's servers, one per socket path (an executor's local directory under a hand-off
+#: directory): a worker that ran tasks of queries with another statekit.local-dir serves them all.
+_servers: dict[str, _Server] = {}
 _warned = False
 #: Why this process cannot serve hand-offs (its Unix socket failed), None while it can.
 _serve_failure: str | None = None
@@ -365,15 +369,6 @@ class _Server:
         self.sock.listen(16)
         threading.Thread(target=self._accept, name="statekit-handoff", daemon=True).start()
 
-    def close(self) -> None:
-        """Stop accepting (its thread ends) and remove the socket; connections being served go on."""
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept (Linux)
-        with contextlib.suppress(OSError):
-            self.sock.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
-
     def _accept(self) -> None:
         while True:
             try:
@@ -454,22 +449,29 @@ class _PeerGone(Exception):
 
 
 def _serving(directory: str, local_root: str, accepts: Accepts, handle: Handle) -> _Server | None:
-    global _server, _serve_failure
+    """This worker's server for ``local_root`` in ``directory``: the one it has, or a new one.
+
+    A worker keeps serving every path it announced subtasks under: the owner
+    files of another query's subtasks (another ``statekit.local-dir``, or
+    another temporary directory) still name it there.
+    """
+    global _serve_failure
     path = _socket_path(directory, local_root, os.getpid())
     with _lock:
-        if _server is not None and _server.pid == os.getpid():
-            if _server.path == path:
-                return _server
-            _server.close()  # another directory or executor root (tests change TMPDIR): serve there
+        pid = os.getpid()
+        for known in [p for p, server in _servers.items() if server.pid != pid]:
+            del _servers[known]  # a forked parent's servers: its sockets, not this process's to close
+        server = _servers.get(path)
+        if server is not None:
+            return server
         try:
-            _server = _Server(path, accepts, handle)
+            server = _servers[path] = _Server(path, accepts, handle)
         except OSError as e:
-            _server = None
             _serve_failure = f"this Python worker cannot serve the Unix socket {path}: {e}"
             return None
         _serve_failure = None
         _collect_dead(directory)
-        return _server
+        return server
 
 
 def _collect_dead(directory: str) -> None:
