@@ -336,10 +336,18 @@ class _Sibling:
         self.process.start()
 
     def _serve(self, conn: Any) -> None:
+        import logging
+
         driver = self.driver
+        logged: list[str] = []  # what statekit.spark logs here, for ("log", None)
+        handler = logging.Handler()
+        handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+        logging.getLogger("statekit.spark").addHandler(handler)
         while True:
             command, arg = conn.recv()
-            if command == "batch":
+            if command == "log":
+                conn.send(list(logged))
+            elif command == "batch":
                 report = driver.batch(arg)
                 conn.send((report, driver.latest, driver.next_id))
             elif command == "batch-of":
@@ -364,6 +372,10 @@ class _Sibling:
         self.conn.send(("batch-of", (i, records)))
         report, self.others[i].latest, self.others[i].next_id = self.conn.recv()
         return report
+
+    def log(self) -> list[str]:
+        self.conn.send(("log", None))
+        return self.conn.recv()  # type: ignore[no-any-return]
 
     def call(self, command: str, arg: Any = None) -> None:
         self.conn.send((command, arg))
@@ -486,6 +498,62 @@ def test_a_sibling_holding_another_attempt_is_not_asked(tmp_path: Path) -> None:
         report = driver.batch(RECORDS[300:])
         assert report["handed_from"] is None and report["how"] == "local"
     finally:
+        sibling.stop()
+    assert driver.state() == model_state(RECORDS)
+
+
+def _stalling_requester(driver: Driver, records: list[dict[str, Any]]) -> None:
+    """A task that hands its rows to the sibling, then stops (SIGSTOP) before it sent them all."""
+    import os
+    import signal
+
+    plan = driver.plan()
+    assert plan.restore_location is not None
+    metadata = _Broadcast(driver.storage.read_metadata(plan.restore_location))
+    rows = [{**{c: r[c] for c in COLUMNS}, SUBTASK_COLUMN: 0, MARKER_COLUMN: False} for r in records]
+
+    def batches() -> Any:
+        yield pa.RecordBatch.from_pylist(rows[:100], schema=INPUT)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        yield pa.RecordBatch.from_pylist(rows[100:], schema=INPUT)
+
+    list(make_task(plan, metadata)(batches()))
+
+
+def test_a_requester_that_stops_mid_input_is_dropped_by_the_sibling_within_the_timeout(
+    tmp_path: Path,
+) -> None:
+    """The sibling's reads of a handed-off task's input are bounded: it drops the subtask and says so."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    driver = Driver(tmp_path, config={"statekit.spark.worker-handoff.timeout": 2})
+    sibling = _Sibling(driver)
+    requester = multiprocessing.get_context("fork").Process(
+        target=_stalling_requester, args=(driver, RECORDS[300:]), daemon=True
+    )
+    try:
+        sibling.batch(RECORDS[:300])
+        requester.start()
+        deadline = time.monotonic() + 120
+        dropped: list[str] = []
+        while not dropped and time.monotonic() < deadline:
+            time.sleep(0.2)
+            dropped = [m for m in sibling.log() if "Dropped subtask 0" in m]
+        assert dropped, "the sibling still waits for the stopped requester's input"
+        message = dropped[0]
+        assert f"Python worker {requester.pid}, which handed its rows here, sent none for 2" in message
+        assert "statekit.spark.worker-handoff.timeout" in message
+        assert "which the next task restores from the checkpoint" in message
+        # The sibling holds it no more: the task run again (Spark's retry) restores it here.
+        report = driver.batch(RECORDS[300:])
+        assert report["how"] == "local" and report["handed_from"] is None and report["pid"] == os.getpid()
+    finally:
+        if requester.pid is not None:
+            os.kill(requester.pid, signal.SIGKILL)
+            requester.join(10)
         sibling.stop()
     assert driver.state() == model_state(RECORDS)
 

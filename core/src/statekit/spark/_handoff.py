@@ -28,7 +28,10 @@ Flink never moves state between checkpoints:
   a sibling that sends nothing, not even a heartbeat, for
   ``statekit.spark.worker-handoff.timeout`` (a stopped or hung process):
   Spark's retry restores from the checkpoint, and the sibling, whose task run
-  did not finish, drops the state (as a failed task does).
+  did not finish, drops the state (as a failed task does). The sibling waits
+  as long at most for the task's input: a task that stops sending it ends the
+  run there too (:class:`InputStopped`; the handler drops what it took and
+  says so in its log).
 
 The directory is confined to the user (:mod:`statekit._localfs`): created
 with mode 0700, and refused if it is someone else's, a symlink, or writable
@@ -67,7 +70,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from .._errors import CheckpointError, UnsafeLocalPathError
 from .._localfs import private_dir, read_no_follow, write_atomically
 
-__all__ = ["Accepts", "Handle", "announce", "batch_status", "forward", "owner_of", "status"]
+__all__ = ["Accepts", "Handle", "InputStopped", "announce", "batch_status", "forward", "owner_of", "status"]
 
 #: Whether the process holds the state a header asks for (the header is the task's plan and ids).
 Accepts = Callable[[dict[str, Any]], bool]
@@ -219,7 +222,7 @@ def forward(
     if directory is None:
         return None
     path = _socket_path(directory, local_root, pid)
-    header = {**header, "heartbeat": _heartbeat_interval(timeout)}
+    header = {**header, "heartbeat": _heartbeat_interval(timeout), "timeout": timeout}
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(min(_HANDSHAKE_TIMEOUT_S, timeout))
@@ -305,8 +308,10 @@ class _Sender:
             with sock.makefile("wb") as f:
                 writer = pa.ipc.new_stream(f, first.schema)
                 writer.write_batch(first)
+                f.flush()  # each batch as it comes: the sibling works while more input arrives
                 for batch in rest:
                     writer.write_batch(batch)
+                    f.flush()
                 writer.close()
         except BaseException as e:  # noqa: BLE001 - handed to the task's thread (raise_failure)
             self.failure.append(e)
@@ -391,7 +396,10 @@ class _Server:
                     conn.sendall(_ACCEPT if ok else _DECLINE)
                     if not ok:
                         return
-                    conn.settimeout(None)
+                    # Every wait for the task that handed off is bounded too: its input may stop
+                    # (a stopped or hung process), and the subtask it asked for is out of the cache.
+                    timeout = header.get("timeout")
+                    conn.settimeout(float(timeout) if isinstance(timeout, (int, float)) else None)
                     self._run(header, rf, conn)
             except (OSError, EOFError, pickle.UnpicklingError, _PeerGone):
                 return  # the task that asked went away; it fails or runs the task itself
@@ -420,7 +428,7 @@ class _Server:
         threading.Thread(target=beat, name="statekit-handoff-heartbeat", daemon=True).start()
         outputs: Iterator[Any] | None = None
         try:
-            outputs = self.handle(header, iter(pa.ipc.open_stream(rf)))
+            outputs = self.handle(header, _input(rf, header))
             for batch in outputs:
                 data = _batch_bytes(batch)
                 send(_BATCH + _LEN.pack(data.size), memoryview(data))
@@ -428,6 +436,10 @@ class _Server:
             send(_DONE)
         except _PeerGone:
             return  # the task that handed off is gone: nothing to tell it
+        except InputStopped:
+            # Its task fails there (Spark retries it). The handler heard of it through its input
+            # and said what it did; the run here did not finish: closing it below ends it.
+            return
         except BaseException as e:  # noqa: BLE001 - the task that handed off raises it
             ended.set()
             with contextlib.suppress(Exception):
@@ -446,6 +458,21 @@ class _Server:
 
 class _PeerGone(Exception):
     """The task that handed off closed its connection (it failed, or gave up waiting)."""
+
+
+class InputStopped(Exception):
+    """A handed-off task sent no input for the hand-off's timeout; raised through the handler's input."""
+
+
+def _input(rf: Any, header: dict[str, Any]) -> Iterator[Any]:
+    """The input batches a handed-off task streams here; its silence past the timeout ends them."""
+    try:
+        yield from pa.ipc.open_stream(rf)
+    except TimeoutError as e:
+        raise InputStopped(
+            f"Python worker {header.get('from')}, which handed its rows here, sent none for "
+            f"{header.get('timeout')} s (statekit.spark.worker-handoff.timeout): it is stopped or hung"
+        ) from e
 
 
 def _serving(directory: str, local_root: str, accepts: Accepts, handle: Handle) -> _Server | None:

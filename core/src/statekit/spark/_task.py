@@ -14,9 +14,11 @@ closes every subtask it touched: a retried task restores.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import _handoff
 from ._acquire import RestoreSource
 from ._cache import reset_cache
 from ._loops import fire_timers, process_groups, process_records
@@ -28,6 +30,7 @@ from ._task_handoff import announce, hand_off
 __all__ = ["make_task", "reset_cache"]
 
 _LOCAL_ATTEMPTS = itertools.count()  # attempt ids outside Spark (tests)
+_LOG = logging.getLogger("statekit.spark")
 
 
 def make_task(plan: TaskPlan, metadata: Any) -> Callable[[Iterator[Any]], Iterator[Any]]:
@@ -101,6 +104,17 @@ def _run_partition(
         handles = run.out.handles([r.to_json() for r in reports])
         done = True
         yield handles
+    except _handoff.InputStopped as e:
+        # A sibling's task that handed its rows here stopped sending them: its task fails there.
+        held = sorted(run.active)
+        _LOG.warning(
+            "statekit: %s. %s",
+            e,
+            f"Dropped subtask {held[0]}, which the next task restores from the checkpoint"
+            if held
+            else "The subtask it asked for stays open here",
+        )
+        raise
     finally:
         if not done:
             for st in run.active.values():
