@@ -15,6 +15,7 @@ from typing import Any
 
 from ..sources import BadRecord, BadRecordPolicy
 from ..sources._deadletters import DeadLetterDir, file_part
+from ._arrow_values import Unconvertible
 from ._plan import TaskPlan
 
 __all__ = ["BadKeys"]
@@ -30,7 +31,7 @@ class BadKeys:
         self._policy: BadRecordPolicy | None = None
 
     def reject(self, record: Mapping[str, Any], place: str | None) -> None:
-        """A row routed to no subtask (its key is null, or refused by the key serializer): a bad record.
+        """A row routed to no subtask (its key is null, not a Python value, or refused): a bad record.
 
         It goes to ``statekit.bad-records.policy`` with the micro-batch, the
         file Spark read it from (when it knows) and the row's values.
@@ -41,7 +42,9 @@ class BadKeys:
         plan = self.plan
         key = record.get(plan.key_column)
         error: Exception = ValueError(f"null key in column {plan.key_column!r}: every record needs a key")
-        if key is not None:
+        if isinstance(key, Unconvertible):
+            error = key.describe(plan.key_column)
+        elif key is not None:
             try:
                 plan.key_serializer.serialize(key)
                 error = ValueError(f"key {key!r} of column {plan.key_column!r} has no key group")

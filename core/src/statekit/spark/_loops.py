@@ -23,6 +23,7 @@ from ..runtime._columnar import group_runs
 from ..runtime._function import KeyedBatchFunction, fire_timer_results
 from ..runtime._subtask import Subtask
 from ..timers import MAX_WATERMARK, EventTime, TimeDomain
+from ._arrow_values import Unconvertible, rows_of, values_of
 from ._output import FLUSH_ROWS, TaskOutput
 from ._routing import MARKER_COLUMN, PLACE_COLUMN, SUBTASK_COLUMN
 from ._run import SubtaskCounts, TaskRun
@@ -50,7 +51,9 @@ def process_records(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
         t = clock()
         subtasks = batch.column(SUBTASK_COLUMN).to_pylist()
         markers = batch.column(MARKER_COLUMN).to_pylist()
-        records = batch.select(list(plan.input_columns)).to_pylist()
+        records, whole = rows_of(batch.select(list(plan.input_columns)))
+        if not whole:
+            _refuse_unconvertible(records, subtasks)
         times = event_times(batch, et) if et is not None else None
         late_rows: list[int] = []
         places = batch.column(PLACE_COLUMN).to_pylist() if None in subtasks else None
@@ -115,7 +118,7 @@ def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
     batch = pa.Table.from_batches(received).combine_chunks().to_batches()[0]
     subtasks = batch.column(SUBTASK_COLUMN).to_pylist()
     markers = batch.column(MARKER_COLUMN).to_pylist()
-    keys = batch.column(plan.key_column).to_pylist()
+    keys = values_of(batch.column(plan.key_column))
     bad_keys.rows_read += len(markers) - sum(markers)
     if None in subtasks:  # rows without a key group: bad records, never in a group
         _reject_unrouted(run, batch, subtasks)
@@ -185,9 +188,22 @@ def _reject_unrouted(run: TaskRun, batch: Any, subtasks: list[int | None]) -> No
     """The rows of ``batch`` routed to no subtask (``subtasks`` says which), to the bad-records policy."""
     bad = pa.array([row for row, index in enumerate(subtasks) if index is None], pa.int64())
     places = batch.column(PLACE_COLUMN).take(bad).to_pylist()
-    rejected = batch.select(list(run.plan.input_columns)).take(bad).to_pylist()
+    rejected, _ = rows_of(batch.select(list(run.plan.input_columns)).take(bad))
     for record, place in zip(rejected, places):
         run.bad_keys.reject(record, place)
+
+
+def _refuse_unconvertible(records: list[dict[str, Any]], subtasks: list[int | None]) -> None:
+    """Fail on a row routed to a subtask with a value Python cannot hold (its key has one: it is bad).
+
+    Raises:
+        ValueError: Naming the value and its column.
+    """
+    for record, index in zip(records, subtasks):
+        if index is not None:
+            for name, value in record.items():
+                if isinstance(value, Unconvertible):
+                    raise value.describe(name)
 
 
 def fire_timers(run: TaskRun) -> Iterator[Any]:
