@@ -9,7 +9,10 @@ newest completes checkpoints), ``_locations`` (paths and URLs to the
 checkpoint's files without restoring it), ``_local_recovery`` (local copies
 of the files a process wrote, read before the storage: task-local recovery)
 and ``_coordinator`` (``CheckpointCoordinator``: the checkpoints of one run of
-a job: ids, fencing, completion, retention, which checkpoint to restore).
+a job, for the LocalRunner and the Spark driver alike: ids, fencing,
+completion, native completion notifications, aborting, retention, which
+checkpoint ``restore="latest"`` takes; a ``CheckpointPolicy`` holds what a
+runner decides for itself).
 
 What it may import: ``timers``, ``_contracts``, ``state``, ``snapshots``,
 ``serialization``, ``plugins`` (a location names its storage plugin) and
