@@ -326,7 +326,7 @@ def spark_side(spark: Any, logs: str, parallelism: int) -> list[tuple[float, flo
 
 def print_breakdown(infos: list[Any], spark_times: list[tuple[float, float]], parallelism: int) -> None:
     """Per micro-batch: where statekit's wall time went (driver phases; task phases per task, averaged)."""
-    from statekit.spark._task import TASK_PHASES
+    from statekit.spark._plan import TASK_PHASES
 
     print()
     print("breakdown per micro-batch (seconds). Driver wall time, then what the Python tasks spent, averaged")

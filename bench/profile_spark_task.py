@@ -27,8 +27,9 @@ import pyarrow as pa
 from statekit import Configuration
 from statekit.serialization._keygroups import key_group_for_bytes, operator_index_for_key_group
 from statekit.serialization._serializers import StrSerializer
+from statekit.spark._plan import TaskPlan
 from statekit.spark._routing import MARKER_COLUMN, SUBTASK_COLUMN
-from statekit.spark._task import TaskPlan, make_task, reset_cache
+from statekit.spark._task import make_task, reset_cache
 from statekit_urlcount import CountPerUrl, CountPerUrlVectorized
 
 

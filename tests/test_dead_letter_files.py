@@ -121,7 +121,7 @@ def test_a_relative_path_on_spark_connect_is_refused_and_on_a_driver_made_absolu
 ) -> None:
     pytest.importorskip("pyspark")
     from statekit import Configuration
-    from statekit.spark._driver import resolve_dead_letters
+    from statekit.spark._jobspec import resolve_dead_letters
 
     conf = Configuration.from_mapping(
         {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections import Counter
 from pathlib import Path
@@ -118,3 +119,65 @@ def test_keys_the_serializer_refuses_take_the_python_pass_into_dead_letters(
     assert len(letters) == nulls and {x["batch"] for x in letters} == {0}
     assert {x["query_id"] for x in letters} == {"static"} and all(x["file"] is None for x in letters)
     assert sorted(eval(x["raw"])["bytes"] for x in letters) == [r[2] for r in rows if r[0] is None]  # noqa: S307
+
+
+#: Microseconds since the epoch of a timestamp in the year 201841: Spark holds it, Python's datetime cannot.
+OUT_OF_RANGE = 6_307_200_000_000_000_000
+
+
+def _timestamp_keys(session: Any, every: int) -> Any:
+    """120 rows keyed by a timestamp; every ``every``-th one (from the third) past Python's datetime range."""
+    from pyspark.sql import functions as F
+
+    return session.range(0, 120, numPartitions=2).select(
+        F.when(F.col("id") % every == 3, F.timestamp_micros(F.lit(OUT_OF_RANGE)))
+        .otherwise(F.timestamp_micros(F.col("id") % 7 * 1_000_000))
+        .alias("url"),
+        F.lit("GET").alias("request"),
+        F.col("id").alias("bytes"),
+    )
+
+
+@pytest.mark.parametrize("function", [CountUrls, CountUrlsBatch], ids=["per-record", "vectorized"])
+def test_keys_python_cannot_hold_are_bad_records_row_by_row(
+    session: Any, job_id: str, tmp_path: Path, function: Any
+) -> None:
+    """A key Arrow cannot convert to Python (a timestamp past the year 9999): a bad record, no failed task."""
+    from statekit.serializers import PickleSerializer
+
+    session.conf.set("spark.statekit.checkpoints.dir", str(tmp_path / "statekit"))
+    session.conf.set("spark.statekit.parallelism", "2")
+    session.conf.set("spark.statekit.bad-records.policy", "dead-letter")
+    session.conf.set("spark.statekit.bad-records.dead-letter-path", str(tmp_path / "dead"))
+    df = _timestamp_keys(session, every=10)
+    info = (
+        keyed(df, "url", key_type=PickleSerializer())
+        .process(function, "url timestamp, n long", job_id=job_id)
+        .run()
+    )
+    assert (info.bad_records, info.records) == (12, 108)
+    letters = letters_in(tmp_path / "dead")
+    # The raw row shows the key as Arrow holds it, with why Python cannot.
+    assert sorted(int(re.search(r"'bytes': (\d+)", x["raw"])[1]) for x in letters) == list(range(3, 120, 10))
+    for x in letters:
+        assert x["stage"] == "key" and x["batch"] == 0, x
+        assert x["error"].startswith(f"ValueError: value {OUT_OF_RANGE} (timestamp[us, tz="), x["error"]
+        assert "of column 'url' cannot be converted to Python" in x["error"], x["error"]
+        assert f"'url': <{OUT_OF_RANGE} (timestamp[us, tz=" in x["raw"] and "out of range" in x["raw"]
+
+
+def test_under_fail_a_key_python_cannot_hold_stops_the_batch_naming_it(
+    session: Any, job_id: str, tmp_path: Path
+) -> None:
+    from statekit.serializers import PickleSerializer
+
+    session.conf.set("spark.statekit.checkpoints.dir", str(tmp_path / "statekit"))
+    session.conf.set("spark.statekit.parallelism", "2")
+    with pytest.raises(Exception) as info:
+        keyed(_timestamp_keys(session, every=1000), "url", key_type=PickleSerializer()).process(
+            CountUrls, "url timestamp, n long", job_id=job_id
+        ).run()
+    message = str(info.value)
+    assert "BadRecordError: bad record (key) at micro-batch 0: ValueError: value " in message, message
+    assert f"{OUT_OF_RANGE} (timestamp[us" in message and "cannot be converted to Python" in message
+    assert FileSystemCheckpointStorage(str(tmp_path / "statekit")).latest_checkpoint(job_id) is None

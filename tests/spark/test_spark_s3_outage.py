@@ -93,10 +93,11 @@ def test_endpoint_stops_mid_upload_the_batch_fails_and_the_restarted_query_is_ex
     orphans = [k for k in stored if k.startswith(f"{job}/shared/") and k not in kept]
     assert orphans, stored  # the failed attempt's SST uploads, which it could not delete
 
-    # The user restarts the query, same checkpoint location: Spark runs micro-batch 2 again.
+    # The user restarts the query, same checkpoint location: Spark runs micro-batch 2 again, into
+    # chk-4 (the failed query never recorded an end: chk-3 is skipped, as on the LocalRunner).
     query = start()
     query.awaitTermination()
-    assert storage.latest_checkpoint(job) == f"s3://{BUCKET}/{prefix}/{job}/chk-5"
+    assert storage.latest_checkpoint(job) == f"s3://{BUCKET}/{prefix}/{job}/chk-6"
     assert_exact_state(storage, job, records)
     assert_exact_outputs(tmp_path / "out", records)
     # Nothing of the failed attempt is left: one checkpoint (retained 1), the shared files it
@@ -104,7 +105,7 @@ def test_endpoint_stops_mid_upload_the_batch_fails_and_the_restarted_query_is_ex
     stored = keys(faulty, prefix)
     wanted = shared_keys(storage, storage.latest_checkpoint(job), job)
     assert wanted and {k for k in stored if k.startswith(f"{job}/shared/")} == wanted
-    assert {k.split("/")[1] for k in stored} == {"chk-5", "shared", "runs"}
+    assert {k.split("/")[1] for k in stored} == {"chk-6", "shared", "runs"}
 
 
 def shared_keys(storage: Any, location: str, job: str) -> set[str]:

@@ -18,8 +18,10 @@ from statekit.checkpoints._metadata import SubtaskState
 from statekit.checkpoints._writing import complete_checkpoint
 from statekit.serializers import StrSerializer
 from statekit.spark._driver import ATTEMPTS_PROPERTY, TOKEN_PROPERTY
+from statekit.spark._output import TaskOutput
+from statekit.spark._plan import HANDLE_COLUMN, TaskPlan
 from statekit.spark._routing import MARKER_COLUMN, SUBTASK_COLUMN
-from statekit.spark._task import HANDLE_COLUMN, TaskPlan, _Output, make_task, reset_cache
+from statekit.spark._task import make_task, reset_cache
 from statekit_storage import FileSystemCheckpointStorage
 
 RECORDS = make_records(600)
@@ -87,7 +89,9 @@ class Driver:
         vectorized: bool = False,
         config: dict[str, Any] | None = None,
         local_dir: str | None = None,
+        job_id: str = "unit",
     ) -> None:
+        self.job_id = job_id
         self.vectorized = vectorized
         self.local_dir = local_dir or str(tmp_path / "executor")  # one executor's local directory
         self.config = config or {}
@@ -99,7 +103,7 @@ class Driver:
 
     def plan(self, *, run_id: str = "run-1") -> TaskPlan:
         return TaskPlan(
-            job_id="unit", operator_id="process", run_id=run_id, checkpoint_id=self.next_id,
+            job_id=self.job_id, operator_id="process", run_id=run_id, checkpoint_id=self.next_id,
             token=uuid.uuid4().hex, restore_location=self.latest[0] if self.latest else None,
             restore_token=self.latest[1] if self.latest else None,
             restore_attempts=self.latest[2] if self.latest else {}, parallelism=1, max_parallelism=128,
@@ -126,7 +130,7 @@ class Driver:
 
     def complete(self, plan: TaskPlan, report: dict[str, Any]) -> None:
         location = complete_checkpoint(
-            self.storage.begin_checkpoint("unit", plan.checkpoint_id), job_id="unit",
+            self.storage.begin_checkpoint(self.job_id, plan.checkpoint_id), job_id=self.job_id,
             checkpoint_id=plan.checkpoint_id, max_parallelism=128,
             subtasks=[SubtaskState.from_json(report["state"])],
             properties={TOKEN_PROPERTY: plan.token, ATTEMPTS_PROPERTY: {"0": report["attempt"]}},
@@ -142,7 +146,9 @@ class Driver:
         return report
 
     def state(self) -> dict[str, Any]:
-        runner = LocalRunner(CountUrls, key_selector=lambda r: r["url"], storage=self.storage, job_id="unit")
+        runner = LocalRunner(
+            CountUrls, key_selector=lambda r: r["url"], storage=self.storage, job_id=self.job_id
+        )
         runner.restore(self.latest[0] if self.latest else "latest")
         return state_of_runner(runner)
 
@@ -240,7 +246,7 @@ def test_output_records_are_tuples_rows_dicts_or_single_values() -> None:
     from pyspark.sql import Row
 
     plan = Driver(Path("/nonexistent")).plan()
-    out = _Output(plan)
+    out = TaskOutput(plan)
     for record in [("a", 1), ["b", 2], Row(url="c", n=3), {"url": "d", "n": 4}, {"n": 5}]:
         out.add(record)
     batch = out.flush()
@@ -261,7 +267,7 @@ def test_output_columns_and_records_keep_their_order() -> None:
     import numpy as np
     import pandas as pd
 
-    out = _Output(Driver(Path("/nonexistent")).plan())
+    out = TaskOutput(Driver(Path("/nonexistent")).plan())
     assert out.add_columns({"url": ["a", "b"], "n": range(1, 3)}) == 2
     out.add(("c", 3))
     out.add_columns(pa.record_batch({"n": pa.array([4, 5], pa.int32()), "url": ["d", "e"]}))
@@ -319,22 +325,34 @@ class _Sibling:
     its process there; ``("quit", None)`` ends it.
     """
 
-    def __init__(self, driver: Driver) -> None:
+    def __init__(self, driver: Driver, *others: Driver) -> None:
         import multiprocessing
 
         self.driver = driver
+        self.others = others  # ("batch-of", (i, records)) runs a batch of others[i] there
         ctx = multiprocessing.get_context("fork")
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=self._serve, args=(child,), daemon=True)
         self.process.start()
 
     def _serve(self, conn: Any) -> None:
+        import logging
+
         driver = self.driver
+        logged: list[str] = []  # what statekit.spark logs here, for ("log", None)
+        handler = logging.Handler()
+        handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+        logging.getLogger("statekit.spark").addHandler(handler)
         while True:
             command, arg = conn.recv()
-            if command == "batch":
+            if command == "log":
+                conn.send(list(logged))
+            elif command == "batch":
                 report = driver.batch(arg)
                 conn.send((report, driver.latest, driver.next_id))
+            elif command == "batch-of":
+                other = self.others[arg[0]]
+                conn.send((other.batch(arg[1]), other.latest, other.next_id))
             elif command == "arm":
                 FailOnce.countdown = arg
                 conn.send(None)
@@ -349,6 +367,15 @@ class _Sibling:
         self.conn.send(("batch", records))
         report, self.driver.latest, self.driver.next_id = self.conn.recv()
         return report
+
+    def batch_of(self, i: int, records: list[dict[str, Any]]) -> dict[str, Any]:
+        self.conn.send(("batch-of", (i, records)))
+        report, self.others[i].latest, self.others[i].next_id = self.conn.recv()
+        return report
+
+    def log(self) -> list[str]:
+        self.conn.send(("log", None))
+        return self.conn.recv()  # type: ignore[no-any-return]
 
     def call(self, command: str, arg: Any = None) -> None:
         self.conn.send((command, arg))
@@ -380,6 +407,32 @@ def test_a_task_hands_its_rows_to_the_sibling_worker_whose_state_is_open(
     finally:
         sibling.stop()
     assert driver.state() == model_state(RECORDS + RECORDS[:100])
+
+
+def test_a_sibling_serves_hand_offs_under_every_local_directory_it_held_state_in(tmp_path: Path) -> None:
+    """A worker that ran a query with another statekit.local-dir still serves the first query's tasks.
+
+    Its server used to move to the directory of the latest announcement, so the
+    owner files of the first query's subtasks named a socket nobody served: their
+    tasks restored instead of handing off (shared Spark sessions of tests met it).
+    """
+    import os
+
+    first = Driver(tmp_path / "first")
+    other = Driver(tmp_path / "other", local_dir=str(tmp_path / "other-executor"), job_id="other")
+    sibling = _Sibling(first, other)
+    try:
+        assert sibling.batch(RECORDS[:300])["pid"] == sibling.process.pid
+        assert sibling.batch_of(0, RECORDS[:100])["pid"] == sibling.process.pid  # another local dir
+        report = first.batch(RECORDS[300:])
+        assert report["how"] == "reused" and report["pid"] == sibling.process.pid
+        assert report["handed_from"] == os.getpid()
+        report = other.batch(RECORDS[100:200])
+        assert report["how"] == "reused" and report["handed_from"] == os.getpid()
+    finally:
+        sibling.stop()
+    assert first.state() == model_state(RECORDS)
+    assert other.state() == model_state(RECORDS[:200])
 
 
 def test_an_error_in_the_sibling_fails_the_task_and_the_retry_restores(tmp_path: Path) -> None:
@@ -445,6 +498,62 @@ def test_a_sibling_holding_another_attempt_is_not_asked(tmp_path: Path) -> None:
         report = driver.batch(RECORDS[300:])
         assert report["handed_from"] is None and report["how"] == "local"
     finally:
+        sibling.stop()
+    assert driver.state() == model_state(RECORDS)
+
+
+def _stalling_requester(driver: Driver, records: list[dict[str, Any]]) -> None:
+    """A task that hands its rows to the sibling, then stops (SIGSTOP) before it sent them all."""
+    import os
+    import signal
+
+    plan = driver.plan()
+    assert plan.restore_location is not None
+    metadata = _Broadcast(driver.storage.read_metadata(plan.restore_location))
+    rows = [{**{c: r[c] for c in COLUMNS}, SUBTASK_COLUMN: 0, MARKER_COLUMN: False} for r in records]
+
+    def batches() -> Any:
+        yield pa.RecordBatch.from_pylist(rows[:100], schema=INPUT)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        yield pa.RecordBatch.from_pylist(rows[100:], schema=INPUT)
+
+    list(make_task(plan, metadata)(batches()))
+
+
+def test_a_requester_that_stops_mid_input_is_dropped_by_the_sibling_within_the_timeout(
+    tmp_path: Path,
+) -> None:
+    """The sibling's reads of a handed-off task's input are bounded: it drops the subtask and says so."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    driver = Driver(tmp_path, config={"statekit.spark.worker-handoff.timeout": 2})
+    sibling = _Sibling(driver)
+    requester = multiprocessing.get_context("fork").Process(
+        target=_stalling_requester, args=(driver, RECORDS[300:]), daemon=True
+    )
+    try:
+        sibling.batch(RECORDS[:300])
+        requester.start()
+        deadline = time.monotonic() + 120
+        dropped: list[str] = []
+        while not dropped and time.monotonic() < deadline:
+            time.sleep(0.2)
+            dropped = [m for m in sibling.log() if "Dropped subtask 0" in m]
+        assert dropped, "the sibling still waits for the stopped requester's input"
+        message = dropped[0]
+        assert f"Python worker {requester.pid}, which handed its rows here, sent none for 2" in message
+        assert "statekit.spark.worker-handoff.timeout" in message
+        assert "which the next task restores from the checkpoint" in message
+        # The sibling holds it no more: the task run again (Spark's retry) restores it here.
+        report = driver.batch(RECORDS[300:])
+        assert report["how"] == "local" and report["handed_from"] is None and report["pid"] == os.getpid()
+    finally:
+        if requester.pid is not None:
+            os.kill(requester.pid, signal.SIGKILL)
+            requester.join(10)
         sibling.stop()
     assert driver.state() == model_state(RECORDS)
 
@@ -595,7 +704,7 @@ def test_a_local_recovery_directory_another_user_prepared_turns_local_recovery_o
     import shutil
     import tempfile
 
-    from statekit.spark._driver import _local_recovery_status
+    from statekit.spark._batchinfo import local_recovery_status
 
     top = tempfile.mkdtemp(prefix="statekit-lr-", dir="/tmp")
     try:
@@ -627,7 +736,10 @@ def test_a_local_recovery_directory_another_user_prepared_turns_local_recovery_o
                 f"off: the local-recovery directory {shared}/statekit/local-recovery belongs to user id "
             )
             assert f"user id {second_user.uid}, not to the running user" in why
-        assert _local_recovery_status([first, second]) == first["local_recovery"]
+        assert (
+            local_recovery_status([first["local_recovery"], second["local_recovery"]])
+            == first["local_recovery"]
+        )
         assert second["how"] == "remote" and second["copies_rejected"] == 0
         assert os.listdir(secret) == ["keep"]  # nothing written, nothing deleted
         assert os.readlink(os.path.join(op, "files")) == secret

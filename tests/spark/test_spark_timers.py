@@ -13,7 +13,7 @@ from sparkjobs import flaky_windowed_count
 
 from statekit import EventTime
 from statekit.spark import keyed
-from statekit.spark._driver import Coordinator
+from statekit.spark._driver import MicroBatchDriver
 from statekit.timers import MAX_WATERMARK, MIN_WATERMARK
 
 MINUTE = 60_000
@@ -164,7 +164,7 @@ def test_a_checkpoint_at_the_end_of_time_warns_when_rows_arrive(
     batches = _batches(seed=5, n_batches=2, per_batch=40)
     out: tuple[dict[int, list[Any]], dict[int, int]] = ({}, {})
     with monkeypatch.context() as m:  # what statekit wrote before: the end of time as the watermark
-        m.setattr(Coordinator, "_next_watermark", lambda self, current, reports, source: MAX_WATERMARK)
+        m.setattr(MicroBatchDriver, "_next_watermark", lambda self, current, reports, source: MAX_WATERMARK)
         first = _run_batch(session, job_id, 0, batches[0], out, end_of_input=True)
     assert first.watermark == MAX_WATERMARK and out[0][0]
     with pytest.warns(RuntimeWarning, match="end of time") as caught:

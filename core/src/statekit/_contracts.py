@@ -17,6 +17,7 @@ from .serialization._serializers import TypeSerializer
 from .snapshots._native import COMPLETION_CONTRACT, NativeSnapshot, NativeStateHandle
 from .snapshots._snapshot import KeyedStateHandle, StreamStateHandle
 from .state._operator import BroadcastState, OperatorListState, OperatorSnapshot
+from .state._parameters import KeyedBackendParameters
 from .state._state import ListStateDescriptor, MapStateDescriptor, StateDescriptor
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "SupportsNativeSnapshot",
     "SupportsOrphanCleanup",
     "SupportsRunFencing",
+    "create_keyed_backend",
 ]
 
 
@@ -318,6 +320,24 @@ class SupportsRunFencing(Protocol):
 
     def end_run(self, job_id: str, run_id: str) -> None:
         """Mark run ``run_id`` as ended (best effort): a run that takes over after it need not wait for it."""
+
+
+def create_keyed_backend(backend: StateBackend, parameters: KeyedBackendParameters) -> KeyedStateBackend:
+    """A keyed backend of ``backend`` made from ``parameters``: the one place statekit passes them on.
+
+    Runners and tools describe a subtask's keyed backend with one
+    :class:`~statekit.state._parameters.KeyedBackendParameters`; the keyword
+    arguments of :meth:`StateBackend.create_keyed_backend` (what a backend
+    implements) are filled here and nowhere else.
+    """
+    return backend.create_keyed_backend(
+        key_serializer=parameters.key_serializer,
+        key_group_range=parameters.key_group_range,
+        max_parallelism=parameters.max_parallelism,
+        clock=parameters.clock,
+        key_cache_size=parameters.key_cache_size,
+        local_dir=parameters.local_dir,
+    )
 
 
 if SupportsNativeSnapshot.__doc__ is not None:  # None under python -OO

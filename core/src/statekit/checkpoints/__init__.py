@@ -6,8 +6,13 @@ entry), ``_writing`` (subtasks' files, then ``_metadata`` last),
 (which subtask restores which state: restore plans), ``_fencing`` (of two runs of one job, only the
 newest completes checkpoints), ``_locations`` (paths and URLs to the
 ``filesystem`` storage that reaches them), ``_verify`` (checking a
-checkpoint's files without restoring it) and ``_local_recovery`` (local copies
-of the files a process wrote, read before the storage: task-local recovery).
+checkpoint's files without restoring it), ``_local_recovery`` (local copies
+of the files a process wrote, read before the storage: task-local recovery)
+and ``_coordinator`` (``CheckpointCoordinator``: the checkpoints of one run of
+a job, for the LocalRunner and the Spark driver alike: ids, fencing,
+completion, native completion notifications, aborting, retention, which
+checkpoint ``restore="latest"`` takes; a ``CheckpointPolicy`` holds what a
+runner decides for itself).
 
 What it may import: ``timers``, ``_contracts``, ``state``, ``snapshots``,
 ``serialization``, ``plugins`` (a location names its storage plugin) and

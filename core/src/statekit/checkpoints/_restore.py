@@ -20,6 +20,7 @@ from .._contracts import (
     OperatorStateBackend,
     StateBackend,
     SupportsNativeSnapshot,
+    create_keyed_backend,
 )
 from .._errors import (
     CheckpointError,
@@ -44,6 +45,7 @@ from ..state._operator import (
     decode_operator_snapshot,
     redistribute_operator_state,
 )
+from ..state._parameters import KeyedBackendParameters
 from ._metadata import CheckpointMetadata, SubtaskState, metadata_at, naming_damage, typed
 
 __all__ = ["CompletedCheckpoint", "load_checkpoint"]
@@ -211,12 +213,13 @@ class CompletedCheckpoint:
         closed on exit, ``local_dir`` is its working directory.
         """
         handles = self.native_handles(operator_id, subtask.key_group_range)
-        keyed = backend.create_keyed_backend(
-            key_serializer=serializer_from_config(handles[0].key_serializer),
-            key_group_range=subtask.key_group_range,
-            max_parallelism=self.metadata.max_parallelism,
+        parameters = KeyedBackendParameters(
+            serializer_from_config(handles[0].key_serializer),
+            subtask.key_group_range,
+            self.metadata.max_parallelism,
             local_dir=local_dir,
         )
+        keyed = create_keyed_backend(backend, parameters)
         try:
             if not isinstance(keyed, SupportsNativeSnapshot):
                 raise CheckpointError(

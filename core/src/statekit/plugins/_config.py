@@ -263,7 +263,8 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "On Spark: seconds a task that handed its rows to a sibling Python worker waits for any "
         "word from it (output, or the heartbeat it sends while it works) before it fails, naming "
         "the worker; Spark's retry then restores the subtask from the checkpoint. Guards against "
-        "a sibling that is stopped or hung.", minimum=0.1),
+        "a sibling that is stopped or hung; the sibling waits as long for the task's rows, then "
+        "drops the subtask and logs it.", minimum=0.1),
     ConfigOption("statekit.checkpoint.interval-records", int, 0,
         "Embedded runner: records between checkpoints; off (or 0, the default) turns periodic "
         "checkpoints off.", minimum=1, off=0),

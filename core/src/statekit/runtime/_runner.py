@@ -15,7 +15,7 @@ one would.
 
 The runner keeps the subtasks and routes records to them; the rest it hands
 to collaborators, as Flink does: checkpoints to a
-:class:`~statekit.runtime._coordinator.CheckpointCoordinator`, the input (its
+:class:`~statekit.checkpoints._coordinator.CheckpointCoordinator`, the input (its
 position, reading it, bad records) to a
 :class:`~statekit.runtime._sources.SourceReader`, and time (the watermark, late
 records, firing timers) to a :class:`~statekit.runtime._time.TimeCoordinator`.
@@ -24,56 +24,43 @@ records, firing timers) to a :class:`~statekit.runtime._time.TimeCoordinator`.
 from __future__ import annotations
 
 import contextlib
-import shutil
-import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from .._contracts import (
     CheckpointStorage,
     CheckpointWriter,
-    KeyedStateBackend,
     StateBackend,
-    SupportsNativeSnapshot,
 )
 from .._errors import CheckpointError
+from ..checkpoints._coordinator import CheckpointCoordinator, CheckpointPolicy
 from ..checkpoints._fencing import RunFence
 from ..checkpoints._metadata import SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
 from ..checkpoints._retention import highest_checkpoint_id
-from ..checkpoints._writing import write_subtask_state
 from ..plugins._config import Configuration
 from ..plugins._registry import PluginRegistry, default_registry
 from ..serialization._keygroups import (
     compute_default_max_parallelism,
-    key_group_for_bytes,
-    key_group_range_for_operator,
-    operator_index_for_key_group,
     validate_parallelism,
 )
 from ..serialization._serializers import serializer_for
 from ..sources._badrecords import BadRecord, BadRecordPolicy
-from ..sources._deadletters import DEAD_LETTERS_PROPERTY, StagedDeadLetters
 from ..sources._logsource import LogSource
-from ..state._operator import OperatorStateBackendImpl
 from ..state._ttl import Clock, system_clock
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, NO_TIMER
 from ..timers._eventtime import EventTime
-from ..timers._service import TimeDomain, TimerService
-from ._columnar import group_runs, output_rows, require_pyarrow
-from ._coordinator import CheckpointCoordinator
+from ._batches import process_as_batch, process_one_by_one
+from ._configured import checkpoint_storage_from_config, state_backend_from_config
 from ._function import (
     KeyedBatchFunction,
     KeyedProcessFunction,
-    OnTimerContext,
-    ProcessContext,
     RuntimeContext,
-    fire_timers,
-    timer_service_for,
 )
-from ._localdirs import create_instance_dir
+from ._letters import JobDeadLetters
 from ._sources import (
     SOURCE_OPERATOR,
     FileSource,
@@ -82,7 +69,8 @@ from ._sources import (
     ReplayableSource,
     SourceReader,
 )
-from ._time import TimeCoordinator
+from ._subtasks import OperatorSubtasks
+from ._time import TimeCoordinator, end_of_time_message
 
 __all__ = [
     "FileSource",
@@ -90,41 +78,7 @@ __all__ = [
     "RecordSource",
     "ReplayableSource",
     "RunResult",
-    "checkpoint_storage_from_config",
-    "state_backend_from_config",
 ]
-
-
-def state_backend_from_config(config: Configuration, registry: PluginRegistry | None = None) -> StateBackend:
-    """The state backend ``statekit.backend`` names, with its options."""
-    reg = registry or default_registry()
-    name = config.backend_name
-    backend: StateBackend = reg.create_backend(name, config.plugin_options("backend", name))
-    return backend
-
-
-def checkpoint_storage_from_config(
-    config: Configuration, registry: PluginRegistry | None = None
-) -> CheckpointStorage:
-    """The checkpoint storage ``statekit.checkpoint.storage`` names, with its options.
-
-    ``statekit.checkpoints.dir`` and ``statekit.savepoints.dir`` reach the
-    storage as its options ``checkpoints-dir`` and ``savepoints-dir``.
-    """
-    reg = registry or default_registry()
-    name = config.storage_name
-    opts: dict[str, object] = dict(config.plugin_options("storage", name))
-    spec = reg.storage_spec(name)
-    declared = {o.name for o in spec.options}
-    for key, opt in (
-        ("statekit.checkpoints.dir", "checkpoints-dir"),
-        ("statekit.savepoints.dir", "savepoints-dir"),
-    ):
-        value = config.get(key)
-        if value is not None and opt in declared:
-            opts.setdefault(opt, value)
-    storage: CheckpointStorage = reg.create_storage(name, opts)
-    return storage
 
 
 @dataclass
@@ -150,60 +104,77 @@ class RunResult:
     a warning."""
 
 
-def _reject(rejected: Callable[[int, BadRecord], None] | None, i: int, error: RejectedRecordError) -> None:
-    if rejected is None:
-        raise error
-    rejected(i, error.bad)
+def _parallelisms(conf: Configuration, parallelism: int | None) -> tuple[int, int]:
+    """``(parallelism, max parallelism)``: as given, else as configured, else 1 and Flink's default."""
+    # `is None`, not `or`: parallelism=0 must fail in validate_parallelism, not mean 1.
+    p = int(parallelism if parallelism is not None else conf.get("statekit.parallelism") or 1)
+    maxp = conf.get("statekit.max-parallelism")
+    max_parallelism = int(maxp) if maxp else compute_default_max_parallelism(p)
+    validate_parallelism(p, max_parallelism)
+    return p, max_parallelism
 
 
-def _arrow_culprit(pa: Any, rows: Sequence[Mapping[str, Any]]) -> tuple[int, str] | None:
-    """The first row whose value of some column Arrow cannot put with the rows before it, and the column.
-
-    Columns are the first row's keys, as ``RecordBatch.from_pylist`` infers
-    them; a conflict found in a prefix stays in every longer one, so a
-    binary search finds the shortest failing prefix.
-    """
-    for name in rows[0]:
-        values = [r.get(name) for r in rows]
-        try:
-            pa.array(values)
-            continue
-        except pa.ArrowException:
-            pass
-        lo, hi = 1, len(values)  # values[:hi] fails
-        while lo < hi:
-            mid = (lo + hi) // 2
-            try:
-                pa.array(values[:mid])
-                lo = mid + 1
-            except pa.ArrowException:
-                hi = mid
-        return lo - 1, name
-    return None
+def _operator_of(runner: LocalRunner, conf: Configuration) -> OperatorSubtasks:
+    """The runner's subtasks (made when first needed)."""
+    return OperatorSubtasks(
+        runner.backend,
+        runner.function_factory,
+        job_id=runner.job_id,
+        operator_id=runner.operator_id,
+        key_serializer=runner.key_serializer,
+        parallelism=runner.parallelism,
+        max_parallelism=runner.max_parallelism,
+        clock=runner.clock,
+        key_cache_size=int(conf.get("statekit.key-cache-size")),
+        local_dir_parent=conf.get("statekit.local-dir"),
+        hint=runner._time.processing_hint,
+    )
 
 
-class _Subtask:
-    __slots__ = ("ctx", "function", "keyed", "operator", "pctx", "tctx", "timers")
+def _coordinator_of(runner: LocalRunner, conf: Configuration) -> CheckpointCoordinator:
+    """The runner's checkpoint coordinator, with the LocalRunner's policy."""
+    return CheckpointCoordinator(
+        runner.storage,
+        runner.job_id,
+        max_parallelism=runner.max_parallelism,
+        retained=int(conf.get("statekit.checkpoints.retained")),
+        native=conf.get("statekit.checkpoint.format") != "canonical",
+        policy=CheckpointPolicy(
+            "LocalRunner",
+            fallback=bool(conf.get("statekit.restore.fallback")),
+            ways_out=_NO_FALLBACK,
+            tolerable_failures=conf.get("statekit.checkpoint.tolerable-failures"),
+        ),
+        registry=runner.registry,
+    )
 
-    def __init__(
-        self,
-        keyed: KeyedStateBackend,
-        operator: OperatorStateBackendImpl,
-        function: KeyedProcessFunction,
-        ctx: RuntimeContext,
-        timers: TimerService,
-    ) -> None:
-        self.keyed = keyed
-        self.operator = operator
-        self.function = function
-        self.ctx = ctx
-        self.timers = timers
-        self.pctx = ProcessContext(ctx, timers)
-        self.tctx = OnTimerContext(ctx, timers)
 
-    def fire(self, domain: TimeDomain, until: int, outputs: list[Any]) -> None:
-        """Call ``on_timer`` for every timer of ``domain`` due at ``until``, collecting outputs."""
-        outputs.extend(fire_timers(self.function, self.tctx, domain, until))
+def _warn_of_late_records(
+    time: TimeCoordinator, result: RunResult, job: str, restored_from: str | None
+) -> None:
+    """Late records a run counted and did not process, or that met a watermark at the end of time."""
+    if time.watermark == MAX_WATERMARK and result.late_records:
+        # Only a restored watermark can be the end of time (an end of input here keeps the
+        # event-time one) and nothing lowers it: every record is late, so say so loudly.
+        warnings.warn(
+            end_of_time_message(job, restored_from, f"all {result.late_records} records"),
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    if time.late_unsunk:
+        warnings.warn(
+            f"{time.late_unsunk} late records (event time at or below the watermark) were "
+            "counted and not processed: pass late_sink= to receive them, or EventTime(late='process')",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+#: What a damaged checkpoint's error says when statekit.restore.fallback is off.
+_NO_FALLBACK = (
+    ". statekit.restore.fallback is off, so no older checkpoint is tried: restore one by its location "
+    "(statekit checkpoints list shows them), or a savepoint"
+)
 
 
 class LocalRunner:
@@ -254,98 +225,34 @@ class LocalRunner:
         self.function_factory = function
         self.key_selector = key_selector
         self.key_serializer = serializer_for(key_type)
-        # `is None`, not `or`: parallelism=0 must fail in validate_parallelism, not mean 1.
-        self.parallelism = int(
-            parallelism if parallelism is not None else conf.get("statekit.parallelism") or 1
-        )
-        maxp = conf.get("statekit.max-parallelism")
-        self.max_parallelism = int(maxp) if maxp else compute_default_max_parallelism(self.parallelism)
-        validate_parallelism(self.parallelism, self.max_parallelism)
+        self.parallelism, self.max_parallelism = _parallelisms(conf, parallelism)
         self.backend = backend or state_backend_from_config(conf, self.registry)
         self.storage = storage or checkpoint_storage_from_config(conf, self.registry)
         self.job_id = job_id
         self.operator_id = operator_id
         self.clock = clock or system_clock
         self.checkpoint_interval = int(conf.get("statekit.checkpoint.interval-records"))  # 0: off
-        self.key_cache_size = int(conf.get("statekit.key-cache-size"))
         self.batch_size = int(conf.get("statekit.batch-size"))  # >= 1: its option's minimum
-        self.local_dir_parent = conf.get("statekit.local-dir")
-        self._local_root: str | None = None
         self.sink = sink
         self.allow_non_restored_state = allow_non_restored_state
         self.event_time = event_time
-        self._subtasks: list[_Subtask] = []
         self._time = TimeCoordinator(
-            lambda: self._subtasks,
+            lambda: self._operator.subtasks,
             event_time=event_time,
             clock=self.clock,
             fire_at_end_of_input=conf.get("statekit.timers.end-of-input") != "keep",
             late_sink=late_sink,
         )
+        self._operator = _operator_of(self, conf)
         self._source = SourceReader(self.process, self._process_batch, self._emit)
-        self._route: dict[Any, int] = {}
         self._opened = False
-        self._coordinator = CheckpointCoordinator(
-            self.storage,
-            job_id,
-            max_parallelism=self.max_parallelism,
-            retained=int(conf.get("statekit.checkpoints.retained")),
-            native=conf.get("statekit.checkpoint.format") != "canonical",
-            tolerable_failures=conf.get("statekit.checkpoint.tolerable-failures"),
-            fallback=bool(conf.get("statekit.restore.fallback")),
-            registry=self.registry,
-        )
+        self._coordinator = _coordinator_of(self, conf)
         self._restored_from: str | None = None
-        # The dead letters of this job, staged and published with its checkpoints (made on first use),
-        # and what the restored checkpoint says of them: (its id, the staged files it covers).
-        self._letters: StagedDeadLetters | None = None
-        self._restored_letters: tuple[int | None, list[str]] = (None, [])
-        self._letters_recovered = False  # the first run makes the directory match the restored state
+        self._letters = JobDeadLetters(conf, job_id)
         self.skipped_checkpoints: list[tuple[str, str]] = []
         """What the last ``restore("latest")`` skipped: ``(location, reason)`` of each damaged checkpoint."""
 
     # --- life cycle ----------------------------------------------------------------
-
-    def _local_dir(self, index: int) -> str:
-        """A fresh working directory for subtask ``index``'s keyed backend (removed by :meth:`close`)."""
-        if self._local_root is None:
-            # Owned by this process: a later run removes it if this one is killed.
-            self._local_root = create_instance_dir(self.local_dir_parent, f"statekit-{self.job_id}-")
-        return tempfile.mkdtemp(prefix=f"{self.operator_id}-{index}-", dir=self._local_root)
-
-    def _create(self) -> list[_Subtask]:
-        subtasks: list[_Subtask] = []
-        try:
-            for i in range(self.parallelism):
-                subtasks.append(self._create_subtask(i))
-        except BaseException:
-            for st in subtasks:
-                st.keyed.close()
-            raise
-        return subtasks
-
-    def _create_subtask(self, i: int) -> _Subtask:
-        keyed = self.backend.create_keyed_backend(
-            key_serializer=self.key_serializer,
-            key_group_range=key_group_range_for_operator(self.max_parallelism, self.parallelism, i),
-            max_parallelism=self.max_parallelism,
-            clock=self.clock,
-            key_cache_size=self.key_cache_size,
-            local_dir=self._local_dir(i),
-        )
-        op = OperatorStateBackendImpl()
-        ctx = RuntimeContext(
-            keyed,
-            op,
-            job_id=self.job_id,
-            subtask_index=i,
-            parallelism=self.parallelism,
-            max_parallelism=self.max_parallelism,
-            clock=self.clock,
-        )
-        function = self.function_factory()
-        timers = timer_service_for(function, ctx, self.key_serializer, self.clock, self._time.processing_hint)
-        return _Subtask(keyed, op, function, ctx, timers)
 
     def restore(self, location: str = "latest") -> str | None:
         """Restore from a checkpoint or savepoint location, or the newest restorable checkpoint.
@@ -386,88 +293,42 @@ class LocalRunner:
         )
         # Known before anything is replaced: a failing listing leaves the runner unchanged too.
         highest = highest_checkpoint_id(self.storage, self.job_id)
-        fresh = self._create()
+        fresh = self._operator.restored(cp)
         try:
-            op_states = cp.operator_states(self.operator_id, self.parallelism)
-            for i, st in enumerate(fresh):
-                cp.restore_subtask(
-                    self.operator_id, i, self.parallelism, st.keyed, st.operator, operator_states=op_states
-                )
             source_state, position = SourceReader.restored(cp)
+            claimed = self._coordinator.claims(cp)
         except BaseException:
             for st in fresh:
-                st.keyed.close()
+                st.discard()
             raise
-        for st in self._subtasks:  # an earlier restore's subtasks, replaced now
-            st.keyed.close()
-        self._subtasks = fresh
-        if self._claims(cp):
-            # A completed checkpoint of this job in this storage: restored native instances may
-            # keep referencing its files (the completion contract's claim); never a savepoint.
-            for st in fresh:
-                if isinstance(st.keyed, SupportsNativeSnapshot):
-                    st.keyed.notify_checkpoint_complete(cp.checkpoint_id)
+        self._operator.replace(fresh, claimed_checkpoint=cp.checkpoint_id if claimed else None)
         self._source.adopt(source_state, position)
         self._time.restored(cp.metadata.properties)
         self._restored_from = cp.location
-        props = cp.metadata.properties
-        self._restored_letters = (
-            (cp.checkpoint_id, [str(n) for n in props.get(DEAD_LETTERS_PROPERTY) or ()])
-            if self._claims(cp)
-            else (None, [])
-        )
+        self._letters.restored(cp, claimed=claimed)
         self._coordinator.restored(cp, highest)
         self.registry.hook.statekit_restore_done(
             job_id=self.job_id, checkpoint_id=cp.checkpoint_id, subtask_index=0, parallelism=self.parallelism
         )
 
-    def _claims(self, cp: CompletedCheckpoint) -> bool:
-        """Whether ``cp`` is a completed checkpoint of this job in this runner's storage."""
-        if cp.metadata.kind != "checkpoint" or cp.metadata.job_id != self.job_id:
-            return False
-        return cp.location in self.storage.list_checkpoints(self.job_id)
-
     def _open(self) -> None:
-        if not self._subtasks:
-            self._subtasks = self._create()
-        for st in self._subtasks:
-            st.function.open(st.ctx)
-            st.timers.restore_timers()
-            st.timers.set_watermark(self._time.watermark)
+        self._operator.open(self._time.watermark)
         self._opened = True
 
     def close(self) -> None:
         """Close every subtask's function and backends, as Flink cancels a job: no checkpoint.
 
-        What a run read after its last checkpoint (one stopped at
-        ``max_records``) is read again by the next run that restores; call
-        :meth:`checkpoint` first to keep it.
+        What a run read after its last checkpoint (one stopped at ``max_records``) is read
+        again by the next run that restores; call :meth:`checkpoint` first to keep it.
         """
-        for st in self._subtasks:
-            if self._opened:
-                st.function.close()
-            st.keyed.close()
-            st.operator.close()
-        self._subtasks = []
         self._opened = False
-        self._coordinator.end()
-        if self._letters is not None:
+        try:
+            self._operator.close()
+        finally:
+            self._coordinator.end()
             self._letters.close()
-        if self._local_root is not None:
-            shutil.rmtree(self._local_root, ignore_errors=True)
-            self._local_root = None
 
     # --- processing ----------------------------------------------------------------
-
-    def _subtask_of(self, key: Any) -> int:
-        i = self._route.get(key)
-        if i is None:
-            kg = key_group_for_bytes(self.key_serializer.serialize(key), self.max_parallelism)
-            i = operator_index_for_key_group(self.max_parallelism, self.parallelism, kg)
-            if len(self._route) >= self.key_cache_size:
-                self._route.clear()
-            self._route[key] = i
-        return i
 
     def process(self, record: Any) -> list[Any]:
         """Process one record now (no source, no periodic checkpoints); returns its outputs.
@@ -478,35 +339,19 @@ class LocalRunner:
         """
         if not self._opened:
             self._open()
-        event_time_of = self._time.event_time_of
+        time = self._time
+        event_time_of = time.event_time_of
+        ts = None
         if event_time_of is not None:
-            return self._process_timed(record, event_time_of)
+            try:
+                ts = event_time_of(record)
+            except Exception as e:  # before any state is touched: the record alone is bad
+                raise RejectedRecordError.of("event-time", record, e) from e
+            if ts is not None and time.left_out_late(record, ts):
+                return time.fire_processing_time([])
         try:
             key = self.key_selector(record)
-            st = self._subtasks[self._subtask_of(key)]
-        except Exception as e:  # before any state is touched: the record alone is bad
-            raise RejectedRecordError.of("key", record, e) from e
-        st.keyed.set_current_key(key)
-        st.pctx.current_key = key
-        out = st.function.process(record, st.pctx)
-        outputs = [] if out is None else list(out)
-        time = self._time
-        if time.processing_hint.earliest != NO_TIMER:
-            time.fire_processing_time(outputs)
-        return outputs
-
-    def _process_timed(self, record: Any, event_time_of: Callable[[Any], int | None]) -> list[Any]:
-        """:meth:`process` with event time: lateness, the record's timestamp, the watermark."""
-        time = self._time
-        try:
-            ts = event_time_of(record)
-        except Exception as e:
-            raise RejectedRecordError.of("event-time", record, e) from e
-        if ts is not None and time.left_out_late(record, ts):
-            return time.fire_processing_time([])
-        try:
-            key = self.key_selector(record)
-            st = self._subtasks[self._subtask_of(key)]
+            st = self._operator.of_key(key)
         except Exception as e:
             raise RejectedRecordError.of("key", record, e) from e
         st.keyed.set_current_key(key)
@@ -524,9 +369,7 @@ class LocalRunner:
     @property
     def vectorized(self) -> bool:
         """Whether the function is a :class:`~statekit.KeyedBatchFunction` (records go in micro-batches)."""
-        if not self._subtasks:
-            self._subtasks = self._create()
-        return isinstance(self._subtasks[0].function, KeyedBatchFunction)
+        return isinstance(self._operator.ensure()[0].function, KeyedBatchFunction)
 
     def process_batch(self, records: Sequence[Any]) -> list[Any]:
         """Process ``records`` now as one micro-batch (no source, no periodic checkpoints); its outputs.
@@ -544,89 +387,14 @@ class LocalRunner:
     def _process_batch(
         self, records: Sequence[Any], rejected: Callable[[int, BadRecord], None] | None
     ) -> list[Any]:
-        """:meth:`process_batch`; a bad record (at index ``i``) goes to ``rejected(i, bad)`` and is left out.
-
-        Bad records are found before any state is touched: event times and keys
-        that cannot be computed, records that are no dicts, and the records
-        whose column values clash with the rows before them in Arrow. Without
-        ``rejected`` the first one raises.
-        """
+        """:meth:`process_batch`, a bad record (see ``_batches``) to ``rejected(index, bad)``, or raised."""
         if not self._opened:
             self._open()
         if not self.vectorized:
-            outputs: list[Any] = []
-            for i, record in enumerate(records):
-                try:
-                    outputs.extend(self.process(record))
-                except RejectedRecordError as e:
-                    if rejected is None:
-                        raise
-                    rejected(i, e.bad)
-            return outputs
-        pa = require_pyarrow()
-        time = self._time
-        event_time_of = time.event_time_of
-        kept: list[int] = []  # indexes into records
-        stamps: list[int | None] = []
-        routes: list[tuple[int, Any]] = []  # (subtask, key) of each kept record
-        for i, record in enumerate(records):
-            ts = None
-            if event_time_of is not None:
-                try:
-                    ts = event_time_of(record)
-                except Exception as e:  # noqa: BLE001 - any failure here makes the record bad
-                    _reject(rejected, i, RejectedRecordError.of("event-time", record, e))
-                    continue
-                if ts is not None and time.left_out_late(record, ts):
-                    continue
-            if not isinstance(record, Mapping):
-                problem = TypeError(
-                    "a KeyedBatchFunction gets its records as Arrow columns, so on the LocalRunner records "
-                    f"must be dicts of column values, not {type(record).__name__}"
-                )
-                if rejected is None:
-                    raise problem
-                rejected(i, RejectedRecordError.of("arrow", record, problem).bad)
-                continue
-            try:
-                key = self.key_selector(record)
-                route = (self._subtask_of(key), key)
-            except Exception as e:  # noqa: BLE001 - any failure here makes the record bad
-                _reject(rejected, i, RejectedRecordError.of("key", record, e))
-                continue
-            kept.append(i)
-            stamps.append(ts)
-            routes.append(route)
-        outputs = []
-        serialize = self.key_serializer.serialize
-        while kept:
-            order, runs = group_runs(routes, fallback=lambda sk: (sk[0], serialize(sk[1])))
-            rows = [records[kept[j]] for j in order]
-            try:
-                table = pa.RecordBatch.from_pylist(rows)
-                break
-            except pa.ArrowException as e:
-                clash = _arrow_culprit(pa, rows)
-                if clash is None:
-                    raise
-                j, column = order[clash[0]], clash[1]
-                problem = type(e)(f"column {column!r}: {e}")
-                _reject(rejected, kept[j], RejectedRecordError.of("arrow", records[kept[j]], problem))
-                del kept[j], stamps[j], routes[j]
-        max_ts = max((t for t in stamps if t is not None), default=None)
-        if kept:
-            for (index, key), offset, length in runs:
-                st = self._subtasks[index]
-                st.keyed.set_current_key(key)
-                pctx = st.pctx
-                pctx.current_key = key
-                pctx.timestamp = None
-                outputs.extend(output_rows(st.function.process_batch(table.slice(offset, length), pctx)))
-        if max_ts is not None:
-            time.event_time_seen(max_ts, outputs)
-        if time.processing_hint.earliest != NO_TIMER:
-            time.fire_processing_time(outputs)
-        return outputs
+            return process_one_by_one(records, rejected, self.process)
+        return process_as_batch(
+            records, rejected, subtasks=self._operator, time=self._time, key_selector=self.key_selector
+        )
 
     def _emit(self, outputs: Sequence[Any]) -> None:
         """Hand ``outputs`` to the sink, if there is one."""
@@ -691,12 +459,11 @@ class LocalRunner:
         ``restore`` is a checkpoint or savepoint location, or ``"latest"``.
         ``max_records`` stops early (the position is kept, so a later ``run``
         continues; the next run that restores reads again what this one read
-        after its last checkpoint). Reaching the end of the
-        source takes a final checkpoint when anything was read since the last
-        one, as Flink does when a bounded job finishes, so the next run goes on
-        from there; dead letters are published with the checkpoint that covers
-        them. Plain iterables are not replayable: wrap a sequence in
-        :class:`RecordSource` to resume after a crash.
+        after its last checkpoint). Reaching the end of the source takes a final
+        checkpoint when anything was read since the last one, as Flink does when
+        a bounded job finishes, so the next run goes on from there; dead letters
+        are published with the checkpoint that covers them. Plain iterables are
+        not replayable: wrap a sequence in :class:`RecordSource` to resume after a crash.
         """
         result = RunResult()
         if restore is not None and not self._opened:
@@ -707,27 +474,25 @@ class LocalRunner:
             self._coordinator.claim()
         if not self._opened:
             self._open()
-        letters = self._dead_letters()
-        if letters is not None and not self._letters_recovered:
-            letters.recover(*self._restored_letters)
-            self._letters_recovered = True
+        letters = self._letters.staged()
         time = self._time
-        late_before = time.late_records
-        time.late_unsunk = 0
-        fired_before = time.timers_fired
+        late_before, fired_before = time.start_run()
         src = source if isinstance(source, ReplayableSource) else RecordSource(list(source))
         if isinstance(src, LogSource):
             src.configure(self.config)  # statekit.source.*, for what the source was not given
-        interval = self.checkpoint_interval
+        policy = BadRecordPolicy.from_config(
+            self.config, sink=self.dead_letter_sink, job_id=self.job_id, letters=letters
+        )
+        periodic = partial(
+            self._coordinator.periodic, self.checkpoint, result.checkpoints, result.failed_checkpoints
+        )
         since, exhausted = self._source.read(
             src,
             result,
-            BadRecordPolicy.from_config(
-                self.config, sink=self.dead_letter_sink, job_id=self.job_id, letters=letters
-            ),
-            lambda: self._periodic_checkpoint(result),
+            policy,
+            periodic,
             vectorized=self.vectorized,
-            interval=interval,
+            interval=self.checkpoint_interval,
             batch_size=self.batch_size,
             max_records=max_records,
         )
@@ -739,39 +504,12 @@ class LocalRunner:
         if exhausted and since:
             # As Flink does when bounded input ends: a final checkpoint, so a later run
             # over a grown source continues exactly where this one stopped.
-            self._periodic_checkpoint(result)
+            periodic()
         result.late_records = time.late_records - late_before
         result.timers_fired = time.timers_fired - fired_before
         result.watermark = time.watermark
-        if time.watermark == MAX_WATERMARK and result.late_records:
-            # Only a restored watermark can be the end of time (an end of input here keeps the
-            # event-time one) and nothing lowers it: every record is late, so say so loudly.
-            warnings.warn(
-                _end_of_time_message(
-                    f"job {self.job_id!r}", self._restored_from, f"all {result.late_records} records"
-                ),
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        if time.late_unsunk:
-            warnings.warn(
-                f"{time.late_unsunk} late records (event time at or below the watermark) were "
-                "counted and not processed: pass late_sink= to receive them, or EventTime(late='process')",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        _warn_of_late_records(time, result, f"job {self.job_id!r}", self._restored_from)
         return result
-
-    def _periodic_checkpoint(self, result: RunResult) -> None:
-        self._coordinator.periodic(self.checkpoint, result.checkpoints, result.failed_checkpoints)
-
-    def _dead_letters(self) -> StagedDeadLetters | None:
-        """The job's staged dead letters, if ``statekit.bad-records.*`` sends them to a directory."""
-        if self._letters is None:
-            path = self.config.get("statekit.bad-records.dead-letter-path")
-            if path is not None and self.config.get("statekit.bad-records.policy") == "dead-letter":
-                self._letters = StagedDeadLetters(path, self.job_id)
-        return self._letters
 
     # --- checkpoints and savepoints ------------------------------------------------------
 
@@ -780,18 +518,7 @@ class LocalRunner:
     ) -> list[SubtaskState]:
         if not self._opened:
             self._open()
-        states = [
-            write_subtask_state(
-                writer,
-                self.operator_id,
-                i,
-                st.keyed,
-                st.operator,
-                max_state_size=max_state_size,
-                native_checkpoint_id=native_checkpoint_id,
-            )
-            for i, st in enumerate(self._subtasks)
-        ]
+        states = self._operator.write(writer, max_state_size, native_checkpoint_id)
         states.append(self._source.write(writer))
         return states
 
@@ -803,27 +530,14 @@ class LocalRunner:
             CheckpointError: If the checkpoint fails; the previous one stays the latest.
         """
         properties = self._time_properties()
-        letters = self._letters
-        staged = letters.seal() if letters is not None else []
-        if staged:
-            properties[DEAD_LETTERS_PROPERTY] = staged  # what the checkpoint commits, see recover()
-        location = self._coordinator.checkpoint(self._write_all, properties, self._notify_native)
-        if letters is not None and staged:
-            letters.publish(self._coordinator.last_completed, staged)
+        staged = self._letters.seal(properties)
+        location = self._coordinator.checkpoint(self._write_all, properties, self._operator.notify)
+        self._letters.publish(self._coordinator.last_completed, staged)
         return location
 
     def _time_properties(self) -> dict[str, Any]:
         """What a checkpoint's metadata keeps of time (the watermark)."""
         return self._time.properties()
-
-    def _notify_native(self, checkpoint_id: int, complete: bool) -> None:
-        for st in self._subtasks:
-            keyed = st.keyed
-            if isinstance(keyed, SupportsNativeSnapshot):
-                if complete:
-                    keyed.notify_checkpoint_complete(checkpoint_id)
-                else:
-                    keyed.notify_checkpoint_aborted(checkpoint_id)
 
     def savepoint(self, target_dir: str | None = None) -> str:
         """Take a savepoint now: canonical, self-contained, never deleted by statekit."""
@@ -849,9 +563,9 @@ class LocalRunner:
     @property
     def subtasks(self) -> list[RuntimeContext]:
         """The runtime context of each subtask (its state backends), for inspection."""
-        if not self._subtasks:
+        if not self._operator.subtasks:
             self._open()
-        return [st.ctx for st in self._subtasks]
+        return [st.ctx for st in self._operator.subtasks]
 
     @property
     def position(self) -> Any:
@@ -863,16 +577,3 @@ class LocalRunner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _end_of_time_message(job: str, checkpoint: str | None, records: str) -> str:
-    """The warning for records that met a restored watermark at the end of time (both runners)."""
-    where = f"checkpoint {checkpoint}" if checkpoint else "the checkpoint it restored"
-    return (
-        f"{job}: the event-time watermark of {where} is the end of time, so {records} were late "
-        "and no event-time timer will fire again. Older statekit versions checkpointed that "
-        "watermark after firing the timers at the end of an input (statekit.timers.end-of-input=fire); "
-        "now the end of input keeps the watermark the records made. Way out: restore a checkpoint or "
-        "savepoint taken before that end of input (`statekit checkpoints list` shows the retained "
-        "ones), so the records after it are read again"
-    )

@@ -27,7 +27,7 @@ from ..timers import (
 from ..timers._eventtime import EventTime
 from ..timers._service import TimeDomain, TimerService
 
-__all__ = ["TimeCoordinator", "TimedSubtask"]
+__all__ = ["TimeCoordinator", "TimedSubtask", "end_of_time_message"]
 
 
 class TimedSubtask(Protocol):
@@ -184,7 +184,25 @@ class TimeCoordinator:
                 st.timers.end_of_time_passed(self.watermark)
         return outputs
 
+    def start_run(self) -> tuple[int, int]:
+        """A run starts: what it counts from (late records, fired timers); late records unsunk afresh."""
+        self.late_unsunk = 0
+        return self.late_records, self.timers_fired
+
     @property
     def timers_fired(self) -> int:
         """Timers the current subtasks fired so far, both domains."""
         return sum(st.timers.fired for st in self._subtasks())
+
+
+def end_of_time_message(job: str, checkpoint: str | None, records: str) -> str:
+    """The warning for records that met a restored watermark at the end of time (both runners)."""
+    where = f"checkpoint {checkpoint}" if checkpoint else "the checkpoint it restored"
+    return (
+        f"{job}: the event-time watermark of {where} is the end of time, so {records} were late "
+        "and no event-time timer will fire again. Older statekit versions checkpointed that "
+        "watermark after firing the timers at the end of an input (statekit.timers.end-of-input=fire); "
+        "now the end of input keeps the watermark the records made. Way out: restore a checkpoint or "
+        "savepoint taken before that end of input (`statekit checkpoints list` shows the retained "
+        "ones), so the records after it are read again"
+    )

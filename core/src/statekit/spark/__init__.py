@@ -14,10 +14,10 @@ run unchanged here or on the embedded :class:`~statekit.LocalRunner`::
     )
 
 Backend, checkpoint storage and their options come from Spark's configuration
-(``spark.statekit.backend``, ``spark.statekit.checkpoints.dir``, …). Checkpoint
-``n`` holds the state after the ``n``-th completed micro-batch; it completes
-after the sink has the batch's outputs, so state reflects every input record
-exactly once, whatever Spark retries. Restarting a query with another
+(``spark.statekit.backend``, ``spark.statekit.checkpoints.dir``, …). Every
+micro-batch ends in a checkpoint (its id above every earlier one) that holds
+the state after it; it completes after the sink has the batch's outputs, so
+state reflects every input record exactly once, whatever Spark retries. Restarting a query with another
 ``spark.statekit.parallelism`` redistributes the state by key group.
 
 :func:`read_logs` reads log files that grow and rotate as a stream, exactly once,
@@ -46,8 +46,8 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installa
     ) from exc
 
 from ._api import KeyedDataFrame, ProcessedStream, keyed
+from ._batchinfo import BatchInfo
 from ._bootstrap import write_savepoint
-from ._driver import BatchInfo
 from ._log_source import LOG_SOURCE_NAME, read_logs, register_log_source
 from ._sparkconf import spark_configuration
 from ._state_source import register_state_source

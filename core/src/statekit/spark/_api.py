@@ -18,20 +18,10 @@ from ..plugins._registry import default_registry
 from ..runtime._function import KeyedProcessFunction
 from ..serialization._serializers import serializer_for
 from ..timers._eventtime import EventTime
-from ._driver import (
-    BATCH_PROPERTY,
-    QUERY_PROPERTY,
-    STATIC_QUERY,
-    BatchInfo,
-    ConnectBatches,
-    Coordinator,
-    JobSpec,
-    Sink,
-    check_columns,
-    check_key_type,
-    driver_storage,
-    resolve_dead_letters,
-)
+from ._batchinfo import BatchInfo
+from ._connect import ConnectBatches
+from ._driver import BATCH_PROPERTY, QUERY_PROPERTY, STATIC_QUERY, MicroBatchDriver
+from ._jobspec import JobSpec, Sink, check_columns, check_key_type, driver_storage, resolve_dead_letters
 from ._shipping import ship_by_value
 from ._sparkconf import is_connect, spark_configuration
 
@@ -268,7 +258,7 @@ class ProcessedStream:
         if is_connect(spec.df.sparkSession):
             return self._start_connect(checkpoint_location, trigger, query_name, restore)
         ship_by_value(spec.function_factory)
-        coordinator = Coordinator(spec, spec.df.sparkSession, restore=restore)
+        driver = MicroBatchDriver(spec, spec.df.sparkSession, restore=restore)
         started = threading.Event()
         query_ids: list[str] = []
 
@@ -281,7 +271,7 @@ class ProcessedStream:
                 query_id = batch_df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
             if query_id is None:
                 raise CheckpointError("cannot tell which streaming query runs this micro-batch")
-            coordinator.process_batch(batch_df, batch_id, query_id)
+            driver.process_batch(batch_df, batch_id, query_id)
 
         query: StreamingQuery = self._writer(on_micro_batch, checkpoint_location, trigger, query_name).start()
         query_ids.append(str(query.id))
@@ -386,17 +376,16 @@ class ProcessedStream:
         if batch_id is not None and batch_id < 0:
             raise ValueError(f"batch_id must be >= 0, not {batch_id}")
         ship_by_value(spec.function_factory)
-        coordinator = Coordinator(spec, spec.df.sparkSession, restore=restore)
+        driver = MicroBatchDriver(spec, spec.df.sparkSession, restore=restore)
         if batch_id is None:
-            latest = coordinator.latest()
+            latest = driver.latest()
             props = latest.metadata.properties if latest is not None else {}
             batch_id = int(props[BATCH_PROPERTY]) + 1 if props.get(QUERY_PROPERTY) == STATIC_QUERY else 0
         if end_of_input is None:
             end_of_input = (
-                spec.event_time is not None
-                and coordinator.config.get("statekit.timers.end-of-input") != "keep"
+                spec.event_time is not None and driver.config.get("statekit.timers.end-of-input") != "keep"
             )
         try:
-            return coordinator.process_batch(spec.df, batch_id, STATIC_QUERY, end_of_input=end_of_input)
+            return driver.process_batch(spec.df, batch_id, STATIC_QUERY, end_of_input=end_of_input)
         finally:
-            coordinator.fence.end()  # a static run ends here; a streaming one runs until killed
+            driver.fence.end()  # a static run ends here; a streaming one runs until killed

@@ -115,7 +115,71 @@ def write_savepoint(
     session = frames[0][1].sparkSession
     p = parallelism or min(max_parallelism, default_parallelism(session))
     validate_parallelism(p, max_parallelism)
-    ns_sers = dict(namespace_serializers or {})
+    metas = _metas(frames, dict(namespace_serializers or {}))
+    ks = key_serializer or _default_key_serializer(frames[0][1].schema["key"].dataType)
+    store = storage or filesystem_storage(target_dir, storage_options=storage_options)
+    if type(store).__name__ == "JobManagerCheckpointStorage":
+        raise ConfigurationError(
+            "write_savepoint writes from Spark's executors; the jobmanager storage lives in one process: "
+            "give a filesystem location (any fsspec URL the executors reach)"
+        )
+    writer = store.begin_savepoint(job_id, target_dir)
+    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    try:
+        route_values = routing_values(session, p)
+        sections = _sections(frames, metas, ks, now, p, max_parallelism, route_values)
+        return _write_files(
+            sections, store, writer, job_id, operator, ks, metas, max_parallelism, route_values
+        )
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _write_files(
+    sections: DataFrame,
+    store: CheckpointStorage,
+    writer: CheckpointWriter,
+    job_id: str,
+    operator: str,
+    ks: TypeSerializer,
+    metas: list[Any],
+    max_parallelism: int,
+    route_values: list[int],
+) -> str:
+    """Stage 2: every subtask's sections into its file, then ``_metadata``; the savepoint's location."""
+    p = len(route_values)
+    values = F.array(*(F.lit(v).cast("bigint") for v in route_values))
+    files = (
+        sections.withColumn(ROUTE_COLUMN, F.element_at(values, F.col("subtask") + F.lit(1)))
+        .repartition(p, ROUTE_COLUMN)
+        .drop(ROUTE_COLUMN)
+        .mapInArrow(_WriteFiles(store, writer, operator, ks.config(), metas, max_parallelism, p), _FILES)
+    )
+    written = {int(r["subtask"]): json.loads(r["keyed"]) for r in files.collect()}
+    subtasks = []
+    for i in range(p):
+        sub = SubtaskState(operator, i, key_group_range_for_operator(max_parallelism, p, i))
+        if i in written:
+            sub.keyed, sub.states = written[i], list(metas)
+        subtasks.append(sub)
+    return complete_checkpoint(
+        writer,
+        job_id=job_id,
+        checkpoint_id=0,
+        max_parallelism=max_parallelism,
+        subtasks=subtasks,
+        kind="savepoint",
+        properties={"bootstrapped_by": "statekit.spark.write_savepoint"},
+    )
+
+
+def _metas(frames: list[tuple[StateDescriptor, DataFrame]], ns_sers: dict[str, TypeSerializer]) -> list[Any]:
+    """Each state's metadata, once its DataFrame is known to have the columns its kind needs.
+
+    Raises:
+        StateError: Naming the state and the columns it lacks.
+    """
     metas = []
     for desc, df in frames:
         meta = RegisteredState.of(desc, ns_sers.get(desc.name)).meta()
@@ -126,55 +190,34 @@ def write_savepoint(
                 f"{state_columns(meta)}, as the statekit-state data source reads it"
             )
         metas.append(meta)
-    ks = key_serializer or _default_key_serializer(frames[0][1].schema["key"].dataType)
-    store = storage or filesystem_storage(target_dir, storage_options=storage_options)
-    if type(store).__name__ == "JobManagerCheckpointStorage":
-        raise ConfigurationError(
-            "write_savepoint writes from Spark's executors; the jobmanager storage lives in one process: "
-            "give a filesystem location (any fsspec URL the executors reach)"
+    return metas
+
+
+def _sections(
+    frames: list[tuple[StateDescriptor, DataFrame]],
+    metas: list[Any],
+    ks: TypeSerializer,
+    now: int,
+    p: int,
+    max_parallelism: int,
+    route_values: list[int],
+) -> DataFrame:
+    """Stage 1 of every state: its rows routed to their subtask, sorted by key group, made sections."""
+    session = frames[0][1].sparkSession
+    sections = None
+    for idx, ((_, df), meta) in enumerate(zip(frames, metas)):
+        router = Router(
+            session, df.schema, key_column="key", serializer=ks, parallelism=p,
+            max_parallelism=max_parallelism, route_values=route_values, markers=False,
+        )  # fmt: skip
+        encoded = (
+            router.route(df)
+            .sortWithinPartitions(KEY_GROUP_COLUMN)
+            .mapInArrow(_EncodeSections(idx, meta, ks.config(), now, p, max_parallelism), _SECTIONS)
         )
-    writer = store.begin_savepoint(job_id, target_dir)
-    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-    route_values = routing_values(session, p)
-    values = F.array(*(F.lit(v).cast("bigint") for v in route_values))
-    try:
-        sections = None
-        for idx, ((_, df), meta) in enumerate(zip(frames, metas)):
-            router = Router(
-                session, df.schema, key_column="key", serializer=ks, parallelism=p,
-                max_parallelism=max_parallelism, route_values=route_values, markers=False,
-            )  # fmt: skip
-            routed = router.route(df)
-            encoded = routed.sortWithinPartitions(KEY_GROUP_COLUMN).mapInArrow(
-                _EncodeSections(idx, meta, ks.config(), now, p, max_parallelism), _SECTIONS
-            )
-            sections = encoded if sections is None else sections.unionByName(encoded)
-        assert sections is not None
-        files = (
-            sections.withColumn(ROUTE_COLUMN, F.element_at(values, F.col("subtask") + F.lit(1)))
-            .repartition(p, ROUTE_COLUMN)
-            .drop(ROUTE_COLUMN)
-            .mapInArrow(_WriteFiles(store, writer, operator, ks.config(), metas, max_parallelism, p), _FILES)
-        )
-        written = {int(r["subtask"]): json.loads(r["keyed"]) for r in files.collect()}
-        subtasks = []
-        for i in range(p):
-            sub = SubtaskState(operator, i, key_group_range_for_operator(max_parallelism, p, i))
-            if i in written:
-                sub.keyed, sub.states = written[i], list(metas)
-            subtasks.append(sub)
-        return complete_checkpoint(
-            writer,
-            job_id=job_id,
-            checkpoint_id=0,
-            max_parallelism=max_parallelism,
-            subtasks=subtasks,
-            kind="savepoint",
-            properties={"bootstrapped_by": "statekit.spark.write_savepoint"},
-        )
-    except BaseException:
-        writer.abort()
-        raise
+        sections = encoded if sections is None else sections.unionByName(encoded)
+    assert sections is not None
+    return sections
 
 
 def _default_key_serializer(key_type: T.DataType) -> TypeSerializer:

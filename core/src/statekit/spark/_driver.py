@@ -26,15 +26,11 @@ is the batch's timestamp, fixed when the driver plans it.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
-import json
-import os
-import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,26 +41,25 @@ from pyspark.sql import types as T
 
 from .._contracts import CheckpointStorage
 from .._errors import CheckpointError, ConfigurationError, CorruptCheckpointError
+from ..checkpoints._coordinator import (
+    CheckpointCoordinator,
+    CheckpointPolicy,
+    PendingCheckpoint,
+    newest_checkpoint,
+)
 from ..checkpoints._fencing import RunFence, takeover_note
-from ..checkpoints._metadata import SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
-from ..checkpoints._retention import apply_retention, highest_checkpoint_id
-from ..checkpoints._verify import verify_loaded
-from ..checkpoints._writing import complete_checkpoint
 from ..plugins._config import Configuration
 from ..plugins._registry import PluginRegistry, default_registry
+from ..runtime._configured import state_backend_from_config
 from ..runtime._function import KeyedBatchFunction, KeyedProcessFunction
-from ..runtime._runner import _end_of_time_message, checkpoint_storage_from_config, state_backend_from_config
+from ..runtime._time import end_of_time_message
 from ..serialization._keygroups import compute_default_max_parallelism, validate_parallelism
-from ..serialization._serializers import TypeSerializer
-from ..sources._deadletters import DeadLetterDir
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY
-from ..timers._eventtime import EventTime
-from ._handoff import batch_status
+from ._batchinfo import BatchInfo, batch_info
+from ._jobspec import JobSpec, driver_storage, resolve_dead_letters
 from ._jvm import JvmLocality, LocalityUnavailable
-from ._routing import Router, routing_values
-from ._sparkconf import application, default_parallelism, is_connect, local_dir, spark_configuration
-from ._task import (
+from ._plan import (
     HANDLE_COLUMN,
     LATE_COLUMN,
     LATE_PREFIX,
@@ -72,8 +67,11 @@ from ._task import (
     StoredMetadata,
     TaskPlan,
     internal_schema,
-    make_task,
 )
+from ._report import TaskReport
+from ._routing import Router, routing_values
+from ._sparkconf import application, default_parallelism, is_connect, local_dir, spark_configuration
+from ._task import make_task
 
 __all__ = [
     "ATTEMPTS_PROPERTY",
@@ -81,14 +79,7 @@ __all__ = [
     "QUERY_PROPERTY",
     "STATIC_QUERY",
     "TOKEN_PROPERTY",
-    "BatchInfo",
-    "ConnectBatches",
-    "Coordinator",
-    "JobSpec",
-    "check_columns",
-    "check_key_type",
-    "driver_storage",
-    "resolve_dead_letters",
+    "MicroBatchDriver",
 ]
 
 #: Checkpoint metadata properties written by the Spark runner.
@@ -99,215 +90,8 @@ ATTEMPTS_PROPERTY = "spark_subtask_attempts"
 #: The query id recorded by :meth:`ProcessedStream.run` (static DataFrames).
 STATIC_QUERY = "static"
 
-Sink = Callable[[DataFrame, int], None]
-
-_DRIVER_STORAGES: dict[str, CheckpointStorage] = {}
 #: Checkpoint metadata up to this size is shipped inside the tasks, larger as a broadcast.
 _INLINE_METADATA = 256 * 1024
-_DRIVER_LOCK = threading.Lock()
-
-
-@dataclass(frozen=True)
-class BatchInfo:
-    """What happened to one micro-batch (or one :meth:`~statekit.spark.ProcessedStream.run`).
-
-    Attributes:
-        batch_id: Spark's batch id (for ``run``, the batch id it was given or chose).
-        checkpoint_id: The checkpoint that holds the state after this batch.
-        location: Where that checkpoint lives.
-        skipped: True if the batch had been completed before (a replay after a
-            driver failure); nothing was processed or written.
-        restored_from: The checkpoint the subtasks started from, None for a fresh start.
-        parallelism: The number of subtasks.
-        records: Records processed.
-        outputs: Output records written to the sink.
-        reused_subtasks: Subtasks whose open state an executor kept from the previous batch.
-        restored_subtasks: Subtasks that did not reuse open state: restored (locally or
-            remotely) or started empty.
-        restored_locally: Of those, subtasks restored reading nothing from the checkpoint
-            storage: from the local copies their executor kept (task-local recovery,
-            ``statekit.local-recovery``), or from state small enough to travel inside
-            the checkpoint's metadata.
-        restored_remotely: Of those, subtasks that read files from the checkpoint storage
-            (only the files their executor had no local copy of).
-        bytes_downloaded: Bytes the restores read from the checkpoint storage.
-        local_recovery: ``"on"``, ``"off"`` (``statekit.local-recovery=false``), or
-            ``"off: <why>"`` when a task found its executor's local-recovery
-            directory unsafe (another user's, writable by others, or a symlink
-            statekit did not make) or could not create it: local recovery is then
-            off in that Python worker, which writes and deletes nothing there.
-        local_copies_rejected: Local copies that were there but not used, each file
-            read from the checkpoint storage instead: its bytes were not the ones the
-            checkpoint records (another checkpoint's or subtask's file, or damaged),
-            or it could not be read, or it was deleted or changed after it was
-            checked. Those subtasks count as ``restored_remotely``.
-        local_copy_rejections: Why, one line per rejected copy naming the checkpoint
-            file (at most ten per subtask).
-        handed_off: Of the reused subtasks, those whose task Spark gave to another Python
-            worker of the executor than the one holding the state, and which handed its
-            rows to that worker (``statekit.spark.worker-handoff``).
-        handoff: ``"on"``, or ``"off: <why>"``: configured off, or a task's Python worker
-            could not take part (its hand-off directory was refused: another user's, a
-            symlink, writable by others; the reason names the path and the way out).
-        executor_pids: The process ids of the Python workers that ran the subtasks.
-        subtask_locations: Where each subtask's task ran (``executor_<host>_<id>``), as
-            the tasks reported it; the next batch prefers the same executors. Empty
-            when locality is off.
-        locality: ``"on"``, or ``"off: <why>"`` (configured off, Spark Connect, or the
-            JVM helper could not be loaded: the reason says how to fix it).
-        late_records: Rows at or below the watermark the batch ran with.
-        bad_records: Rows without a key (null, or refused by the key serializer)
-            skipped into dead letters (``statekit.bad-records.policy=dead-letter``);
-            not in ``records``.
-        timers_fired: Timers that fired in the batch.
-        watermark: The event-time watermark the next batch runs with.
-        phases: Where the batch's time went, in seconds. On the driver (wall
-            time): ``prepare`` (the checkpoint to start from, the plan),
-            ``tasks`` (the Spark job that scans, routes and processes every
-            row and writes the snapshots), ``sink``, ``checkpoint`` (completing
-            it), ``retention``. Summed over the tasks: ``task_input`` (waiting
-            for input rows: shuffle read and Arrow transfer), ``task_restore``
-            (restoring the subtasks that did not reuse open state), ``task_convert``
-            (Arrow to Python), ``task_records`` (the record loop: state access,
-            the function, output rows), ``task_output`` (output Arrow batches),
-            ``task_timers``, ``task_snapshot``, ``task_task`` (the whole task).
-    """
-
-    batch_id: int
-    checkpoint_id: int | None
-    location: str | None
-    skipped: bool
-    restored_from: str | None
-    parallelism: int
-    records: int = 0
-    outputs: int = 0
-    reused_subtasks: int = 0
-    restored_subtasks: int = 0
-    restored_locally: int = 0
-    restored_remotely: int = 0
-    bytes_downloaded: int = 0
-    local_recovery: str = "off"
-    local_copies_rejected: int = 0
-    local_copy_rejections: tuple[str, ...] = ()
-    handed_off: int = 0
-    handoff: str = "on"
-    executor_pids: tuple[int, ...] = ()
-    subtask_locations: Mapping[int, str] = field(default_factory=dict)
-    locality: str = "off"
-    late_records: int = 0
-    bad_records: int = 0
-    timers_fired: int = 0
-    watermark: int = MIN_WATERMARK
-    phases: Mapping[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """Everything :class:`ProcessedStream` knows about the job (driver side)."""
-
-    df: DataFrame
-    key_column: str
-    key_serializer: TypeSerializer
-    function_factory: Callable[[], KeyedProcessFunction]
-    output_schema: T.StructType
-    job_id: str
-    operator_id: str
-    config: Configuration | None
-    allow_non_restored_state: bool
-    on_batch: Callable[[BatchInfo], None] | None
-    sink: Sink | None
-    event_time: EventTime | None = None
-    late_sink: Sink | None = None
-
-
-class ConnectBatches:
-    """The ``foreachBatch`` function of a query started from a Spark Connect client.
-
-    Spark Connect pickles it to the server, which calls it in a Python
-    process of the query's own, with each micro-batch bound to a session of
-    the query (a Connect session too). So the driver side of statekit runs
-    there: the :class:`Coordinator` is made at the first micro-batch of each
-    query run and lives as long as that process, as it lives as long as
-    ``start()``'s closure on a classic driver.
-
-    A Connect session cannot tell which query runs a batch (classic tasks read
-    it from a local property), so the query's id is read where Spark keeps it:
-    the ``metadata`` file of the query's checkpoint location, written when the
-    query first started and kept across restarts, read through Spark itself
-    (any file system the checkpoint location is on).
-    """
-
-    def __init__(self, spec: JobSpec, *, restore: str | None, checkpoint_location: str) -> None:
-        """``spec`` without its DataFrame (a Connect DataFrame belongs to the client's session)."""
-        # The server puts each batch's DataFrame in; a Connect DataFrame cannot be pickled.
-        self._spec = dataclasses.replace(spec, df=None)  # type: ignore[arg-type]
-        self._restore = restore
-        self._checkpoint_location = checkpoint_location
-        self._coordinator: Coordinator | None = None
-        self._query_id: str | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Pickled once, by the client, before any batch: no coordinator to carry.
-        return {**self.__dict__, "_coordinator": None, "_query_id": None}
-
-    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
-        """Process one micro-batch (on the Connect server's Python process)."""
-        if self._coordinator is None or self._query_id is None:
-            session = batch_df.sparkSession
-            query_id = query_id_at(session, self._checkpoint_location)
-            spec = dataclasses.replace(self._spec, df=batch_df)
-            self._coordinator = Coordinator(spec, session, restore=self._restore)
-            self._query_id = query_id
-        self._coordinator.process_batch(batch_df, batch_id, self._query_id)
-
-
-def query_id_at(session: SparkSession, checkpoint_location: str) -> str:
-    """The id of the streaming query whose checkpoint location this is, as Spark recorded it.
-
-    Raises:
-        CheckpointError: If the location holds no query metadata.
-    """
-    path = checkpoint_location.rstrip("/") + "/metadata"
-    try:
-        rows = session.read.text(path).collect()
-        found = json.loads(rows[0][0])["id"] if rows else None
-    except Exception as e:  # Spark's own errors (a missing file, ...), and bad JSON
-        raise CheckpointError(
-            f"cannot read the streaming query's id from {path} (Spark writes it when a query "
-            f"starts): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        ) from e
-    if not isinstance(found, str) or not found:
-        raise CheckpointError(f"{path} names no streaming query id")
-    return found
-
-
-def _storage_key(conf: Configuration) -> str:
-    name = conf.storage_name
-    return json.dumps(
-        [
-            name,
-            conf.plugin_options("storage", name),
-            conf.get("statekit.checkpoints.dir"),
-            conf.get("statekit.savepoints.dir"),
-        ],
-        sort_keys=True,
-        default=str,
-    )
-
-
-def driver_storage(conf: Configuration, registry: PluginRegistry | None = None) -> CheckpointStorage:
-    """The driver's checkpoint storage for ``conf``: one object per storage configuration and process.
-
-    The ``jobmanager`` storage keeps completed checkpoints in this object, so a
-    query restarted in the same driver process finds them, as a Flink job finds
-    its checkpoints in the JobManager.
-    """
-    key = _storage_key(conf)
-    with _DRIVER_LOCK:
-        storage = _DRIVER_STORAGES.get(key)
-        if storage is None:
-            storage = _DRIVER_STORAGES[key] = checkpoint_storage_from_config(conf, registry)
-        return storage
 
 
 def _parallelism_of(cp: CompletedCheckpoint, operator_id: str) -> int | None:
@@ -315,8 +99,40 @@ def _parallelism_of(cp: CompletedCheckpoint, operator_id: str) -> int | None:
     return len(subtasks) if subtasks else None
 
 
-class Coordinator:
-    """Runs the micro-batches of one query run (one ``start`` or ``run``) on the driver."""
+@dataclass
+class _Batch:
+    """One micro-batch being processed: what it starts from, its checkpoint, where its time goes."""
+
+    df: DataFrame
+    batch_id: int
+    query: str
+    end_of_input: bool
+    latest: CompletedCheckpoint | None
+    source: CompletedCheckpoint | None
+    pending: PendingCheckpoint
+    started: float
+    timestamp_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def watermark(self) -> int:
+        """The watermark the batch runs with: the one its source checkpoint recorded."""
+        return _watermark_of(self.source)
+
+
+class MicroBatchDriver:
+    """Runs the micro-batches of one query run (one ``start`` or ``run``) on the driver.
+
+    What a batch is (skipped, continued, started) is decided here, from the
+    job's newest checkpoint and the batch protocol of the module doc; the
+    checkpoint itself (ids, fencing, completion, retention, which checkpoint
+    to start from and its files' check) is the
+    :class:`~statekit.checkpoints._coordinator.CheckpointCoordinator`'s, as
+    on the LocalRunner, with Spark's policy: no fallback past a damaged
+    checkpoint, no failed checkpoint tolerated (a batch is committed with its
+    checkpoint or not at all), the tasks write the subtasks' files.
+    """
 
     def __init__(self, spec: JobSpec, session: SparkSession, *, restore: str | None) -> None:
         """Reads and validates the configuration, picks parallelism and max parallelism.
@@ -328,32 +144,15 @@ class Coordinator:
         self.spec = spec
         self.session = session
         self.registry = default_registry()
-        conf = spark_configuration(session, spec.config)
-        conf.validate(self.registry)
-        conf = resolve_dead_letters(conf, connect=is_connect(session))
-        state_backend_from_config(conf, self.registry)  # fail on the driver, not in every task
-        # Made once here too: a factory that makes no function fails now, not in every task.
-        function = spec.function_factory()
-        if not isinstance(function, KeyedProcessFunction):
-            raise TypeError(
-                f"the function factory made a {type(function).__name__}, not a KeyedProcessFunction "
-                "or KeyedBatchFunction"
-            )
-        self.vectorized = isinstance(function, KeyedBatchFunction)
-        self.config = conf
+        self.config = conf = _configuration(spec, session, self.registry)
+        self.vectorized = _is_vectorized(spec)
         self.storage = driver_storage(conf, self.registry)
         self.restore = restore
-        self.retained = int(conf.get("statekit.checkpoints.retained") or 1)
         self.run_id = uuid.uuid4().hex
         self.connect = is_connect(session)
-        # Claimed at the first batch this query processes (see _claim): a query refused before
-        # (its state is not its own) must not fence off the run that owns the job.
-        self.fence = RunFence(self.storage, spec.job_id, application(session))
-        # Ids only go up: a new checkpoint is numbered above every completed one, damaged ones too.
-        self._floor = highest_checkpoint_id(self.storage, spec.job_id)
-        self._checked: set[str] = set()  # checkpoints whose files were checked before tasks read them
-        latest = self.latest()
-        base = latest if restore in (None, "latest") else _load(self.storage, restore)
+        base = self._newest(lambda: newest_checkpoint(self.storage, spec.job_id, _SPARK_WAYS_OUT))
+        if restore not in (None, "latest"):
+            base = _load(self.storage, restore)
         p = conf.get("statekit.parallelism")
         if p is None and base is not None:
             p = _parallelism_of(base, spec.operator_id)
@@ -365,6 +164,17 @@ class Coordinator:
         validate_parallelism(self.parallelism, self.max_parallelism)
         if base is not None:
             self._validate(base)
+        # The run is claimed at the first batch this query processes: a query refused before (its
+        # state is not its own) must not fence off the run that owns the job.
+        self.coordinator = CheckpointCoordinator(
+            self.storage,
+            spec.job_id,
+            max_parallelism=self.max_parallelism,
+            retained=int(conf.get("statekit.checkpoints.retained")),
+            native=conf.get("statekit.checkpoint.format") != "canonical",
+            policy=CheckpointPolicy(application(session), False, _SPARK_WAYS_OUT, tolerable_failures=0),
+            registry=self.registry,
+        )
         self.router = Router(
             session,
             spec.df.schema,
@@ -376,37 +186,13 @@ class Coordinator:
         )
         self.timezone = session.conf.get("spark.sql.session.timeZone")
         self.local_dir = local_dir(session)
-        self._claimed: dict[str, bool] = {}
         self.locality, self.locality_status = _locality(session, str(conf.get("statekit.spark.locality")))
         self.handoff_enabled = bool(conf.get("statekit.spark.worker-handoff"))
 
-    def _claim(self) -> None:
-        """Become the newest run of the job (once): an older driver still running it is fenced off now.
-
-        Only once this query is sure to process a batch (its state is its own,
-        or it was told where to start from). The ids of its checkpoints then go
-        above every one completed so far, the fenced run's included.
-        """
-        if self.fence.epoch is None:
-            self.fence.claim()
-            self._floor = max(self._floor, highest_checkpoint_id(self.storage, self.spec.job_id))
-
-    def _claims(self, source: CompletedCheckpoint | None, latest: CompletedCheckpoint | None) -> bool:
-        """Whether ``source`` is a completed checkpoint of this job in this storage (not a savepoint).
-
-        Then a restored native instance may reference its files (the completion
-        contract's claim); a savepoint or another job's checkpoint is never claimed.
-        """
-        if source is None or source.metadata.kind != "checkpoint":
-            return False
-        if source.metadata.job_id != self.spec.job_id:
-            return False
-        if latest is not None and source.location == latest.location:
-            return True
-        if source.location not in self._claimed:
-            own = self.storage.list_checkpoints(self.spec.job_id)
-            self._claimed[source.location] = source.location in own
-        return self._claimed[source.location]
+    @property
+    def fence(self) -> RunFence:
+        """This query run's fence."""
+        return self.coordinator.fence
 
     def _validate(self, cp: CompletedCheckpoint) -> None:
         cp.validate(
@@ -426,27 +212,35 @@ class Coordinator:
         Raises:
             CorruptCheckpointError: If the latest checkpoint's metadata is damaged.
         """
-        location = self.storage.latest_checkpoint(self.spec.job_id)
-        if location is None:
-            return None
+        return self._newest(self.coordinator.newest)
+
+    def _newest(self, newest: Callable[[], CompletedCheckpoint | None]) -> CompletedCheckpoint | None:
         try:
-            return _load(self.storage, location)
+            return newest()
         except CorruptCheckpointError:
             if self.restore not in (None, "latest"):
                 return None
             raise
 
-    def _check_files(self, source: CompletedCheckpoint) -> None:
-        """Once per checkpoint: every file ``source`` names is there with its size, before tasks read it."""
-        if source.location in self._checked:
-            return
-        problems = verify_loaded(source, deep=False)
-        if problems:
-            damage = "; ".join(f"{p.file}: {p.problem}" for p in problems)
-            raise CorruptCheckpointError(source.location, damage + _SPARK_WAYS_OUT)
-        self._checked.add(source.location)
-
     # --- deciding what a batch is ------------------------------------------------------
+
+    def _decide(
+        self, batch_id: int, query: str
+    ) -> tuple[CompletedCheckpoint | None, bool, CompletedCheckpoint | None]:
+        """``(latest, skip, source)``: the newest checkpoint, whether the batch is done, where it starts.
+
+        A batch to process claims the job first (once): an older driver still
+        running it is fenced off now, and the ids of this run's checkpoints go
+        above every one completed so far, the fenced run's included.
+        """
+        latest = self.latest()
+        skip, source = self._source(latest, batch_id, query)
+        if not skip and self.fence.epoch is None:
+            self.coordinator.claim()
+            # Read again: a run this claim fenced off may have completed one more checkpoint meanwhile.
+            latest = self.latest()
+            skip, source = self._source(latest, batch_id, query)
+        return latest, skip, source
 
     def _source(
         self, latest: CompletedCheckpoint | None, batch_id: int, query: str
@@ -506,51 +300,50 @@ class Coordinator:
         self, df: DataFrame, batch_id: int, query: str, *, end_of_input: bool = False
     ) -> BatchInfo:
         """Process one micro-batch exactly once, or skip it if it was done; see the module doc."""
-        spec = self.spec
-        clock = time.perf_counter
-        started = clock()
-        phases: dict[str, float] = {}
-        batch_timestamp = time.time_ns() // 1_000_000
+        started = time.perf_counter()
         self.fence.check()  # before anything is written or aborted: the files may be a newer run's
-        latest = self.latest()
-        skip, source = self._source(latest, batch_id, query)
-        if not skip and self.fence.epoch is None:
-            self._claim()
-            # Read again: a run this claim fenced off may have completed one more checkpoint meanwhile.
-            latest = self.latest()
-            skip, source = self._source(latest, batch_id, query)
+        latest, skip, source = self._decide(batch_id, query)
         if skip:
             assert latest is not None
-            info = BatchInfo(
-                batch_id,
-                latest.checkpoint_id,
-                latest.location,
-                True,
-                None,
-                self.parallelism,
+            skipped = BatchInfo(
+                batch_id, latest.checkpoint_id, latest.location, True, None, self.parallelism,
                 watermark=_watermark_of(latest),
-            )
-            self._notify(info)
-            return info
+            )  # fmt: skip
+            self._notify(skipped)
+            return skipped
         if source is not None:
             self._validate(source)
-            self._check_files(source)
-        n = max(latest.checkpoint_id if latest else 0, source.checkpoint_id if source else 0, self._floor) + 1
-        self._floor = n
-        # Files of an attempt at checkpoint n that never completed (a driver that died mid-batch).
-        with contextlib.suppress(CheckpointError):
-            self.storage.begin_checkpoint(spec.job_id, n).abort()
-        token = uuid.uuid4().hex
-        watermark = _watermark_of(source)
-        late_schema = df.schema if spec.event_time is not None and spec.late_sink is not None else None
-        data = self.storage.read_metadata(source.location) if source else b""
-        metadata = self._ship_metadata(data, source)
-        plan = TaskPlan(
+            self.coordinator.check(source)
+        batch = _Batch(df, batch_id, query, end_of_input, latest, source, self.coordinator.begin(), started)
+        reports: list[TaskReport] = []
+        try:
+            reports, locations = self._run_tasks(batch)
+            location, watermark = self._complete(batch, reports)
+        except BaseException as e:
+            if self.coordinator.last_completed != batch.pending.checkpoint_id:
+                self.coordinator.abort(batch.pending, [r.state for r in reports], e)
+            raise
+        t = time.perf_counter()
+        self.coordinator.retain()
+        batch.phases["retention"] = time.perf_counter() - t
+        info = batch_info(
+            batch.batch_id, batch.pending.checkpoint_id, location, source, self.parallelism, reports,
+            locations=locations, locality=self.locality_status, handoff_enabled=self.handoff_enabled,
+            watermark=watermark, phases=batch.phases,
+        )  # fmt: skip
+        self._warn_of_late_rows(info)
+        self._notify(info)
+        return info
+
+    def _plan(self, batch: _Batch) -> TaskPlan:
+        """What every task of ``batch`` is told."""
+        spec, source = self.spec, batch.source
+        return TaskPlan(
             job_id=spec.job_id,
             operator_id=spec.operator_id,
             run_id=self.run_id,
-            checkpoint_id=n,
-            token=token,
+            checkpoint_id=batch.pending.checkpoint_id,
+            token=batch.token,
             restore_location=source.location if source else None,
             restore_token=source.metadata.properties.get(TOKEN_PROPERTY) if source else None,
             restore_attempts=_attempts(source),
@@ -560,35 +353,50 @@ class Coordinator:
             function_factory=spec.function_factory,
             key_column=spec.key_column,
             key_serializer=spec.key_serializer,
-            input_columns=tuple(df.columns),
+            input_columns=tuple(batch.df.columns),
             output_schema=spec.output_schema,
             timezone=self.timezone,
             spark_local_dir=self.local_dir,
             event_time=spec.event_time,
-            watermark=watermark,
-            batch_timestamp_ms=batch_timestamp,
-            end_of_input=end_of_input,
-            late_schema=late_schema,
+            watermark=batch.watermark,
+            batch_timestamp_ms=batch.timestamp_ms,
+            end_of_input=batch.end_of_input,
+            late_schema=self._late_schema(batch.df),
             vectorized=self.vectorized,
-            restore_claimed=self._claims(source, latest),
-            batch_id=batch_id,
-            query_id=query,
+            restore_claimed=self.coordinator.claims(source, batch.latest),
+            batch_id=batch.batch_id,
+            query_id=batch.query,
         )
+
+    def _late_schema(self, df: DataFrame) -> T.StructType | None:
+        """The input schema, when late rows go to a late-records sink."""
+        spec = self.spec
+        return df.schema if spec.event_time is not None and spec.late_sink is not None else None
+
+    def _run_tasks(self, batch: _Batch) -> tuple[list[TaskReport], dict[int, str]]:
+        """Run the batch's tasks, then its sinks; the tasks' reports and where each subtask ran.
+
+        One pass computes (and caches) every partition; the sinks then read the cache.
+        """
+        clock, spec, df = time.perf_counter, self.spec, batch.df
+        source = batch.source
+        data = self.storage.read_metadata(source.location) if source else b""
+        metadata = self._ship_metadata(data, source)
+        plan = self._plan(batch)
         routed = self.router.route(df)
         if self.locality is not None:
             routed = self.locality.prefer(routed, self.parallelism)
         processed = routed.mapInArrow(
-            make_task(plan, metadata), internal_schema(spec.output_schema, late_schema)
+            make_task(plan, metadata), internal_schema(spec.output_schema, plan.late_schema)
         )
-        if query != STATIC_QUERY:
+        if batch.query != STATIC_QUERY:
             _as_stateful_query(df.sparkSession)
             processed = _persist_uncompressed(processed, df.sparkSession)
         else:
             processed = processed.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            # One pass computes (and caches) every partition; the sink then reads the cache.
             t = clock()
-            phases["prepare"] = t - started
+            batch.phases["prepare"] = t - batch.started
             try:
                 rows = processed.where(F.col(HANDLE_COLUMN).isNotNull()).select(HANDLE_COLUMN).collect()
             except Exception as e:
@@ -596,96 +404,61 @@ class Coordinator:
                 if damage is None:
                     raise
                 raise damage from e
-            phases["tasks"] = clock() - t
+            batch.phases["tasks"] = clock() - t
             locations = self.locality.ran() if self.locality is not None else {}
             reports = self._reports([r[0] for r in rows])
             t = clock()
-            outputs = processed.where(F.col(HANDLE_COLUMN).isNull())
-            if late_schema is not None:
-                assert spec.late_sink is not None
-                late = outputs.where(F.col(LATE_COLUMN).isNotNull()).select(
-                    *(F.col(LATE_PREFIX + c).alias(c) for c in late_schema.names)
-                )
-                spec.late_sink(late, batch_id)
-                outputs = outputs.where(F.col(LATE_COLUMN).isNull())
-            if spec.sink is not None:
-                spec.sink(outputs.select(*spec.output_schema.names), batch_id)
-            phases["sink"] = clock() - t
-            t = clock()
-            new_watermark = self._next_watermark(watermark, reports, source.location if source else None)
-            properties: dict[str, Any] = {
-                QUERY_PROPERTY: query,
-                BATCH_PROPERTY: batch_id,
-                TOKEN_PROPERTY: token,
-                ATTEMPTS_PROPERTY: {str(r["subtask"]): r["attempt"] for r in reports},
-            }
-            if new_watermark != MIN_WATERMARK:
-                properties[WATERMARK_PROPERTY] = new_watermark
-            self.fence.check()  # last, right before _metadata: what makes the checkpoint exist
-            location = complete_checkpoint(
-                self.storage.begin_checkpoint(spec.job_id, n),
-                job_id=spec.job_id,
-                checkpoint_id=n,
-                max_parallelism=self.max_parallelism,
-                subtasks=[SubtaskState.from_json(r["state"]) for r in reports],
-                properties=properties,
-            )
-            phases["checkpoint"] = clock() - t
+            self._sink(processed, batch.batch_id, plan.late_schema)
+            batch.phases["sink"] = clock() - t
         finally:
             processed.unpersist()
             if not isinstance(metadata, (InlineMetadata, StoredMetadata)):
                 with contextlib.suppress(Exception):
                     metadata.destroy()
-        self.registry.hook.statekit_checkpoint_completed(
-            job_id=spec.job_id, checkpoint_id=n, location=location
-        )
-        t = clock()
-        apply_retention(self.storage, spec.job_id, self.retained)
-        phases["retention"] = clock() - t
-        for r in reports:
-            for name, secs in (r.get("phases") or {}).items():
-                phases[f"task_{name}"] = phases.get(f"task_{name}", 0.0) + float(secs)
-        reused = sum(1 for r in reports if r["reused"])
-        how = [r.get("how") for r in reports]
-        info = BatchInfo(
-            batch_id,
-            n,
-            location,
-            False,
-            source.location if source else None,
-            self.parallelism,
-            records=sum(int(r["records"]) for r in reports),
-            outputs=sum(int(r["outputs"]) for r in reports),
-            reused_subtasks=reused,
-            restored_subtasks=len(reports) - reused,
-            restored_locally=how.count("local"),
-            restored_remotely=how.count("remote"),
-            bytes_downloaded=sum(int(r.get("downloaded", 0)) for r in reports),
-            local_recovery=_local_recovery_status(reports),
-            local_copies_rejected=sum(int(r.get("copies_rejected", 0)) for r in reports),
-            local_copy_rejections=tuple(str(m) for r in reports for m in r.get("copy_rejections") or ()),
-            handed_off=sum(1 for r in reports if r.get("handed_from") is not None),
-            handoff=batch_status(self.handoff_enabled, [r.get("handoff") for r in reports]),
-            executor_pids=tuple(sorted({int(r["pid"]) for r in reports})),
-            subtask_locations=dict(sorted(locations.items())),
-            locality=self.locality_status,
-            late_records=sum(int(r.get("late", 0)) for r in reports),
-            bad_records=sum(int(r.get("bad", 0)) for r in reports),
-            timers_fired=sum(int(r.get("fired", 0)) for r in reports),
-            watermark=new_watermark,
-            phases=phases,
-        )
+        return reports, locations
+
+    def _sink(self, processed: DataFrame, batch_id: int, late_schema: T.StructType | None) -> None:
+        """The batch's late rows to the late-records sink, its outputs to the sink."""
+        spec = self.spec
+        outputs = processed.where(F.col(HANDLE_COLUMN).isNull())
+        if late_schema is not None:
+            assert spec.late_sink is not None
+            late = outputs.where(F.col(LATE_COLUMN).isNotNull()).select(
+                *(F.col(LATE_PREFIX + c).alias(c) for c in late_schema.names)
+            )
+            spec.late_sink(late, batch_id)
+            outputs = outputs.where(F.col(LATE_COLUMN).isNull())
+        if spec.sink is not None:
+            spec.sink(outputs.select(*spec.output_schema.names), batch_id)
+
+    def _complete(self, batch: _Batch, reports: list[TaskReport]) -> tuple[str, int]:
+        """Complete the batch's checkpoint from the tasks' reports; its location and the new watermark."""
+        t = time.perf_counter()
+        source = batch.source
+        watermark = self._next_watermark(batch.watermark, reports, source.location if source else None)
+        properties: dict[str, Any] = {
+            QUERY_PROPERTY: batch.query,
+            BATCH_PROPERTY: batch.batch_id,
+            TOKEN_PROPERTY: batch.token,
+            ATTEMPTS_PROPERTY: {str(r.subtask): r.attempt for r in reports},
+        }
+        if watermark != MIN_WATERMARK:
+            properties[WATERMARK_PROPERTY] = watermark
+        location = self.coordinator.complete(batch.pending, [r.state for r in reports], properties)
+        batch.phases["checkpoint"] = time.perf_counter() - t
+        return location, watermark
+
+    def _warn_of_late_rows(self, info: BatchInfo) -> None:
+        spec = self.spec
         et = spec.event_time
         if info.late_records and spec.late_sink is None and et is not None and et.late != "process":
             warnings.warn(
-                f"statekit job {spec.job_id!r}, micro-batch {batch_id}: {info.late_records} late rows "
+                f"statekit job {spec.job_id!r}, micro-batch {info.batch_id}: {info.late_records} late rows "
                 "(event time at or below the watermark) were counted and not processed; add "
                 "foreach_late_batch() to receive them, or EventTime(late='process')",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
-        self._notify(info)
-        return info
 
     def _ship_metadata(self, data: bytes, source: CompletedCheckpoint | None) -> Any:
         """How the tasks get the restore checkpoint's metadata: inside the task, a broadcast, or the storage.
@@ -704,7 +477,7 @@ class Coordinator:
             return InlineMetadata(data)
         return StoredMetadata(source.location, hashlib.sha256(data).hexdigest())
 
-    def _next_watermark(self, current: int, reports: list[dict[str, Any]], source: str | None) -> int:
+    def _next_watermark(self, current: int, reports: list[TaskReport], source: str | None) -> int:
         """The watermark the next batch runs with: the largest event time seen minus the delay.
 
         Also after an end of input: its tasks fired every timer as at the end
@@ -715,23 +488,24 @@ class Coordinator:
         of input; its rows are all late, which is said here.
         """
         if current == MAX_WATERMARK:
-            late = sum(int(r.get("late", 0)) for r in reports)
+            late = sum(r.late for r in reports)
             if late:
                 warnings.warn(
-                    _end_of_time_message(f"statekit job {self.spec.job_id!r}", source, f"all {late} rows"),
+                    end_of_time_message(f"statekit job {self.spec.job_id!r}", source, f"all {late} rows"),
                     RuntimeWarning,
-                    stacklevel=3,
+                    stacklevel=4,
                 )
             return current
         et = self.spec.event_time
         if et is None:
             return current
-        seen = [int(r["max_event_time"]) for r in reports if r.get("max_event_time") is not None]
+        seen = [r.max_event_time for r in reports if r.max_event_time is not None]
         return et.watermark(current, max(seen) if seen else None)
 
-    def _reports(self, descriptions: list[str]) -> list[dict[str, Any]]:
-        reports = sorted((json.loads(d) for d in descriptions), key=lambda r: int(r["subtask"]))
-        seen = [int(r["subtask"]) for r in reports]
+    def _reports(self, descriptions: list[str]) -> list[TaskReport]:
+        """The tasks' reports, one per subtask, by subtask; else the batch is not committed."""
+        reports = sorted((TaskReport.from_json(d) for d in descriptions), key=lambda r: r.subtask)
+        seen = [r.subtask for r in reports]
         if seen != list(range(self.parallelism)):
             raise CheckpointError(
                 f"expected one snapshot from each of subtasks 0..{self.parallelism - 1}, got subtasks "
@@ -742,6 +516,30 @@ class Coordinator:
     def _notify(self, info: BatchInfo) -> None:
         if self.spec.on_batch is not None:
             self.spec.on_batch(info)
+
+
+def _configuration(spec: JobSpec, session: SparkSession, registry: PluginRegistry) -> Configuration:
+    """The query's configuration, validated, with its local paths resolved, its backend known to load.
+
+    Raises:
+        ConfigurationError, UnknownPluginError, PluginError: On a bad configuration.
+    """
+    conf = spark_configuration(session, spec.config)
+    conf.validate(registry)
+    conf = resolve_dead_letters(conf, connect=is_connect(session))
+    state_backend_from_config(conf, registry)  # fail on the driver, not in every task
+    return conf
+
+
+def _is_vectorized(spec: JobSpec) -> bool:
+    """Whether the job's function is a batch function; made once here, so a bad factory fails now."""
+    function = spec.function_factory()
+    if not isinstance(function, KeyedProcessFunction):
+        raise TypeError(
+            f"the function factory made a {type(function).__name__}, not a KeyedProcessFunction "
+            "or KeyedBatchFunction"
+        )
+    return isinstance(function, KeyedBatchFunction)
 
 
 def _locality(session: SparkSession, mode: str) -> tuple[JvmLocality | None, str]:
@@ -842,15 +640,6 @@ def _task_damage(e: Exception, source: CompletedCheckpoint | None) -> CorruptChe
     return CorruptCheckpointError(source.location, problem + _SPARK_WAYS_OUT)
 
 
-def _local_recovery_status(reports: list[dict[str, Any]]) -> str:
-    """``BatchInfo.local_recovery``: on, off, or off with every distinct reason the tasks gave."""
-    statuses = [str(r.get("local_recovery", "off")) for r in reports]
-    reasons = sorted({s.removeprefix("off: ") for s in statuses if s.startswith("off: ")})
-    if reasons:
-        return "off: " + "; ".join(reasons)
-    return "on" if statuses and all(s == "on" for s in statuses) else "off"
-
-
 def _attempts(source: CompletedCheckpoint | None) -> dict[int, str]:
     """Which task attempt wrote each subtask's snapshot in ``source`` (none if not made here)."""
     if source is None:
@@ -872,74 +661,3 @@ def _origin(props: dict[str, Any]) -> str:
     if query == STATIC_QUERY:
         return f"a static run (batch {props.get(BATCH_PROPERTY)})"
     return f"Spark query {query} (micro-batch {props.get(BATCH_PROPERTY)})"
-
-
-def resolve_dead_letters(conf: Configuration, *, connect: bool, check: bool = True) -> Configuration:
-    """``conf`` with its local paths absolute, as the driver sees them, and the dead-letter directory checked.
-
-    Executors write the dead letters and the checkpoint files; a relative path
-    would land in each executor's working directory, so it is taken from the
-    driver's working directory when the query starts. From a Spark Connect
-    client the driver is the server, whose working directory the client does
-    not know: a relative dead-letter path is refused there (a relative
-    checkpoints directory stays the server's, as before). With ``check``, the
-    dead-letter directory is made (mode 0700) or checked private here, before
-    any task runs.
-
-    Raises:
-        ConfigurationError: If ``dead-letter`` has no path, or the path is relative under Spark Connect.
-        UnsafeLocalPathError: If the directory is a symlink, someone else's, or group- or other-writable.
-    """
-    if not connect:
-        local = {}
-        for key in ("statekit.checkpoints.dir", "statekit.savepoints.dir"):
-            value = conf.get(key)
-            if value and "://" not in str(value) and not os.path.isabs(str(value)):
-                local[key] = os.path.abspath(str(value))
-        if local:
-            conf = conf.with_options(local)
-    if conf.get("statekit.bad-records.policy") != "dead-letter":
-        return conf
-    path = conf.get("statekit.bad-records.dead-letter-path")
-    if path is None:
-        raise ConfigurationError(
-            "statekit.bad-records.policy=dead-letter needs somewhere to put them on Spark: set "
-            "spark.statekit.bad-records.dead-letter-path to a directory every executor reaches"
-        )
-    text = str(path)
-    if not os.path.isabs(text) and "://" not in text:
-        if connect:
-            raise ConfigurationError(
-                f"spark.statekit.bad-records.dead-letter-path {text!r} is relative: from a Spark Connect "
-                "client it would be taken from the server's working directory, which this client does not "
-                "know. Give an absolute path the server's executors reach"
-            )
-        text = os.path.abspath(text)
-    if check:
-        DeadLetterDir(text)  # a URL, a file, a symlink or someone else's directory fail here
-    return conf.with_options({"statekit.bad-records.dead-letter-path": text})
-
-
-def check_columns(df: DataFrame, key_column: str) -> None:
-    """Raise a clear error if the key column is missing or a reserved column name is taken."""
-    from ._routing import RESERVED_COLUMNS
-
-    if key_column not in df.columns:
-        raise ConfigurationError(f"key column {key_column!r} is not a column of the DataFrame: {df.columns}")
-    taken = [c for c in df.columns if c in RESERVED_COLUMNS or c.startswith("__statekit_")]
-    if taken:
-        raise ConfigurationError(f"column names {taken} are reserved by statekit.spark; rename them")
-
-
-def check_key_type(serializer: TypeSerializer, data_type: T.DataType, key_column: str) -> None:
-    """Refuse, before anything runs, a ``str`` or ``int`` key type over a column of another type."""
-    from ..serialization._serializers import IntSerializer, StrSerializer
-    from ._routing import supports_sql_routing
-
-    if type(serializer) in (StrSerializer, IntSerializer) and not supports_sql_routing(serializer, data_type):
-        kind = "str" if type(serializer) is StrSerializer else "int"
-        raise ConfigurationError(
-            f"key column {key_column!r} is {data_type.simpleString()}, not a {kind} column: pass the "
-            "key_type that matches its values (str for string columns, int for integer columns, "
-            "bytes for binary ones)"
-        )

@@ -13,7 +13,9 @@ Flink never moves state between checkpoints:
   owner file per subtask (``<pid> <task attempt>``) in a private directory
   (``$TMPDIR/statekit-<uid>``, see below), and a Unix socket served by a
   daemon thread of that worker. Both are named after the executor's local
-  directory, so only workers of the same executor ever find each other.
+  directory, so only workers of the same executor ever find each other; a
+  worker that ran queries with different local directories
+  (``statekit.local-dir``) serves a socket under each of them.
 * A task whose subtask is open in a sibling worker, at exactly the attempt the
   driver's checkpoint recorded, connects to it and sends a header (the task's
   plan); the sibling accepts only if it still holds that attempt's state.
@@ -26,7 +28,10 @@ Flink never moves state between checkpoints:
   a sibling that sends nothing, not even a heartbeat, for
   ``statekit.spark.worker-handoff.timeout`` (a stopped or hung process):
   Spark's retry restores from the checkpoint, and the sibling, whose task run
-  did not finish, drops the state (as a failed task does).
+  did not finish, drops the state (as a failed task does). The sibling waits
+  as long at most for the task's input: a task that stops sending it ends the
+  run there too (:class:`InputStopped`; the handler drops what it took and
+  says so in its log).
 
 The directory is confined to the user (:mod:`statekit._localfs`): created
 with mode 0700, and refused if it is someone else's, a symlink, or writable
@@ -65,7 +70,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from .._errors import CheckpointError, UnsafeLocalPathError
 from .._localfs import private_dir, read_no_follow, write_atomically
 
-__all__ = ["Accepts", "Handle", "announce", "batch_status", "forward", "owner_of", "status"]
+__all__ = ["Accepts", "Handle", "InputStopped", "announce", "batch_status", "forward", "owner_of", "status"]
 
 #: Whether the process holds the state a header asks for (the header is the task's plan and ids).
 Accepts = Callable[[dict[str, Any]], bool]
@@ -80,7 +85,9 @@ _BATCH, _HEARTBEAT, _DONE, _FAILED = b"B", b"H", b"D", b"E"
 _HANDSHAKE_TIMEOUT_S = 30.0
 _LEN = struct.Struct(">Q")
 _lock = threading.Lock()
-_server: _Server | None = None
+#: This worker's servers, one per socket path (an executor's local directory under a hand-off
+#: directory): a worker that ran tasks of queries with another statekit.local-dir serves them all.
+_servers: dict[str, _Server] = {}
 _warned = False
 #: Why this process cannot serve hand-offs (its Unix socket failed), None while it can.
 _serve_failure: str | None = None
@@ -215,7 +222,7 @@ def forward(
     if directory is None:
         return None
     path = _socket_path(directory, local_root, pid)
-    header = {**header, "heartbeat": _heartbeat_interval(timeout)}
+    header = {**header, "heartbeat": _heartbeat_interval(timeout), "timeout": timeout}
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(min(_HANDSHAKE_TIMEOUT_S, timeout))
@@ -250,59 +257,20 @@ def _exchange(
     timeout: float,
 ) -> Iterator[Any]:
     """The accepted hand-off: input streams out from a thread, output frames come back here."""
-    failure: list[BaseException] = []
     where = f"Python worker {pid} (socket {path}; it held subtask {header.get('subtask')}'s open state)"
-
-    def send() -> None:
-        try:
-            with sock.makefile("wb") as f:
-                writer = pa.ipc.new_stream(f, first.schema)
-                writer.write_batch(first)
-                for batch in rest:
-                    writer.write_batch(batch)
-                writer.close()
-        except BaseException as e:  # noqa: BLE001 - handed to the task's thread below
-            failure.append(e)
-        finally:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_WR)
-
-    def read(n: int) -> bytes:
-        try:
-            return _recv_within(sock, n, timeout)
-        except TimeoutError:
-            raise CheckpointError(
-                f"the hand-off to {where} received nothing for {timeout:g} s, not even a heartbeat "
-                "(statekit.spark.worker-handoff.timeout): that worker is stopped or hung. Spark "
-                "retries the task, which restores the subtask from the checkpoint"
-            ) from None
-        except (OSError, EOFError) as e:
-            sender.join()
-            if failure:
-                raise failure[0] from None
-            raise CheckpointError(
-                f"the hand-off to {where} broke off mid-task ({e}); Spark retries the task, "
-                "which restores the subtask from the checkpoint"
-            ) from e
-
-    sender = threading.Thread(target=send, name="statekit-handoff-send", daemon=True)
-    sender.start()
+    sender = _Sender(sock, first, rest)
     finished = False
     try:
         while True:
-            kind = read(1)
+            kind = _frame_kind(sock, sender, where, timeout)
             if kind == _HEARTBEAT:
                 continue
             if kind == _BATCH:
-                (n,) = _LEN.unpack(read(_LEN.size))
-                yield from pa.ipc.open_stream(pa.py_buffer(read(n)))
+                yield from pa.ipc.open_stream(pa.py_buffer(_frame_body(sock, sender, where, timeout)))
                 continue
             if kind == _FAILED:
-                (n,) = _LEN.unpack(read(_LEN.size))
-                error = _loads(read(n))
-                sender.join()
-                if failure:  # the input broke first: that is the task's error
-                    raise failure[0] from None
+                error = _loads(_frame_body(sock, sender, where, timeout))
+                sender.raise_failure()  # the input broke first: that is the task's error
                 if isinstance(error, BaseException):
                     error.add_note(f"raised in {where}, to which this task handed its rows")
                     raise error
@@ -314,9 +282,7 @@ def _exchange(
                     "retries the task, which restores the subtask from the checkpoint"
                 )
             break
-        sender.join()
-        if failure:
-            raise failure[0]
+        sender.raise_failure()
         finished = True
     finally:
         if not finished:
@@ -325,6 +291,72 @@ def _exchange(
                 sock.shutdown(socket.SHUT_RDWR)
         sock.close()
         sender.join(timeout=5)
+
+
+class _Sender:
+    """Streams a handed-off task's input to the sibling from a thread of its own (an Arrow IPC stream)."""
+
+    def __init__(self, sock: socket.socket, first: Any, rest: Iterator[Any]) -> None:
+        self.failure: list[BaseException] = []
+        self._thread = threading.Thread(
+            target=self._send, args=(sock, first, rest), name="statekit-handoff-send", daemon=True
+        )
+        self._thread.start()
+
+    def _send(self, sock: socket.socket, first: Any, rest: Iterator[Any]) -> None:
+        try:
+            with sock.makefile("wb") as f:
+                writer = pa.ipc.new_stream(f, first.schema)
+                writer.write_batch(first)
+                f.flush()  # each batch as it comes: the sibling works while more input arrives
+                for batch in rest:
+                    writer.write_batch(batch)
+                    f.flush()
+                writer.close()
+        except BaseException as e:  # noqa: BLE001 - handed to the task's thread (raise_failure)
+            self.failure.append(e)
+        finally:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_WR)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the input to be sent (or to fail)."""
+        self._thread.join(timeout)
+
+    def raise_failure(self) -> None:
+        """Once the input is sent: raise what broke it, if anything did."""
+        self.join()
+        if self.failure:
+            raise self.failure[0] from None
+
+
+def _frame_kind(sock: socket.socket, sender: _Sender, where: str, timeout: float) -> bytes:
+    """The kind of the sibling's next frame."""
+    return _read(sock, 1, sender, where, timeout)
+
+
+def _frame_body(sock: socket.socket, sender: _Sender, where: str, timeout: float) -> bytes:
+    """The length-prefixed body of the sibling's frame."""
+    (n,) = _LEN.unpack(_read(sock, _LEN.size, sender, where, timeout))
+    return _read(sock, n, sender, where, timeout)
+
+
+def _read(sock: socket.socket, n: int, sender: _Sender, where: str, timeout: float) -> bytes:
+    """``n`` bytes from the sibling, waiting at most ``timeout`` for each read; errors name it."""
+    try:
+        return _recv_within(sock, n, timeout)
+    except TimeoutError:
+        raise CheckpointError(
+            f"the hand-off to {where} received nothing for {timeout:g} s, not even a heartbeat "
+            "(statekit.spark.worker-handoff.timeout): that worker is stopped or hung. Spark "
+            "retries the task, which restores the subtask from the checkpoint"
+        ) from None
+    except (OSError, EOFError) as e:
+        sender.raise_failure()
+        raise CheckpointError(
+            f"the hand-off to {where} broke off mid-task ({e}); Spark retries the task, "
+            "which restores the subtask from the checkpoint"
+        ) from e
 
 
 class _Server:
@@ -341,15 +373,6 @@ class _Server:
         self.sock.bind(path)
         self.sock.listen(16)
         threading.Thread(target=self._accept, name="statekit-handoff", daemon=True).start()
-
-    def close(self) -> None:
-        """Stop accepting (its thread ends) and remove the socket; connections being served go on."""
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept (Linux)
-        with contextlib.suppress(OSError):
-            self.sock.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
 
     def _accept(self) -> None:
         while True:
@@ -373,7 +396,10 @@ class _Server:
                     conn.sendall(_ACCEPT if ok else _DECLINE)
                     if not ok:
                         return
-                    conn.settimeout(None)
+                    # Every wait for the task that handed off is bounded too: its input may stop
+                    # (a stopped or hung process), and the subtask it asked for is out of the cache.
+                    timeout = header.get("timeout")
+                    conn.settimeout(float(timeout) if isinstance(timeout, (int, float)) else None)
                     self._run(header, rf, conn)
             except (OSError, EOFError, pickle.UnpicklingError, _PeerGone):
                 return  # the task that asked went away; it fails or runs the task itself
@@ -402,7 +428,7 @@ class _Server:
         threading.Thread(target=beat, name="statekit-handoff-heartbeat", daemon=True).start()
         outputs: Iterator[Any] | None = None
         try:
-            outputs = self.handle(header, iter(pa.ipc.open_stream(rf)))
+            outputs = self.handle(header, _input(rf, header))
             for batch in outputs:
                 data = _batch_bytes(batch)
                 send(_BATCH + _LEN.pack(data.size), memoryview(data))
@@ -410,6 +436,10 @@ class _Server:
             send(_DONE)
         except _PeerGone:
             return  # the task that handed off is gone: nothing to tell it
+        except InputStopped:
+            # Its task fails there (Spark retries it). The handler heard of it through its input
+            # and said what it did; the run here did not finish: closing it below ends it.
+            return
         except BaseException as e:  # noqa: BLE001 - the task that handed off raises it
             ended.set()
             with contextlib.suppress(Exception):
@@ -430,23 +460,45 @@ class _PeerGone(Exception):
     """The task that handed off closed its connection (it failed, or gave up waiting)."""
 
 
+class InputStopped(Exception):
+    """A handed-off task sent no input for the hand-off's timeout; raised through the handler's input."""
+
+
+def _input(rf: Any, header: dict[str, Any]) -> Iterator[Any]:
+    """The input batches a handed-off task streams here; its silence past the timeout ends them."""
+    try:
+        yield from pa.ipc.open_stream(rf)
+    except TimeoutError as e:
+        raise InputStopped(
+            f"Python worker {header.get('from')}, which handed its rows here, sent none for "
+            f"{header.get('timeout')} s (statekit.spark.worker-handoff.timeout): it is stopped or hung"
+        ) from e
+
+
 def _serving(directory: str, local_root: str, accepts: Accepts, handle: Handle) -> _Server | None:
-    global _server, _serve_failure
+    """This worker's server for ``local_root`` in ``directory``: the one it has, or a new one.
+
+    A worker keeps serving every path it announced subtasks under: the owner
+    files of another query's subtasks (another ``statekit.local-dir``, or
+    another temporary directory) still name it there.
+    """
+    global _serve_failure
     path = _socket_path(directory, local_root, os.getpid())
     with _lock:
-        if _server is not None and _server.pid == os.getpid():
-            if _server.path == path:
-                return _server
-            _server.close()  # another directory or executor root (tests change TMPDIR): serve there
+        pid = os.getpid()
+        for known in [p for p, server in _servers.items() if server.pid != pid]:
+            del _servers[known]  # a forked parent's servers: its sockets, not this process's to close
+        server = _servers.get(path)
+        if server is not None:
+            return server
         try:
-            _server = _Server(path, accepts, handle)
+            server = _servers[path] = _Server(path, accepts, handle)
         except OSError as e:
-            _server = None
             _serve_failure = f"this Python worker cannot serve the Unix socket {path}: {e}"
             return None
         _serve_failure = None
         _collect_dead(directory)
-        return _server
+        return server
 
 
 def _collect_dead(directory: str) -> None:

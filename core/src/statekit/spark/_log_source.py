@@ -27,6 +27,9 @@ Planning (``latestOffset``) runs on the driver and reads the new bytes once to
 count their lines, so offsets end at line ends (or inside a line longer than
 the limit, which the task reports as a bad record) and carry line numbers for
 bad records; tasks read and parse them on the executors.
+
+:func:`read_logs` is longer than the rest of this package's functions only by
+its docstring, the reference of a public function (its code is a dozen lines).
 """
 
 from __future__ import annotations
@@ -190,6 +193,38 @@ def read_logs(
         SourceError: If a watched directory does not exist.
     """
     given = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
+    options = _reader_options(
+        spark, given, pattern=pattern, inactive_after=inactive_after, on_lost=on_lost,
+        max_lines_per_trigger=max_lines_per_trigger, job_id=job_id, key=key, config=config,
+        max_line_bytes=max_line_bytes, follow_symlinks=follow_symlinks,
+    )  # fmt: skip
+    # Fail here, on the caller's thread, rather than in the query (naming the paths as given).
+    check_watches(watches_for(given, _Options.parse(options).pattern), None)
+    struct = schema if isinstance(schema, T.StructType) else T._parse_datatype_string(schema)
+    if not isinstance(struct, T.StructType):
+        raise ConfigurationError(f"read_logs: schema must be a struct, not {schema!r}")
+    if key is not None and key not in struct.names:
+        raise ConfigurationError(f"read_logs: key {key!r} is not a column of the schema: {struct.names}")
+    source = _source_class(parse, struct)
+    spark.dataSource.register(source)
+    return spark.readStream.format(source.name()).options(**options).load()
+
+
+def _reader_options(
+    spark: SparkSession,
+    given: list[str],
+    *,
+    pattern: str,
+    inactive_after: float,
+    on_lost: str,
+    max_lines_per_trigger: int | None,
+    job_id: str | None,
+    key: str | None,
+    config: Mapping[str, object] | None,
+    max_line_bytes: int | None,
+    follow_symlinks: bool | None,
+) -> dict[str, str]:
+    """The options of :func:`read_logs`' data source: its arguments, then ``config``, then the session's."""
     options: dict[str, str] = {
         "paths": json.dumps([_absolute(p) for p in given]),
         "pattern": pattern,
@@ -200,14 +235,13 @@ def read_logs(
         options["maxLinesPerTrigger"] = str(max_lines_per_trigger)
     if job_id is not None:
         options["jobId"] = job_id
-    key_column = key  # (the loop below reuses the name)
-    if key_column is not None:
-        options["key"] = key_column
+    if key is not None:
+        options["key"] = key
     overrides = {k.removeprefix("spark."): v for k, v in (config or {}).items()}
-    for key, option in _CONFIG_KEYS.items():
-        value = overrides.get(key)
+    for name, option in _CONFIG_KEYS.items():
+        value = overrides.get(name)
         if value is None:
-            value = spark.conf.get(f"spark.{key}", None)
+            value = spark.conf.get(f"spark.{name}", None)
         if value is not None:
             # Executors write the dead letters: a relative path is the driver's, made absolute here.
             options[option] = os.path.abspath(str(value)) if option == "deadLetterPath" else str(value)
@@ -215,18 +249,7 @@ def read_logs(
         options["maxLineBytes"] = str(max_line_bytes)
     if follow_symlinks is not None:
         options["followSymlinks"] = str(bool(follow_symlinks)).lower()
-    # Fail here, on the caller's thread, rather than in the query (naming the paths as given).
-    check_watches(watches_for(given, _Options.parse(options).pattern), None)
-    struct = schema if isinstance(schema, T.StructType) else T._parse_datatype_string(schema)
-    if not isinstance(struct, T.StructType):
-        raise ConfigurationError(f"read_logs: schema must be a struct, not {schema!r}")
-    if key_column is not None and key_column not in struct.names:
-        raise ConfigurationError(
-            f"read_logs: key {key_column!r} is not a column of the schema: {struct.names}"
-        )
-    source = _source_class(parse, struct)
-    spark.dataSource.register(source)
-    return spark.readStream.format(source.name()).options(**options).load()
+    return options
 
 
 def _absolute(path: str) -> str:

@@ -17,12 +17,13 @@ snapshots) even when it receives no record. Tasks never trust the partition id:
 they serve every subtask whose rows they receive, and the driver checks that
 each subtask reported exactly once.
 
-A row without a key group (its key is null, or a Python key its serializer
-refuses) gets no subtask and a null routing value, so every such row of a
-micro-batch lands in one partition (Spark hashes every null alike), whose
-task hands it to the bad-records policy (``statekit.bad-records.*``) with its
-place: the file ``input_file_name()`` names for a file source, read before
-the shuffle, in :data:`PLACE_COLUMN`, and the micro-batch.
+A row without a key group (its key is null, a value Arrow cannot convert to
+Python, or a Python key its serializer refuses) gets no subtask and a null
+routing value, so every such row of a micro-batch lands in one partition
+(Spark hashes every null alike), whose task hands it to the bad-records
+policy (``statekit.bad-records.*``) with its place: the file
+``input_file_name()`` names for a file source, read before the shuffle, in
+:data:`PLACE_COLUMN`, and the micro-batch.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pyspark.sql import types as T
 
 from ..serialization._keygroups import key_group_for_bytes
 from ..serialization._serializers import IntSerializer, StrSerializer, TypeSerializer
+from ._arrow_values import Unconvertible, values_of
 
 __all__ = [
     "KEY_GROUP_COLUMN",
@@ -154,8 +156,9 @@ def with_key_group(
 
 class _PythonKeyGroups:
     """Adds the key-group column in Python, for keys Spark SQL cannot serialize (a module-level class,
-    so that tasks unpickle it by reference). A null key, or one the serializer refuses, gets a null
-    key group: the task that receives the row applies the bad-records policy to it."""
+    so that tasks unpickle it by reference). A null key, one Python cannot hold (a timestamp past the
+    year 9999) or one the serializer refuses gets a null key group: the task that receives the row
+    applies the bad-records policy to it."""
 
     def __init__(self, key_column: str, serializer: TypeSerializer, max_parallelism: int):
         self.key_column = key_column
@@ -167,7 +170,10 @@ class _PythonKeyGroups:
         maxp = self.max_parallelism
         for batch in batches:
             out: list[int | None] = []
-            for key in batch.column(self.key_column).to_pylist():
+            for key in values_of(batch.column(self.key_column)):
+                if isinstance(key, Unconvertible):  # Python has no such value: no key group
+                    out.append(None)
+                    continue
                 try:
                     kg = cache.get(key)
                 except TypeError:  # unhashable (a dict for a dataclass key): no key the serializer takes

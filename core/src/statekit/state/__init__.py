@@ -9,8 +9,9 @@ migrations a restore runs), ``_migration`` (restore plans for changed
 declarations), ``_kvlayout``, ``_kvcolumn``, ``_kvttl`` and ``_kvstate`` (the
 key layout, columns, TTL sweeps and handles of ordered key-value engines:
 ``OrderedKVBackendBase``), ``_operator`` (operator state and its
-redistribution on rescale) and ``_timerstate`` (the reserved names of the
-keyed states that hold timers).
+redistribution on rescale), ``_timerstate`` (the reserved names of the
+keyed states that hold timers) and ``_parameters`` (``KeyedBackendParameters``:
+what a subtask's keyed backend is made from).
 
 What it may import: ``snapshots``, ``serialization`` and ``statekit._errors``.
 Not ``_contracts`` (which names these types), ``timers``, ``checkpoints`` or

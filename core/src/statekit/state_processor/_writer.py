@@ -48,7 +48,15 @@ from ._arrow import arrow_column
 from ._info import StateInfo
 from ._reader import SavepointReader, StateLayout
 
-__all__ = ["SavepointWriter", "canonical_writer", "state_columns", "stored_entries", "verify_written"]
+__all__ = [
+    "BOOTSTRAP_BACKEND",
+    "SavepointWriter",
+    "canonical_writer",
+    "encode_section",
+    "state_columns",
+    "stored_entries",
+    "verify_written",
+]
 
 BOOTSTRAP_BACKEND = "bootstrap"
 _Entry = tuple[Any, Any, Any]

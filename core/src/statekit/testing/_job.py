@@ -1,7 +1,9 @@
 """The kit's harness: the subtasks of one operator, on one backend, at one parallelism.
 
-A :class:`Job` owns ``p`` keyed and operator backends created by a
-:class:`~statekit.backend_api.StateBackend` (each keyed backend with a fresh ``local_dir``),
+A :class:`Job` owns ``p`` subtasks, each the runtime's
+:class:`~statekit.runtime._subtask.Subtask` (keyed and operator backends
+created by a :class:`~statekit.backend_api.StateBackend`, as the runners create theirs;
+each keyed backend with a fresh ``local_dir``),
 routes keys to the subtask owning their key group, snapshots every subtask
 (canonically or natively), restores into a new job at any parallelism, directly
 or through a :class:`~statekit.backend_api.CheckpointStorage`, and reads everything back
@@ -33,9 +35,9 @@ from .._contracts import (
 from .._errors import CorruptSnapshotError
 from ..checkpoints._restore import load_checkpoint
 from ..checkpoints._writing import complete_checkpoint, write_subtask_state
+from ..runtime._subtask import Subtask
 from ..serialization._keygroups import (
     key_group_for_bytes,
-    key_group_range_for_operator,
     operator_index_for_key_group,
 )
 from ..serialization._serializers import StrSerializer, TypeSerializer, serializer_from_config
@@ -50,6 +52,7 @@ from ..snapshots._snapshot import (
     read_header,
 )
 from ..state._operator import OperatorSnapshot, redistribute_operator_state
+from ..state._parameters import KeyedBackendParameters
 from ..state._state import VOID_NAMESPACE, ListStateDescriptor, MapStateDescriptor
 from ._model import NAMESPACE_SERIALIZER, KeyedStateSpec
 from ._violation import NATIVE_REFERENCES_COMPLETED, PropertyViolation
@@ -60,12 +63,12 @@ __all__ = [
     "SPLIT",
     "UNION",
     "BackendFactory",
+    "DeclaredSubtask",
     "DecodedEntry",
     "Job",
     "KitNativeOutput",
     "NativeCheckpoints",
     "StorageFactory",
-    "Subtask",
     "check_native_references",
     "decode_canonical",
     "new_job_id",
@@ -290,18 +293,34 @@ def write_snapshot(snap: Any, keyed: KeyedStateBackend, fmt: str = CANONICAL_FOR
     )
 
 
-@dataclass
-class Subtask:
-    """One subtask of a job: its backends and declared handles."""
+class DeclaredSubtask(Subtask):
+    """One subtask of a kit job: the runtime's :class:`Subtask` (its backends), and the handles declared.
 
-    index: int
-    keyed: KeyedStateBackend
-    operator: OperatorStateBackend
-    local_dir: str
-    handles: dict[str, Any] = field(default_factory=dict)
-    split: Any = None
-    union: Any = None
-    broadcast: Any = None
+    Attributes:
+        handles: The keyed states' handles by name (:meth:`Job.declare_keyed`).
+        split: The even-split operator list (:meth:`Job.declare_operator`).
+        union: The union operator list.
+        broadcast: The broadcast operator map.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        parameters: KeyedBackendParameters,
+        keyed: KeyedStateBackend,
+        operator: OperatorStateBackend,
+    ) -> None:
+        super().__init__(index, parameters, keyed, operator)
+        self.handles: dict[str, Any] = {}
+        self.split: Any = None
+        self.union: Any = None
+        self.broadcast: Any = None
+
+    @property
+    def local_dir(self) -> str:
+        """The keyed backend's working directory."""
+        assert self.parameters.local_dir is not None  # the job gives every subtask one
+        return self.parameters.local_dir
 
 
 class Job:
@@ -339,7 +358,7 @@ class Job:
         self.max_parallelism = max_parallelism
         self.clock = clock
         self.key_serializer = key_serializer or StrSerializer()
-        self.subtasks: list[Subtask] = []
+        self.subtasks: list[DeclaredSubtask] = []
         self.native_checkpoints = NativeCheckpoints()
         self._closed = False
         scratch.mkdir(parents=True, exist_ok=True)
@@ -348,15 +367,18 @@ class Job:
             for i in range(parallelism):
                 local_dir = os.path.join(self._dir, f"subtask-{i}")
                 os.mkdir(local_dir)
-                keyed = (keyed_backend or backend).create_keyed_backend(
+                parameters = KeyedBackendParameters.of_subtask(
+                    i,
+                    parallelism,
                     key_serializer=self.key_serializer,
-                    key_group_range=key_group_range_for_operator(max_parallelism, parallelism, i),
                     max_parallelism=max_parallelism,
                     clock=clock,
                     key_cache_size=key_cache_size,
                     local_dir=local_dir,
                 )
-                self.subtasks.append(Subtask(i, keyed, backend.create_operator_backend(), local_dir))
+                self.subtasks.append(
+                    DeclaredSubtask.create(i, keyed_backend or backend, parameters, operator_backend=backend)
+                )
         except BaseException:
             self.close()
             raise
@@ -367,7 +389,7 @@ class Job:
         """The key group of ``key``."""
         return key_group_for_bytes(self.key_serializer.serialize(key), self.max_parallelism)
 
-    def owner(self, key: Any) -> Subtask:
+    def owner(self, key: Any) -> DeclaredSubtask:
         """The subtask owning ``key``'s key group."""
         i = operator_index_for_key_group(self.max_parallelism, self.parallelism, self.key_group(key))
         return self.subtasks[i]
@@ -554,14 +576,17 @@ class Job:
         if self._closed:
             return
         self._closed = True
+        failure: BaseException | None = None
         try:
             for st in self.subtasks:
                 try:
-                    st.keyed.close()
-                finally:
-                    st.operator.close()
+                    st.close()
+                except BaseException as e:  # noqa: BLE001 - raised below, once every subtask is closed
+                    failure = failure or e
         finally:
             shutil.rmtree(self._dir, ignore_errors=True)
+        if failure is not None:
+            raise failure
 
     def __repr__(self) -> str:
         """Names the backend and the layout."""

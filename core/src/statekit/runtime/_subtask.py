@@ -1,0 +1,184 @@
+"""One subtask of an operator, as every runner holds it: its backends, its function, contexts and timers.
+
+As Flink's ``StreamTaskStateInitializerImpl`` builds each task's keyed and
+operator backends and its timer service whichever deployment runs it, a
+:class:`Subtask` is made the same way by the :class:`~statekit.LocalRunner`,
+a Spark task and the kit's job harness: :meth:`Subtask.create` makes the
+keyed backend from one
+:class:`~statekit.state._parameters.KeyedBackendParameters` and the
+operator backend from the same :class:`~statekit.StateBackend`;
+:meth:`Subtask.bind` gives it the user's function with its runtime context,
+timer service and the contexts ``process`` and ``on_timer`` get;
+:meth:`Subtask.open` opens the function after a restore; :meth:`Subtask.close`
+closes everything and removes the subtask's working directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Callable
+from typing import Any, Self
+
+from .._contracts import KeyedStateBackend, OperatorStateBackend, StateBackend, create_keyed_backend
+from ..state._parameters import KeyedBackendParameters
+from ..state._ttl import Clock
+from ..timers import ProcessingTimeHint
+from ..timers._service import TimeDomain, TimerService
+from ._function import (
+    KeyedProcessFunction,
+    OnTimerContext,
+    ProcessContext,
+    RuntimeContext,
+    fire_timers,
+    timer_service_for,
+)
+
+__all__ = ["Subtask"]
+
+
+class Subtask:
+    """Subtask ``index`` of an operator: its keyed and operator state, and once bound its function.
+
+    Attributes:
+        index: The subtask's index.
+        parameters: What its keyed backend was made from (key groups, serializer, directory).
+        keyed: Its keyed backend.
+        operator: Its operator backend.
+        function: The user's function (after :meth:`bind`).
+        ctx: What the function's ``open`` gets (after :meth:`bind`).
+        timers: Its timer service (after :meth:`bind`).
+        pctx: What ``process`` gets (after :meth:`bind`).
+        tctx: What ``on_timer`` gets (after :meth:`bind`).
+        opened: Whether the function was opened (and so must be closed).
+    """
+
+    __slots__ = (
+        "ctx",
+        "function",
+        "index",
+        "keyed",
+        "opened",
+        "operator",
+        "parameters",
+        "pctx",
+        "tctx",
+        "timers",
+    )
+
+    # Set by bind(); a subtask that only holds state (the kit's) never has them.
+    function: KeyedProcessFunction
+    ctx: RuntimeContext
+    timers: TimerService
+    pctx: ProcessContext
+    tctx: OnTimerContext
+
+    def __init__(
+        self,
+        index: int,
+        parameters: KeyedBackendParameters,
+        keyed: KeyedStateBackend,
+        operator: OperatorStateBackend,
+    ) -> None:
+        self.index = index
+        self.parameters = parameters
+        self.keyed = keyed
+        self.operator = operator
+        self.opened = False
+
+    @classmethod
+    def create(
+        cls,
+        index: int,
+        backend: StateBackend,
+        parameters: KeyedBackendParameters,
+        *,
+        operator_backend: StateBackend | None = None,
+    ) -> Self:
+        """A subtask whose keyed backend ``backend`` makes from ``parameters``, and its operator backend.
+
+        The operator backend comes from ``operator_backend`` if given (the kit
+        pairs cheap keyed backends with the backend under test), else from
+        ``backend``. The subtask owns ``parameters.local_dir`` from here:
+        it is removed when the subtask closes, or now if creating it fails.
+        """
+        try:
+            keyed = create_keyed_backend(backend, parameters)
+            try:
+                operator = (operator_backend or backend).create_operator_backend()
+            except BaseException:
+                keyed.close()
+                raise
+        except BaseException:
+            if parameters.local_dir is not None:
+                shutil.rmtree(parameters.local_dir, ignore_errors=True)
+            raise
+        return cls(index, parameters, keyed, operator)
+
+    def bind(
+        self,
+        function: KeyedProcessFunction,
+        *,
+        job_id: str,
+        parallelism: int,
+        clock: Clock,
+        timer_clock: Callable[[], int] | None = None,
+        hint: ProcessingTimeHint | None = None,
+    ) -> None:
+        """Give the subtask ``function``, with its runtime context, timer service and contexts.
+
+        ``clock`` is the processing time the context answers; ``timer_clock``
+        the one processing-time timers fire by (default ``clock``: on Spark it
+        is the micro-batch's timestamp); ``hint`` is shared with the runner,
+        which learns the earliest processing-time timer from it.
+        """
+        params = self.parameters
+        ctx = RuntimeContext(
+            self.keyed,
+            self.operator,
+            job_id=job_id,
+            subtask_index=self.index,
+            parallelism=parallelism,
+            max_parallelism=params.max_parallelism,
+            clock=clock,
+        )
+        timers = timer_service_for(function, ctx, params.key_serializer, timer_clock or clock, hint)
+        self.function, self.ctx, self.timers = function, ctx, timers
+        self.pctx = ProcessContext(ctx, timers)
+        self.tctx = OnTimerContext(ctx, timers)
+
+    def open(self) -> None:
+        """Open the function (its state is restored by now) and load the timers the state holds."""
+        self.function.open(self.ctx)
+        self.opened = True
+        self.timers.restore_timers()
+
+    def fire(self, domain: TimeDomain, until: int, outputs: list[Any]) -> None:
+        """Call ``on_timer`` for every timer of ``domain`` due at ``until``, collecting outputs."""
+        outputs.extend(fire_timers(self.function, self.tctx, domain, until))
+
+    def close(self) -> None:
+        """Close the function (if opened), the keyed and operator backends; remove the working directory.
+
+        Every step runs even if one before it fails; the first failure is raised after all of them.
+        """
+        steps: list[Callable[[], Any]] = []
+        if self.opened:
+            steps.append(self.function.close)
+        steps += [self.keyed.close, self.operator.close]
+        self.opened = False
+        failure: BaseException | None = None
+        for step in steps:
+            try:
+                step()
+            except BaseException as e:  # noqa: BLE001 - raised below, after every step ran
+                failure = failure or e
+        if self.parameters.local_dir is not None:
+            shutil.rmtree(self.parameters.local_dir, ignore_errors=True)
+        if failure is not None:
+            raise failure
+
+    def discard(self) -> None:
+        """:meth:`close`, best effort: for a subtask dropped while another error is on its way."""
+        with contextlib.suppress(Exception):
+            self.close()

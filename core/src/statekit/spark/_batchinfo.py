@@ -1,0 +1,165 @@
+"""What the driver tells the user of each micro-batch: :class:`BatchInfo`, summed from the tasks' reports."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..checkpoints._restore import CompletedCheckpoint
+from ..timers import MIN_WATERMARK
+from ._handoff import batch_status
+from ._report import SubtaskOrigin, TaskReport
+
+__all__ = ["BatchInfo", "batch_info", "local_recovery_status"]
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """What happened to one micro-batch (or one :meth:`~statekit.spark.ProcessedStream.run`).
+
+    Attributes:
+        batch_id: Spark's batch id (for ``run``, the batch id it was given or chose).
+        checkpoint_id: The checkpoint that holds the state after this batch.
+        location: Where that checkpoint lives.
+        skipped: True if the batch had been completed before (a replay after a
+            driver failure); nothing was processed or written.
+        restored_from: The checkpoint the subtasks started from, None for a fresh start.
+        parallelism: The number of subtasks.
+        records: Records processed.
+        outputs: Output records written to the sink.
+        reused_subtasks: Subtasks whose open state an executor kept from the previous batch.
+        restored_subtasks: Subtasks that did not reuse open state: restored (locally or
+            remotely) or started empty.
+        restored_locally: Of those, subtasks restored reading nothing from the checkpoint
+            storage: from the local copies their executor kept (task-local recovery,
+            ``statekit.local-recovery``), or from state small enough to travel inside
+            the checkpoint's metadata.
+        restored_remotely: Of those, subtasks that read files from the checkpoint storage
+            (only the files their executor had no local copy of).
+        bytes_downloaded: Bytes the restores read from the checkpoint storage.
+        local_recovery: ``"on"``, ``"off"`` (``statekit.local-recovery=false``), or
+            ``"off: <why>"`` when a task found its executor's local-recovery
+            directory unsafe (another user's, writable by others, or a symlink
+            statekit did not make) or could not create it: local recovery is then
+            off in that Python worker, which writes and deletes nothing there.
+        local_copies_rejected: Local copies that were there but not used, each file
+            read from the checkpoint storage instead: its bytes were not the ones the
+            checkpoint records (another checkpoint's or subtask's file, or damaged),
+            or it could not be read, or it was deleted or changed after it was
+            checked. Those subtasks count as ``restored_remotely``.
+        local_copy_rejections: Why, one line per rejected copy naming the checkpoint
+            file (at most ten per subtask).
+        handed_off: Of the reused subtasks, those whose task Spark gave to another Python
+            worker of the executor than the one holding the state, and which handed its
+            rows to that worker (``statekit.spark.worker-handoff``).
+        handoff: ``"on"``, or ``"off: <why>"``: configured off, or a task's Python worker
+            could not take part (its hand-off directory was refused: another user's, a
+            symlink, writable by others; the reason names the path and the way out).
+        executor_pids: The process ids of the Python workers that ran the subtasks.
+        subtask_locations: Where each subtask's task ran (``executor_<host>_<id>``), as
+            the tasks reported it; the next batch prefers the same executors. Empty
+            when locality is off.
+        locality: ``"on"``, or ``"off: <why>"`` (configured off, Spark Connect, or the
+            JVM helper could not be loaded: the reason says how to fix it).
+        late_records: Rows at or below the watermark the batch ran with.
+        bad_records: Rows without a key (null, or refused by the key serializer)
+            skipped into dead letters (``statekit.bad-records.policy=dead-letter``);
+            not in ``records``.
+        timers_fired: Timers that fired in the batch.
+        watermark: The event-time watermark the next batch runs with.
+        phases: Where the batch's time went, in seconds. On the driver (wall
+            time): ``prepare`` (the checkpoint to start from, the plan),
+            ``tasks`` (the Spark job that scans, routes and processes every
+            row and writes the snapshots), ``sink``, ``checkpoint`` (completing
+            it), ``retention``. Summed over the tasks: ``task_input`` (waiting
+            for input rows: shuffle read and Arrow transfer), ``task_restore``
+            (restoring the subtasks that did not reuse open state), ``task_convert``
+            (Arrow to Python), ``task_records`` (the record loop: state access,
+            the function, output rows), ``task_output`` (output Arrow batches),
+            ``task_timers``, ``task_snapshot``, ``task_task`` (the whole task).
+    """
+
+    batch_id: int
+    checkpoint_id: int | None
+    location: str | None
+    skipped: bool
+    restored_from: str | None
+    parallelism: int
+    records: int = 0
+    outputs: int = 0
+    reused_subtasks: int = 0
+    restored_subtasks: int = 0
+    restored_locally: int = 0
+    restored_remotely: int = 0
+    bytes_downloaded: int = 0
+    local_recovery: str = "off"
+    local_copies_rejected: int = 0
+    local_copy_rejections: tuple[str, ...] = ()
+    handed_off: int = 0
+    handoff: str = "on"
+    executor_pids: tuple[int, ...] = ()
+    subtask_locations: Mapping[int, str] = field(default_factory=dict)
+    locality: str = "off"
+    late_records: int = 0
+    bad_records: int = 0
+    timers_fired: int = 0
+    watermark: int = MIN_WATERMARK
+    phases: Mapping[str, float] = field(default_factory=dict)
+
+
+def local_recovery_status(statuses: Sequence[str]) -> str:
+    """``BatchInfo.local_recovery`` from the tasks' statuses: on, off, or off with every distinct reason."""
+    reasons = sorted({s.removeprefix("off: ") for s in statuses if s.startswith("off: ")})
+    if reasons:
+        return "off: " + "; ".join(reasons)
+    return "on" if statuses and all(s == "on" for s in statuses) else "off"
+
+
+def batch_info(
+    batch_id: int,
+    checkpoint_id: int,
+    location: str,
+    source: CompletedCheckpoint | None,
+    parallelism: int,
+    reports: Sequence[TaskReport],
+    *,
+    locations: Mapping[int, str],
+    locality: str,
+    handoff_enabled: bool,
+    watermark: int,
+    phases: dict[str, float],
+) -> BatchInfo:
+    """What a processed micro-batch did, summed over its tasks' reports (``phases`` gets theirs added)."""
+    for r in reports:
+        for name, secs in r.phases.items():
+            phases[f"task_{name}"] = phases.get(f"task_{name}", 0.0) + secs
+    origins = [r.origin for r in reports]
+    reused = sum(1 for o in origins if o.reused)
+    return BatchInfo(
+        batch_id,
+        checkpoint_id,
+        location,
+        False,
+        source.location if source else None,
+        parallelism,
+        records=sum(r.records for r in reports),
+        outputs=sum(r.outputs for r in reports),
+        reused_subtasks=reused,
+        restored_subtasks=len(reports) - reused,
+        restored_locally=origins.count(SubtaskOrigin.RESTORED_LOCALLY),
+        restored_remotely=origins.count(SubtaskOrigin.RESTORED_REMOTELY),
+        bytes_downloaded=sum(r.downloaded for r in reports),
+        local_recovery=local_recovery_status([r.local_recovery for r in reports]),
+        local_copies_rejected=sum(r.copies_rejected for r in reports),
+        local_copy_rejections=tuple(m for r in reports for m in r.copy_rejections),
+        handed_off=origins.count(SubtaskOrigin.HANDED_OFF),
+        handoff=batch_status(handoff_enabled, [r.handoff for r in reports]),
+        executor_pids=tuple(sorted({r.pid for r in reports})),
+        subtask_locations=dict(sorted(locations.items())),
+        locality=locality,
+        late_records=sum(r.late for r in reports),
+        bad_records=sum(r.bad for r in reports),
+        timers_fired=sum(r.fired for r in reports),
+        watermark=watermark,
+        phases=phases,
+    )

@@ -1,0 +1,262 @@
+"""The loops of a task: the per-record loop, the vectorized one, and firing the batch's timers.
+
+The per-record loop is the hot path: every name it uses per row is bound to
+a local variable before the loop, and a subtask's state and function once
+per run of its rows (rows come grouped by subtask).
+
+Timers fire at the end of each task, after its rows: event-time timers at or
+below the batch's watermark (computed by the driver from earlier batches, as
+Spark does), processing-time timers at or below the batch's timestamp. Rows at
+or below the watermark are late: counted, and handed to the late-records sink
+(or to the function, by policy).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+
+from ..runtime._columnar import group_runs
+from ..runtime._function import KeyedBatchFunction, fire_timer_results
+from ..runtime._subtask import Subtask
+from ..timers import MAX_WATERMARK
+from ..timers._eventtime import EventTime
+from ..timers._service import TimeDomain
+from ._arrow_values import Unconvertible, rows_of, values_of
+from ._output import FLUSH_ROWS, TaskOutput
+from ._routing import MARKER_COLUMN, PLACE_COLUMN, SUBTASK_COLUMN
+from ._run import SubtaskCounts, TaskRun
+
+__all__ = ["event_times", "fire_timers", "process_groups", "process_records"]
+
+_NO_SUBTASK = object()
+
+
+def process_records(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
+    """The per-record loop: ``process`` per row, in the order rows arrive."""
+    plan, out, phases, bad_keys = run.plan, run.out, run.phases, run.bad_keys
+    et = plan.event_time
+    pending = out.rows
+    append, width = pending.append, len(out.names)
+    key_column = plan.key_column
+    clock = time.perf_counter
+    it = iter(batches)
+    while True:
+        t = clock()
+        batch = next(it, None)
+        phases["input"] += clock() - t
+        if batch is None:
+            return
+        t = clock()
+        subtasks = batch.column(SUBTASK_COLUMN).to_pylist()
+        markers = batch.column(MARKER_COLUMN).to_pylist()
+        records, whole = rows_of(batch.select(list(plan.input_columns)))
+        if not whole:
+            _refuse_unconvertible(records, subtasks)
+        times = event_times(batch, et) if et is not None else None
+        late_rows: list[int] = []
+        places = batch.column(PLACE_COLUMN).to_pylist() if None in subtasks else None
+        bad_keys.rows_read += len(subtasks)
+        t_loop = clock()
+        phases["convert"] += t_loop - t
+        restoring = phases["restore"]  # a restore inside the loop is the restore's time
+        cur: Any = _NO_SUBTASK
+        for row, (index, marker, record) in enumerate(zip(subtasks, markers, records)):
+            if index is None:
+                assert places is not None
+                bad_keys.reject(record, places[row])
+                continue
+            if index != cur:
+                # Rows come grouped by subtask: bind its state and function once per run.
+                st = run.subtask(index)
+                counts = run.counts[index]
+                cur = index
+                set_key, pctx, process = st.keyed.set_current_key, st.pctx, st.function.process
+            if marker:
+                bad_keys.rows_read -= 1
+                continue
+            ts = None
+            if times is not None:
+                ts = times[row]
+                if ts is not None and run.late(counts, ts, row, late_rows):
+                    continue
+            key = record[key_column]
+            set_key(key)
+            pctx.current_key = key
+            pctx.timestamp = ts
+            counts.records += 1
+            result = process(record, pctx)
+            if result is not None:
+                for o in result:
+                    if type(o) is tuple and len(o) == width:  # out.add's common case, inline
+                        append(o)
+                    else:
+                        out.add(o)
+                    counts.outputs += 1
+                if len(pending) >= FLUSH_ROWS:
+                    t = clock()
+                    flushed = out.flush()
+                    phases["output"] += clock() - t
+                    yield flushed
+                    t_loop += clock() - t  # the flush and the consumer's turn are not the loop's
+        phases["records"] += clock() - t_loop - (phases["restore"] - restoring)
+        if late_rows:
+            yield out.late(batch, late_rows)
+
+
+def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
+    """The vectorized loop: every input row first, then ``process_batch`` once per subtask and key."""
+    plan, out, phases, bad_keys = run.plan, run.out, run.phases, run.bad_keys
+    clock = time.perf_counter
+    t = clock()
+    received = [b for b in batches if b.num_rows]
+    phases["input"] += clock() - t
+    if not received:
+        return
+    t = clock()
+    batch = pa.Table.from_batches(received).combine_chunks().to_batches()[0]
+    subtasks = batch.column(SUBTASK_COLUMN).to_pylist()
+    markers = batch.column(MARKER_COLUMN).to_pylist()
+    keys = values_of(batch.column(plan.key_column))
+    bad_keys.rows_read += len(markers) - sum(markers)
+    if None in subtasks:  # rows without a key group: bad records, never in a group
+        _reject_unrouted(run, batch, subtasks)
+    served = {index for index in subtasks if index is not None}
+    restoring = phases["restore"]
+    for index in sorted(served):
+        run.subtask(index)  # every subtask whose rows (or marker) came here runs and snapshots
+    late_rows: list[int] = []
+    et = plan.event_time
+    if et is None:
+        rows = [
+            row
+            for row, (index, marker) in enumerate(zip(subtasks, markers))
+            if not marker and index is not None
+        ]
+    else:
+        rows = []
+        times = event_times(batch, et)
+        counts_of = run.counts
+        for row, (index, marker) in enumerate(zip(subtasks, markers)):
+            if marker or index is None:
+                continue
+            ts = times[row]
+            if ts is not None and run.late(counts_of[index], ts, row, late_rows):
+                continue
+            rows.append(row)
+    serialize = plan.key_serializer.serialize
+    if len(served) == 1:  # the usual case: one subtask per partition, group on the key alone
+        (only,) = served
+        order, key_runs = group_runs(keys, rows, fallback=serialize)
+        runs = [((only, key), offset, length) for key, offset, length in key_runs]
+    else:
+        order, runs = group_runs(
+            list(zip(subtasks, keys)), rows, fallback=lambda sk: (sk[0], serialize(sk[1]))
+        )
+    grouped = batch.select(list(plan.input_columns)).take(pa.array(order, pa.int64()))
+    t_loop = clock()
+    phases["convert"] += t_loop - t - (phases["restore"] - restoring)
+    cur: Any = _NO_SUBTASK
+    for (index, key), offset, length in runs:
+        if index != cur:
+            st = run.active[index].subtask
+            counts = run.counts[index]
+            cur = index
+            function = st.function
+            assert isinstance(function, KeyedBatchFunction)  # plan.vectorized says so
+            set_key, pctx, process_batch = st.keyed.set_current_key, st.pctx, function.process_batch
+            pctx.timestamp = None
+        set_key(key)
+        pctx.current_key = key
+        counts.records += length
+        result = process_batch(grouped.slice(offset, length), pctx)
+        if result is not None:
+            counts.outputs += out.add_columns(result)
+            if out.size >= FLUSH_ROWS:
+                t = clock()
+                flushed = out.flush()
+                phases["output"] += clock() - t
+                yield flushed
+                t_loop += clock() - t
+    phases["records"] += clock() - t_loop
+    if late_rows:
+        yield out.late(batch, late_rows)
+
+
+def _reject_unrouted(run: TaskRun, batch: Any, subtasks: list[int | None]) -> None:
+    """The rows of ``batch`` routed to no subtask (``subtasks`` says which), to the bad-records policy."""
+    bad = pa.array([row for row, index in enumerate(subtasks) if index is None], pa.int64())
+    places = batch.column(PLACE_COLUMN).take(bad).to_pylist()
+    rejected, _ = rows_of(batch.select(list(run.plan.input_columns)).take(bad))
+    for record, place in zip(rejected, places):
+        run.bad_keys.reject(record, place)
+
+
+def _refuse_unconvertible(records: list[dict[str, Any]], subtasks: list[int | None]) -> None:
+    """Fail on a row routed to a subtask with a value Python cannot hold (its key has one: it is bad).
+
+    Raises:
+        ValueError: Naming the value and its column.
+    """
+    for record, index in zip(records, subtasks):
+        if index is not None:
+            for name, value in record.items():
+                if isinstance(value, Unconvertible):
+                    raise value.describe(name)
+
+
+def fire_timers(run: TaskRun) -> Iterator[Any]:
+    """The batch's time: timers due at its watermark and timestamp fire, in order per subtask."""
+    plan, out, clock = run.plan, run.out, time.perf_counter
+    t = clock()
+    fire_until = MAX_WATERMARK if plan.end_of_input else plan.watermark
+    for index, open_st in sorted(run.active.items()):
+        st, counts = open_st.subtask, run.counts[index]
+        st.timers.set_watermark(fire_until)
+        _fire(st, counts, TimeDomain.EVENT_TIME, fire_until, out)
+        if plan.end_of_input:
+            # The end of time lasts for this firing only (the checkpoint keeps the rows'
+            # watermark): a subtask this process keeps for the next batch must not keep it.
+            st.timers.end_of_time_passed(plan.watermark)
+        _fire(st, counts, TimeDomain.PROCESSING_TIME, plan.batch_timestamp_ms, out)
+        if out.size >= FLUSH_ROWS:
+            yield out.flush()
+    run.phases["timers"] += clock() - t
+    if out.size:
+        t = clock()
+        flushed = out.flush()
+        run.phases["output"] += clock() - t
+        yield flushed
+
+
+def _fire(st: Subtask, counts: SubtaskCounts, domain: TimeDomain, until: int, out: TaskOutput) -> None:
+    """``on_timer`` for every timer of ``domain`` due at ``until``; its results into ``out``, counted."""
+    before = st.timers.fired
+    counts.outputs += sum(out.add_result(r) for r in fire_timer_results(st.function, st.tctx, domain, until))
+    counts.fired += st.timers.fired - before
+
+
+def event_times(batch: Any, et: EventTime) -> list[int | None]:
+    """The event time of every row of ``batch`` in epoch ms (None where null)."""
+    name = et.field
+    if not isinstance(name, str):
+        raise TypeError("on Spark, EventTime(field=...) names a column")
+    col = batch.column(name)
+    typ = col.type
+    if pa.types.is_timestamp(typ):
+        raw = col.cast(pa.int64()).to_pylist()
+        unit = typ.unit
+        if unit == "ms":
+            return raw  # type: ignore[no-any-return]
+        if unit == "s":
+            return [None if v is None else v * 1000 for v in raw]
+        div = 1000 if unit == "us" else 1_000_000
+        return [None if v is None else v // div for v in raw]
+    if pa.types.is_integer(typ):
+        return col.to_pylist()  # type: ignore[no-any-return]
+    raise TypeError(
+        f"event-time column {name!r} is {typ}: use a timestamp column or epoch milliseconds as a long"
+    )
