@@ -20,9 +20,11 @@ import pytest
 from sparkutil import OUTPUT, SCHEMA, assert_exact_state
 
 from jobs import CountUrls, make_records
-from statekit import CorruptCheckpointError, FencedError, LocalRunner, load_checkpoint
+from statekit import LocalRunner
+from statekit.checkpointing import load_checkpoint
 from statekit.checkpoints import _coordinator
 from statekit.checkpoints._verify import verify_checkpoint
+from statekit.errors import CorruptCheckpointError, FencedError
 from statekit.serialization._keygroups import KeyGroupRange
 from statekit.spark import keyed
 from statekit.spark._driver import BATCH_PROPERTY, QUERY_PROPERTY, STATIC_QUERY, MicroBatchDriver

@@ -58,7 +58,7 @@ def latest_batch(checkpoints: Path, job_id: str) -> int:
     Not the checkpoint id less one: a driver that took over from one that never
     recorded its end (a killed one) numbers its checkpoints one further.
     """
-    from statekit import load_checkpoint
+    from statekit.checkpointing import load_checkpoint
     from statekit.spark._driver import BATCH_PROPERTY
     from statekit_storage import FileSystemCheckpointStorage
 
