@@ -33,6 +33,7 @@ from .runtime._function import (
     ProcessContext,
     RuntimeContext,
 )
+from .runtime._raw import RawStateRestoreContext, RawStateSnapshotContext
 from .runtime._runner import FileSource, LocalRunner, RecordSource, ReplayableSource, RunResult
 from .sources._badrecords import BadRecord, BadRecordPolicy
 from .sources._locating import InputLostWarning, LostInput
@@ -85,6 +86,8 @@ __all__ = [
     "Migration",
     "OnTimerContext",
     "ProcessContext",
+    "RawStateRestoreContext",
+    "RawStateSnapshotContext",
     "RecordSource",
     "ReducingState",
     "ReducingStateDescriptor",

@@ -46,7 +46,9 @@ from ..state._operator import (
     redistribute_operator_state,
 )
 from ..state._parameters import KeyedBackendParameters
+from ..state._raw import RawSnapshot
 from ._metadata import CheckpointMetadata, SubtaskState, metadata_at, naming_damage, typed
+from ._raw import has_raw_state, read_raw_state
 
 __all__ = ["CompletedCheckpoint", "load_checkpoint"]
 
@@ -261,6 +263,28 @@ class CompletedCheckpoint:
                 old.append(None)
         return redistribute_operator_state(old, new_parallelism)
 
+    def has_raw_state(self, operator_id: str) -> bool:
+        """Whether any subtask of ``operator_id`` wrote raw state into this checkpoint."""
+        return has_raw_state(self.metadata.operators.get(operator_id, []))
+
+    @_names_damage
+    def raw_state(self, operator_id: str, subtask_index: int, parallelism: int) -> RawSnapshot:
+        """The raw state new subtask ``subtask_index`` of ``parallelism`` restores, every byte checked.
+
+        The blocks of the key groups it owns (at any parallelism) and its even
+        split of the raw operator items; empty where the checkpoint holds none.
+        """
+        validate_parallelism(parallelism, self.metadata.max_parallelism)
+        return read_raw_state(
+            self.storage,
+            self.location,
+            operator_id,
+            self.metadata.operators.get(operator_id, []),
+            self.metadata.max_parallelism,
+            subtask_index,
+            parallelism,
+        )
+
     @_names_damage
     def restore_subtask(
         self,
@@ -306,7 +330,8 @@ class CompletedCheckpoint:
 
 def _has_state(sts: Sequence[SubtaskState]) -> bool:
     return any(
-        (st.keyed and (st.keyed.get("entries") or st.keyed.get("native"))) or st.operator for st in sts
+        (st.keyed and (st.keyed.get("entries") or st.keyed.get("native"))) or st.operator or st.raw
+        for st in sts
     )
 
 

@@ -128,6 +128,7 @@ def _operator_of(runner: LocalRunner, conf: Configuration) -> OperatorSubtasks:
         key_cache_size=int(conf.get("statekit.key-cache-size")),
         local_dir_parent=conf.get("statekit.local-dir"),
         hint=runner._time.processing_hint,
+        allow_non_restored_state=runner.allow_non_restored_state,
     )
 
 

@@ -206,6 +206,7 @@ def _restore(plan: TaskPlan, index: int, source: RestoreSource, st: OpenSubtask)
     cp.restore_subtask(
         plan.operator_id, index, plan.parallelism, keyed, operator, operator_states=source.operator_states()
     )
+    st.subtask.restore_raw(cp, plan.operator_id, plan.parallelism)
     if plan.restore_claimed and isinstance(keyed, SupportsNativeSnapshot):
         # A completed checkpoint of this job in this storage: the instance may keep
         # referencing the files it restored (the completion contract's claim).

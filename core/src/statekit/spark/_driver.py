@@ -52,7 +52,8 @@ from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
 from ..plugins._config import Configuration
 from ..plugins._registry import PluginRegistry, default_registry
 from ..runtime._configured import state_backend_from_config
-from ..runtime._function import KeyedBatchFunction, KeyedProcessFunction
+from ..runtime._function import KeyedBatchFunction, KeyedProcessFunction, declares_raw_restore
+from ..runtime._raw import check_raw_state_claimed
 from ..runtime._time import end_of_time_message
 from ..serialization._keygroups import compute_default_max_parallelism, validate_parallelism
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY
@@ -145,7 +146,9 @@ class MicroBatchDriver:
         self.session = session
         self.registry = default_registry()
         self.config = conf = _configuration(spec, session, self.registry)
-        self.vectorized = _is_vectorized(spec)
+        function = _made_function(spec)
+        self.vectorized = isinstance(function, KeyedBatchFunction)
+        self.function_name, self.restores_raw_state = type(function).__name__, declares_raw_restore(function)
         self.storage = driver_storage(conf, self.registry)
         self.restore = restore
         self.run_id = uuid.uuid4().hex
@@ -198,6 +201,13 @@ class MicroBatchDriver:
         cp.validate(
             max_parallelism=self.max_parallelism,
             operators={self.spec.operator_id: self.parallelism},
+            allow_non_restored_state=self.spec.allow_non_restored_state,
+        )
+        check_raw_state_claimed(
+            cp,
+            self.spec.operator_id,
+            self.function_name,
+            restores=self.restores_raw_state,
             allow_non_restored_state=self.spec.allow_non_restored_state,
         )
 
@@ -531,15 +541,15 @@ def _configuration(spec: JobSpec, session: SparkSession, registry: PluginRegistr
     return conf
 
 
-def _is_vectorized(spec: JobSpec) -> bool:
-    """Whether the job's function is a batch function; made once here, so a bad factory fails now."""
+def _made_function(spec: JobSpec) -> KeyedProcessFunction:
+    """The job's function, made once here so that a bad factory fails now (what kind it is, which hooks)."""
     function = spec.function_factory()
     if not isinstance(function, KeyedProcessFunction):
         raise TypeError(
             f"the function factory made a {type(function).__name__}, not a KeyedProcessFunction "
             "or KeyedBatchFunction"
         )
-    return isinstance(function, KeyedBatchFunction)
+    return function
 
 
 def _locality(session: SparkSession, mode: str) -> tuple[JvmLocality | None, str]:

@@ -79,6 +79,7 @@ def write_snapshots(run: TaskRun) -> tuple[list[tuple[int, SubtaskState]], str]:
                 st.operator,
                 max_state_size=storage.max_state_size,
                 native_checkpoint_id=native,
+                raw=st.snapshot_raw(),
             )
         except BaseException:
             if local is not None:

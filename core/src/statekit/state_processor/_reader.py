@@ -32,6 +32,7 @@ from ..snapshots._snapshot import (
 )
 from ..state._migration import lineage_of, version_of
 from ..state._operator import OperatorStateMode
+from ..state._raw import RawSnapshot
 from ..state._state import VOID_NAMESPACE
 from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX, WATERMARK_PROPERTY
 from ..timers._service import TimeDomain, decode_timer
@@ -457,6 +458,28 @@ class SavepointReader(BlockReading):
         return pa.table(
             {"position": pa.array(range(len(values)), pa.int32()), "value": cols[0].array(values)}
         )
+
+    # --- raw state ------------------------------------------------------------------
+
+    def raw_state(self, operator: str) -> RawSnapshot:
+        """The raw state of ``operator`` as bytes, as a restore at parallelism 1 would get it.
+
+        ``keyed`` maps each key group to the bytes the function wrote for it
+        (``snapshot_raw_state``'s ``raw_keyed_output``), ``items`` holds the raw
+        operator items of every subtask in subtask order. Both are empty when
+        the operator wrote none. Every byte is checked against the digests
+        ``_metadata`` records.
+
+        Raises:
+            StateError: If the checkpoint has no operator ``operator``.
+            CorruptCheckpointError: Naming the file and key group, if a raw state file is damaged.
+        """
+        if operator not in self._cp.metadata.operators:
+            raise StateError(
+                f"{self.location} has no operator {operator!r}; it has: "
+                f"{', '.join(sorted(self._cp.metadata.operators)) or 'none'}"
+            )
+        return self._cp.raw_state(operator, 0, 1)
 
 
 @dataclass(frozen=True)
