@@ -21,8 +21,9 @@ from statekit import (
     RuntimeContext,
 )
 from statekit.checkpointing import load_checkpoint
-from statekit.errors import CorruptCheckpointError, StateMigrationError
-from statekit.state_processor import SavepointReader
+from statekit.cli._cli import main
+from statekit.errors import CorruptCheckpointError, StateError, StateMigrationError
+from statekit.state_processor import SavepointReader, SavepointWriter
 
 MAXP = 128
 RECORDS = [{"url": f"/u{i % 37}"} for i in range(600)]
@@ -72,9 +73,11 @@ def _runner(
     function: type[KeyedProcessFunction] = RawCounter,
     *,
     inline: int = 20480,
+    config_extra: dict[str, Any] | None = None,
     **kw: Any,
 ) -> LocalRunner:
     config = {
+        **(config_extra or {}),
         "statekit.checkpoint.storage.filesystem.inline-threshold": inline,
         "statekit.checkpoints.dir": str(tmp_path / "ckpt"),
         "statekit.savepoints.dir": str(tmp_path / "sp"),
@@ -168,3 +171,69 @@ def test_damaged_raw_state_is_refused_naming_the_file_and_nothing_restored(tmp_p
     with pytest.raises(CorruptCheckpointError, match=os.path.basename(files[0])):
         _runner(tmp_path, 1, inline=0).restore(loc)
     assert load_checkpoint(r1.storage, loc).has_raw_state("process")
+
+
+def _raw_checkpoint(tmp_path: Path, backend: str = "heap") -> tuple[str, Counter[str]]:
+    """A checkpoint of RawCounter at parallelism 2, every file its own, and the counts it holds."""
+    r = _runner(tmp_path, 2, inline=0, config_extra={"statekit.backend": backend})
+    r.run(RecordSource(RECORDS), max_records=300)
+    loc = r.checkpoint()
+    r.close()
+    return loc, Counter(rec["url"] for rec in RECORDS[:300])
+
+
+def _restored_counts(tmp_path: Path, location: str, p: int) -> tuple[Counter[str], list[bytes]]:
+    r = _runner(tmp_path / "again", p)
+    r.restore(location)
+    r.run(RecordSource([]))
+    counts: Counter[str] = Counter()
+    items: list[bytes] = []
+    for fn in _functions(r):
+        for c in fn.counts.values():
+            counts.update(c)
+        items += fn.items or []
+    r.close()
+    return counts, items
+
+
+def test_inspect_shows_raw_sizes_and_verify_reads_raw_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loc, _ = _raw_checkpoint(tmp_path)
+    assert main(["checkpoints", "inspect", loc, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    sizes = {f: sum(s[f] for s in shown["subtasks"]) for f in ("raw_keyed_bytes", "raw_operator_items")}
+    assert sizes["raw_operator_items"] == 2 and sizes["raw_keyed_bytes"] > 0
+    assert shown["operators"]["process"]["raw_operator_items"] == 2
+    assert main(["checkpoints", "inspect", loc]) == 0
+    assert "raw keyed bytes" in capsys.readouterr().out
+    assert main(["checkpoints", "verify", loc]) == 0
+    capsys.readouterr()
+    raw = _raw_files(loc)[1]
+    data = bytearray(Path(raw).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    Path(raw).write_bytes(bytes(data))
+    assert main(["checkpoints", "verify", loc]) == 1
+    assert os.path.basename(raw) in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_savepoint_convert_carries_raw_state(
+    tmp_path: Path, backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loc, counts = _raw_checkpoint(tmp_path, backend)
+    assert main(["savepoint", "convert", loc, "--target", str(tmp_path / "sp"), "--no-progress"]) == 0
+    savepoint = capsys.readouterr().out.strip().rsplit(" ", 1)[-1]
+    got, items = _restored_counts(tmp_path, savepoint, 3)
+    assert got == counts and sorted(items) == [b"origin-0", b"origin-1"]
+
+
+def test_state_processor_rewrite_carries_raw_state_and_refuses_a_new_max_parallelism(tmp_path: Path) -> None:
+    loc, counts = _raw_checkpoint(tmp_path)
+    rewritten = SavepointWriter.from_existing(loc).write(str(tmp_path / "rewritten"), parallelism=3)
+    got, items = _restored_counts(tmp_path, rewritten, 1)
+    assert got == counts and items == [b"origin-0", b"origin-1"]
+    writer = SavepointWriter.from_existing(loc).with_max_parallelism(256)
+    with pytest.raises(StateError, match="raw state, kept per key group of max parallelism 128"):
+        writer.write(str(tmp_path / "wider"))
+    assert SavepointWriter.from_existing(loc).remove_operator("process").write(str(tmp_path / "without"))

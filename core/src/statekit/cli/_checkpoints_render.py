@@ -119,7 +119,18 @@ def print_inspection(
 def _print_subtasks(c: Console, subtasks: list[dict[str, Any]]) -> None:
     print_table(
         c,
-        ("operator", "subtask", "key groups", "entries", "bytes", "format", "stored as", "op. state bytes"),
+        (
+            "operator",
+            "subtask",
+            "key groups",
+            "entries",
+            "bytes",
+            "format",
+            "stored as",
+            "op. state bytes",
+            "raw keyed bytes",
+            "raw items",
+        ),
         [
             (
                 s["operator"],
@@ -130,6 +141,8 @@ def _print_subtasks(c: Console, subtasks: list[dict[str, Any]]) -> None:
                 str(s["format"] or "-"),
                 str(s["handle"] or "-"),
                 f"{s['operator_state_bytes']:,}",
+                f"{s['raw_keyed_bytes']:,}",
+                f"{s['raw_operator_items']:,}",
             )
             for s in subtasks
         ],

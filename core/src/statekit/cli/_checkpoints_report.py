@@ -25,6 +25,7 @@ __all__ = [
     "VERIFIED",
     "checkpoint_summary",
     "listed",
+    "raw_sizes",
     "status_fields",
     "unknown_summary",
     "verified",
@@ -43,15 +44,33 @@ def when(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if ms else "-"
 
 
+def raw_sizes(raw: Any) -> dict[str, int]:
+    """What ``inspect`` shows of a subtask's raw state (its metadata entry): bytes per kind, items."""
+    raw = raw if isinstance(raw, dict) else {}
+    items = raw.get("items")
+    spans = items if isinstance(items, list) else []
+    keyed, size = raw.get("keyed_size", 0), raw.get("size", 0)
+    return {
+        "raw_bytes": size if isinstance(size, int) else 0,
+        "raw_keyed_bytes": keyed if isinstance(keyed, int) else 0,
+        "raw_keyed_key_groups": len(raw.get("key_groups") or {}),
+        "raw_operator_items": len(spans),
+    }
+
+
 def checkpoint_summary(location: str, meta: CheckpointMetadata) -> dict[str, Any]:
     operators = {}
     for op, sts in meta.operators.items():
         keyed = [st.keyed for st in sts if st.keyed]
+        raw = [raw_sizes(st.raw) for st in sts if st.raw]
         operators[op] = {
             "parallelism": len(sts),
             "entries": sum(int(k.get("entries", 0)) for k in keyed),
             "bytes": sum(int(k.get("size", 0)) for k in keyed)
-            + sum(int(st.operator.get("size", 0)) for st in sts if st.operator),
+            + sum(int(st.operator.get("size", 0)) for st in sts if st.operator)
+            + sum(r["raw_bytes"] for r in raw),
+            "raw_bytes": sum(r["raw_bytes"] for r in raw),
+            "raw_operator_items": sum(r["raw_operator_items"] for r in raw),
             "formats": sorted({k.get("format", CANONICAL_FORMAT) for k in keyed}),
             "operator_states": sorted(
                 {n for st in sts if st.operator for n in st.operator.get("states", [])}

@@ -35,6 +35,7 @@ from ._checkpoints_report import (
     VERIFIED,
     checkpoint_summary,
     listed,
+    raw_sizes,
     status_fields,
     verified,
 )
@@ -157,6 +158,7 @@ def _states_and_subtasks(
                     "state_bytes": k.get("state_sizes", {}),
                     "handle": k.get("handle", {}).get("type"),
                     "operator_state_bytes": int((st.operator or {}).get("size", 0)),
+                    **raw_sizes(st.raw),
                 }
             )
     return states, subtasks
