@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sparkutil import OUTPUT, assert_exact_outputs, run_to_end, stream_of, write_inputs
 
 from jobs import make_records
@@ -18,6 +19,7 @@ from statekit import (
     RawStateSnapshotContext,
     RuntimeContext,
 )
+from statekit.errors import StateMigrationError
 from statekit.spark import BatchInfo, keyed
 from statekit.state_processor import SavepointReader
 
@@ -78,3 +80,27 @@ def test_raw_state_rescales_2_3_1_on_spark(session: Any, tmp_path: Path, job_id:
         assert first_items and sorted(raw.items) == first_items  # split and gathered, none lost or doubled
     # Every URL counted 1..n across both rescales: the raw bytes went to the subtask owning the key.
     assert_exact_outputs(tmp_path / "out", RECORDS)
+
+
+class CountsWithoutRawRestore(KeyedProcessFunction):
+    def process(self, record: Any, ctx: ProcessContext) -> Iterator[Any]:
+        yield ctx.current_key, 0
+
+
+def test_raw_state_into_a_function_without_restore_hook_is_refused_on_the_driver(
+    session: Any, tmp_path: Path, job_id: str
+) -> None:
+    session.conf.set("spark.statekit.checkpoints.dir", str(tmp_path / "statekit"))
+    session.conf.set("spark.statekit.parallelism", "2")
+    write_inputs(tmp_path / "in", RECORDS[:50], 1)
+
+    def query(function: type) -> Any:
+        return (
+            keyed(stream_of(session, tmp_path / "in"), "url")
+            .process(function, OUTPUT, job_id=job_id)
+            .write_files(str(tmp_path / "out"))
+        )
+
+    run_to_end(query(RawCountUrls), tmp_path / "spark")
+    with pytest.raises(StateMigrationError, match="declares no restore_raw_state"):
+        run_to_end(query(CountsWithoutRawRestore), tmp_path / "spark")

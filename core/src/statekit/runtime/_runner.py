@@ -61,6 +61,7 @@ from ._function import (
     RuntimeContext,
 )
 from ._letters import JobDeadLetters
+from ._migration_log import merge_undeclared, warn_of_undeclared
 from ._sources import (
     SOURCE_OPERATOR,
     FileSource,
@@ -97,6 +98,9 @@ class RunResult:
     bad_records: int = 0
     """Records skipped into dead letters (see ``statekit.bad-records.policy``); not in :attr:`records`."""
     timers_fired: int = 0
+    undeclared_states: dict[str, list[str]] = field(default_factory=dict)
+    """Restored states the function does not declare, by kind (``keyed``, ``operator``): kept and carried
+    into every checkpoint, and named in a WARNING of the ``statekit.state`` logger when the run opened."""
     watermark: int = MIN_WATERMARK
     """The event-time watermark when the run ended: the one the records made, also after an end of
     input fired every timer. ``MAX_WATERMARK`` only when the job's restored watermark is the end of
@@ -129,6 +133,7 @@ def _operator_of(runner: LocalRunner, conf: Configuration) -> OperatorSubtasks:
         local_dir_parent=conf.get("statekit.local-dir"),
         hint=runner._time.processing_hint,
         allow_non_restored_state=runner.allow_non_restored_state,
+        migration_progress=runner.on_migration_progress,
     )
 
 
@@ -191,6 +196,10 @@ class LocalRunner:
                     "statekit.checkpoint.interval-records": 10_000},
         )
         result = runner.run(FileSource("logs/", parse=json.loads), restore="latest")
+
+    A restore that migrates a state's entries (see docs/state.md) logs its
+    progress at INFO (logger ``statekit.state``); ``on_migration_progress``
+    gets every report too, as ``(state, done, total)`` of one subtask.
     """
 
     dead_letter_sink: Callable[[BadRecord], None] | None = None
@@ -216,6 +225,7 @@ class LocalRunner:
         allow_non_restored_state: bool = False,
         event_time: EventTime | None = None,
         late_sink: Callable[[Any], None] | None = None,
+        on_migration_progress: Callable[[str, int, int], None] | None = None,
     ) -> None:
         conf = config if isinstance(config, Configuration) else Configuration.from_mapping(config or {})
         self.config = conf
@@ -236,6 +246,7 @@ class LocalRunner:
         self.batch_size = int(conf.get("statekit.batch-size"))  # >= 1: its option's minimum
         self.sink = sink
         self.allow_non_restored_state = allow_non_restored_state
+        self.on_migration_progress = on_migration_progress
         self.event_time = event_time
         self._time = TimeCoordinator(
             lambda: self._operator.subtasks,
@@ -252,6 +263,8 @@ class LocalRunner:
         self._letters = JobDeadLetters(conf, job_id)
         self.skipped_checkpoints: list[tuple[str, str]] = []
         """What the last ``restore("latest")`` skipped: ``(location, reason)`` of each damaged checkpoint."""
+        self.undeclared_states: dict[str, list[str]] = {}
+        """Restored states the function does not declare (``{"keyed": [...], "operator": [...]}``), kept."""
 
     # --- life cycle ----------------------------------------------------------------
 
@@ -315,6 +328,11 @@ class LocalRunner:
     def _open(self) -> None:
         self._operator.open(self._time.watermark)
         self._opened = True
+        if self._restored_from is not None:
+            self.undeclared_states = merge_undeclared(
+                st.undeclared_states() for st in self._operator.subtasks
+            )
+            warn_of_undeclared(f"job {self.job_id!r}", self._restored_from, self.undeclared_states)
 
     def close(self) -> None:
         """Close every subtask's function and backends, as Flink cancels a job: no checkpoint.
@@ -475,6 +493,7 @@ class LocalRunner:
             self._coordinator.claim()
         if not self._opened:
             self._open()
+        result.undeclared_states = self.undeclared_states
         letters = self._letters.staged()
         time = self._time
         late_before, fired_before = time.start_run()

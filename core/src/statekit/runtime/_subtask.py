@@ -24,6 +24,9 @@ from typing import Any, Self
 
 from .._contracts import KeyedStateBackend, OperatorStateBackend, StateBackend, create_keyed_backend
 from ..checkpoints._restore import CompletedCheckpoint
+from ..state._keyed import KeyedBackendBase
+from ..state._migration import MigrationProgress
+from ..state._operator import OperatorStateBackendImpl
 from ..state._parameters import KeyedBackendParameters
 from ..state._raw import RawSnapshot
 from ..state._ttl import Clock
@@ -39,6 +42,7 @@ from ._function import (
     fire_timers,
     timer_service_for,
 )
+from ._migration_log import MigrationProgressLog
 from ._raw import RawStateRestoreContext, RawStateSnapshotContext
 
 __all__ = ["Subtask"]
@@ -105,6 +109,8 @@ class Subtask:
         parameters: KeyedBackendParameters,
         *,
         operator_backend: StateBackend | None = None,
+        operator_id: str | None = None,
+        migration_progress: MigrationProgress | None = None,
     ) -> Self:
         """A subtask whose keyed backend ``backend`` makes from ``parameters``, and its operator backend.
 
@@ -112,6 +118,8 @@ class Subtask:
         pairs cheap keyed backends with the backend under test), else from
         ``backend``. The subtask owns ``parameters.local_dir`` from here:
         it is removed when the subtask closes, or now if creating it fails.
+        The progress of migrations its restores run is logged at INFO (naming
+        ``operator_id`` and the subtask) and goes to ``migration_progress``.
         """
         try:
             keyed = create_keyed_backend(backend, parameters)
@@ -124,6 +132,9 @@ class Subtask:
             if parameters.local_dir is not None:
                 shutil.rmtree(parameters.local_dir, ignore_errors=True)
             raise
+        if isinstance(keyed, KeyedBackendBase):  # the backends that migrate: every one built on the base
+            where = f"subtask {index}" if operator_id is None else f"operator {operator_id!r} subtask {index}"
+            keyed.on_migration_progress(MigrationProgressLog(where, migration_progress))
         return cls(index, parameters, keyed, operator)
 
     def bind(
@@ -189,6 +200,20 @@ class Subtask:
         self.function.open(self.ctx)
         self.opened = True
         self.timers.restore_timers()
+
+    def undeclared_states(self) -> dict[str, list[str]]:
+        """Restored states the function did not declare in ``open``, by kind (``keyed``, ``operator``).
+
+        They are kept and carried into every snapshot (a later version of the
+        job may declare them again); runners name them, as a state removed from
+        the code by mistake is otherwise noticed only when it is missed.
+        """
+        out: dict[str, list[str]] = {}
+        if isinstance(self.keyed, KeyedBackendBase) and self.keyed.undeclared_state_names:
+            out["keyed"] = sorted(self.keyed.undeclared_state_names)
+        if isinstance(self.operator, OperatorStateBackendImpl) and self.operator.undeclared_state_names:
+            out["operator"] = sorted(self.operator.undeclared_state_names)
+        return out
 
     def fire(self, domain: TimeDomain, until: int, outputs: list[Any]) -> None:
         """Call ``on_timer`` for every timer of ``domain`` due at ``until``, collecting outputs."""

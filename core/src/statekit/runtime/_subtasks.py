@@ -24,6 +24,7 @@ from ..checkpoints._restore import CompletedCheckpoint
 from ..checkpoints._writing import write_subtask_state
 from ..serialization._keygroups import key_group_for_bytes, operator_index_for_key_group
 from ..serialization._serializers import TypeSerializer
+from ..state._migration import MigrationProgress
 from ..state._parameters import KeyedBackendParameters
 from ..state._ttl import Clock
 from ..timers import ProcessingTimeHint
@@ -57,6 +58,7 @@ class OperatorSubtasks:
         local_dir_parent: str | None,
         hint: ProcessingTimeHint,
         allow_non_restored_state: bool = False,
+        migration_progress: MigrationProgress | None = None,
     ) -> None:
         self.backend = backend
         self.function_factory = function_factory
@@ -70,6 +72,7 @@ class OperatorSubtasks:
         self.local_dir_parent = local_dir_parent
         self.hint = hint
         self.allow_non_restored_state = allow_non_restored_state
+        self.migration_progress = migration_progress
         self.subtasks: list[Subtask] = []
         self._route: dict[Any, int] = {}
         self._local_root: str | None = None
@@ -104,7 +107,13 @@ class OperatorSubtasks:
             key_cache_size=self.key_cache_size,
             local_dir=self._local_dir(i),
         )
-        st = Subtask.create(i, self.backend, parameters)
+        st = Subtask.create(
+            i,
+            self.backend,
+            parameters,
+            operator_id=self.operator_id,
+            migration_progress=self.migration_progress,
+        )
         try:
             st.bind(
                 self.function_factory(),

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..checkpoints._restore import CompletedCheckpoint
+from ..runtime._migration_log import merge_undeclared
 from ..timers import MIN_WATERMARK
 from ._handoff import batch_status
 from ._report import SubtaskOrigin, TaskReport
@@ -77,6 +78,10 @@ class BatchInfo:
             (Arrow to Python), ``task_records`` (the record loop: state access,
             the function, output rows), ``task_output`` (output Arrow batches),
             ``task_timers``, ``task_snapshot``, ``task_task`` (the whole task).
+        undeclared_states: Restored states the function does not declare, by kind
+            (``keyed``, ``operator``), from the subtasks restored in this batch:
+            kept and carried into every checkpoint; the driver names them in a
+            WARNING of the ``statekit.state`` logger.
     """
 
     batch_id: int
@@ -105,6 +110,7 @@ class BatchInfo:
     timers_fired: int = 0
     watermark: int = MIN_WATERMARK
     phases: Mapping[str, float] = field(default_factory=dict)
+    undeclared_states: Mapping[str, list[str]] = field(default_factory=dict)
 
 
 def local_recovery_status(statuses: Sequence[str]) -> str:
@@ -162,4 +168,5 @@ def batch_info(
         timers_fired=sum(r.fired for r in reports),
         watermark=watermark,
         phases=phases,
+        undeclared_states=merge_undeclared(r.undeclared_states for r in reports),
     )

@@ -53,6 +53,7 @@ from ..plugins._config import Configuration
 from ..plugins._registry import PluginRegistry, default_registry
 from ..runtime._configured import state_backend_from_config
 from ..runtime._function import KeyedBatchFunction, KeyedProcessFunction, declares_raw_restore
+from ..runtime._migration_log import warn_of_undeclared
 from ..runtime._raw import check_raw_state_claimed
 from ..runtime._time import end_of_time_message
 from ..serialization._keygroups import compute_default_max_parallelism, validate_parallelism
@@ -342,6 +343,9 @@ class MicroBatchDriver:
             watermark=watermark, phases=batch.phases,
         )  # fmt: skip
         self._warn_of_late_rows(info)
+        warn_of_undeclared(
+            f"job {self.spec.job_id!r} batch {batch_id}", info.restored_from, info.undeclared_states
+        )
         self._notify(info)
         return info
 

@@ -138,6 +138,7 @@ def task_reports(
                 local_recovery=local_recovery,
                 handoff=handoff,
                 phases=run.phases,
+                undeclared_states=acquired.undeclared,
             )
         )
         bad = 0
