@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import struct
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,11 +109,11 @@ def test_raw_state_rescales_2_3_1_by_key_group_and_even_split(tmp_path: Path) ->
         owned = r2.subtasks[i].keyed_backend.key_group_range
         assert fn.restored_key_groups and all(kg in owned for kg in fn.restored_key_groups)
     assert [fn.items for fn in fns] == [[b"origin-0"], [b"origin-1"], []]
-    r2.savepoint()
+    savepoint = r2.savepoint()  # at parallelism 3, after 400 records
     r2.close()
 
     r3 = _runner(tmp_path, 1, sink=lambda out: last.__setitem__(*out))
-    r3.run(src, restore="latest")
+    assert r3.run(src, restore=savepoint).records == len(RECORDS) - 400
     (fn,) = _functions(r3)
     assert fn.items == [b"origin-0", b"origin-1"]
     r3.close()
@@ -237,3 +239,25 @@ def test_state_processor_rewrite_carries_raw_state_and_refuses_a_new_max_paralle
     with pytest.raises(StateError, match="raw state, kept per key group of max parallelism 128"):
         writer.write(str(tmp_path / "wider"))
     assert SavepointWriter.from_existing(loc).remove_operator("process").write(str(tmp_path / "without"))
+
+
+def test_a_crafted_raw_entry_is_refused_naming_the_metadata_and_subtask(tmp_path: Path) -> None:
+    r1 = _runner(tmp_path, 2)
+    r1.run(RecordSource(RECORDS), max_records=100)
+    loc = r1.checkpoint()
+    r1.close()
+    path = Path(loc) / "_metadata"
+    data = path.read_bytes()
+    meta = json.loads(data[8:-4])
+    raw = meta["operators"]["process"][0]["raw"]
+    # Subtask 0 claims a block of a key group subtask 1 owns: it would be handed to two subtasks.
+    raw["key_groups"]["127"] = next(iter(raw["key_groups"].values()))
+    raw["block_sha256"]["127"] = next(iter(raw["block_sha256"].values()))
+    body = json.dumps(meta).encode()
+    path.write_bytes(data[:8] + body + struct.pack("<I", zlib.crc32(body)))
+    r2 = _runner(tmp_path, 3)
+    with pytest.raises(
+        CorruptCheckpointError, match=r"_metadata: operator 'process' subtask 0: malformed raw"
+    ):
+        r2.restore(loc)
+    assert r2._operator.subtasks == []
