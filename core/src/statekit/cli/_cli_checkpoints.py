@@ -34,8 +34,10 @@ from ._checkpoints_report import (
     UNREADABLE,
     VERIFIED,
     checkpoint_summary,
+    entries_estimated,
     listed,
     status_fields,
+    uploaded_bytes,
     verified,
 )
 from ._cli import (
@@ -145,13 +147,19 @@ def _states_and_subtasks(
             for s in st.states:
                 states.setdefault(f"{op}/{s['name']}", s)
             k = st.keyed or {}
+            uploaded = uploaded_bytes(k)
             subtasks.append(
                 {
                     "operator": op,
                     "subtask": st.subtask_index,
                     "key_groups": [st.key_group_range.start, st.key_group_range.end] if k else None,
                     "entries": int(k.get("entries", 0)),
+                    "entries_estimated": entries_estimated(k),
                     "bytes": int(k.get("size", 0)),
+                    # A native snapshot uploads only what no completed checkpoint did, and
+                    # references the rest; a canonical one writes all its bytes (None here).
+                    "uploaded_bytes": uploaded,
+                    "referenced_bytes": None if uploaded is None else int(k.get("size", 0)) - uploaded,
                     "format": k.get("format"),
                     "backend": k.get("backend"),
                     "state_bytes": k.get("state_sizes", {}),
