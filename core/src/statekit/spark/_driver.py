@@ -172,6 +172,7 @@ class MicroBatchDriver:
             max_parallelism=self.max_parallelism,
             retained=int(conf.get("statekit.checkpoints.retained")),
             native=conf.get("statekit.checkpoint.format") != "canonical",
+            history_entries=int(conf.get("statekit.checkpoints.history.max-entries")),
             policy=CheckpointPolicy(application(session), False, _SPARK_WAYS_OUT, tolerable_failures=0),
             registry=self.registry,
         )

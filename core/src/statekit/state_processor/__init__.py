@@ -8,6 +8,8 @@ Like Flink's State Processor API, without a running job:
   group at a time (filters by key group or key read only the blocks they
   need), answers point queries from one key-group block, and reads timers and
   operator state.
+- :func:`checkpoint_history` reads a job's checkpoint history: every
+  checkpoint attempt, beyond retention, with its status, times and sizes.
 - :class:`SavepointWriter` builds a canonical savepoint from rows, an Arrow
   table or a pandas DataFrame (on Spark, :func:`statekit.spark.write_savepoint`
   writes a DataFrame in parallel by key group), or rewrites an existing one:
@@ -32,18 +34,21 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installa
         name=exc.name,
     ) from exc
 
+from ..checkpoints._history import CheckpointAttempt
 from ..state._migration import SchemaStep
 from ._arrow import arrow_type
 from ._info import OperatorInfo, StateInfo
-from ._reader import SavepointReader, open_storage
+from ._reader import SavepointReader, checkpoint_history, open_storage
 from ._writer import SavepointWriter
 
 __all__ = [
+    "CheckpointAttempt",
     "OperatorInfo",
     "SavepointReader",
     "SavepointWriter",
     "SchemaStep",
     "StateInfo",
     "arrow_type",
+    "checkpoint_history",
     "open_storage",
 ]
