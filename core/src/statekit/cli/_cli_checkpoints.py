@@ -11,8 +11,8 @@ checkpoint's directory and the file's full path.
 This module holds the arguments and the three actions; the steps are modules
 of their own: ``_checkpoints_find`` (which checkpoints a directory holds),
 ``_checkpoints_report`` (a checkpoint's summary and status) and
-``_checkpoints_render`` (rows, counts, the spinner). ``statekit savepoint`` is
-``_cli_savepoint``.
+``_checkpoints_render`` (rows, counts, the spinner); ``history`` is
+``_cli_history``. ``statekit savepoint`` is ``_cli_savepoint``.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from ._cli import (
     full_location,
     print_table,
 )
+from ._cli_history import add_history_action
 
 __all__: list[str] = []
 
@@ -90,9 +91,14 @@ def _configure_checkpoints(parser: argparse.ArgumentParser) -> None:
     ver.add_argument("--job", help="with a checkpoints directory: only this job's checkpoints")
     _add_common(ver)
     ver.set_defaults(action=_verify)
+    add_history_action(sub)
 
 
-@command("checkpoints", "list, inspect and verify checkpoints and savepoints", _configure_checkpoints)
+@command(
+    "checkpoints",
+    "list, inspect and verify checkpoints and savepoints; a job's checkpoint history",
+    _configure_checkpoints,
+)
 def _checkpoints(args: argparse.Namespace, ctx: CommandContext) -> int:
     for name in ("path", "directory"):
         if hasattr(args, name):
