@@ -385,7 +385,7 @@ class ProcessedStream:
             self.checkpoint_storage(), self.job_id, target_dir, stop=stop, timeout=timeout
         )
         if stop and self._query is not None:
-            self._query.awaitTermination(timeout)
+            self._query.awaitTermination(max(1, int(timeout)))
         if response.status != COMPLETED or response.location is None:
             raise CheckpointError(
                 f"the savepoint of job {self.job_id!r} after micro-batch {response.batch_id} "
