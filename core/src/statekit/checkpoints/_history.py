@@ -305,6 +305,21 @@ class CheckpointHistory:
         """
         if not self.enabled:
             return
+        try:
+            self._record(checkpoint_id, kind, trigger_ms, location, subtasks, error, properties)
+        except Exception as e:  # noqa: BLE001 - the history never fails a checkpoint (module doc)
+            self._warn(f"checkpoint {checkpoint_id} could not be recorded in its checkpoint history ({e!r})")
+
+    def _record(
+        self,
+        checkpoint_id: int,
+        kind: str,
+        trigger_ms: int,
+        location: str,
+        subtasks: Iterable[SubtaskState],
+        error: BaseException | None,
+        properties: Mapping[str, Any] | None,
+    ) -> None:
         batch = (properties or {}).get("spark_batch_id")
         failure = None
         if error is not None:
@@ -327,7 +342,10 @@ class CheckpointHistory:
         self._write()
 
     def subsumed(self, locations: Iterable[str]) -> None:
-        """Retention deleted the completed checkpoints at ``locations``: mark them ``subsumed``."""
+        """Retention deleted the completed checkpoints at ``locations``: mark them ``subsumed``.
+
+        Never raises: see the module doc.
+        """
         gone = set(locations)
         if not gone or not self.enabled or self._attempts is None:
             return
@@ -346,15 +364,11 @@ class CheckpointHistory:
         try:
             attempts = read_checkpoint_history(self.storage, self.job_id)
         except CheckpointError as e:
-            warnings.warn(
-                f"statekit job {self.job_id!r}: {e}; a new checkpoint history starts now",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+            self._warn(f"{e}; a new checkpoint history starts now")
             attempts = []
         try:
             retained = set(self.storage.list_checkpoints(self.job_id))
-        except CheckpointError:
+        except Exception:  # noqa: BLE001 - the store is down: mark nothing now
             retained = None  # the store is down: mark nothing (the next run checks again)
         if retained is not None:
             # Completed checkpoints gone without this job's retention marking them (deleted by hand,
@@ -374,10 +388,10 @@ class CheckpointHistory:
         try:
             files.write_job_file(self.job_id, HISTORY_FILE, encode_history(self._attempts))
         except Exception as e:  # noqa: BLE001 - the history never fails a checkpoint (module doc)
-            warnings.warn(
-                f"statekit job {self.job_id!r}: its checkpoint history could not be written ({e}); the "
-                "checkpoints are not affected, and the next checkpoint writes the history again with "
-                "every attempt since",
-                RuntimeWarning,
-                stacklevel=4,
+            self._warn(
+                f"its checkpoint history could not be written ({e}); the checkpoints are not affected, "
+                "and the next checkpoint writes the history again with every attempt since"
             )
+
+    def _warn(self, problem: str) -> None:
+        warnings.warn(f"statekit job {self.job_id!r}: {problem}", RuntimeWarning, stacklevel=5)
