@@ -24,10 +24,10 @@ from statekit import (
     RuntimeContext,
     ValueStateDescriptor,
 )
-from statekit.checkpointing import read_checkpoint_history
+from statekit.checkpointing import CheckpointAttempt, read_checkpoint_history
 from statekit.cli._cli import CommandContext, build_parser, main
 from statekit.errors import CheckpointError
-from statekit.state_processor import CheckpointAttempt, checkpoint_history
+from statekit.state_processor import checkpoint_history
 
 VALUE = ValueStateDescriptor("value", str)
 

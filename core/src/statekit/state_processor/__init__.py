@@ -9,7 +9,8 @@ Like Flink's State Processor API, without a running job:
   need), answers point queries from one key-group block, and reads timers and
   operator state.
 - :func:`checkpoint_history` reads a job's checkpoint history: every
-  checkpoint attempt, beyond retention, with its status, times and sizes.
+  checkpoint attempt, beyond retention, with its status, times and sizes
+  (:class:`statekit.checkpointing.CheckpointAttempt`).
 - :class:`SavepointWriter` builds a canonical savepoint from rows, an Arrow
   table or a pandas DataFrame (on Spark, :func:`statekit.spark.write_savepoint`
   writes a DataFrame in parallel by key group), or rewrites an existing one:
@@ -34,7 +35,6 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installa
         name=exc.name,
     ) from exc
 
-from ..checkpoints._history import CheckpointAttempt
 from ..state._migration import SchemaStep
 from ._arrow import arrow_type
 from ._info import OperatorInfo, StateInfo
@@ -42,7 +42,6 @@ from ._reader import SavepointReader, checkpoint_history, open_storage
 from ._writer import SavepointWriter
 
 __all__ = [
-    "CheckpointAttempt",
     "OperatorInfo",
     "SavepointReader",
     "SavepointWriter",
