@@ -233,6 +233,10 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "Default URL or path for savepoints."),
     ConfigOption("statekit.checkpoints.retained", int, 1,
         "Number of completed checkpoints kept; older ones are deleted.", minimum=1),
+    ConfigOption("statekit.checkpoints.history.max-entries", int, 100,
+        "Checkpoint attempts (completed, failed, subsumed, discarded) the job's checkpoint history "
+        "keeps, newest last, next to its checkpoints (statekit checkpoints history reads it); 0 keeps "
+        "none.", minimum=0),
     ConfigOption("statekit.checkpoint.format", str, "native",
         "Format of checkpoints: native (the backend's own, incremental where it can; canonical for "
         "backends without one) or canonical. Savepoints are always canonical.",

@@ -145,6 +145,7 @@ def _coordinator_of(runner: LocalRunner, conf: Configuration) -> CheckpointCoord
         max_parallelism=runner.max_parallelism,
         retained=int(conf.get("statekit.checkpoints.retained")),
         native=conf.get("statekit.checkpoint.format") != "canonical",
+        history_entries=int(conf.get("statekit.checkpoints.history.max-entries")),
         policy=CheckpointPolicy(
             "LocalRunner",
             fallback=bool(conf.get("statekit.restore.fallback")),

@@ -72,6 +72,7 @@ from ._plan import (
 )
 from ._report import TaskReport
 from ._routing import Router, routing_values
+from ._savepoint_request import SavepointRequests
 from ._sparkconf import application, default_parallelism, is_connect, local_dir, spark_configuration
 from ._task import make_task
 
@@ -176,6 +177,7 @@ class MicroBatchDriver:
             max_parallelism=self.max_parallelism,
             retained=int(conf.get("statekit.checkpoints.retained")),
             native=conf.get("statekit.checkpoint.format") != "canonical",
+            history_entries=int(conf.get("statekit.checkpoints.history.max-entries")),
             policy=CheckpointPolicy(application(session), False, _SPARK_WAYS_OUT, tolerable_failures=0),
             registry=self.registry,
         )
@@ -192,6 +194,7 @@ class MicroBatchDriver:
         self.local_dir = local_dir(session)
         self.locality, self.locality_status = _locality(session, str(conf.get("statekit.spark.locality")))
         self.handoff_enabled = bool(conf.get("statekit.spark.worker-handoff"))
+        self.savepoints = SavepointRequests(self.coordinator, conf.get("statekit.savepoints.dir"), self._stop)
 
     @property
     def fence(self) -> RunFence:
@@ -312,6 +315,7 @@ class MicroBatchDriver:
     ) -> BatchInfo:
         """Process one micro-batch exactly once, or skip it if it was done; see the module doc."""
         started = time.perf_counter()
+        self.savepoints.check_not_stopping(batch_id)  # stopped with a savepoint: nothing after it
         self.fence.check()  # before anything is written or aborted: the files may be a newer run's
         latest, skip, source = self._decide(batch_id, query)
         if skip:
@@ -347,7 +351,15 @@ class MicroBatchDriver:
             f"job {self.spec.job_id!r} batch {batch_id}", info.restored_from, info.undeclared_states
         )
         self._notify(info)
+        if query != STATIC_QUERY:  # a running query's savepoint requests (statekit savepoint trigger)
+            self.savepoints.after_batch(location, batch.pending.checkpoint_id, batch_id, query)
         return info
+
+    def _stop(self, query_id: str) -> None:
+        """Stop query ``query_id`` (stop-with-savepoint, from a thread of its own: see _savepoint_request)."""
+        query = self.session.streams.get(query_id)
+        if query is not None:
+            query.stop()
 
     def _plan(self, batch: _Batch) -> TaskPlan:
         """What every task of ``batch`` is told."""

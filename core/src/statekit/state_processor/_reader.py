@@ -19,6 +19,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 
 from .._contracts import CheckpointStorage
 from .._errors import CheckpointNotFoundError, CorruptSnapshotError, StateError
+from ..checkpoints._history import CheckpointAttempt, read_checkpoint_history
 from ..checkpoints._locations import filesystem_storage, parent_location
 from ..checkpoints._metadata import SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
@@ -40,7 +41,7 @@ from ._arrow import ArrowColumn, arrow_column, arrow_type
 from ._blocks import BlockReading, Part
 from ._info import OperatorInfo, StateInfo
 
-__all__ = ["SavepointReader", "open_storage"]
+__all__ = ["SavepointReader", "checkpoint_history", "open_storage"]
 
 #: Arrow type of the TTL timestamp column.
 TTL_TYPE = pa.timestamp("ms", tz="UTC")
@@ -59,6 +60,43 @@ def open_storage(
     to the checkpoint's job directory, as on restore.
     """
     return filesystem_storage(parent_location(location), storage_options=storage_options, registry=registry)
+
+
+def checkpoint_history(
+    checkpoints_dir: str,
+    job_id: str,
+    *,
+    storage: CheckpointStorage | None = None,
+    storage_options: str | Mapping[str, Any] | None = None,
+    registry: PluginRegistry | None = None,
+) -> list[CheckpointAttempt]:
+    """Job ``job_id``'s checkpoint history under ``checkpoints_dir``: every recorded attempt, oldest first.
+
+    Beyond retention: completed, failed (with the reason), subsumed and
+    discarded checkpoints and savepoints, each with its trigger time, duration,
+    bytes (all, written, and uploaded vs referenced for incremental ones),
+    backend and parallelism; the newest ``statekit.checkpoints.history.max-entries``.
+    ``statekit checkpoints history`` prints the same.
+
+    Example::
+
+        from statekit.state_processor import checkpoint_history
+
+        failed = [a for a in checkpoint_history("s3://bucket/ckpt", "url-count") if a.status == "failed"]
+        print(failed[-1].failure if failed else "no failed checkpoint")
+
+    Args:
+        checkpoints_dir: The job's ``statekit.checkpoints.dir`` (any fsspec URL).
+        job_id: The job.
+        storage: The storage that holds the job (the ``jobmanager`` one, in its
+            process); None: the ``filesystem`` storage at ``checkpoints_dir``.
+
+    Raises:
+        CheckpointError: If the store fails or the history is damaged (naming it).
+    """
+    if storage is None:
+        storage = filesystem_storage(checkpoints_dir, storage_options=storage_options, registry=registry)
+    return read_checkpoint_history(storage, job_id)
 
 
 class SavepointReader(BlockReading):
