@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
+from ..checkpoints._convert import convert_to_savepoint
 from ..checkpoints._locations import parent_location
 from ._checkpoints_find import storage_for
 from ._cli import EXIT_OK, CommandContext, command, full_location, printable
-from ._savepoint_convert import convert_to_savepoint
 from ._savepoint_trigger import add_trigger_action
 
 __all__: list[str] = []

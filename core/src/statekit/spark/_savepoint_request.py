@@ -25,6 +25,7 @@ from typing import Any
 
 from .._contracts import CheckpointStorage
 from .._errors import CheckpointError, ConfigurationError
+from ..checkpoints._convert import convert_to_savepoint
 from ..checkpoints._coordinator import CheckpointCoordinator
 from ..checkpoints._restore import load_checkpoint
 from ..checkpoints._savepoint_requests import (
@@ -35,7 +36,6 @@ from ..checkpoints._savepoint_requests import (
     respond,
     take_request,
 )
-from ..cli._savepoint_convert import convert_to_savepoint
 
 __all__ = ["SavepointRequests"]
 

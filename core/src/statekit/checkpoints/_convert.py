@@ -7,12 +7,12 @@ from typing import Any
 
 from .._contracts import CheckpointStorage
 from .._errors import CorruptCheckpointError
-from ..checkpoints._metadata import CheckpointMetadata, SubtaskState
-from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
-from ..checkpoints._verify import verify_loaded
-from ..checkpoints._writing import complete_checkpoint, write_subtask_state
 from ..plugins._registry import default_registry
 from ..snapshots._snapshot import CANONICAL_FORMAT, StreamStateHandle
+from ._metadata import CheckpointMetadata, SubtaskState
+from ._restore import CompletedCheckpoint, load_checkpoint
+from ._verify import verify_loaded
+from ._writing import complete_checkpoint, write_subtask_state
 
 __all__ = ["convert_to_savepoint"]
 
