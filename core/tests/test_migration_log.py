@@ -53,3 +53,25 @@ def test_undeclared_states_are_merged_by_kind_and_named_in_one_warning(
     assert record.levelno == logging.WARNING
     assert "/ckpt/chk-3 holds keyed state 'a', 'b'; operator state 'offsets'" in record.getMessage()
     assert "Kept and carried into every checkpoint" in record.getMessage()
+
+
+def test_an_unknown_total_logs_entries_so_far_and_the_end_once_known(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An ordered engine counts as it goes: None until the last report, which has done == total."""
+    now = [0.0]
+    seen: list[tuple[str, int, int | None]] = []
+    log = MigrationProgressLog(
+        "operator 'p' subtask 0", lambda *a: seen.append(a), every=10, clock=lambda: now[0]
+    )
+    with caplog.at_level(logging.INFO, logger="statekit.state"):
+        log("s", 0, None)
+        log("s", 10, None)
+        log("s", 12, 12)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "operator 'p' subtask 0: migrating state 's': entries counted as it goes",
+        "operator 'p' subtask 0: migrating state 's': 10 entries",
+        "operator 'p' subtask 0: migrated state 's': 12 entries in 0.0 s",
+    ]
+    assert seen == [("s", 0, None), ("s", 10, None), ("s", 12, 12)]

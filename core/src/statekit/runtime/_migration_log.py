@@ -56,15 +56,17 @@ class MigrationProgressLog:
         self._started: dict[str, float] = {}
         self._last: dict[str, tuple[int, float]] = {}
 
-    def __call__(self, state: str, done: int, total: int) -> None:
-        """One report of the backend: ``done`` of ``total`` entries of ``state`` migrated."""
+    def __call__(self, state: str, done: int, total: int | None) -> None:
+        """One report: ``done`` of ``total`` entries of ``state`` migrated (``total`` None: not known yet)."""
         now = self.clock()
+        of = "" if total is None else f" of {total:,}"
         if state not in self._started:
             self._started[state] = now
             self._last[state] = (done, now)
-            _LOG.info("%s: migrating state %r: %s entries", self.where, state, f"{total:,}")
+            counted = "entries counted as it goes" if total is None else f"{total:,} entries"
+            _LOG.info("%s: migrating state %r: %s", self.where, state, counted)
         last_done, last_time = self._last[state]
-        if done >= total:
+        if total is not None and done >= total:
             started = self._started.pop(state)
             del self._last[state]
             _LOG.info(
@@ -72,9 +74,7 @@ class MigrationProgressLog:
             )
         elif done - last_done >= self.every or (done > last_done and now - last_time >= self.seconds):
             self._last[state] = (done, now)
-            _LOG.info(
-                "%s: migrating state %r: %s of %s entries", self.where, state, f"{done:,}", f"{total:,}"
-            )
+            _LOG.info("%s: migrating state %r: %s%s entries", self.where, state, f"{done:,}", of)
         if self.callback is not None:
             self.callback(state, done, total)
 

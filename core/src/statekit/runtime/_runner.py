@@ -226,7 +226,7 @@ class LocalRunner:
         allow_non_restored_state: bool = False,
         event_time: EventTime | None = None,
         late_sink: Callable[[Any], None] | None = None,
-        on_migration_progress: Callable[[str, int, int], None] | None = None,
+        on_migration_progress: Callable[[str, int, int | None], None] | None = None,
     ) -> None:
         conf = config if isinstance(config, Configuration) else Configuration.from_mapping(config or {})
         self.config = conf

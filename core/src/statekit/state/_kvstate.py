@@ -672,8 +672,9 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
         old_ttl = plan.old_ttl
         encode = entry_codec(reg).encode
         convert = plan.unit(self.clock())
-        total = sum(1 for _ in col.iterate(b"")) if self._migration_progress is not None else 0
-        self._report_migration(reg.name, 0, total)
+        # No pass to count the entries first (it would read the whole column once more):
+        # the total is known at the end.
+        self._report_migration(reg.name, 0, None)
         done = 0
         start = b""
         batch = max(1, self.kv_migration_batch)
@@ -694,10 +695,11 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
                     ) from e
             self.kv_write([col])
             done += len(chunk)
-            self._report_migration(reg.name, done, max(total, done))
             if len(chunk) < batch:
                 break
+            self._report_migration(reg.name, done, None)
             start = chunk[-1][0] + b"\x00"  # the smallest key after the last one read
+        self._report_migration(reg.name, done, done)
 
     def _kv_describe_entry(self, reg: RegisteredState, composite: bytes) -> str:
         """``key ..., namespace ...`` of a composite key, for messages (the bytes if they do not decode)."""
