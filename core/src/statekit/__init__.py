@@ -33,6 +33,7 @@ from .runtime._function import (
     ProcessContext,
     RuntimeContext,
 )
+from .runtime._metrics import CheckpointInfo
 from .runtime._runner import FileSource, LocalRunner, RecordSource, ReplayableSource, RunResult
 from .sources._badrecords import BadRecord, BadRecordPolicy
 from .sources._locating import InputLostWarning, LostInput
@@ -69,6 +70,7 @@ __all__ = [
     "AggregatingStateDescriptor",
     "BadRecord",
     "BadRecordPolicy",
+    "CheckpointInfo",
     "Configuration",
     "EventTime",
     "FileSource",
