@@ -59,6 +59,7 @@ from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY
 from ._batchinfo import BatchInfo, batch_info
 from ._jobspec import JobSpec, driver_storage, resolve_dead_letters
 from ._jvm import JvmLocality, LocalityUnavailable
+from ._metrics import QueryMetrics
 from ._plan import (
     HANDLE_COLUMN,
     LATE_COLUMN,
@@ -175,6 +176,9 @@ class MicroBatchDriver:
             policy=CheckpointPolicy(application(session), False, _SPARK_WAYS_OUT, tolerable_failures=0),
             registry=self.registry,
         )
+        self.metrics = QueryMetrics(session, conf, spec.job_id, spec.operator_id)
+        with self.metrics.describe(None, "routing"):
+            values = routing_values(session, self.parallelism)
         self.router = Router(
             session,
             spec.df.schema,
@@ -182,7 +186,7 @@ class MicroBatchDriver:
             serializer=spec.key_serializer,
             parallelism=self.parallelism,
             max_parallelism=self.max_parallelism,
-            route_values=routing_values(session, self.parallelism),
+            route_values=values,
         )
         self.timezone = session.conf.get("spark.sql.session.timeZone")
         self.local_dir = local_dir(session)
@@ -309,6 +313,7 @@ class MicroBatchDriver:
                 batch_id, latest.checkpoint_id, latest.location, True, None, self.parallelism,
                 watermark=_watermark_of(latest),
             )  # fmt: skip
+            self.metrics.report(skipped)
             self._notify(skipped)
             return skipped
         if source is not None:
@@ -332,6 +337,7 @@ class MicroBatchDriver:
             watermark=watermark, phases=batch.phases,
         )  # fmt: skip
         self._warn_of_late_rows(info)
+        self.metrics.report(info)
         self._notify(info)
         return info
 
@@ -398,7 +404,8 @@ class MicroBatchDriver:
             t = clock()
             batch.phases["prepare"] = t - batch.started
             try:
-                rows = processed.where(F.col(HANDLE_COLUMN).isNotNull()).select(HANDLE_COLUMN).collect()
+                with self.metrics.describe(batch.batch_id, "tasks"):
+                    rows = processed.where(F.col(HANDLE_COLUMN).isNotNull()).select(HANDLE_COLUMN).collect()
             except Exception as e:
                 damage = _task_damage(e, source)
                 if damage is None:
@@ -408,7 +415,8 @@ class MicroBatchDriver:
             locations = self.locality.ran() if self.locality is not None else {}
             reports = self._reports([r[0] for r in rows])
             t = clock()
-            self._sink(processed, batch.batch_id, plan.late_schema)
+            with self.metrics.describe(batch.batch_id, "sink"):
+                self._sink(processed, batch.batch_id, plan.late_schema)
             batch.phases["sink"] = clock() - t
         finally:
             processed.unpersist()

@@ -58,7 +58,7 @@ from ._jvm_build import (
     sources_digest,
 )
 
-__all__ = ["Helper", "JvmLocality", "LocalityUnavailable", "helper_jar"]
+__all__ = ["Helper", "JvmLocality", "LocalityUnavailable", "helper_jar", "load_helper_class"]
 
 _PACKAGE = "io.statekit.spark"
 _LOCK = threading.Lock()
@@ -207,16 +207,8 @@ class JvmLocality:
         jar = helper_jar(str(sc.version)).jar
         jvm: Any = sc._jvm
         gateway: Any = sc._gateway
-        jsc: Any = sc._jsc.sc()
         try:
-            url = jvm.java.io.File(jar).toURI().toURL()
-            if not any(str(j).endswith("/" + os.path.basename(jar)) for j in _scala_iterable(jsc.listJars())):
-                jsc.addJar(jar)
-            urls = gateway.new_array(jvm.java.net.URL, 1)
-            urls[0] = url
-            parent = jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
-            loader = jvm.java.net.URLClassLoader(urls, parent)
-            cls = jvm.java.lang.Class.forName(f"{_PACKAGE}.Locality", True, loader)
+            cls = _load_class(sc, jar, "Locality")
         except Exception as e:  # Py4J errors carry the Java exception as text
             raise LocalityUnavailable(
                 f"statekit.spark.locality: loading the helper {jar} into the driver failed: {e}; "
@@ -271,6 +263,35 @@ class JvmLocality:
         self._acc.reset()
         self.last.update(reports)
         return reports
+
+
+def _load_class(sc: Any, jar: str, name: str) -> Any:
+    """Class ``name`` of the helper ``jar``, loaded through a class loader of its own (Py4J errors raise)."""
+    jvm: Any = sc._jvm
+    gateway: Any = sc._gateway
+    jsc: Any = sc._jsc.sc()
+    url = jvm.java.io.File(jar).toURI().toURL()
+    if not any(str(j).endswith("/" + os.path.basename(jar)) for j in _scala_iterable(jsc.listJars())):
+        jsc.addJar(jar)
+    urls = gateway.new_array(jvm.java.net.URL, 1)
+    urls[0] = url
+    parent = jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
+    loader = jvm.java.net.URLClassLoader(urls, parent)
+    return jvm.java.lang.Class.forName(f"{_PACKAGE}.{name}", True, loader)
+
+
+def load_helper_class(session: SparkSession, name: str) -> Any:
+    """Class ``name`` of the JVM helper (``io.statekit.spark.<name>``), loaded into the driver.
+
+    Raises:
+        LocalityUnavailable: If the helper does not fit (see :func:`helper_jar`) or does not load.
+    """
+    sc = session.sparkContext
+    jar = helper_jar(str(sc.version)).jar
+    try:
+        return _load_class(sc, jar, name)
+    except Exception as e:  # Py4J errors carry the Java exception as text
+        raise LocalityUnavailable(f"loading the JVM helper {jar} into the driver failed: {e}") from e
 
 
 def _scala_iterable(obj: Any) -> list[Any]:
