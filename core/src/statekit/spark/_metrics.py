@@ -41,7 +41,7 @@ from ..runtime._metrics import LOGGER, checkpoint_fields, log_checkpoint, metric
 from ._batchinfo import BatchInfo
 from ._jvm import LocalityUnavailable, load_helper_class
 
-__all__ = ["QueryMetrics", "batch_fields"]
+__all__ = ["QueryMetrics", "batch_fields", "invoke_static"]
 
 #: Counters: the totals since the query run started, beside the last batch's gauges.
 _TOTALS = ("records_in", "records_out", "late_records", "dead_letters", "timers_fired", "bytes_downloaded")
@@ -94,7 +94,7 @@ class QueryMetrics:
         self.source_name = f"statekit.{metric_name(job_id)}.{metric_name(operator_id)}"
         try:
             cls = load_helper_class(session, "StatekitSource")
-            self._source = _invoke_static(self._sc, cls, "register", self.source_name)
+            self._source = invoke_static(self._sc, cls, "register", self.source_name)
             self.status = "on"
         except LocalityUnavailable as e:
             self.status = f"off: {e}"
@@ -150,7 +150,7 @@ def _number(v: float) -> str:
     return repr(float(v)) if math.isfinite(v) else "0"
 
 
-def _invoke_static(sc: Any, cls: Any, name: str, *args: Any) -> Any:
+def invoke_static(sc: Any, cls: Any, name: str, *args: Any) -> Any:
     """Static method ``name`` of a class from the helper's class loader, through reflection."""
     jvm, gateway = sc._jvm, sc._gateway
     for method in cls.getMethods():

@@ -3,6 +3,8 @@ package io.statekit.spark;
 import com.codahale.metrics.Counter;
 import com.codahale.metrics.Gauge;
 import com.codahale.metrics.MetricRegistry;
+import java.util.Map;
+import java.util.TreeMap;
 import java.util.concurrent.ConcurrentHashMap;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.metrics.MetricsSystem;
@@ -48,6 +50,22 @@ public final class StatekitSource implements Source {
     StatekitSource source = new StatekitSource(name);
     system.registerSource(source);
     return source;
+  }
+
+  /**
+   * The current values of the source named {@code name} in the driver's metrics system (gauges'
+   * values, counters' counts), by metric name; empty if there is none. Py4J cannot reflect on
+   * {@code SparkEnv} itself, so callers in Python read them here.
+   */
+  public static Map<String, Object> values(String name) {
+    Map<String, Object> out = new TreeMap<>();
+    Iterator<Source> sources = SparkEnv.get().metricsSystem().getSourcesByName(name).iterator();
+    while (sources.hasNext()) {
+      MetricRegistry r = sources.next().metricRegistry();
+      r.getGauges().forEach((k, g) -> out.put(k, g.getValue()));
+      r.getCounters().forEach((k, c) -> out.put(k, c.getCount()));
+    }
+    return out;
   }
 
   /** Takes this source out of the driver's metrics system (the query ended). */
