@@ -11,6 +11,9 @@ task where its subtask's state is open, waiting up to ``spark.locality.wait``
 (3 s by default) for that executor before it takes another one on the same
 host, then any.
 
+The same helper holds ``StatekitSource``, statekit's source in the driver's
+metrics system (:mod:`._metrics`), which :func:`load_helper_class` loads.
+
 The classes ship compiled, in the ``statekit-core`` wheel, as PySpark ships
 its jars and Apache Sedona its own: the wheel's build hook
 (``core/hatch_build.py``, see :mod:`._jvm_build`) compiles them against the
