@@ -268,18 +268,25 @@ class JvmLocality:
         return reports
 
 
+#: One class loader per JVM (gateway) and jar: Py4J caches the methods it calls by class
+#: name, so a class loaded twice (two queries) would be called with the other's method.
+_LOADERS: dict[tuple[int, str], Any] = {}
+
+
 def _load_class(sc: Any, jar: str, name: str) -> Any:
-    """Class ``name`` of the helper ``jar``, loaded through a class loader of its own (Py4J errors raise)."""
+    """Class ``name`` of the helper ``jar``, through the JVM's one loader of that jar (Py4J errors raise)."""
     jvm: Any = sc._jvm
     gateway: Any = sc._gateway
     jsc: Any = sc._jsc.sc()
-    url = jvm.java.io.File(jar).toURI().toURL()
     if not any(str(j).endswith("/" + os.path.basename(jar)) for j in _scala_iterable(jsc.listJars())):
         jsc.addJar(jar)
-    urls = gateway.new_array(jvm.java.net.URL, 1)
-    urls[0] = url
-    parent = jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
-    loader = jvm.java.net.URLClassLoader(urls, parent)
+    with _LOCK:
+        loader = _LOADERS.get((id(gateway), jar))
+        if loader is None:
+            urls = gateway.new_array(jvm.java.net.URL, 1)
+            urls[0] = jvm.java.io.File(jar).toURI().toURL()
+            parent = jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
+            loader = _LOADERS[(id(gateway), jar)] = jvm.java.net.URLClassLoader(urls, parent)
     return jvm.java.lang.Class.forName(f"{_PACKAGE}.{name}", True, loader)
 
 
