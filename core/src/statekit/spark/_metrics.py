@@ -40,6 +40,7 @@ from ..plugins._config import Configuration
 from ..runtime._metrics import LOGGER, checkpoint_fields, log_checkpoint, metric_name
 from ._batchinfo import BatchInfo
 from ._jvm import LocalityUnavailable, load_helper_class
+from ._sparkconf import is_connect
 
 __all__ = ["QueryMetrics", "batch_fields", "invoke_static"]
 
@@ -87,7 +88,7 @@ class QueryMetrics:
         self.status = "off: statekit.metrics.enabled=false"
         if not self.enabled:
             return
-        if session.__class__.__module__.startswith("pyspark.sql.connect"):
+        if is_connect(session):
             self.status = "off: Spark Connect has no JVM gateway (the log line is written)"
             return
         self._sc = session.sparkContext
