@@ -33,6 +33,7 @@ from .runtime._function import (
     ProcessContext,
     RuntimeContext,
 )
+from .runtime._metrics import CheckpointInfo
 from .runtime._raw import RawStateRestoreContext, RawStateSnapshotContext
 from .runtime._runner import FileSource, LocalRunner, RecordSource, ReplayableSource, RunResult
 from .sources._badrecords import BadRecord, BadRecordPolicy
@@ -70,6 +71,7 @@ __all__ = [
     "AggregatingStateDescriptor",
     "BadRecord",
     "BadRecordPolicy",
+    "CheckpointInfo",
     "Configuration",
     "EventTime",
     "FileSource",

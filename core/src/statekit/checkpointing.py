@@ -17,14 +17,18 @@ from .checkpoints._metadata import CheckpointMetadata, SubtaskState
 from .checkpoints._restore import CompletedCheckpoint, load_checkpoint
 from .checkpoints._retention import apply_retention
 from .checkpoints._writing import complete_checkpoint, discard_native_uploads, write_subtask_state
+from .runtime._metrics import CheckpointStats, StateSize, checkpoint_stats
 
 __all__ = [
     "AttemptSizes",
     "CheckpointAttempt",
     "CheckpointMetadata",
+    "CheckpointStats",
     "CompletedCheckpoint",
+    "StateSize",
     "SubtaskState",
     "apply_retention",
+    "checkpoint_stats",
     "complete_checkpoint",
     "discard_native_uploads",
     "load_checkpoint",

@@ -159,6 +159,7 @@ def write_keyed_file(
         "size": r.size,
         "entries": r.entries,
         "state_sizes": r.state_sizes,
+        "state_entries": r.state_entries,
         "sha256": stream.sha256,
     }
     if r.header_sha256 is not None:

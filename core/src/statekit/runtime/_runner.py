@@ -24,6 +24,7 @@ records, firing timers) to a :class:`~statekit.runtime._time.TimeCoordinator`.
 from __future__ import annotations
 
 import contextlib
+import time as _clock
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ from ._function import (
     RuntimeContext,
 )
 from ._letters import JobDeadLetters
+from ._metrics import CheckpointInfo, checkpoint_fields, checkpoint_stats, log_checkpoint
 from ._migration_log import merge_undeclared, warn_of_undeclared
 from ._sources import (
     SOURCE_OPERATOR,
@@ -106,6 +108,9 @@ class RunResult:
     input fired every timer. ``MAX_WATERMARK`` only when the job's restored watermark is the end of
     time (a checkpoint an older statekit wrote at an end of input): then every record is late, with
     a warning."""
+    checkpoint_infos: list[CheckpointInfo] = field(default_factory=list)
+    """What each checkpoint of :attr:`checkpoints` holds and what led to it (also given to
+    :attr:`LocalRunner.on_checkpoint` and logged at INFO on the ``statekit`` logger)."""
 
 
 def _parallelisms(conf: Configuration, parallelism: int | None) -> tuple[int, int]:
@@ -208,6 +213,10 @@ class LocalRunner:
     (besides or instead of ``statekit.bad-records.dead-letter-path``): set it on the runner
     before :meth:`run`."""
 
+    on_checkpoint: Callable[[CheckpointInfo], None] | None = None
+    """Called with a :class:`~statekit.CheckpointInfo` after every checkpoint this runner completes
+    (the same numbers as the log line; set it on the runner before :meth:`run`)."""
+
     def __init__(
         self,
         function: Callable[[], KeyedProcessFunction],
@@ -266,6 +275,10 @@ class LocalRunner:
         """What the last ``restore("latest")`` skipped: ``(location, reason)`` of each damaged checkpoint."""
         self.undeclared_states: dict[str, list[str]] = {}
         """Restored states the function does not declare (``{"keyed": [...], "operator": [...]}``), kept."""
+        self._metrics = bool(conf.get("statekit.metrics.enabled"))
+        self._result: RunResult | None = None  # the run under way, whose counts checkpoints report
+        self._counted = (0, 0, 0, 0, 0)  # those counts at the last checkpoint
+        self._running = False  # inside run(): its result gets each checkpoint's info
 
     # --- life cycle ----------------------------------------------------------------
 
@@ -486,6 +499,8 @@ class LocalRunner:
         not replayable: wrap a sequence in :class:`RecordSource` to resume after a crash.
         """
         result = RunResult()
+        self._result, self._running = result, True
+        self._counted = self._counts()
         if restore is not None and not self._opened:
             result.restored_from = self.restore(restore)
             result.skipped_checkpoints = list(self.skipped_checkpoints)
@@ -529,6 +544,7 @@ class LocalRunner:
         result.late_records = time.late_records - late_before
         result.timers_fired = time.timers_fired - fired_before
         result.watermark = time.watermark
+        self._running = False
         _warn_of_late_records(time, result, f"job {self.job_id!r}", self._restored_from)
         return result
 
@@ -552,9 +568,50 @@ class LocalRunner:
         """
         properties = self._time_properties()
         staged = self._letters.seal(properties)
-        location = self._coordinator.checkpoint(self._write_all, properties, self._operator.notify)
+        written: list[SubtaskState] = []
+
+        def write_all(
+            writer: CheckpointWriter, max_state_size: int | None, native_checkpoint_id: int | None = None
+        ) -> list[SubtaskState]:
+            written[:] = self._write_all(writer, max_state_size, native_checkpoint_id)
+            return written
+
+        started = _clock.perf_counter()
+        location = self._coordinator.checkpoint(write_all, properties, self._operator.notify)
+        duration = _clock.perf_counter() - started
         self._letters.publish(self._coordinator.last_completed, staged)
+        self._report(location, written, duration)
         return location
+
+    def _counts(self) -> tuple[int, int, int, int, int]:
+        """Records, outputs, late records, bad records, timers fired so far in the run under way."""
+        r, t = self._result, self._time
+        if r is None:
+            return (0, 0, t.late_records, 0, t.timers_fired)
+        return (r.records, r.outputs, t.late_records, r.bad_records, t.timers_fired)
+
+    def _report(self, location: str, states: list[SubtaskState], duration: float) -> None:
+        """The completed checkpoint's :class:`CheckpointInfo`: into the run's result, log, callback."""
+        checkpoint_id = self._coordinator.last_completed
+        now = self._counts()
+        records, outputs, late, bad, fired = (a - b for a, b in zip(now, self._counted))
+        self._counted = now
+        stats = checkpoint_stats(checkpoint_id, states)
+        info = CheckpointInfo(checkpoint_id, location, records, outputs, late, bad, fired, duration, stats)
+        if self._result is not None and self._running:
+            self._result.checkpoint_infos.append(info)
+        if self._metrics:
+            fields: dict[str, int | float] = {
+                "records_in": records,
+                "records_out": outputs,
+                "late_records": late,
+                "dead_letters": bad,
+                "timers_fired": fired,
+            }
+            fields.update(checkpoint_fields(stats, duration))
+            log_checkpoint(self.job_id, self.operator_id, fields)
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(info)
 
     def _time_properties(self) -> dict[str, Any]:
         """What a checkpoint's metadata keeps of time (the watermark)."""

@@ -61,6 +61,7 @@ from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY
 from ._batchinfo import BatchInfo, batch_info
 from ._jobspec import JobSpec, driver_storage, resolve_dead_letters
 from ._jvm import JvmLocality, LocalityUnavailable
+from ._metrics import QueryMetrics
 from ._plan import (
     HANDLE_COLUMN,
     LATE_COLUMN,
@@ -70,6 +71,7 @@ from ._plan import (
     TaskPlan,
     internal_schema,
 )
+from ._recent import record_batch
 from ._report import TaskReport
 from ._routing import Router, routing_values
 from ._savepoint_request import SavepointRequests
@@ -181,6 +183,9 @@ class MicroBatchDriver:
             policy=CheckpointPolicy(application(session), False, _SPARK_WAYS_OUT, tolerable_failures=0),
             registry=self.registry,
         )
+        self.metrics = QueryMetrics(session, conf, spec.job_id, spec.operator_id)
+        with self.metrics.describe(None, "routing"):
+            values = routing_values(session, self.parallelism)
         self.router = Router(
             session,
             spec.df.schema,
@@ -188,7 +193,7 @@ class MicroBatchDriver:
             serializer=spec.key_serializer,
             parallelism=self.parallelism,
             max_parallelism=self.max_parallelism,
-            route_values=routing_values(session, self.parallelism),
+            route_values=values,
         )
         self.timezone = session.conf.get("spark.sql.session.timeZone")
         self.local_dir = local_dir(session)
@@ -324,7 +329,8 @@ class MicroBatchDriver:
                 batch_id, latest.checkpoint_id, latest.location, True, None, self.parallelism,
                 watermark=_watermark_of(latest),
             )  # fmt: skip
-            self._notify(skipped)
+            self.metrics.report(skipped)
+            self._notify(skipped, query)
             return skipped
         if source is not None:
             self._validate(source)
@@ -350,7 +356,8 @@ class MicroBatchDriver:
         warn_of_undeclared(
             f"job {self.spec.job_id!r} batch {batch_id}", info.restored_from, info.undeclared_states
         )
-        self._notify(info)
+        self.metrics.report(info)
+        self._notify(info, query)
         if query != STATIC_QUERY:  # a running query's savepoint requests (statekit savepoint trigger)
             self.savepoints.after_batch(location, batch.pending.checkpoint_id, batch_id, query)
         return info
@@ -424,7 +431,8 @@ class MicroBatchDriver:
             t = clock()
             batch.phases["prepare"] = t - batch.started
             try:
-                rows = processed.where(F.col(HANDLE_COLUMN).isNotNull()).select(HANDLE_COLUMN).collect()
+                with self.metrics.describe(batch.batch_id, "tasks"):
+                    rows = processed.where(F.col(HANDLE_COLUMN).isNotNull()).select(HANDLE_COLUMN).collect()
             except Exception as e:
                 damage = _task_damage(e, source)
                 if damage is None:
@@ -434,7 +442,8 @@ class MicroBatchDriver:
             locations = self.locality.ran() if self.locality is not None else {}
             reports = self._reports([r[0] for r in rows])
             t = clock()
-            self._sink(processed, batch.batch_id, plan.late_schema)
+            with self.metrics.describe(batch.batch_id, "sink"):
+                self._sink(processed, batch.batch_id, plan.late_schema)
             batch.phases["sink"] = clock() - t
         finally:
             processed.unpersist()
@@ -539,7 +548,9 @@ class MicroBatchDriver:
             )
         return reports
 
-    def _notify(self, info: BatchInfo) -> None:
+    def _notify(self, info: BatchInfo, query: str) -> None:
+        if query != STATIC_QUERY:
+            record_batch(query, info)  # for a StreamingQueryListener: batch_info_for
         if self.spec.on_batch is not None:
             self.spec.on_batch(info)
 
