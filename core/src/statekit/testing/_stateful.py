@@ -492,6 +492,19 @@ class _Machine(RuleBasedStateMachine):
 _EDGE_KEYS: dict[int, list[str]] = {}
 
 
+def flush_write_buffers(job: Job) -> None:
+    """Write every subtask's buffered updates to its engine (backends on ``OrderedKVBackendBase``).
+
+    Where an invariant is about what the engine holds (a snapshot reading the live
+    state, a read rewriting a timestamp), a buffer the engine has not seen yet hides
+    its violation; the rules that set such a stage flush first.
+    """
+    for subtask in job.subtasks:
+        flush = getattr(subtask.keyed, "kv_write_buffered", None)
+        if flush is not None:
+            flush()
+
+
 def _edge_keys(max_parallelism: int) -> list[str]:
     """A ``str`` key of every key group of ``max_parallelism`` (the kit's key serializer), by key group."""
     found = _EDGE_KEYS.get(max_parallelism)
@@ -1052,6 +1065,7 @@ class IsolationRules(_Machine):
         self.job.at(key, NAMESPACES[0], "value").update(value)
         self.model.value_update(key, NAMESPACES[0], value)
         self.keyed_dirty = True
+        flush_write_buffers(self.job)  # the write reaches the engine, whatever the buffer holds
         self._verify_pending(self.pending.pop())
         self.last = f"a snapshot, then update({value}) of 'value' at key {key!r}, then writing the snapshot"
 
@@ -1127,10 +1141,12 @@ class TtlMachine(KeyedRules, ClockRules, RoundTripRules, RescaleRules):
 
     @rule(key=_keys, value=_ints)
     def write_then_expire_then_read(self, key: Any, value: int) -> None:
-        """Write every state at ``key``, let the longest TTL pass, read each: none returns anything.
+        """Write every state at ``key``; read each just before its TTL passes and when it has passed.
 
         The plain violation (a read that does not look at timestamps, in any kind
-        of state) fails here whenever the rule runs, whatever the cleanup settings.
+        of state) fails here whenever the rule runs, whatever the cleanup settings;
+        so does a read that refreshes the timestamp where the update type says it
+        must not (seen past a write buffer: the writes are flushed first).
         """
         ns, m = NAMESPACES[0], self.model
         writes: dict[str, tuple[Callable[[Any], Any], Callable[[], Any]]] = {
@@ -1142,16 +1158,30 @@ class TtlMachine(KeyedRules, ClockRules, RoundTripRules, RescaleRules):
         }
         for name in KEYED_STATE_NAMES:
             self._write(name, key, ns, "a write", *writes[name])
-        ttl_ms = max(m.specs[name].ttl_ms for name in KEYED_STATE_NAMES)
-        self.clock.advance(ttl_ms)  # expired: written at t, read at t + ttl
-        self.probe_due = True
-        for name in KEYED_STATE_NAMES:
+        # Past a write buffer: a read that refreshes the timestamp in the engine (under
+        # ON_CREATE_AND_WRITE) would otherwise be shadowed by the buffered write.
+        flush_write_buffers(self.job)
+        start = self.clock()
+        ttls = sorted({m.specs[name].ttl_ms for name in KEYED_STATE_NAMES})
+        for ttl_ms in ttls:
+            # Each state is read 1 ms before its TTL passes (a read that refreshes where the TTL
+            # says it must not keeps it alive), then when it has passed: expired, unless refreshed.
+            for at in (start + ttl_ms - 1, start + ttl_ms):
+                if at > self.clock():
+                    self.clock.advance(at - self.clock())
+                self.probe_due = True
+                for name in KEYED_STATE_NAMES:
+                    if m.specs[name].ttl_ms != ttl_ms:
+                        continue
 
-            def model(n: str = name) -> Any:
-                return _MODEL_READS[n](m, key, ns)
+                    def model(n: str = name) -> Any:
+                        return _MODEL_READS[n](m, key, ns)
 
-            self._read(name, key, ns, _READ_NAMES[name], _READS[name], model)
-        self.last = f"a write of every state at key {key!r}, {ttl_ms} ms, then a read of each"
+                    self._read(name, key, ns, _READ_NAMES[name], _READS[name], model)
+        self.last = (
+            f"a write of every state at key {key!r}, then reads of each 1 ms before and when its TTL "
+            f"({', '.join(map(str, ttls))} ms) passed"
+        )
 
 
 class IsolationMachine(KeyedRules, ClockRules, IsolationRules):
