@@ -32,6 +32,7 @@ __all__ = [
     "SupportsOrphanCleanup",
     "SupportsRunFencing",
     "create_keyed_backend",
+    "readable_native_formats",
 ]
 
 
@@ -160,7 +161,12 @@ class SupportsNativeSnapshot(Protocol):
     """
 
     native_format: str
-    """The name of the format; restores compare it with ``NativeStateHandle.format``."""
+    """The name of the format; restores compare it with ``NativeStateHandle.format``.
+
+    A backend that also restores earlier formats of its own (``lmdb`` reads its
+    full copies and its key-group files) lists every format it restores in an
+    optional attribute ``readable_native_formats`` (see :func:`readable_native_formats`).
+    """
 
     def native_snapshot(self, checkpoint_id: int) -> NativeSnapshot:
         """Freeze the state now for checkpoint ``checkpoint_id``; the result's ``write(out)`` uploads it."""
@@ -320,6 +326,11 @@ class SupportsRunFencing(Protocol):
 
     def end_run(self, job_id: str, run_id: str) -> None:
         """Mark run ``run_id`` as ended (best effort): a run that takes over after it need not wait for it."""
+
+
+def readable_native_formats(keyed: SupportsNativeSnapshot) -> frozenset[str]:
+    """The native formats ``keyed`` restores: its ``native_format`` and its ``readable_native_formats``."""
+    return frozenset((keyed.native_format, *getattr(keyed, "readable_native_formats", ())))
 
 
 def create_keyed_backend(backend: StateBackend, parameters: KeyedBackendParameters) -> KeyedStateBackend:
