@@ -30,6 +30,7 @@ from statekit.backend_api import (
     KeyedStateHandle,
     KeyGroupNativeSnapshots,
     KVColumn,
+    KVMapState,
     KVValueState,
     OperatorStateBackendImpl,
     OperatorStateData,
@@ -201,6 +202,20 @@ class ReadRefreshesTtl(DictKV):
         return _RefreshingValue(self, self._kv_col(reg.name), reg)
 
 
+class _ClearsEveryNamespace(KVMapState):
+    """A map's clear() that removes the key's entries in every namespace, not only the current one."""
+
+    def clear(self) -> None:
+        self._delete_prefix(self._b.kv_key_prefix())
+
+
+class ClearsEveryNamespace(DictKV):
+    """Map state's clear() is too wide: the current key's maps in all namespaces go."""
+
+    def _create_map(self, reg: RegisteredState) -> Any:
+        return _ClearsEveryNamespace(self, self._kv_col(reg.name), reg)
+
+
 class LosesKeyGroupOnRescale(DictKV):
     """Restoring snapshots of other key-group ranges, it drops its last key group (an inclusive end)."""
 
@@ -343,6 +358,13 @@ def test_the_kit_catches_a_buffered_backend_breaking_only(prop: str) -> None:
         factory, others = dictkv(), {"picky": BROKEN[prop]}
     outcome = caught_by_the_kit(prop, factory, others)
     assert "violation" in outcome.values(), f"{prop} missed its violation at every write buffer: {outcome}"
+
+
+def test_the_kit_catches_a_buffered_clear_of_too_wide_a_scope() -> None:
+    """No property of its own: the full machine's per-step agreement with the model catches it."""
+    outcome = caught_by_the_kit("all", dictkv(ClearsEveryNamespace), {})
+    assert set(outcome.values()) <= {"['backend_agrees_with_model']", "violation"}, outcome
+    assert "passed" not in outcome.values(), outcome
 
 
 def test_the_correct_buffered_backend_passes_the_properties_it_breaks_elsewhere() -> None:

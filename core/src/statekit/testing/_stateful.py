@@ -492,6 +492,20 @@ class _Machine(RuleBasedStateMachine):
 _EDGE_KEYS: dict[int, list[str]] = {}
 
 
+def _model_write(m: Any, name: str, key: Any, ns: Any, value: int) -> None:
+    """The model's side of writing ``value`` into state ``name`` (as each kind's write rule does)."""
+    if name == "value":
+        m.value_update(key, ns, value)
+    elif name == "list":
+        m.list_add_all(key, ns, [value])
+    elif name == "reducing":
+        m.reducing_add(key, ns, value)
+    elif name == "aggregating":
+        m.aggregating_add(key, ns, value)
+    else:
+        m.map_put_all(key, ns, {"p": value})
+
+
 def flush_write_buffers(job: Job) -> None:
     """Write every subtask's buffered updates to its engine (backends on ``OrderedKVBackendBase``).
 
@@ -709,6 +723,37 @@ class KeyedRules(_Machine):
         """``clear()``: the current key and namespace only."""
         self._write(name, key, namespace, "clear()", lambda h: h.clear(),
                     lambda: self.model.clear(name, key, namespace))  # fmt: skip
+
+    @rule(key=_keys, value=_ints)
+    def clear_one_namespace_of_two(self, key: Any, value: int) -> None:
+        """Write every state at ``key`` in two namespaces, clear each in one: the other keeps its entry.
+
+        The plain violation of clear's scope (a clear of the key's entries in every
+        namespace, or of every key in the namespace) fails here whenever the rule
+        runs, not only when random steps happen to fill two namespaces first.
+        """
+        m, kept, cleared = self.model, NAMESPACES[1], NAMESPACES[0]
+        writes: dict[str, Callable[[Any], Any]] = {
+            "value": lambda h: h.update(value),
+            "list": lambda h: h.add(value),
+            "reducing": lambda h: h.add(value),
+            "aggregating": lambda h: h.add(value),
+            "map": lambda h: h.put("p", value),
+        }
+        other = next(k for k in KEYS if k != key)  # the same namespace under another key stays too
+        for name in KEYED_STATE_NAMES:
+            for k, ns in ((key, kept), (key, cleared), (other, cleared)):
+
+                def model(n: str = name, k: Any = k, ns: Any = ns) -> None:
+                    _model_write(m, n, k, ns, value)
+
+                self._write(name, k, ns, "a write", writes[name], model)
+        for name in KEYED_STATE_NAMES:
+            self.clear(name, key, cleared)
+        self.last = (
+            f"a write of every state at key {key!r} in namespaces {cleared!r} and {kept!r} (and at "
+            f"{other!r}), then clear() of each in {cleared!r}"
+        )
 
     @rule(
         name=st.sampled_from(["list", "reducing", "aggregating"]),
