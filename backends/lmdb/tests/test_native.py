@@ -124,3 +124,17 @@ def test_key_group_checkpoints_upload_only_the_key_groups_that_changed(tmp_path:
     expected = {f"user-{i:06d}": 2 if i == 7 else 1 for i in range(20_000)}
     assert value_state_contents(again, COUNT) == expected
     again.close()
+
+
+@pytest.mark.parametrize(("written", "restored"), [("key-groups", "full"), ("full", "key-groups")])
+def test_either_format_restores_whatever_the_option_says(tmp_path: Path, written: str, restored: str) -> None:
+    """Checkpoints of the full format taken before the key-group one restore, and the other way round."""
+    r = runner(tmp_path, **{"statekit.parallelism": 2, FORMAT: written})
+    feed(r, [(f"k{i}", i) for i in range(500)])
+    r.checkpoint()
+    expected = value_state_contents(r, COUNT)
+    r.close()
+    again = runner(tmp_path, **{"statekit.parallelism": 3, FORMAT: restored})
+    again.restore("latest")
+    assert value_state_contents(again, COUNT) == expected
+    again.close()

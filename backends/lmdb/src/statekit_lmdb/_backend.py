@@ -152,6 +152,7 @@ class LMDBKeyedStateBackend(KeyGroupNativeSnapshots, LMDBWrites, OrderedKVBacken
 
     backend_name = "lmdb"
     native_format = LMDB_KEY_GROUP_FORMAT
+    key_group_format = LMDB_KEY_GROUP_FORMAT  # restored also when native-format=full
     #: Native formats restored besides ``native_format``: every one this backend writes.
     readable_native_formats = (LMDB_KEY_GROUP_FORMAT, LMDB_NATIVE_FORMAT)
 

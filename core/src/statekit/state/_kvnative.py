@@ -240,6 +240,9 @@ class KeyGroupNativeSnapshots:
     """
 
     native_format: str
+    #: The format of the key-group files this class writes and restores (default: ``native_format``;
+    #: set it when ``native_format`` may name another format of yours, as lmdb's option does).
+    key_group_format: str | None = None
     key_group_range: KeyGroupRange
     layout: KeyLayout
     native_uploads: UploadTracker
@@ -281,7 +284,7 @@ class KeyGroupNativeSnapshots:
 
     def restore_native(self, handles: Sequence[NativeStateHandle]) -> None:
         """Restore key-group snapshots of any parallelism: the owned key groups' files, checked, loaded."""
-        plan = self.kv_plan_native_restore(handles, self.native_format)
+        plan = self.kv_plan_native_restore(handles, self.key_group_format or self.native_format)
         self.kv_restore_key_groups(plan)
 
     def kv_restore_key_groups(self, plan: Any) -> None:
