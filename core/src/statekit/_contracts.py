@@ -33,6 +33,7 @@ __all__ = [
     "SupportsOrphanCleanup",
     "SupportsRunFencing",
     "create_keyed_backend",
+    "readable_native_formats",
 ]
 
 
@@ -161,7 +162,12 @@ class SupportsNativeSnapshot(Protocol):
     """
 
     native_format: str
-    """The name of the format; restores compare it with ``NativeStateHandle.format``."""
+    """The name of the format; restores compare it with ``NativeStateHandle.format``.
+
+    A backend that also restores earlier formats of its own (``lmdb`` reads its
+    full copies and its key-group files) lists every format it restores in an
+    optional attribute ``readable_native_formats`` (see :func:`readable_native_formats`).
+    """
 
     def native_snapshot(self, checkpoint_id: int) -> NativeSnapshot:
         """Freeze the state now for checkpoint ``checkpoint_id``; the result's ``write(out)`` uploads it."""
@@ -361,6 +367,11 @@ class SupportsJobFiles(Protocol):
         Raises:
             CheckpointError: If the store fails.
         """
+
+
+def readable_native_formats(keyed: SupportsNativeSnapshot) -> frozenset[str]:
+    """The native formats ``keyed`` restores: its ``native_format`` and its ``readable_native_formats``."""
+    return frozenset((keyed.native_format, *getattr(keyed, "readable_native_formats", ())))
 
 
 def create_keyed_backend(backend: StateBackend, parameters: KeyedBackendParameters) -> KeyedStateBackend:

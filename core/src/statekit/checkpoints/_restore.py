@@ -21,6 +21,7 @@ from .._contracts import (
     StateBackend,
     SupportsNativeSnapshot,
     create_keyed_backend,
+    readable_native_formats,
 )
 from .._errors import (
     CheckpointError,
@@ -313,7 +314,7 @@ class CompletedCheckpoint:
                 keyed.set_restore_origin(self.metadata.kind, self.metadata.checkpoint_id)
             if not formats:
                 keyed.restore(self.keyed_handles(operator_id, keyed.key_group_range))
-            elif isinstance(keyed, SupportsNativeSnapshot) and formats == {keyed.native_format}:
+            elif isinstance(keyed, SupportsNativeSnapshot) and formats <= readable_native_formats(keyed):
                 keyed.restore_native(self.native_handles(operator_id, keyed.key_group_range))
             else:
                 ours = keyed.native_format if isinstance(keyed, SupportsNativeSnapshot) else "canonical only"
