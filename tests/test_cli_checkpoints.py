@@ -410,3 +410,47 @@ def test_a_missing_location_at_the_root_is_not_found(
 ) -> None:
     code, _, err = run_cli(capsys, *action, "/no-such-statekit-location")
     assert code == 2 and "/no-such-statekit-location" in err and "statekit.checkpoints.dir" not in err
+
+
+def test_rocksdb_inspect_shows_uploaded_and_referenced_bytes_and_labels_estimated_entries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The defect: `entries` said 200,000 where the state held 50,000 keys. RocksDB's
+    # estimate-num-keys counts a key once per SST file holding a version of it: four checkpoints
+    # that update every key leave four versions until compaction. The CLI labels it an estimate.
+    pytest.importorskip("statekit_rocksdb")
+    r = runner(tmp_path / "ckpt", 1, backend="rocksdb")
+    keys = [f"https://example.com/{i}" for i in range(2000)]
+    src = RecordSource([{"url": u, "request": "GET", "bytes": 1} for u in keys] * 4)
+    chk = ""
+    for _ in range(4):
+        r.run(src, max_records=len(keys))
+        chk = r.checkpoint()
+    r.close()
+    assert main(["checkpoints", "list", str(tmp_path / "ckpt"), "--json"]) == 0
+    newest = json.loads(capsys.readouterr().out)[-1]["operators"]["process"]
+    assert newest["entries_estimated"] is True
+    # "bytes" holds the operator state too, which is written whole every time.
+    assert 0 < newest["uploaded_bytes"] + newest["referenced_bytes"] < newest["bytes"]
+    assert main(["checkpoints", "inspect", chk, "--json"]) == 0
+    subtask = next(s for s in json.loads(capsys.readouterr().out)["subtasks"] if s["operator"] == "process")
+    # Checkpoint 4 references the SST files checkpoints 1-3 uploaded and uploads only its own.
+    assert subtask["referenced_bytes"] > 0 and subtask["uploaded_bytes"] > 0
+    assert subtask["uploaded_bytes"] + subtask["referenced_bytes"] == subtask["bytes"]
+    assert subtask["entries_estimated"] is True
+    assert main(["checkpoints", "inspect", chk]) == 0
+    out = capsys.readouterr().out
+    assert f"{subtask['uploaded_bytes']:,}\t{subtask['referenced_bytes']:,}" in out
+    assert "written by this checkpoint" in out and "(estimate)" in out
+
+
+def test_canonical_entries_are_counts_and_all_bytes_are_written(
+    ckpt: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["checkpoints", "inspect", str(ckpt / "job" / "chk-2"), "--json"]) == 0
+    subtasks = [s for s in json.loads(capsys.readouterr().out)["subtasks"] if s["operator"] == "process"]
+    assert {(s["entries_estimated"], s["uploaded_bytes"], s["referenced_bytes"]) for s in subtasks} == {
+        (False, None, None)
+    }
+    assert main(["checkpoints", "list", str(ckpt)]) == 0
+    assert "(estimate)" not in capsys.readouterr().out

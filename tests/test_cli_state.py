@@ -632,16 +632,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def documented_command_lines() -> list[tuple[str, list[str]]]:
-    """Every concrete ``statekit`` command in the docs' code blocks (not synopses), split as a shell would."""
+    """Every concrete ``statekit`` command in the docs' code blocks (not synopses), split as a shell would.
+
+    A ``text`` block is output, not commands: a line of it that starts with ``statekit``
+    (a Spark job's description, ``statekit urls batch 2: sink``) is not a command,
+    unless it is typed at a prompt (``$ statekit ...``).
+    """
     found = []
     for doc in [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]:
-        fenced = False
+        fenced, output = False, False
         for line in doc.read_text().splitlines():
             if line.startswith("```"):
                 fenced = not fenced
+                output = fenced and line[3:].split(" ")[0] == "text"
                 continue
+            typed = line.strip().startswith("$ ")
             text = line.strip().removeprefix("$ ")
-            if not fenced or not text.startswith("statekit "):
+            if not fenced or not text.startswith("statekit ") or (output and not typed):
                 continue
             text = re.split(r" #| \| | \|\| ", text)[0]
             if re.search(r"[\[\]<>…]|\b[A-Z]{3,}\b|\w\|\w", text):  # a synopsis: placeholders, choices

@@ -279,7 +279,7 @@ def test_a_wrong_format_version_is_corrupt_and_names_the_file(chk: Path, which: 
     )
 
 
-@pytest.mark.parametrize("version", [0, 2, "1", None])
+@pytest.mark.parametrize("version", [0, 3, "1", None])
 def test_a_wrong_metadata_version_is_corrupt_and_names_the_file(chk: Path, version: Any) -> None:
     craft(chk, lambda m: m.update(version=version))
     restore_fails(chk, "_metadata: metadata version")

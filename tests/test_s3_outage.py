@@ -22,6 +22,7 @@ import pytest
 from jobs import count_urls_runner, make_records, model_state, state_of_runner
 from s3faults import FaultyS3, get_of, put_of, serving
 from statekit import LocalRunner, RecordSource
+from statekit.checkpointing import read_checkpoint_history
 from statekit.errors import CheckpointError
 
 pytest.importorskip("s3fs")
@@ -86,8 +87,17 @@ def test_endpoint_stops_mid_upload_the_job_goes_on_and_nothing_is_left(faulty: F
     # ids go on from there, and cleanup deletes what chk-3's failed attempt left.
     done = r.run(src)  # records 401..600: checkpoints 4 and 5 complete, and clean up
     assert [c.rsplit("/", 1)[1] for c in done.checkpoints] == ["chk-4", "chk-5"]
-    # No orphans of the failed attempt (runs/ holds the record of this run, for fencing).
-    assert {k.split("/")[1] for k in stored(faulty, prefix)} == {"chk-5", "runs"}
+    # No orphans of the failed attempt (runs/ holds the record of this run, for fencing; files/
+    # the checkpoint history).
+    assert {k.split("/")[1] for k in stored(faulty, prefix)} == {"chk-5", "runs", "files"}
+    # The history kept chk-3's failure and its reason, though the endpoint was down when it failed
+    # (the history is written again by the next completed checkpoint); the second failure came
+    # before it took an id: no attempt.
+    attempts = read_checkpoint_history(r.storage, "job")
+    assert [(a.checkpoint_id, a.status) for a in attempts] == [
+        (1, "subsumed"), (2, "subsumed"), (3, "failed"), (4, "subsumed"), (5, "completed"),
+    ]  # fmt: skip
+    assert attempts[2].failure is not None and faulty.endpoint in attempts[2].failure
     fresh = make_runner(faulty, prefix)
     assert fresh.restore("latest") == f"s3://{BUCKET}/{prefix}/job/chk-5"
     assert state_of_runner(fresh) == model_state(RECORDS)

@@ -202,10 +202,11 @@ def test_an_in_place_migration_reports_progress_per_batch(make: Any, name: str) 
     target = make(name)
     target.kv_migration_batch = 16
     target.restore_native([snapshot_handle(src, native=True)])
-    calls: list[tuple[str, int, int]] = []
+    calls: list[tuple[str, int, int | None]] = []
     target.on_migration_progress(lambda *a: calls.append(a))
     target.get_state(ValueStateDescriptor("count", float))
-    assert calls == [("count", 0, 40), ("count", 16, 40), ("count", 32, 40), ("count", 40, 40)]
+    # counted as it goes: the total is known at the last report
+    assert calls == [("count", 0, None), ("count", 16, None), ("count", 32, None), ("count", 40, 40)]
 
 
 def test_a_plan_needs_no_class_of_the_old_job() -> None:

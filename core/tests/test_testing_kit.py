@@ -505,24 +505,26 @@ def _sqlite() -> Any:
 
 def _sqlite_factory(keyed_class: type) -> Callable[[], Any]:
     sqlite = _sqlite()
-
-    class _Backend(sqlite.SqliteStateBackend):  # type: ignore[misc, name-defined]
-        name = keyed_class.__name__
-
-        def create_keyed_backend(self, **kw: Any) -> Any:
-            return keyed_class(**kw, synchronous="off")
-
-    return _Backend
+    return type(keyed_class.__name__, (sqlite.SqliteStateBackend,), {"keyed_backend": keyed_class})  # type: ignore[no-any-return]
 
 
 def test_a_sqlite_snapshot_reading_the_live_database_fails_isolation() -> None:
     sqlite = _sqlite()
 
     class ReadsTheLiveDatabase(sqlite.SqliteKeyedStateBackend):  # type: ignore[misc, name-defined]
-        """Its snapshot reader queries the task's own connection when it is written: the live file."""
+        """Its frozen view queries the task's own connection when the snapshot is written: the live file."""
 
-        def _snapshot_entries(self) -> Callable[[str, int], Any]:
-            return sqlite._SnapshotReader(self._db, self._sqlite_states, self.key_serializer)
+        def kv_freeze(self) -> Any:
+            db = self._sqlite_db
+
+            class Live:
+                def items(self, name: str, lower: bytes, upper: bytes | None) -> Any:
+                    return db.execute(sqlite._RANGE, (name, lower, upper, upper)).fetchall()
+
+                def release(self) -> None:
+                    pass
+
+            return Live()
 
     v = violation("snapshot_isolation", _sqlite_factory(ReadsTheLiveDatabase))
     assert "writing the snapshot taken at t=" in str(v)
@@ -537,6 +539,22 @@ def test_a_sqlite_restore_dropping_the_last_key_group_fails_key_group_ownership(
         def _load_entries(self, reg: Any, key_group: int, *entries: Any) -> None:
             if key_group != self.key_group_range.end:
                 super()._load_entries(reg, key_group, *entries)
+
+        def kv_restore_key_groups(self, plan: Any) -> None:
+            last = self.key_group_range.end
+            plan.parts = [
+                dataclasses.replace(
+                    h,
+                    meta={
+                        **h.meta,
+                        "key_groups": {
+                            kg: name for kg, name in h.meta["key_groups"].items() if int(kg) != last
+                        },
+                    },
+                )
+                for h in plan.parts
+            ]
+            super().kv_restore_key_groups(plan)
 
     v = violation("rescale_key_group_ownership", _sqlite_factory(DropsLastKeyGroup))
     assert "key groups that lost entries: [" in str(v)

@@ -390,3 +390,23 @@ def test_storage_and_handles_pickle(root: Root, job_id: str) -> None:
     handle = pickle.loads(pickle.dumps(write(writer, "f", b"hello")))
     assert handle.read(1, 3) == b"ell"
     assert pickle.loads(pickle.dumps(storage)).read_metadata(writer.complete(b"m")) == b"m"
+
+
+def test_job_files_are_replaced_whole_and_named_safely(root: Root, job_id: str) -> None:
+    """SupportsJobFiles: the checkpoint history and savepoint requests, on every kind of URL."""
+    from statekit.backend_api import SupportsJobFiles
+
+    storage = root.storage()
+    assert isinstance(storage, SupportsJobFiles)
+    assert storage.read_job_file(job_id, "checkpoint-history.json") is None
+    storage.write_job_file(job_id, "checkpoint-history.json", b"first")
+    storage.write_job_file(job_id, "checkpoint-history.json", b"second, longer")
+    assert storage.read_job_file(job_id, "checkpoint-history.json") == b"second, longer"
+    assert root.names(root.sub("chk", job_id, "files")) == ["checkpoint-history.json"]  # no temporary left
+    assert storage.list_checkpoints(job_id) == []  # a job's files are no checkpoint
+    storage.delete_job_file(job_id, "checkpoint-history.json")
+    storage.delete_job_file(job_id, "checkpoint-history.json")  # gone already: nothing to do
+    assert storage.read_job_file(job_id, "checkpoint-history.json") is None
+    for bad in ("../x", "a/b", ".hidden", "Upper", ""):
+        with pytest.raises(CheckpointError, match="invalid job file name"):
+            storage.write_job_file(job_id, bad, b"x")

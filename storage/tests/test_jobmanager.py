@@ -133,3 +133,11 @@ def test_savepoint_needs_a_directory(job_id: str) -> None:
 def test_max_state_size_must_be_positive() -> None:
     with pytest.raises(ConfigurationError, match="max-state-size"):
         JobManagerCheckpointStorage(max_state_size=0)
+
+
+def test_job_files_live_with_the_checkpoints_in_memory(jobmanager: JobManagerCheckpointStorage) -> None:
+    jobmanager.write_job_file("job", "checkpoint-history.json", b"h")
+    assert jobmanager.read_job_file("job", "checkpoint-history.json") == b"h"
+    assert pickle.loads(pickle.dumps(jobmanager)).read_job_file("job", "checkpoint-history.json") is None
+    jobmanager.forget_job("job")
+    assert jobmanager.read_job_file("job", "checkpoint-history.json") is None

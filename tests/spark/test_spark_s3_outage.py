@@ -105,7 +105,7 @@ def test_endpoint_stops_mid_upload_the_batch_fails_and_the_restarted_query_is_ex
     stored = keys(faulty, prefix)
     wanted = shared_keys(storage, storage.latest_checkpoint(job), job)
     assert wanted and {k for k in stored if k.startswith(f"{job}/shared/")} == wanted
-    assert {k.split("/")[1] for k in stored} == {"chk-6", "shared", "runs"}
+    assert {k.split("/")[1] for k in stored} == {"chk-6", "shared", "runs", "files"}
 
 
 def shared_keys(storage: Any, location: str, job: str) -> set[str]:

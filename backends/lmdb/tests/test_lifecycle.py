@@ -39,7 +39,7 @@ def test_a_failed_native_restore_changes_nothing_and_leaves_no_files(
 ) -> None:
     import dataclasses
 
-    src = make_backend()
+    src = make_backend(options={"native-format": "full"})
     s = src.get_state(COUNT)
     for i in range(100):
         src.set_current_key(f"k{i}")

@@ -13,6 +13,8 @@ from statekit.testing import KitNativeOutput, decode_canonical, snapshot_handle
 from statekit_lmdb import LMDBStateBackend, MapSizeLimitError
 
 SMALL = {"initial-map-size": 256 << 10}  # 64 pages of 4 KiB
+#: Native snapshots as one compact copy of the environment (the format these tests size maps for).
+FULL = {"native-format": "full"}
 VALUE = ValueStateDescriptor("v", str)
 LIST = ListStateDescriptor("l", str)
 MAP = MapStateDescriptor("m", str, str)
@@ -111,7 +113,7 @@ def test_a_canonical_restore_grows_the_map_as_it_loads(make_backend: Any) -> Non
 
 
 def test_a_native_restore_sizes_the_map_for_the_file(make_backend: Any) -> None:
-    src = make_backend()
+    src = make_backend(options=FULL)
     fill(src, 5000)
     handle = snapshot_handle(src, native=True)
     target = make_backend(options=SMALL)
@@ -160,7 +162,7 @@ def test_too_many_pending_snapshots_is_a_clear_error(make_backend: Any) -> None:
 
 
 def test_a_native_snapshot_larger_than_the_maximum_is_refused_before_any_change(make_backend: Any) -> None:
-    src = make_backend()
+    src = make_backend(options=FULL)
     fill(src, 5000)
     handle = snapshot_handle(src, native=True)
     assert handle.size > 1 << 20

@@ -12,6 +12,7 @@ from statekit.testing import keyed_checkpoint_part, value_state_contents
 from statekit_lmdb import LMDBKeyedStateBackend
 
 COUNT = ValueStateDescriptor("count", int, default=0)
+FORMAT = "statekit.backend.lmdb.native-format"
 
 
 class Set(KeyedProcessFunction):
@@ -44,7 +45,7 @@ def feed(r: LocalRunner, records: list[tuple[str, int]]) -> None:
 
 
 def test_every_checkpoint_is_one_self_contained_data_file(tmp_path: Path) -> None:
-    r = runner(tmp_path, **{"statekit.checkpoints.retained": 2})
+    r = runner(tmp_path, **{"statekit.checkpoints.retained": 2, FORMAT: "full"})
     feed(r, [(f"user-{i:06d}", 1) for i in range(20_000)])
     first = r.checkpoint()
     feed(r, [(f"user-{i:06d}", 2) for i in range(0, 20_000, 100)])
@@ -63,7 +64,7 @@ def test_every_checkpoint_is_one_self_contained_data_file(tmp_path: Path) -> Non
 
 
 def test_a_restore_at_the_same_parallelism_adopts_the_file(tmp_path: Path, monkeypatch: Any) -> None:
-    r = runner(tmp_path, **{"statekit.parallelism": 2})
+    r = runner(tmp_path, **{"statekit.parallelism": 2, FORMAT: "full"})  # restored by the default format
     feed(r, [(f"k{i}", i) for i in range(3000)])
     r.checkpoint()
     expected = value_state_contents(r, COUNT)
@@ -102,3 +103,38 @@ def test_native_rescale_from_two_subtasks_and_back(tmp_path: Path, new_p: int) -
     back.restore("latest")
     assert value_state_contents(back, COUNT) == expected
     back.close()
+
+
+def test_key_group_checkpoints_upload_only_the_key_groups_that_changed(tmp_path: Path) -> None:
+    """The default format: a file per key group, named by its SHA-256, referenced while unchanged."""
+    r = runner(tmp_path, **{"statekit.checkpoints.retained": 1})
+    feed(r, [(f"user-{i:06d}", 1) for i in range(20_000)])
+    first = keyed_checkpoint_part(r, r.checkpoint())
+    feed(r, [("user-000007", 2)])
+    second = keyed_checkpoint_part(r, r.checkpoint())
+    for part in (first, second):
+        assert part["format"] == "statekit-lmdb-kg-1" and part["entries"] == 20_000
+        assert len(part["native"]["files"]) == 128  # every key group holds keys
+        assert all(f["name"] == f"kg-{kg}-{f['sha256']}" for kg, f in enumerate(part["native"]["files"]))
+    new = [f for f in second["native"]["files"] if f["checkpoint_id"] == 2]
+    assert len(new) == 1  # the one key group that changed; retention kept the rest for it
+    r.close()
+    again = runner(tmp_path, **{"statekit.parallelism": 3})
+    again.restore("latest")
+    expected = {f"user-{i:06d}": 2 if i == 7 else 1 for i in range(20_000)}
+    assert value_state_contents(again, COUNT) == expected
+    again.close()
+
+
+@pytest.mark.parametrize(("written", "restored"), [("key-groups", "full"), ("full", "key-groups")])
+def test_either_format_restores_whatever_the_option_says(tmp_path: Path, written: str, restored: str) -> None:
+    """Checkpoints of the full format taken before the key-group one restore, and the other way round."""
+    r = runner(tmp_path, **{"statekit.parallelism": 2, FORMAT: written})
+    feed(r, [(f"k{i}", i) for i in range(500)])
+    r.checkpoint()
+    expected = value_state_contents(r, COUNT)
+    r.close()
+    again = runner(tmp_path, **{"statekit.parallelism": 3, FORMAT: restored})
+    again.restore("latest")
+    assert value_state_contents(again, COUNT) == expected
+    again.close()

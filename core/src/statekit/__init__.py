@@ -33,6 +33,8 @@ from .runtime._function import (
     ProcessContext,
     RuntimeContext,
 )
+from .runtime._metrics import CheckpointInfo
+from .runtime._raw import RawStateRestoreContext, RawStateSnapshotContext
 from .runtime._runner import FileSource, LocalRunner, RecordSource, ReplayableSource, RunResult
 from .sources._badrecords import BadRecord, BadRecordPolicy
 from .sources._locating import InputLostWarning, LostInput
@@ -69,6 +71,7 @@ __all__ = [
     "AggregatingStateDescriptor",
     "BadRecord",
     "BadRecordPolicy",
+    "CheckpointInfo",
     "Configuration",
     "EventTime",
     "FileSource",
@@ -85,6 +88,8 @@ __all__ = [
     "Migration",
     "OnTimerContext",
     "ProcessContext",
+    "RawStateRestoreContext",
+    "RawStateSnapshotContext",
     "RecordSource",
     "ReducingState",
     "ReducingStateDescriptor",

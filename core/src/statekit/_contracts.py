@@ -28,10 +28,12 @@ __all__ = [
     "OperatorStateBackend",
     "StateBackend",
     "SupportsBatchUpdate",
+    "SupportsJobFiles",
     "SupportsNativeSnapshot",
     "SupportsOrphanCleanup",
     "SupportsRunFencing",
     "create_keyed_backend",
+    "readable_native_formats",
 ]
 
 
@@ -160,7 +162,12 @@ class SupportsNativeSnapshot(Protocol):
     """
 
     native_format: str
-    """The name of the format; restores compare it with ``NativeStateHandle.format``."""
+    """The name of the format; restores compare it with ``NativeStateHandle.format``.
+
+    A backend that also restores earlier formats of its own (``lmdb`` reads its
+    full copies and its key-group files) lists every format it restores in an
+    optional attribute ``readable_native_formats`` (see :func:`readable_native_formats`).
+    """
 
     def native_snapshot(self, checkpoint_id: int) -> NativeSnapshot:
         """Freeze the state now for checkpoint ``checkpoint_id``; the result's ``write(out)`` uploads it."""
@@ -320,6 +327,51 @@ class SupportsRunFencing(Protocol):
 
     def end_run(self, job_id: str, run_id: str) -> None:
         """Mark run ``run_id`` as ended (best effort): a run that takes over after it need not wait for it."""
+
+
+@runtime_checkable
+class SupportsJobFiles(Protocol):
+    """A checkpoint storage that keeps a few small files of a job next to its checkpoints.
+
+    The coordinator keeps the job's checkpoint history there, and a running
+    Spark query reads savepoint requests from there and answers them there
+    (``statekit savepoint trigger``), so a tool in another process reaches
+    them through the same storage. Names are short (``[a-z0-9][a-z0-9._-]*``,
+    at most 100 characters) and chosen by statekit; files are small (at most
+    a few MiB).
+
+    A file is replaced whole: a reader sees the old bytes or the new ones,
+    never a mix and never a prefix (a rename where the store has directories,
+    one put on an object store), so a writer killed mid-write leaves the old
+    file. A storage without this protocol keeps no history and takes no
+    savepoint requests (both say so when asked).
+    """
+
+    def write_job_file(self, job_id: str, name: str, data: bytes) -> None:
+        """Replace file ``name`` of ``job_id`` with ``data``, whole or not at all.
+
+        Raises:
+            CheckpointError: If the store fails (the old file, if any, stays).
+        """
+
+    def read_job_file(self, job_id: str, name: str) -> bytes | None:
+        """The bytes of file ``name`` of ``job_id``; None if there is none.
+
+        Raises:
+            CheckpointError: If the store fails.
+        """
+
+    def delete_job_file(self, job_id: str, name: str) -> None:
+        """Delete file ``name`` of ``job_id`` if it is there.
+
+        Raises:
+            CheckpointError: If the store fails.
+        """
+
+
+def readable_native_formats(keyed: SupportsNativeSnapshot) -> frozenset[str]:
+    """The native formats ``keyed`` restores: its ``native_format`` and its ``readable_native_formats``."""
+    return frozenset((keyed.native_format, *getattr(keyed, "readable_native_formats", ())))
 
 
 def create_keyed_backend(backend: StateBackend, parameters: KeyedBackendParameters) -> KeyedStateBackend:

@@ -10,8 +10,11 @@ arithmetic (:class:`KeyGroupRange`, :func:`key_group_for_bytes`, ...).
 
 A minimal backend subclasses :class:`KeyedBackendBase` and stores what it is
 given; core adds the current key, TTL, reducing and aggregating state and
-canonical snapshots. A backend on an ordered key-value engine subclasses
-:class:`OrderedKVBackendBase`; its native restores are planned by
+canonical snapshots. Its factory is a :class:`DeclaredStateBackend` (options
+declared once, passed with the runner's :class:`KeyedBackendParameters`). A
+backend on an ordered key-value engine subclasses :class:`OrderedKVBackendBase`
+(with :class:`KeyGroupNativeSnapshots` for incremental native snapshots from
+a frozen view, :class:`KVFrozenView`, and bulk loads); its own native restores are planned by
 ``kv_plan_native_restore`` (a :class:`KVNativeRestore`) and finished by
 ``kv_finish_native_restore``, in an instance directory made by
 :func:`create_instance_dir`. Errors are in :mod:`statekit.errors`.
@@ -27,6 +30,7 @@ from ._contracts import (
     OperatorStateBackend,
     StateBackend,
     SupportsBatchUpdate,
+    SupportsJobFiles,
     SupportsNativeSnapshot,
     SupportsOrphanCleanup,
     SupportsRunFencing,
@@ -72,6 +76,7 @@ from .snapshots._snapshot import (
     read_index,
     write_canonical,
 )
+from .state._declared import DeclaredStateBackend
 from .state._keyed import (
     AggregatingStateImpl,
     KeyedBackendBase,
@@ -89,6 +94,7 @@ from .state._kvlayout import (
     prefix_end,
     ttl_timestamp,
 )
+from .state._kvnative import KEY_GROUP_FILE_MAGIC, KeyGroupNativeSnapshots, KeyGroupSnapshot, KVFrozenView
 from .state._kvstate import (
     KVListState,
     KVMapState,
@@ -108,15 +114,18 @@ from .state._operator import (
     encode_operator_snapshot,
     redistribute_operator_state,
 )
+from .state._parameters import KeyedBackendParameters
 from .state._registered import RegisteredState, StateEntries
 from .state._slots import SlotListState, SlotMapState, SlotState, SlotValueState
 from .state._state import StateKind
 from .state._ttl import Clock, purge_expired, system_clock, ttl_serializer
+from .state._uploads import UploadTracker
 
 __all__ = [
     "CANONICAL_FORMAT",
     "CORE_OPTIONS",
     "DROP",
+    "KEY_GROUP_FILE_MAGIC",
     "OWNER_FILE",
     "AggregatingStateImpl",
     "BackendSpec",
@@ -127,15 +136,20 @@ __all__ = [
     "CheckpointWriter",
     "Clock",
     "ConfigOption",
+    "DeclaredStateBackend",
     "EntryCodec",
     "KVColumn",
+    "KVFrozenView",
     "KVListState",
     "KVMapState",
     "KVNativeRestore",
     "KVValueState",
+    "KeyGroupNativeSnapshots",
     "KeyGroupRange",
+    "KeyGroupSnapshot",
     "KeyLayout",
     "KeyedBackendBase",
+    "KeyedBackendParameters",
     "KeyedSnapshot",
     "KeyedStateBackend",
     "KeyedStateHandle",
@@ -170,9 +184,11 @@ __all__ = [
     "StorageSpec",
     "StreamStateHandle",
     "SupportsBatchUpdate",
+    "SupportsJobFiles",
     "SupportsNativeSnapshot",
     "SupportsOrphanCleanup",
     "SupportsRunFencing",
+    "UploadTracker",
     "WriterNativeOutput",
     "compute_default_max_parallelism",
     "create_instance_dir",

@@ -22,15 +22,18 @@ def make(local_dir=None, **options):
 
 
 def test_entries_are_rows_of_a_file_in_local_dir(tmp_path):
+    """One row per composite key (statekit's ordered layout), under the state's name."""
     b = make(str(tmp_path))
     s = b.get_state(ValueStateDescriptor("count", int))
     for k in ("a", "b", "c"):
         b.set_current_key(k)
         s.update(len(k))
-    assert os.path.dirname(b.path) == str(tmp_path)
+    b.kv_write_buffered()
+    assert os.path.dirname(os.path.dirname(b.path)) == str(tmp_path)
     with sqlite3.connect(b.path) as conn:
-        rows = conn.execute("SELECT kg, key, ns, value FROM entries ORDER BY key").fetchall()
-    assert [(key, ns) for _, key, ns, _ in rows] == [(b"a", b""), (b"b", b""), (b"c", b"")]
+        rows = conn.execute("SELECT state, k FROM kv ORDER BY k").fetchall()
+    assert [state for state, _ in rows] == ["count"] * 3
+    assert sorted(b.layout.split(k)[1] for _, k in rows) == [b"a", b"b", b"c"]
     b.close()
     assert not os.path.exists(b.path)  # the file is a working copy; checkpoints hold the state
 
@@ -41,6 +44,30 @@ def test_without_local_dir_a_temporary_directory_is_used_and_removed():
     assert os.path.isdir(directory)
     b.close()
     assert not os.path.exists(directory)
+
+
+def test_native_checkpoints_upload_only_the_key_groups_that_changed(tmp_path):
+    from statekit.testing import KitNativeOutput
+
+    b = make(str(tmp_path))
+    s = b.get_state(ValueStateDescriptor("v", int))
+    for i in range(1000):
+        b.set_current_key(f"k{i}")
+        s.update(i)
+    first = b.native_snapshot(1).write(KitNativeOutput(1))
+    b.notify_checkpoint_complete(1)
+    b.set_current_key("k7")
+    s.update(-7)
+    second = b.native_snapshot(2).write(KitNativeOutput(2))
+    assert len(first.files) == len(second.files) == 128
+    assert [f.checkpoint_id for f in second.files].count(2) == 1
+    target = make(str(tmp_path))
+    target.restore_native([second])
+    ts = target.get_state(ValueStateDescriptor("v", int))
+    target.set_current_key("k7")
+    assert ts.value() == -7
+    target.close()
+    b.close()
 
 
 def test_a_snapshot_is_written_by_another_thread_from_its_own_read_transaction(tmp_path):
@@ -68,7 +95,7 @@ def test_registered_by_entry_point_with_its_options():
     assert reg.backends()["sqlite"].distribution == "statekit-sqlite"
     backend = reg.create_backend("sqlite", {"synchronous": "normal", "cache-size": "1mb"})
     assert isinstance(backend, SqliteStateBackend)
-    assert (backend.synchronous, backend.cache_size) == ("normal", 1 << 20)
+    assert backend.options == {"synchronous": "normal", "cache-size": 1 << 20, "write-batch-size": 1024}
 
 
 def test_a_job_runs_on_it_by_name(tmp_path):

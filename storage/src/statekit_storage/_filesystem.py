@@ -7,6 +7,8 @@ Layout::
     <checkpoints dir>/<job id>/shared/<name>       files later checkpoints may reference too
     <checkpoints dir>/<job id>/taskowned/          state owned by tasks rather than checkpoints
     <checkpoints dir>/<job id>/runs/               one record per run of the job, for fencing
+    <checkpoints dir>/<job id>/files/              the job's small files: checkpoint history, savepoint
+                                                   requests and their answers (each replaced whole)
     <savepoints dir>/savepoint-<job[:6]>-<hex>/    _metadata, files and shared/<name>: self-contained
 
 Handle descriptions in ``_metadata`` hold paths relative to the directory that
@@ -19,7 +21,8 @@ The steps live in modules of their own: ``_paths`` (directories, locations,
 names), ``_options`` (storage options), ``_files`` (opening URLs, listing,
 reading ``_metadata`` and handles), ``_streams`` (output streams),
 ``_publishing`` (a file whole or not at all), ``_writer`` (one checkpoint's
-files, then ``_metadata``) and ``_runs`` (the run records for fencing). This
+files, then ``_metadata``), ``_runs`` (the run records for fencing) and
+``_jobfiles`` (the job's small files). This
 module is the storage class that puts them together.
 """
 
@@ -35,6 +38,7 @@ from statekit.errors import CheckpointError, ConfigurationError
 
 from ._files import Files, list_names, remove_tree
 from ._handles import FS_ERRORS, FileStreamHandle
+from ._jobfiles import JobFiles
 from ._options import parse_storage_options
 from ._paths import (
     CHECKPOINT_DIR,
@@ -97,6 +101,7 @@ class FileSystemCheckpointStorage:
         self._files.open(self.checkpoints_dir)
         self._prepared: set[str] = set()
         self._run_records = RunRecords(self._files, self.job_dir)
+        self._job_files = JobFiles(self._files, self.job_dir)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> FileSystemCheckpointStorage:
@@ -313,6 +318,32 @@ class FileSystemCheckpointStorage:
             CheckpointError: If the store fails.
         """
         self._run_records.end_run(job_id, run_id)
+
+    # --- a job's small files (statekit.backend_api.SupportsJobFiles) ----------------------------------
+
+    def write_job_file(self, job_id: str, name: str, data: bytes) -> None:
+        """Replaces ``<job>/files/<name>`` with ``data``, whole or not at all.
+
+        Raises:
+            CheckpointError: If the name is invalid or the store fails (the old file stays).
+        """
+        self._job_files.write(job_id, name, data)
+
+    def read_job_file(self, job_id: str, name: str) -> bytes | None:
+        """The bytes of ``<job>/files/<name>``, or None if there is none.
+
+        Raises:
+            CheckpointError: If the name is invalid or the store fails.
+        """
+        return self._job_files.read(job_id, name)
+
+    def delete_job_file(self, job_id: str, name: str) -> None:
+        """Deletes ``<job>/files/<name>`` if it is there.
+
+        Raises:
+            CheckpointError: If the name is invalid or the store fails.
+        """
+        self._job_files.delete(job_id, name)
 
 
 def find_latest_checkpoint(directory: str, *, storage_options: Mapping[str, Any] | None = None) -> str | None:

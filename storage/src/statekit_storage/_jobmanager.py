@@ -21,6 +21,7 @@ from statekit.errors import CheckpointError, CheckpointNotFoundError, Configurat
 
 from ._files import Files
 from ._handles import InlineStreamHandle
+from ._jobfiles import check_job_file_name
 from ._options import parse_storage_options
 from ._paths import check_job_id, check_name, normalize_dir
 from ._plugin import DEFAULT_INLINE_THRESHOLD, DEFAULT_MAX_STATE_SIZE
@@ -139,6 +140,7 @@ class JobManagerCheckpointStorage:
         self._files = Files(storage_options or {}, (self.savepoints_dir,), DEFAULT_INLINE_THRESHOLD)
         self._completed: dict[str, dict[int, bytes]] = {}  # job id -> checkpoint id -> metadata
         self._runs: dict[str, dict[str, tuple[int, dict[str, Any]]]] = {}  # job id -> run id -> record
+        self._job_files: dict[str, dict[str, bytes]] = {}  # job id -> name -> bytes
         self._lock = threading.Lock()
 
     @classmethod
@@ -158,7 +160,7 @@ class JobManagerCheckpointStorage:
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickles the configuration only: checkpoints stay with the coordinating process."""
-        return {**self.__dict__, "_completed": {}, "_runs": {}, "_lock": None}
+        return {**self.__dict__, "_completed": {}, "_runs": {}, "_job_files": {}, "_lock": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Restores the configuration, with no checkpoints."""
@@ -252,6 +254,7 @@ class JobManagerCheckpointStorage:
         with self._lock:
             self._completed.pop(job_id, None)
             self._runs.pop(job_id, None)
+            self._job_files.pop(job_id, None)
 
     # --- fencing (statekit.backend_api.SupportsRunFencing): runs sharing this object ----------------------
 
@@ -279,3 +282,23 @@ class JobManagerCheckpointStorage:
             record = self._runs.get(job_id, {}).get(run_id)
             if record is not None:
                 record[1]["ended_ms"] = time.time_ns() // 1_000_000
+
+    # --- a job's small files (statekit.backend_api.SupportsJobFiles): in this object's memory -------------
+
+    def write_job_file(self, job_id: str, name: str, data: bytes) -> None:
+        """Keeps ``data`` as file ``name`` of ``job_id`` (in memory, with the checkpoints)."""
+        check_job_file_name(name)
+        with self._lock:
+            self._job_files.setdefault(check_job_id(job_id), {})[name] = bytes(data)
+
+    def read_job_file(self, job_id: str, name: str) -> bytes | None:
+        """File ``name`` of ``job_id`` kept here, or None."""
+        check_job_file_name(name)
+        with self._lock:
+            return self._job_files.get(job_id, {}).get(name)
+
+    def delete_job_file(self, job_id: str, name: str) -> None:
+        """Forgets file ``name`` of ``job_id``."""
+        check_job_file_name(name)
+        with self._lock:
+            self._job_files.get(job_id, {}).pop(name, None)

@@ -7,8 +7,11 @@ transaction per batch; a full map grows and the transaction is written again
 (``_writes``: :meth:`LMDBWrites.lmdb_commit`). Reads go through a read
 transaction per state, renewed by every commit. Snapshots are taken while
 processing goes on: both kinds read a read transaction pinned at the snapshot
-point (``_views``); canonical ones iterate it, native ones are a compact copy
-of it (``_full_snapshot``). Restores and rescales are in ``_restore``.
+point (``_views``, the base's ``kv_freeze``); canonical ones iterate it, native
+ones are core's per-key-group files (``KeyGroupNativeSnapshots``: incremental,
+one content-addressed file per key group) or, with ``native-format=full``, a
+compact copy of it (``_full_snapshot``). Restores of the full copies, and
+rescales of them, are in ``_restore``.
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ import lmdb
 
 from statekit.backend_api import (
     Clock,
+    KeyGroupNativeSnapshots,
     KeyGroupRange,
     KVColumn,
     NativeStateHandle,
     OperatorStateBackendImpl,
     OrderedKVBackendBase,
     RegisteredState,
-    StateEntries,
     StateKind,
     create_instance_dir,
 )
@@ -46,10 +49,12 @@ from ._restore import restore_instance
 from ._views import PinnedView
 from ._writes import LMDBWrites, MapSizeLimitError, round_up
 
-__all__ = ["LMDB_NATIVE_FORMAT", "LMDBKeyedStateBackend", "LMDBStateBackend"]
+__all__ = ["LMDB_KEY_GROUP_FORMAT", "LMDB_NATIVE_FORMAT", "LMDBKeyedStateBackend", "LMDBStateBackend"]
 
-#: The native snapshot format: a compact copy of the environment (see docs/backends/lmdb.md).
+#: The full native format: a compact copy of the environment (see docs/backends/lmdb.md).
 LMDB_NATIVE_FORMAT = "statekit-lmdb-1"
+#: The incremental native format (the default): one content-addressed file per key group.
+LMDB_KEY_GROUP_FORMAT = "statekit-lmdb-kg-1"
 # Reader slots for pinned snapshots, besides one per state for the task's reads.
 _SNAPSHOT_READERS = 126
 
@@ -134,7 +139,7 @@ class _Binding:
         self.reader: Any = None
 
 
-class LMDBKeyedStateBackend(LMDBWrites, OrderedKVBackendBase):
+class LMDBKeyedStateBackend(KeyGroupNativeSnapshots, LMDBWrites, OrderedKVBackendBase):
     """Keyed state of one subtask in an LMDB environment under its local directory.
 
     The instance lives in ``<local dir>/lmdb-<random>/``: ``db/`` is the live
@@ -146,7 +151,10 @@ class LMDBKeyedStateBackend(LMDBWrites, OrderedKVBackendBase):
     """
 
     backend_name = "lmdb"
-    native_format = LMDB_NATIVE_FORMAT
+    native_format = LMDB_KEY_GROUP_FORMAT
+    key_group_format = LMDB_KEY_GROUP_FORMAT  # restored also when native-format=full
+    #: Native formats restored besides ``native_format``: every one this backend writes.
+    readable_native_formats = (LMDB_KEY_GROUP_FORMAT, LMDB_NATIVE_FORMAT)
 
     def __init__(
         self,
@@ -171,6 +179,8 @@ class LMDBKeyedStateBackend(LMDBWrites, OrderedKVBackendBase):
             ttl_sweep_interval=int(opts["ttl-sweep-interval"]),
         )
         self._lmdb_options = opts
+        if opts["native-format"] == "full":
+            self.native_format = LMDB_NATIVE_FORMAT
         self._lmdb_max_map = round_up(int(opts["max-map-size"]))
         self._lmdb_views: dict[int, PinnedView] = {}
         self._lmdb_env: Any = None
@@ -376,33 +386,39 @@ class LMDBKeyedStateBackend(LMDBWrites, OrderedKVBackendBase):
         self._lmdb_views.pop(id(view), None)
         view.release()
 
-    def _snapshot_entries(self) -> Callable[[str, int], StateEntries]:
-        return _CanonicalReader(self, self.lmdb_pin("snap"))
-
-    def _release_snapshot(self, reader: Callable[[str, int], StateEntries]) -> None:
-        if isinstance(reader, _CanonicalReader):
-            self.lmdb_unpin(reader.view)
+    def kv_freeze(self) -> _PinnedFrozen:
+        """A read transaction pinned now: canonical and key-group snapshots read it."""
+        return _PinnedFrozen(self, self.lmdb_pin("snap"))
 
     # --- native snapshots -------------------------------------------------------------------------
 
-    def native_snapshot(self, checkpoint_id: int) -> LMDBNativeSnapshot:
-        """Pin the state now (a read transaction); ``write`` uploads a compact copy of it."""
+    def native_snapshot(self, checkpoint_id: int) -> Any:
+        """Pin the state now (a read transaction); ``write`` uploads the key groups that changed.
+
+        With ``native-format=full``: a compact copy of the whole environment instead.
+        """
         self._lmdb_live()
-        self.check_native_snapshot()
-        return LMDBNativeSnapshot.take(self, checkpoint_id)
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        """Nothing to do: a native snapshot is a full copy and never references an earlier upload."""
-
-    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
-        """Nothing to do: a native snapshot is a full copy and never references an earlier upload."""
+        if self.native_format == LMDB_NATIVE_FORMAT:
+            self.check_native_snapshot()
+            return LMDBNativeSnapshot.take(self, checkpoint_id)
+        return super().native_snapshot(checkpoint_id)
 
     def restore_native(self, handles: Sequence[NativeStateHandle]) -> None:
-        """Restore native snapshots of any parallelism; see ``_restore``."""
-        plan = self.kv_plan_native_restore(handles, self.native_format)
+        """Restore native snapshots of any parallelism, of either format (full copies: ``_restore``)."""
+        formats = {h.format for h in handles}
+        if formats != {LMDB_NATIVE_FORMAT}:
+            if LMDB_NATIVE_FORMAT in formats:
+                raise SnapshotError(
+                    f"the native LMDB snapshots to restore are in formats {sorted(formats)}, which one "
+                    "restore cannot mix; restore from a savepoint (canonical) instead"
+                )
+            super().restore_native(handles)
+            return
+        plan = self.kv_plan_native_restore(handles, LMDB_NATIVE_FORMAT)
         if plan.base is not None:
             restore_instance(self, plan.parts, plan.ranges, plan.base)
         self.kv_finish_native_restore(plan)
+        self.native_uploads.restored()  # a full copy holds no file a later snapshot references
 
     def native_meta(self) -> dict[str, Any]:
         """What a native snapshot taken now records besides its file (see docs/backends/lmdb.md)."""
@@ -468,8 +484,8 @@ class LMDBKeyedStateBackend(LMDBWrites, OrderedKVBackendBase):
             shutil.rmtree(self.instance_dir, ignore_errors=True)
 
 
-class _CanonicalReader:
-    """The reader a canonical snapshot calls per (state, key group): it reads the pinned view."""
+class _PinnedFrozen:
+    """A pinned read transaction as the base's frozen view: released by unpinning it."""
 
     __slots__ = ("backend", "view")
 
@@ -477,8 +493,8 @@ class _CanonicalReader:
         self.backend = backend
         self.view = view
 
-    def __call__(self, name: str, kg: int) -> StateEntries:
-        b = self.backend
-        lower, upper = b.layout.group_range(kg, kg)
-        # Raw bytes under the view's lock; decoded by core after.
-        return b.kv_read_group(name, self.view.items(name, lower, upper))
+    def items(self, name: str, lower: bytes, upper: bytes | None) -> list[tuple[bytes, bytes]]:
+        return self.view.items(name, lower, upper)
+
+    def release(self) -> None:
+        self.backend.lmdb_unpin(self.view)

@@ -53,6 +53,12 @@ OPTIONS = (
         "state and 126 for pending snapshots.", minimum=1,
     ),
     ConfigOption(
+        "native-format", str, "key-groups",
+        "What a native checkpoint uploads: 'key-groups', one file per key group named by its SHA-256, "
+        "uploaded only when it changed (incremental); 'full', one compact copy of the environment per "
+        "checkpoint. Both are restored whatever this says.", choices=("key-groups", "full"),
+    ),
+    ConfigOption(
         "ttl-sweep-interval", int, 1000,
         "Accesses of a TTL state between two background sweeps of its entries; each sweep checks "
         "cleanup_incremental_size x this many entries and deletes the expired ones.", minimum=1,
@@ -68,6 +74,6 @@ def statekit_register_backends(register: Callable[[Any], None]) -> None:
             name="lmdb",
             factory="statekit_lmdb._backend:LMDBStateBackend",
             options=OPTIONS,
-            description="Keyed state in LMDB on local disk (memory-mapped); full native checkpoints.",
+            description="Keyed state in LMDB on local disk (memory-mapped); incremental native checkpoints.",
         )
     )

@@ -447,7 +447,9 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
     def native_meta(self) -> dict[str, Any]:
         """What a native snapshot taken now records besides its files (see docs/backends/rocksdb.md)."""
         # Range, list sequence, and what a restore drops as a canonical snapshot taken now would.
-        return {**self.kv_native_meta(), "column_family_prefix": CF_PREFIX}
+        # The handle's entries are RocksDB's estimate-num-keys, which counts every version of a key
+        # in SST files not yet compacted together: tools label them an estimate (entries_estimated).
+        return {**self.kv_native_meta(), "column_family_prefix": CF_PREFIX, "entries_estimated": True}
 
     def estimate_entries(self) -> int:
         """RocksDB's estimate of the number of entries (not of (key, namespace) pairs)."""

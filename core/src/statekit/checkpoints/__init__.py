@@ -12,7 +12,11 @@ and ``_coordinator`` (``CheckpointCoordinator``: the checkpoints of one run of
 a job, for the LocalRunner and the Spark driver alike: ids, fencing,
 completion, native completion notifications, aborting, retention, which
 checkpoint ``restore="latest"`` takes; a ``CheckpointPolicy`` holds what a
-runner decides for itself).
+runner decides for itself), ``_convert`` (a completed checkpoint turned into a
+self-contained canonical savepoint: ``savepoint convert`` and a running Spark
+query's savepoints), ``_history`` (every checkpoint attempt of a job, beyond
+retention), ``_savepoint_requests`` (savepoints asked of a running query) and
+``_raw`` (raw state files).
 
 What it may import: ``timers``, ``_contracts``, ``state``, ``snapshots``,
 ``serialization``, ``plugins`` (a location names its storage plugin) and

@@ -9,6 +9,7 @@ a checkpoint in a directory nothing else wrote into, completing it
 (``_metadata`` last, right after the fence is checked again), the completion
 notification of native snapshots (after completion only), cleaning up after
 a failed one, retention, the count of periodic checkpoints failed in a row,
+the job's checkpoint history (every attempt, beyond retention: ``_history``),
 and which checkpoint ``restore="latest"`` takes.
 
 What differs between the runners is policy they pass in
@@ -21,15 +22,17 @@ driver completes it (:meth:`~CheckpointCoordinator.begin`,
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._contracts import CheckpointStorage, CheckpointWriter
 from .._errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, FencedError
 from ..plugins._registry import PluginRegistry
 from ._fencing import RunFence
+from ._history import CheckpointHistory
 from ._metadata import SubtaskState
 from ._restore import CompletedCheckpoint, load_checkpoint
 from ._retention import apply_retention, highest_checkpoint_id
@@ -81,10 +84,11 @@ class CheckpointPolicy:
 
 @dataclass(frozen=True)
 class PendingCheckpoint:
-    """A checkpoint begun and not yet complete: its id and the writer of its directory."""
+    """A checkpoint begun and not yet complete: its id, the writer of its directory, when it began."""
 
     checkpoint_id: int
     writer: CheckpointWriter
+    trigger_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
 
     @property
     def location(self) -> str:
@@ -125,6 +129,8 @@ class CheckpointCoordinator:
         native: Whether checkpoints are native where the backend has a format of its own.
         policy: What the runner decides for itself.
         registry: Whose hooks hear of completed checkpoints.
+        history_entries: Attempts the job's checkpoint history keeps
+            (``statekit.checkpoints.history.max-entries``; 0: none).
     """
 
     def __init__(
@@ -137,6 +143,7 @@ class CheckpointCoordinator:
         native: bool,
         policy: CheckpointPolicy,
         registry: PluginRegistry,
+        history_entries: int = 0,
     ) -> None:
         self.storage = storage
         self.job_id = job_id
@@ -155,6 +162,7 @@ class CheckpointCoordinator:
         self._claimed: dict[str, bool] = {}  # checkpoint -> whether it is this job's, in this storage
         self.failed_in_a_row = 0  # periodic checkpoints that failed since the last one that completed
         self.last_completed = 0  # the id of the last checkpoint this run completed (0: none)
+        self.history = CheckpointHistory(storage, job_id, history_entries, policy.runner)
 
     # --- ids and fencing ----------------------------------------------------------------
 
@@ -253,6 +261,14 @@ class CheckpointCoordinator:
             properties=properties,
         )
         self.last_completed = cid
+        self.history.record(
+            checkpoint_id=cid,
+            kind="checkpoint",
+            trigger_ms=pending.trigger_ms,
+            location=location,
+            subtasks=subtasks,
+            properties=properties,
+        )
         notify(cid, True)
         self.registry.hook.statekit_checkpoint_completed(
             job_id=self.job_id, checkpoint_id=cid, location=location
@@ -265,7 +281,7 @@ class CheckpointCoordinator:
         Never raises for a failing store (what cannot be deleted now is warned
         of and tried again after the next checkpoint).
         """
-        apply_retention(self.storage, self.job_id, self.retained)
+        self.history.subsumed(apply_retention(self.storage, self.job_id, self.retained))
 
     def abort(
         self,
@@ -285,7 +301,15 @@ class CheckpointCoordinator:
         backends hear that the checkpoint never completes.
         """
         cid = pending.checkpoint_id
-        if not isinstance(error, FencedError):
+        if not isinstance(error, FencedError):  # a fenced run records nothing: the job is another's
+            self.history.record(
+                checkpoint_id=cid,
+                kind="checkpoint",
+                trigger_ms=pending.trigger_ms,
+                location=pending.location,
+                subtasks=subtasks,
+                error=error,
+            )
             try:
                 pending.writer.abort()
                 discard_native_uploads(self.storage, pending.location, list(subtasks), cid)
@@ -347,9 +371,11 @@ class CheckpointCoordinator:
     def savepoint(self, write: WriteSubtasks, properties: dict[str, Any], target_dir: str | None) -> str:
         """Take a savepoint: canonical, self-contained, never deleted by statekit."""
         writer = self.storage.begin_savepoint(self.job_id, target_dir)
+        trigger_ms = time.time_ns() // 1_000_000
+        states: list[SubtaskState] = []
         try:
             states = write(writer, None, None)
-            return complete_checkpoint(
+            location = complete_checkpoint(
                 writer,
                 job_id=self.job_id,
                 checkpoint_id=self.next_id - 1,
@@ -358,9 +384,26 @@ class CheckpointCoordinator:
                 kind="savepoint",
                 properties=properties,
             )
-        except BaseException:
+        except BaseException as e:
+            self.history.record(
+                checkpoint_id=self.next_id - 1,
+                kind="savepoint",
+                trigger_ms=trigger_ms,
+                location=writer.location,
+                subtasks=states,
+                error=e,
+            )
             writer.abort()
             raise
+        self.history.record(
+            checkpoint_id=self.next_id - 1,
+            kind="savepoint",
+            trigger_ms=trigger_ms,
+            location=location,
+            subtasks=states,
+            properties=properties,
+        )
+        return location
 
     # --- choosing what to restore -----------------------------------------------------------
 

@@ -28,7 +28,9 @@ __all__ = ["METADATA_VERSION", "CheckpointMetadata", "SubtaskState", "metadata_a
 
 _MAGIC = b"STKMETA1"
 _U32 = struct.Struct("<I")
-METADATA_VERSION = 1
+#: The version written when a subtask holds raw state (a statekit before it would drop it unread);
+#: metadata without raw state is written as version 1, readable by every statekit.
+METADATA_VERSION = 2
 
 
 @dataclass
@@ -41,10 +43,12 @@ class SubtaskState:
     keyed: dict[str, Any] | None = None
     operator: dict[str, Any] | None = None
     states: list[dict[str, Any]] = field(default_factory=list)
+    raw: dict[str, Any] | None = None
+    """The subtask's raw state file (see ``checkpoints/_raw.py``), if it wrote any."""
 
     def to_json(self) -> dict[str, Any]:
         """The subtask's entry in the metadata."""
-        return {
+        out: dict[str, Any] = {
             "operator_id": self.operator_id,
             "subtask_index": self.subtask_index,
             "key_group_range": [self.key_group_range.start, self.key_group_range.end],
@@ -52,6 +56,9 @@ class SubtaskState:
             "operator": self.operator,
             "states": self.states,
         }
+        if self.raw is not None:  # absent otherwise: the bytes of version 1, as before raw state
+            out["raw"] = self.raw
+        return out
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> SubtaskState:
@@ -64,6 +71,7 @@ class SubtaskState:
             obj.get("keyed"),
             obj.get("operator"),
             list(obj.get("states") or []),
+            obj.get("raw"),
         )
 
 
@@ -97,9 +105,10 @@ class CheckpointMetadata:
 
     def to_bytes(self) -> bytes:
         """The metadata file: magic, JSON, CRC-32."""
+        has_raw = any(st.raw is not None for sts in self.operators.values() for st in sts)
         body = json.dumps(
             {
-                "version": METADATA_VERSION,
+                "version": METADATA_VERSION if has_raw else 1,
                 "job_id": self.job_id,
                 "checkpoint_id": self.checkpoint_id,
                 "kind": self.kind,
@@ -179,12 +188,12 @@ class CheckpointMetadata:
                     f"operator {op!r}: subtasks {[s.subtask_index for s in sts]} are not 0..{p - 1}"
                 )
             for st in sts:
-                for part in (st.keyed, st.operator):
+                for part in (st.keyed, st.operator, st.raw):
                     if part is not None and not isinstance(part, dict):
                         raise CorruptSnapshotError(
                             f"operator {op!r} subtask {st.subtask_index}: malformed entry"
                         )
-                if st.keyed is None:
+                if st.keyed is None and st.raw is None:
                     continue
                 want = key_group_range_for_operator(self.max_parallelism, p, st.subtask_index)
                 if st.key_group_range != want:

@@ -21,6 +21,7 @@ from .._contracts import (
     StateBackend,
     SupportsNativeSnapshot,
     create_keyed_backend,
+    readable_native_formats,
 )
 from .._errors import (
     CheckpointError,
@@ -46,7 +47,9 @@ from ..state._operator import (
     redistribute_operator_state,
 )
 from ..state._parameters import KeyedBackendParameters
+from ..state._raw import RawSnapshot
 from ._metadata import CheckpointMetadata, SubtaskState, metadata_at, naming_damage, typed
+from ._raw import has_raw_state, read_raw_state
 
 __all__ = ["CompletedCheckpoint", "load_checkpoint"]
 
@@ -261,6 +264,28 @@ class CompletedCheckpoint:
                 old.append(None)
         return redistribute_operator_state(old, new_parallelism)
 
+    def has_raw_state(self, operator_id: str) -> bool:
+        """Whether any subtask of ``operator_id`` wrote raw state into this checkpoint."""
+        return has_raw_state(self.metadata.operators.get(operator_id, []))
+
+    @_names_damage
+    def raw_state(self, operator_id: str, subtask_index: int, parallelism: int) -> RawSnapshot:
+        """The raw state new subtask ``subtask_index`` of ``parallelism`` restores, every byte checked.
+
+        The blocks of the key groups it owns (at any parallelism) and its even
+        split of the raw operator items; empty where the checkpoint holds none.
+        """
+        validate_parallelism(parallelism, self.metadata.max_parallelism)
+        return read_raw_state(
+            self.storage,
+            self.location,
+            operator_id,
+            self.metadata.operators.get(operator_id, []),
+            self.metadata.max_parallelism,
+            subtask_index,
+            parallelism,
+        )
+
     @_names_damage
     def restore_subtask(
         self,
@@ -289,7 +314,7 @@ class CompletedCheckpoint:
                 keyed.set_restore_origin(self.metadata.kind, self.metadata.checkpoint_id)
             if not formats:
                 keyed.restore(self.keyed_handles(operator_id, keyed.key_group_range))
-            elif isinstance(keyed, SupportsNativeSnapshot) and formats == {keyed.native_format}:
+            elif isinstance(keyed, SupportsNativeSnapshot) and formats <= readable_native_formats(keyed):
                 keyed.restore_native(self.native_handles(operator_id, keyed.key_group_range))
             else:
                 ours = keyed.native_format if isinstance(keyed, SupportsNativeSnapshot) else "canonical only"
@@ -306,7 +331,8 @@ class CompletedCheckpoint:
 
 def _has_state(sts: Sequence[SubtaskState]) -> bool:
     return any(
-        (st.keyed and (st.keyed.get("entries") or st.keyed.get("native"))) or st.operator for st in sts
+        (st.keyed and (st.keyed.get("entries") or st.keyed.get("native"))) or st.operator or st.raw
+        for st in sts
     )
 
 

@@ -9,7 +9,8 @@ Two depths:
   metadata records for it: each file's whole bytes, and each canonical keyed
   file's header and key-group blocks (the parts restores read alone), in one
   pass per file; each keyed file's header and index are parsed and the index
-  compared with the metadata. A file written by a statekit before digests is
+  compared with the metadata; each raw state file's blocks and items are
+  compared with their digests. A file written by a statekit before digests is
   checked by its CRC-32s instead (:func:`crc_only_files` names them). What
   ``statekit checkpoints verify`` does.
 
@@ -26,6 +27,7 @@ from typing import Any
 
 from .._contracts import CheckpointStorage
 from .._errors import CorruptCheckpointError, CorruptSnapshotError
+from ..serialization._keygroups import KeyGroupRange
 from ..snapshots._digest import NOT_RECORDED, new_sha256, parse_sha256, sha256_of
 from ..snapshots._snapshot import (
     CANONICAL_FORMAT,
@@ -38,6 +40,7 @@ from ..snapshots._snapshot import (
     read_index,
 )
 from ..state._operator import decode_operator_snapshot
+from ..state._raw import decode_raw_file, parse_raw_entry
 from ._metadata import typed
 from ._restore import CompletedCheckpoint, load_checkpoint
 
@@ -147,6 +150,26 @@ def _checks(
                     problems.append(_problem(cp.location, meta_file, f"malformed operator state entry: {e}"))
                     continue
                 yield _operator_check(stream, part.get("crc32"), sha, deep), stream
+            if st.raw:
+                try:
+                    stream = cp.storage.resolve_handle(cp.location, typed(st.raw["handle"], dict, "handle"))
+                    parse_raw_entry(st.raw, st.key_group_range, meta_file)
+                except (CorruptSnapshotError, KeyError, TypeError, ValueError) as e:
+                    problems.append(_problem(cp.location, meta_file, f"malformed raw state entry: {e}"))
+                    continue
+                yield _raw_check(stream, st.raw, st.key_group_range, deep), stream
+
+
+def _raw_check(stream: StreamStateHandle, entry: Any, kgr: KeyGroupRange, deep: bool) -> Callable[[], None]:
+    def check() -> None:
+        size = entry["size"]
+        if not deep:
+            _exists_with_size(stream, size)
+            return
+        where = describe_stream(stream)
+        decode_raw_file(stream.read(), entry, kgr, key_groups=kgr, item_slice=(0, 0), where=where)
+
+    return check
 
 
 def crc_only_files(cp: CompletedCheckpoint) -> list[str]:

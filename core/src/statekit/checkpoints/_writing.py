@@ -38,7 +38,9 @@ from ..state._operator import (
     OperatorSnapshot,
     encode_operator_snapshot,
 )
+from ..state._raw import RawSnapshot
 from ._metadata import CheckpointMetadata, SubtaskState
+from ._raw import write_raw_file
 
 __all__ = [
     "complete_checkpoint",
@@ -59,8 +61,9 @@ def write_subtask_state(
     max_state_size: int | None = None,
     progress: ProgressCallback | None = None,
     native_checkpoint_id: int | None = None,
+    raw: RawSnapshot | None = None,
 ) -> SubtaskState:
-    """Snapshot a subtask's keyed and operator state into ``writer``'s streams.
+    """Snapshot a subtask's keyed and operator state (and ``raw`` state) into ``writer``'s streams.
 
     With ``native_checkpoint_id``, a keyed backend that has a native format
     (:class:`~statekit.backend_api.SupportsNativeSnapshot`) writes a native snapshot for
@@ -93,6 +96,9 @@ def write_subtask_state(
             sizes = {n: sum(len(e) for e in d.elements) for n, d in ops.items()}
             _check_sizes(sizes, operator_id, subtask_index, max_state_size)
             result.operator = write_operator_file(writer, f"{prefix}.operator", ops)
+    if raw:  # the function's own bytes (its snapshot_raw_state hook); no file when it wrote none
+        _check_sizes({"(raw state)": raw.size}, operator_id, subtask_index, max_state_size)
+        result.raw = write_raw_file(writer, f"{prefix}.raw", raw)
     return result
 
 
@@ -153,6 +159,7 @@ def write_keyed_file(
         "size": r.size,
         "entries": r.entries,
         "state_sizes": r.state_sizes,
+        "state_entries": r.state_entries,
         "sha256": stream.sha256,
     }
     if r.header_sha256 is not None:

@@ -8,8 +8,7 @@ console script imports ``statekit.cli._cli``) registers them all, and a
 command module never needs to be imported by the registry: the registry sits
 below the commands. A command's steps are modules named for them, below the
 command module: ``_checkpoints_find``, ``_checkpoints_report`` and
-``_checkpoints_render`` (``checkpoints``), ``_savepoint_convert``
-(``savepoint``), ``_state_keys``, ``_state_json``, ``_state_render`` and
+``_checkpoints_render`` (``checkpoints``), ``_state_keys``, ``_state_json``, ``_state_render`` and
 ``_state_export`` (``state``).
 
 May import every core package below it (``state_processor``, ``checkpoints``,

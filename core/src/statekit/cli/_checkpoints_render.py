@@ -17,7 +17,17 @@ from ..state._migration import schema_history
 from ._checkpoints_report import COMPLETE, UNREADABLE
 from ._cli import Cell, CommandContext, print_table, printable
 
-__all__ = ["LIST_COLUMNS", "list_cells", "plural", "print_inspection", "relative_to", "ttl_cell", "working"]
+__all__ = [
+    "LIST_COLUMNS",
+    "bytes_cell",
+    "entries_cell",
+    "list_cells",
+    "plural",
+    "print_inspection",
+    "relative_to",
+    "ttl_cell",
+    "working",
+]
 
 
 @contextlib.contextmanager
@@ -65,11 +75,20 @@ def list_cells(r: dict[str, Any]) -> tuple[Cell, ...]:
             r["time"],
             r["backend"] or "-",
             ", ".join(f"{op} ({o['parallelism']})" for op, o in r["operators"].items()),
-            f"{sum(o['entries'] for o in ops):,}",
+            entries_cell(sum(o["entries"] for o in ops), any(o["entries_estimated"] for o in ops)),
             f"{sum(o['bytes'] for o in ops):,}",
         )
     number = "-" if r["checkpoint_id"] is None else str(r["checkpoint_id"])
     return (r["job_id"], number, *known, status, r["location"])
+
+
+def entries_cell(entries: int, estimated: bool) -> str:
+    """``1,234``, or ``~1,234 (estimate)`` where the engine only estimates (RocksDB's native snapshots)."""
+    return f"~{entries:,} (estimate)" if estimated else f"{entries:,}"
+
+
+def bytes_cell(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
 
 
 def ttl_cell(ttl: dict[str, Any] | None) -> str:
@@ -104,6 +123,21 @@ def print_inspection(
     line("taken", taken)
     line("max parallelism", str(meta.max_parallelism))
     line("backend", meta.backend or "-")
+    full = sum(s["bytes"] + s["operator_state_bytes"] for s in subtasks)
+    uploads = [s["uploaded_bytes"] for s in subtasks if s["uploaded_bytes"] is not None]
+    if uploads:  # native (incremental) snapshots: written now vs referenced from earlier checkpoints
+        written = (
+            sum(uploads)
+            + sum(s["operator_state_bytes"] for s in subtasks)
+            + sum(s["bytes"] for s in subtasks if s["uploaded_bytes"] is None)
+        )
+        line(
+            "bytes", f"{full:,} in all: {written:,} written by this checkpoint, {full - written:,} referenced"
+        )
+    else:
+        line("bytes", f"{full:,}, all written by this {meta.kind}")
+    if any(s["entries_estimated"] for s in subtasks):
+        line("entries", "RocksDB's estimate (counts a key once per SST file holding a version of it)")
     if meta.properties:
         line("properties", json.dumps(meta.properties))
     if problems:
@@ -119,17 +153,34 @@ def print_inspection(
 def _print_subtasks(c: Console, subtasks: list[dict[str, Any]]) -> None:
     print_table(
         c,
-        ("operator", "subtask", "key groups", "entries", "bytes", "format", "stored as", "op. state bytes"),
+        (
+            "operator",
+            "subtask",
+            "key groups",
+            "entries",
+            "bytes",
+            "uploaded",
+            "referenced",
+            "format",
+            "stored as",
+            "op. state bytes",
+            "raw keyed bytes",
+            "raw items",
+        ),
         [
             (
                 s["operator"],
                 str(s["subtask"]),
                 "-" if s["key_groups"] is None else f"{s['key_groups'][0]}-{s['key_groups'][1]}",
-                f"{s['entries']:,}",
+                entries_cell(s["entries"], s["entries_estimated"]),
                 f"{s['bytes']:,}",
+                bytes_cell(s["uploaded_bytes"]),
+                bytes_cell(s["referenced_bytes"]),
                 str(s["format"] or "-"),
                 str(s["handle"] or "-"),
                 f"{s['operator_state_bytes']:,}",
+                f"{s['raw_keyed_bytes']:,}",
+                f"{s['raw_operator_items']:,}",
             )
             for s in subtasks
         ],

@@ -24,9 +24,12 @@ __all__ = [
     "UNREADABLE",
     "VERIFIED",
     "checkpoint_summary",
+    "entries_estimated",
     "listed",
+    "raw_sizes",
     "status_fields",
     "unknown_summary",
+    "uploaded_bytes",
     "verified",
     "when",
 ]
@@ -43,15 +46,62 @@ def when(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if ms else "-"
 
 
+def raw_sizes(raw: Any) -> dict[str, int]:
+    """What ``inspect`` shows of a subtask's raw state (its metadata entry): bytes per kind, items."""
+    raw = raw if isinstance(raw, dict) else {}
+    items = raw.get("items")
+    spans = items if isinstance(items, list) else []
+    keyed, size = raw.get("keyed_size", 0), raw.get("size", 0)
+    return {
+        "raw_bytes": size if isinstance(size, int) else 0,
+        "raw_keyed_bytes": keyed if isinstance(keyed, int) else 0,
+        "raw_keyed_key_groups": len(raw.get("key_groups") or {}),
+        "raw_operator_items": len(spans),
+    }
+
+
+def entries_estimated(keyed: dict[str, Any]) -> bool:
+    """Whether a keyed entry's ``entries`` is the engine's estimate, not a count.
+
+    RocksDB's ``estimate-num-keys`` counts every version of a key held in SST
+    files not yet compacted together: a key updated in four micro-batches may
+    count four times. Its native snapshots say so in their ``meta``.
+    """
+    native = keyed.get("native")
+    meta = native.get("meta") if isinstance(native, dict) else None
+    return isinstance(meta, dict) and bool(meta.get("entries_estimated"))
+
+
+def uploaded_bytes(keyed: dict[str, Any]) -> int | None:
+    """The bytes a native (incremental) keyed snapshot uploaded; None for a canonical one (all written)."""
+    if "uploaded" not in keyed:
+        return None
+    return int(keyed.get("uploaded", 0))
+
+
 def checkpoint_summary(location: str, meta: CheckpointMetadata) -> dict[str, Any]:
     operators = {}
     for op, sts in meta.operators.items():
         keyed = [st.keyed for st in sts if st.keyed]
+        raw = [raw_sizes(st.raw) for st in sts if st.raw]
+        keyed_bytes = sum(int(k.get("size", 0)) for k in keyed)
+        uploads = [u for k in keyed if (u := uploaded_bytes(k)) is not None]
         operators[op] = {
             "parallelism": len(sts),
             "entries": sum(int(k.get("entries", 0)) for k in keyed),
-            "bytes": sum(int(k.get("size", 0)) for k in keyed)
-            + sum(int(st.operator.get("size", 0)) for st in sts if st.operator),
+            "entries_estimated": any(entries_estimated(k) for k in keyed),
+            "bytes": keyed_bytes
+            + sum(int(st.operator.get("size", 0)) for st in sts if st.operator)
+            + sum(r["raw_bytes"] for r in raw),
+            "raw_bytes": sum(r["raw_bytes"] for r in raw),
+            "raw_operator_items": sum(r["raw_operator_items"] for r in raw),
+            # Native snapshots: what this checkpoint uploaded, and what it references of earlier ones.
+            "uploaded_bytes": sum(uploads) if uploads else None,
+            "referenced_bytes": (
+                sum(int(k.get("size", 0)) - (uploaded_bytes(k) or 0) for k in keyed if "uploaded" in k)
+                if uploads
+                else None
+            ),
             "formats": sorted({k.get("format", CANONICAL_FORMAT) for k in keyed}),
             "operator_states": sorted(
                 {n for st in sts if st.operator for n in st.operator.get("states", [])}

@@ -11,8 +11,8 @@ checkpoint's directory and the file's full path.
 This module holds the arguments and the three actions; the steps are modules
 of their own: ``_checkpoints_find`` (which checkpoints a directory holds),
 ``_checkpoints_report`` (a checkpoint's summary and status) and
-``_checkpoints_render`` (rows, counts, the spinner). ``statekit savepoint`` is
-``_cli_savepoint``.
+``_checkpoints_render`` (rows, counts, the spinner); ``history`` is
+``_cli_history``. ``statekit savepoint`` is ``_cli_savepoint``.
 """
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ from ._checkpoints_report import (
     UNREADABLE,
     VERIFIED,
     checkpoint_summary,
+    entries_estimated,
     listed,
+    raw_sizes,
     status_fields,
+    uploaded_bytes,
     verified,
 )
 from ._cli import (
@@ -47,6 +50,7 @@ from ._cli import (
     full_location,
     print_table,
 )
+from ._cli_history import add_history_action
 
 __all__: list[str] = []
 
@@ -88,9 +92,14 @@ def _configure_checkpoints(parser: argparse.ArgumentParser) -> None:
     ver.add_argument("--job", help="with a checkpoints directory: only this job's checkpoints")
     _add_common(ver)
     ver.set_defaults(action=_verify)
+    add_history_action(sub)
 
 
-@command("checkpoints", "list, inspect and verify checkpoints and savepoints", _configure_checkpoints)
+@command(
+    "checkpoints",
+    "list, inspect and verify checkpoints and savepoints; a job's checkpoint history",
+    _configure_checkpoints,
+)
 def _checkpoints(args: argparse.Namespace, ctx: CommandContext) -> int:
     for name in ("path", "directory"):
         if hasattr(args, name):
@@ -145,18 +154,25 @@ def _states_and_subtasks(
             for s in st.states:
                 states.setdefault(f"{op}/{s['name']}", s)
             k = st.keyed or {}
+            uploaded = uploaded_bytes(k)
             subtasks.append(
                 {
                     "operator": op,
                     "subtask": st.subtask_index,
                     "key_groups": [st.key_group_range.start, st.key_group_range.end] if k else None,
                     "entries": int(k.get("entries", 0)),
+                    "entries_estimated": entries_estimated(k),
                     "bytes": int(k.get("size", 0)),
+                    # A native snapshot uploads only what no completed checkpoint did, and
+                    # references the rest; a canonical one writes all its bytes (None here).
+                    "uploaded_bytes": uploaded,
+                    "referenced_bytes": None if uploaded is None else int(k.get("size", 0)) - uploaded,
                     "format": k.get("format"),
                     "backend": k.get("backend"),
                     "state_bytes": k.get("state_sizes", {}),
                     "handle": k.get("handle", {}).get("type"),
                     "operator_state_bytes": int((st.operator or {}).get("size", 0)),
+                    **raw_sizes(st.raw),
                 }
             )
     return states, subtasks

@@ -1,4 +1,8 @@
-"""``statekit savepoint convert``: a savepoint made from a completed checkpoint, without a running job."""
+"""``statekit savepoint convert|trigger``: a savepoint of a completed checkpoint, or of a running query.
+
+``convert`` needs no running job; ``trigger`` asks a running query
+(``_savepoint_trigger``).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,11 @@ from collections.abc import Callable
 
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
+from ..checkpoints._convert import convert_to_savepoint
 from ..checkpoints._locations import parent_location
 from ._checkpoints_find import storage_for
 from ._cli import EXIT_OK, CommandContext, command, full_location, printable
-from ._savepoint_convert import convert_to_savepoint
+from ._savepoint_trigger import add_trigger_action
 
 __all__: list[str] = []
 
@@ -26,11 +31,17 @@ def _configure_savepoint(parser: argparse.ArgumentParser) -> None:
     conv.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
     conv.add_argument("--storage-options", help="fsspec storage options as a JSON object")
     conv.set_defaults(action=_convert)
+    add_trigger_action(sub)
 
 
-@command("savepoint", "make savepoints from checkpoints, without a running job", _configure_savepoint)
+@command(
+    "savepoint",
+    "make savepoints from checkpoints, or of a running query (and stop it)",
+    _configure_savepoint,
+)
 def _savepoint(args: argparse.Namespace, ctx: CommandContext) -> int:
-    args.checkpoint = full_location(args.checkpoint)
+    if hasattr(args, "checkpoint"):
+        args.checkpoint = full_location(args.checkpoint)
     action: Callable[[argparse.Namespace, CommandContext], int] = args.action
     return action(args, ctx)
 

@@ -233,6 +233,10 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "Default URL or path for savepoints."),
     ConfigOption("statekit.checkpoints.retained", int, 1,
         "Number of completed checkpoints kept; older ones are deleted.", minimum=1),
+    ConfigOption("statekit.checkpoints.history.max-entries", int, 100,
+        "Checkpoint attempts (completed, failed, subsumed, discarded) the job's checkpoint history "
+        "keeps, newest last, next to its checkpoints (statekit checkpoints history reads it); 0 keeps "
+        "none.", minimum=0),
     ConfigOption("statekit.checkpoint.format", str, "native",
         "Format of checkpoints: native (the backend's own, incremental where it can; canonical for "
         "backends without one) or canonical. Savepoints are always canonical.",
@@ -265,6 +269,12 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "the worker; Spark's retry then restores the subtask from the checkpoint. Guards against "
         "a sibling that is stopped or hung; the sibling waits as long for the task's rows, then "
         "drops the subtask and logs it.", minimum=0.1),
+    ConfigOption("statekit.metrics.enabled", bool, True,
+        "Report each completed checkpoint (on Spark: each micro-batch) where operators look: one "
+        "line at INFO on the statekit logger, and on Spark a source in the driver's metrics system "
+        "(JMX, the Prometheus servlet, any configured sink) and job descriptions in the Spark UI. "
+        "false: none of these (BatchInfo and the LocalRunner's CheckpointInfo carry the numbers "
+        "either way)."),
     ConfigOption("statekit.checkpoint.interval-records", int, 0,
         "Embedded runner: records between checkpoints; off (or 0, the default) turns periodic "
         "checkpoints off.", minimum=1, off=0),

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
 from .._contracts import KeyedStateBackend, OperatorStateBackend
+from ..serialization._keygroups import key_group_for_bytes
 from ..serialization._serializers import TypeSerializer, serializer_for
 from ..state._operator import BroadcastState, OperatorListState
 from ..state._state import ListStateDescriptor, MapStateDescriptor, StateDescriptor
@@ -35,6 +36,7 @@ from ..state._ttl import Clock
 from ..timers import TIMER_STATE_PREFIX, ProcessingTimeHint
 from ..timers._service import TimeDomain, TimerService
 from ._columnar import is_columnar, output_rows, require_pyarrow
+from ._raw import RawStateRestoreContext, RawStateSnapshotContext
 
 __all__ = [
     "KeyedBatchFunction",
@@ -42,6 +44,8 @@ __all__ = [
     "OnTimerContext",
     "ProcessContext",
     "RuntimeContext",
+    "declares_raw_restore",
+    "declares_raw_snapshot",
 ]
 
 
@@ -93,6 +97,10 @@ class RuntimeContext:
     def processing_time(self) -> int:
         """The current processing time in milliseconds."""
         return self._clock()
+
+    def key_group_of(self, key: Any) -> int:
+        """The key group of ``key`` (what raw keyed state is kept by; see ``snapshot_raw_state``)."""
+        return key_group_for_bytes(self.keyed_backend.key_serializer.serialize(key), self.max_parallelism)
 
 
 def timer_service_for(
@@ -227,6 +235,35 @@ class KeyedProcessFunction(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what ``open`` acquired."""
+
+    def snapshot_raw_state(self, ctx: RawStateSnapshotContext) -> None:  # noqa: B027 - optional hook
+        """Write raw state: bytes per key group this subtask owns, and raw operator items.
+
+        Called at every checkpoint and savepoint, after the last record before
+        it. For a structure the function serialises itself; managed state
+        (``ctx.get_state`` in ``open``) needs none of this. See
+        :class:`~statekit.RawStateSnapshotContext` and ``docs/state.md``.
+        """
+
+    def restore_raw_state(self, ctx: RawStateRestoreContext) -> None:  # noqa: B027 - optional hook
+        """Take raw state back: called before ``open`` when the subtask starts from a checkpoint.
+
+        ``ctx`` holds the bytes of exactly the key groups this subtask owns now,
+        and its even split of the raw operator items (empty when the checkpoint
+        holds none). A function that writes raw state must define this hook:
+        restoring raw state into a function without it is refused unless
+        ``allow_non_restored_state``. See :class:`~statekit.RawStateRestoreContext`.
+        """
+
+
+def declares_raw_snapshot(function: KeyedProcessFunction) -> bool:
+    """Whether ``function`` writes raw state (overrides ``snapshot_raw_state``)."""
+    return type(function).snapshot_raw_state is not KeyedProcessFunction.snapshot_raw_state
+
+
+def declares_raw_restore(function: KeyedProcessFunction) -> bool:
+    """Whether ``function`` takes raw state back (overrides ``restore_raw_state``)."""
+    return type(function).restore_raw_state is not KeyedProcessFunction.restore_raw_state
 
 
 class KeyedBatchFunction(KeyedProcessFunction):

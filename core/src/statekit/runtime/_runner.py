@@ -24,6 +24,7 @@ records, firing timers) to a :class:`~statekit.runtime._time.TimeCoordinator`.
 from __future__ import annotations
 
 import contextlib
+import time as _clock
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +62,8 @@ from ._function import (
     RuntimeContext,
 )
 from ._letters import JobDeadLetters
+from ._metrics import CheckpointInfo, checkpoint_fields, checkpoint_stats, log_checkpoint
+from ._migration_log import merge_undeclared, warn_of_undeclared
 from ._sources import (
     SOURCE_OPERATOR,
     FileSource,
@@ -97,11 +100,17 @@ class RunResult:
     bad_records: int = 0
     """Records skipped into dead letters (see ``statekit.bad-records.policy``); not in :attr:`records`."""
     timers_fired: int = 0
+    undeclared_states: dict[str, list[str]] = field(default_factory=dict)
+    """Restored states the function does not declare, by kind (``keyed``, ``operator``): kept and carried
+    into every checkpoint, and named in a WARNING of the ``statekit.state`` logger when the run opened."""
     watermark: int = MIN_WATERMARK
     """The event-time watermark when the run ended: the one the records made, also after an end of
     input fired every timer. ``MAX_WATERMARK`` only when the job's restored watermark is the end of
     time (a checkpoint an older statekit wrote at an end of input): then every record is late, with
     a warning."""
+    checkpoint_infos: list[CheckpointInfo] = field(default_factory=list)
+    """What each checkpoint of :attr:`checkpoints` holds and what led to it (also given to
+    :attr:`LocalRunner.on_checkpoint` and logged at INFO on the ``statekit`` logger)."""
 
 
 def _parallelisms(conf: Configuration, parallelism: int | None) -> tuple[int, int]:
@@ -128,6 +137,8 @@ def _operator_of(runner: LocalRunner, conf: Configuration) -> OperatorSubtasks:
         key_cache_size=int(conf.get("statekit.key-cache-size")),
         local_dir_parent=conf.get("statekit.local-dir"),
         hint=runner._time.processing_hint,
+        allow_non_restored_state=runner.allow_non_restored_state,
+        migration_progress=runner.on_migration_progress,
     )
 
 
@@ -139,6 +150,7 @@ def _coordinator_of(runner: LocalRunner, conf: Configuration) -> CheckpointCoord
         max_parallelism=runner.max_parallelism,
         retained=int(conf.get("statekit.checkpoints.retained")),
         native=conf.get("statekit.checkpoint.format") != "canonical",
+        history_entries=int(conf.get("statekit.checkpoints.history.max-entries")),
         policy=CheckpointPolicy(
             "LocalRunner",
             fallback=bool(conf.get("statekit.restore.fallback")),
@@ -190,12 +202,20 @@ class LocalRunner:
                     "statekit.checkpoint.interval-records": 10_000},
         )
         result = runner.run(FileSource("logs/", parse=json.loads), restore="latest")
+
+    A restore that migrates a state's entries (see docs/state.md) logs its
+    progress at INFO (logger ``statekit.state``); ``on_migration_progress``
+    gets every report too, as ``(state, done, total)`` of one subtask.
     """
 
     dead_letter_sink: Callable[[BadRecord], None] | None = None
     """Called with every bad record skipped under ``statekit.bad-records.policy=dead-letter``
     (besides or instead of ``statekit.bad-records.dead-letter-path``): set it on the runner
     before :meth:`run`."""
+
+    on_checkpoint: Callable[[CheckpointInfo], None] | None = None
+    """Called with a :class:`~statekit.CheckpointInfo` after every checkpoint this runner completes
+    (the same numbers as the log line; set it on the runner before :meth:`run`)."""
 
     def __init__(
         self,
@@ -215,6 +235,7 @@ class LocalRunner:
         allow_non_restored_state: bool = False,
         event_time: EventTime | None = None,
         late_sink: Callable[[Any], None] | None = None,
+        on_migration_progress: Callable[[str, int, int | None], None] | None = None,
     ) -> None:
         conf = config if isinstance(config, Configuration) else Configuration.from_mapping(config or {})
         self.config = conf
@@ -235,6 +256,7 @@ class LocalRunner:
         self.batch_size = int(conf.get("statekit.batch-size"))  # >= 1: its option's minimum
         self.sink = sink
         self.allow_non_restored_state = allow_non_restored_state
+        self.on_migration_progress = on_migration_progress
         self.event_time = event_time
         self._time = TimeCoordinator(
             lambda: self._operator.subtasks,
@@ -251,6 +273,12 @@ class LocalRunner:
         self._letters = JobDeadLetters(conf, job_id)
         self.skipped_checkpoints: list[tuple[str, str]] = []
         """What the last ``restore("latest")`` skipped: ``(location, reason)`` of each damaged checkpoint."""
+        self.undeclared_states: dict[str, list[str]] = {}
+        """Restored states the function does not declare (``{"keyed": [...], "operator": [...]}``), kept."""
+        self._metrics = bool(conf.get("statekit.metrics.enabled"))
+        self._result: RunResult | None = None  # the run under way, whose counts checkpoints report
+        self._counted = (0, 0, 0, 0, 0)  # those counts at the last checkpoint
+        self._running = False  # inside run(): its result gets each checkpoint's info
 
     # --- life cycle ----------------------------------------------------------------
 
@@ -314,6 +342,11 @@ class LocalRunner:
     def _open(self) -> None:
         self._operator.open(self._time.watermark)
         self._opened = True
+        if self._restored_from is not None:
+            self.undeclared_states = merge_undeclared(
+                st.undeclared_states() for st in self._operator.subtasks
+            )
+            warn_of_undeclared(f"job {self.job_id!r}", self._restored_from, self.undeclared_states)
 
     def close(self) -> None:
         """Close every subtask's function and backends, as Flink cancels a job: no checkpoint.
@@ -466,6 +499,8 @@ class LocalRunner:
         not replayable: wrap a sequence in :class:`RecordSource` to resume after a crash.
         """
         result = RunResult()
+        self._result, self._running = result, True
+        self._counted = self._counts()
         if restore is not None and not self._opened:
             result.restored_from = self.restore(restore)
             result.skipped_checkpoints = list(self.skipped_checkpoints)
@@ -474,6 +509,7 @@ class LocalRunner:
             self._coordinator.claim()
         if not self._opened:
             self._open()
+        result.undeclared_states = self.undeclared_states
         letters = self._letters.staged()
         time = self._time
         late_before, fired_before = time.start_run()
@@ -508,6 +544,7 @@ class LocalRunner:
         result.late_records = time.late_records - late_before
         result.timers_fired = time.timers_fired - fired_before
         result.watermark = time.watermark
+        self._running = False
         _warn_of_late_records(time, result, f"job {self.job_id!r}", self._restored_from)
         return result
 
@@ -531,9 +568,50 @@ class LocalRunner:
         """
         properties = self._time_properties()
         staged = self._letters.seal(properties)
-        location = self._coordinator.checkpoint(self._write_all, properties, self._operator.notify)
+        written: list[SubtaskState] = []
+
+        def write_all(
+            writer: CheckpointWriter, max_state_size: int | None, native_checkpoint_id: int | None = None
+        ) -> list[SubtaskState]:
+            written[:] = self._write_all(writer, max_state_size, native_checkpoint_id)
+            return written
+
+        started = _clock.perf_counter()
+        location = self._coordinator.checkpoint(write_all, properties, self._operator.notify)
+        duration = _clock.perf_counter() - started
         self._letters.publish(self._coordinator.last_completed, staged)
+        self._report(location, written, duration)
         return location
+
+    def _counts(self) -> tuple[int, int, int, int, int]:
+        """Records, outputs, late records, bad records, timers fired so far in the run under way."""
+        r, t = self._result, self._time
+        if r is None:
+            return (0, 0, t.late_records, 0, t.timers_fired)
+        return (r.records, r.outputs, t.late_records, r.bad_records, t.timers_fired)
+
+    def _report(self, location: str, states: list[SubtaskState], duration: float) -> None:
+        """The completed checkpoint's :class:`CheckpointInfo`: into the run's result, log, callback."""
+        checkpoint_id = self._coordinator.last_completed
+        now = self._counts()
+        records, outputs, late, bad, fired = (a - b for a, b in zip(now, self._counted))
+        self._counted = now
+        stats = checkpoint_stats(checkpoint_id, states)
+        info = CheckpointInfo(checkpoint_id, location, records, outputs, late, bad, fired, duration, stats)
+        if self._result is not None and self._running:
+            self._result.checkpoint_infos.append(info)
+        if self._metrics:
+            fields: dict[str, int | float] = {
+                "records_in": records,
+                "records_out": outputs,
+                "late_records": late,
+                "dead_letters": bad,
+                "timers_fired": fired,
+            }
+            fields.update(checkpoint_fields(stats, duration))
+            log_checkpoint(self.job_id, self.operator_id, fields)
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(info)
 
     def _time_properties(self) -> dict[str, Any]:
         """What a checkpoint's metadata keeps of time (the watermark)."""

@@ -9,8 +9,10 @@ keyed backend from one
 operator backend from the same :class:`~statekit.StateBackend`;
 :meth:`Subtask.bind` gives it the user's function with its runtime context,
 timer service and the contexts ``process`` and ``on_timer`` get;
-:meth:`Subtask.open` opens the function after a restore; :meth:`Subtask.close`
-closes everything and removes the subtask's working directory.
+:meth:`Subtask.open` opens the function after a restore (giving it its raw
+state first, :meth:`Subtask.restore_raw`); :meth:`Subtask.snapshot_raw` asks
+the function for its raw state at a snapshot; :meth:`Subtask.close` closes
+everything and removes the subtask's working directory.
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ from collections.abc import Callable
 from typing import Any, Self
 
 from .._contracts import KeyedStateBackend, OperatorStateBackend, StateBackend, create_keyed_backend
+from ..checkpoints._restore import CompletedCheckpoint
+from ..state._keyed import KeyedBackendBase
+from ..state._migration import MigrationProgress
+from ..state._operator import OperatorStateBackendImpl
 from ..state._parameters import KeyedBackendParameters
+from ..state._raw import RawSnapshot
 from ..state._ttl import Clock
 from ..timers import ProcessingTimeHint
 from ..timers._service import TimeDomain, TimerService
@@ -30,9 +37,13 @@ from ._function import (
     OnTimerContext,
     ProcessContext,
     RuntimeContext,
+    declares_raw_restore,
+    declares_raw_snapshot,
     fire_timers,
     timer_service_for,
 )
+from ._migration_log import MigrationProgressLog
+from ._raw import RawStateRestoreContext, RawStateSnapshotContext
 
 __all__ = ["Subtask"]
 
@@ -51,6 +62,8 @@ class Subtask:
         pctx: What ``process`` gets (after :meth:`bind`).
         tctx: What ``on_timer`` gets (after :meth:`bind`).
         opened: Whether the function was opened (and so must be closed).
+        raw_restored: The raw state :meth:`open` gives the function, with the
+            id of the checkpoint it came from (after :meth:`restore_raw`).
     """
 
     __slots__ = (
@@ -62,6 +75,7 @@ class Subtask:
         "operator",
         "parameters",
         "pctx",
+        "raw_restored",
         "tctx",
         "timers",
     )
@@ -85,6 +99,7 @@ class Subtask:
         self.keyed = keyed
         self.operator = operator
         self.opened = False
+        self.raw_restored: tuple[RawSnapshot, int] | None = None
 
     @classmethod
     def create(
@@ -94,6 +109,8 @@ class Subtask:
         parameters: KeyedBackendParameters,
         *,
         operator_backend: StateBackend | None = None,
+        operator_id: str | None = None,
+        migration_progress: MigrationProgress | None = None,
     ) -> Self:
         """A subtask whose keyed backend ``backend`` makes from ``parameters``, and its operator backend.
 
@@ -101,6 +118,8 @@ class Subtask:
         pairs cheap keyed backends with the backend under test), else from
         ``backend``. The subtask owns ``parameters.local_dir`` from here:
         it is removed when the subtask closes, or now if creating it fails.
+        The progress of migrations its restores run is logged at INFO (naming
+        ``operator_id`` and the subtask) and goes to ``migration_progress``.
         """
         try:
             keyed = create_keyed_backend(backend, parameters)
@@ -113,6 +132,9 @@ class Subtask:
             if parameters.local_dir is not None:
                 shutil.rmtree(parameters.local_dir, ignore_errors=True)
             raise
+        if isinstance(keyed, KeyedBackendBase):  # the backends that migrate: every one built on the base
+            where = f"subtask {index}" if operator_id is None else f"operator {operator_id!r} subtask {index}"
+            keyed.on_migration_progress(MigrationProgressLog(where, migration_progress))
         return cls(index, parameters, keyed, operator)
 
     def bind(
@@ -147,11 +169,51 @@ class Subtask:
         self.pctx = ProcessContext(ctx, timers)
         self.tctx = OnTimerContext(ctx, timers)
 
+    def restore_raw(self, cp: CompletedCheckpoint, operator_id: str, parallelism: int) -> None:
+        """Read this subtask's raw state from ``cp`` for :meth:`open`, if the function takes raw state back.
+
+        Every byte is read and checked here, before the function sees any. A
+        function without ``restore_raw_state`` reads nothing: the runner
+        refused (or was allowed to drop) ``cp``'s raw state before the restore
+        (:func:`~._raw.check_raw_state_claimed`).
+        """
+        if declares_raw_restore(self.function):
+            self.raw_restored = (cp.raw_state(operator_id, self.index, parallelism), cp.checkpoint_id)
+
+    def snapshot_raw(self) -> RawSnapshot | None:
+        """The raw state the function writes now (its ``snapshot_raw_state``); None if it writes none."""
+        if not declares_raw_snapshot(self.function):
+            return None
+        ctx = RawStateSnapshotContext(self.parameters.key_group_range, self.index, self.ctx.parallelism)
+        self.function.snapshot_raw_state(ctx)
+        return ctx.snapshot()
+
     def open(self) -> None:
-        """Open the function (its state is restored by now) and load the timers the state holds."""
+        """Open the function (its state is restored by now) and load the timers the state holds.
+
+        A subtask restored from a checkpoint gives the function its raw state first (``restore_raw_state``).
+        """
+        if self.raw_restored is not None:
+            (restored, checkpoint_id), self.raw_restored = self.raw_restored, None
+            ctx = RawStateRestoreContext(self.parameters.key_group_range, restored, checkpoint_id)
+            self.function.restore_raw_state(ctx)
         self.function.open(self.ctx)
         self.opened = True
         self.timers.restore_timers()
+
+    def undeclared_states(self) -> dict[str, list[str]]:
+        """Restored states the function did not declare in ``open``, by kind (``keyed``, ``operator``).
+
+        They are kept and carried into every snapshot (a later version of the
+        job may declare them again); runners name them, as a state removed from
+        the code by mistake is otherwise noticed only when it is missed.
+        """
+        out: dict[str, list[str]] = {}
+        if isinstance(self.keyed, KeyedBackendBase) and self.keyed.undeclared_state_names:
+            out["keyed"] = sorted(self.keyed.undeclared_state_names)
+        if isinstance(self.operator, OperatorStateBackendImpl) and self.operator.undeclared_state_names:
+            out["operator"] = sorted(self.operator.undeclared_state_names)
+        return out
 
     def fire(self, domain: TimeDomain, until: int, outputs: list[Any]) -> None:
         """Call ``on_timer`` for every timer of ``domain`` due at ``until``, collecting outputs."""

@@ -24,11 +24,13 @@ from ..checkpoints._restore import CompletedCheckpoint
 from ..checkpoints._writing import write_subtask_state
 from ..serialization._keygroups import key_group_for_bytes, operator_index_for_key_group
 from ..serialization._serializers import TypeSerializer
+from ..state._migration import MigrationProgress
 from ..state._parameters import KeyedBackendParameters
 from ..state._ttl import Clock
 from ..timers import ProcessingTimeHint
-from ._function import KeyedProcessFunction
+from ._function import KeyedProcessFunction, declares_raw_restore
 from ._localdirs import create_instance_dir
+from ._raw import check_raw_state_claimed
 from ._subtask import Subtask
 
 __all__ = ["OperatorSubtasks"]
@@ -55,6 +57,8 @@ class OperatorSubtasks:
         key_cache_size: int,
         local_dir_parent: str | None,
         hint: ProcessingTimeHint,
+        allow_non_restored_state: bool = False,
+        migration_progress: MigrationProgress | None = None,
     ) -> None:
         self.backend = backend
         self.function_factory = function_factory
@@ -67,6 +71,8 @@ class OperatorSubtasks:
         self.key_cache_size = key_cache_size
         self.local_dir_parent = local_dir_parent
         self.hint = hint
+        self.allow_non_restored_state = allow_non_restored_state
+        self.migration_progress = migration_progress
         self.subtasks: list[Subtask] = []
         self._route: dict[Any, int] = {}
         self._local_root: str | None = None
@@ -101,7 +107,13 @@ class OperatorSubtasks:
             key_cache_size=self.key_cache_size,
             local_dir=self._local_dir(i),
         )
-        st = Subtask.create(i, self.backend, parameters)
+        st = Subtask.create(
+            i,
+            self.backend,
+            parameters,
+            operator_id=self.operator_id,
+            migration_progress=self.migration_progress,
+        )
         try:
             st.bind(
                 self.function_factory(),
@@ -128,11 +140,20 @@ class OperatorSubtasks:
         """Fresh subtasks holding ``cp``'s state of the operator; nothing changes here if it fails."""
         fresh = self.create()
         try:
+            function = fresh[0].function
+            check_raw_state_claimed(
+                cp,
+                self.operator_id,
+                type(function).__name__,
+                restores=declares_raw_restore(function),
+                allow_non_restored_state=self.allow_non_restored_state,
+            )
             op_states = cp.operator_states(self.operator_id, self.parallelism)
             for i, st in enumerate(fresh):
                 cp.restore_subtask(
                     self.operator_id, i, self.parallelism, st.keyed, st.operator, operator_states=op_states
                 )
+                st.restore_raw(cp, self.operator_id, self.parallelism)
         except BaseException:
             for st in fresh:
                 st.discard()
@@ -190,6 +211,7 @@ class OperatorSubtasks:
                 st.operator,
                 max_state_size=max_state_size,
                 native_checkpoint_id=native_checkpoint_id,
+                raw=st.snapshot_raw(),
             )
             for i, st in enumerate(self.subtasks)
         ]

@@ -65,7 +65,13 @@ backend checkpoints into, never a savepoint), and without it the first checkpoin
 uploads every file. A backend needs to know nothing more: it keeps each checkpoint's uploads by
 checkpoint id (out.checkpoint_id), and a restore's files by the restored checkpoint's id, until that
 checkpoint is confirmed or aborted, and one set of referenceable uploads, whatever output or storage
-a snapshot writes to. Runners and the kit confirm a checkpoint only where every later checkpoint of
+a snapshot writes to: the shared files the handle of the last confirmed checkpoint holds, uploaded
+or referenced (KeyedBackendBase keeps it: native_uploads). Retention deletes a shared file once no
+retained checkpoint references it and always keeps the newest completed checkpoint, so exactly
+those files are sure to exist; a file that only an older confirmed checkpoint held may be gone and
+is uploaded again. File names need to be unique within one handle only: out.upload stores every
+shared upload under a stream name of its own, so two checkpoints uploading the same name or the
+same bytes make two uploads. Runners and the kit confirm a checkpoint only where every later checkpoint of
 the backend can reach its files: a runner sends all native checkpoints of a backend into one
 checkpoint storage, and the kit confirms the native snapshots it writes into memory only while the
 backend checkpoints nowhere else (its state machines that also checkpoint through a storage abort

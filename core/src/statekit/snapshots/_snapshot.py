@@ -268,6 +268,8 @@ class SnapshotWriteResult:
     """The SHA-256 of the header (its first ``header_length`` bytes), lowercase hex."""
     block_sha256: dict[int, str] = field(default_factory=dict)
     """The SHA-256 of each non-empty key group's block (the bytes at its ``offsets`` entry)."""
+    state_entries: dict[str, int] = field(default_factory=dict)
+    """(key, namespace) entries of each state (they add up to ``entries``)."""
 
 
 def write_canonical(
@@ -288,6 +290,7 @@ def write_canonical(
     entries = 0
     names = [st["name"] for st in header.states]
     state_sizes = dict.fromkeys(names, 0)
+    state_entries = dict.fromkeys(names, 0)
     kgr = header.key_group_range
     total = len(kgr)
     for i, kg in enumerate(kgr):
@@ -297,6 +300,7 @@ def write_canonical(
             for idx, count, keys, nss, vals in sections:
                 entries += count
                 state_sizes[names[idx]] += len(keys) + len(nss) + len(vals)
+                state_entries[names[idx]] += count
                 parts.append(_SECTION_HEAD.pack(idx, count))
                 for col in (keys, nss, vals):
                     parts.append(_U32.pack(len(col)))
@@ -316,7 +320,7 @@ def write_canonical(
     out.write(tail)
     digests = {kg: f.result() for kg, f in hashing.items()}
     return SnapshotWriteResult(
-        offsets, len(head), entries, pos + len(tail), state_sizes, sha256_of(head), digests
+        offsets, len(head), entries, pos + len(tail), state_sizes, sha256_of(head), digests, state_entries
     )
 
 

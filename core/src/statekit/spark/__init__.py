@@ -49,6 +49,7 @@ from ._api import KeyedDataFrame, ProcessedStream, keyed
 from ._batchinfo import BatchInfo
 from ._bootstrap import write_savepoint
 from ._log_source import LOG_SOURCE_NAME, read_logs, register_log_source
+from ._recent import batch_info_for
 from ._sparkconf import spark_configuration
 from ._state_source import register_state_source
 
@@ -57,6 +58,7 @@ __all__ = [
     "BatchInfo",
     "KeyedDataFrame",
     "ProcessedStream",
+    "batch_info_for",
     "keyed",
     "read_logs",
     "register_log_source",

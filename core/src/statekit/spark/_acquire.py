@@ -12,8 +12,10 @@ storage for the rest.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,6 +151,8 @@ class Acquired:
     """Local copies that were there but not used (read from the storage instead)."""
     reasons: tuple[str, ...] = ()
     """Why, naming each file (at most ten)."""
+    undeclared: Mapping[str, list[str]] = field(default_factory=dict)
+    """Restored states the function does not declare, by kind (``Subtask.undeclared_states``)."""
 
 
 def acquire(plan: TaskPlan, index: int, source: RestoreSource) -> Acquired:
@@ -180,6 +184,7 @@ def acquire(plan: TaskPlan, index: int, source: RestoreSource) -> Acquired:
     try:
         acquired = _restore(plan, index, source, st)
         st.subtask.open()
+        acquired = dataclasses.replace(acquired, undeclared=st.subtask.undeclared_states())
     except BaseException:
         st.close()
         raise
@@ -206,6 +211,7 @@ def _restore(plan: TaskPlan, index: int, source: RestoreSource, st: OpenSubtask)
     cp.restore_subtask(
         plan.operator_id, index, plan.parallelism, keyed, operator, operator_states=source.operator_states()
     )
+    st.subtask.restore_raw(cp, plan.operator_id, plan.parallelism)
     if plan.restore_claimed and isinstance(keyed, SupportsNativeSnapshot):
         # A completed checkpoint of this job in this storage: the instance may keep
         # referencing the files it restored (the completion contract's claim).
@@ -239,7 +245,7 @@ def _create(plan: TaskPlan, index: int) -> OpenSubtask:
         key_cache_size=int(plan.config.get("statekit.key-cache-size")),
         local_dir=tempfile.mkdtemp(prefix=f"{plan.job_id}-{plan.operator_id}-{index}-", dir=root),
     )
-    subtask = Subtask.create(index, _cache.backend_for(plan.config), parameters)
+    subtask = Subtask.create(index, _cache.backend_for(plan.config), parameters, operator_id=plan.operator_id)
     clock = BatchClock()
     try:
         subtask.bind(

@@ -13,6 +13,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from .._contracts import CheckpointStorage
 from .._errors import CheckpointError, ConfigurationError
+from ..checkpoints._savepoint_requests import COMPLETED, request_savepoint
 from ..plugins._config import Configuration
 from ..plugins._registry import default_registry
 from ..runtime._function import KeyedProcessFunction
@@ -152,6 +153,7 @@ class ProcessedStream:
     def __init__(self, spec: JobSpec) -> None:
         """Made by :meth:`KeyedDataFrame.process`."""
         self._spec = spec
+        self._query: StreamingQuery | None = None  # the query start() started, if any
 
     @property
     def output_schema(self) -> T.StructType:
@@ -276,6 +278,7 @@ class ProcessedStream:
         query: StreamingQuery = self._writer(on_micro_batch, checkpoint_location, trigger, query_name).start()
         query_ids.append(str(query.id))
         started.set()
+        self._query = query
         return query
 
     def _writer(
@@ -336,7 +339,59 @@ class ProcessedStream:
             dataclasses.replace(spec, config=conf), restore=restore, checkpoint_location=checkpoint_location
         )
         query: StreamingQuery = self._writer(batches, checkpoint_location, trigger, query_name).start()
+        self._query = query
         return query
+
+    def savepoint(self, target_dir: str | None = None, *, timeout: float = 600.0) -> str:
+        """Take a savepoint of the job's running query after its next micro-batch; returns its location.
+
+        The query goes on. The savepoint is the state right after that batch
+        (its checkpoint, written as a canonical, self-contained and relocatable
+        savepoint, as ``statekit savepoint convert`` writes one): a new query
+        started with ``restore=<location>`` (at any parallelism, with any
+        backend) continues from it exactly. The request reaches the query
+        through the job's checkpoint storage, as ``statekit savepoint trigger``'s
+        does, so the query may run in this process or elsewhere. A query that
+        gets no input runs no micro-batch: the call then waits for the next one.
+
+        Args:
+            target_dir: Where to write it; None: ``statekit.savepoints.dir``.
+            timeout: Seconds to wait for a micro-batch.
+
+        Raises:
+            CheckpointError: If no query of the job ran a micro-batch within
+                ``timeout`` (none runs, or it has no new input), or the savepoint
+                failed (with the reason; the query goes on).
+        """
+        return self._savepoint(target_dir, stop=False, timeout=timeout)
+
+    def stop_with_savepoint(self, target_dir: str | None = None, *, timeout: float = 600.0) -> str:
+        """Take a savepoint after the running query's next micro-batch, then stop the query; its location.
+
+        As :meth:`savepoint`, and the query ends after that batch: nothing is
+        processed after the savepoint (Flink's ``stop --savepointPath``). If this
+        stream started the query, the call returns once it has stopped. If the
+        savepoint fails, the query stops all the same (the failure is raised):
+        its last checkpoint holds the same state, and ``statekit savepoint
+        convert`` makes a savepoint of it.
+
+        Raises:
+            CheckpointError: As :meth:`savepoint`.
+        """
+        return self._savepoint(target_dir, stop=True, timeout=timeout)
+
+    def _savepoint(self, target_dir: str | None, *, stop: bool, timeout: float) -> str:
+        response = request_savepoint(
+            self.checkpoint_storage(), self.job_id, target_dir, stop=stop, timeout=timeout
+        )
+        if stop and self._query is not None:
+            self._query.awaitTermination(max(1, int(timeout)))
+        if response.status != COMPLETED or response.location is None:
+            raise CheckpointError(
+                f"the savepoint of job {self.job_id!r} after micro-batch {response.batch_id} "
+                f"{response.status}: {response.failure or 'the request came after its deadline'}"
+            )
+        return response.location
 
     def run(
         self,

@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..checkpoints._restore import CompletedCheckpoint
+from ..runtime._metrics import CheckpointStats, checkpoint_stats
+from ..runtime._migration_log import merge_undeclared
 from ..timers import MIN_WATERMARK
 from ._handoff import batch_status
 from ._report import SubtaskOrigin, TaskReport
@@ -77,6 +79,14 @@ class BatchInfo:
             (Arrow to Python), ``task_records`` (the record loop: state access,
             the function, output rows), ``task_output`` (output Arrow batches),
             ``task_timers``, ``task_snapshot``, ``task_task`` (the whole task).
+        undeclared_states: Restored states the function does not declare, by kind
+            (``keyed``, ``operator``), from the subtasks restored in this batch:
+            kept and carried into every checkpoint; the driver names them in a
+            WARNING of the ``statekit.state`` logger.
+        checkpoint_seconds: How long the checkpoint took: the slowest task's snapshot
+            (its files written) plus completing it on the driver (``_metadata``).
+        checkpoint_stats: What the checkpoint holds (state entries and bytes, per state
+            when known, bytes written and referenced), from its metadata; None when skipped.
     """
 
     batch_id: int
@@ -105,6 +115,9 @@ class BatchInfo:
     timers_fired: int = 0
     watermark: int = MIN_WATERMARK
     phases: Mapping[str, float] = field(default_factory=dict)
+    undeclared_states: Mapping[str, list[str]] = field(default_factory=dict)
+    checkpoint_seconds: float = 0.0
+    checkpoint_stats: CheckpointStats | None = None
 
 
 def local_recovery_status(statuses: Sequence[str]) -> str:
@@ -162,4 +175,8 @@ def batch_info(
         timers_fired=sum(r.fired for r in reports),
         watermark=watermark,
         phases=phases,
+        undeclared_states=merge_undeclared(r.undeclared_states for r in reports),
+        checkpoint_seconds=max((r.phases.get("snapshot", 0.0) for r in reports), default=0.0)
+        + phases.get("checkpoint", 0.0),
+        checkpoint_stats=checkpoint_stats(checkpoint_id, [r.state for r in reports]),
     )

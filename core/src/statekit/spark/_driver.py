@@ -52,13 +52,16 @@ from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
 from ..plugins._config import Configuration
 from ..plugins._registry import PluginRegistry, default_registry
 from ..runtime._configured import state_backend_from_config
-from ..runtime._function import KeyedBatchFunction, KeyedProcessFunction
+from ..runtime._function import KeyedBatchFunction, KeyedProcessFunction, declares_raw_restore
+from ..runtime._migration_log import warn_of_undeclared
+from ..runtime._raw import check_raw_state_claimed
 from ..runtime._time import end_of_time_message
 from ..serialization._keygroups import compute_default_max_parallelism, validate_parallelism
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY
 from ._batchinfo import BatchInfo, batch_info
 from ._jobspec import JobSpec, driver_storage, resolve_dead_letters
 from ._jvm import JvmLocality, LocalityUnavailable
+from ._metrics import QueryMetrics
 from ._plan import (
     HANDLE_COLUMN,
     LATE_COLUMN,
@@ -68,8 +71,10 @@ from ._plan import (
     TaskPlan,
     internal_schema,
 )
+from ._recent import record_batch
 from ._report import TaskReport
 from ._routing import Router, routing_values
+from ._savepoint_request import SavepointRequests
 from ._sparkconf import application, default_parallelism, is_connect, local_dir, spark_configuration
 from ._task import make_task
 
@@ -145,7 +150,9 @@ class MicroBatchDriver:
         self.session = session
         self.registry = default_registry()
         self.config = conf = _configuration(spec, session, self.registry)
-        self.vectorized = _is_vectorized(spec)
+        function = _made_function(spec)
+        self.vectorized = isinstance(function, KeyedBatchFunction)
+        self.function_name, self.restores_raw_state = type(function).__name__, declares_raw_restore(function)
         self.storage = driver_storage(conf, self.registry)
         self.restore = restore
         self.run_id = uuid.uuid4().hex
@@ -172,9 +179,13 @@ class MicroBatchDriver:
             max_parallelism=self.max_parallelism,
             retained=int(conf.get("statekit.checkpoints.retained")),
             native=conf.get("statekit.checkpoint.format") != "canonical",
+            history_entries=int(conf.get("statekit.checkpoints.history.max-entries")),
             policy=CheckpointPolicy(application(session), False, _SPARK_WAYS_OUT, tolerable_failures=0),
             registry=self.registry,
         )
+        self.metrics = QueryMetrics(session, conf, spec.job_id, spec.operator_id)
+        with self.metrics.describe(None, "routing"):
+            values = routing_values(session, self.parallelism)
         self.router = Router(
             session,
             spec.df.schema,
@@ -182,12 +193,13 @@ class MicroBatchDriver:
             serializer=spec.key_serializer,
             parallelism=self.parallelism,
             max_parallelism=self.max_parallelism,
-            route_values=routing_values(session, self.parallelism),
+            route_values=values,
         )
         self.timezone = session.conf.get("spark.sql.session.timeZone")
         self.local_dir = local_dir(session)
         self.locality, self.locality_status = _locality(session, str(conf.get("statekit.spark.locality")))
         self.handoff_enabled = bool(conf.get("statekit.spark.worker-handoff"))
+        self.savepoints = SavepointRequests(self.coordinator, conf.get("statekit.savepoints.dir"), self._stop)
 
     @property
     def fence(self) -> RunFence:
@@ -198,6 +210,13 @@ class MicroBatchDriver:
         cp.validate(
             max_parallelism=self.max_parallelism,
             operators={self.spec.operator_id: self.parallelism},
+            allow_non_restored_state=self.spec.allow_non_restored_state,
+        )
+        check_raw_state_claimed(
+            cp,
+            self.spec.operator_id,
+            self.function_name,
+            restores=self.restores_raw_state,
             allow_non_restored_state=self.spec.allow_non_restored_state,
         )
 
@@ -301,6 +320,7 @@ class MicroBatchDriver:
     ) -> BatchInfo:
         """Process one micro-batch exactly once, or skip it if it was done; see the module doc."""
         started = time.perf_counter()
+        self.savepoints.check_not_stopping(batch_id)  # stopped with a savepoint: nothing after it
         self.fence.check()  # before anything is written or aborted: the files may be a newer run's
         latest, skip, source = self._decide(batch_id, query)
         if skip:
@@ -309,7 +329,8 @@ class MicroBatchDriver:
                 batch_id, latest.checkpoint_id, latest.location, True, None, self.parallelism,
                 watermark=_watermark_of(latest),
             )  # fmt: skip
-            self._notify(skipped)
+            self.metrics.report(skipped)
+            self._notify(skipped, query)
             return skipped
         if source is not None:
             self._validate(source)
@@ -332,8 +353,20 @@ class MicroBatchDriver:
             watermark=watermark, phases=batch.phases,
         )  # fmt: skip
         self._warn_of_late_rows(info)
-        self._notify(info)
+        warn_of_undeclared(
+            f"job {self.spec.job_id!r} batch {batch_id}", info.restored_from, info.undeclared_states
+        )
+        self.metrics.report(info)
+        self._notify(info, query)
+        if query != STATIC_QUERY:  # a running query's savepoint requests (statekit savepoint trigger)
+            self.savepoints.after_batch(location, batch.pending.checkpoint_id, batch_id, query)
         return info
+
+    def _stop(self, query_id: str) -> None:
+        """Stop query ``query_id`` (stop-with-savepoint, from a thread of its own: see _savepoint_request)."""
+        query = self.session.streams.get(query_id)
+        if query is not None:
+            query.stop()
 
     def _plan(self, batch: _Batch) -> TaskPlan:
         """What every task of ``batch`` is told."""
@@ -398,7 +431,8 @@ class MicroBatchDriver:
             t = clock()
             batch.phases["prepare"] = t - batch.started
             try:
-                rows = processed.where(F.col(HANDLE_COLUMN).isNotNull()).select(HANDLE_COLUMN).collect()
+                with self.metrics.describe(batch.batch_id, "tasks"):
+                    rows = processed.where(F.col(HANDLE_COLUMN).isNotNull()).select(HANDLE_COLUMN).collect()
             except Exception as e:
                 damage = _task_damage(e, source)
                 if damage is None:
@@ -408,7 +442,8 @@ class MicroBatchDriver:
             locations = self.locality.ran() if self.locality is not None else {}
             reports = self._reports([r[0] for r in rows])
             t = clock()
-            self._sink(processed, batch.batch_id, plan.late_schema)
+            with self.metrics.describe(batch.batch_id, "sink"):
+                self._sink(processed, batch.batch_id, plan.late_schema)
             batch.phases["sink"] = clock() - t
         finally:
             processed.unpersist()
@@ -513,7 +548,9 @@ class MicroBatchDriver:
             )
         return reports
 
-    def _notify(self, info: BatchInfo) -> None:
+    def _notify(self, info: BatchInfo, query: str) -> None:
+        if query != STATIC_QUERY:
+            record_batch(query, info)  # for a StreamingQueryListener: batch_info_for
         if self.spec.on_batch is not None:
             self.spec.on_batch(info)
 
@@ -531,15 +568,15 @@ def _configuration(spec: JobSpec, session: SparkSession, registry: PluginRegistr
     return conf
 
 
-def _is_vectorized(spec: JobSpec) -> bool:
-    """Whether the job's function is a batch function; made once here, so a bad factory fails now."""
+def _made_function(spec: JobSpec) -> KeyedProcessFunction:
+    """The job's function, made once here so that a bad factory fails now (what kind it is, which hooks)."""
     function = spec.function_factory()
     if not isinstance(function, KeyedProcessFunction):
         raise TypeError(
             f"the function factory made a {type(function).__name__}, not a KeyedProcessFunction "
             "or KeyedBatchFunction"
         )
-    return isinstance(function, KeyedBatchFunction)
+    return function
 
 
 def _locality(session: SparkSession, mode: str) -> tuple[JvmLocality | None, str]:

@@ -11,6 +11,9 @@ task where its subtask's state is open, waiting up to ``spark.locality.wait``
 (3 s by default) for that executor before it takes another one on the same
 host, then any.
 
+The same helper holds ``StatekitSource``, statekit's source in the driver's
+metrics system (:mod:`._metrics`), which :func:`load_helper_class` loads.
+
 The classes ship compiled, in the ``statekit-core`` wheel, as PySpark ships
 its jars and Apache Sedona its own: the wheel's build hook
 (``core/hatch_build.py``, see :mod:`._jvm_build`) compiles them against the
@@ -58,7 +61,7 @@ from ._jvm_build import (
     sources_digest,
 )
 
-__all__ = ["Helper", "JvmLocality", "LocalityUnavailable", "helper_jar"]
+__all__ = ["Helper", "JvmLocality", "LocalityUnavailable", "helper_jar", "load_helper_class"]
 
 _PACKAGE = "io.statekit.spark"
 _LOCK = threading.Lock()
@@ -207,16 +210,8 @@ class JvmLocality:
         jar = helper_jar(str(sc.version)).jar
         jvm: Any = sc._jvm
         gateway: Any = sc._gateway
-        jsc: Any = sc._jsc.sc()
         try:
-            url = jvm.java.io.File(jar).toURI().toURL()
-            if not any(str(j).endswith("/" + os.path.basename(jar)) for j in _scala_iterable(jsc.listJars())):
-                jsc.addJar(jar)
-            urls = gateway.new_array(jvm.java.net.URL, 1)
-            urls[0] = url
-            parent = jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
-            loader = jvm.java.net.URLClassLoader(urls, parent)
-            cls = jvm.java.lang.Class.forName(f"{_PACKAGE}.Locality", True, loader)
+            cls = _load_class(sc, jar, "Locality")
         except Exception as e:  # Py4J errors carry the Java exception as text
             raise LocalityUnavailable(
                 f"statekit.spark.locality: loading the helper {jar} into the driver failed: {e}; "
@@ -271,6 +266,42 @@ class JvmLocality:
         self._acc.reset()
         self.last.update(reports)
         return reports
+
+
+#: One class loader per JVM (gateway) and jar: Py4J caches the methods it calls by class
+#: name, so a class loaded twice (two queries) would be called with the other's method.
+_LOADERS: dict[tuple[int, str], Any] = {}
+
+
+def _load_class(sc: Any, jar: str, name: str) -> Any:
+    """Class ``name`` of the helper ``jar``, through the JVM's one loader of that jar (Py4J errors raise)."""
+    jvm: Any = sc._jvm
+    gateway: Any = sc._gateway
+    jsc: Any = sc._jsc.sc()
+    if not any(str(j).endswith("/" + os.path.basename(jar)) for j in _scala_iterable(jsc.listJars())):
+        jsc.addJar(jar)
+    with _LOCK:
+        loader = _LOADERS.get((id(gateway), jar))
+        if loader is None:
+            urls = gateway.new_array(jvm.java.net.URL, 1)
+            urls[0] = jvm.java.io.File(jar).toURI().toURL()
+            parent = jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
+            loader = _LOADERS[(id(gateway), jar)] = jvm.java.net.URLClassLoader(urls, parent)
+    return jvm.java.lang.Class.forName(f"{_PACKAGE}.{name}", True, loader)
+
+
+def load_helper_class(session: SparkSession, name: str) -> Any:
+    """Class ``name`` of the JVM helper (``io.statekit.spark.<name>``), loaded into the driver.
+
+    Raises:
+        LocalityUnavailable: If the helper does not fit (see :func:`helper_jar`) or does not load.
+    """
+    sc = session.sparkContext
+    jar = helper_jar(str(sc.version)).jar
+    try:
+        return _load_class(sc, jar, name)
+    except Exception as e:  # Py4J errors carry the Java exception as text
+        raise LocalityUnavailable(f"loading the JVM helper {jar} into the driver failed: {e}") from e
 
 
 def _scala_iterable(obj: Any) -> list[Any]:

@@ -1,6 +1,6 @@
 """Compiling the JVM locality helper: what the wheel's build hook runs, and an editable install on first use.
 
-The helper is two Java classes (``jvm/``) compiled against Spark's own jars:
+The helper is a few Java classes (``jvm/``) compiled against Spark's own jars:
 ``javac --release 17`` with ``<spark>/jars/*`` on the class path, as any Spark
 library is compiled against Spark's ``provided`` API. The result is a jar and
 a small manifest next to it (JSON) recording the jar's SHA-256, the Spark

@@ -66,6 +66,7 @@ class TaskReport:
         local_recovery: ``"on"``, ``"off"`` or ``"off: <why>"``.
         handoff: ``"on"`` or ``"off: <why>"``.
         phases: Seconds the task spent per phase (``BatchInfo.phases``, summed over tasks).
+        undeclared_states: Restored states the function does not declare, by kind.
     """
 
     subtask: int
@@ -87,6 +88,7 @@ class TaskReport:
     local_recovery: str = "off"
     handoff: str = "on"
     phases: Mapping[str, float] = field(default_factory=dict)
+    undeclared_states: Mapping[str, list[str]] = field(default_factory=dict)
 
     @property
     def reused(self) -> bool:
@@ -122,6 +124,7 @@ class TaskReport:
                 "attempt_number": self.attempt_number,
                 "phases": dict(self.phases),
                 "handoff": self.handoff,
+                "undeclared_states": dict(self.undeclared_states),
             },
             separators=(",", ":"),
         )
@@ -160,6 +163,9 @@ class TaskReport:
                 local_recovery=str(r["local_recovery"]),
                 handoff=str(r["handoff"]),
                 phases={str(k): float(v) for k, v in r["phases"].items()},
+                undeclared_states={
+                    str(k): [str(n) for n in v] for k, v in (r.get("undeclared_states") or {}).items()
+                },
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(

@@ -79,6 +79,7 @@ def write_snapshots(run: TaskRun) -> tuple[list[tuple[int, SubtaskState]], str]:
                 st.operator,
                 max_state_size=storage.max_state_size,
                 native_checkpoint_id=native,
+                raw=st.snapshot_raw(),
             )
         except BaseException:
             if local is not None:
@@ -137,6 +138,7 @@ def task_reports(
                 local_recovery=local_recovery,
                 handoff=handoff,
                 phases=run.phases,
+                undeclared_states=acquired.undeclared,
             )
         )
         bad = 0

@@ -35,6 +35,7 @@ from ._migration import (
     MigrationProgress,
     same_schema,
 )
+from ._parameters import DEFAULT_KEY_CACHE_SIZE, KeyedBackendParameters
 from ._registered import RegisteredState, StateEntries
 from ._state import (
     VOID_NAMESPACE,
@@ -47,6 +48,7 @@ from ._state import (
     ValueState,
 )
 from ._ttl import Clock, TtlListState, TtlMapState, TtlValueState, system_clock
+from ._uploads import UploadTracker
 
 __all__ = [
     "AggregatingStateImpl",
@@ -187,6 +189,8 @@ RESERVED_ATTRIBUTES = frozenset(
         "_broken",
         "_restore_origin",
         "_migration_progress",
+        "parameters",
+        "native_uploads",
     }
 )
 
@@ -216,17 +220,41 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
 
     def __init__(
         self,
+        parameters: KeyedBackendParameters | None = None,
+        /,
         *,
-        key_serializer: TypeSerializer,
-        key_group_range: KeyGroupRange,
-        max_parallelism: int,
+        key_serializer: TypeSerializer | None = None,
+        key_group_range: KeyGroupRange | None = None,
+        max_parallelism: int | None = None,
         clock: Clock | None = None,
-        key_cache_size: int = 131072,
+        key_cache_size: int = DEFAULT_KEY_CACHE_SIZE,
     ) -> None:
-        self.key_serializer = key_serializer
-        self.key_group_range = key_group_range
-        self.max_parallelism = max_parallelism
-        self.clock: Clock = clock or system_clock
+        """Take what the base needs from ``parameters`` (the runner's one parameter object).
+
+        Pass the :class:`~statekit.state._parameters.KeyedBackendParameters`
+        your backend was made with (``super().__init__(parameters)``), or, as
+        before it existed, the keyword arguments; ``self.parameters`` keeps it
+        (``self.parameters.local_dir`` is where an on-disk backend makes its
+        instance directory).
+        """
+        if parameters is None:
+            if key_serializer is None or key_group_range is None or max_parallelism is None:
+                raise TypeError(
+                    f"{type(self).__name__}: pass the KeyedBackendParameters (super().__init__(parameters)), "
+                    "or key_serializer, key_group_range and max_parallelism"
+                )
+            parameters = KeyedBackendParameters(
+                key_serializer, key_group_range, max_parallelism, clock, key_cache_size
+            )
+        #: What the backend was made with (the runner's one parameter object).
+        self.parameters = parameters
+        self.key_serializer = parameters.key_serializer
+        self.key_group_range = parameters.key_group_range
+        self.max_parallelism = parameters.max_parallelism
+        self.clock: Clock = parameters.clock or system_clock
+        key_cache_size = parameters.key_cache_size
+        #: The completion bookkeeping of native snapshots (see notify_checkpoint_complete).
+        self.native_uploads = UploadTracker()
         self._key: Any = None
         self._kg: Any = None  # None until a key is set: indexing with it fails loudly
         self._kg_cache: dict[Any, int] = {}
@@ -518,6 +546,25 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
     def registered_state(self, name: str) -> RegisteredState | None:
         """The state ``name`` as stored: declared, or restored natively and not declared yet."""
         return self._states.get(name) or self._restored.get(name)
+
+    # --- the completion contract of native snapshots ------------------------------------
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed: its shared files become what snapshots may reference.
+
+        The bookkeeping of the completion contract (``native_uploads``, an
+        :class:`~statekit.state._uploads.UploadTracker`): a native format records
+        each handle's shared files under ``out.checkpoint_id``
+        (``native_uploads.uploaded``) and references only
+        ``native_uploads.reusable(...)``; a restore hands the files it still holds
+        to ``native_uploads.restored(c, files)``, which this call with ``c``
+        confirms (the runner's claim). A backend without a native format ignores it.
+        """
+        self.native_uploads.complete(checkpoint_id)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` never completes: none of its files is ever referenced for it."""
+        self.native_uploads.abort(checkpoint_id)
 
     def close(self) -> None:
         """Release resources; the backend cannot be used afterwards."""

@@ -167,7 +167,7 @@ class KeyedSnapshots:
         """
         self._migration_progress = callback
 
-    def _report_migration(self, state: str, done: int, total: int) -> None:
+    def _report_migration(self, state: str, done: int, total: int | None) -> None:
         cb = self._migration_progress
         if cb is not None:
             cb(state, done, total)

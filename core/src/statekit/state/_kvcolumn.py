@@ -7,18 +7,33 @@ from typing import Any
 
 from .._errors import StateAccessError
 
-__all__ = ["KVColumn"]
+__all__ = ["KVColumn", "closed_error"]
 
 Get = Callable[[bytes], "bytes | None"]
 Iterate = Callable[[bytes], Iterator[tuple[bytes, bytes]]]
 
 
-def _closed_get(key: bytes) -> bytes | None:
-    raise StateAccessError("the backend is closed")
+class _ClosedBuffer(dict):  # type: ignore[type-arg]
+    """The buffer of a closed column: every read or write raises StateAccessError naming the state."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise closed_error(self.name)
+
+    get = __getitem__ = __setitem__ = __delitem__ = __contains__ = update = setdefault = pop = _refuse
 
 
-def _closed_iterate(start: bytes) -> Iterator[tuple[bytes, bytes]]:
-    raise StateAccessError("the backend is closed")
+def closed_error(name: str) -> StateAccessError:
+    """The error of any access to state ``name`` after its backend closed."""
+    return StateAccessError(
+        f"state {name!r} is used after its backend was closed; a handle lives only as long as its "
+        "backend (get the state again from a live backend)"
+    )
 
 
 class KVColumn:
@@ -34,9 +49,20 @@ class KVColumn:
     def __init__(self, name: str) -> None:
         self.name = name
         self.buffer: dict[bytes, bytes | None] = {}
-        self.get: Get = _closed_get
-        self.iterate: Iterate = _closed_iterate
+        self.get: Get = self._closed_get
+        self.iterate: Iterate = self._closed_iterate
         self.engine: Any = None  # whatever the engine keeps per column (a handle, a database)
+
+    def _closed_get(self, key: bytes) -> bytes | None:
+        raise closed_error(self.name)
+
+    def _closed_iterate(self, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+        raise closed_error(self.name)
+
+    @property
+    def sealed(self) -> bool:
+        """Whether :meth:`seal` ran: no access reaches the engine any more."""
+        return isinstance(self.buffer, _ClosedBuffer)
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Engine entries whose key starts with ``prefix`` (the buffer is not looked at)."""
@@ -47,6 +73,22 @@ class KVColumn:
             yield k, v
 
     def close(self) -> None:
-        """Unbind: every later access raises StateAccessError; pending writes are dropped."""
+        """Unbind from the engine (pending writes dropped) until ``kv_bind`` binds it again.
+
+        Reads raise StateAccessError naming the state meanwhile. An engine that
+        closes and reopens its database (a restore) closes its columns and binds
+        them again; the backend's own close seals them (:meth:`seal`).
+        """
         self.buffer.clear()
-        self.get, self.iterate, self.engine = _closed_get, _closed_iterate, None
+        self.get, self.iterate, self.engine = self._closed_get, self._closed_iterate, None
+
+    def seal(self) -> None:
+        """The backend closed: every later read or write raises StateAccessError naming the state.
+
+        ``OrderedKVBackendBase.close`` seals every column before the engine
+        releases what it holds, so no handle reaches a closed engine (a crash in
+        engines that are C libraries). ``engine`` stays for the engine's own
+        close; clearing the buffer stays allowed.
+        """
+        self.buffer = _ClosedBuffer(self.name)
+        self.get, self.iterate = self._closed_get, self._closed_iterate

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 from abc import abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +37,12 @@ from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import TypeSerializer
 from ..snapshots._native import NativeStateHandle
 from ._keyed import KeyedBackendBase, merge_list_namespaces
-from ._kvcolumn import KVColumn
+from ._kvcolumn import KVColumn, closed_error
 from ._kvlayout import KeyLayout, encode_varint, entry_codec, ttl_timestamp
+from ._kvnative import KVFrozenView
 from ._kvttl import KVTtl
 from ._migration import DROP, StateMigrationPlan
+from ._parameters import DEFAULT_KEY_CACHE_SIZE, KeyedBackendParameters
 from ._registered import RegisteredState, StateEntries
 from ._state import VOID_NAMESPACE, StateKind
 from ._ttl import Clock
@@ -53,6 +55,9 @@ __all__ = [
     "OrderedKVBackendBase",
     "group_entries",
 ]
+
+#: What a subclass of OrderedKVBackendBase must not define (besides the kv_* and _kv_* names).
+KV_RESERVED = frozenset({"layout", "sequence"})
 
 _VOID = KeyLayout.namespace_part(None)
 _MISSING: Any = object()
@@ -205,6 +210,8 @@ class KVValueState(_Handle):
         b = self._b
         prefixes = b._kv_prefixes
         col = self._col
+        if col.sealed:
+            raise closed_error(col.name)
         buf = col.buffer
         nsb, dec, enc, default = self._nsb, self._decode, self._encode, self._reg.default_value
         out: list[Any] = []
@@ -393,25 +400,53 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
     the base's are ``kv_*`` and ``_kv_*``.
     """
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse, when a backend class is defined, the ordered base's names ``layout`` and ``sequence``."""
+        super().__init_subclass__(**kwargs)
+        clash = sorted(name for name in vars(cls) if name in KV_RESERVED)
+        if clash:
+            raise TypeError(
+                f"{cls.__qualname__} defines {', '.join(clash)}, which OrderedKVBackendBase uses (the "
+                "composite key layout; the list sequence number that native restores set); rename yours with "
+                "a prefix "
+                f"of your backend's own (e.g. {(cls.backend_name or cls.__name__).lower()}_{clash[0]})"
+            )
+
     def __init__(
         self,
+        parameters: KeyedBackendParameters | None = None,
+        /,
         *,
-        key_serializer: TypeSerializer,
-        key_group_range: KeyGroupRange,
-        max_parallelism: int,
+        options: Mapping[str, Any] | None = None,
+        key_serializer: TypeSerializer | None = None,
+        key_group_range: KeyGroupRange | None = None,
+        max_parallelism: int | None = None,
         clock: Clock | None = None,
-        key_cache_size: int = 131072,
-        write_batch_size: int = 1024,
-        ttl_sweep_interval: int = 1000,
+        key_cache_size: int = DEFAULT_KEY_CACHE_SIZE,
+        write_batch_size: int | None = None,
+        ttl_sweep_interval: int | None = None,
     ) -> None:
+        """Take ``parameters`` (see KeyedBackendBase) and the base's options.
+
+        ``options`` are the plugin's parsed options by short name: the base reads
+        ``write-batch-size`` (updates buffered before ``kv_write``, default 1024)
+        and ``ttl-sweep-interval`` (default 1000) when declared there; the
+        keyword arguments of the same names win.
+        """
         super().__init__(
+            parameters,
             key_serializer=key_serializer,
             key_group_range=key_group_range,
             max_parallelism=max_parallelism,
             clock=clock,
             key_cache_size=key_cache_size,
         )
-        self.layout = KeyLayout(max_parallelism)
+        opts = options or {}
+        if write_batch_size is None:
+            write_batch_size = int(opts.get("write-batch-size", 1024))
+        if ttl_sweep_interval is None:
+            ttl_sweep_interval = int(opts.get("ttl-sweep-interval", 1000))
+        self.layout = KeyLayout(self.max_parallelism)
         self.kv_batch_size = max(1, write_batch_size)
         self.kv_pending = 0  # updates buffered since the last write
         self.kv_ttl_sweep_interval = max(1, ttl_sweep_interval)
@@ -441,6 +476,31 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
     def kv_load(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
         """Bulk-load ``items`` (sorted, distinct keys) into state ``name``'s column (created if missing)."""
 
+    def kv_freeze(self) -> KVFrozenView:
+        """The engine's state now, as a view later writes do not change (the buffer is already written).
+
+        Optional: implement it and the base snapshots canonically from it
+        (``_snapshot_entries``), and :class:`~statekit.backend_api.KeyGroupNativeSnapshots`
+        natively. ``items(name, lower, upper)`` returns state ``name``'s entries
+        in ``[lower, upper)`` in key order, maybe from another thread (one at a
+        time); ``release()`` ends the view. An engine snapshot, a read
+        transaction, or a copy. Engines that implement ``_snapshot_entries``
+        themselves need not.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} implements neither kv_freeze (a frozen view of the engine) nor "
+            "_snapshot_entries; implement kv_freeze (docs/writing-a-backend.md, ordered engines)"
+        )
+
+    def _snapshot_entries(self) -> Callable[[str, int], StateEntries]:
+        """A canonical snapshot's reader over :meth:`kv_freeze`'s view (taken now, buffer written first)."""
+        self.kv_write_buffered()
+        return _FrozenReader(self, self.kv_freeze())
+
+    def _release_snapshot(self, reader: Callable[[str, int], StateEntries]) -> None:
+        if isinstance(reader, _FrozenReader):
+            reader.view.release()
+
     # --- columns, the current key, writes ----------------------------------------------------------
 
     @property
@@ -453,7 +513,7 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
         col = self._kv_columns.get(name)
         if col is None:
             if self._closed:
-                raise StateAccessError("the backend is closed")
+                raise closed_error(name)
             col = KVColumn(name)
             if not self.kv_bind(col, create):
                 return None
@@ -513,6 +573,20 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
     @sequence.setter
     def sequence(self, value: int) -> None:
         self._kv_seq = max(self._kv_seq, value)
+
+    def close(self) -> None:
+        """Seal every column, then release the base's part: no handle reaches the engine from now on.
+
+        An engine's ``close`` calls this first (``super().close()``), then
+        closes the engine: a handle used afterwards raises StateAccessError
+        naming its state, whatever it had buffered.
+        """
+        super().close()
+        for col in self._kv_columns.values():
+            col.seal()
+        self.kv_pending = 0
+        self._kv_prefixes.clear()
+        self._kv_void.clear()
 
     def kv_write_buffered(self) -> None:
         """Write every buffered update to the engine (at snapshot points, and when the buffer is full)."""
@@ -672,8 +746,9 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
         old_ttl = plan.old_ttl
         encode = entry_codec(reg).encode
         convert = plan.unit(self.clock())
-        total = sum(1 for _ in col.iterate(b"")) if self._migration_progress is not None else 0
-        self._report_migration(reg.name, 0, total)
+        # No pass to count the entries first (it would read the whole column once more):
+        # the total is known at the end.
+        self._report_migration(reg.name, 0, None)
         done = 0
         start = b""
         batch = max(1, self.kv_migration_batch)
@@ -694,10 +769,11 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
                     ) from e
             self.kv_write([col])
             done += len(chunk)
-            self._report_migration(reg.name, done, max(total, done))
             if len(chunk) < batch:
                 break
+            self._report_migration(reg.name, done, None)
             start = chunk[-1][0] + b"\x00"  # the smallest key after the last one read
+        self._report_migration(reg.name, done, done)
 
     def _kv_describe_entry(self, reg: RegisteredState, composite: bytes) -> str:
         """``key ..., namespace ...`` of a composite key, for messages (the bytes if they do not decode)."""
@@ -768,3 +844,18 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
             "time_ms": self.clock(),
             "ttl_cleanup": self.full_snapshot_ttl(),
         }
+
+
+class _FrozenReader:
+    """The reader of a canonical snapshot: one key group of one state at a time, from a frozen view."""
+
+    __slots__ = ("backend", "view")
+
+    def __init__(self, backend: OrderedKVBackendBase, view: KVFrozenView) -> None:
+        self.backend = backend
+        self.view = view
+
+    def __call__(self, name: str, kg: int) -> StateEntries:
+        b = self.backend
+        lower, upper = b.layout.group_range(kg, kg)
+        return b.kv_read_group(name, self.view.items(name, lower, upper))

@@ -71,8 +71,12 @@ LINEAGE = "lineage"
 REWRITTEN = "rewritten"
 """The ``migration`` of a schema-history entry written by the state processor's offline rewrite."""
 
-MigrationProgress = Callable[[str, int, int], None]
-"""Called as ``progress(state, done, total)`` while a restore migrates a state's entries."""
+MigrationProgress = Callable[[str, int, "int | None"], None]
+"""Called as ``progress(state, done, total)`` while a restore migrates a state's entries.
+
+``total`` is None while the backend cannot tell it without a pass of its own
+(an ordered engine migrating in place counts as it goes); the last report of a
+state always has ``done == total``."""
 
 
 class _Drop:

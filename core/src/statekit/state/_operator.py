@@ -334,6 +334,11 @@ class OperatorStateBackendImpl:
         """Declared and restored-but-undeclared operator states."""
         return [*self._lists, *self._maps, *self._restored]
 
+    @property
+    def undeclared_state_names(self) -> list[str]:
+        """Operator states a restore brought that the job has not declared (yet); kept in snapshots."""
+        return list(self._restored)
+
     def snapshot(self) -> OperatorSnapshot:
         """Serialize every operator state now (operator state is small)."""
         out: OperatorSnapshot = {}

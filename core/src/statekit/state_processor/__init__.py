@@ -6,8 +6,11 @@ Like Flink's State Processor API, without a running job:
   ``s3://``, any fsspec URL, or a location of a given storage), lists its
   operators and states, reads a keyed state as Arrow record batches one key
   group at a time (filters by key group or key read only the blocks they
-  need), answers point queries from one key-group block, and reads timers and
-  operator state.
+  need), answers point queries from one key-group block, and reads timers,
+  operator state and raw state (as bytes, ``raw_state``).
+- :func:`checkpoint_history` reads a job's checkpoint history: every
+  checkpoint attempt, beyond retention, with its status, times and sizes
+  (:class:`statekit.checkpointing.CheckpointAttempt`).
 - :class:`SavepointWriter` builds a canonical savepoint from rows, an Arrow
   table or a pandas DataFrame (on Spark, :func:`statekit.spark.write_savepoint`
   writes a DataFrame in parallel by key group), or rewrites an existing one:
@@ -33,17 +36,20 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installa
     ) from exc
 
 from ..state._migration import SchemaStep
+from ..state._raw import RawSnapshot
 from ._arrow import arrow_type
 from ._info import OperatorInfo, StateInfo
-from ._reader import SavepointReader, open_storage
+from ._reader import SavepointReader, checkpoint_history, open_storage
 from ._writer import SavepointWriter
 
 __all__ = [
     "OperatorInfo",
+    "RawSnapshot",
     "SavepointReader",
     "SavepointWriter",
     "SchemaStep",
     "StateInfo",
     "arrow_type",
+    "checkpoint_history",
     "open_storage",
 ]

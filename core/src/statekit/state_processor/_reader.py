@@ -19,6 +19,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 
 from .._contracts import CheckpointStorage
 from .._errors import CheckpointNotFoundError, CorruptSnapshotError, StateError
+from ..checkpoints._history import CheckpointAttempt, read_checkpoint_history
 from ..checkpoints._locations import filesystem_storage, parent_location
 from ..checkpoints._metadata import SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
@@ -32,6 +33,7 @@ from ..snapshots._snapshot import (
 )
 from ..state._migration import lineage_of, version_of
 from ..state._operator import OperatorStateMode
+from ..state._raw import RawSnapshot
 from ..state._state import VOID_NAMESPACE
 from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX, WATERMARK_PROPERTY
 from ..timers._service import TimeDomain, decode_timer
@@ -39,7 +41,7 @@ from ._arrow import ArrowColumn, arrow_column, arrow_type
 from ._blocks import BlockReading, Part
 from ._info import OperatorInfo, StateInfo
 
-__all__ = ["SavepointReader", "open_storage"]
+__all__ = ["SavepointReader", "checkpoint_history", "open_storage"]
 
 #: Arrow type of the TTL timestamp column.
 TTL_TYPE = pa.timestamp("ms", tz="UTC")
@@ -58,6 +60,43 @@ def open_storage(
     to the checkpoint's job directory, as on restore.
     """
     return filesystem_storage(parent_location(location), storage_options=storage_options, registry=registry)
+
+
+def checkpoint_history(
+    checkpoints_dir: str,
+    job_id: str,
+    *,
+    storage: CheckpointStorage | None = None,
+    storage_options: str | Mapping[str, Any] | None = None,
+    registry: PluginRegistry | None = None,
+) -> list[CheckpointAttempt]:
+    """Job ``job_id``'s checkpoint history under ``checkpoints_dir``: every recorded attempt, oldest first.
+
+    Beyond retention: completed, failed (with the reason), subsumed and
+    discarded checkpoints and savepoints, each with its trigger time, duration,
+    bytes (all, written, and uploaded vs referenced for incremental ones),
+    backend and parallelism; the newest ``statekit.checkpoints.history.max-entries``.
+    ``statekit checkpoints history`` prints the same.
+
+    Example::
+
+        from statekit.state_processor import checkpoint_history
+
+        failed = [a for a in checkpoint_history("s3://bucket/ckpt", "url-count") if a.status == "failed"]
+        print(failed[-1].failure if failed else "no failed checkpoint")
+
+    Args:
+        checkpoints_dir: The job's ``statekit.checkpoints.dir`` (any fsspec URL).
+        job_id: The job.
+        storage: The storage that holds the job (the ``jobmanager`` one, in its
+            process); None: the ``filesystem`` storage at ``checkpoints_dir``.
+
+    Raises:
+        CheckpointError: If the store fails or the history is damaged (naming it).
+    """
+    if storage is None:
+        storage = filesystem_storage(checkpoints_dir, storage_options=storage_options, registry=registry)
+    return read_checkpoint_history(storage, job_id)
 
 
 class SavepointReader(BlockReading):
@@ -457,6 +496,28 @@ class SavepointReader(BlockReading):
         return pa.table(
             {"position": pa.array(range(len(values)), pa.int32()), "value": cols[0].array(values)}
         )
+
+    # --- raw state ------------------------------------------------------------------
+
+    def raw_state(self, operator: str) -> RawSnapshot:
+        """The raw state of ``operator`` as bytes, as a restore at parallelism 1 would get it.
+
+        ``keyed`` maps each key group to the bytes the function wrote for it
+        (``snapshot_raw_state``'s ``raw_keyed_output``), ``items`` holds the raw
+        operator items of every subtask in subtask order. Both are empty when
+        the operator wrote none. Every byte is checked against the digests
+        ``_metadata`` records.
+
+        Raises:
+            StateError: If the checkpoint has no operator ``operator``.
+            CorruptCheckpointError: Naming the file and key group, if a raw state file is damaged.
+        """
+        if operator not in self._cp.metadata.operators:
+            raise StateError(
+                f"{self.location} has no operator {operator!r}; it has: "
+                f"{', '.join(sorted(self._cp.metadata.operators)) or 'none'}"
+            )
+        return self._cp.raw_state(operator, 0, 1)
 
 
 @dataclass(frozen=True)

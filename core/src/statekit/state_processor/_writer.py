@@ -21,6 +21,7 @@ from .._contracts import CheckpointStorage
 from .._errors import ConfigurationError, SerializationError, StateError, StateMigrationError
 from ..checkpoints._locations import filesystem_storage
 from ..checkpoints._metadata import SubtaskState
+from ..checkpoints._raw import write_raw_file
 from ..checkpoints._writing import complete_checkpoint, write_keyed_file, write_operator_file
 from ..plugins._registry import PluginRegistry
 from ..serialization._keygroups import (
@@ -41,6 +42,7 @@ from ..snapshots._snapshot import (
 )
 from ..state._migration import LINEAGE, REWRITTEN, SCHEMA_VERSION, lineage_of, same_schema, version_of
 from ..state._operator import OperatorSnapshot
+from ..state._raw import RawSnapshot
 from ..state._registered import RegisteredState
 from ..state._state import VOID_NAMESPACE, StateDescriptor
 from ..timers import TIMER_STATE_NAMES, TIMER_STATE_PREFIX
@@ -395,6 +397,9 @@ class SavepointWriter:
                             verify_written(st, writer.location, sub)
                     if op_states is not None and op_states[i]:
                         sub.operator = write_operator_file(writer, f"{op_id}-{i}.operator", op_states[i])
+                    raw = self._raw_state(op_id, i, p)
+                    if raw:  # the function's own bytes, carried over as they are
+                        sub.raw = write_raw_file(writer, f"{op_id}-{i}.raw", raw)
                     subtasks.append(sub)
             meta = self._source.checkpoint.metadata if self._source else None
             props: dict[str, Any] = dict(meta.properties) if meta else {}
@@ -412,6 +417,21 @@ class SavepointWriter:
         except BaseException:
             writer.abort()
             raise
+
+    def _raw_state(self, op_id: str, index: int, p: int) -> RawSnapshot | None:
+        """The raw state new subtask ``index`` of ``p`` keeps from the source (None without a source)."""
+        if self._source is None or not self._source.checkpoint.has_raw_state(op_id):
+            return None
+        cp = self._source.checkpoint
+        if cp.metadata.max_parallelism != self.max_parallelism:
+            # Only the key group of each block is known, not the keys inside: it cannot be split.
+            raise StateError(
+                f"operator {op_id!r} of {cp.location} holds raw state, kept per key group of max "
+                f"parallelism {cp.metadata.max_parallelism}; its bytes are the function's own, so "
+                f"statekit cannot move them to max parallelism {self.max_parallelism}. Keep the max "
+                "parallelism, or leave the operator out (remove_operator)"
+            )
+        return cp.raw_state(op_id, index, p)
 
     def _operator_states(self, op_id: str, p: int) -> list[OperatorSnapshot] | None:
         if self._source is None or op_id not in self._source.checkpoint.metadata.operators:

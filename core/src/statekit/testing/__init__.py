@@ -54,7 +54,16 @@ from ._plugin_helpers import (
 from ._properties import PROPERTIES, PropertyViolation
 from ._reference import ReferenceCheckpointStorage, ReferenceKeyedStateBackend, ReferenceStateBackend
 from ._stateful import MACHINES, ConformanceMachine, ConformanceTarget, MachineConfig, machine_configs
-from ._suite import CheckpointStorageTests, StateBackendTests, kit_settings, kit_tests, run_property
+from ._suite import (
+    WRITE_BUFFERS,
+    CheckpointStorageTests,
+    StateBackendTests,
+    buffers_writes,
+    kit_settings,
+    kit_tests,
+    run_property,
+    with_write_buffer,
+)
 
 if __doc__ is not None:  # None under python -OO
     __doc__ += "\n" + COMPLETION_CONTRACT
@@ -62,6 +71,7 @@ if __doc__ is not None:  # None under python -OO
 __all__ = [
     "MACHINES",
     "PROPERTIES",
+    "WRITE_BUFFERS",
     "CheckpointStorageTests",
     "ConformanceMachine",
     "ConformanceTarget",
@@ -75,6 +85,7 @@ __all__ = [
     "ReferenceKeyedStateBackend",
     "ReferenceStateBackend",
     "StateBackendTests",
+    "buffers_writes",
     "decode_canonical",
     "instance_dirs",
     "keyed_backends",
@@ -86,4 +97,5 @@ __all__ = [
     "run_property",
     "snapshot_handle",
     "value_state_contents",
+    "with_write_buffer",
 ]

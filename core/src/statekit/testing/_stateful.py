@@ -492,6 +492,33 @@ class _Machine(RuleBasedStateMachine):
 _EDGE_KEYS: dict[int, list[str]] = {}
 
 
+def _model_write(m: Any, name: str, key: Any, ns: Any, value: int) -> None:
+    """The model's side of writing ``value`` into state ``name`` (as each kind's write rule does)."""
+    if name == "value":
+        m.value_update(key, ns, value)
+    elif name == "list":
+        m.list_add_all(key, ns, [value])
+    elif name == "reducing":
+        m.reducing_add(key, ns, value)
+    elif name == "aggregating":
+        m.aggregating_add(key, ns, value)
+    else:
+        m.map_put_all(key, ns, {"p": value})
+
+
+def flush_write_buffers(job: Job) -> None:
+    """Write every subtask's buffered updates to its engine (backends on ``OrderedKVBackendBase``).
+
+    Where an invariant is about what the engine holds (a snapshot reading the live
+    state, a read rewriting a timestamp), a buffer the engine has not seen yet hides
+    its violation; the rules that set such a stage flush first.
+    """
+    for subtask in job.subtasks:
+        flush = getattr(subtask.keyed, "kv_write_buffered", None)
+        if flush is not None:
+            flush()
+
+
 def _edge_keys(max_parallelism: int) -> list[str]:
     """A ``str`` key of every key group of ``max_parallelism`` (the kit's key serializer), by key group."""
     found = _EDGE_KEYS.get(max_parallelism)
@@ -709,6 +736,46 @@ class KeyedRules(_Machine):
         self._write(name, key, current, f"merge_namespaces({into!r}, {sources!r})",
                     lambda h: h.merge_namespaces(into, sources),
                     lambda: self.model.merge(name, key, into, sources))  # fmt: skip
+
+
+class ClearScopeRules(KeyedRules):
+    """The scope of ``clear()``, in one rule: for the full machine only.
+
+    Kept out of the property machines on purpose: a rule of their own changes
+    the (derandomized) steps each property takes at the ``ci`` profile, which
+    must keep reaching the violation it is named for.
+    """
+
+    @rule(key=_keys, value=_ints)
+    def clear_one_namespace_of_two(self, key: Any, value: int) -> None:
+        """Write every state at ``key`` in two namespaces, clear each in one: the other keeps its entry.
+
+        The plain violation of clear's scope (a clear of the key's entries in every
+        namespace, or of every key in the namespace) fails here whenever the rule
+        runs, not only when random steps happen to fill two namespaces first.
+        """
+        m, kept, cleared = self.model, NAMESPACES[1], NAMESPACES[0]
+        writes: dict[str, Callable[[Any], Any]] = {
+            "value": lambda h: h.update(value),
+            "list": lambda h: h.add(value),
+            "reducing": lambda h: h.add(value),
+            "aggregating": lambda h: h.add(value),
+            "map": lambda h: h.put("p", value),
+        }
+        other = next(k for k in KEYS if k != key)  # the same namespace under another key stays too
+        for name in KEYED_STATE_NAMES:
+            for k, ns in ((key, kept), (key, cleared), (other, cleared)):
+
+                def model(n: str = name, k: Any = k, ns: Any = ns) -> None:
+                    _model_write(m, n, k, ns, value)
+
+                self._write(name, k, ns, "a write", writes[name], model)
+        for name in KEYED_STATE_NAMES:
+            self.clear(name, key, cleared)
+        self.last = (
+            f"a write of every state at key {key!r} in namespaces {cleared!r} and {kept!r} (and at "
+            f"{other!r}), then clear() of each in {cleared!r}"
+        )
 
 
 class ClockRules(_Machine):
@@ -1052,6 +1119,7 @@ class IsolationRules(_Machine):
         self.job.at(key, NAMESPACES[0], "value").update(value)
         self.model.value_update(key, NAMESPACES[0], value)
         self.keyed_dirty = True
+        flush_write_buffers(self.job)  # the write reaches the engine, whatever the buffer holds
         self._verify_pending(self.pending.pop())
         self.last = f"a snapshot, then update({value}) of 'value' at key {key!r}, then writing the snapshot"
 
@@ -1068,7 +1136,7 @@ class IsolationRules(_Machine):
 
 
 class ConformanceMachine(
-    KeyedRules,
+    ClearScopeRules,
     ClockRules,
     OperatorRules,
     RoundTripRules,
@@ -1127,10 +1195,12 @@ class TtlMachine(KeyedRules, ClockRules, RoundTripRules, RescaleRules):
 
     @rule(key=_keys, value=_ints)
     def write_then_expire_then_read(self, key: Any, value: int) -> None:
-        """Write every state at ``key``, let the longest TTL pass, read each: none returns anything.
+        """Write every state at ``key``; read each just before its TTL passes and when it has passed.
 
         The plain violation (a read that does not look at timestamps, in any kind
-        of state) fails here whenever the rule runs, whatever the cleanup settings.
+        of state) fails here whenever the rule runs, whatever the cleanup settings;
+        so does a read that refreshes the timestamp where the update type says it
+        must not (seen past a write buffer: the writes are flushed first).
         """
         ns, m = NAMESPACES[0], self.model
         writes: dict[str, tuple[Callable[[Any], Any], Callable[[], Any]]] = {
@@ -1142,16 +1212,30 @@ class TtlMachine(KeyedRules, ClockRules, RoundTripRules, RescaleRules):
         }
         for name in KEYED_STATE_NAMES:
             self._write(name, key, ns, "a write", *writes[name])
-        ttl_ms = max(m.specs[name].ttl_ms for name in KEYED_STATE_NAMES)
-        self.clock.advance(ttl_ms)  # expired: written at t, read at t + ttl
-        self.probe_due = True
-        for name in KEYED_STATE_NAMES:
+        # Past a write buffer: a read that refreshes the timestamp in the engine (under
+        # ON_CREATE_AND_WRITE) would otherwise be shadowed by the buffered write.
+        flush_write_buffers(self.job)
+        start = self.clock()
+        ttls = sorted({m.specs[name].ttl_ms for name in KEYED_STATE_NAMES})
+        for ttl_ms in ttls:
+            # Each state is read 1 ms before its TTL passes (a read that refreshes where the TTL
+            # says it must not keeps it alive), then when it has passed: expired, unless refreshed.
+            for at in (start + ttl_ms - 1, start + ttl_ms):
+                if at > self.clock():
+                    self.clock.advance(at - self.clock())
+                self.probe_due = True
+                for name in KEYED_STATE_NAMES:
+                    if m.specs[name].ttl_ms != ttl_ms:
+                        continue
 
-            def model(n: str = name) -> Any:
-                return _MODEL_READS[n](m, key, ns)
+                    def model(n: str = name) -> Any:
+                        return _MODEL_READS[n](m, key, ns)
 
-            self._read(name, key, ns, _READ_NAMES[name], _READS[name], model)
-        self.last = f"a write of every state at key {key!r}, {ttl_ms} ms, then a read of each"
+                    self._read(name, key, ns, _READ_NAMES[name], _READS[name], model)
+        self.last = (
+            f"a write of every state at key {key!r}, then reads of each 1 ms before and when its TTL "
+            f"({', '.join(map(str, ttls))} ms) passed"
+        )
 
 
 class IsolationMachine(KeyedRules, ClockRules, IsolationRules):

@@ -17,6 +17,7 @@ reason, in ``expected_failures``, which turns the test into a strict xfail.
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -57,13 +58,21 @@ from ._semantics_ttl import TtlSemantics
 from ._stateful import MACHINES, ConformanceTarget
 
 __all__ = [
+    "WRITE_BUFFERS",
     "CheckpointStorageTests",
     "GuardedTests",
     "StateBackendTests",
+    "buffers_writes",
     "kit_settings",
     "kit_tests",
     "run_property",
+    "with_write_buffer",
 ]
+
+#: The write buffers every test of :class:`StateBackendTests` runs with: the backend's default
+#: (None) and 1, where every update reaches the engine at once (a buffering backend's bugs in
+#: snapshots and TTL hide behind its buffer otherwise).
+WRITE_BUFFERS: tuple[int | None, ...] = (None, 1)
 
 _KIT_MODULE_PREFIX = __name__.rpartition(".")[0] + "."
 _KIT_TESTS: dict[type, dict[str, Any]] = {}  # kit class -> its kit tests, frozen when it is defined
@@ -113,6 +122,60 @@ def kit_tests(cls: type) -> dict[str, Any]:
     for base in reversed(cls.__mro__):
         out.update(_KIT_TESTS.get(base, {}))
     return out
+
+
+def _buffer_id(size: int | None) -> str:
+    return "buffer-default" if size is None else f"buffer-{size}"
+
+
+class _WriteBuffered:
+    """A state backend whose keyed backends hold ``size`` updates in their write buffer at most.
+
+    Everything but :meth:`create_keyed_backend` is the wrapped backend's.
+    """
+
+    def __init__(self, inner: Any, size: int) -> None:
+        self._inner = inner
+        self._size = size
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def create_keyed_backend(self, **kwargs: Any) -> KeyedStateBackend:
+        keyed = self._inner.create_keyed_backend(**kwargs)
+        if hasattr(keyed, "kv_batch_size"):
+            keyed.kv_batch_size = self._size
+        return keyed  # type: ignore[no-any-return]
+
+
+def with_write_buffer(factory: BackendFactory, size: int | None) -> BackendFactory:
+    """``factory`` with its keyed backends' write buffer at ``size`` updates (None: as they make it).
+
+    The buffer is the keyed backend's ``kv_batch_size`` (``OrderedKVBackendBase``'s,
+    the ``write-batch-size`` option of the ``rocksdb`` and ``lmdb`` backends); a
+    backend without one is returned unchanged.
+    """
+    if size is None:
+        return factory
+    return lambda: _WriteBuffered(factory(), size)
+
+
+def buffers_writes(factory: BackendFactory) -> bool:
+    """Whether ``factory``'s keyed backends buffer writes (have a ``kv_batch_size`` the kit can set)."""
+    scratch = tempfile.mkdtemp(prefix="statekit-kit-probe-")
+    try:
+        keyed = factory().create_keyed_backend(
+            key_serializer=StrSerializer(),
+            key_group_range=KeyGroupRange.of(0, 0),
+            max_parallelism=1,
+            local_dir=scratch,
+        )
+        try:
+            return hasattr(keyed, "kv_batch_size")
+        finally:
+            keyed.close()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 class GuardedTests:
@@ -203,6 +266,11 @@ class _KitFixtures(GuardedTests):
         return ReferenceCheckpointStorage
 
     @pytest.fixture
+    def kit_write_buffer(self) -> int | None:
+        """The keyed backends' write buffer (None: the backend's default); see :data:`WRITE_BUFFERS`."""
+        return None
+
+    @pytest.fixture
     def kit_scratch(self, tmp_path_factory: pytest.TempPathFactory) -> Path:
         """A directory under which every keyed backend gets its own ``local_dir``."""
         return tmp_path_factory.mktemp("statekit-kit")
@@ -214,10 +282,11 @@ class _KitFixtures(GuardedTests):
         other_backend_factories: Mapping[str, BackendFactory],
         storage_factory: StorageFactory,
         kit_scratch: Path,
+        kit_write_buffer: int | None,
     ) -> ConformanceTarget:
-        """Everything the state machines need."""
+        """Everything the state machines need (the backend under test with the test's write buffer)."""
         return ConformanceTarget(
-            backend_factory,
+            with_write_buffer(backend_factory, kit_write_buffer),
             str(backend_factory().name),
             dict(other_backend_factories),
             storage_factory,
@@ -231,14 +300,18 @@ class _KitFixtures(GuardedTests):
 
     @pytest.fixture
     def make_backend(
-        self, backend_factory: BackendFactory, clock: ManualClock, tmp_path: Path
+        self,
+        backend_factory: BackendFactory,
+        clock: ManualClock,
+        tmp_path: Path,
+        kit_write_buffer: int | None,
     ) -> Iterator[Callable[..., KeyedStateBackend]]:
         """A factory of keyed backends: ``str`` keys, key groups [0, 127] of 128 by default.
 
-        Each gets a fresh ``local_dir``; all are closed at teardown.
+        Each gets a fresh ``local_dir`` and the test's write buffer; all are closed at teardown.
         """
         made: list[KeyedStateBackend] = []
-        factory = backend_factory()
+        factory = with_write_buffer(backend_factory, kit_write_buffer)()
 
         def make(
             *,
@@ -307,6 +380,18 @@ class StateBackendTests(
             f"{type(self).__qualname__} must define a backend_factory fixture returning a "
             "zero-argument callable that makes a fresh StateBackend"
         )
+
+    @pytest.fixture(params=WRITE_BUFFERS, ids=_buffer_id)
+    def kit_write_buffer(self, request: pytest.FixtureRequest, backend_factory: BackendFactory) -> int | None:
+        """Every test runs with the backend's write buffer at its default and at 1 (:data:`WRITE_BUFFERS`).
+
+        A backend that buffers nothing (no ``kv_batch_size``) runs each test once:
+        its other variants are skipped, saying so.
+        """
+        size: int | None = request.param
+        if size is not None and not buffers_writes(backend_factory):
+            pytest.skip("this backend has no write buffer (kv_batch_size): the default run covers it")
+        return size
 
     # --- the named properties: one state machine each -------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Registers the ``sqlite`` backend. Kept light: the backend module loads when a backend is created."""
+"""Registers the ``sqlite`` backend and declares its options, once (the backend takes them from here)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,21 @@ from collections.abc import Callable
 
 from statekit.backend_api import BackendSpec, ConfigOption, hookimpl
 
-__all__ = ["statekit_register_backends"]
+__all__ = ["OPTIONS", "statekit_register_backends"]
+
+OPTIONS = (
+    ConfigOption(
+        "synchronous", str, "off",
+        "SQLite's PRAGMA synchronous for the local files. They are a working copy (checkpoints are "
+        "what survives a crash), so 'off' is safe and fastest.", choices=("off", "normal", "full"),
+    ),
+    ConfigOption("cache-size", int, 2 << 20, "Bytes of SQLite page cache per subtask.", byte_size=True),
+    ConfigOption(
+        "write-batch-size", int, 1024,
+        "Updates kept in the write buffer (read back from it) before they are written in one "
+        "transaction; also written at every snapshot.", minimum=1,
+    ),
+)  # fmt: skip
 
 
 @hookimpl
@@ -15,20 +29,8 @@ def statekit_register_backends(register: Callable[[BackendSpec], None]) -> None:
     register(
         BackendSpec(
             name="sqlite",
-            factory="statekit_sqlite._backend:SqliteStateBackend",
-            options=(
-                ConfigOption(
-                    "synchronous",
-                    str,
-                    "off",
-                    "SQLite's PRAGMA synchronous for the local files. They are a working copy "
-                    "(checkpoints are what survives a crash), so 'off' is safe and fastest.",
-                    choices=("off", "normal", "full"),
-                ),
-                ConfigOption(
-                    "cache-size", int, 2 << 20, "Bytes of SQLite page cache per subtask.", byte_size=True
-                ),
-            ),
-            description="Keyed state in SQLite files, one per subtask; snapshots are read transactions.",
+            factory="statekit_sqlite._backend:SqliteStateBackend",  # imported when a job uses it
+            options=OPTIONS,
+            description="Keyed state in SQLite files, one per subtask; incremental native checkpoints.",
         )
     )

@@ -186,6 +186,10 @@ class BatchStats:
             batch ran with), counted among ``requests`` and written to the late output.
         windows: The windowed job's windows emitted (the watermark passed their end).
         watermark: The windowed job's watermark for the next batch, in epoch ms.
+        state_entries: statekit's state entries after the batch (None: skipped batch).
+        state_entries_exact: False when the backend's native snapshot only estimates them.
+        checkpoint_bytes: Bytes the batch's checkpoint wrote.
+        checkpoint_seconds: How long the checkpoint took.
     """
 
     batch_id: int
@@ -201,6 +205,10 @@ class BatchStats:
     late: int = 0
     windows: int = 0
     watermark: int | None = None
+    state_entries: int | None = None
+    state_entries_exact: bool = True
+    checkpoint_bytes: int = 0
+    checkpoint_seconds: float = 0.0
 
 
 @dataclass
@@ -388,10 +396,24 @@ class Sink:
             checkpoint_location=info.location,
             restored_from=info.restored_from if info.restored_subtasks else None,
             skipped=info.skipped,
+            **_checkpoint_numbers(info),
         )
         self._last = now
         self.batches.append(stats)
         self.on_batch(stats)
+
+
+def _checkpoint_numbers(info: BatchInfo) -> dict[str, Any]:
+    """What :class:`BatchStats` keeps of the batch's checkpoint (nothing for a skipped batch)."""
+    cs = info.checkpoint_stats
+    if cs is None:
+        return {}
+    return {
+        "state_entries": cs.state_entries,
+        "state_entries_exact": cs.state_entries_exact,
+        "checkpoint_bytes": cs.bytes_written,
+        "checkpoint_seconds": info.checkpoint_seconds,
+    }
 
 
 def build_stream(spark: SparkSession, settings: JobSettings, sink: Sink) -> ProcessedStream:

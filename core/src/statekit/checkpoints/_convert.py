@@ -7,12 +7,12 @@ from typing import Any
 
 from .._contracts import CheckpointStorage
 from .._errors import CorruptCheckpointError
-from ..checkpoints._metadata import CheckpointMetadata, SubtaskState
-from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
-from ..checkpoints._verify import verify_loaded
-from ..checkpoints._writing import complete_checkpoint, write_subtask_state
 from ..plugins._registry import default_registry
 from ..snapshots._snapshot import CANONICAL_FORMAT, StreamStateHandle
+from ._metadata import CheckpointMetadata, SubtaskState
+from ._restore import CompletedCheckpoint, load_checkpoint
+from ._verify import verify_loaded
+from ._writing import complete_checkpoint, write_subtask_state
 
 __all__ = ["convert_to_savepoint"]
 
@@ -64,7 +64,7 @@ def convert_to_savepoint(
                 )
                 if (st.operator_id, st.subtask_index) in native:
                     copy.keyed, copy.states = _native_to_canonical(cp, st, backend, writer)
-                for part in ("keyed", "operator"):
+                for part in ("keyed", "operator", "raw"):
                     info = getattr(st, part)
                     if not info or (part == "keyed" and (st.operator_id, st.subtask_index) in native):
                         continue
@@ -94,13 +94,13 @@ def convert_to_savepoint(
 def _copied_handles(
     storage: CheckpointStorage, checkpoint: str, meta: CheckpointMetadata, native: set[tuple[str, int]]
 ) -> dict[tuple[str, int, str], StreamStateHandle]:
-    """The files copied as they are: every operator state, and the keyed state of canonical subtasks."""
+    """The files copied as they are: operator and raw state, and the keyed state of canonical subtasks."""
     parts = [
         (st, part)
         for sts in meta.operators.values()
         for st in sts
-        for part in ("keyed", "operator")
-        if (st.operator_id, st.subtask_index) not in native or part == "operator"
+        for part in ("keyed", "operator", "raw")
+        if (st.operator_id, st.subtask_index) not in native or part != "keyed"
     ]
     return {
         (st.operator_id, st.subtask_index, part): storage.resolve_handle(

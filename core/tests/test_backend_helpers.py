@@ -1,0 +1,310 @@
+"""What backend authors build on: the declared factory, parameters, the closed guard, key-group snapshots.
+
+The backend here is the smallest one on :class:`OrderedKVBackendBase`: each
+state a dict, a frozen view a copy of them, and incremental native snapshots
+from :class:`KeyGroupNativeSnapshots` (one content-addressed file per key group).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from statekit import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+from statekit.backend_api import (
+    ConfigOption,
+    DeclaredStateBackend,
+    KeyedBackendParameters,
+    KeyGroupNativeSnapshots,
+    KeyGroupRange,
+    KVColumn,
+    NativeFile,
+    OrderedKVBackendBase,
+    UploadTracker,
+)
+from statekit.errors import ConfigurationError, CorruptSnapshotError, StateAccessError
+from statekit.serializers import StrSerializer
+from statekit.testing import KitNativeOutput, ManualClock, snapshot_handle
+
+OPTIONS = (
+    ConfigOption("write-batch-size", int, 1024, "Updates buffered.", minimum=1),
+    ConfigOption("cache-size", int, 1 << 20, "Bytes of cache.", byte_size=True),
+)
+
+
+class _View:
+    def __init__(self, tables: dict[str, dict[bytes, bytes]]) -> None:
+        self.tables = {name: dict(t) for name, t in tables.items()}
+        self.released = False
+
+    def items(self, name: str, lower: bytes, upper: bytes | None) -> list[tuple[bytes, bytes]]:
+        t = self.tables.get(name, {})
+        return sorted((k, v) for k, v in t.items() if k >= lower and (upper is None or k < upper))
+
+    def release(self) -> None:
+        self.released = True
+
+
+class DictKV(KeyGroupNativeSnapshots, OrderedKVBackendBase):
+    """Each state a dict of composite keys; the engine functions count their calls."""
+
+    backend_name = "dictkv"
+    native_format = "dictkv-kg-1"
+
+    def __init__(self, parameters: KeyedBackendParameters, options: Mapping[str, Any]) -> None:
+        super().__init__(parameters, options=options)
+        self.dictkv_options = options
+        self.dictkv_tables: dict[str, dict[bytes, bytes]] = {}
+        self.dictkv_calls = 0
+
+    def kv_bind(self, col: KVColumn, create: bool) -> bool:
+        table = self.dictkv_tables.get(col.name)
+        if table is None:
+            if not create:
+                return False
+            table = self.dictkv_tables[col.name] = {}
+
+        def get(k: bytes, t: dict[bytes, bytes] = table) -> bytes | None:
+            self.dictkv_calls += 1
+            return t.get(k)
+
+        def iterate(start: bytes, t: dict[bytes, bytes] = table) -> Any:
+            self.dictkv_calls += 1
+            return iter(sorted((k, v) for k, v in t.items() if k >= start))
+
+        col.get, col.iterate = get, iterate
+        return True
+
+    def kv_write(self, columns: Sequence[KVColumn]) -> None:
+        self.dictkv_calls += 1
+        for col in columns:
+            table = self.dictkv_tables[col.name]
+            for k, v in col.buffer.items():
+                if v is None:
+                    table.pop(k, None)
+                else:
+                    table[k] = v
+            col.buffer.clear()
+
+    def kv_load(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
+        self.dictkv_tables.setdefault(name, {}).update(items)
+
+    def kv_freeze(self) -> _View:
+        return _View(self.dictkv_tables)
+
+
+class DictKVBackend(DeclaredStateBackend):
+    name = "dictkv"
+    declared_options = OPTIONS
+    keyed_backend = DictKV
+
+
+def make(backend: DictKVBackend | None = None, kgr: KeyGroupRange | None = None, maxp: int = 16) -> DictKV:
+    b = backend or DictKVBackend()
+    keyed: DictKV = b.create_keyed_backend(
+        key_serializer=StrSerializer(),
+        key_group_range=kgr or KeyGroupRange.of(0, maxp - 1),
+        max_parallelism=maxp,
+        clock=ManualClock(),
+    )
+    return keyed
+
+
+VALUE = ValueStateDescriptor("v", int)
+LIST = ListStateDescriptor("l", int)
+MAP = MapStateDescriptor("m", str, int)
+
+
+def fill(b: DictKV, keys: range, base: int = 0) -> None:
+    v, lst, m = b.get_state(VALUE), b.get_state(LIST), b.get_state(MAP)
+    for i in keys:
+        b.set_current_key(f"k{i}")
+        v.update(base + i)
+        lst.add_all([i, i + 1])
+        m.put("a", i)
+
+
+def contents(b: DictKV, keys: range) -> dict[str, tuple[Any, Any, Any]]:
+    v, lst, m = b.get_state(VALUE), b.get_state(LIST), b.get_state(MAP)
+    out = {}
+    for i in keys:
+        try:
+            b.set_current_key(f"k{i}")
+        except StateAccessError:
+            continue  # another subtask's key
+        out[f"k{i}"] = (v.value(), lst.get(), dict(m.items()))
+    return out
+
+
+# --- the declared factory and the parameters -------------------------------------------------------
+
+
+def test_the_declared_factory_parses_defaults_and_passes_options_and_parameters() -> None:
+    backend = DictKVBackend({"cache-size": "2mb"})
+    assert backend.options == {"write-batch-size": 1024, "cache-size": 2 << 20}
+    keyed = make(backend)
+    assert keyed.dictkv_options == backend.options
+    assert keyed.parameters.max_parallelism == 16 and keyed.max_parallelism == 16
+    assert keyed.kv_batch_size == 1024
+    assert make(DictKVBackend({"write-batch-size": 7})).kv_batch_size == 7
+    with pytest.raises(ConfigurationError, match=r"has no options \['cach-size'\]"):
+        DictKVBackend({"cach-size": 1})
+    with pytest.raises(ConfigurationError, match=r"statekit\.backend\.dictkv\.write-batch-size"):
+        DictKVBackend({"write-batch-size": 0})
+
+
+def test_the_base_still_takes_keyword_arguments_and_needs_the_three() -> None:
+    class Plain(DictKV):
+        def __init__(self, **kw: Any) -> None:
+            OrderedKVBackendBase.__init__(self, **kw)
+            self.dictkv_tables = {}
+            self.dictkv_calls = 0
+
+    b = Plain(key_serializer=StrSerializer(), key_group_range=KeyGroupRange.of(0, 3), max_parallelism=4)
+    assert b.parameters == KeyedBackendParameters(StrSerializer(), KeyGroupRange.of(0, 3), 4)
+    with pytest.raises(TypeError, match="pass the KeyedBackendParameters"):
+        Plain(key_serializer=StrSerializer())
+
+
+# --- the closed guard, and the reserved names ----------------------------------------------------
+
+
+@pytest.mark.parametrize("buffer", [1, 1024])
+def test_a_handle_used_after_close_raises_naming_the_state_and_never_reaches_the_engine(buffer: int) -> None:
+    b = make(DictKVBackend({"write-batch-size": buffer}))
+    v, lst, m = b.get_state(VALUE), b.get_state(LIST), b.get_state(MAP)
+    b.set_current_key("k")
+    v.update(1)
+    lst.add(1)
+    m.put("a", 1)
+    b.close()
+    calls = b.dictkv_calls
+    uses = [
+        ("v", lambda: v.value()),
+        ("v", lambda: v.update(2)),
+        ("v", lambda: v.update_batch(["k"], lambda x: x)),
+        ("l", lambda: lst.get()),
+        ("l", lambda: lst.add(2)),
+        ("m", lambda: m.put("b", 2)),
+        ("m", lambda: m.get("a")),
+        ("m", lambda: list(m.items())),
+        ("m", lambda: m.is_empty()),
+    ]
+    for name, use in uses:
+        with pytest.raises(StateAccessError, match=f"state {name!r} is used after its backend was closed"):
+            use()
+    assert b.dictkv_calls == calls  # nothing reached the engine
+
+
+def test_layout_and_sequence_are_reserved_when_the_class_is_defined() -> None:
+    for name in ("layout", "sequence"):
+        with pytest.raises(TypeError, match=f"defines {name}, which OrderedKVBackendBase uses"):
+            type("Mine", (DictKV,), {name: None})
+    with pytest.raises(TypeError, match="defines native_uploads, which KeyedBackendBase uses"):
+        type("Mine", (DictKV,), {"native_uploads": None})
+
+
+# --- the completion bookkeeping ------------------------------------------------------------------
+
+
+def _file(name: str, cid: int, shared: bool = True) -> NativeFile:
+    return NativeFile(name, None, 0, 0, shared, cid, "0" * 64)  # type: ignore[arg-type]
+
+
+def test_the_last_confirmed_checkpoint_s_files_are_the_referenceable_ones() -> None:
+    t = UploadTracker()
+    t.uploaded(1, {"a": _file("a", 1), "b": _file("b", 1), "x": _file("x", 1, shared=False)})
+    assert t.reusable("a") is None  # not confirmed yet
+    t.uploaded(2, {"a": _file("a", 1)})
+    t.complete(1)
+    assert set(t.referenceable) == {"a", "b"}  # unshared files are never referenced
+    t.complete(2)
+    assert set(t.referenceable) == {"a"}  # b is no longer held: retention may delete it
+    t.uploaded(3, {"c": _file("c", 3)})
+    t.abort(3)
+    t.complete(3)
+    assert set(t.referenceable) == {"a"}
+    t.uploaded(4, {})
+    t.complete(4)
+    assert t.referenceable == {}  # checkpoint 4 held nothing, so nothing is sure to exist
+    t.restored(9, {"r": _file("r", 8)})
+    assert t.referenceable == {}
+    t.complete(9)  # the claim
+    assert set(t.referenceable) == {"r"}
+
+
+# --- per-key-group native snapshots ----------------------------------------------------------------
+
+
+def _write(b: DictKV, cid: int, out: KitNativeOutput) -> Any:  # out: an in-memory storage
+    snap = b.native_snapshot(cid)
+    return snap.write(out)
+
+
+def test_key_group_snapshots_upload_only_changed_key_groups_once_confirmed(tmp_path: Any) -> None:
+    b = make()
+    fill(b, range(200))
+    out1 = KitNativeOutput(1)
+    h1 = _write(b, 1, out1)
+    assert len(h1.files) == 16 and h1.uploaded_size == h1.size  # every key group, uploaded
+    assert all(f.name == f"kg-{kg}-{f.sha256}" for kg, f in zip(range(16), h1.files))
+    b.set_current_key("k7")
+    b.get_state(VALUE).update(-1)
+    h2 = _write(b, 2, KitNativeOutput(2))
+    assert h2.uploaded_size == h2.size  # 1 was not confirmed: nothing is referenced
+    b.notify_checkpoint_complete(2)
+    b.set_current_key("k8")
+    b.get_state(VALUE).update(-1)
+    h3 = _write(b, 3, KitNativeOutput(3))
+    changed = [f for f in h3.files if f.checkpoint_id == 3]
+    assert len(changed) == 1 and changed[0].name.startswith(f"kg-{b.key_group_range.start}") is False
+    assert h3.entries == 200 * 3
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_key_group_snapshots_restore_and_rescale_by_whole_key_groups(tmp_path: Any, parts: int) -> None:
+    src = [make(kgr=r) for r in (KeyGroupRange.of(0, 9), KeyGroupRange.of(10, 15))]
+    handles = []
+    for i, b in enumerate(src):
+        keys = [k for k in range(300) if _owns(b, k)]
+        for k in keys:
+            fill(b, range(k, k + 1))
+        handles.append(_write(b, 5, KitNativeOutput(5)))
+    whole = {}
+    for b in src:
+        whole.update(contents(b, range(300)))
+    bounds = {1: [(0, 15)], 2: [(0, 7), (8, 15)], 3: [(0, 4), (5, 12), (13, 15)]}[parts]
+    got = {}
+    for lo, hi in bounds:
+        target = make(kgr=KeyGroupRange.of(lo, hi))
+        own = target.key_group_range
+        target.restore_native([h for h in handles if len(h.key_group_range.intersection(own))])
+        got.update(contents(target, range(300)))
+        target.notify_checkpoint_complete(5)  # the claim: unchanged key groups are referenced
+        again = _write(target, 6, KitNativeOutput(6))
+        assert again.uploaded_size == 0
+    assert got == whole
+
+
+def _owns(b: DictKV, k: int) -> bool:
+    try:
+        b.set_current_key(f"k{k}")
+    except StateAccessError:
+        return False
+    return True
+
+
+def test_a_damaged_key_group_file_is_named_before_anything_is_loaded(tmp_path: Any) -> None:
+    b = make()
+    fill(b, range(50))
+    h = _write(b, 1, KitNativeOutput(1))
+    bad = dataclasses.replace(h.files[3], sha256="1" * 64)
+    damaged = dataclasses.replace(h, files=(*h.files[:3], bad, *h.files[4:]))
+    target = make()
+    with pytest.raises(CorruptSnapshotError, match=f"native file {bad.name}"):
+        target.restore_native([damaged])
+    assert target.dictkv_tables == {} or all(not t for t in target.dictkv_tables.values())
+    assert snapshot_handle(target) is not None

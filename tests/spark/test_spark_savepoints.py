@@ -1,0 +1,159 @@
+"""Savepoints of a running Spark query (the CLI) and stop-with-savepoint (the API), restored exactly.
+
+On the shared local session: a query runs on a file stream; the savepoint is
+taken after the micro-batch that follows the request, restored into a new
+query at another parallelism, and the state checked against the model.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sparkutil import OUTPUT, assert_exact_state, driver_env, run_to_end, stream_of, write_inputs
+
+from jobs import CountUrls, make_records
+from statekit import default_registry
+from statekit.checkpointing import load_checkpoint, read_checkpoint_history
+from statekit.spark import BatchInfo, keyed
+
+RECORDS = make_records(1200, urls=40, seed=5)
+# A native incremental backend when installed: the savepoint is canonical all the same.
+BACKEND = "rocksdb" if "rocksdb" in default_registry().backends() else "heap"
+
+
+def configure(session: Any, ckpt: Path, parallelism: int) -> None:
+    session.conf.set("spark.statekit.checkpoints.dir", str(ckpt))
+    session.conf.set("spark.statekit.parallelism", str(parallelism))
+    session.conf.set("spark.statekit.backend", BACKEND)
+
+
+def counting(session: Any, inputs: Path, job_id: str, infos: list[BatchInfo]) -> Any:
+    return (
+        keyed(stream_of(session, inputs), "url")
+        .process(CountUrls, OUTPUT, job_id=job_id, on_batch=infos.append)
+        .foreach_batch(lambda df, b: None)
+    )
+
+
+def wait_for(condition: Any, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def restore_elsewhere(
+    session: Any, tmp_path: Path, savepoint: str, more: list[dict[str, Any]], p: int
+) -> Any:
+    """A new query of a new job from ``savepoint`` at parallelism ``p``, over ``more`` rows; its storage."""
+    configure(session, tmp_path / "restored", p)
+    write_inputs(tmp_path / "in-restored", more, 1)
+    infos: list[BatchInfo] = []
+    processed = counting(session, tmp_path / "in-restored", "restored", infos)
+    run_to_end(processed, tmp_path / "spark-restored", restore=savepoint)
+    assert infos[-1].parallelism == p
+    return processed.checkpoint_storage()
+
+
+def test_cli_savepoint_of_a_running_query_restores_exactly_at_another_parallelism(
+    session: Any, tmp_path: Path, job_id: str
+) -> None:
+    ckpt = tmp_path / "statekit"
+    configure(session, ckpt, 2)
+    write_inputs(tmp_path / "in", RECORDS[:600], 2)
+    infos: list[BatchInfo] = []
+    processed = counting(session, tmp_path / "in", job_id, infos)
+    query = processed.start(checkpoint_location=str(tmp_path / "spark"), trigger="0.5 seconds")
+    try:
+        wait_for(lambda: len(infos) >= 2, "the first two micro-batches")
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "statekit", "savepoint", "trigger", str(ckpt), "--job", job_id,
+             "--target", str(tmp_path / "sp"), "--timeout", "120", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=driver_env(),
+        )  # fmt: skip
+        wait_for(lambda: (ckpt / job_id / "files" / "savepoint-request.json").exists(), "the request")
+        write_inputs(tmp_path / "in", RECORDS[600:900], 1, start=2)  # the next micro-batch
+        out, err = cli.communicate(timeout=180)
+        assert cli.returncode == 0, err
+        answer = json.loads(out)
+        assert answer["status"] == "completed" and answer["batch_id"] == 2 and not answer["stopped"]
+        assert query.isActive  # a savepoint without --stop: the query goes on
+    finally:
+        query.stop()
+    savepoint = answer["location"]
+    meta = load_checkpoint(processed.checkpoint_storage(), savepoint).metadata
+    assert meta.kind == "savepoint" and meta.properties["spark_batch_id"] == 2
+    assert {st.keyed["format"] for st in meta.operators["process"]} == {"statekit-canonical"}
+    # The history has the three checkpoints (two subsumed by retention) and the savepoint.
+    history = read_checkpoint_history(processed.checkpoint_storage(), job_id)
+    assert [(a.kind, a.status, a.batch_id) for a in history][-2:] == [
+        ("checkpoint", "completed", 2),
+        ("savepoint", "completed", 2),
+    ]
+    assert [a.status for a in history[:2]] == ["subsumed", "subsumed"]
+    assert history[-1].location == savepoint and history[-1].sizes.uploaded is None  # canonical
+    storage = restore_elsewhere(session, tmp_path, savepoint, RECORDS[900:1200], 3)
+    assert_exact_state(storage, "restored", RECORDS[:1200])
+
+
+def test_a_request_no_query_answers_times_out_saying_so(session: Any, tmp_path: Path, job_id: str) -> None:
+    ckpt = tmp_path / "statekit"
+    configure(session, ckpt, 2)
+    write_inputs(tmp_path / "in", RECORDS[:100], 1)
+    run_to_end(counting(session, tmp_path / "in", job_id, []), tmp_path / "spark")  # ended: no query runs
+    done = subprocess.run(
+        [sys.executable, "-m", "statekit", "savepoint", "trigger", str(ckpt), "--job", job_id,
+         "--target", str(tmp_path / "sp"), "--stop", "--timeout", "1.5"],
+        capture_output=True, text=True, env=driver_env(), check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"no running query of job '{job_id}' answered the savepoint request within 1.5 s" in done.stderr
+    assert not (ckpt / job_id / "files" / "savepoint-request.json").exists()  # withdrawn
+    assert not (tmp_path / "sp").exists()
+
+
+def test_stop_with_savepoint_processes_nothing_after_it_and_restores_exactly(
+    session: Any, tmp_path: Path, job_id: str
+) -> None:
+    ckpt = tmp_path / "statekit"
+    configure(session, ckpt, 2)
+    write_inputs(tmp_path / "in", RECORDS[:500], 1)
+    infos: list[BatchInfo] = []
+    processed = counting(session, tmp_path / "in", job_id, infos)
+    query = processed.start(checkpoint_location=str(tmp_path / "spark"), trigger="0.5 seconds")
+    wait_for(lambda: len(infos) >= 1, "the first micro-batch")
+    result: dict[str, Any] = {}
+    stopper = threading.Thread(
+        target=lambda: result.update(
+            location=processed.stop_with_savepoint(str(tmp_path / "sp"), timeout=120)
+        )
+    )
+    stopper.start()
+    wait_for(lambda: (ckpt / job_id / "files" / "savepoint-request.json").exists(), "the request")
+    write_inputs(tmp_path / "in", RECORDS[500:800], 1, start=1)  # batch 1: the savepoint, then the stop
+    stopper.join(timeout=180)
+    assert "location" in result, "stop_with_savepoint did not return"
+    assert not query.isActive
+    write_inputs(tmp_path / "in", RECORDS[800:1000], 1, start=2)  # arrives after the stop: never processed
+    time.sleep(1.5)
+    storage = processed.checkpoint_storage()
+    latest = load_checkpoint(storage, storage.latest_checkpoint(job_id)).metadata
+    assert [i.batch_id for i in infos] == [0, 1] and latest.properties["spark_batch_id"] == 1
+    saved = load_checkpoint(storage, result["location"]).metadata
+    assert saved.kind == "savepoint" and saved.checkpoint_id == latest.checkpoint_id
+    restored = restore_elsewhere(session, tmp_path, result["location"], RECORDS[800:1000], 1)
+    assert_exact_state(restored, "restored", RECORDS[:1000])
+
+
+@pytest.fixture(autouse=True)
+def _no_queries_left(session: Any) -> Any:
+    yield
+    for q in session.streams.active:
+        q.stop()
