@@ -88,3 +88,78 @@ def test_an_unanswered_request_times_out_and_is_withdrawn(storage: FileSystemChe
     with pytest.raises(CheckpointError, match=r"no running query of job 'job' answered .* within 0.3 s"):
         request_savepoint(storage, "job", None, stop=True, timeout=0.3)
     assert storage.read_job_file("job", REQUEST_FILE) is None
+
+
+def _counts_at(location: str) -> dict[str, int]:
+    from statekit.state_processor import SavepointReader
+
+    with SavepointReader.open(location) as reader:
+        table = reader.read_table("process", "count")
+        return dict(zip(table.column("key").to_pylist(), table.column("value").to_pylist()))
+
+
+def test_a_local_runner_stops_with_a_savepoint_at_the_checkpoint_that_finds_the_request(
+    tmp_path: Path,
+) -> None:
+    """``statekit savepoint trigger --stop`` against a LocalRunner's run: savepoint, stop, resume exactly."""
+    from jobs import count_urls_runner, expected_counts, make_records
+    from statekit import RecordSource
+
+    records = make_records(1000, urls=30)
+    ckpt = str(tmp_path / "ckpt")
+    conf = {"statekit.checkpoint.interval-records": 300}
+    runner = count_urls_runner(ckpt, conf)
+    storage = FileSystemCheckpointStorage(ckpt)
+    answers: list[SavepointResponse] = []
+    asker = threading.Thread(
+        target=lambda: answers.append(
+            request_savepoint(storage, runner.job_id, str(tmp_path / "sp"), stop=True, timeout=60)
+        )
+    )
+    asker.start()
+    while storage.read_job_file(runner.job_id, REQUEST_FILE) is None:  # the request is pending
+        time.sleep(0.01)
+    result = runner.run(RecordSource(records))
+    runner.close()
+    asker.join()
+
+    # Taken at the first checkpoint (300 records); nothing read after it.
+    (answer,) = answers
+    assert answer.status == "completed" and answer.stopped
+    assert result.stopped_with_savepoint == answer.location
+    assert answer.location is not None and answer.location.startswith(str(tmp_path / "sp"))
+    assert result.records == 300 and len(result.checkpoints) == 1
+    assert _counts_at(answer.location) == dict(expected_counts(records[:300]))
+
+    # Restored from the savepoint, the rest of the input; the counts are exact.
+    again = count_urls_runner(ckpt, conf)
+    rest = again.run(RecordSource(records), restore=answer.location)
+    again.close()
+    assert rest.records == 700 and rest.stopped_with_savepoint is None
+    assert _counts_at(rest.checkpoints[-1]) == dict(expected_counts(records))
+
+
+def test_a_local_runner_answers_a_savepoint_request_and_goes_on(tmp_path: Path) -> None:
+    from jobs import count_urls_runner, expected_counts, make_records
+    from statekit import RecordSource
+
+    records = make_records(600, urls=10)
+    runner = count_urls_runner(str(tmp_path / "ckpt"), {"statekit.checkpoint.interval-records": 200})
+    storage = FileSystemCheckpointStorage(str(tmp_path / "ckpt"))
+    answers: list[SavepointResponse] = []
+    asker = threading.Thread(
+        target=lambda: answers.append(
+            request_savepoint(storage, runner.job_id, str(tmp_path / "sp"), stop=False, timeout=60)
+        )
+    )
+    asker.start()
+    while storage.read_job_file(runner.job_id, REQUEST_FILE) is None:
+        time.sleep(0.01)
+    result = runner.run(RecordSource(records))
+    runner.close()
+    asker.join()
+    (answer,) = answers
+    assert answer.status == "completed" and not answer.stopped
+    assert result.records == 600 and result.stopped_with_savepoint is None
+    assert answer.location is not None
+    assert _counts_at(answer.location) == dict(expected_counts(records[:200]))  # at the first checkpoint

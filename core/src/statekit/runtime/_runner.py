@@ -28,7 +28,6 @@ import time as _clock
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from .._contracts import (
@@ -64,6 +63,7 @@ from ._function import (
 from ._letters import JobDeadLetters
 from ._metrics import CheckpointInfo, checkpoint_fields, checkpoint_stats, log_checkpoint
 from ._migration_log import merge_undeclared, warn_of_undeclared
+from ._requests import SavepointRequestsOfRun, StopWithSavepoint
 from ._sources import (
     SOURCE_OPERATOR,
     FileSource,
@@ -108,6 +108,9 @@ class RunResult:
     input fired every timer. ``MAX_WATERMARK`` only when the job's restored watermark is the end of
     time (a checkpoint an older statekit wrote at an end of input): then every record is late, with
     a warning."""
+    stopped_with_savepoint: str | None = None
+    """The savepoint a stop-with-savepoint request (``statekit savepoint trigger --stop``) took, after
+    which the run ended before the next record; None if the run was not stopped so."""
     checkpoint_infos: list[CheckpointInfo] = field(default_factory=list)
     """What each checkpoint of :attr:`checkpoints` holds and what led to it (also given to
     :attr:`LocalRunner.on_checkpoint` and logged at INFO on the ``statekit`` logger)."""
@@ -279,6 +282,7 @@ class LocalRunner:
         self._result: RunResult | None = None  # the run under way, whose counts checkpoints report
         self._counted = (0, 0, 0, 0, 0)  # those counts at the last checkpoint
         self._running = False  # inside run(): its result gets each checkpoint's info
+        self._requests: SavepointRequestsOfRun | None = None  # savepoint requests, honoured inside run()
 
     # --- life cycle ----------------------------------------------------------------
 
@@ -519,28 +523,37 @@ class LocalRunner:
         policy = BadRecordPolicy.from_config(
             self.config, sink=self.dead_letter_sink, job_id=self.job_id, letters=letters
         )
-        periodic = partial(
-            self._coordinator.periodic, self.checkpoint, result.checkpoints, result.failed_checkpoints
-        )
-        since, exhausted = self._source.read(
-            src,
-            result,
-            policy,
-            periodic,
-            vectorized=self.vectorized,
-            interval=self.checkpoint_interval,
-            batch_size=self.batch_size,
-            max_records=max_records,
-        )
-        if exhausted:
-            final = time.end_of_input()
-            result.outputs += len(final)
-            self._emit(final)
-            since += len(final)
-        if exhausted and since:
-            # As Flink does when bounded input ends: a final checkpoint, so a later run
-            # over a grown source continues exactly where this one stopped.
-            periodic()
+        self._requests = SavepointRequestsOfRun(self.storage, self.job_id, self.savepoint)
+
+        def periodic() -> None:
+            self._coordinator.periodic(self.checkpoint, result.checkpoints, result.failed_checkpoints)
+            if self._requests is not None and self._requests.stop_at is not None:
+                raise StopWithSavepoint(self._requests.stop_at)  # before the next record is read
+
+        try:
+            since, exhausted = self._source.read(
+                src,
+                result,
+                policy,
+                periodic,
+                vectorized=self.vectorized,
+                interval=self.checkpoint_interval,
+                batch_size=self.batch_size,
+                max_records=max_records,
+            )
+            if exhausted:
+                final = time.end_of_input()
+                result.outputs += len(final)
+                self._emit(final)
+                since += len(final)
+            if exhausted and since:
+                # As Flink does when bounded input ends: a final checkpoint, so a later run
+                # over a grown source continues exactly where this one stopped.
+                periodic()
+        except StopWithSavepoint as stop:
+            result.stopped_with_savepoint = stop.location
+        finally:
+            self._requests = None
         result.late_records = time.late_records - late_before
         result.timers_fired = time.timers_fired - fired_before
         result.watermark = time.watermark
@@ -581,6 +594,8 @@ class LocalRunner:
         duration = _clock.perf_counter() - started
         self._letters.publish(self._coordinator.last_completed, staged)
         self._report(location, written, duration)
+        if self._running and self._requests is not None:  # statekit savepoint trigger: at run's checkpoints
+            self._requests.after_checkpoint(self._coordinator.last_completed)
         return location
 
     def _counts(self) -> tuple[int, int, int, int, int]:
