@@ -9,6 +9,11 @@ Depth that ci does not need runs under the ``nightly`` profile only:
   runs again, on the same backend with the same options, is skipped test by test where the
   matrix's identical case is collected in the same run (see ``KIT_CLASSES_IN_THE_MATRIX``).
   Run alone (``pytest examples/statekit-sqlite/tests``) or nightly, it runs whole.
+* The matrix's write-buffer-at-1 variants (``[<backend>-buffer-1-...]``) run under ci on
+  ``lmdb`` only (``BUFFER_1_IN_CI``): the buffer is ``OrderedKVBackendBase``'s, the same
+  code on every ordered engine, and what differs per engine (its ``kv_write``) runs at the
+  default buffer under ci too. Nightly runs them on every backend; a plugin author's own
+  kit run (the installed kit) always runs both.
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ KIT_CLASSES_IN_THE_MATRIX = {
         "sqlite",
     ),
 }
+#: The matrix's backends whose write-buffer-at-1 variants run under ci (all of them nightly).
+BUFFER_1_IN_CI = {"lmdb"}
+_MATRIX = "tests/test_conformance.py::TestBackendConformance::"
+
 #: The kit's guard checks the class it runs in: never a duplicate of another class's.
 _OWN_CLASS_TESTS = {"test_kit_tests_are_present_and_unchanged"}
 
@@ -62,6 +71,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("nightly") is not None:
             item.add_marker(depth)
             continue
+        if item.nodeid.startswith(_MATRIX) and "-buffer-1" in item.nodeid:
+            backend = item.nodeid.partition("[")[2].partition("-buffer-1")[0]
+            if backend not in BUFFER_1_IN_CI:
+                item.add_marker(depth)
+                continue
         cls, _, test = item.nodeid.rpartition("::")
         if cls not in KIT_CLASSES_IN_THE_MATRIX:
             continue

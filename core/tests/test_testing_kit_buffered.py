@@ -16,6 +16,7 @@ naming their invariant.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import tempfile
 from collections.abc import Callable, Sequence
@@ -24,7 +25,6 @@ from typing import Any
 
 import pytest
 from hypothesis import settings
-from test_testing_kit import KeepsOneBroadcastEntry, KeepsOnlyItsOwnUnionElements, ReversesSplitLists
 
 from statekit.backend_api import (
     KeyedStateHandle,
@@ -33,6 +33,7 @@ from statekit.backend_api import (
     KVMapState,
     KVValueState,
     OperatorStateBackendImpl,
+    OperatorStateData,
     OrderedKVBackendBase,
     RegisteredState,
     StateEntries,
@@ -256,7 +257,37 @@ class RefusesEveryTypeChange(DictKV):
         return super().get_state(descriptor, namespace_serializer=namespace_serializer)
 
 
-# The operator backends that break one redistribution each are core's kit tests' own.
+class ReversesSplitLists(OperatorStateBackendImpl):
+    """Writes even-split lists backwards."""
+
+    def snapshot(self) -> dict[str, OperatorStateData]:
+        out = super().snapshot()
+        d = out.get("split")
+        if d is not None:
+            out["split"] = dataclasses.replace(d, elements=d.elements[::-1])
+        return out
+
+
+class KeepsOnlyItsOwnUnionElements(OperatorStateBackendImpl):
+    """On restore, keeps only the first element of its union list."""
+
+    def restore(self, snapshot: dict[str, OperatorStateData]) -> None:
+        d = snapshot.get("union")
+        if d is not None and len(d.elements) > 1:
+            snapshot = {**snapshot, "union": dataclasses.replace(d, elements=d.elements[:1])}
+        super().restore(snapshot)
+
+
+class KeepsOneBroadcastEntry(OperatorStateBackendImpl):
+    """Restores only the first entry of the broadcast map."""
+
+    def restore(self, snapshot: dict[str, OperatorStateData]) -> None:
+        d = snapshot.get("broadcast")
+        if d is not None:
+            snapshot = {**snapshot, "broadcast": dataclasses.replace(d, elements=d.elements[:2])}
+        super().restore(snapshot)
+
+
 #: Each named property of StateBackendTests, and the buffered backend that breaks only it.
 BROKEN: dict[str, Callable[[], Any]] = {
     "snapshot_isolation": dictkv(SnapshotReadsTheLiveEngine),

@@ -19,6 +19,7 @@ Both print JSON lines into ``--report``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -85,11 +86,11 @@ def static(args: argparse.Namespace, spark: Any) -> None:
     for batch_id, part in enumerate((files[:half], files[half:])):
         df = reader.json([str(f) for f in part])
         info = keyed(df, "url").process(CountUrls, OUTPUT, job_id=args.job_id).run(batch_id=batch_id)
-        infos.append(info.__dict__)
+        infos.append(dataclasses.asdict(info))
     again = keyed(reader.json([str(f) for f in files[:half]]), "url").process(
         CountUrls, OUTPUT, job_id=args.job_id
     )
-    infos.append(again.run(batch_id=1).__dict__)  # done before: skipped, nothing counted twice
+    infos.append(dataclasses.asdict(again.run(batch_id=1)))  # done before: skipped, nothing counted twice
 
     register_state_source(spark)
     counts = (
@@ -133,7 +134,7 @@ def static(args: argparse.Namespace, spark: Any) -> None:
             "runs": infos,
             "read": read,
             "savepoint": savepoint,
-            "from_savepoint": from_savepoint.__dict__,
+            "from_savepoint": dataclasses.asdict(from_savepoint),
             "after": {r["key"]: r["value"] for r in after.select("key", "value").collect()},
         },
     )

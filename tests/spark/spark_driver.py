@@ -14,6 +14,7 @@ wrote batch ``B``, before its checkpoint completes: the worst moment to die.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -104,7 +105,7 @@ def main() -> None:
                 time.sleep(0.1)
 
     def report(info: BatchInfo) -> None:
-        emit({"batch": info.__dict__})
+        emit({"batch": dataclasses.asdict(info)})
 
     batches = []
     for p in args.parallelism:  # several: the same query restarted in this driver, rescaled
