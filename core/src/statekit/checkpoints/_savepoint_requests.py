@@ -220,9 +220,9 @@ def request_savepoint(
     _withdraw(files, job_id, request)
     raise CheckpointError(
         f"no running query of job {job_id!r} answered the savepoint request within {timeout:g} s: none "
-        "ran a micro-batch meanwhile (a savepoint is taken after the next micro-batch's checkpoint). "
-        "Is a query of the job running, with this checkpoints directory, and getting input? The "
-        "request is withdrawn; no savepoint was written"
+        "took a checkpoint meanwhile (a Spark query answers after its next micro-batch's checkpoint, a "
+        "LocalRunner's run() after its next checkpoint). Is a query of the job running, with this "
+        "checkpoints directory, and getting input? The request is withdrawn; no savepoint was written"
     )
 
 
