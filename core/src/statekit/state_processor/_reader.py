@@ -112,6 +112,10 @@ class SavepointReader(BlockReading):
     Values are shown as the snapshot's serializer configs describe them; see
     :func:`~statekit.state_processor.arrow_type`. ``serializers`` maps a state
     name to the serializer of a state whose serializer is not built in.
+
+    Why it is over 400 lines: it is the state processor's public reading API, one
+    documented method per thing a user reads (about 280 lines of code; the blocks
+    a read takes and what a checkpoint holds are modules of their own).
     """
 
     def __init__(

@@ -121,6 +121,11 @@ class SavepointWriter:
 
     A job starts from the result with ``restore=<location>`` (LocalRunner or
     Spark), with any backend. Methods return the writer, so calls chain.
+
+    Why it is over 400 lines: it is the state processor's public writing API
+    (bootstrap and rewrite), one documented method per operation (about 315 lines
+    of code; encoding sections and checking what was written are functions of the
+    module).
     """
 
     def __init__(
