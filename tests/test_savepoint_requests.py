@@ -163,3 +163,27 @@ def test_a_local_runner_answers_a_savepoint_request_and_goes_on(tmp_path: Path) 
     assert result.records == 600 and result.stopped_with_savepoint is None
     assert answer.location is not None
     assert _counts_at(answer.location) == dict(expected_counts(records[:200]))  # at the first checkpoint
+
+
+def test_a_stop_request_whose_savepoint_fails_stops_nothing(tmp_path: Path) -> None:
+    """As Flink's stop-with-savepoint: no savepoint, no stop; the requester gets the reason."""
+    from jobs import count_urls_runner, make_records
+    from statekit import RecordSource
+
+    records = make_records(600, urls=10)
+    runner = count_urls_runner(str(tmp_path / "ckpt"), {"statekit.checkpoint.interval-records": 200})
+    storage = FileSystemCheckpointStorage(str(tmp_path / "ckpt"))
+    answers: list[SavepointResponse] = []
+    asker = threading.Thread(  # no --target and no statekit.savepoints.dir: the savepoint cannot be written
+        target=lambda: answers.append(request_savepoint(storage, runner.job_id, None, stop=True, timeout=60))
+    )
+    asker.start()
+    while storage.read_job_file(runner.job_id, REQUEST_FILE) is None:
+        time.sleep(0.01)
+    result = runner.run(RecordSource(records))
+    runner.close()
+    asker.join()
+    (answer,) = answers
+    assert answer.status == "failed" and not answer.stopped
+    assert answer.failure is not None and "statekit.savepoints.dir" in answer.failure
+    assert result.records == 600 and result.stopped_with_savepoint is None

@@ -15,7 +15,8 @@ checkpoint ``restore="latest"`` takes; a ``CheckpointPolicy`` holds what a
 runner decides for itself), ``_convert`` (a completed checkpoint turned into a
 self-contained canonical savepoint: ``savepoint convert`` and a running Spark
 query's savepoints), ``_history`` (every checkpoint attempt of a job, beyond
-retention), ``_savepoint_requests`` (savepoints asked of a running query) and
+retention), ``_savepoint_requests`` (savepoints asked of a running job), ``_honour``
+(a running job honouring them after a checkpoint, for both runners) and
 ``_raw`` (raw state files).
 
 What it may import: ``timers``, ``_contracts``, ``state``, ``snapshots``,

@@ -38,6 +38,7 @@ from .._contracts import (
 from .._errors import CheckpointError
 from ..checkpoints._coordinator import CheckpointCoordinator, CheckpointPolicy
 from ..checkpoints._fencing import RunFence
+from ..checkpoints._honour import SavepointRequests
 from ..checkpoints._metadata import SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
 from ..checkpoints._retention import highest_checkpoint_id
@@ -63,7 +64,6 @@ from ._function import (
 from ._letters import JobDeadLetters
 from ._metrics import CheckpointInfo, checkpoint_fields, checkpoint_stats, log_checkpoint
 from ._migration_log import merge_undeclared, warn_of_undeclared
-from ._requests import SavepointRequestsOfRun, StopWithSavepoint
 from ._sources import (
     SOURCE_OPERATOR,
     FileSource,
@@ -82,6 +82,10 @@ __all__ = [
     "ReplayableSource",
     "RunResult",
 ]
+
+
+class _StopWithSavepoint(Exception):
+    """Leaves run()'s read loop after the checkpoint a stop-with-savepoint was taken at (its location)."""
 
 
 @dataclass
@@ -288,7 +292,8 @@ class LocalRunner:
         self._result: RunResult | None = None  # the run under way, whose counts checkpoints report
         self._counted = (0, 0, 0, 0, 0)  # those counts at the last checkpoint
         self._running = False  # inside run(): its result gets each checkpoint's info
-        self._requests: SavepointRequestsOfRun | None = None  # savepoint requests, honoured inside run()
+        self._requests: SavepointRequests | None = None  # savepoint requests, honoured inside run()
+        self._stop_at: str | None = None  # the savepoint a stop request took: run() ends there
 
     # --- life cycle ----------------------------------------------------------------
 
@@ -529,12 +534,13 @@ class LocalRunner:
         policy = BadRecordPolicy.from_config(
             self.config, sink=self.dead_letter_sink, job_id=self.job_id, letters=letters
         )
-        self._requests = SavepointRequestsOfRun(self.storage, self.job_id, self.savepoint)
+        self._requests = SavepointRequests(self._coordinator, self.config.get("statekit.savepoints.dir"))
+        self._stop_at = None
 
         def periodic() -> None:
             self._coordinator.periodic(self.checkpoint, result.checkpoints, result.failed_checkpoints)
-            if self._requests is not None and self._requests.stop_at is not None:
-                raise StopWithSavepoint(self._requests.stop_at)  # before the next record is read
+            if self._stop_at is not None:
+                raise _StopWithSavepoint(self._stop_at)  # before the next record is read
 
         try:
             since, exhausted = self._source.read(
@@ -556,8 +562,8 @@ class LocalRunner:
                 # As Flink does when bounded input ends: a final checkpoint, so a later run
                 # over a grown source continues exactly where this one stopped.
                 periodic()
-        except StopWithSavepoint as stop:
-            result.stopped_with_savepoint = stop.location
+        except _StopWithSavepoint as stop:
+            result.stopped_with_savepoint = str(stop)
         finally:
             self._requests = None
         result.late_records = time.late_records - late_before
@@ -601,7 +607,9 @@ class LocalRunner:
         self._letters.publish(self._coordinator.last_completed, staged)
         self._report(location, written, duration)
         if self._running and self._requests is not None:  # statekit savepoint trigger: at run's checkpoints
-            self._requests.after_checkpoint(self._coordinator.last_completed)
+            answer = self._requests.after_checkpoint(location, self._coordinator.last_completed, properties)
+            if answer is not None and answer.stopped:
+                self._stop_at = answer.location
         return location
 
     def _counts(self) -> tuple[int, int, int, int, int]:

@@ -74,7 +74,7 @@ from ._plan import (
 from ._recent import record_batch
 from ._report import TaskReport
 from ._routing import Router, routing_values
-from ._savepoint_request import SavepointRequests
+from ._savepoint_request import SparkSavepointRequests
 from ._sparkconf import application, default_parallelism, is_connect, local_dir, spark_configuration
 from ._task import make_task
 
@@ -205,7 +205,9 @@ class MicroBatchDriver:
         self.local_dir = local_dir(session)
         self.locality, self.locality_status = _locality(session, str(conf.get("statekit.spark.locality")))
         self.handoff_enabled = bool(conf.get("statekit.spark.worker-handoff"))
-        self.savepoints = SavepointRequests(self.coordinator, conf.get("statekit.savepoints.dir"), self._stop)
+        self.savepoints = SparkSavepointRequests(
+            self.coordinator, conf.get("statekit.savepoints.dir"), self._stop
+        )
 
     @property
     def fence(self) -> RunFence:

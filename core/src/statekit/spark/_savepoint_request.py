@@ -13,35 +13,25 @@ the batch returns (a query cannot stop itself from inside its own batch: it
 would wait for itself). From then on the driver processes no batch: one that
 Spark still starts before the stop lands fails, unprocessed and uncommitted,
 so nothing is processed after the savepoint, and a restart of the query from
-its checkpoint location processes that batch.
+its checkpoint location processes that batch. A stop request whose savepoint
+failed stops nothing (as Flink's stop-with-savepoint fails and the job runs
+on): the requester gets the reason.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-import warnings
-from typing import Any
+from collections.abc import Callable
 
-from .._contracts import CheckpointStorage
-from .._errors import CheckpointError, ConfigurationError
-from ..checkpoints._convert import convert_to_savepoint
+from .._errors import CheckpointError
 from ..checkpoints._coordinator import CheckpointCoordinator
-from ..checkpoints._restore import load_checkpoint
-from ..checkpoints._savepoint_requests import (
-    COMPLETED,
-    FAILED,
-    SavepointRequest,
-    SavepointResponse,
-    respond,
-    take_request,
-)
+from ..checkpoints._honour import SavepointRequests
 
-__all__ = ["SavepointRequests"]
+__all__ = ["SparkSavepointRequests"]
 
 
-class SavepointRequests:
-    """Savepoint requests of one query run, honoured after its micro-batches.
+class SparkSavepointRequests:
+    """Savepoint requests of one query run, honoured after its micro-batches; stop-with-savepoint.
 
     Args:
         coordinator: The run's coordinator (its storage, job and history).
@@ -53,16 +43,11 @@ class SavepointRequests:
         self,
         coordinator: CheckpointCoordinator,
         savepoints_dir: str | None,
-        stop_query: Any,
+        stop_query: Callable[[str], None],
     ) -> None:
-        self.coordinator = coordinator
-        self.savepoints_dir = savepoints_dir
+        self.requests = SavepointRequests(coordinator, savepoints_dir)
         self._stop_query = stop_query
         self.stopped_after: int | None = None  # the batch after which the query stops
-
-    @property
-    def storage(self) -> CheckpointStorage:
-        return self.coordinator.storage
 
     def check_not_stopping(self, batch_id: int) -> None:
         """Refuse a batch that starts after a stop-with-savepoint: nothing is processed after it.
@@ -72,89 +57,26 @@ class SavepointRequests:
         """
         if self.stopped_after is not None:
             raise CheckpointError(
-                f"statekit job {self.coordinator.job_id!r} was stopped with a savepoint after micro-batch "
-                f"{self.stopped_after}; micro-batch {batch_id} started before the stop took effect and is "
-                "neither processed nor committed (restarting the query from its checkpoint location "
-                "processes it)"
+                f"statekit job {self.requests.coordinator.job_id!r} was stopped with a savepoint after "
+                f"micro-batch {self.stopped_after}; micro-batch {batch_id} started before the stop took "
+                "effect and is neither processed nor committed (restarting the query from its checkpoint "
+                "location processes it)"
             )
 
     def after_batch(self, location: str, checkpoint_id: int, batch_id: int, query_id: str) -> None:
         """Honour a pending request with checkpoint ``checkpoint_id`` (at ``location``) of ``batch_id``.
 
-        Never raises: a request that cannot be read now is warned of and read
-        again after the next batch; a savepoint that fails is answered with the reason.
+        Never raises (see :meth:`SavepointRequests.after_checkpoint`). A stop
+        request whose savepoint was written stops the query after this batch.
         """
-        job = self.coordinator.job_id
-        try:
-            request = take_request(self.storage, job)
-        except CheckpointError as e:
-            warnings.warn(
-                f"statekit job {job!r}: cannot read savepoint requests ({e}); trying again after the next "
-                "micro-batch",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return
-        if request is None:
-            return
-        response = self._savepoint(request, location, checkpoint_id, batch_id)
-        if request.stop:
+        response = self.requests.after_checkpoint(
+            location, checkpoint_id, {"spark_batch_id": batch_id}, batch_id=batch_id
+        )
+        if response is not None and response.stopped:
             self.stopped_after = batch_id
-            response = SavepointResponse(**{**response.__dict__, "stopped": True})
             threading.Thread(
-                target=self._stop_query, args=(query_id,), name=f"statekit-stop-{job}", daemon=True
+                target=self._stop_query,
+                args=(query_id,),
+                name=f"statekit-stop-{self.requests.coordinator.job_id}",
+                daemon=True,
             ).start()
-        try:
-            respond(self.storage, job, response)
-        except CheckpointError as e:
-            warnings.warn(
-                f"statekit job {job!r}: the answer to savepoint request {request.request_id[:12]} could not "
-                f"be written ({e}); it was: {response.status} {response.location or response.failure}",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-
-    def _savepoint(
-        self, request: SavepointRequest, location: str, checkpoint_id: int, batch_id: int
-    ) -> SavepointResponse:
-        """A savepoint of the checkpoint at ``location``; the answer (failed with the reason on an error)."""
-        target = request.target or self.savepoints_dir
-        history = self.coordinator.history
-        trigger_ms = time.time_ns() // 1_000_000
-        try:
-            if target is None:
-                raise ConfigurationError(
-                    "a savepoint needs a directory: pass --target (target_dir=), or set "
-                    "statekit.savepoints.dir"
-                )
-            saved = convert_to_savepoint(self.storage, location, target)
-        except Exception as e:  # noqa: BLE001 - answered: the requester reports it, the query goes on
-            history.record(
-                checkpoint_id=checkpoint_id,
-                kind="savepoint",
-                trigger_ms=trigger_ms,
-                location=target or "-",
-                subtasks=[],
-                error=e,
-                properties={"spark_batch_id": batch_id},
-            )
-            return SavepointResponse(
-                request.request_id,
-                FAILED,
-                failure=f"{type(e).__name__}: {e}",
-                checkpoint_id=checkpoint_id,
-                batch_id=batch_id,
-            )
-        operators = load_checkpoint(self.storage, saved).metadata.operators
-        subtasks = [st for sts in operators.values() for st in sts]
-        history.record(
-            checkpoint_id=checkpoint_id,
-            kind="savepoint",
-            trigger_ms=trigger_ms,
-            location=saved,
-            subtasks=subtasks,
-            properties={"spark_batch_id": batch_id},
-        )
-        return SavepointResponse(
-            request.request_id, COMPLETED, location=saved, checkpoint_id=checkpoint_id, batch_id=batch_id
-        )
