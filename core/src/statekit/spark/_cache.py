@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .._contracts import CheckpointStorage, StateBackend
 from ..plugins._config import Configuration
@@ -67,6 +68,7 @@ class OpenSubtask:
 
 _LOCK = threading.Lock()
 _CACHE: dict[tuple[str, str, int], OpenSubtask] = {}
+_T = TypeVar("_T")
 _STORAGES: dict[str, CheckpointStorage] = {}
 _BACKENDS: dict[str, StateBackend] = {}
 #: Local-recovery directories found unsafe in this process, and why: never checked again, never
@@ -87,28 +89,28 @@ def _config_key(config: Configuration) -> str:
     return json.dumps(config.as_dict(), sort_keys=True, default=str)
 
 
-def storage_for(config: Configuration) -> CheckpointStorage:
-    """The checkpoint storage ``config`` names: one object per configuration and process."""
+def _one_per_configuration(
+    table: dict[str, _T], config: Configuration, make: Callable[[Configuration], _T]
+) -> _T:
+    """``table``'s object for ``config``, made with ``make`` the first time (made outside the lock)."""
     key = _config_key(config)
     with _LOCK:
-        storage = _STORAGES.get(key)
-    if storage is None:
-        storage = checkpoint_storage_from_config(config)
+        found = table.get(key)
+    if found is None:
+        made = make(config)
         with _LOCK:
-            storage = _STORAGES.setdefault(key, storage)
-    return storage
+            found = table.setdefault(key, made)
+    return found
+
+
+def storage_for(config: Configuration) -> CheckpointStorage:
+    """The checkpoint storage ``config`` names: one object per configuration and process."""
+    return _one_per_configuration(_STORAGES, config, checkpoint_storage_from_config)
 
 
 def backend_for(config: Configuration) -> StateBackend:
     """The state backend ``config`` names: one object per configuration and process."""
-    key = _config_key(config)
-    with _LOCK:
-        backend = _BACKENDS.get(key)
-    if backend is None:
-        backend = state_backend_from_config(config)
-        with _LOCK:
-            backend = _BACKENDS.setdefault(key, backend)
-    return backend
+    return _one_per_configuration(_BACKENDS, config, state_backend_from_config)
 
 
 def unsafe_local_recovery(root: str, reason: str | None = None) -> str | None:
