@@ -91,7 +91,13 @@ class FinalCounts:
 
 
 def run_statekit(
-    spark: Any, logs: Path, work: Path, backend: str, settings: dict[str, str], parallelism: int
+    spark: Any,
+    logs: Path,
+    work: Path,
+    backend: str,
+    settings: dict[str, str],
+    parallelism: int,
+    job_suffix: str = "",
 ) -> list[Any]:
     from statekit.spark import keyed
     from statekit_urlcount import CountPerUrl
@@ -108,7 +114,7 @@ def run_statekit(
     for k, v in conf.items():
         spark.conf.set(k, v)
     infos: list[Any] = []
-    job_id = "locality-" + "-".join([backend, *settings.values()])
+    job_id = "locality-" + "-".join([backend, *settings.values()]) + job_suffix
     sink = FinalCounts()
     stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(logs))
     query = (

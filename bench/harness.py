@@ -9,12 +9,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import hashlib
 import itertools
+import os
 import random
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from statekit import ValueStateDescriptor
@@ -148,6 +151,39 @@ class _NoHashlib:
     @staticmethod
     def sha256(data: object = b"") -> _NoDigest:
         return _NoDigest()
+
+
+class SwitchableHashlib:
+    """``hashlib`` for statekit's digests, off while the file ``flag`` exists: for other processes.
+
+    Spark's Python workers are processes of their own; a ``sitecustomize``
+    (:func:`digest_switch_site`) installs this in each, and the driver creates or
+    removes ``flag`` to measure with and without digests in one session.
+    """
+
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
+
+    def sha256(self, data: object = b"") -> Any:
+        if os.path.exists(self.flag):
+            return _NoDigest()
+        return hashlib.sha256(data)  # type: ignore[arg-type]
+
+
+def digest_switch_site(directory: Path, flag: Path) -> Path:
+    """Write a ``sitecustomize.py`` into ``directory`` that installs :class:`SwitchableHashlib` on ``flag``.
+
+    Put ``directory`` first on ``PYTHONPATH`` before Spark starts its workers.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sitecustomize.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "from harness import SwitchableHashlib\n"
+        "from statekit.snapshots import _digest\n"
+        f"_digest.hashlib = SwitchableHashlib({str(flag)!r})\n"
+    )
+    return directory
 
 
 @contextlib.contextmanager

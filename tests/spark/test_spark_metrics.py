@@ -286,3 +286,24 @@ def test_prometheus_servlet_and_rest_api_show_statekit(tmp_path: Path) -> None:
     assert {f"statekit urls batch {b}: {w}" for b in range(3) for w in ("tasks", "sink")} <= described
     assert "statekit urls: routing" in described
     assert r["listener_progress"] and all(p.get("observedMetrics", {}) == {} for p in r["listener_progress"])
+
+
+def test_a_failing_metrics_source_is_turned_off_not_the_batch(recwarn: pytest.WarningsRecorder) -> None:
+    """An update that fails after the checkpoint completed warns once and turns the source off."""
+    from statekit.spark._metrics import QueryMetrics
+
+    class Broken:
+        calls = 0
+
+        def update(self, text: str) -> None:
+            Broken.calls += 1
+            raise RuntimeError("py4j: connection reset")
+
+    metrics = object.__new__(QueryMetrics)
+    metrics.enabled, metrics.job_id, metrics.operator_id = True, "j", "process"
+    metrics._source, metrics.status = Broken(), "on"
+    info = BatchInfo(0, 1, "/chk-1", False, None, 2, records=5)
+    with pytest.warns(RuntimeWarning, match="updating its metrics source failed .*connection reset"):
+        metrics.report(info)
+    metrics.report(info)  # off now: no second call, no second warning
+    assert Broken.calls == 1 and metrics.status.startswith("off: py4j")

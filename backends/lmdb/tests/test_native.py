@@ -138,3 +138,13 @@ def test_either_format_restores_whatever_the_option_says(tmp_path: Path, written
     again.restore("latest")
     assert value_state_contents(again, COUNT) == expected
     again.close()
+
+
+def test_a_mistyped_native_format_is_refused_naming_the_choices() -> None:
+    import pytest
+
+    from statekit.errors import ConfigurationError
+    from statekit_lmdb import LMDBStateBackend
+
+    with pytest.raises(ConfigurationError, match="native-format must be 'key-groups' or 'full', got 'Full'"):
+        LMDBStateBackend({"native-format": "Full"})

@@ -77,10 +77,16 @@ class LMDBStateBackend:
         """Takes the plugin's options by short name (defaults for those left out).
 
         Raises:
-            ConfigurationError: If sizes or counts are out of range.
+            ConfigurationError: If sizes or counts are out of range, or ``native-format`` is neither
+                ``key-groups`` nor ``full``.
         """
         opts = {o.name: o.default for o in OPTIONS}
         opts.update(options or {})
+        if opts["native-format"] not in ("key-groups", "full"):  # a typo must not pick the other format
+            raise ConfigurationError(
+                f"statekit.backend.lmdb.native-format must be 'key-groups' or 'full', got "
+                f"{opts['native-format']!r}"
+            )
         for name in (
             "initial-map-size",
             "max-map-size",

@@ -14,6 +14,7 @@ query or run after that checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from typing import Any
@@ -77,6 +78,9 @@ class SavepointRequests:
         try:
             respond(self.storage, job, response)
         except CheckpointError as e:
+            # The requester cannot learn of the savepoint, and will report that none was written:
+            # a stop it asked for does not happen either (the savepoint stays, named here).
+            response = dataclasses.replace(response, stopped=False)
             warnings.warn(
                 f"statekit job {job!r}: the answer to savepoint request {request.request_id[:12]} could not "
                 f"be written ({e}); it was: {response.status} {response.location or response.failure}",

@@ -247,6 +247,10 @@ def take_request(storage: CheckpointStorage, job_id: str) -> SavepointRequest | 
     data = storage.read_job_file(job_id, REQUEST_FILE)
     if data is None:
         return None
+    # Read again right before the delete (only when a request is pending): one replaced
+    # meanwhile (a new request after an expired one) is left for the next checkpoint.
+    if storage.read_job_file(job_id, REQUEST_FILE) != data:
+        return None
     storage.delete_job_file(job_id, REQUEST_FILE)
     try:
         request = SavepointRequest.from_bytes(data)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable, Mapping
@@ -371,9 +372,8 @@ class ProcessedStream:
         As :meth:`savepoint`, and the query ends after that batch: nothing is
         processed after the savepoint (Flink's ``stop --savepointPath``). If this
         stream started the query, the call returns once it has stopped. If the
-        savepoint fails, the query stops all the same (the failure is raised):
-        its last checkpoint holds the same state, and ``statekit savepoint
-        convert`` makes a savepoint of it.
+        savepoint fails, nothing stops (as in Flink): the failure is raised at
+        once and the query goes on.
 
         Raises:
             CheckpointError: As :meth:`savepoint`.
@@ -384,8 +384,9 @@ class ProcessedStream:
         response = request_savepoint(
             self.checkpoint_storage(), self.job_id, target_dir, stop=stop, timeout=timeout
         )
-        if stop and self._query is not None:
-            self._query.awaitTermination(max(1, int(timeout)))
+        if stop and response.stopped and self._query is not None:
+            with contextlib.suppress(Exception):  # a batch refused after the stop ends the query with it
+                self._query.awaitTermination(max(1, int(timeout)))
         if response.status != COMPLETED or response.location is None:
             raise CheckpointError(
                 f"the savepoint of job {self.job_id!r} after micro-batch {response.batch_id} "

@@ -97,7 +97,7 @@ class QueryMetrics:
             cls = load_helper_class(session, "StatekitSource")
             self._source = invoke_static(self._sc, cls, "register", self.source_name)
             self.status = "on"
-        except LocalityUnavailable as e:
+        except Exception as e:  # noqa: BLE001 - the metrics system is optional, the query is not
             self.status = f"off: {e}"
             warnings.warn(
                 f"statekit.metrics.enabled: statekit's metrics source is not in Spark's metrics system: "
@@ -141,7 +141,16 @@ class QueryMetrics:
             lines = [f"{k}={_number(v)}" for k, v in fields.items()]
             lines += [f"{k}_total+={int(fields[k])}" for k in _TOTALS]
             lines.append("batches_total+=1")
-            self._source.update("\n".join(lines))
+            try:  # after the checkpoint completed: a failing metrics system must not fail the batch
+                self._source.update("\n".join(lines))
+            except Exception as e:  # noqa: BLE001 - said once, then the source is off
+                self._source, self.status = None, f"off: {e}"
+                warnings.warn(
+                    f"statekit job {self.job_id!r}: updating its metrics source failed ({e}); it is off "
+                    "for this query run. The log line and BatchInfo still carry the numbers",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
 
 
 def _number(v: float) -> str:

@@ -44,6 +44,10 @@ _SCHEMA = "CREATE TABLE kv (state TEXT, k BLOB, v BLOB NOT NULL, PRIMARY KEY (st
 _GET = "SELECT v FROM kv WHERE state = ? AND k = ?"
 _PAGE = "SELECT k, v FROM kv WHERE state = ? AND k >= ? ORDER BY k LIMIT ?"
 _RANGE = "SELECT k, v FROM kv WHERE state = ? AND k >= ? AND (? IS NULL OR k < ?) ORDER BY k"
+# A bounded range in its own statement: with ``(? IS NULL OR k < ?)`` SQLite bounds the
+# search below only and reads to the end of the state for every key group.
+_BETWEEN = "SELECT k, v FROM kv WHERE state = ? AND k >= ? AND k < ? ORDER BY k"
+_FROM = "SELECT k, v FROM kv WHERE state = ? AND k >= ? ORDER BY k"
 _PUT = "INSERT OR REPLACE INTO kv (state, k, v) VALUES (?, ?, ?)"
 _DELETE = "DELETE FROM kv WHERE state = ? AND k = ?"
 _PAGE_ROWS = 512  # an iteration reads pages: no statement stays open while the base writes
@@ -64,7 +68,9 @@ class _ReadView:
         with self._lock:
             if self._conn is None:
                 raise sqlite3.ProgrammingError("this snapshot's view was released")
-            return self._conn.execute(_RANGE, (name, lower, upper, upper)).fetchall()
+            if upper is None:
+                return self._conn.execute(_FROM, (name, lower)).fetchall()
+            return self._conn.execute(_BETWEEN, (name, lower, upper)).fetchall()
 
     def release(self) -> None:
         with self._lock:
