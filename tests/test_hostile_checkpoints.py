@@ -105,7 +105,7 @@ def before_digests(meta: Any) -> None:
     for a crafter who records the digests of the crafted bytes too).
     """
     if isinstance(meta, dict):
-        for key in ("sha256", "header_sha256", "block_sha256"):
+        for key in ("sha256", "header_sha256", "block_sha256", "tail_sha256"):
             meta.pop(key, None)
         for value in meta.values():
             before_digests(value)

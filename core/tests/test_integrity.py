@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import io
 import os
 import re
 import stat
@@ -51,10 +50,13 @@ from statekit.errors import CorruptCheckpointError, CorruptSnapshotError, Unsafe
 from statekit.serializers import serializer_for
 from statekit.snapshots._digest import (
     NOT_RECORDED,
-    HashingOutput,
+    FileDigest,
     check_sha256,
+    fd_has_digest,
     file_sha256,
     parse_sha256,
+    parts_digest,
+    recorded_digest,
     sha256_of,
 )
 from statekit.testing import ReferenceCheckpointStorage, ReferenceKeyedStateBackend
@@ -63,7 +65,7 @@ MAXP = 128
 KEYS = serializer_for(str)
 COUNT = ValueStateDescriptor("count", int)
 SEEN = ListStateDescriptor("seen", str)
-DIGESTS = ("sha256", "header_sha256", "block_sha256")
+DIGESTS = ("sha256", "header_sha256", "block_sha256", "tail_sha256")
 DATA = bytes(range(256)) * 64
 
 
@@ -184,6 +186,13 @@ class CountingJob:
         return LocalRecoveryStorage(self.storage, copies, Downloads(), digests)
 
 
+def name_of(entry: dict[str, Any]) -> str:
+    """The name of a file's local copy: the digest its metadata entry records."""
+    digest = recorded_digest(entry)
+    assert digest is not None
+    return digest.name
+
+
 @pytest.fixture
 def job() -> CountingJob:
     return CountingJob()
@@ -215,18 +224,6 @@ def test_sha256_helpers_agree_with_hashlib(tmp_path: Path) -> None:
     assert file_sha256(tmp_path / "empty") == hashlib.sha256(b"").hexdigest()
 
 
-def test_hashing_output_hashes_what_passes_and_delegates_the_rest() -> None:
-    class Stream(io.BytesIO):
-        def close_and_get_handle(self) -> str:
-            return "handle"
-
-    inner = Stream()
-    out = HashingOutput(inner)
-    assert out.write(b"abc") == 3 and out.write(memoryview(b"def")) == 3
-    assert out.sha256 == hashlib.sha256(b"abcdef").hexdigest() and out.size == 6
-    assert inner.getvalue() == b"abcdef" and out.close_and_get_handle() == "handle"
-
-
 @pytest.mark.parametrize("value", [1, "", "AB" * 32, "0" * 63, "g" * 64, ["0" * 64], {"x": 1}])
 def test_a_malformed_recorded_digest_is_corrupt(value: Any) -> None:
     with pytest.raises(CorruptSnapshotError, match="malformed SHA-256 of the header"):
@@ -249,15 +246,118 @@ def test_the_metadata_records_each_files_sha256_and_each_part_a_restore_reads_al
     location = job.checkpoint(1, bump=0)
     keyed, operator = job.entry(location, 0), job.entry(location, 0, "operator")
     data = job.storage._blobs[job.blob(location, 0)]
-    assert keyed["sha256"] == hashlib.sha256(data).hexdigest()
+    # A keyed file records its parts, which cover every byte once; no byte is hashed twice.
+    assert "sha256" not in keyed
     assert keyed["header_sha256"] == hashlib.sha256(data[: keyed["header_length"]]).hexdigest()
     assert set(keyed["block_sha256"]) == set(keyed["offsets"]) and keyed["offsets"]
     for kg, (off, ln) in keyed["offsets"].items():
         assert keyed["block_sha256"][kg] == hashlib.sha256(data[off : off + ln]).hexdigest()
+    end = max(off + ln for off, ln in keyed["offsets"].values())
+    assert keyed["tail_sha256"] == hashlib.sha256(data[end:]).hexdigest() and keyed["size"] == len(data)
+    digest = recorded_digest(keyed)
+    assert digest is not None and digest.size == len(data)
+    assert b"".join(data[off : off + ln] for off, ln, _ in digest.parts) == data
+    assert digest.name == parts_digest(len(data), digest.parts)
     op_data = job.storage._blobs[job.blob(location, 0, "operator")]
     assert operator["sha256"] == hashlib.sha256(op_data).hexdigest()
     assert operator["crc32"] == zlib.crc32(op_data)  # still written, for readers before digests
     assert job.restored(location) == job.expected(0)
+
+
+def test_parts_that_do_not_tile_the_file_are_refused() -> None:
+    good = {
+        "size": 30,
+        "header_length": 10,
+        "offsets": {"3": [10, 15]},
+        "header_sha256": "a" * 64,
+        "block_sha256": {"3": "b" * 64},
+        "tail_sha256": "c" * 64,
+    }
+    digest = recorded_digest(good)
+    assert digest is not None and digest.parts == ((0, 10, "a" * 64), (10, 15, "b" * 64), (25, 5, "c" * 64))
+    for change, why in (
+        ({"offsets": {"3": [11, 14]}}, "do not cover it exactly once"),  # a gap
+        ({"offsets": {"3": [9, 15]}}, "do not cover it exactly once"),  # an overlap
+        ({"size": 20}, "do not cover it exactly once"),  # the tail would end before the last block
+        ({"block_sha256": {}}, "incomplete or malformed"),
+        ({"header_sha256": None}, "incomplete or malformed"),
+        ({"offsets": {"3": "x"}}, "incomplete or malformed"),
+    ):
+        with pytest.raises(CorruptSnapshotError, match=why):
+            recorded_digest({**good, **change}, "op-0.keyed")
+    # Another layout of the same bytes is another digest; a whole-file SHA-256 wins where recorded.
+    other = {**good, "offsets": {"3": [10, 14]}, "tail_sha256": "c" * 64}
+    assert recorded_digest(other) != digest
+    assert recorded_digest({**good, "sha256": "d" * 64}) == FileDigest("d" * 64)
+
+
+def test_a_local_file_is_checked_against_its_parts_in_one_pass(tmp_path: Path) -> None:
+    data = os.urandom(5000)
+    parts = (
+        (0, 100, sha256_of(data[:100])),
+        (100, 4000, sha256_of(data[100:4100])),
+        (4100, 900, sha256_of(data[4100:])),
+    )
+    digest = FileDigest(parts_digest(len(data), parts), len(data), parts)
+    path = tmp_path / "f"
+    for content, matches in ((data, True), (data[:-1], False), (data[:4200] + b"x" + data[4201:], False)):
+        path.write_bytes(content)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert fd_has_digest(fd, digest, chunk_size=333) is matches
+        finally:
+            os.close(fd)
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert fd_has_digest(fd, FileDigest(sha256_of(data))) and not fd_has_digest(fd, FileDigest("0" * 64))
+    finally:
+        os.close(fd)
+
+
+def test_a_keyed_file_of_an_earlier_build_is_checked_by_its_whole_sha256(
+    job: Any, copies: LocalCopies
+) -> None:
+    """Keyed files of earlier 0.1 builds record the SHA-256 of the whole file and no tail_sha256."""
+    location = job.checkpoint(1, bump=6, copies=copies)
+    meta = load_checkpoint(job.storage, location).metadata
+    for st in meta.operators["op"]:
+        assert st.keyed is not None
+        data = job.storage._blobs[int(st.keyed["handle"]["blob"])]
+        st.keyed = {k: v for k, v in st.keyed.items() if k != "tail_sha256"} | {"sha256": sha256_of(data)}
+        Path(copies.path_of(sha256_of(data))).write_bytes(data)  # its copy, as that build named it
+    job.storage._metadata[location] = meta.to_bytes()
+    cp = load_checkpoint(job.storage, location)
+    assert verify_loaded(cp, deep=True) == [] and crc_only_files(cp) == []
+    through = job.reading(copies, location)
+    assert job.restored(location, through=through) == job.expected(6)
+    assert through.downloads.remote_files == 0 and through.downloads.rejected == 0
+    blob = job.blob(location, 1)
+    data = bytearray(job.storage._blobs[blob])
+    data[-1] ^= 1  # the trailer: only the whole file's digest covers it
+    job.storage._blobs[blob] = bytes(data)
+    (problem,) = verify_loaded(load_checkpoint(job.storage, location), deep=True)
+    assert problem.file == "op-1.keyed" and problem.problem.endswith(NOT_RECORDED)
+
+
+def test_a_changed_index_is_found_by_its_digest(job: Any, copies: LocalCopies) -> None:
+    """The index and trailer have a digest of their own: verify and a local copy's check both see it."""
+    location = job.checkpoint(1, bump=1, copies=copies)
+    entry = job.entry(location, 0)
+    blob = job.blob(location, 0)
+    end = max(off + ln for off, ln in entry["offsets"].values())
+    data = bytearray(job.storage._blobs[blob])
+    data[end + 1] ^= 1  # a byte of the index (the restore compares it with the metadata, too)
+    copy = Path(copies.path_of(name_of(entry)))
+    copy.write_bytes(bytes(data))
+    through = job.reading(copies, location)
+    assert job.restored(location, through=through) == job.expected(1)
+    assert through.downloads.rejected == 1 and not copy.exists()
+    job.storage._blobs[blob] = bytes(data)
+    (problem,) = verify_loaded(load_checkpoint(job.storage, location), deep=True)
+    assert problem.problem == f"the index and trailer: {NOT_RECORDED}" or problem.problem.endswith(
+        f"the index and trailer: {NOT_RECORDED}"
+    )
 
 
 def test_the_crc_residue_gives_every_keyed_file_of_one_layout_one_crc_but_not_one_digest(job: Any) -> None:
@@ -382,8 +482,8 @@ def test_a_written_checkpoint_restores_from_its_local_copies(
     for index in range(2):
         for part in ("keyed", "operator"):
             data = job.storage._blobs[job.blob(location, index, part)]
-            digest = hashlib.sha256(data).hexdigest()
-            assert digest == job.entry(location, index, part)["sha256"] and digest in names
+            digest = name_of(job.entry(location, index, part))
+            assert digest in names
             assert Path(copies.path_of(digest)).read_bytes() == data
     through = job.reading(copies, location)
     assert job.restored(location, through=through) == job.expected(4)
@@ -399,8 +499,8 @@ def test_a_copy_swapped_in_from_another_checkpoint_is_rejected_and_the_storage_r
     """The finding of issue #32: chk-3's bytes over chk-4's copy, under chk-4's name."""
     old = job.checkpoint(3, bump=0, native=native, copies=copies)
     new = job.checkpoint(4, bump=10, native=native, copies=copies)
-    victim = Path(copies.path_of(job.entry(new, 0)["sha256"]))
-    victim.write_bytes(Path(copies.path_of(job.entry(old, 0)["sha256"])).read_bytes())
+    victim = Path(copies.path_of(name_of(job.entry(new, 0))))
+    victim.write_bytes(Path(copies.path_of(name_of(job.entry(old, 0)))).read_bytes())
     through = job.reading(copies, new)
     assert job.restored(new, through=through) == job.expected(10)
     d = through.downloads
@@ -415,8 +515,8 @@ def test_a_copy_swapped_in_from_another_checkpoint_is_rejected_and_the_storage_r
 
 def test_another_subtasks_bytes_under_the_right_name_are_rejected(job: Any, copies: LocalCopies) -> None:
     location = job.checkpoint(1, bump=2, copies=copies)
-    theirs = Path(copies.path_of(job.entry(location, 1)["sha256"])).read_bytes()
-    Path(copies.path_of(job.entry(location, 0)["sha256"])).write_bytes(theirs)
+    theirs = Path(copies.path_of(name_of(job.entry(location, 1)))).read_bytes()
+    Path(copies.path_of(name_of(job.entry(location, 0)))).write_bytes(theirs)
     through = job.reading(copies, location)
     assert job.restored(location, through=through) == job.expected(2)
     assert through.downloads.rejected == 1
@@ -469,7 +569,7 @@ def test_a_copy_changed_after_it_was_checked_is_not_read(job: Any, copies: Local
     through = job.reading(copies, location)
     desc = job.entry(location, 0)["handle"]
     handle = through.resolve_handle(location, desc)  # checked now
-    path = copies.path_of(job.entry(location, 0)["sha256"])
+    path = copies.path_of(name_of(job.entry(location, 0)))
     with open(path, "r+b") as f:  # rewritten in place: the same inode, another modification time
         f.seek(30)
         f.write(b"\xff" * 8)
@@ -489,6 +589,38 @@ def test_files_of_a_checkpoint_before_digests_are_read_from_the_storage(
     assert through.downloads.local_files == 0 and through.downloads.rejected == 0
 
 
+def test_a_restore_from_local_copies_hashes_each_byte_once(
+    job: Any, copies: LocalCopies, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy's check is the one pass: the parts a restore then reads from it are not hashed again."""
+    from statekit.checkpoints import _restore
+    from statekit.snapshots import _snapshot
+
+    location = job.checkpoint(1, bump=0, copies=copies)
+    checks: list[int] = []
+
+    def counted(real: Any) -> Any:
+        def check(data: bytes, *args: Any) -> Any:
+            checks.append(len(data))
+            return real(data, *args)
+
+        return check
+
+    for module, name in (
+        (_snapshot, "check_sha256"),
+        (_snapshot, "check_sha256_later"),
+        (_restore, "sha256_of"),
+    ):
+        monkeypatch.setattr(module, name, counted(getattr(module, name)))
+    through = job.reading(copies, location)
+    assert job.restored(location, through=through) == job.expected(0)
+    assert through.downloads.remote_files == 0 and checks == []
+    # Read from the storage, every part is checked as it is read.
+    assert job.restored(location, through=job.reading(None, location)) == job.expected(0)
+    keyed = job.entry(location, 0)
+    assert len(checks) == 1 + len(keyed["offsets"]) + 2  # the header, each block, two operator files
+
+
 def test_each_copy_is_hashed_once_per_restore(
     job: Any, copies: LocalCopies, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -496,9 +628,9 @@ def test_each_copy_is_hashed_once_per_restore(
     checked: list[str] = []
     original = LocalCopies.check
 
-    def counting(self: LocalCopies, sha256: str) -> Any:
-        checked.append(sha256)
-        return original(self, sha256)
+    def counting(self: LocalCopies, digest: FileDigest) -> Any:
+        checked.append(digest.name)
+        return original(self, digest)
 
     monkeypatch.setattr(LocalCopies, "check", counting)
     through = job.reading(copies, location)
@@ -583,7 +715,9 @@ def test_a_description_recorded_with_two_digests_uses_no_copy() -> None:
     handle = {"type": "file", "path": "a"}
     assert digests_of([{"handle": handle, "sha256": "a" * 64}, {"handle": handle, "sha256": "b" * 64}]) == {}
     assert digests_of({"handle": handle, "sha256": "oops"}) == {}
-    assert list(digests_of({"x": [{"handle": handle, "sha256": "c" * 64}]}).values()) == ["c" * 64]
+    assert list(digests_of({"x": [{"handle": handle, "sha256": "c" * 64}]}).values()) == [
+        FileDigest("c" * 64)
+    ]
     assert digests_of({"handle": {"type": "inline", "data": ""}, "sha256": "c" * 64}) == {}
 
 
@@ -604,7 +738,7 @@ def test_each_subtask_keeps_its_last_two_snapshots_and_collect_frees_the_rest(
     kept = []
     for n in range(1, 5):
         location = job.checkpoint(n, bump=n, copies=copies)
-        kept.append({job.entry(location, i, p)["sha256"] for i in range(2) for p in ("keyed", "operator")})
+        kept.append({name_of(job.entry(location, i, p)) for i in range(2) for p in ("keyed", "operator")})
         copies.collect()
     assert set(copies.index()) == kept[-1] | kept[-2]
     before = os.path.join(root, "files", "0" * 40 + ".1234abcd")  # a copy of a statekit before digests
@@ -655,7 +789,7 @@ def test_a_restore_never_reads_a_symlink_planted_as_a_copy(
     job: Any, copies: LocalCopies, tmp_path: Path
 ) -> None:
     location = job.checkpoint(1, bump=8, copies=copies)
-    path = copies.path_of(job.entry(location, 0)["sha256"])
+    path = copies.path_of(name_of(job.entry(location, 0)))
     elsewhere = tmp_path / "elsewhere"
     os.replace(path, elsewhere)
     os.symlink(elsewhere, path)  # the right bytes, through a link: still not a copy statekit made

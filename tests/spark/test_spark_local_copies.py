@@ -21,6 +21,7 @@ from sparkutil import OUTPUT, SCHEMA, assert_exact_state
 
 from jobs import CountUrls, make_records
 from statekit.checkpointing import load_checkpoint
+from statekit.snapshots._digest import recorded_digest
 from statekit.spark import BatchInfo, keyed
 
 RECORDS = make_records(1800)
@@ -58,10 +59,12 @@ def test_a_local_copy_swapped_from_another_checkpoint_is_rejected_and_the_state_
     new = load_checkpoint(storage, second.location).metadata.operators["process"][0]
 
     def digest(st: Any) -> str:
-        """The SHA-256 of subtask 0's keyed file (a native snapshot: the file chk uploaded last)."""
+        """The digest naming subtask 0's keyed file's copy (native: the file chk uploaded last)."""
         keyed_part = st.keyed
         if "native" not in keyed_part:
-            return str(keyed_part["sha256"])
+            recorded = recorded_digest(keyed_part)
+            assert recorded is not None
+            return recorded.name
         ours = [f for f in keyed_part["native"]["files"] if f["name"].startswith("MANIFEST")]
         return str(ours[0]["sha256"])
 

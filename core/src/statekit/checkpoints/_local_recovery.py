@@ -3,9 +3,10 @@
 Flink's task-local recovery, for processes that share one local directory
 (the Python workers of one Spark executor): every file a subtask's snapshot
 writes into the checkpoint storage is also kept under ``root/files``, named by
-the SHA-256 of its bytes, which is the digest the checkpoint's ``_metadata``
-records for the file (so one copy serves every checkpoint file with those
-bytes). A restore reads through :class:`LocalRecoveryStorage`, which is given
+the digest the checkpoint's ``_metadata`` records for the file (the SHA-256 of
+its bytes, or of its parts': :class:`~statekit.snapshots._digest.FileDigest`),
+so one copy serves every checkpoint file with those bytes. A restore reads
+through :class:`LocalRecoveryStorage`, which is given
 the digest the restored checkpoint records for each file it names
 (:func:`digests_of`): a file whose copy's bytes have that digest is read from
 the copy, any other from the storage, whose bytes are counted
@@ -14,7 +15,8 @@ a subtask that comes back downloads only what it does not have. Files of
 checkpoints written before digests are always read from the storage.
 
 A copy is hashed once per restore, before its first read, and bound to what
-was hashed (device, inode, size, modification time): a copy that is there but
+was hashed (device, inode, size, modification time); what a restore then reads
+from it is not hashed again (:meth:`_LocalHandle.read_verified`). A copy that is there but
 cannot be used (its bytes have another digest, it cannot be read, it vanished
 or changed after it was checked) is *rejected*: the file is read from the
 storage instead, and the rejection counted with its reason
@@ -59,7 +61,7 @@ from typing import Any
 from .._contracts import CheckpointOutputStream, CheckpointStorage, CheckpointWriter
 from .._errors import CorruptSnapshotError
 from .._localfs import create_exclusive, open_exclusive, private_dir, write_atomically
-from ..snapshots._digest import file_sha256, parse_sha256
+from ..snapshots._digest import FileDigest, fd_has_digest, recorded_digest
 from ..snapshots._snapshot import BytesStreamHandle, StreamStateHandle, describe_stream
 
 __all__ = ["Downloads", "LocalCopies", "LocalRecoveryStorage", "LocalRecoveryWriter", "digests_of"]
@@ -85,15 +87,16 @@ def _key(description: Mapping[str, Any]) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
-def digests_of(state: Any) -> dict[str, str]:
-    """The SHA-256 recorded for each file a subtask state's JSON names, by the file's description.
+def digests_of(state: Any) -> dict[str, FileDigest]:
+    """The digest recorded for each file a subtask state's JSON names, by the file's description.
 
-    Every entry that names a file (a ``handle``) beside its ``sha256``: keyed,
-    operator and native files, uploaded or referenced. A description recorded
-    with two different digests (a damaged or crafted metadata) maps to none,
-    so no local copy is used for it.
+    Every entry that names a file (a ``handle``) beside its digest
+    (:func:`~statekit.snapshots._digest.recorded_digest`): keyed, operator and
+    native files, uploaded or referenced. A description recorded with two
+    different digests (a damaged or crafted metadata) maps to none, so no local
+    copy is used for it.
     """
-    found: dict[str, str | None] = {}
+    found: dict[str, FileDigest | None] = {}
     stack = [state]
     while stack:
         obj = stack.pop()
@@ -102,7 +105,7 @@ def digests_of(state: Any) -> dict[str, str]:
             if isinstance(handle, dict):
                 key = _key(handle)
                 try:
-                    sha = parse_sha256(obj.get("sha256"), "a file")
+                    sha = recorded_digest(obj)
                 except CorruptSnapshotError:
                     sha = None  # the restore itself refuses the entry
                 if key is not None and sha is not None:
@@ -209,14 +212,14 @@ class LocalCopies:
             return {n: self.path_of(n) for n in os.listdir(self.files) if _COPY_NAME.fullmatch(n)}
         return {}
 
-    def check(self, sha256: str) -> _Checked | None:
-        """The copy of the file with this digest, hashed now; None if there is none.
+    def check(self, digest: FileDigest) -> _Checked | None:
+        """The copy of the file with this digest, hashed now (one pass); None if there is none.
 
         Raises:
             _Rejected: If a copy is there but its bytes have another digest (it is
                 deleted), or it cannot be read.
         """
-        path = self.path_of(sha256)
+        path = self.path_of(digest.name)
         try:
             fd = os.open(path, _READ_FLAGS)
         except FileNotFoundError:
@@ -227,14 +230,14 @@ class LocalCopies:
             before = os.fstat(fd)
             if not stat.S_ISREG(before.st_mode):
                 raise _Rejected("the local copy is not a regular file")
-            digest = file_sha256(fd)
+            matches = fd_has_digest(fd, digest)
             after = os.fstat(fd)
         except OSError as e:
             raise _Rejected(f"the local copy cannot be read ({e.strerror or e})") from None
         finally:
             os.close(fd)
         checked = _Checked(path, after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns)
-        if digest != sha256:
+        if not matches:
             self._remove(checked)
             raise _Rejected("the local copy's bytes are not the ones the checkpoint records")
         if not checked.same(before):
@@ -426,33 +429,44 @@ class _LocalHandle(_Delegating):
     """A checkpoint file read from its checked local copy; from the storage once the copy is rejected."""
 
     def __init__(
-        self, inner: StreamStateHandle, reading: LocalRecoveryStorage, copy: _Checked, sha256: str
+        self, inner: StreamStateHandle, reading: LocalRecoveryStorage, copy: _Checked, digest: FileDigest
     ) -> None:
         super().__init__(inner, reading)
         self._copy: _Checked | None = copy
-        self._sha256 = sha256
+        self._digest = digest
 
     @property
     def size(self) -> int:
         return self._inner.size if self._copy is None else self._copy.size
 
     def read(self, offset: int = 0, length: int | None = None) -> bytes:
+        data = self.read_verified(offset, length)
+        return self._remote(offset, length) if data is None else data
+
+    def read_verified(self, offset: int = 0, length: int | None = None) -> bytes | None:
+        """The bytes from the local copy, whose whole was checked against the recorded digest; None if not.
+
+        None once the copy is rejected, or for a range outside it: then the
+        caller reads the storage (:meth:`read`) and checks what it gets. A
+        reader that checks parts against their digests (a canonical file's
+        header and blocks) does not hash these bytes again.
+        """
         copy, copies = self._copy, self._reading.copies
         # A range outside the file goes to the storage, which says what is wrong with it.
-        if copy is not None and copies is not None and _inside(offset, length, copy.size):
-            try:
-                data = copies.read(copy, offset, length)
-            except _Rejected as e:
-                self._reject(e.reason)
-            else:
-                self._reading.downloads.add(local=len(data))
-                return data
-        return self._remote(offset, length)
+        if copy is None or copies is None or not _inside(offset, length, copy.size):
+            return None
+        try:
+            data = copies.read(copy, offset, length)
+        except _Rejected as e:
+            self._reject(e.reason)
+            return None
+        self._reading.downloads.add(local=len(data))
+        return data
 
     def link_verified_copy(self, path: str, sha256: str) -> bool:
         """Hard-link the local copy at ``path`` if its bytes have ``sha256``; False: download instead."""
         copy, copies = self._copy, self._reading.copies
-        if copy is None or copies is None or sha256 != self._sha256:
+        if copy is None or copies is None or sha256 != self._digest.name:
             return False
         try:
             copies.link(copy, path)
@@ -464,7 +478,7 @@ class _LocalHandle(_Delegating):
 
     def _reject(self, reason: str) -> None:
         self._copy = None
-        self._reading.reject(self._sha256, self._inner, reason)
+        self._reading.reject(self._digest.name, self._inner, reason)
         with self._reading.downloads._lock:
             self._reading.downloads.remote_files += 1  # from now on this file is read from the storage
 
@@ -504,14 +518,14 @@ class LocalRecoveryStorage:
         inner: CheckpointStorage,
         copies: LocalCopies | None,
         downloads: Downloads,
-        digests: Mapping[str, str] | None = None,
+        digests: Mapping[str, FileDigest] | None = None,
     ) -> None:
         self._inner = inner
         self.copies = copies
         self.downloads = downloads
         self.used: list[str] = []
         self._digests = dict(digests or {})
-        self._checked: dict[str, _Checked | None] = {}  # each copy is hashed once per restore
+        self._checked: dict[str, _Checked | None] = {}  # each copy is hashed once per restore, by name
         self.name = inner.name
         self.max_state_size = inner.max_state_size
 
@@ -526,20 +540,20 @@ class LocalRecoveryStorage:
         if copy is None or sha is None:
             self.downloads.remote_files += 1
             return _CountedHandle(inner, self)
-        self.used.append(sha)
+        self.used.append(sha.name)
         self.downloads.local_files += 1
         return _LocalHandle(inner, self, copy, sha)
 
-    def _check(self, sha256: str, inner: StreamStateHandle) -> _Checked | None:
-        if sha256 in self._checked:
-            return self._checked[sha256]
+    def _check(self, digest: FileDigest, inner: StreamStateHandle) -> _Checked | None:
+        if digest.name in self._checked:
+            return self._checked[digest.name]
         assert self.copies is not None
         try:
-            copy = self.copies.check(sha256)
+            copy = self.copies.check(digest)
         except _Rejected as e:
-            self.reject(sha256, inner, e.reason)
+            self.reject(digest.name, inner, e.reason)
             return None
-        self._checked[sha256] = copy
+        self._checked[digest.name] = copy
         return copy
 
     def reject(self, sha256: str, inner: StreamStateHandle, reason: str) -> None:
@@ -666,8 +680,8 @@ class LocalRecoveryWriter:
                     os.unlink(path)
                 continue
             with contextlib.suppress(OSError):
-                self.copies.keep(path, sha)
-        return sorted(set(digests.values()))
+                self.copies.keep(path, sha.name)
+        return sorted({d.name for d in digests.values()})
 
     def discard_staged(self) -> None:
         """Delete every staged file (the snapshot failed)."""

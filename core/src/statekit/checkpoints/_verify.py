@@ -21,14 +21,14 @@ reported as problems: they say nothing about the checkpoint.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .._contracts import CheckpointStorage
 from .._errors import CorruptCheckpointError, CorruptSnapshotError
 from ..serialization._keygroups import KeyGroupRange
-from ..snapshots._digest import NOT_RECORDED, new_sha256, parse_sha256, sha256_of
+from ..snapshots._digest import NOT_RECORDED, FileDigest, new_sha256, parse_sha256, recorded_digest, sha256_of
 from ..snapshots._snapshot import (
     CANONICAL_FORMAT,
     BytesStreamHandle,
@@ -191,7 +191,7 @@ def crc_only_files(cp: CompletedCheckpoint) -> list[str]:
                 files = keyed["native"].get("files")
                 entries.extend(files if isinstance(files, list) else [])
             for entry in entries:
-                if not isinstance(entry, dict) or entry.get("sha256") is not None:
+                if not isinstance(entry, dict) or _records_digest(entry):
                     continue
                 try:
                     stream = cp.storage.resolve_handle(cp.location, typed(entry["handle"], dict, "handle"))
@@ -200,6 +200,13 @@ def crc_only_files(cp: CompletedCheckpoint) -> list[str]:
                 if not isinstance(stream, BytesStreamHandle):
                     found.append(describe_stream(stream))
     return sorted(set(found))
+
+
+def _records_digest(entry: dict[str, Any]) -> bool:
+    try:
+        return recorded_digest(entry) is not None
+    except CorruptSnapshotError:
+        return True  # malformed: verify_loaded reports it
 
 
 def _exists_with_size(stream: StreamStateHandle, size: int) -> None:
@@ -224,11 +231,13 @@ def _canonical_check(
         if not deep:
             return
         verified: set[int] = set()
-        sha = parse_sha256(entry.get("sha256"), "the keyed state file")
-        if sha is not None:
-            # One pass over the file's bytes checks the whole and every recorded part.
+        digest = recorded_digest(entry, "the keyed state file")
+        if digest is not None:
+            # One pass over the file's bytes checks every recorded part (and the whole, where
+            # the file records the SHA-256 of its whole).
             raw = cp.storage.resolve_handle(cp.location, typed(entry["handle"], dict, "handle"))
-            verified = _scan(raw, h.size or raw.size, sha, _parts(entry, h))
+            whole = None if digest.parts else digest.name
+            verified = _scan(raw, h.size or raw.size, whole, _parts(entry, h, digest))
         header, _ = read_header(h.stream)
         index = read_index(h.stream)
         names = [s["name"] for s in header.states]
@@ -244,8 +253,13 @@ def _canonical_check(
     return check
 
 
-def _parts(entry: Any, h: KeyedStateHandle) -> list[tuple[int, int, str, str, int | None]]:
+def _parts(
+    entry: Any, h: KeyedStateHandle, digest: FileDigest
+) -> list[tuple[int, int, str, str, int | None]]:
     """The recorded parts of a keyed file: ``(offset, length, sha256, what, key group)``, by offset."""
+    if digest.parts:  # they tile the file
+        groups = {off: kg for kg, (off, _) in h.offsets.items()}
+        return [(off, ln, sha, *_part_name(off, groups, h.header_length)) for off, ln, sha in digest.parts]
     parts: list[tuple[int, int, str, str, int | None]] = []
     header = parse_sha256(entry.get("header_sha256"), "the header")
     if header is not None:
@@ -258,16 +272,29 @@ def _parts(entry: Any, h: KeyedStateHandle) -> list[tuple[int, int, str, str, in
     return sorted(parts)
 
 
+def _part_name(offset: int, groups: Mapping[int, int], header_length: int) -> tuple[str, int | None]:
+    if offset == 0 and header_length:
+        return "the header", None
+    if offset in groups:
+        return f"the block of key group {groups[offset]}", groups[offset]
+    return "the index and trailer", None
+
+
 def _scan(
-    stream: StreamStateHandle, size: int, sha256: str, parts: list[tuple[int, int, str, str, int | None]]
+    stream: StreamStateHandle,
+    size: int,
+    sha256: str | None,
+    parts: list[tuple[int, int, str, str, int | None]],
 ) -> set[int]:
     """Read ``stream`` once, comparing it and each part with their digests; the key groups verified.
+
+    ``sha256`` is the whole file's, for a file that records one (None: its parts cover it).
 
     Raises:
         CorruptSnapshotError: Naming the part that differs when only one does,
             else the file (replaced by another, or damaged in many places).
     """
-    whole = new_sha256()
+    whole = None if sha256 is None else new_sha256()
     hashers = [new_sha256() for _ in parts]
     first = 0  # parts before this one end before the current chunk
     pos = 0
@@ -276,7 +303,8 @@ def _scan(
         if not data:
             break
         end = pos + len(data)
-        whole.update(data)
+        if whole is not None:
+            whole.update(data)
         view = memoryview(data)
         i = first
         while i < len(parts) and parts[i][0] < end:
@@ -290,7 +318,7 @@ def _scan(
         pos = end
     where = describe_stream(stream)
     wrong = [p[3] for p, h in zip(parts, hashers) if h.hexdigest() != p[2]]
-    if pos == size and whole.hexdigest() == sha256 and not wrong:
+    if pos == size and (whole is None or whole.hexdigest() == sha256) and not wrong:
         return {p[4] for p in parts if p[4] is not None}
     if len(wrong) == 1:
         raise CorruptSnapshotError(f"{where}: {wrong[0]}: {NOT_RECORDED}")

@@ -26,7 +26,7 @@ from .._errors import (
     StateSizeLimitError,
 )
 from ..serialization._keygroups import KeyGroupRange
-from ..snapshots._digest import HashingOutput, sha256_of
+from ..snapshots._digest import sha256_of
 from ..snapshots._native import WriterNativeOutput
 from ..snapshots._snapshot import (
     CANONICAL_FORMAT,
@@ -137,20 +137,28 @@ def write_keyed_file(
     ``write(stream)`` writes the file (see :func:`~statekit.backend_api.write_canonical`);
     ``check`` may refuse the result, which then leaves nothing behind.
 
-    The entry records the SHA-256 of the whole file (computed as it is written)
-    and, from the result of ``write``, of its header and of each key group's
-    block: the parts a restore reads alone (``header_sha256``, ``block_sha256``).
+    The entry records the SHA-256 of each part of the file, as ``write``
+    computed them while writing: the header, each key group's block and the
+    index with the trailer (``header_sha256``, ``block_sha256``,
+    ``tail_sha256``), which cover every byte once; the file's digest as a whole
+    is derived from them (:func:`~statekit.snapshots._digest.recorded_digest`),
+    so no byte is hashed twice.
     """
-    stream = HashingOutput(writer.create_stream(name))
+    stream = writer.create_stream(name)
     try:
         r = write(stream)
+        if r.header_sha256 is None or r.tail_sha256 is None or set(r.block_sha256) != set(r.offsets):
+            raise CheckpointError(
+                f"{name}: the {header.backend!r} backend's snapshot did not report the SHA-256 of every "
+                "part it wrote (write it with statekit.backend_api.write_canonical, which does)"
+            )
         if check is not None:
             check(r)
         handle = stream.close_and_get_handle()
     except BaseException:
         stream.discard()
         raise
-    entry: dict[str, Any] = {
+    return {
         "handle": handle.to_json(),
         "format": CANONICAL_FORMAT,
         "backend": header.backend,
@@ -160,13 +168,10 @@ def write_keyed_file(
         "entries": r.entries,
         "state_sizes": r.state_sizes,
         "state_entries": r.state_entries,
-        "sha256": stream.sha256,
+        "header_sha256": r.header_sha256,
+        "block_sha256": {str(kg): d for kg, d in r.block_sha256.items()},
+        "tail_sha256": r.tail_sha256,
     }
-    if r.header_sha256 is not None:
-        entry["header_sha256"] = r.header_sha256
-    if r.block_sha256:
-        entry["block_sha256"] = {str(kg): d for kg, d in r.block_sha256.items()}
-    return entry
 
 
 def _write_native(

@@ -5,19 +5,29 @@ own CRC has the same whole-file CRC as every other file of that layout (the CRC
 residue), and another checkpoint's valid file passes every CRC of its own. So
 every file a checkpoint names has the SHA-256 of its bytes (lowercase hex,
 under the key ``"sha256"``) in the checkpoint's ``_metadata``, which is what a
-reader trusts; canonical keyed files also have one per part a restore reads
-alone (the header, each key group's block). One scheme for every file, so that
-what checks a checkpoint file here also checks a local copy of it, or a file of
-a later content-addressed format.
+reader trusts. One scheme for every file, so that what checks a checkpoint
+file here also checks a local copy of it, or a file of a later
+content-addressed format (:class:`FileDigest`).
 
-Digests are computed as the bytes are written (:class:`HashingOutput`,
-:func:`sha256_later`), never in a second pass over a file, and checked on the
-bytes a reader gets (:func:`check_sha256`). Bytes inlined into ``_metadata``
-are covered by the metadata's own checksum as well.
+A canonical keyed file is read in parts (a restore reads the header and only
+the key groups it owns), so it records the SHA-256 of each part instead: its
+header (``header_sha256``), each key group's block (``block_sha256``) and the
+index with the trailer (``tail_sha256``), which together cover every byte of
+the file once. Its digest as a whole is the SHA-256 of that list
+(:func:`parts_digest`: the size, and each part's offset, length and digest),
+derived from the metadata by every reader rather than recorded, so it can never
+disagree with the parts. Each byte is hashed once when written and once when
+read. Keyed files written by earlier statekit 0.1 builds record the SHA-256 of
+the whole file as well (and no ``tail_sha256``); they are checked by that one.
+
+Digests are computed as the bytes are written (:func:`sha256_later`), never in
+a second pass over a file, and checked on the bytes a reader gets
+(:func:`check_sha256`). Bytes inlined into ``_metadata`` are covered by the
+metadata's own checksum as well.
 
 Writing hashes off the writer's thread: hashlib lets go of the GIL while it
-hashes more than a few KiB, so one thread of this process (:func:`sha256_later`,
-:class:`HashingOutput`) hashes on another core while the writer encodes the
+hashes more than a few KiB, so one thread of this process (:func:`sha256_later`)
+hashes on another core while the writer encodes the
 next block. On a machine whose cores are all busy it costs what hashing costs
 (SHA-256 runs at about 1.8 GB/s here); elsewhere the snapshot hardly waits.
 
@@ -29,21 +39,26 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import struct
 import threading
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
 
 from .._errors import CorruptSnapshotError
 
 __all__ = [
     "DIGEST_KEY",
     "NOT_RECORDED",
-    "HashingOutput",
+    "FileDigest",
     "check_sha256",
     "check_sha256_later",
+    "fd_has_digest",
     "file_sha256",
     "new_sha256",
     "parse_sha256",
+    "parts_digest",
+    "recorded_digest",
     "sha256_later",
     "sha256_of",
 ]
@@ -151,36 +166,101 @@ def check_sha256_later(data: bytes, expected: str, where: str, what: str = "") -
     return _hasher().submit(check_sha256, data, expected, where, what)
 
 
-class HashingOutput:
-    """An output stream that computes the SHA-256 of the bytes written through it.
+_PARTS_MAGIC = b"statekit-parts-sha256\n"
+_PART = struct.Struct(">QQ")
 
-    Wraps a checkpoint storage's stream (or anything with ``write``); what it
-    does not define (``close_and_get_handle``, ``discard``, ``tell``,
-    ``link_source``) goes to the stream it wraps.
+
+def parts_digest(size: int, parts: tuple[tuple[int, int, str], ...]) -> str:
+    """The digest of a file recorded in parts: the SHA-256 of its size and each ``(offset, length, sha256)``.
+
+    Two files have the same parts digest only if they have the same parts with
+    the same bytes; since the parts tile the file (:func:`recorded_digest`
+    refuses any that do not), only if they have the same bytes.
+    """
+    h = hashlib.sha256(_PARTS_MAGIC + _PART.pack(size, len(parts)))
+    for offset, length, sha in parts:
+        h.update(_PART.pack(offset, length) + bytes.fromhex(sha))
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """What a checkpoint records of one file's bytes (see :func:`recorded_digest`).
+
+    Attributes:
+        name: The SHA-256 of the whole file, or its :func:`parts_digest`: the
+            name its local copy is kept under.
+        size: The file's size in bytes when recorded in parts, else None.
+        parts: ``(offset, length, sha256)`` of each part, in file order, tiling
+            ``[0, size)``; empty when the whole file has one SHA-256.
     """
 
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self._hash = hashlib.sha256()
-        self._pending: Future[None] | None = None
-        self.size = 0
+    name: str
+    size: int | None = None
+    parts: tuple[tuple[int, int, str], ...] = ()
 
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        """Write ``data`` to the wrapped stream; it is hashed on the hashing thread, in order."""
-        if type(data) is not bytes:
-            data = bytes(data)  # the caller may change a bytearray or a view once this returns
-        n = self._inner.write(data)
-        self.size += len(data)
-        self._pending = _hasher().submit(self._hash.update, data)
-        return len(data) if n is None else int(n)
 
-    @property
-    def sha256(self) -> str:
-        """The digest of everything written so far (lowercase hex)."""
-        if self._pending is not None:
-            self._pending.result()  # the one thread ran every earlier update before this one
-            self._pending = None
-        return self._hash.hexdigest()
+def recorded_digest(entry: Mapping[str, object], what: str = "a file") -> FileDigest | None:
+    """The digest a file's ``_metadata`` entry records; None for a file written before digests.
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+    The SHA-256 of the whole file where the entry has one (``"sha256"``); else,
+    for a canonical keyed file, its parts (``header_sha256``, ``block_sha256``,
+    ``tail_sha256`` at ``header_length`` and ``offsets``), which must tile the
+    file's ``size``.
+
+    Raises:
+        CorruptSnapshotError: If a digest is malformed, or the parts do not
+            cover the file exactly once (a damaged or crafted metadata).
+    """
+    whole = parse_sha256(entry.get(DIGEST_KEY), what)
+    if whole is not None:
+        return FileDigest(whole)
+    tail = parse_sha256(entry.get("tail_sha256"), f"the index of {what}")
+    if tail is None:
+        return None
+    try:
+        size, hl = entry["size"], entry["header_length"]
+        offsets, blocks = entry["offsets"], entry["block_sha256"]
+        assert isinstance(size, int) and isinstance(hl, int)
+        assert isinstance(offsets, dict) and isinstance(blocks, dict) and set(offsets) == set(blocks)
+        header = parse_sha256(entry.get("header_sha256"), f"the header of {what}")
+        assert header is not None
+        parts = [(0, hl, header)]
+        for kg, (offset, length) in sorted(offsets.items(), key=lambda item: int(item[1][0])):
+            sha = parse_sha256(blocks[kg], f"the block of key group {kg} of {what}")
+            assert sha is not None and isinstance(offset, int) and isinstance(length, int)
+            parts.append((offset, length, sha))
+        end = parts[-1][0] + parts[-1][1]
+        parts.append((end, size - end, tail))
+    except (AssertionError, KeyError, TypeError, ValueError):
+        raise CorruptSnapshotError(f"the recorded parts of {what} are incomplete or malformed") from None
+    pos = 0
+    for offset, length, _ in parts:
+        if offset != pos or length < 0:
+            raise CorruptSnapshotError(
+                f"the recorded parts of {what} do not cover it exactly once (a part at byte {offset}, "
+                f"expected one at {pos}): the metadata is damaged or was crafted"
+            )
+        pos += length
+    fixed = tuple(parts)
+    return FileDigest(parts_digest(size, fixed), size, fixed)
+
+
+def fd_has_digest(fd: int, digest: FileDigest, *, chunk_size: int = _CHUNK) -> bool:
+    """Whether the bytes of the open local file ``fd`` (read from its start) have ``digest``: one pass."""
+    if not digest.parts:
+        return file_sha256(fd, chunk_size=chunk_size) == digest.name
+    if os.fstat(fd).st_size != digest.size:
+        return False
+    for offset, length, sha in digest.parts:
+        h = hashlib.sha256()
+        pos, end = offset, offset + length
+        while pos < end:
+            data = os.pread(fd, min(chunk_size, end - pos), pos)
+            if not data:
+                return False
+            h.update(data)
+            pos += len(data)
+        if h.hexdigest() != sha:
+            return False
+    return True

@@ -270,6 +270,9 @@ class SnapshotWriteResult:
     """The SHA-256 of each non-empty key group's block (the bytes at its ``offsets`` entry)."""
     state_entries: dict[str, int] = field(default_factory=dict)
     """(key, namespace) entries of each state (they add up to ``entries``)."""
+    tail_sha256: str | None = None
+    """The SHA-256 of the index and trailer (the bytes after the last block): with the header's
+    and the blocks', every byte of the file has exactly one recorded digest."""
 
 
 def write_canonical(
@@ -305,8 +308,11 @@ def write_canonical(
                 for col in (keys, nss, vals):
                     parts.append(_U32.pack(len(col)))
                     parts.append(col)
+            crc = 0
+            for part in parts:  # the block's CRC-32 without joining it twice
+                crc = zlib.crc32(part, crc)
+            parts.append(_U32.pack(crc))
             block = b"".join(parts)
-            block += _U32.pack(zlib.crc32(block))
             out.write(block)
             offsets[kg] = (pos, len(block))
             hashing[kg] = sha256_later(block)
@@ -320,7 +326,15 @@ def write_canonical(
     out.write(tail)
     digests = {kg: f.result() for kg, f in hashing.items()}
     return SnapshotWriteResult(
-        offsets, len(head), entries, pos + len(tail), state_sizes, sha256_of(head), digests, state_entries
+        offsets,
+        len(head),
+        entries,
+        pos + len(tail),
+        state_sizes,
+        sha256_of(head),
+        digests,
+        state_entries,
+        sha256_of(tail),
     )
 
 
@@ -349,6 +363,11 @@ class _CheckedParts:
     ask for exactly the recorded range); a read of exactly a block's recorded
     range is checked. Other reads (the index, the trailer) pass unchecked:
     readers compare the index with the recorded offsets.
+
+    Bytes the wrapped handle vouches for are not hashed again: a local copy
+    whose whole was checked against the recorded digest before its first read
+    returns them from ``read_verified`` (None when it cannot, and the bytes are
+    then read and checked as any others).
     """
 
     def __init__(
@@ -380,15 +399,24 @@ class _CheckedParts:
             return head[offset:end]
         return head[offset:] + self._read(hl, None if length is None else end - hl)
 
+    def _verified(self, offset: int, length: int | None) -> bytes | None:
+        read_verified = getattr(self._inner, "read_verified", None)
+        return None if read_verified is None else read_verified(offset, length)
+
     def _header(self) -> bytes:
         if self._head is None:
             assert self._header_sha256 is not None
-            data = self._inner.read(0, self._header_length)
-            check_sha256(data, self._header_sha256, describe_stream(self._inner), "the header")
+            data = self._verified(0, self._header_length)
+            if data is None:
+                data = self._inner.read(0, self._header_length)
+                check_sha256(data, self._header_sha256, describe_stream(self._inner), "the header")
             self._head = data
         return self._head
 
     def _read(self, offset: int, length: int | None) -> bytes:
+        data = self._verified(offset, length)
+        if data is not None:
+            return data
         data = self._inner.read(offset, length)
         block = self._blocks.get((offset, length)) if length is not None else None
         if block is not None:
@@ -403,6 +431,9 @@ class _CheckedParts:
         """
         if self._header_sha256 is not None and offset < self._header_length:
             return self.read(offset, length), None
+        data = self._verified(offset, length)
+        if data is not None:
+            return data, None
         data = self._inner.read(offset, length)
         block = self._blocks.get((offset, length))
         if block is None:

@@ -27,6 +27,7 @@ from ..checkpoints._metadata import metadata_at
 from ..checkpoints._restore import CompletedCheckpoint
 from ..plugins._registry import default_registry
 from ..runtime._subtask import Subtask
+from ..snapshots._digest import FileDigest
 from ..state._operator import OperatorSnapshot
 from ..state._parameters import KeyedBackendParameters
 from ..state._ttl import system_clock
@@ -52,7 +53,7 @@ class RestoreSource:
     metadata: Any  # InlineMetadata, StoredMetadata or a Broadcast of the metadata bytes
     _checkpoint: CompletedCheckpoint | None = None
     _operator_states: list[OperatorSnapshot] | None = field(default=None)
-    _digests: dict[str, str] | None = field(default=None)
+    _digests: dict[str, FileDigest] | None = field(default=None)
 
     def checkpoint(self) -> CompletedCheckpoint | None:
         if self.plan.restore_location is None:
@@ -72,7 +73,7 @@ class RestoreSource:
             return None
         return CompletedCheckpoint(storage, cp.location, cp.metadata)
 
-    def digests(self) -> dict[str, str]:
+    def digests(self) -> dict[str, FileDigest]:
         """The SHA-256 the restore checkpoint records for each file of the operator."""
         cp = self.checkpoint()
         if cp is None:
