@@ -14,7 +14,9 @@ import itertools
 import os
 import random
 import shutil
+import struct
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -27,6 +29,7 @@ __all__ = [
     "best_of",
     "digests_off",
     "expected_counts",
+    "hashing_seconds",
     "rmw_batched",
     "rmw_per_record",
     "run_parts",
@@ -138,19 +141,58 @@ def run_parts(
 
 
 class _NoDigest:
-    """A hash object that hashes nothing: the digests' baseline (every digest reads as zeros)."""
+    """A digest that reads almost nothing: the digests' baseline.
 
-    def update(self, data: object) -> None:
-        pass
+    It is not zeros, so that files keep distinct names (local copies are named
+    by their digest) and a copy is still told from another: the size and the
+    first and last 64 bytes, which differ between any two checkpoint files
+    (each block ends in its own CRC-32), hashed when the digest is asked for.
+    """
+
+    def __init__(self) -> None:
+        self._size = 0
+        self._head = b""
+        self._tail = b""
+
+    def update(self, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        if len(self._head) < 64:
+            self._head = (self._head + bytes(view[:64]))[:64]
+        self._tail = (self._tail + bytes(view[-64:]))[-64:]
+        self._size += len(view)
 
     def hexdigest(self) -> str:
-        return "0" * 64
+        return hashlib.sha256(self._size.to_bytes(8, "big") + self._head + self._tail).hexdigest()
 
 
 class _NoHashlib:
     @staticmethod
     def sha256(data: object = b"") -> _NoDigest:
-        return _NoDigest()
+        d = _NoDigest()
+        d.update(data)
+        return d
+
+
+class _TimedDigest:
+    """A SHA-256 whose hashing CPU time is added to the process's :class:`SwitchableHashlib` total.
+
+    CPU time of the hashing thread, not wall time: a thread that waits for the
+    GIL after hashlib let it go is not hashing.
+    """
+
+    def __init__(self, owner: SwitchableHashlib, data: object) -> None:
+        self._owner = owner
+        t = time.thread_time()
+        self._h = hashlib.sha256(data)  # type: ignore[arg-type]
+        owner.spent(time.thread_time() - t)
+
+    def update(self, data: object) -> None:
+        t = time.thread_time()
+        self._h.update(data)  # type: ignore[arg-type]
+        self._owner.spent(time.thread_time() - t)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
 
 
 class SwitchableHashlib:
@@ -159,36 +201,70 @@ class SwitchableHashlib:
     Spark's Python workers are processes of their own; a ``sitecustomize``
     (:func:`digest_switch_site`) installs this in each, and the driver creates or
     removes ``flag`` to measure with and without digests in one session.
+
+    With ``timing``, each process also keeps the CPU seconds it spent hashing in
+    ``timing/<pid>`` (8 bytes, a double, rewritten after every hash call):
+    :func:`hashing_seconds` sums them. Hashing on statekit's hashing thread
+    overlaps other work, so that sum bounds what hashing costs from above.
     """
 
-    def __init__(self, flag: str) -> None:
+    def __init__(self, flag: str, timing: str | None = None) -> None:
         self.flag = flag
+        self.timing = timing
+        self._pid = -1
+        self._fd = -1
+        self._total = 0.0
+        self._lock = threading.Lock()
 
     def sha256(self, data: object = b"") -> Any:
         if os.path.exists(self.flag):
-            return _NoDigest()
-        return hashlib.sha256(data)  # type: ignore[arg-type]
+            return _NoHashlib.sha256(data)
+        if self.timing is None:
+            return hashlib.sha256(data)  # type: ignore[arg-type]
+        return _TimedDigest(self, data)
+
+    def spent(self, seconds: float) -> None:
+        assert self.timing is not None
+        with self._lock:
+            if self._pid != os.getpid():  # a forked worker starts from zero, in a file of its own
+                self._pid, self._total = os.getpid(), 0.0
+                self._fd = os.open(os.path.join(self.timing, str(self._pid)), os.O_WRONLY | os.O_CREAT, 0o600)
+            self._total += seconds
+            os.pwrite(self._fd, struct.pack("d", self._total), 0)
 
 
-def digest_switch_site(directory: Path, flag: Path) -> Path:
+def hashing_seconds(timing: Path) -> float:
+    """The seconds every process that wrote into ``timing`` has spent hashing so far."""
+    total = 0.0
+    for f in timing.iterdir():
+        data = f.read_bytes()
+        if len(data) == 8:
+            total += struct.unpack("d", data)[0]
+    return total
+
+
+def digest_switch_site(directory: Path, flag: Path, timing: Path | None = None) -> Path:
     """Write a ``sitecustomize.py`` into ``directory`` that installs :class:`SwitchableHashlib` on ``flag``.
 
     Put ``directory`` first on ``PYTHONPATH`` before Spark starts its workers.
+    With ``timing`` (a directory), every process records its hashing seconds there.
     """
     directory.mkdir(parents=True, exist_ok=True)
+    if timing is not None:
+        timing.mkdir(parents=True, exist_ok=True)
     (directory / "sitecustomize.py").write_text(
         "import sys\n"
         f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
         "from harness import SwitchableHashlib\n"
         "from statekit.snapshots import _digest\n"
-        f"_digest.hashlib = SwitchableHashlib({str(flag)!r})\n"
+        f"_digest.hashlib = SwitchableHashlib({str(flag)!r}, {None if timing is None else str(timing)!r})\n"
     )
     return directory
 
 
 @contextlib.contextmanager
 def digests_off() -> Iterator[None]:
-    """Inside: statekit computes no SHA-256 (writes record zeros, reads check zeros): the baseline.
+    """Inside: statekit computes no SHA-256 (a digest of each file's size and ends instead): the baseline.
 
     Every digest of a checkpoint file goes through ``statekit.snapshots._digest``'s
     ``hashlib``; replacing it measures what the digests cost, in the same process.
