@@ -525,8 +525,8 @@ def test_another_subtasks_bytes_under_the_right_name_are_rejected(job: Any, copi
 class _Vanishing(LocalCopies):
     """Copies that lose the file right after it was checked, before any of it is read."""
 
-    def check(self, sha256: str) -> Any:
-        found = super().check(sha256)
+    def check(self, digest: FileDigest) -> Any:
+        found = super().check(digest)
         if found is not None:
             os.unlink(found.path)
         return found
@@ -684,6 +684,82 @@ def test_native_files_are_linked_from_checked_copies_and_kept_when_downloaded(
     through = LocalRecoveryStorage(storage, third, Downloads(), digests_of(f.to_json()))
     _restored_file(f, through).copy_to(tmp_path / "data.mdb")
     assert third.index() == {}
+
+
+def test_a_native_file_read_from_a_checked_copy_is_not_hashed_again(
+    tmp_path: Path, copies: LocalCopies, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine file read (not linked) from its local copy: the copy's check is the one pass."""
+    from statekit.snapshots import _native
+
+    storage = ReferenceCheckpointStorage()
+    src = tmp_path / "data.mdb"
+    src.write_bytes(DATA)
+    f = _uploaded(copies, storage, src)
+    hashed: list[int] = []
+    real = _native.new_sha256
+
+    class Counting:
+        def __init__(self) -> None:
+            self._h = real()
+
+        def update(self, data: bytes) -> None:
+            hashed.append(len(data))
+            self._h.update(data)
+
+        def hexdigest(self) -> str:
+            return str(self._h.hexdigest())
+
+    monkeypatch.setattr(_native, "new_sha256", Counting)
+    through = LocalRecoveryStorage(storage, copies, Downloads(), digests_of(f.to_json()))
+    assert b"".join(_restored_file(f, through).chunks(chunk_size=1000)) == DATA
+    assert hashed == [] and through.downloads.local_bytes == len(DATA) and through.downloads.remote_bytes == 0
+    # From the storage, every byte is hashed as it is read.
+    assert _restored_file(f, LocalRecoveryStorage(storage, None, Downloads())).read() == DATA
+    assert sum(hashed) == len(DATA)
+
+
+class _GoneAfterOneRead(LocalCopies):
+    """Copies whose file is replaced by other bytes after the first read of it."""
+
+    reads = 0
+
+    def read(self, copy: Any, offset: int, length: int | None) -> bytes:
+        data = super().read(copy, offset, length)
+        self.reads += 1
+        if self.reads == 1:
+            os.unlink(copy.path)
+            Path(copy.path).write_bytes(b"x" * copy.size)  # another inode: never read
+        return data
+
+
+@pytest.mark.parametrize("storage_damaged", [False, True], ids=["storage-sound", "storage-damaged"])
+def test_a_native_copy_rejected_part_way_is_finished_from_the_storage_and_checked_whole(
+    tmp_path: Path, storage_damaged: bool
+) -> None:
+    root = tmp_path / "local" / "statekit" / "local-recovery" / "job" / "op"
+    copies = _GoneAfterOneRead(str(root), base=str(tmp_path / "local"))
+    storage = ReferenceCheckpointStorage()
+    src = tmp_path / "data.mdb"
+    src.write_bytes(DATA)
+    f = _uploaded(copies, storage, src)
+    if (
+        storage_damaged
+    ):  # its first bytes, which the copy gave sound: the storage's file is not the recorded one
+        blob = int(f.to_json()["handle"]["blob"])
+        storage._blobs[blob] = bytes([storage._blobs[blob][0] ^ 1]) + storage._blobs[blob][1:]
+    through = LocalRecoveryStorage(storage, copies, Downloads(), digests_of(f.to_json()))
+    restored = _restored_file(f, through)
+    if storage_damaged:
+        with pytest.raises(CorruptSnapshotError, match=re.escape(NOT_RECORDED)):
+            b"".join(restored.chunks(chunk_size=1000))
+        return
+    assert b"".join(restored.chunks(chunk_size=1000)) == DATA
+    d = through.downloads
+    # The copy gave the first 1,000 bytes; the storage gives them again (to hash them) and the rest.
+    assert d.rejected == 1 and d.local_bytes == 1000 and d.remote_bytes == len(DATA)
+    (reason,) = d.reasons
+    assert "replaced or changed after it was checked" in reason
 
 
 def test_a_linked_copy_deleted_after_it_was_checked_is_downloaded(tmp_path: Path) -> None:

@@ -160,18 +160,32 @@ class NativeFile:
                 f"the checkpoint says {self.size}; the file is truncated or was replaced"
             )
         sha = new_sha256() if self.sha256 is not None else None
+        # A local copy checked whole against this digest (task-local recovery) vouches for the
+        # bytes it gives: they are not hashed again. If it is rejected part-way, the bytes it
+        # gave are hashed from the storage, with the rest.
+        read_verified = getattr(self.stream, "read_verified", None) if sha is not None else None
+        trusted = 0  # the leading bytes the checked copy gave
         crc = 0
         pos = 0
         while pos < self.size:
-            data = self.stream.read(pos, min(chunk_size, self.size - pos))
+            n = min(chunk_size, self.size - pos)
+            data = read_verified(pos, n) if read_verified is not None and trusted == pos else None
+            if data is not None:
+                trusted += len(data)
+            else:
+                if trusted and trusted == pos and sha is not None:
+                    self._hash_from_storage(sha, trusted, chunk_size)
+                data = self.stream.read(pos, n)
+                if sha is not None:
+                    sha.update(data)
+                else:
+                    crc = zlib.crc32(data, crc)
             if not data:
                 break
-            if sha is not None:
-                sha.update(data)
-            else:
-                crc = zlib.crc32(data, crc)
             pos += len(data)
             yield data
+        if trusted and trusted == self.size:
+            return
         if sha is not None:
             if pos != self.size or sha.hexdigest() != self.sha256:
                 raise CorruptSnapshotError(
@@ -182,6 +196,16 @@ class NativeFile:
                 f"{describe_stream(self.stream)}: native file {self.name}: checksum mismatch; "
                 "the file is corrupt"
             )
+
+    def _hash_from_storage(self, sha: Any, length: int, chunk_size: int) -> None:
+        """Hash the file's first ``length`` bytes as :meth:`read <StreamStateHandle.read>` gives them now."""
+        pos = 0
+        while pos < length:
+            data = self.stream.read(pos, min(chunk_size, length - pos))
+            if not data:
+                return  # short: the size check after the last chunk fails
+            sha.update(data)
+            pos += len(data)
 
     def read(self) -> bytes:
         """The whole file, checked (see :meth:`chunks`)."""
