@@ -130,6 +130,31 @@ def test_history_is_bounded_and_survives_restarts_and_savepoints(tmp_path: Path)
     assert [a.status for a in attempts[1:]] == ["subsumed", "subsumed", "completed"]
 
 
+def test_the_history_is_written_once_per_checkpoint_with_what_retention_subsumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One file write per checkpoint (a PUT on S3): the completed attempt and the subsumed one together."""
+    from statekit_storage import FileSystemCheckpointStorage
+
+    writes: list[list[str]] = []
+    real = FileSystemCheckpointStorage.write_job_file
+
+    def counted(self: Any, job_id: str, name: str, data: bytes) -> None:
+        real(self, job_id, name, data)
+        writes.append([f"{a.checkpoint_id}:{a.status}" for a in read_checkpoint_history(self, job_id)])
+
+    monkeypatch.setattr(FileSystemCheckpointStorage, "write_job_file", counted)
+    r = make_runner({"statekit.checkpoints.dir": str(tmp_path / "ckpt")})  # retention keeps 1
+    run_batches(r, [batch(i) for i in range(4)])
+    r.close()
+    assert writes == [
+        ["1:completed"],
+        ["1:subsumed", "2:completed"],
+        ["1:subsumed", "2:subsumed", "3:completed"],
+        ["1:subsumed", "2:subsumed", "3:subsumed", "4:completed"],
+    ]
+
+
 def test_history_off_records_nothing(tmp_path: Path) -> None:
     conf = {"statekit.checkpoints.dir": str(tmp_path / "ckpt"), "statekit.checkpoints.history.max-entries": 0}
     r = make_runner(conf)

@@ -261,6 +261,8 @@ class CheckpointCoordinator:
             properties=properties,
         )
         self.last_completed = cid
+        # Written by retain(), which follows every completed checkpoint: one write holds the
+        # attempt and what retention subsumed (flushed here if a hook fails before that).
         self.history.record(
             checkpoint_id=cid,
             kind="checkpoint",
@@ -268,20 +270,30 @@ class CheckpointCoordinator:
             location=location,
             subtasks=subtasks,
             properties=properties,
+            write=False,
         )
-        notify(cid, True)
-        self.registry.hook.statekit_checkpoint_completed(
-            job_id=self.job_id, checkpoint_id=cid, location=location
-        )
+        try:
+            notify(cid, True)
+            self.registry.hook.statekit_checkpoint_completed(
+                job_id=self.job_id, checkpoint_id=cid, location=location
+            )
+        except BaseException:
+            self.history.flush()
+            raise
         return location
 
     def retain(self) -> None:
         """Retention after a completed checkpoint: the newest ``retained`` stay, with the files they share.
 
         Never raises for a failing store (what cannot be deleted now is warned
-        of and tried again after the next checkpoint).
+        of and tried again after the next checkpoint). Writes the checkpoint
+        history: the completed attempt and what retention subsumed, in one write.
         """
-        self.history.subsumed(apply_retention(self.storage, self.job_id, self.retained))
+        gone: list[str] = []
+        try:
+            gone = list(apply_retention(self.storage, self.job_id, self.retained))
+        finally:
+            self.history.subsumed(gone)
 
     def abort(
         self,

@@ -278,6 +278,7 @@ class CheckpointHistory:
         self.max_entries = max_entries
         self.runner = runner
         self._attempts: list[CheckpointAttempt] | None = None  # read at the first record
+        self._unwritten = False  # an attempt recorded with write=False, not written yet
 
     @property
     def enabled(self) -> bool:
@@ -298,15 +299,20 @@ class CheckpointHistory:
         subtasks: Iterable[SubtaskState],
         error: BaseException | None = None,
         properties: Mapping[str, Any] | None = None,
+        write: bool = True,
     ) -> None:
         """Record one attempt (completed, or failed with ``error``) and write the history.
+
+        With ``write=False`` the history is written by the next :meth:`subsumed`
+        or :meth:`flush` instead: a completed checkpoint's retention follows at
+        once, and one write then holds both (one file write per checkpoint, not two).
 
         Never raises: see the module doc.
         """
         if not self.enabled:
             return
         try:
-            self._record(checkpoint_id, kind, trigger_ms, location, subtasks, error, properties)
+            self._record(checkpoint_id, kind, trigger_ms, location, subtasks, error, properties, write)
         except Exception as e:  # noqa: BLE001 - the history never fails a checkpoint (module doc)
             self._warn(f"checkpoint {checkpoint_id} could not be recorded in its checkpoint history ({e!r})")
 
@@ -319,6 +325,7 @@ class CheckpointHistory:
         subtasks: Iterable[SubtaskState],
         error: BaseException | None,
         properties: Mapping[str, Any] | None,
+        write: bool,
     ) -> None:
         batch = (properties or {}).get("spark_batch_id")
         failure = None
@@ -339,22 +346,31 @@ class CheckpointHistory:
         attempts = self._load()
         attempts.append(attempt)
         del attempts[: max(0, len(attempts) - self.max_entries)]
-        self._write()
+        if write:
+            self._write()
+        else:
+            self._unwritten = True
 
     def subsumed(self, locations: Iterable[str]) -> None:
         """Retention deleted the completed checkpoints at ``locations``: mark them ``subsumed``.
 
+        Writes the history if that changed it or an attempt is not written yet.
         Never raises: see the module doc.
         """
         gone = set(locations)
-        if not gone or not self.enabled or self._attempts is None:
+        if not self.enabled or self._attempts is None:
             return
         changed = False
         for i, a in enumerate(self._attempts):
             if a.status == COMPLETED and a.kind == "checkpoint" and a.location in gone:
                 self._attempts[i] = replace(a, status=SUBSUMED)
                 changed = True
-        if changed:
+        if changed or self._unwritten:
+            self._write()
+
+    def flush(self) -> None:
+        """Write the history if an attempt recorded with ``write=False`` is not written yet. Never raises."""
+        if self._unwritten and self.enabled and self._attempts is not None:
             self._write()
 
     def _load(self) -> list[CheckpointAttempt]:
@@ -385,6 +401,7 @@ class CheckpointHistory:
     def _write(self) -> None:
         files = _job_files(self.storage)
         assert files is not None and self._attempts is not None
+        self._unwritten = False  # a failed write is warned of; the next one holds every attempt
         try:
             files.write_job_file(self.job_id, HISTORY_FILE, encode_history(self._attempts))
         except Exception as e:  # noqa: BLE001 - the history never fails a checkpoint (module doc)
