@@ -31,7 +31,7 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench_spark_locality import _config, run_statekit, session, write_batches
+from bench_spark_locality import _config, master_and_cores, run_statekit, session, write_batches
 from harness import digest_switch_site, hashing_seconds
 
 
@@ -56,13 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with ExitStack() as stack:
-            if args.master:
-                master, cores = args.master, int(args.master.strip("local[]*") or 2)
-            else:
-                from cluster import standalone_cluster
-
-                cluster = stack.enter_context(standalone_cluster(root / "cluster", workers=args.workers))
-                master, cores = cluster.master_url, args.workers
+            master, cores = master_and_cores(stack, args, root)
             logs = root / "logs"
             write_batches(logs, args.batches, args.keys)
             spark = session(master, cores, str(root / "spark-local"))

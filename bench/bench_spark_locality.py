@@ -212,6 +212,17 @@ def _config(name: str) -> dict[str, str]:
     return settings
 
 
+def master_and_cores(stack: ExitStack, args: argparse.Namespace, root: Path) -> tuple[str, int]:
+    """``args.master`` (``local[N]``: N cores), or a standalone cluster of ``args.workers`` one-core
+    workers started under ``root`` and stopped when ``stack`` closes."""
+    if args.master:
+        return args.master, int(args.master.strip("local[]*") or 2)
+    from cluster import standalone_cluster
+
+    cluster = stack.enter_context(standalone_cluster(root / "cluster", workers=args.workers))
+    return cluster.master_url, args.workers
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=3, help="standalone workers (ignored with --master)")
@@ -233,13 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="statekit-locality-"))
     try:
         with ExitStack() as stack:
-            if args.master:
-                master, cores = args.master, int(args.master.strip("local[]*") or 2)
-            else:
-                from cluster import standalone_cluster
-
-                cluster = stack.enter_context(standalone_cluster(root / "cluster", workers=args.workers))
-                master, cores = cluster.master_url, args.workers
+            master, cores = master_and_cores(stack, args, root)
             p = args.parallelism or cores
             logs = root / "logs"
             write_batches(logs, args.batches, args.keys)

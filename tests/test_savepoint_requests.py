@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,8 +140,14 @@ def test_a_local_runner_stops_with_a_savepoint_at_the_checkpoint_that_finds_the_
     assert _counts_at(rest.checkpoints[-1]) == dict(expected_counts(records))
 
 
-def test_a_local_runner_answers_a_savepoint_request_and_goes_on(tmp_path: Path) -> None:
-    from jobs import count_urls_runner, expected_counts, make_records
+def _ask_while_a_local_runner_runs(
+    tmp_path: Path, target: str | None, *, stop: bool
+) -> tuple[SavepointResponse, Any, list[Any]]:
+    """A request made from another thread before a LocalRunner counts 600 records (a checkpoint per 200).
+
+    Returns the answer, the run's result and the records.
+    """
+    from jobs import count_urls_runner, make_records
     from statekit import RecordSource
 
     records = make_records(600, urls=10)
@@ -149,7 +156,7 @@ def test_a_local_runner_answers_a_savepoint_request_and_goes_on(tmp_path: Path) 
     answers: list[SavepointResponse] = []
     asker = threading.Thread(
         target=lambda: answers.append(
-            request_savepoint(storage, runner.job_id, str(tmp_path / "sp"), stop=False, timeout=60)
+            request_savepoint(storage, runner.job_id, target, stop=stop, timeout=60)
         )
     )
     asker.start()
@@ -159,6 +166,13 @@ def test_a_local_runner_answers_a_savepoint_request_and_goes_on(tmp_path: Path) 
     runner.close()
     asker.join()
     (answer,) = answers
+    return answer, result, records
+
+
+def test_a_local_runner_answers_a_savepoint_request_and_goes_on(tmp_path: Path) -> None:
+    from jobs import expected_counts
+
+    answer, result, records = _ask_while_a_local_runner_runs(tmp_path, str(tmp_path / "sp"), stop=False)
     assert answer.status == "completed" and not answer.stopped
     assert result.records == 600 and result.stopped_with_savepoint is None
     assert answer.location is not None
@@ -167,23 +181,8 @@ def test_a_local_runner_answers_a_savepoint_request_and_goes_on(tmp_path: Path) 
 
 def test_a_stop_request_whose_savepoint_fails_stops_nothing(tmp_path: Path) -> None:
     """As Flink's stop-with-savepoint: no savepoint, no stop; the requester gets the reason."""
-    from jobs import count_urls_runner, make_records
-    from statekit import RecordSource
-
-    records = make_records(600, urls=10)
-    runner = count_urls_runner(str(tmp_path / "ckpt"), {"statekit.checkpoint.interval-records": 200})
-    storage = FileSystemCheckpointStorage(str(tmp_path / "ckpt"))
-    answers: list[SavepointResponse] = []
-    asker = threading.Thread(  # no --target and no statekit.savepoints.dir: the savepoint cannot be written
-        target=lambda: answers.append(request_savepoint(storage, runner.job_id, None, stop=True, timeout=60))
-    )
-    asker.start()
-    while storage.read_job_file(runner.job_id, REQUEST_FILE) is None:
-        time.sleep(0.01)
-    result = runner.run(RecordSource(records))
-    runner.close()
-    asker.join()
-    (answer,) = answers
+    # No --target and no statekit.savepoints.dir: the savepoint cannot be written.
+    answer, result, _ = _ask_while_a_local_runner_runs(tmp_path, None, stop=True)
     assert answer.status == "failed" and not answer.stopped
     assert answer.failure is not None and "statekit.savepoints.dir" in answer.failure
     assert result.records == 600 and result.stopped_with_savepoint is None
