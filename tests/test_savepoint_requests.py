@@ -7,6 +7,7 @@ runs the real query); the storage is the real filesystem one on local files.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -24,6 +25,10 @@ from statekit.checkpoints._savepoint_requests import (
 )
 from statekit.errors import CheckpointError
 from statekit_storage import FileSystemCheckpointStorage
+
+
+def _now() -> int:
+    return time.time_ns() // 1_000_000
 
 
 @pytest.fixture
@@ -58,7 +63,12 @@ def test_a_request_is_answered_once_and_taken_once(storage: FileSystemCheckpoint
 
 def test_a_second_request_while_one_is_pending_is_refused(storage: FileSystemCheckpointStorage) -> None:
     pending = SavepointRequest(
-        "a" * 32, None, True, 0, time.time_ns() // 1_000_000 + 60_000, "pid 1 on host h"
+        "a" * 32,
+        None,
+        True,
+        time.time_ns() // 1_000_000,
+        time.time_ns() // 1_000_000 + 60_000,
+        "pid 1 on host h",
     )
     storage.write_job_file("job", REQUEST_FILE, pending.to_bytes())
     with pytest.raises(
@@ -70,7 +80,8 @@ def test_a_second_request_while_one_is_pending_is_refused(storage: FileSystemChe
 def test_a_request_found_after_its_deadline_is_answered_expired_and_not_honoured(
     storage: FileSystemCheckpointStorage,
 ) -> None:
-    stale = SavepointRequest("b" * 32, None, True, 0, time.time_ns() // 1_000_000 - 1, "pid 1 on host h")
+    now = time.time_ns() // 1_000_000
+    stale = SavepointRequest("b" * 32, None, True, now - 60_000, now - 1, "pid 1 on host h")
     storage.write_job_file("job", REQUEST_FILE, stale.to_bytes())
     assert take_request(storage, "job") is None  # a forgotten --stop stops nothing
     answer = SavepointResponse.from_bytes(storage.read_job_file("job", "savepoint-response.json") or b"")
@@ -186,3 +197,191 @@ def test_a_stop_request_whose_savepoint_fails_stops_nothing(tmp_path: Path) -> N
     assert answer.status == "failed" and not answer.stopped
     assert answer.failure is not None and "statekit.savepoints.dir" in answer.failure
     assert result.records == 600 and result.stopped_with_savepoint is None
+
+
+# --- requests that cannot hurt the job: exclusive, validated, bounded, one at a time -------------------
+
+
+def test_of_23_requesters_at_once_one_is_pending_and_22_are_refused(
+    storage: FileSystemCheckpointStorage,
+) -> None:
+    """The request file is created exclusively: a second requester never replaces the first."""
+    n = 23
+    barrier = threading.Barrier(n)
+    refused: list[str] = []
+    answers: list[SavepointResponse] = []
+    lock = threading.Lock()
+    all_refused = threading.Event()
+
+    def ask() -> None:
+        barrier.wait()
+        try:
+            answer = request_savepoint(storage, "job", "/sp", stop=False, timeout=120)
+        except CheckpointError as e:
+            with lock:
+                refused.append(str(e))
+                if len(refused) == n - 1:
+                    all_refused.set()
+            return
+        with lock:
+            answers.append(answer)
+
+    askers = [threading.Thread(target=ask) for _ in range(n)]
+    for t in askers:
+        t.start()
+    assert all_refused.wait(120)
+    request = take_request(storage, "job")  # the one pending request, taken once
+    assert request is not None and take_request(storage, "job") is None
+    respond(storage, "job", SavepointResponse(request.request_id, "completed", location="/sp/savepoint-1"))
+    for t in askers:
+        t.join()
+    assert [a.request_id for a in answers] == [request.request_id]
+    assert all("is pending: " + request.request_id[:12] in r for r in refused)
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (
+            b'{"request_id": "' + b"a" * 32 + b'", "target": null, "stop": true, "requested_ms": 1, '
+            b'"deadline_ms": 1e999, "requested_by": "x"}',
+            "deadline_ms is float infinite, expected int",
+        ),
+        (
+            b'{"request_id": "' + b"a" * 32 + b'", "target": null, "stop": "false", "requested_ms": 1, '
+            b'"deadline_ms": 2, "requested_by": "x"}',
+            "stop is str 'false', expected bool",
+        ),
+        (
+            b'{"request_id": "' + b"a" * 32 + b'", "target": "' + b"t" * 5000 + b'", "stop": false, '
+            b'"requested_ms": 1, "deadline_ms": 2}',
+            "over the limit of 4,096",
+        ),
+        (
+            b'{"request_id": "' + b"a" * 32 + b'", "target": null, "stop": false, "requested_ms": 1, '
+            b'"deadline_ms": 99999999999999}',
+            "is not after requested_ms 1 by at most",
+        ),
+        (
+            b'{"request_id": "../x", "target": null, "stop": false, "requested_ms": 1, "deadline_ms": 2}',
+            "request_id is not 32 lowercase hex digits",
+        ),
+        (b"[1, 2]", "a JSON list, not an object"),
+        (b"[" * 4000, "not JSON"),
+    ],
+    ids=["deadline-1e999", "stop-string", "over-size", "deadline-years", "bad-id", "list", "deep"],
+)
+def test_a_request_with_a_bad_field_is_answered_failed_with_the_reason(
+    storage: FileSystemCheckpointStorage, body: bytes, reason: str
+) -> None:
+    storage.write_job_file("job", REQUEST_FILE, body)
+    assert take_request(storage, "job") is None  # nothing done
+    assert storage.read_job_file("job", REQUEST_FILE) is None
+    answer = SavepointResponse.from_bytes(storage.read_job_file("job", "savepoint-response.json") or b"")
+    assert answer.status == "failed" and answer.failure is not None and reason in answer.failure
+    if b'"request_id": "aaaa' in body and len(body) <= 4096:
+        assert answer.request_id == "a" * 32  # the requester learns its request was refused
+
+
+def test_a_requester_replaces_only_an_expired_request(storage: FileSystemCheckpointStorage) -> None:
+    stale = SavepointRequest("b" * 32, None, True, 0, 1, "pid 1 on host h")
+    storage.write_job_file("job", REQUEST_FILE, stale.to_bytes())
+    runner = answer_next(storage, "/sp/savepoint-2")
+    assert request_savepoint(storage, "job", "/sp", stop=False, timeout=60).status == "completed"
+    runner.join()
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), 0.0, -1.0, 1e12])
+def test_a_request_with_an_unbounded_timeout_is_refused_before_anything_is_written(
+    storage: FileSystemCheckpointStorage, timeout: float
+) -> None:
+    with pytest.raises(CheckpointError, match="at most a week"):
+        request_savepoint(storage, "job", None, stop=True, timeout=timeout)
+    assert storage.read_job_file("job", REQUEST_FILE) is None
+
+
+def test_targets_outside_the_savepoints_dir_and_storage_or_inside_a_job_tree_are_refused(
+    tmp_path: Path,
+) -> None:
+    from statekit.checkpoints._honour import check_target
+
+    ckpt = tmp_path / "ckpt"
+    storage = FileSystemCheckpointStorage(str(ckpt))
+    (ckpt / "other-job" / "chk-1").mkdir(parents=True)
+    (ckpt / "other-job" / "chk-1" / "_metadata").write_bytes(b"x")
+    sp = str(tmp_path / "sp")
+    check_target(storage, "job", sp, sp)  # under statekit.savepoints.dir
+    check_target(storage, "job", str(tmp_path / "elsewhere"), None)  # the checkpoints' filesystem
+    check_target(storage, "job", f"file://{tmp_path}/elsewhere", None)
+    check_target(storage, "job", str(ckpt / "savepoints"), None)  # a directory of its own in the root
+    refused = {
+        str(ckpt / "job" / "chk-3"): "inside the directory of job 'job'",
+        str(ckpt / "job" / "shared" / "sp"): "inside the directory of job 'job'",
+        str(ckpt / "other-job" / "x"): "inside the directory of job 'other-job'",
+        str(ckpt / "savepoints" / "chk-2"): "lies in the checkpoints directory",
+        str(ckpt): "lies in the checkpoints directory",
+        "memory://sp": "a requested savepoint goes under statekit.savepoints.dir",
+        "s3://bucket/sp": "a requested savepoint goes",
+        f"{sp}/../ckpt/job": "inside the directory of job 'job'",
+        "s3://bucket/sp/../x": "climbs with '..'",
+    }
+    for target, reason in refused.items():
+        with pytest.raises(CheckpointError, match=re.escape(reason)):
+            check_target(storage, "job", target, sp)
+
+
+def test_a_target_inside_a_checkpoint_is_answered_failed_and_the_run_goes_on(tmp_path: Path) -> None:
+    from jobs import count_urls_runner
+
+    job = count_urls_runner(str(tmp_path / "ckpt"), {}).job_id
+    target = str(tmp_path / "ckpt" / job / "chk-1")
+    answer, result, _ = _ask_while_a_local_runner_runs(tmp_path, target, stop=True)
+    assert answer.status == "failed" and not answer.stopped
+    assert answer.failure is not None and f"inside the directory of job {job!r}" in answer.failure
+    assert result.records == 600 and result.stopped_with_savepoint is None
+    assert not (tmp_path / "ckpt" / job / "chk-1" / "savepoint").exists()
+
+
+def test_a_request_taken_while_a_savepoint_is_written_is_answered_busy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One savepoint at a time per job: a flood is answered ``busy``, not written again and again."""
+    from statekit.checkpoints import _honour
+    from statekit.checkpoints._coordinator import CheckpointCoordinator, CheckpointPolicy
+    from statekit.plugins._registry import default_registry
+
+    storage = FileSystemCheckpointStorage(str(tmp_path / "ckpt"))
+    coordinator = CheckpointCoordinator(
+        storage, "job", max_parallelism=128, retained=1, native=False,
+        policy=CheckpointPolicy("test", True, ""), registry=default_registry(),
+    )  # fmt: skip
+    entered, release = threading.Event(), threading.Event()
+    written: list[str] = []
+
+    def slow_convert(storage: Any, location: str, target: str) -> str:
+        entered.set()
+        assert release.wait(60)
+        written.append(target)
+        raise CheckpointError("no checkpoint here (the test's)")
+
+    monkeypatch.setattr(_honour, "convert_to_savepoint", slow_convert)
+    requests = _honour.SavepointRequests(coordinator, str(tmp_path / "sp"))
+    now = time.time_ns() // 1_000_000
+    first = SavepointRequest("c" * 32, None, False, now, now + 60_000, "a")
+    storage.write_job_file("job", REQUEST_FILE, first.to_bytes())
+    answers: list[SavepointResponse | None] = []
+    writer = threading.Thread(target=lambda: answers.append(requests.after_checkpoint("/x/chk-1", 1)))
+    writer.start()
+    assert entered.wait(60)
+    busy = []
+    for i in range(22):
+        rid = f"{i:032x}"
+        storage.write_job_file(
+            "job", REQUEST_FILE, SavepointRequest(rid, None, False, now, now + 60_000, "b").to_bytes()
+        )
+        busy.append(requests.after_checkpoint("/x/chk-1", 1))
+    release.set()
+    writer.join()
+    assert [b.status if b else None for b in busy] == ["busy"] * 22
+    assert all(b is not None and "is being written (request cccccccccccc)" in (b.failure or "") for b in busy)
+    assert len(written) == 1 and answers[0] is not None and answers[0].status == "failed"

@@ -329,6 +329,17 @@ class FileSystemCheckpointStorage:
         """
         self._job_files.write(job_id, name, data)
 
+    def create_job_file(self, job_id: str, name: str, data: bytes) -> bool:
+        """Creates ``<job>/files/<name>`` holding ``data`` unless it exists; whether it was created.
+
+        Exclusive on local disks and S3 (see ``_publishing.publish``), so of two
+        writers racing, one creates it and the other is told it exists.
+
+        Raises:
+            CheckpointError: If the name is invalid or the store fails.
+        """
+        return self._job_files.create(job_id, name, data)
+
     def read_job_file(self, job_id: str, name: str) -> bytes | None:
         """The bytes of ``<job>/files/<name>``, or None if there is none.
 

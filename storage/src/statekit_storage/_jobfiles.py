@@ -58,6 +58,25 @@ class JobFiles:
         with contextlib.suppress(*FS_ERRORS):
             fs.invalidate_cache(path)
 
+    def create(self, job_id: str, name: str, data: bytes) -> bool:
+        """Create ``<job>/files/<name>`` holding ``data`` unless it exists; whether it was created.
+
+        Exclusive where the store allows it (a hard link on local disks, a
+        conditional put on S3); elsewhere a check right before the write.
+        """
+        url = self._url(job_id, name)
+        fs, path = self._files.open(url)
+        try:
+            publish(fs, path, data, exclusive=True, has_directories=has_directories(fs))
+        except FileExistsError:
+            return False
+        except FS_ERRORS as exc:
+            raise CheckpointError(f"cannot create {url}: {exc}") from exc
+        finally:
+            with contextlib.suppress(*FS_ERRORS):
+                fs.invalidate_cache(path)
+        return True
+
     def read(self, job_id: str, name: str) -> bytes | None:
         """The bytes of ``<job>/files/<name>``, or None."""
         url = self._url(job_id, name)

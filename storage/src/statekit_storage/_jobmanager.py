@@ -291,6 +291,16 @@ class JobManagerCheckpointStorage:
         with self._lock:
             self._job_files.setdefault(check_job_id(job_id), {})[name] = bytes(data)
 
+    def create_job_file(self, job_id: str, name: str, data: bytes) -> bool:
+        """Keeps ``data`` as file ``name`` of ``job_id`` unless there is one; whether it was kept."""
+        check_job_file_name(name)
+        with self._lock:
+            files = self._job_files.setdefault(check_job_id(job_id), {})
+            if name in files:
+                return False
+            files[name] = bytes(data)
+            return True
+
     def read_job_file(self, job_id: str, name: str) -> bytes | None:
         """File ``name`` of ``job_id`` kept here, or None."""
         check_job_file_name(name)

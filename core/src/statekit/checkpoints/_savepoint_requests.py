@@ -13,28 +13,38 @@ requester waits for. With ``stop`` the query ends after that batch.
 
 A request carries its deadline: a runner that finds it after the requester
 gave up answers ``expired`` and does nothing else, so a forgotten
-``--stop`` never stops a query later. One request at a time: a new one
-while another is pending (and not past its deadline) is refused, naming it.
+``--stop`` never stops a query later. One request at a time: the request
+file is created exclusively (a hard link on local disks, a conditional put
+on S3), so of two requesters the second is refused, naming the pending
+request, never silently replacing it. A request is checked field by field
+before anything is done (its size, every field's type, a deadline that is a
+finite time at most :data:`MAX_WAIT_MS` ahead); one that is not a request
+statekit writes is answered ``failed`` with the reason, and nothing else.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import socket
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from .._contracts import CheckpointStorage, SupportsJobFiles
 from .._errors import CheckpointError
 
 __all__ = [
+    "BUSY",
     "COMPLETED",
     "EXPIRED",
     "FAILED",
+    "MAX_REQUEST_BYTES",
+    "MAX_WAIT_MS",
     "REQUEST_FILE",
     "RESPONSE_FILE",
     "SavepointRequest",
@@ -53,6 +63,14 @@ RESPONSE_FILE = "savepoint-response.json"
 COMPLETED = "completed"
 FAILED = "failed"
 EXPIRED = "expired"
+#: Answered when a savepoint of the job is being written already (one at a time per job).
+BUSY = "busy"
+#: The largest request a runner reads (statekit writes about 300 bytes).
+MAX_REQUEST_BYTES = 4096
+#: The longest a request may wait for its answer: a week (``--timeout`` of at most that).
+MAX_WAIT_MS = 7 * 24 * 3600 * 1000
+_REQUEST_ID = re.compile(r"[0-9a-f]{32}")
+_MAX_TEXT = 1024  # characters of a target or requested_by
 _POLL = 0.25  # seconds between two reads of the answer: a micro-batch takes longer than that
 
 
@@ -81,24 +99,68 @@ class SavepointRequest:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SavepointRequest:
-        """Parse :meth:`to_bytes` output.
+        """Parse :meth:`to_bytes` output, every field checked.
 
         Raises:
-            ValueError: If it is not a request statekit wrote.
+            ValueError: Saying what is wrong, if it is not a request statekit writes:
+                over :data:`MAX_REQUEST_BYTES`, not a JSON object, a field missing or
+                of another type (``"stop": "false"`` is no bool), a deadline that is
+                not a finite time after the request or more than :data:`MAX_WAIT_MS` after it.
         """
+        if len(data) > MAX_REQUEST_BYTES:
+            raise ValueError(f"the request is {len(data):,} bytes, over the limit of {MAX_REQUEST_BYTES:,}")
         try:
             obj = json.loads(data)
-            target = obj.get("target")
-            return cls(
-                request_id=str(obj["request_id"]),
-                target=None if target is None else str(target),
-                stop=bool(obj["stop"]),
-                requested_ms=int(obj["requested_ms"]),
-                deadline_ms=int(obj["deadline_ms"]),
-                requested_by=str(obj.get("requested_by", "?")),
+        except (ValueError, RecursionError) as e:
+            raise ValueError(f"the request is not JSON ({type(e).__name__}: {str(e)[:200]})") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"the request is a JSON {type(obj).__name__}, not an object")
+        unknown = sorted(set(obj) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"the request has fields no statekit writes: {unknown[:5]}")
+        request_id = _field(obj, "request_id", str)
+        if not _REQUEST_ID.fullmatch(request_id):
+            raise ValueError("request_id is not 32 lowercase hex digits")
+        target = obj.get("target")
+        if target is not None:
+            target = _field(obj, "target", str)
+            if not target or len(target) > _MAX_TEXT or any(ord(c) < 32 for c in target):
+                raise ValueError(f"target is empty, over {_MAX_TEXT} characters, or holds control characters")
+        requested_by = _field(obj, "requested_by", str) if "requested_by" in obj else "?"
+        if len(requested_by) > _MAX_TEXT:
+            raise ValueError(f"requested_by is over {_MAX_TEXT} characters")
+        requested_ms = _field(obj, "requested_ms", int)
+        deadline_ms = _field(obj, "deadline_ms", int)
+        if requested_ms < 0 or not requested_ms < deadline_ms <= requested_ms + MAX_WAIT_MS:
+            raise ValueError(
+                f"deadline_ms {deadline_ms} is not after requested_ms {requested_ms} by at most "
+                f"{MAX_WAIT_MS // 3_600_000} hours"
             )
-        except (KeyError, TypeError, AttributeError, RecursionError) as e:
-            raise ValueError(f"malformed savepoint request ({type(e).__name__}: {e})") from None
+        return cls(request_id, target, _field(obj, "stop", bool), requested_ms, deadline_ms, requested_by)
+
+
+def _field(obj: dict[str, Any], name: str, kind: type[Any]) -> Any:
+    """``obj[name]`` if it is a ``kind`` (a bool is no int, a float no int), else a ValueError."""
+    if name not in obj:
+        raise ValueError(f"the request has no {name}")
+    value = obj[name]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        shown = "infinite" if isinstance(value, float) and not math.isfinite(value) else repr(value)[:60]
+        raise ValueError(f"{name} is {type(value).__name__} {shown}, expected {kind.__name__}")
+    return value
+
+
+def request_id_of(data: bytes) -> str:
+    """The well-formed id a damaged request names (its answer names it), else ``unknown``."""
+    if len(data) <= MAX_REQUEST_BYTES:
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError):
+            return "unknown"
+        rid = obj.get("request_id") if isinstance(obj, dict) else None
+        if isinstance(rid, str) and _REQUEST_ID.fullmatch(rid):
+            return rid
+    return "unknown"
 
 
 @dataclass(frozen=True)
@@ -107,7 +169,8 @@ class SavepointResponse:
 
     Attributes:
         request_id: The request answered.
-        status: ``completed``, ``failed`` or ``expired`` (found after its deadline: nothing done).
+        status: ``completed``, ``failed``, ``expired`` (found after its deadline: nothing done) or
+            ``busy`` (a savepoint of the job was being written: nothing done, ask again).
         location: The savepoint's location, when completed.
         failure: Why it failed.
         checkpoint_id: The checkpoint the savepoint was taken at.
@@ -142,6 +205,13 @@ class SavepointResponse:
             raise ValueError(f"malformed savepoint response ({type(e).__name__}: {e})") from None
 
 
+@runtime_checkable
+class _CreatesJobFiles(Protocol):
+    """A storage that creates a job file only if there is none (both of statekit's do)."""
+
+    def create_job_file(self, job_id: str, name: str, data: bytes) -> bool: ...
+
+
 def job_files(storage: CheckpointStorage) -> SupportsJobFiles:
     """``storage`` as a keeper of job files.
 
@@ -154,6 +224,17 @@ def job_files(storage: CheckpointStorage) -> SupportsJobFiles:
             "so a running job cannot be asked for a savepoint through it"
         )
     return storage
+
+
+def _create(files: SupportsJobFiles, job_id: str, data: bytes) -> bool:
+    """Create the request file exclusively; whether it was created (False: another request is there)."""
+    if isinstance(files, _CreatesJobFiles):
+        return files.create_job_file(job_id, REQUEST_FILE, data)
+    # A third-party storage without exclusive creation: a check right before the write.
+    if files.read_job_file(job_id, REQUEST_FILE) is not None:
+        return False
+    files.write_job_file(job_id, REQUEST_FILE, data)
+    return True
 
 
 def _now_ms() -> int:
@@ -171,40 +252,46 @@ def request_savepoint(
 ) -> SavepointResponse:
     """Ask the running job ``job_id`` for a savepoint after its next checkpoint, and wait for the answer.
 
-    Returns the answer (``completed`` with the location, or ``failed`` with
-    the reason); the caller reports a failure.
+    Returns the answer (``completed`` with the location, or ``failed``,
+    ``busy`` with the reason); the caller reports a failure.
 
     Raises:
-        CheckpointError: If another request is pending, or no answer came
-            within ``timeout`` seconds (the request is withdrawn then: no query
-            of the job ran a micro-batch meanwhile, because none runs or it has
-            no new input), or the store fails.
+        CheckpointError: If another request is pending (created exclusively: of two
+            requesters at once one is refused), ``timeout`` is not a positive number of
+            seconds up to a week, or no answer came within ``timeout`` seconds (the request
+            is withdrawn then: no query of the job ran a micro-batch meanwhile, because
+            none runs or it has no new input), or the store fails.
     """
+    if not (
+        isinstance(timeout, (int, float)) and math.isfinite(timeout) and 0 < timeout * 1000 <= MAX_WAIT_MS
+    ):
+        raise CheckpointError(
+            f"a savepoint request waits more than 0 s and at most a week, not {timeout!r} s"
+        )
     files = job_files(storage)
-    pending = files.read_job_file(job_id, REQUEST_FILE)
-    if pending is not None:
-        try:
-            other = SavepointRequest.from_bytes(pending)
-        except ValueError:
-            other = None  # a damaged request: replaced (a runner would refuse it anyway)
-        if other is not None and other.deadline_ms > _now_ms():
-            raise CheckpointError(
-                f"a savepoint request of job {job_id!r} is pending: {other.request_id[:12]} by "
-                f"{other.requested_by}, waiting until "
-                f"{time.strftime('%H:%M:%S', time.gmtime(other.deadline_ms / 1000))} UTC. "
-                "Wait for it (one request at a time), or delete the job file "
-                f"{REQUEST_FILE} (<job>/files/ on the filesystem storage) if its requester is gone"
-            )
     now = _now_ms()
     request = SavepointRequest(
         request_id=uuid.uuid4().hex,
         target=target,
         stop=stop,
         requested_ms=now,
-        deadline_ms=now + int(timeout * 1000),
-        requested_by=f"pid {os.getpid()} on host {socket.gethostname()}",
+        deadline_ms=now + max(1, int(timeout * 1000)),
+        requested_by=f"pid {os.getpid()} on host {socket.gethostname()}"[:_MAX_TEXT],
     )
-    files.write_job_file(job_id, REQUEST_FILE, request.to_bytes())
+    SavepointRequest.from_bytes(request.to_bytes())  # what a runner would refuse is refused here
+    if not _create(files, job_id, request.to_bytes()):
+        pending = files.read_job_file(job_id, REQUEST_FILE)
+        if pending is not None:
+            _refuse_pending(job_id, pending)  # raises if it still waits for its answer
+            # Past its deadline or not a request: its requester is gone. Deleted only if unchanged
+            # (another requester may have replaced it meanwhile); then created exclusively again.
+            if files.read_job_file(job_id, REQUEST_FILE) == pending:
+                files.delete_job_file(job_id, REQUEST_FILE)
+        if not _create(files, job_id, request.to_bytes()):
+            _refuse_pending(job_id, files.read_job_file(job_id, REQUEST_FILE) or b"")
+            raise CheckpointError(
+                f"another savepoint request of job {job_id!r} was made at the same moment; one at a time"
+            )
     while True:
         data = files.read_job_file(job_id, RESPONSE_FILE)
         if data is not None:
@@ -226,6 +313,22 @@ def request_savepoint(
     )
 
 
+def _refuse_pending(job_id: str, pending: bytes) -> None:
+    """Raise naming the pending request ``pending``, unless it is past its deadline or damaged."""
+    try:
+        other = SavepointRequest.from_bytes(pending)
+    except ValueError:
+        return
+    if other.deadline_ms > _now_ms():
+        raise CheckpointError(
+            f"a savepoint request of job {job_id!r} is pending: {other.request_id[:12]} by "
+            f"{other.requested_by}, waiting until "
+            f"{time.strftime('%H:%M:%S', time.gmtime(other.deadline_ms / 1000))} UTC. "
+            "Wait for it (one request at a time), or delete the job file "
+            f"{REQUEST_FILE} (<job>/files/ on the filesystem storage) if its requester is gone"
+        )
+
+
 def _withdraw(files: SupportsJobFiles, job_id: str, request: SavepointRequest) -> None:
     """Delete ``request`` if it is still pending (a runner that finds it later answers ``expired``)."""
     data = files.read_job_file(job_id, REQUEST_FILE)
@@ -237,7 +340,8 @@ def take_request(storage: CheckpointStorage, job_id: str) -> SavepointRequest | 
     """The pending request of ``job_id``, deleted so that it is honoured once; None if none is pending.
 
     A request past its deadline is answered ``expired`` here and None
-    returned; a damaged one is deleted and answered ``failed``.
+    returned; one that is not a request statekit writes (see
+    :meth:`SavepointRequest.from_bytes`) is deleted and answered ``failed`` with the reason.
 
     Raises:
         CheckpointError: If the store fails (the request stays for the next batch).
@@ -255,7 +359,10 @@ def take_request(storage: CheckpointStorage, job_id: str) -> SavepointRequest | 
     try:
         request = SavepointRequest.from_bytes(data)
     except ValueError as e:
-        respond(storage, job_id, SavepointResponse("unknown", FAILED, failure=str(e)))
+        respond(
+            storage, job_id,
+            SavepointResponse(request_id_of(data), FAILED, failure=f"refused: {e}; nothing was done"),
+        )  # fmt: skip
         return None
     if request.deadline_ms <= _now_ms():
         respond(storage, job_id, SavepointResponse(request.request_id, EXPIRED))

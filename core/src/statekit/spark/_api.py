@@ -274,11 +274,13 @@ class ProcessedStream:
                 query_id = batch_df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
             if query_id is None:
                 raise CheckpointError("cannot tell which streaming query runs this micro-batch")
-            driver.process_batch(batch_df, batch_id, query_id)
+            with driver.savepoints.batch(batch_id):  # an idle query's savepoint is not written meanwhile
+                driver.process_batch(batch_df, batch_id, query_id)
 
         query: StreamingQuery = self._writer(on_micro_batch, checkpoint_location, trigger, query_name).start()
         query_ids.append(str(query.id))
         started.set()
+        driver.savepoints.watch(query)  # savepoint requests of an idle query, answered at once
         self._query = query
         return query
 
