@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -62,9 +61,10 @@ def restore_elsewhere(
     return processed.checkpoint_storage()
 
 
-def test_cli_savepoint_of_a_running_query_restores_exactly_at_another_parallelism(
+def test_cli_savepoint_of_an_idle_query_is_answered_at_once_and_restores_exactly_at_another_parallelism(
     session: Any, tmp_path: Path, job_id: str
 ) -> None:
+    """Issue 43: no new input, no micro-batch: the newest checkpoint is the savepoint, answered at once."""
     ckpt = tmp_path / "statekit"
     configure(session, ckpt, 2)
     write_inputs(tmp_path / "in", RECORDS[:600], 2)
@@ -73,33 +73,33 @@ def test_cli_savepoint_of_a_running_query_restores_exactly_at_another_parallelis
     query = processed.start(checkpoint_location=str(tmp_path / "spark"), trigger="0.5 seconds")
     try:
         wait_for(lambda: len(infos) >= 2, "the first two micro-batches")
-        cli = subprocess.Popen(
+        done = subprocess.run(
             [sys.executable, "-m", "statekit", "savepoint", "trigger", str(ckpt), "--job", job_id,
-             "--target", str(tmp_path / "sp"), "--timeout", "120", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=driver_env(),
+             "--target", str(tmp_path / "sp"), "--timeout", "300", "--json"],
+            capture_output=True, text=True, env=driver_env(), check=False,
         )  # fmt: skip
-        wait_for(lambda: (ckpt / job_id / "files" / "savepoint-request.json").exists(), "the request")
-        write_inputs(tmp_path / "in", RECORDS[600:900], 1, start=2)  # the next micro-batch
-        out, err = cli.communicate(timeout=180)
-        assert cli.returncode == 0, err
-        answer = json.loads(out)
-        assert answer["status"] == "completed" and answer["batch_id"] == 2 and not answer["stopped"]
+        assert done.returncode == 0, done.stderr
+        answer = json.loads(done.stdout)
+        # Answered with no further micro-batch: the query had nothing to process.
+        assert answer["status"] == "completed" and answer["batch_id"] == 1 and not answer["stopped"]
+        assert [i.batch_id for i in infos] == [0, 1]
         assert query.isActive  # a savepoint without --stop: the query goes on
+        write_inputs(tmp_path / "in", RECORDS[600:700], 1, start=2)
+        wait_for(lambda: len(infos) >= 3, "a micro-batch after the savepoint")
     finally:
         query.stop()
     savepoint = answer["location"]
     meta = load_checkpoint(processed.checkpoint_storage(), savepoint).metadata
-    assert meta.kind == "savepoint" and meta.properties["spark_batch_id"] == 2
+    assert meta.kind == "savepoint" and meta.properties["spark_batch_id"] == 1
     assert {st.keyed["format"] for st in meta.operators["process"]} == {"statekit-canonical"}
-    # The history has the three checkpoints (two subsumed by retention) and the savepoint.
     history = read_checkpoint_history(processed.checkpoint_storage(), job_id)
-    assert [(a.kind, a.status, a.batch_id) for a in history][-2:] == [
-        ("checkpoint", "completed", 2),
-        ("savepoint", "completed", 2),
+    assert [(a.kind, a.status, a.batch_id) for a in history if a.batch_id == 1] == [
+        ("checkpoint", "subsumed", 1),
+        ("savepoint", "completed", 1),
     ]
-    assert [a.status for a in history[:2]] == ["subsumed", "subsumed"]
-    assert history[-1].location == savepoint and history[-1].sizes.uploaded is None  # canonical
-    storage = restore_elsewhere(session, tmp_path, savepoint, RECORDS[900:1200], 3)
+    (saved,) = [a for a in history if a.kind == "savepoint"]
+    assert saved.location == savepoint and saved.sizes.uploaded is None  # canonical
+    storage = restore_elsewhere(session, tmp_path, savepoint, RECORDS[600:1200], 3)
     assert_exact_state(storage, "restored", RECORDS[:1200])
 
 
@@ -129,26 +129,16 @@ def test_stop_with_savepoint_processes_nothing_after_it_and_restores_exactly(
     processed = counting(session, tmp_path / "in", job_id, infos)
     query = processed.start(checkpoint_location=str(tmp_path / "spark"), trigger="0.5 seconds")
     wait_for(lambda: len(infos) >= 1, "the first micro-batch")
-    result: dict[str, Any] = {}
-    stopper = threading.Thread(
-        target=lambda: result.update(
-            location=processed.stop_with_savepoint(str(tmp_path / "sp"), timeout=120)
-        )
-    )
-    stopper.start()
-    wait_for(lambda: (ckpt / job_id / "files" / "savepoint-request.json").exists(), "the request")
-    write_inputs(tmp_path / "in", RECORDS[500:800], 1, start=1)  # batch 1: the savepoint, then the stop
-    stopper.join(timeout=180)
-    assert "location" in result, "stop_with_savepoint did not return"
-    assert not query.isActive
-    write_inputs(tmp_path / "in", RECORDS[800:1000], 1, start=2)  # arrives after the stop: never processed
-    time.sleep(1.5)
+    # The query is idle: the savepoint is its newest checkpoint, and the query stops at once.
+    location = processed.stop_with_savepoint(str(tmp_path / "sp"), timeout=300)
+    wait_for(lambda: not query.isActive, "the stop")
+    write_inputs(tmp_path / "in", RECORDS[500:800], 1, start=1)  # arrives after the stop: never processed
     storage = processed.checkpoint_storage()
     latest = load_checkpoint(storage, storage.latest_checkpoint(job_id)).metadata
-    assert [i.batch_id for i in infos] == [0, 1] and latest.properties["spark_batch_id"] == 1
-    saved = load_checkpoint(storage, result["location"]).metadata
+    assert [i.batch_id for i in infos] == [0] and latest.properties["spark_batch_id"] == 0
+    saved = load_checkpoint(storage, location).metadata
     assert saved.kind == "savepoint" and saved.checkpoint_id == latest.checkpoint_id
-    restored = restore_elsewhere(session, tmp_path, result["location"], RECORDS[800:1000], 1)
+    restored = restore_elsewhere(session, tmp_path, location, RECORDS[500:1000], 1)
     assert_exact_state(restored, "restored", RECORDS[:1000])
 
 
