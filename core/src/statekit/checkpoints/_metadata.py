@@ -6,12 +6,28 @@ per operator and subtask, the key-group range, where the keyed snapshot lies
 (with the offset and digest of every key group's block) and where the
 operator state lies. :meth:`CheckpointMetadata.from_bytes` checks everything a
 restore relies on before any state is read.
+
+A metadata file is bound to its identity: it records its job id, checkpoint
+id and kind (``checkpoint``, or ``savepoint`` with its ``origin``: converted from
+a checkpoint, or taken by a running job), and :func:`metadata_at` checks them
+against where the file sits (:func:`identity_problem`): the ``_metadata`` of
+``<dir>/<job>/chk-<n>`` must be checkpoint ``n`` of job ``<job>``. Another job's
+or another checkpoint's metadata copied there is refused as damage is
+(``restore="latest"`` falls back past it, ``checkpoints verify`` flags it),
+never restored as this job's state. Savepoints are relocatable: any directory
+holds one, but only a savepoint (a checkpoint's metadata outside its
+``chk-<n>`` is refused), and one still named as statekit names it
+(``savepoint-<job[:6]>-<hex>``) must name that job. Metadata of the earliest
+0.1 builds, which did not record its kind, is taken as a checkpoint's at a
+``chk-<n>`` (its job and id are checked, as always recorded) and accepted
+elsewhere with its kind unchecked, which ``checkpoints verify`` says.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import struct
 import zlib
 from collections.abc import Iterator, Mapping
@@ -24,7 +40,15 @@ from .._errors import (
 )
 from ..serialization._keygroups import KeyGroupRange, key_group_range_for_operator
 
-__all__ = ["METADATA_VERSION", "CheckpointMetadata", "SubtaskState", "metadata_at", "naming_damage", "typed"]
+__all__ = [
+    "METADATA_VERSION",
+    "CheckpointMetadata",
+    "SubtaskState",
+    "identity_problem",
+    "metadata_at",
+    "naming_damage",
+    "typed",
+]
 
 _MAGIC = b"STKMETA1"
 _U32 = struct.Struct("<I")
@@ -87,6 +111,18 @@ class CheckpointMetadata:
     backend: str = ""
     timestamp_ms: int = 0
     properties: dict[str, Any] = field(default_factory=dict)
+    kind_recorded: bool = True
+    """False for metadata of the earliest 0.1 builds, which did not record its kind."""
+
+    @property
+    def origin(self) -> dict[str, Any] | None:
+        """Where a savepoint comes from: converted from a checkpoint (which), or taken by a running job."""
+        if self.kind != "savepoint":
+            return None
+        source = self.properties.get("converted_from")
+        if isinstance(source, str):
+            return {"from": "checkpoint", "location": source, "checkpoint_id": self.checkpoint_id}
+        return {"from": "running job", "checkpoint_id": self.checkpoint_id}
 
     def parallelism(self, operator_id: str) -> int:
         """The number of subtasks ``operator_id`` had."""
@@ -117,6 +153,7 @@ class CheckpointMetadata:
                 "timestamp_ms": self.timestamp_ms,
                 "properties": self.properties,
                 "operators": {op: [st.to_json() for st in sts] for op, sts in self.operators.items()},
+                **({"origin": self.origin} if self.kind == "savepoint" else {}),
             },
             separators=(",", ":"),
             sort_keys=True,
@@ -163,7 +200,10 @@ class CheckpointMetadata:
                 backend=typed(obj.get("backend", ""), str, "backend"),
                 timestamp_ms=typed(obj.get("timestamp_ms", 0), int, "timestamp_ms"),
                 properties=typed(obj.get("properties") or {}, dict, "properties"),
+                kind_recorded="kind" in obj,
             )
+            if meta.kind not in ("checkpoint", "savepoint"):
+                raise CorruptSnapshotError(f"kind {meta.kind!r} is neither 'checkpoint' nor 'savepoint'")
             meta._check_layout()
         except CorruptSnapshotError as e:  # raised without the file's name: add it
             raise CorruptSnapshotError(f"{where}: {e}") from None
@@ -226,11 +266,65 @@ def naming_damage(location: str) -> Iterator[None]:
         raise CorruptCheckpointError(location, str(e)) from e
 
 
+_CHECKPOINT_DIR = re.compile(r"chk-(0|[1-9][0-9]*)")
+_SAVEPOINT_DIR = re.compile(r"savepoint-(.{1,6})-[0-9a-f]{12}")
+
+
+def identity_problem(meta: CheckpointMetadata, location: str) -> str | None:
+    """What the metadata read at ``location`` records that does not fit where it sits; None if it fits.
+
+    See the module doc: at ``<dir>/<job>/chk-<n>`` checkpoint ``n`` of job
+    ``<job>``; elsewhere a savepoint (of the job its statekit-given name names).
+    """
+    path = location.rstrip("/")
+    path = path.removesuffix("/_metadata")
+    parts = path.rsplit("/", 2)
+    name, parent = parts[-1], (parts[-2] if len(parts) > 1 else "")
+    checkpoint = _CHECKPOINT_DIR.fullmatch(name)
+    if checkpoint is not None:
+        n = int(checkpoint[1])
+        wrong = []
+        if meta.kind != "checkpoint":
+            wrong.append(f"kind {meta.kind!r}")
+        if meta.job_id != parent:
+            wrong.append(f"job {meta.job_id!r}")
+        if meta.checkpoint_id != n:
+            wrong.append(f"checkpoint id {meta.checkpoint_id}")
+        if not wrong:
+            return None
+        return (
+            f"it sits as checkpoint {n} of job {parent!r} but records {', '.join(wrong)}: it is the "
+            f"metadata of {meta.kind} {meta.checkpoint_id} of job {meta.job_id!r}, copied or moved here, "
+            "and is never restored as this one. Ways out: restore an older checkpoint or a savepoint of "
+            "this job; delete this chk directory once you know how it came here"
+        )
+    if meta.kind == "checkpoint" and meta.kind_recorded:
+        return (
+            f"it is the metadata of checkpoint {meta.checkpoint_id} of job {meta.job_id!r} outside that "
+            f"checkpoint's directory (.../{meta.job_id}/chk-{meta.checkpoint_id}); a checkpoint is not "
+            "relocatable (its shared files belong to its job): restore it where it was written, or "
+            "convert it into a savepoint (statekit savepoint convert), which is"
+        )
+    named = _SAVEPOINT_DIR.fullmatch(name)
+    if named is not None and meta.job_id[:6] != named[1]:
+        return (
+            f"its directory is named as statekit names savepoints of jobs starting {named[1]!r}, but it "
+            f"records job {meta.job_id!r}: another savepoint's metadata copied here"
+        )
+    return None
+
+
 def metadata_at(location: str, data: bytes) -> CheckpointMetadata:
-    """Parse the ``_metadata`` bytes of the checkpoint at ``location``.
+    """Parse the ``_metadata`` bytes of the checkpoint at ``location``, checking its identity there.
 
     Raises:
-        CorruptCheckpointError: Naming ``<location>/_metadata``, if they are damaged.
+        CorruptCheckpointError: Naming ``<location>/_metadata``, if they are damaged, or
+            record another checkpoint than the one at ``location`` (:func:`identity_problem`).
     """
+    where = f"{location.rstrip('/')}/_metadata"
     with naming_damage(location):
-        return CheckpointMetadata.from_bytes(data, f"{location.rstrip('/')}/_metadata")
+        meta = CheckpointMetadata.from_bytes(data, where)
+        problem = identity_problem(meta, location)
+        if problem is not None:
+            raise CorruptSnapshotError(f"{where}: {problem}")
+    return meta

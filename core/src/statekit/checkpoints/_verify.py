@@ -44,10 +44,23 @@ from ..state._raw import decode_raw_file, parse_raw_entry
 from ._metadata import typed
 from ._restore import CompletedCheckpoint, load_checkpoint
 
-__all__ = ["CRC_ONLY", "CheckpointProblem", "crc_only_files", "verify_checkpoint", "verify_loaded"]
+__all__ = [
+    "CRC_ONLY",
+    "KIND_UNCHECKED",
+    "CheckpointProblem",
+    "crc_only_files",
+    "identity_notes",
+    "verify_checkpoint",
+    "verify_loaded",
+]
 
 #: How verification describes a file without a recorded digest.
 CRC_ONLY = "CRC only (written by a statekit before digests)"
+#: What verification says of metadata that records no kind (an early 0.1 statekit wrote it).
+KIND_UNCHECKED = (
+    "identity partly unchecked: the metadata records no kind (an early 0.1 statekit wrote it); its job "
+    "and checkpoint id were checked against where it sits, its kind was not"
+)
 _CHUNK = 4 << 20
 
 
@@ -170,6 +183,11 @@ def _raw_check(stream: StreamStateHandle, entry: Any, kgr: KeyGroupRange, deep: 
         decode_raw_file(stream.read(), entry, kgr, key_groups=kgr, item_slice=(0, 0), where=where)
 
     return check
+
+
+def identity_notes(cp: CompletedCheckpoint) -> list[str]:
+    """What of ``cp``'s identity (see ``_metadata.identity_problem``) could not be checked."""
+    return [] if cp.metadata.kind_recorded else [KIND_UNCHECKED]
 
 
 def crc_only_files(cp: CompletedCheckpoint) -> list[str]:

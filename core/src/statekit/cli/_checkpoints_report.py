@@ -16,7 +16,13 @@ from .._contracts import CheckpointStorage
 from .._errors import CheckpointNotFoundError, CorruptCheckpointError
 from ..checkpoints._metadata import CheckpointMetadata
 from ..checkpoints._restore import load_checkpoint
-from ..checkpoints._verify import CheckpointProblem, crc_only_files, verify_checkpoint, verify_loaded
+from ..checkpoints._verify import (
+    CheckpointProblem,
+    crc_only_files,
+    identity_notes,
+    verify_checkpoint,
+    verify_loaded,
+)
 from ..snapshots._snapshot import CANONICAL_FORMAT
 
 __all__ = [
@@ -163,10 +169,15 @@ def listed(storage: CheckpointStorage, job: str, location: str) -> dict[str, Any
     return {**checkpoint_summary(location, cp.metadata), **status_fields(problems, COMPLETE)}
 
 
-def verified(storage: CheckpointStorage, location: str) -> tuple[list[CheckpointProblem], list[str]]:
-    """Every problem of the checkpoint at ``location`` (read whole), and its files checked by CRC only."""
+def verified(
+    storage: CheckpointStorage, location: str
+) -> tuple[list[CheckpointProblem], list[str], list[str]]:
+    """Every problem of the checkpoint at ``location`` (read whole), its files checked by CRC only, notes.
+
+    A note says what could not be checked (the kind of metadata an early 0.1 statekit wrote).
+    """
     try:
         cp = load_checkpoint(storage, location)
     except CorruptCheckpointError:
-        return verify_checkpoint(storage, location, deep=True), []
-    return verify_loaded(cp, deep=True), crc_only_files(cp)
+        return verify_checkpoint(storage, location, deep=True), [], []
+    return verify_loaded(cp, deep=True), crc_only_files(cp), identity_notes(cp)

@@ -184,13 +184,15 @@ def _verify(args: argparse.Namespace, ctx: CommandContext) -> int:
     for location in locations:
         try:
             with working(ctx, f"verifying {location}"):
-                problems, crc_only = verified(storage, location)
+                problems, crc_only, notes = verified(storage, location)
         except CheckpointNotFoundError:
             if len(locations) == 1:
                 raise
             ctx.note(f"{location} was deleted while verifying (retention of a running job); skipped")
             continue
-        results.append({"location": location, **status_fields(problems, VERIFIED), "crc_only": crc_only})
+        results.append(
+            {"location": location, **status_fields(problems, VERIFIED), "crc_only": crc_only, "notes": notes}
+        )
     bad = [r for r in results if r["problems"]]
     if args.json:
         print(json.dumps(results, indent=2))
@@ -201,7 +203,9 @@ def _verify(args: argparse.Namespace, ctx: CommandContext) -> int:
             damaged = {p["file"] for p in r["problems"]}
             # A file checked by its CRC-32s only is said so: its identity was not checked.
             rows.extend((r["location"], VERIFIED, f, CRC_ONLY) for f in r["crc_only"] if f not in damaged)
-            if not r["problems"] and not r["crc_only"]:
+            meta = r["location"].rstrip("/") + "/_metadata"
+            rows.extend((r["location"], VERIFIED, meta, note) for note in r["notes"])
+            if not r["problems"] and not r["crc_only"] and not r["notes"]:
                 rows.append((r["location"], VERIFIED, "-", "-"))
         print_table(ctx.console, ("checkpoint", "status", "file", "problem"), rows)
         files = sum(len(r["problems"]) for r in bad)
