@@ -14,7 +14,10 @@ alone, before any state is touched, and answers one of:
 The rules (``docs/state.md``, "Evolving a state's type"):
 
 - a dataclass's fields are matched by name, or by a former name the field
-  declares (``dataclasses.field(metadata={"statekit.former_names": ("old",)})``);
+  declares (``dataclasses.field(metadata={"statekit.former_names": ("old",)})``),
+  or, to undo a rename, by a former name the *stored* field declared (the
+  stored schema keeps its fields' former names): code rolled back from
+  ``hits`` (formerly ``count``) to ``count`` finds the values of ``hits``;
   a field may be added if it has a default, removed (its values are dropped),
   moved; the class itself may move or be renamed;
 - ``int`` widens to ``float`` (exactly: an int that no float holds exactly
@@ -62,6 +65,7 @@ __all__ = [
     "layout_serializer",
     "record_converter",
     "resolve_schema",
+    "same_declaration",
     "same_layout",
 ]
 
@@ -96,10 +100,27 @@ def _strip_classes(cfg: Any) -> Any:
         return {
             k: _strip_classes(v)
             for k, v in cfg.items()
-            if not (k == "class" and cfg.get("id") == "dataclass")
+            if not (k in ("class", "former_names") and cfg.get("id") == "dataclass")
         }
     if isinstance(cfg, list):
         return [_strip_classes(v) for v in cfg]
+    return cfg
+
+
+def same_declaration(a: SerializerConfig, b: SerializerConfig) -> bool:
+    """Whether two configs are equal but for the former names their dataclass fields declare."""
+    return bool(a == b or _strip_former_names(a) == _strip_former_names(b))
+
+
+def _strip_former_names(cfg: Any) -> Any:
+    if isinstance(cfg, dict):
+        return {
+            k: _strip_former_names(v)
+            for k, v in cfg.items()
+            if not (k == "former_names" and cfg.get("id") == "dataclass")
+        }
+    if isinstance(cfg, list):
+        return [_strip_former_names(v) for v in cfg]
     return cfg
 
 
@@ -107,7 +128,8 @@ def same_layout(a: SerializerConfig, b: SerializerConfig) -> bool:
     """Whether bytes of config ``a`` are bytes of config ``b``, value for value.
 
     The configs may differ only in the classes of dataclasses (a class that
-    moved or was renamed, with the same fields in the same order).
+    moved or was renamed, with the same fields in the same order) and in the
+    former names their fields declare.
     """
     return bool(a == b or _strip_classes(a) == _strip_classes(b))
 
@@ -226,7 +248,7 @@ def resolve_schema(old: SerializerConfig, new: TypeSerializer, *, path: str = ""
     'float cannot become int: a narrowing loses information'
     """
     new_cfg = new.config()
-    if old == new_cfg:
+    if same_declaration(old, new_cfg):
         return Compatibility("identical", ValueMigration(new, None, True))
     try:
         decoder, convert, changes = _plan(old, new, path)
@@ -278,7 +300,11 @@ _Plan = tuple[TypeSerializer, "Convert | None", list[str]]
 def _plan(old: SerializerConfig, new: TypeSerializer, path: str) -> _Plan:
     new_cfg = new.config()
     if same_layout(old, new_cfg):
-        moved = [] if old == new_cfg else [f"{_at(path)}dataclass {_classes(old)} is now {_classes(new_cfg)}"]
+        moved = (
+            []
+            if same_declaration(old, new_cfg)
+            else [f"{_at(path)}dataclass {_classes(old)} is now {_classes(new_cfg)}"]
+        )
         return new, None, moved
     oid, nid = old.get("id"), new_cfg.get("id")
     what = f"{describe_schema(old)} cannot become {describe_schema(new_cfg)}"
@@ -353,6 +379,14 @@ def former_names(field: dataclasses.Field[Any]) -> tuple[str, ...]:
     return names
 
 
+def _stored_former_names(old: SerializerConfig, here: str) -> dict[str, tuple[str, ...]]:
+    """The former names each stored field declared when it was written (none before renames kept them)."""
+    raw = old.get("former_names") or {}
+    if not isinstance(raw, dict):
+        raise _Refused(here, f"malformed former names {raw!r} in the stored dataclass config")
+    return {str(k): tuple(str(n) for n in v) for k, v in raw.items() if isinstance(v, (list, tuple))}
+
+
 class _Skipped(TypeSerializer):
     """The column of a removed field: never decoded."""
 
@@ -383,12 +417,15 @@ def _plan_dataclass(old: SerializerConfig, new: DataclassSerializer, path: str) 
         raise _Refused(here, f"malformed dataclass config {old!r}") from None
     index = {n: i for i, (n, _) in enumerate(old_fields)}
     specs = {f.name: f for f in dataclasses.fields(new.cls)}
+    stored_formers = _stored_former_names(old, here)
     claimed: dict[int, str] = {}
     changes: list[str] = []
     for name in new.names:
         f = specs[name]
         formers = [n for n in former_names(f) if n in index and n != name]
         matches = ([name] if name in index else []) + formers
+        if not matches:  # a rename undone: a stored field that was once called ``name``
+            matches = [n for n, former in stored_formers.items() if name in former and n in index]
         if len(matches) > 1:
             raise _Refused(
                 f"{here}.{name}",
@@ -405,7 +442,8 @@ def _plan_dataclass(old: SerializerConfig, new: DataclassSerializer, path: str) 
                 )
             claimed[i] = name
             if matches[0] != name:
-                changes.append(f"{here}: field {matches[0]!r} renamed to {name!r}")
+                back = name in stored_formers.get(matches[0], ())
+                changes.append(f"{here}: field {matches[0]!r} renamed {'back ' if back else ''}to {name!r}")
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise _Refused(
                 f"{here}.{name}",

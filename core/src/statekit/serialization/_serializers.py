@@ -616,12 +616,30 @@ class DataclassSerializer(TypeSerializer):
         return self.cls(*self._tuple.copy(self._row(value)))
 
     def config(self) -> SerializerConfig:
-        return {
+        cfg: SerializerConfig = {
             "id": "dataclass",
             "v": 1,
             "class": f"{self.cls.__module__}:{self.cls.__qualname__}",
             "fields": [[n, f.config()] for n, f in zip(self.names, self._tuple.fields)],
         }
+        # The former names fields declare travel with the stored schema, so a rename can be
+        # undone: code rolled back to the old name finds its values (see _evolution). Absent when
+        # no field declares any (the config of every dataclass before renames is unchanged).
+        formers = {
+            f.name: list(names)
+            for f in dataclasses.fields(self.cls)
+            if f.init and (names := _former_names(f))
+        }
+        if formers:
+            cfg["former_names"] = formers
+        return cfg
+
+
+def _former_names(f: dataclasses.Field[Any]) -> tuple[str, ...]:
+    """A field's ``statekit.former_names`` (checked by ``_evolution.former_names`` where they are used)."""
+    raw = f.metadata.get("statekit.former_names", ())
+    names = (raw,) if isinstance(raw, str) else tuple(raw) if isinstance(raw, (list, tuple)) else ()
+    return tuple(n for n in names if isinstance(n, str) and n and n != f.name)
 
 
 class PickleSerializer(TypeSerializer):

@@ -34,6 +34,7 @@ from ..serialization._evolution import (
     layout_serializer,
     record_converter,
     resolve_schema,
+    same_declaration,
     same_layout,
 )
 from ..serialization._serializers import (
@@ -357,8 +358,12 @@ def plan_state_migration(
     if not isinstance(old_cfg, dict):
         raise StateMigrationError(f"state {name!r}: the snapshot declares no serializer")
     old_ttl_cfg = old_meta.get("ttl")
-    if old_cfg == new_meta["serializer"] and old_v == new_v and old_ttl_cfg == new_meta["ttl"]:
-        return None
+    if (
+        same_declaration(old_cfg, new_meta["serializer"])
+        and old_v == new_v
+        and old_ttl_cfg == new_meta["ttl"]
+    ):
+        return None  # the same schema (the former names its fields declare may differ: nothing moves)
     plan_desc = (
         f"state {name!r} was written as {_describe(old_meta)} and is declared as {_describe(new_meta)}"
     )
@@ -377,6 +382,8 @@ def plan_state_migration(
     if old_v != new_v:
         changes.insert(0, f"schema version {old_v} → {new_v}")
     declared = _declared_migration(descriptor, skind, old_unit, old_v, new_v, plan_desc)
+    if declared is None:
+        _refuse_rollback(name, old_meta, new_meta, skind, old_unit, new_unit)
     convert: Convert | None
     if declared is not None:
         decoder, convert = _declared_conversion(declared, skind, old_unit, old_v, plan_desc, changes)
@@ -408,6 +415,56 @@ def plan_state_migration(
         old_ttl=old_ttl_cfg is not None,
         new_ttl=descriptor.ttl is not None,
         lineage=(*lineage_of(old_meta), entry),
+    )
+
+
+def _refuse_rollback(
+    name: str,
+    old_meta: Mapping[str, Any],
+    new_meta: Mapping[str, Any],
+    skind: StateKind,
+    old_unit: SerializerConfig,
+    new_unit: TypeSerializer,
+) -> None:
+    """Refuse a declaration equal to an older schema in the history: code rolled back over newer state.
+
+    Restoring would silently undo the upgrade on the stored values (a field
+    the newer code added dropped, a rename undone, a widening narrowed where
+    it can be), so it is refused by default, naming both schemas and the ways
+    out; going back on purpose is a new schema version.
+    """
+    history = lineage_of(old_meta)
+    older = next(
+        (
+            h
+            for h in reversed(history)
+            if isinstance(h.get("serializer"), dict)
+            and same_declaration(h["serializer"], new_meta["serializer"])
+            and version_of(h) == version_of(new_meta)
+            and h.get("ttl") == new_meta.get("ttl")
+        ),
+        None,
+    )
+    if older is None:
+        return
+    c = resolve_schema(
+        old_unit, new_unit, path={StateKind.LIST: "element", StateKind.MAP: "value"}.get(skind, "")
+    )
+    would = "; ".join(c.migration.changes) if c.migration is not None and c.migration.changes else c.reason
+    origin = older.get("restored_from")
+    upgraded = (
+        f" (the restore of {origin.get('kind')} {origin.get('checkpoint_id')} upgraded it)"
+        if isinstance(origin, Mapping)
+        else ""
+    )
+    top = max([version_of(old_meta), *(version_of(h) for h in history)]) + 1
+    raise StateMigrationError(
+        f"state {name!r} is declared as {_describe(new_meta)}, an older schema of its history{upgraded}: "
+        f"the checkpoint holds it as {_describe(old_meta)}, written by newer code. Code rolled back over "
+        f"newer state is refused (restoring would: {would or 'reinterpret the values'}). Ways out: restore "
+        "the savepoint taken before the upgrade; or declare a Migration on the descriptor that converts "
+        f"the newer values (from_type= the newer type); or, if going back is deliberate, declare "
+        f"version={top} (statekit checkpoints inspect shows the history)"
     )
 
 
