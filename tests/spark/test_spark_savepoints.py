@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from sparkutil import OUTPUT, assert_exact_state, driver_env, run_to_end, stream_of, write_inputs
 
-from jobs import CountUrls, make_records
+from jobs import COUNT, CountUrls, make_records
 from statekit import default_registry
 from statekit.checkpointing import load_checkpoint, read_checkpoint_history
 from statekit.spark import BatchInfo, keyed
@@ -147,3 +147,38 @@ def _no_queries_left(session: Any) -> Any:
     yield
     for q in session.streams.active:
         q.stop()
+
+
+class CountAsText(CountUrls):
+    """The count's type changed incompatibly (``int`` → ``str``)."""
+
+    def open(self, ctx: Any) -> None:
+        from statekit import ValueStateDescriptor
+
+        self.count = ctx.get_state(ValueStateDescriptor(COUNT.name, str, default=""))
+
+
+def test_an_incompatible_state_fails_at_start_on_the_driver_before_any_micro_batch(
+    session: Any, tmp_path: Path, job_id: str
+) -> None:
+    """Issue 42, point 5: not in every task at the first input, not an idle query holding doomed state."""
+    from statekit.errors import IncompatibleSerializerError
+
+    ckpt = tmp_path / "statekit"
+    configure(session, ckpt, 2)
+    write_inputs(tmp_path / "in", RECORDS[:200], 1)
+    run_to_end(counting(session, tmp_path / "in", job_id, []), tmp_path / "spark")
+    infos: list[BatchInfo] = []
+    changed = (
+        keyed(stream_of(session, tmp_path / "in"), "url")
+        .process(CountAsText, OUTPUT, job_id=job_id, on_batch=infos.append)
+        .foreach_batch(lambda df, b: None)
+    )
+    before = len(session.streams.active)
+    for location, restore in ((tmp_path / "spark", None), (tmp_path / "spark-new", "latest")):
+        with pytest.raises(
+            IncompatibleSerializerError,
+            match=rf"state '{COUNT.name}' was written as int and is declared as str",
+        ):
+            changed.start(checkpoint_location=str(location), trigger="0.5 seconds", restore=restore)
+        assert len(session.streams.active) == before and infos == []  # no query started, no batch ran

@@ -52,6 +52,7 @@ from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
 from ..plugins._config import Configuration
 from ..plugins._registry import PluginRegistry, default_registry
 from ..runtime._configured import state_backend_from_config
+from ..runtime._declared import DeclaredStates, declared_states
 from ..runtime._function import KeyedBatchFunction, KeyedProcessFunction, declares_raw_restore
 from ..runtime._migration_log import warn_of_undeclared
 from ..runtime._raw import check_raw_state_claimed
@@ -175,6 +176,10 @@ class MicroBatchDriver:
             maxp = base.metadata.max_parallelism  # as Flink: unset, it comes from the restored state
         self.max_parallelism = int(maxp or compute_default_max_parallelism(self.parallelism))
         validate_parallelism(self.parallelism, self.max_parallelism)
+        self.declared = DeclaredStates(  # issue 42: incompatible states fail at start, on the driver
+            spec.operator_id, declared_states(function, job_id=spec.job_id, parallelism=self.parallelism,
+                                              max_parallelism=self.max_parallelism)
+        )  # fmt: skip
         if base is not None:
             self._validate(base)
         # The run is claimed at the first batch this query processes: a query refused before (its
@@ -227,6 +232,7 @@ class MicroBatchDriver:
             restores=self.restores_raw_state,
             allow_non_restored_state=self.spec.allow_non_restored_state,
         )
+        self.declared.check(cp)  # the declared states' schemas, before any task restores them
 
     def latest(self) -> CompletedCheckpoint | None:
         """The job's latest completed checkpoint, if any.
