@@ -165,3 +165,34 @@ def test_former_names_do_not_change_the_schema_of_a_state_written_before_they_we
     older = {k: v for k, v in cfg.items() if k != "former_names"}
     assert resolve_schema(older, DataclassSerializer(Renamed)).kind == "identical"
     assert "former_names" not in DataclassSerializer(Counts).config()
+
+
+def test_a_restore_that_drops_a_field_holding_values_says_so_where_operators_look(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RunResult, the log line and the checkpoint history name the state and the field, not only inspect."""
+    from statekit.checkpointing import read_checkpoint_history
+    from statekit_storage import FileSystemCheckpointStorage
+
+    ckpt = tmp_path / "ckpt"
+    counts_after(counting(Extended, "extra"), ckpt, RECORDS[:70], Extended, "extra")
+    r = LocalRunner(
+        counting(Counts, "count"),
+        key_selector=lambda rec: rec["url"],
+        config={
+            "statekit.checkpoints.dir": str(ckpt),
+            "statekit.parallelism": 2,
+            "statekit.max-parallelism": 128,
+        },
+    )
+    with caplog.at_level("WARNING", logger="statekit.state"):
+        result = r.run(RecordSource(RECORDS), restore="latest", max_records=35)
+    r.checkpoint()
+    r.close()
+    change = "Counts: field 'extra' removed (its values are dropped)"
+    assert result.dropped_fields == {"visits": [change]}
+    (line,) = [rec.getMessage() for rec in caplog.records if "drops values it holds" in rec.getMessage()]
+    assert f"state 'visits': {change}" in line and str(ckpt / "job" / "chk-1") in line
+    history = read_checkpoint_history(FileSystemCheckpointStorage(str(ckpt)), "job")
+    assert history[-1].dropped_fields == {"visits": [change]}  # the first checkpoint after the restore
+    assert [a.dropped_fields for a in history[:-1]] == [{}] * (len(history) - 1)

@@ -7,10 +7,12 @@ query at another parallelism, and the state checked against the model.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,13 @@ import pytest
 from sparkutil import OUTPUT, assert_exact_state, driver_env, run_to_end, stream_of, write_inputs
 
 from jobs import COUNT, CountUrls, make_records
-from statekit import default_registry
+from statekit import (
+    KeyedProcessFunction,
+    ProcessContext,
+    RuntimeContext,
+    ValueStateDescriptor,
+    default_registry,
+)
 from statekit.checkpointing import load_checkpoint, read_checkpoint_history
 from statekit.spark import BatchInfo, keyed
 
@@ -182,3 +190,53 @@ def test_an_incompatible_state_fails_at_start_on_the_driver_before_any_micro_bat
         ):
             changed.start(checkpoint_location=str(location), trigger="0.5 seconds", restore=restore)
         assert len(session.streams.active) == before and infos == []  # no query started, no batch ran
+
+
+@dataclasses.dataclass
+class Hits:
+    count: int = 0
+    extra: int = 0
+
+
+@dataclasses.dataclass
+class HitsWithoutExtra:
+    count: int = 0
+
+
+class CountHits(KeyedProcessFunction):
+    kind: type = Hits
+
+    def open(self, ctx: RuntimeContext) -> None:
+        self.hits = ctx.get_state(ValueStateDescriptor("hits", self.kind, default=self.kind()))
+
+    def process(self, record: dict[str, Any], ctx: ProcessContext) -> Iterable[Any]:
+        v = self.hits.value()
+        v.count += 1
+        self.hits.update(v)
+        yield (ctx.current_key, v.count)
+
+
+class CountHitsWithoutExtra(CountHits):
+    kind = HitsWithoutExtra
+
+
+def test_a_restore_that_drops_a_field_says_so_in_batch_info_and_the_history(
+    session: Any, tmp_path: Path, job_id: str
+) -> None:
+    """Issue 42, point 4: not only in ``checkpoints inspect``."""
+    ckpt = tmp_path / "statekit"
+    configure(session, ckpt, 2)
+    write_inputs(tmp_path / "in", RECORDS[:100], 1)
+    for function, infos in ((CountHits, []), (CountHitsWithoutExtra, [])):
+        if function is CountHitsWithoutExtra:
+            write_inputs(tmp_path / "in", RECORDS[100:150], 1, start=1)
+        processed = (
+            keyed(stream_of(session, tmp_path / "in"), "url")
+            .process(function, OUTPUT, job_id=job_id, on_batch=infos.append)
+            .foreach_batch(lambda df, b: None)
+        )
+        run_to_end(processed, tmp_path / "spark")
+    change = "HitsWithoutExtra: field 'extra' removed (its values are dropped)"
+    assert [dict(i.dropped_fields) for i in infos] == [{"hits": [change]}]
+    history = read_checkpoint_history(processed.checkpoint_storage(), job_id)
+    assert history[-1].dropped_fields == {"hits": [change]} and history[0].dropped_fields == {}

@@ -139,6 +139,8 @@ class CheckpointAttempt:
         failure: Why it failed (the error's type and message), else None.
         runner: The run that took it (``LocalRunner``, a Spark application).
         batch_id: The Spark micro-batch it was taken after, if any.
+        dropped_fields: What the restore its run started from dropped of the stored values (state
+            to changes, e.g. a removed field), on the first checkpoint after that restore.
     """
 
     checkpoint_id: int
@@ -151,6 +153,7 @@ class CheckpointAttempt:
     failure: str | None = None
     runner: str = ""
     batch_id: int | None = None
+    dropped_fields: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The attempt as a flat JSON object (what ``statekit checkpoints history --json`` prints)."""
@@ -196,6 +199,11 @@ class CheckpointAttempt:
             failure=None if obj.get("failure") is None else str(obj["failure"]),
             runner=str(obj.get("runner", "")),
             batch_id=opt_int("batch_id"),
+            dropped_fields={
+                str(k): [str(c) for c in v]
+                for k, v in dict(obj.get("dropped_fields") or {}).items()
+                if isinstance(v, list)
+            },
         )
 
 
@@ -328,6 +336,7 @@ class CheckpointHistory:
         write: bool,
     ) -> None:
         batch = (properties or {}).get("spark_batch_id")
+        dropped = (properties or {}).get("restore_dropped_fields")  # runtime._migration_log.DROPPED_PROPERTY
         failure = None
         if error is not None:
             failure = f"{type(error).__name__}: {error}"[:_MAX_FAILURE]
@@ -342,6 +351,7 @@ class CheckpointHistory:
             failure=failure,
             runner=self.runner,
             batch_id=batch if isinstance(batch, int) and not isinstance(batch, bool) else None,
+            dropped_fields=dict(dropped) if isinstance(dropped, dict) else {},
         )
         attempts = self._load()
         attempts.append(attempt)

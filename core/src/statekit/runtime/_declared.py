@@ -9,7 +9,10 @@ function once against a :class:`RuntimeContext` that only records what is
 declared (:func:`declared_states`: no backend, no state read), and checks each
 declared keyed state against the schemas the checkpoint's ``_metadata``
 records (:class:`DeclaredStates`), before its first micro-batch, with the
-message the restore itself would give.
+message the restore itself would give. The LocalRunner does the same when
+it restores, before it opens its subtasks. Both learn there what a restore
+drops of the values a checkpoint holds (a field the code no longer has),
+which they report where operators look (see ``_migration_log``).
 
 States declared lazily (in ``process``) are checked where they are declared,
 as before; an ``open`` that reads its state (or fails on the driver) stops
@@ -29,6 +32,7 @@ from ..state._registered import RegisteredState
 from ..state._state import StateDescriptor
 from ..timers import TIMER_STATE_PREFIX
 from ._function import KeyedProcessFunction, RuntimeContext
+from ._migration_log import dropping_changes
 
 __all__ = ["DeclaredStates", "declared_states"]
 
@@ -108,6 +112,14 @@ class DeclaredStates:
         self.operator_id = operator_id
         self.declared = declared
         self._checked: set[str] = set()
+        self._dropped: dict[str, dict[str, list[str]]] = {}
+
+    def dropped(self, cp: CompletedCheckpoint | None) -> dict[str, list[str]]:
+        """What a restore of ``cp`` drops of values it holds: state name to the changes that drop them.
+
+        Known once :meth:`check` saw ``cp``; empty for None or a checkpoint of the declared schemas.
+        """
+        return {} if cp is None else self._dropped.get(cp.location, {})
 
     def check(self, cp: CompletedCheckpoint) -> None:
         """Refuse ``cp`` if a declared state cannot be restored from it, as the restore would.
@@ -126,7 +138,12 @@ class DeclaredStates:
                 name = meta.get("name") if isinstance(meta, dict) else None
                 if isinstance(name, str) and not name.startswith(TIMER_STATE_PREFIX):
                     stored.setdefault(name, {})[json.dumps(meta, sort_keys=True, default=str)] = meta
+        dropped: dict[str, list[str]] = {}
         for descriptor, namespaces in self.declared:
             for meta in stored.get(descriptor.name, {}).values():
-                RegisteredState.of(descriptor, namespaces).check_restorable(dict(meta))
+                plan = RegisteredState.of(descriptor, namespaces).plan_from(dict(meta))
+                for change in dropping_changes(plan.changes if plan is not None else ()):
+                    if change not in dropped.setdefault(descriptor.name, []):
+                        dropped[descriptor.name].append(change)
+        self._dropped[cp.location] = {k: v for k, v in dropped.items() if v}
         self._checked.add(cp.location)

@@ -13,6 +13,15 @@ A restored state the new function does not declare (removed from the code)
 is kept and carried into every checkpoint, keyed and operator state alike;
 :func:`warn_of_undeclared` names each at WARNING, and the runners put them in
 their results (``RunResult.undeclared_states``, ``BatchInfo.undeclared_states``).
+
+A restore that drops values the checkpoint holds (a dataclass field the
+declared type no longer has: its values are gone after the next checkpoint)
+is said where operators look, not only in ``statekit checkpoints inspect``:
+:func:`warn_of_dropped` names each state and field at WARNING, the runners
+put them in their results (``RunResult.dropped_fields``,
+``BatchInfo.dropped_fields``), and the first checkpoint after the restore
+records them in its properties (:data:`DROPPED_PROPERTY`), which the job's
+checkpoint history shows (``statekit checkpoints history``).
 """
 
 from __future__ import annotations
@@ -23,7 +32,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ..state._migration import MigrationProgress
 
-__all__ = ["MigrationProgressLog", "merge_undeclared", "warn_of_undeclared"]
+__all__ = [
+    "DROPPED_PROPERTY",
+    "MigrationProgressLog",
+    "dropping_changes",
+    "merge_undeclared",
+    "warn_of_dropped",
+    "warn_of_undeclared",
+]
+
+#: The checkpoint property naming what the restore before it dropped (state to changes).
+DROPPED_PROPERTY = "restore_dropped_fields"
+_DROPS = "(its values are dropped)"
 
 _LOG = logging.getLogger("statekit.state")
 
@@ -97,6 +117,25 @@ def warn_of_undeclared(where: str, restored_from: str | None, states: Mapping[st
         "%s: %s holds %s, which the function does not declare (by the end of open). Kept and "
         "carried into every checkpoint: declare it again to use it, or drop it from a savepoint "
         "with the state processor (SavepointWriter.remove_state)",
+        where,
+        restored_from or "the restored checkpoint",
+        named,
+    )
+
+
+def dropping_changes(changes: Iterable[str]) -> list[str]:
+    """The changes of a migration plan that drop stored values (a removed dataclass field)."""
+    return [c for c in changes if _DROPS in c]
+
+
+def warn_of_dropped(where: str, restored_from: str | None, dropped: Mapping[str, Sequence[str]]) -> None:
+    """One WARNING naming every state whose restore dropped stored values, and what; none if none."""
+    if not dropped:
+        return
+    named = "; ".join(f"state {name!r}: {', '.join(changes)}" for name, changes in dropped.items())
+    _LOG.warning(
+        "%s: the restore of %s drops values it holds: %s. They are gone from the next checkpoint on; "
+        "to keep them, restore that checkpoint with code that declares the fields (or a Migration)",
         where,
         restored_from or "the restored checkpoint",
         named,

@@ -56,6 +56,7 @@ from ..timers import MAX_WATERMARK, MIN_WATERMARK, NO_TIMER
 from ..timers._eventtime import EventTime
 from ._batches import process_as_batch, process_one_by_one
 from ._configured import checkpoint_storage_from_config, state_backend_from_config
+from ._declared import DeclaredStates, declared_states
 from ._function import (
     KeyedBatchFunction,
     KeyedProcessFunction,
@@ -63,7 +64,7 @@ from ._function import (
 )
 from ._letters import JobDeadLetters
 from ._metrics import CheckpointInfo, checkpoint_fields, checkpoint_stats, log_checkpoint
-from ._migration_log import merge_undeclared, warn_of_undeclared
+from ._migration_log import DROPPED_PROPERTY, merge_undeclared, warn_of_dropped, warn_of_undeclared
 from ._sources import (
     SOURCE_OPERATOR,
     FileSource,
@@ -107,6 +108,10 @@ class RunResult:
     undeclared_states: dict[str, list[str]] = field(default_factory=dict)
     """Restored states the function does not declare, by kind (``keyed``, ``operator``): kept and carried
     into every checkpoint, and named in a WARNING of the ``statekit.state`` logger when the run opened."""
+    dropped_fields: dict[str, list[str]] = field(default_factory=dict)
+    """What the restore dropped of the values the checkpoint held (state to changes: a dataclass field
+    the code no longer has); named in a WARNING of the ``statekit.state`` logger, and recorded by the
+    first checkpoint after the restore (the checkpoint history shows it)."""
     watermark: int = MIN_WATERMARK
     """The event-time watermark when the run ended: the one the records made, also after an end of
     input fired every timer. ``MAX_WATERMARK`` only when the job's restored watermark is the end of
@@ -288,6 +293,10 @@ class LocalRunner:
         """What the last ``restore("latest")`` skipped: ``(location, reason)`` of each damaged checkpoint."""
         self.undeclared_states: dict[str, list[str]] = {}
         """Restored states the function does not declare (``{"keyed": [...], "operator": [...]}``), kept."""
+        self.dropped_fields: dict[str, list[str]] = {}
+        """What the restore dropped of the stored values (see :attr:`RunResult.dropped_fields`)."""
+        self._dropped_unrecorded = False  # no checkpoint recorded dropped_fields yet
+        self._declared: DeclaredStates | None = None
         self._metrics = bool(conf.get("statekit.metrics.enabled"))
         self._result: RunResult | None = None  # the run under way, whose counts checkpoints report
         self._counted = (0, 0, 0, 0, 0)  # those counts at the last checkpoint
@@ -334,6 +343,13 @@ class LocalRunner:
             operators={self.operator_id: self.parallelism, SOURCE_OPERATOR: 1},
             allow_non_restored_state=self.allow_non_restored_state,
         )
+        if self._declared is None:  # the declared states' schemas, checked as on the Spark driver
+            function = self.function_factory()
+            self._declared = DeclaredStates(
+                self.operator_id, declared_states(function, job_id=self.job_id, parallelism=self.parallelism,
+                                                  max_parallelism=self.max_parallelism),
+            )  # fmt: skip
+        self._declared.check(cp)
         # Known before anything is replaced: a failing listing leaves the runner unchanged too.
         highest = highest_checkpoint_id(self.storage, self.job_id)
         fresh = self._operator.restored(cp)
@@ -348,6 +364,8 @@ class LocalRunner:
         self._source.adopt(source_state, position)
         self._time.restored(cp.metadata.properties)
         self._restored_from = cp.location
+        self.dropped_fields = self._declared.dropped(cp)
+        self._dropped_unrecorded = bool(self.dropped_fields)
         self._letters.restored(cp, claimed=claimed)
         self._coordinator.restored(cp, highest)
         self.registry.hook.statekit_restore_done(
@@ -362,6 +380,7 @@ class LocalRunner:
                 st.undeclared_states() for st in self._operator.subtasks
             )
             warn_of_undeclared(f"job {self.job_id!r}", self._restored_from, self.undeclared_states)
+            warn_of_dropped(f"job {self.job_id!r}", self._restored_from, self.dropped_fields)
 
     def close(self) -> None:
         """Close every subtask's function and backends, as Flink cancels a job: no checkpoint.
@@ -525,6 +544,7 @@ class LocalRunner:
         if not self._opened:
             self._open()
         result.undeclared_states = self.undeclared_states
+        result.dropped_fields = self.dropped_fields
         letters = self._letters.staged()
         time = self._time
         late_before, fired_before = time.start_run()
@@ -592,6 +612,8 @@ class LocalRunner:
             CheckpointError: If the checkpoint fails; the previous one stays the latest.
         """
         properties = self._time_properties()
+        if self._dropped_unrecorded:  # what the restore dropped: into the checkpoint history
+            properties[DROPPED_PROPERTY] = self.dropped_fields
         staged = self._letters.seal(properties)
         written: list[SubtaskState] = []
 
@@ -603,6 +625,7 @@ class LocalRunner:
 
         started = _clock.perf_counter()
         location = self._coordinator.checkpoint(write_all, properties, self._operator.notify)
+        self._dropped_unrecorded = False
         duration = _clock.perf_counter() - started
         self._letters.publish(self._coordinator.last_completed, staged)
         self._report(location, written, duration)

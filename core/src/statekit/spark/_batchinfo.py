@@ -83,6 +83,10 @@ class BatchInfo:
             (``keyed``, ``operator``), from the subtasks restored in this batch:
             kept and carried into every checkpoint; the driver names them in a
             WARNING of the ``statekit.state`` logger.
+        dropped_fields: What the restore of this batch's subtasks dropped of the values the
+            checkpoint held (state to changes: a dataclass field the code no longer has); the
+            driver names them in a WARNING of the ``statekit.state`` logger, and the batch's
+            checkpoint records them (the checkpoint history shows them).
         checkpoint_seconds: How long the checkpoint took: the slowest task's snapshot
             (its files written) plus completing it on the driver (``_metadata``).
         checkpoint_stats: What the checkpoint holds (state entries and bytes, per state
@@ -116,6 +120,7 @@ class BatchInfo:
     watermark: int = MIN_WATERMARK
     phases: Mapping[str, float] = field(default_factory=dict)
     undeclared_states: Mapping[str, list[str]] = field(default_factory=dict)
+    dropped_fields: Mapping[str, list[str]] = field(default_factory=dict)
     checkpoint_seconds: float = 0.0
     checkpoint_stats: CheckpointStats | None = None
 
@@ -141,6 +146,7 @@ def batch_info(
     handoff_enabled: bool,
     watermark: int,
     phases: dict[str, float],
+    dropped_fields: Mapping[str, list[str]] | None = None,
 ) -> BatchInfo:
     """What a processed micro-batch did, summed over its tasks' reports (``phases`` gets theirs added)."""
     for r in reports:
@@ -176,6 +182,7 @@ def batch_info(
         watermark=watermark,
         phases=phases,
         undeclared_states=merge_undeclared(r.undeclared_states for r in reports),
+        dropped_fields=dict(dropped_fields or {}),
         checkpoint_seconds=max((r.phases.get("snapshot", 0.0) for r in reports), default=0.0)
         + phases.get("checkpoint", 0.0),
         checkpoint_stats=checkpoint_stats(checkpoint_id, [r.state for r in reports]),

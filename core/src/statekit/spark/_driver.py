@@ -54,7 +54,7 @@ from ..plugins._registry import PluginRegistry, default_registry
 from ..runtime._configured import state_backend_from_config
 from ..runtime._declared import DeclaredStates, declared_states
 from ..runtime._function import KeyedBatchFunction, KeyedProcessFunction, declares_raw_restore
-from ..runtime._migration_log import warn_of_undeclared
+from ..runtime._migration_log import DROPPED_PROPERTY, warn_of_dropped, warn_of_undeclared
 from ..runtime._raw import check_raw_state_claimed
 from ..runtime._time import end_of_time_message
 from ..serialization._keygroups import compute_default_max_parallelism, validate_parallelism
@@ -364,9 +364,10 @@ class MicroBatchDriver:
         info = batch_info(
             batch.batch_id, batch.pending.checkpoint_id, location, source, self.parallelism, reports,
             locations=locations, locality=self.locality_status, handoff_enabled=self.handoff_enabled,
-            watermark=watermark, phases=batch.phases,
+            watermark=watermark, phases=batch.phases, dropped_fields=self.declared.dropped(source),
         )  # fmt: skip
         self._warn_of_late_rows(info)
+        warn_of_dropped(f"job {self.spec.job_id!r} batch {batch_id}", info.restored_from, info.dropped_fields)
         warn_of_undeclared(
             f"job {self.spec.job_id!r} batch {batch_id}", info.restored_from, info.undeclared_states
         )
@@ -493,6 +494,8 @@ class MicroBatchDriver:
         }
         if watermark != MIN_WATERMARK:
             properties[WATERMARK_PROPERTY] = watermark
+        if self.declared.dropped(source):  # what the restore dropped: into the checkpoint history
+            properties[DROPPED_PROPERTY] = self.declared.dropped(source)
         location = self.coordinator.complete(batch.pending, [r.state for r in reports], properties)
         batch.phases["checkpoint"] = time.perf_counter() - t
         return location, watermark
