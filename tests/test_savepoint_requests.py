@@ -385,3 +385,47 @@ def test_a_request_taken_while_a_savepoint_is_written_is_answered_busy(
     assert [b.status if b else None for b in busy] == ["busy"] * 22
     assert all(b is not None and "is being written (request cccccccccccc)" in (b.failure or "") for b in busy)
     assert len(written) == 1 and answers[0] is not None and answers[0].status == "failed"
+
+
+def test_a_savepoint_restored_into_the_same_dead_letter_directory_writes_no_dead_letter_twice(
+    tmp_path: Path,
+) -> None:
+    """The savepoint is its checkpoint for the letters too: the later checkpoints' letters are withdrawn."""
+    import json as _json
+
+    from logfiles import CountJob, LogDir
+    from statekit.checkpoints._convert import convert_to_savepoint
+
+    logs = LogDir(tmp_path)
+    logs.write("access.log", 40)
+    logs.write_raw("access.log", b'{"url": "/a"\n')
+    logs.write("access.log", 40)
+    logs.write_raw("access.log", b'{"url": "/b"\n')
+    logs.write("access.log", 20)
+    dead = logs.root / "dead"
+    job = CountJob(
+        logs,
+        {"statekit.bad-records.policy": "dead-letter", "statekit.bad-records.dead-letter-path": str(dead),
+         "statekit.checkpoints.retained": 50},
+        interval=10,
+    )  # fmt: skip
+
+    def letters() -> list[str]:
+        return [
+            _json.loads(x)["raw"]
+            for p in sorted(dead.glob("part-*.json"))
+            for x in p.read_text().splitlines()
+        ]
+
+    with job.runner() as r:
+        r.run(job.source(), restore="latest", max_records=50)  # past the first bad line
+        chk = r.checkpoint()
+    storage = FileSystemCheckpointStorage(str(logs.root / "checkpoints"))
+    savepoint = convert_to_savepoint(storage, chk, str(tmp_path / "sp"))
+    assert letters() == ['{"url": "/a"']
+    job.run()
+    assert letters() == ['{"url": "/a"', '{"url": "/b"'] and job.exact()
+    # Back to the savepoint, in the same job and dead-letter directory: every letter once.
+    with job.runner() as r:
+        r.run(job.source(), restore=savepoint)
+    assert letters() == ['{"url": "/a"', '{"url": "/b"']

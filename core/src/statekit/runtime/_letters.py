@@ -31,11 +31,21 @@ class JobDeadLetters:
         self._recovered = False  # the first run makes the directory match the restored state
 
     def restored(self, cp: CompletedCheckpoint, *, claimed: bool) -> None:
-        """The job was restored from ``cp`` (a completed checkpoint of this job if ``claimed``)."""
-        props = cp.metadata.properties
+        """The job was restored from ``cp`` (a completed checkpoint of this job if ``claimed``).
+
+        A savepoint converted from a checkpoint of this job (``statekit savepoint
+        trigger``, ``convert``) holds that checkpoint's state, position and
+        letters exactly: restored into the same dead-letter directory, it is that
+        checkpoint for the letters too (the letters of the job's later
+        checkpoints are withdrawn: their input is read again), so no letter is
+        written twice.
+        """
+        meta = cp.metadata
+        props = meta.properties
+        converted = meta.kind == "savepoint" and meta.job_id == self.job_id and "converted_from" in props
         self._restored = (
             (cp.checkpoint_id, [str(n) for n in props.get(DEAD_LETTERS_PROPERTY) or ()])
-            if claimed
+            if claimed or converted
             else (None, [])
         )
 
