@@ -418,14 +418,20 @@ def _plan_dataclass(old: SerializerConfig, new: DataclassSerializer, path: str) 
     index = {n: i for i, (n, _) in enumerate(old_fields)}
     specs = {f.name: f for f in dataclasses.fields(new.cls)}
     stored_formers = _stored_former_names(old, here)
+    # Stored fields a declared field names (as itself or a former name): never a rename undone.
+    claimable = {n for name in new.names for n in (name, *former_names(specs[name]))}
     claimed: dict[int, str] = {}
     changes: list[str] = []
     for name in new.names:
         f = specs[name]
         formers = [n for n in former_names(f) if n in index and n != name]
         matches = ([name] if name in index else []) + formers
-        if not matches:  # a rename undone: a stored field that was once called ``name``
-            matches = [n for n, former in stored_formers.items() if name in former and n in index]
+        if not matches:  # a rename undone: a stored field once called ``name`` that no field claims
+            matches = [
+                n
+                for n, former in stored_formers.items()
+                if name in former and n in index and n not in claimable
+            ]
         if len(matches) > 1:
             raise _Refused(
                 f"{here}.{name}",

@@ -31,7 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from .._contracts import KeyedStateBackend, StateBackend, SupportsNativeSnapshot
 from .._errors import StateMigrationError
-from ..serialization._evolution import FORMER_NAMES, describe_schema
+from ..serialization._evolution import FORMER_NAMES, describe_schema, same_declaration
 from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import StrSerializer, serializer_for
 from ..state._state import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
@@ -480,6 +480,7 @@ class EvolutionMachine(RuleBasedStateMachine):
         self.handles = self._declare(self.backend, schema, self.types)
         self.model: dict[str, dict[str, Any]] = {"v": {}, "l": {}, "m": {}}
         self.history = 0  # entries the value state's schema history must have
+        self.past: list[dict[str, Any]] = []  # the value state's former schemas (its history's)
         self.last = f"declaring the states as {schema!r}"
 
     def teardown(self) -> None:
@@ -558,6 +559,10 @@ class EvolutionMachine(RuleBasedStateMachine):
             return  # float | None, say: nothing widens it
         what, new = change
         old_cfg = serializer_for(self.types.of(self.schema)).config()
+        new_cfg = serializer_for(Types().of(new)).config()
+        if any(same_declaration(new_cfg, p) for p in self.past):
+            self._rollback_refused(data, new, what)
+            return
         model = self.model
         restored = []
         for native in (False, True) if isinstance(self.backend, SupportsNativeSnapshot) else (False,):
@@ -592,6 +597,23 @@ class EvolutionMachine(RuleBasedStateMachine):
         self.backend, self.handles, self.types, self.model, self.last = restored[keep]
         self.schema = new
         self.history += 1
+        self.past.append(old_cfg)
+
+    def _rollback_refused(self, data: st.DataObject, new: Schema, what: str) -> None:
+        """A schema the history holds, declared again (code rolled back over newer state): refused."""
+        self.last = f"changing {self.schema!r} back to {new!r} ({what}), an older schema of its history"
+        new_types = Types()
+        try:
+            target, _ = self._restore(data, new, new_types)
+            self._declare(target, new, new_types)
+        except StateMigrationError as e:
+            if "an older schema of its history" in str(e):
+                return  # refused; the current backend is untouched and the run goes on with it
+            raise
+        raise PropertyViolation(
+            SCHEMA_EVOLUTION,
+            f"{self.last}: restored, but a schema the state's history holds is refused (a rollback)",
+        )
 
     def _migrated(self, state: str, value: Any, new: Schema, types: Types) -> Any:
         if state == "l":
