@@ -429,3 +429,65 @@ def test_a_savepoint_restored_into_the_same_dead_letter_directory_writes_no_dead
     with job.runner() as r:
         r.run(job.source(), restore=savepoint)
     assert letters() == ['{"url": "/a"', '{"url": "/b"']
+
+
+def test_an_idle_spark_query_answers_at_once_and_a_batch_starting_meanwhile_waits_then_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver's watcher (issue 43), without Spark: the real coordinator, storage and conversion."""
+    from statekit.checkpoints import _honour
+    from statekit.checkpoints._coordinator import CheckpointCoordinator, CheckpointPolicy
+    from statekit.plugins._registry import default_registry
+    from statekit.spark._savepoint_request import SparkSavepointRequests
+
+    storage = FileSystemCheckpointStorage(str(tmp_path / "ckpt"))
+    coordinator = CheckpointCoordinator(
+        storage, "job", max_parallelism=128, retained=2, native=False,
+        policy=CheckpointPolicy("test", False, ""), registry=default_registry(),
+    )  # fmt: skip
+    location = coordinator.checkpoint(
+        lambda writer, size, native: [], {"spark_query_id": "q", "spark_batch_id": 3}, lambda c, ok: None
+    )
+    stopped: list[str] = []
+    requests = SparkSavepointRequests(coordinator, str(tmp_path / "sp"), stopped.append)
+    assert not requests.when_idle("q")  # no request: nothing read but the request file
+
+    converting, release = threading.Event(), threading.Event()
+    real = _honour.convert_to_savepoint
+
+    def held(storage: Any, location: str, target: str) -> str:
+        converting.set()
+        assert release.wait(60)
+        return real(storage, location, target)
+
+    monkeypatch.setattr(_honour, "convert_to_savepoint", held)
+    asker = threading.Thread(
+        target=lambda: answers.append(request_savepoint(storage, "job", None, stop=True, timeout=120))
+    )
+    answers: list[SavepointResponse] = []
+    asker.start()
+    while storage.read_job_file("job", REQUEST_FILE) is None:
+        time.sleep(0.01)
+    assert not requests.when_idle("another-query")  # the newest checkpoint is not that query's
+    idle = threading.Thread(target=requests.when_idle, args=("q",))
+    idle.start()
+    assert converting.wait(60)
+    entered, refused = threading.Event(), []
+
+    def batch() -> None:
+        try:
+            with requests.batch(4):
+                entered.set()
+        except CheckpointError as e:
+            refused.append(str(e))
+
+    starting = threading.Thread(target=batch)
+    starting.start()
+    assert not entered.wait(0.5)  # waits for the idle savepoint
+    release.set()
+    for t in (idle, starting, asker):
+        t.join(120)
+    (answer,) = answers
+    assert answer.status == "completed" and answer.stopped and answer.batch_id == 3
+    assert answer.checkpoint_id == coordinator.last_completed and location.endswith("chk-1")
+    assert not entered.is_set() and "stopped with a savepoint after micro-batch 3" in refused[0]

@@ -104,12 +104,20 @@ class SparkSavepointRequests:
         self._watching.set()
 
     def _watch(self, query: Any, query_id: str, interval: float) -> None:
+        failing = False
         while not self._watching.wait(interval) and self.stopped_after is None:
             try:
                 if not query.isActive:
                     return
+            except Exception:  # noqa: BLE001 - the session is gone: so is the query
+                return
+            try:
                 self.when_idle(query_id)
+                failing = False
             except Exception as e:  # noqa: BLE001 - the watcher never ends the query; it warns and goes on
+                if failing:
+                    continue  # said once per outage, not every second
+                failing = True
                 warnings.warn(
                     f"statekit job {self.requests.coordinator.job_id!r}: the savepoint watcher failed "
                     f"({type(e).__name__}: {e}); requests are answered after the next micro-batch",
