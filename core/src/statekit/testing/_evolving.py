@@ -480,7 +480,7 @@ class EvolutionMachine(RuleBasedStateMachine):
         self.handles = self._declare(self.backend, schema, self.types)
         self.model: dict[str, dict[str, Any]] = {"v": {}, "l": {}, "m": {}}
         self.history = 0  # entries the value state's schema history must have
-        self.past: list[dict[str, Any]] = []  # the value state's former schemas (its history's)
+        self.past: list[list[dict[str, Any]]] = [[], [], []]  # each state's former schemas (its history)
         self.last = f"declaring the states as {schema!r}"
 
     def teardown(self) -> None:
@@ -559,8 +559,12 @@ class EvolutionMachine(RuleBasedStateMachine):
             return  # float | None, say: nothing widens it
         what, new = change
         old_cfg = serializer_for(self.types.of(self.schema)).config()
-        new_cfg = serializer_for(Types().of(new)).config()
-        if any(same_declaration(new_cfg, p) for p in self.past):
+        olds = [d.serializer.config() for d in self._descriptors(self.schema, self.types)]
+        news = [d.serializer.config() for d in self._descriptors(new, Types())]
+        if any(
+            not same_declaration(n, o) and any(same_declaration(n, p) for p in past)
+            for n, o, past in zip(news, olds, self.past)
+        ):
             self._rollback_refused(data, new, what)
             return
         model = self.model
@@ -597,7 +601,9 @@ class EvolutionMachine(RuleBasedStateMachine):
         self.backend, self.handles, self.types, self.model, self.last = restored[keep]
         self.schema = new
         self.history += 1
-        self.past.append(old_cfg)
+        for n, o, past in zip(news, olds, self.past):
+            if not same_declaration(n, o):  # a state whose schema did not change gets no history entry
+                past.append(o)
 
     def _rollback_refused(self, data: st.DataObject, new: Schema, what: str) -> None:
         """A schema the history holds, declared again (code rolled back over newer state): refused."""
