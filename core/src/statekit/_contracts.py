@@ -345,6 +345,12 @@ class SupportsJobFiles(Protocol):
     one put on an object store), so a writer killed mid-write leaves the old
     file. A storage without this protocol keeps no history and takes no
     savepoint requests (both say so when asked).
+
+    A storage may also offer ``create_job_file(job_id, name, data) -> bool``:
+    create the file only if there is none, atomically, and say whether it did
+    (statekit's storages do: a hard link on local disks, a conditional put on
+    S3). Savepoint requests are created with it, so of two requesters the
+    second is refused; without it, a check right before the write stands in.
     """
 
     def write_job_file(self, job_id: str, name: str, data: bytes) -> None:
