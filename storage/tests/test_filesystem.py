@@ -410,3 +410,36 @@ def test_job_files_are_replaced_whole_and_named_safely(root: Root, job_id: str) 
     for bad in ("../x", "a/b", ".hidden", "Upper", ""):
         with pytest.raises(CheckpointError, match="invalid job file name"):
             storage.write_job_file(job_id, bad, b"x")
+
+
+def test_a_job_file_is_created_by_one_of_many_writers_at_once(tmp_path: Any) -> None:
+    """``create_job_file`` is exclusive: of 16 threads racing, one creates it and the others are told."""
+    storage = FileSystemCheckpointStorage(str(tmp_path / "ckpt"))
+    barrier = threading.Barrier(16)
+    created: list[bytes] = []
+    lock = threading.Lock()
+
+    def create(i: int) -> None:
+        data = f"writer {i}".encode()
+        barrier.wait()
+        if storage.create_job_file("job", "savepoint-request.json", data):
+            with lock:
+                created.append(data)
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(created) == 1
+    assert storage.read_job_file("job", "savepoint-request.json") == created[0]
+    assert not [n for n in os.listdir(tmp_path / "ckpt" / "job" / "files") if n.endswith(".inprogress")]
+
+
+def test_the_jobmanager_storage_creates_a_job_file_once() -> None:
+    from statekit_storage import JobManagerCheckpointStorage
+
+    storage = JobManagerCheckpointStorage()
+    assert storage.create_job_file("job", "savepoint-request.json", b"a")
+    assert not storage.create_job_file("job", "savepoint-request.json", b"b")
+    assert storage.read_job_file("job", "savepoint-request.json") == b"a"
