@@ -325,6 +325,8 @@ def test_targets_outside_the_savepoints_dir_and_storage_or_inside_a_job_tree_are
         f"{sp}/../ckpt/job": "inside the directory of job 'job'",
         "s3://bucket/sp/../x": "climbs with '..'",
     }
+    (tmp_path / "link").symlink_to(ckpt / "other-job")  # a symlink into a job's tree is inside it
+    refused[str(tmp_path / "link" / "sp")] = "inside the directory of job 'other-job'"
     for target, reason in refused.items():
         with pytest.raises(CheckpointError, match=re.escape(reason)):
             check_target(storage, "job", target, sp)

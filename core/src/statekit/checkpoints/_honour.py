@@ -68,7 +68,8 @@ def _split(location: str) -> tuple[str, str, str]:
     protocol, authority, path = (m[1].lower(), m[2], m[3]) if m else ("file", "", location)
     if protocol in ("file", "local"):
         protocol, authority = "file", ""
-        path = os.path.abspath(os.path.expanduser(path)) if m is None else (path or "/")
+        # Symlinks resolved: a link into a job's checkpoint tree is inside it.
+        path = os.path.realpath(os.path.expanduser(path) if m is None else (path or "/"))
     if ".." in path.split("/"):
         raise ValueError(f"{location} climbs with '..'")
     return protocol, authority, posixpath.normpath("/" + path.lstrip("/"))
