@@ -635,6 +635,19 @@ class DataclassSerializer(TypeSerializer):
         return cfg
 
 
+def _without_former_names(cfg: Any) -> Any:
+    """A config without the former names its dataclasses' fields declare."""
+    if isinstance(cfg, dict):
+        return {
+            k: _without_former_names(v)
+            for k, v in cfg.items()
+            if not (k == "former_names" and cfg.get("id") == "dataclass")
+        }
+    if isinstance(cfg, list):
+        return [_without_former_names(v) for v in cfg]
+    return cfg
+
+
 def _former_names(f: dataclasses.Field[Any]) -> tuple[str, ...]:
     """A field's ``statekit.former_names`` (checked by ``_evolution.former_names`` where they are used)."""
     raw = f.metadata.get("statekit.former_names", ())
@@ -786,7 +799,7 @@ def _imported_dataclass(cfg: SerializerConfig) -> TypeSerializer:
             f"dataclass {cfg['class']} of a snapshot cannot be imported here: {e}"
         ) from None
     ser = DataclassSerializer(obj)
-    if ser.config() != cfg:
+    if _without_former_names(ser.config()) != _without_former_names(cfg):  # former names move no byte
         # The class changed since the snapshot: its fields would read the old bytes wrongly.
         raise SerializationError(
             f"dataclass {cfg['class']} has changed since the snapshot was written: the snapshot's fields are "
