@@ -139,6 +139,8 @@ class CheckpointAttempt:
         failure: Why it failed (the error's type and message), else None.
         runner: The run that took it (``LocalRunner``, a Spark application).
         batch_id: The Spark micro-batch it was taken after, if any.
+        restore_origin: The checkpoint or savepoint an explicit restore took, whose
+            history this one descends from (its location when it was restored), if any.
     """
 
     checkpoint_id: int
@@ -151,6 +153,7 @@ class CheckpointAttempt:
     failure: str | None = None
     runner: str = ""
     batch_id: int | None = None
+    restore_origin: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The attempt as a flat JSON object (what ``statekit checkpoints history --json`` prints)."""
@@ -196,6 +199,7 @@ class CheckpointAttempt:
             failure=None if obj.get("failure") is None else str(obj["failure"]),
             runner=str(obj.get("runner", "")),
             batch_id=opt_int("batch_id"),
+            restore_origin=None if obj.get("restore_origin") is None else str(obj["restore_origin"]),
         )
 
 
@@ -328,6 +332,7 @@ class CheckpointHistory:
         write: bool,
     ) -> None:
         batch = (properties or {}).get("spark_batch_id")
+        origin = (properties or {}).get("restore_origin")
         failure = None
         if error is not None:
             failure = f"{type(error).__name__}: {error}"[:_MAX_FAILURE]
@@ -342,6 +347,7 @@ class CheckpointHistory:
             failure=failure,
             runner=self.runner,
             batch_id=batch if isinstance(batch, int) and not isinstance(batch, bool) else None,
+            restore_origin=str(origin["location"]) if isinstance(origin, dict) and "location" in origin else None,
         )
         attempts = self._load()
         attempts.append(attempt)
