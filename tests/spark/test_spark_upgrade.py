@@ -37,9 +37,7 @@ SCHEMA = "url string, request string, bytes long, ts long"
 def counts(location: str) -> dict[str, int]:
     """The ``count`` state of every URL in the checkpoint or savepoint at ``location``."""
     with SavepointReader.open(location) as reader:
-        return {
-            row["key"]: row["value"] for b in reader.read("process", "count") for row in b.to_pylist()
-        }
+        return {row["key"]: row["value"] for b in reader.read("process", "count") for row in b.to_pylist()}
 
 
 def model(records: list[dict[str, Any]]) -> dict[str, int]:
@@ -195,14 +193,19 @@ def test_a_savepoint_without_a_spark_position_is_refused_unless_the_input_begins
     ckpt = tmp_path / "statekit"
     session.conf.set("spark.statekit.checkpoints.dir", str(ckpt))
     runner = LocalRunner(
-        CountUrls, key_selector=lambda r: r["url"], job_id="local", config={"statekit.checkpoints.dir": str(ckpt)}
+        CountUrls,
+        key_selector=lambda r: r["url"],
+        job_id="local",
+        config={"statekit.checkpoints.dir": str(ckpt)},
     )
     runner.run(RECORDS[:50])
     local_savepoint = runner.savepoint(str(tmp_path / "sp-local"))
     runner.close()
     source = JsonInput(session, tmp_path / "in")
     source.add(RECORDS[50:90])
-    with pytest.raises(CheckpointError, match="carries no Spark source position.*LocalRunner.*input_begins_after"):
+    with pytest.raises(
+        CheckpointError, match="carries no Spark source position.*LocalRunner.*input_begins_after"
+    ):
         counting(source, job_id).start(checkpoint_location=str(tmp_path / "spark"), restore=local_savepoint)
     assert not (tmp_path / "spark").exists() or not any((tmp_path / "spark").iterdir())
     processed = counting(source, job_id)

@@ -333,6 +333,8 @@ class CheckpointHistory:
     ) -> None:
         batch = (properties or {}).get("spark_batch_id")
         origin = (properties or {}).get("restore_origin")
+        where = origin.get("location") if isinstance(origin, dict) else None  # the restore taken
+        origin_location = None if where is None else str(where)
         failure = None
         if error is not None:
             failure = f"{type(error).__name__}: {error}"[:_MAX_FAILURE]
@@ -347,7 +349,7 @@ class CheckpointHistory:
             failure=failure,
             runner=self.runner,
             batch_id=batch if isinstance(batch, int) and not isinstance(batch, bool) else None,
-            restore_origin=str(origin["location"]) if isinstance(origin, dict) and "location" in origin else None,
+            restore_origin=origin_location,
         )
         attempts = self._load()
         attempts.append(attempt)

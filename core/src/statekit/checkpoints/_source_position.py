@@ -10,13 +10,17 @@ per source offset, compacted every few entries into ``<i>.compact``; Kafka's
 initial offsets).
 
 A savepoint of micro-batch ``b`` carries a copy of what Spark needs to
-continue after ``b`` (:func:`capture`): ``offsets/<b>`` and ``offsets/<b-1>``
-(Spark reads both when it restarts), ``metadata``, and every source's log up
-to the offset ``offsets/<b>`` records (a file source's: its newest compaction
-at or below that offset and the entries after it, never an entry of a later
-batch). :func:`seed` writes it into a new, empty checkpoint location with
-``commits/<b>`` and a new query id, so Spark starts that location at batch
-``b + 1`` with every source right after the savepoint. The files are read and
+continue after ``b`` (:func:`capture`): ``offsets/<b>``, ``metadata``, and
+every source's log up to the offset ``offsets/<b>`` records (a file source's:
+its newest compaction at or below that offset and the entries after it, never
+an entry of a later batch). :func:`seed` writes it into a new, empty
+checkpoint location as batch ``s = max(b, 1)``, done: ``offsets/<s>``,
+``commits/<s>``, a new query id, and ``offsets/<s-1>`` with the same offsets
+(Spark reads the entry before the last when it restarts, and hands a V1
+source such as a file source or Kafka the range between the two: an empty
+one, so nothing of the old batch is read again, also when the new query
+reads another folder). Spark then starts that location at batch ``s + 1``
+with every source right after the savepoint. The files are read and
 written with fsspec (a local path, ``file:``, ``s3a://`` as ``s3://``, any
 fsspec URL); nothing here imports Spark (``statekit checkpoints convert`` runs
 without it).
@@ -175,6 +179,11 @@ class SparkPosition:
             raise CheckpointError(f"{where}: the Spark source position is not readable: {e}") from e
 
     @property
+    def seeded_batch(self) -> int:
+        """The batch a seeded location holds as done (batch 0 has no entry before it to write: 1)."""
+        return max(self.batch, 1)
+
+    @property
     def offsets(self) -> str:
         """The offset log entry of the saved batch."""
         return self.files[f"offsets/{self.batch}"]
@@ -262,11 +271,6 @@ def capture(location: str, query: str, batch: int) -> SparkPosition:
     if entry is None:
         raise PositionUnavailable(f"{location}/offsets/{batch} is gone (Spark purges old offset log entries)")
     files[f"offsets/{batch}"] = entry
-    if batch > 0:
-        before = loc.read(f"offsets/{batch - 1}")
-        if before is None:
-            raise PositionUnavailable(f"{location}/offsets/{batch - 1} is gone (Spark needs it to restart)")
-        files[f"offsets/{batch - 1}"] = before
     for index, line in enumerate(source_lines(entry)):
         files.update(_source_log(loc, index, line))
     return SparkPosition(query, batch, loc.location, files)
@@ -275,8 +279,8 @@ def capture(location: str, query: str, batch: int) -> SparkPosition:
 def seed(position: SparkPosition, location: str, *, watermark_ms: int = 0) -> str:
     """Write ``position`` into the new checkpoint location ``location`` as a query done with its batch.
 
-    Spark then starts there at batch ``position.batch + 1``, its sources right
-    after the savepoint. Returns the new query's id.
+    Spark then starts there at batch ``position.seeded_batch + 1``, its sources
+    right after the savepoint. Returns the new query's id.
 
     Raises:
         CheckpointError: If a query has started at ``location`` already.
@@ -290,17 +294,17 @@ def seed(position: SparkPosition, location: str, *, watermark_ms: int = 0) -> st
     for name, text in sorted(position.files.items()):
         if name.startswith("sources/"):
             loc.write(name, text)
-    for name, text in position.files.items():
-        if name.startswith("offsets/"):
-            loc.write(name, text)
-    loc.write(f"commits/{position.batch}", "v1\n" + json.dumps({"nextBatchWatermarkMs": watermark_ms}))
+    done = position.seeded_batch
+    loc.write(f"offsets/{done - 1}", position.offsets)
+    loc.write(f"offsets/{done}", position.offsets)
+    loc.write(f"commits/{done}", "v1\n" + json.dumps({"nextBatchWatermarkMs": watermark_ms}))
     loc.write("metadata", json.dumps({"id": query}) + "\n")
     return query
 
 
 def matches(loc: SparkLocation, position: SparkPosition) -> bool:
     """Whether ``loc``'s offset log holds the saved batch and its source offsets (a seeded location)."""
-    entry = loc.read(f"offsets/{position.batch}")
+    entry = loc.read(f"offsets/{position.seeded_batch}")
     return entry is not None and source_lines(entry) == position.source_offsets()
 
 
@@ -336,8 +340,9 @@ def position_of(storage: Any, location: str, properties: dict[str, Any]) -> Spar
     query = properties.get("spark_query_id")
     if query is None:
         return (
-            "it was not made by a Spark query (a LocalRunner's checkpoint or savepoint keeps the "
-            "LocalRunner's source position, which a Spark source cannot resume from)"
+            "it was not made by a Spark query: a LocalRunner's checkpoint or savepoint keeps the "
+            "LocalRunner's source position, which a Spark source cannot resume from, and one written "
+            "from data (the state processor, write_savepoint) has none"
         )
     if query == "static":
         return "it was made by a static run(), whose input is a DataFrame and has no source position"

@@ -171,7 +171,7 @@ def decide(
     if (
         isinstance(position, SparkPosition)
         and location is not None
-        and batch == position.batch + 1
+        and batch == position.seeded_batch + 1
         and matches(location, position)
     ):
         return "restore"  # a location seeded with the savepoint's position
