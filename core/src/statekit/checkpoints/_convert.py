@@ -116,8 +116,8 @@ def _spark_position(
         return None
     try:
         return position_of(storage, checkpoint, meta.properties)
-    except (PositionUnavailable, OSError) as e:
-        return str(e)
+    except Exception as e:  # noqa: BLE001 - recorded: a restore of the savepoint then refuses, saying why
+        return str(e) if isinstance(e, PositionUnavailable) else f"{type(e).__name__}: {e}"
 
 
 def _copied_handles(

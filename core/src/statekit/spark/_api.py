@@ -29,7 +29,7 @@ from ._driver import BATCH_PROPERTY, QUERY_PROPERTY, STATIC_QUERY, MicroBatchDri
 from ._jobspec import JobSpec, Sink, check_columns, check_key_type, driver_storage, resolve_dead_letters
 from ._shipping import ship_by_value
 from ._sparkconf import is_connect, spark_configuration
-from ._upgrade import checkpoint_location_of, prepare_location
+from ._upgrade import absolute_location, checkpoint_location_of, prepare_location
 
 __all__ = ["KeyedDataFrame", "ProcessedStream", "keyed"]
 
@@ -368,7 +368,15 @@ class ProcessedStream:
             if part is not None:
                 ship_by_value(part)
         if restore not in (None, "latest"):
-            # Written from here, before the query starts: the location must be reachable from the client.
+            # Written from here, before the query starts: the location must be reachable from the client,
+            # and name the same place on both sides.
+            if absolute_location(checkpoint_location) != checkpoint_location:
+                raise ConfigurationError(
+                    f"start(restore=...) from a Spark Connect client writes the savepoint's source position "
+                    f"into the checkpoint location before the query starts: {checkpoint_location!r} is "
+                    "relative, which the client and the server resolve differently; give an absolute path "
+                    "or a URL"
+                )
             storage = driver_storage(conf, default_registry())
             restored = load_checkpoint(storage, restore)
             try:
