@@ -72,3 +72,35 @@ def test_an_older_savepoint_restored_over_history_is_taken_whole_and_recorded(tm
     history = read_checkpoint_history(storage, "job")
     assert history[-1].restore_origin == savepoint
     assert history[0].restore_origin is None  # before the restore
+
+
+def test_a_file_source_position_takes_its_newest_compaction_and_the_entries_up_to_the_saved_offset(
+    tmp_path: Path,
+) -> None:
+    from statekit.checkpoints._source_position import SparkLocation, capture, matches, seed
+
+    loc = tmp_path / "spark"
+    (loc / "sources" / "0").mkdir(parents=True)
+    (loc / "sources" / "1").mkdir(parents=True)
+    (loc / "offsets").mkdir()
+    (loc / "metadata").write_text('{"id":"q-1"}\n')
+    for i in range(14):  # a file source's log, compacted at 9: the saved batch read up to entry 11
+        name = f"{i}.compact" if i == 9 else str(i)
+        (loc / "sources" / "0" / name).write_text(f'v1\n{{"path":"file:///in/f{i}","batchId":{i}}}\n')
+    (loc / "sources" / "1" / "0").write_text('v1\n{"t":{"0":0}}')  # Kafka's initial offsets
+    entry = 'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{}}\n{"logOffset":11}\n{"t":{"0":42}}'
+    (loc / "offsets" / "6").write_text(entry)
+    (loc / "offsets" / "7").write_text(entry.replace("11", "13"))  # a batch after the savepoint
+    position = capture(str(loc), "q-1", 6)
+    assert sorted(position.files) == [
+        "metadata", "offsets/6", "sources/0/10", "sources/0/11", "sources/0/9.compact", "sources/1/0",
+    ]  # fmt: skip
+    assert position.source_offsets() == ['{"logOffset":11}', '{"t":{"0":42}}']
+
+    new = tmp_path / "new"
+    query = seed(position, str(new))
+    assert query != "q-1" and SparkLocation(str(new)).query_id() == query
+    assert (new / "offsets" / "5").read_text() == entry == (new / "offsets" / "6").read_text()
+    assert (new / "commits" / "6").read_text().startswith("v1\n")
+    assert SparkLocation(str(new)).next_batch() == 7 and matches(SparkLocation(str(new)), position)
+    assert not (new / "sources" / "0" / "12").exists()

@@ -254,6 +254,14 @@ def test_the_local_runner_refuses_a_spark_savepoint_unless_its_source_begins_aft
     r.close()
     assert counts(r.storage.latest_checkpoint("local")) == model(RECORDS[:100])
 
+    # On Spark the same savepoint (of micro-batch 0) continues after its files: seeded as batch 1 done.
+    source.add(RECORDS[100:130])
+    infos: list[BatchInfo] = []
+    spark_again = counting(source, "spark-again", infos)
+    run_to_end(spark_again, tmp_path / "spark-again", restore=savepoint)
+    assert [i.batch_id for i in infos] == [2]
+    assert latest_counts(spark_again, "spark-again") == model(RECORDS[:60] + RECORDS[100:130])
+
 
 @pytest.fixture(autouse=True)
 def _no_queries_left(session: Any) -> Any:
