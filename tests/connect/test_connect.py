@@ -137,9 +137,8 @@ def test_a_savepoint_restored_from_a_connect_client_continues_after_its_source_p
 ) -> None:
     """A checkpoint converted into a savepoint carries its query's file-source position; a new query
     started from a Connect client with ``restore=`` on a new location reads only the files after it."""
-    from statekit_storage import FileSystemCheckpointStorage
-
     from statekit.checkpoints._convert import convert_to_savepoint
+    from statekit_storage import FileSystemCheckpointStorage
 
     records = make_records(500, seed=23)
     write_inputs(tmp_path / "in", records[:300], 2)
