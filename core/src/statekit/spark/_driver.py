@@ -250,8 +250,9 @@ class MicroBatchDriver:
 
     def _validate(self, cp: CompletedCheckpoint) -> None:
         operators = {self.spec.operator_id: self.parallelism}
-        if SOURCE_OPERATOR in cp.metadata.operators and cp is self.restored:
-            # A LocalRunner's savepoint: its source's position is of no use to a Spark source.
+        if SOURCE_OPERATOR in cp.metadata.operators and cp is self.restored and self.spark_location:
+            # A LocalRunner's savepoint: its source's position is of no use to a Spark source. (A
+            # static run's input is the DataFrame it is given: allow_non_restored_state drops it.)
             if not self.input_begins_after_savepoint:
                 raise no_position_error(self.spec.job_id, cp, str(self.position()))
             operators[SOURCE_OPERATOR] = 1  # the user said the input begins after it: dropped

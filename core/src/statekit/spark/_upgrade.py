@@ -103,7 +103,8 @@ def no_position_error(job_id: str, restore: CompletedCheckpoint, reason: str) ->
         "savepoint of the Spark query (stop_with_savepoint(), savepoint(), `statekit savepoint trigger`, "
         "or `statekit savepoint convert` while the query's checkpoint location still holds the batch), or, "
         "if the new query's input begins after the savepoint (a new folder of new files, a Kafka "
-        f"topic read from the right offsets), say so: start(..., {_KEYWORD}); see docs/spark.md#savepoints"
+        f"topic read from the right offsets), say so: start(..., {_KEYWORD}); see "
+        "docs/spark.md#what-a-restore-takes-state-and-source-position"
     )
 
 
@@ -111,7 +112,7 @@ def _history_error(job_id: str, restore: CompletedCheckpoint, where: str, why: s
     return CheckpointError(
         f"statekit job {job_id!r}: restore={restore.location} cannot be taken on {where}: {why}. Going on "
         "would ignore the restore. Ways out: start a new query (a new checkpoint_location) with "
-        f"restore={restore.location}, which carries the source position; or drop restore= to go on from "
+        f"restore={restore.location} (its source position is written there); or drop restore= to go on from "
         "this location's own checkpoints; see docs/operations.md#upgrading-a-job"
     )
 
