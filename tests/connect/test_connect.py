@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.dataset as ds
+import pytest
 from connectserver import ConnectServer
 from sparkutil import assert_exact_outputs, assert_exact_state, driver_env, write_inputs
 
@@ -132,6 +133,7 @@ def test_client_killed_then_restarted_with_another_parallelism_counts_exactly(
     assert_exact_outputs(tmp_path / "out", records)
 
 
+@pytest.mark.nightly  # two more Connect clients (~30 s): tests/spark covers the path in ci
 def test_a_savepoint_restored_from_a_connect_client_continues_after_its_source_position(
     connect_server: ConnectServer, tmp_path: Path
 ) -> None:
