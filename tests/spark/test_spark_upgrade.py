@@ -185,6 +185,10 @@ def test_an_older_savepoint_on_a_location_that_went_on_is_refused_and_the_way_ou
     source.add(RECORDS[200:230])
     run_to_end(counting(source, job_id), tmp_path / "spark-rollback", restore=older)
     assert latest_counts(processed, job_id) == model(RECORDS[:230])
+    # restore="latest" on another new location: the latest checkpoint's position comes along too.
+    source.add(RECORDS[230:250])
+    run_to_end(counting(source, job_id), tmp_path / "spark-latest", restore="latest")
+    assert latest_counts(processed, job_id) == model(RECORDS[:250])
 
 
 def test_a_savepoint_without_a_spark_position_is_refused_unless_the_input_begins_after_it(

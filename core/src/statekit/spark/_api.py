@@ -29,7 +29,7 @@ from ._driver import BATCH_PROPERTY, QUERY_PROPERTY, STATIC_QUERY, MicroBatchDri
 from ._jobspec import JobSpec, Sink, check_columns, check_key_type, driver_storage, resolve_dead_letters
 from ._shipping import ship_by_value
 from ._sparkconf import is_connect, spark_configuration
-from ._upgrade import absolute_location, checkpoint_location_of, prepare_location
+from ._upgrade import absolute_location, checkpoint_location_of, prepare_latest, prepare_location
 
 __all__ = ["KeyedDataFrame", "ProcessedStream", "keyed"]
 
@@ -292,6 +292,8 @@ class ProcessedStream:
                 checkpoint_location, driver.restored, driver.latest(), job_id=spec.job_id,
                 position=driver.position(), input_begins_after=input_begins_after_savepoint,
             )  # fmt: skip
+        elif restore == "latest":
+            prepare_latest(checkpoint_location, driver.latest(), driver.storage, job_id=spec.job_id)
         started = threading.Event()
         query_ids: list[str] = []
 
@@ -388,6 +390,14 @@ class ProcessedStream:
                 job_id=spec.job_id, input_begins_after=input_begins_after_savepoint,
                 position=position_of(storage, restored.location, restored.metadata.properties),
             )  # fmt: skip
+        elif restore == "latest":
+            storage = driver_storage(conf, default_registry())
+            try:
+                latest = newest_checkpoint(storage, spec.job_id)
+            except CorruptCheckpointError:
+                latest = None  # the query's first batch reports it, as without a restore
+            if latest is not None and absolute_location(checkpoint_location) == checkpoint_location:
+                prepare_latest(checkpoint_location, latest, storage, job_id=spec.job_id)
         batches = ConnectBatches(
             dataclasses.replace(spec, config=conf), restore=restore, checkpoint_location=checkpoint_location,
             input_begins_after_savepoint=input_begins_after_savepoint,

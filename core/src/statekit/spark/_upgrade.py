@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import uuid
+import warnings
 from typing import Any, Literal
 
 from pyspark.sql import SparkSession
@@ -39,6 +40,7 @@ from ..checkpoints._source_position import (
     SparkPosition,
     matches,
     origin_of,
+    position_of,
     same_origin,
     seed,
 )
@@ -213,4 +215,37 @@ def prepare_location(
         restore, latest, job_id=job_id, query=query, batch=loc.next_batch(), location=loc,
         position=position, input_begins_after=input_begins_after,
     )  # fmt: skip
+    return None
+
+
+def prepare_latest(
+    location: str, latest: CompletedCheckpoint | None, storage: Any, *, job_id: str
+) -> str | None:
+    """``restore="latest"`` on a new location: seed it with the latest checkpoint's source position.
+
+    The latest checkpoint of a Spark query stands for a position its query's
+    checkpoint location still holds (Spark keeps the last 100 batches): the new
+    query continues right after it, as a restart on that location would. When
+    the position is gone, the query's sources start from their configured
+    start, as before, and a warning says why. Returns the seeded query's id.
+    """
+    if latest is None:
+        return None
+    query = latest.metadata.properties.get("spark_query_id")
+    if query is None or query == "static":
+        return None  # a LocalRunner's or a static run's: no Spark position to continue from
+    loc = SparkLocation(location)
+    if not loc.is_empty():
+        return None
+    position = position_of(storage, latest.location, latest.metadata.properties)
+    if isinstance(position, SparkPosition):
+        return seed(position, location)
+    warnings.warn(
+        f"statekit job {job_id!r}: restore='latest' starts from {latest.location}, whose Spark source "
+        f"position is not available ({position}); the new query's sources start from their configured "
+        "start, so input the checkpoint already counts is read again unless it is gone. Restore a savepoint "
+        "instead (it carries its position)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
     return None
