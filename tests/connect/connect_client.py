@@ -60,7 +60,7 @@ def stream(args: argparse.Namespace, spark: Any) -> None:
     processed = keyed(lines, "url").process(CountUrls, OUTPUT, job_id=args.job_id)
     processed = processed.foreach_batch(sink) if hold is not None else processed.write_files(out)
     trigger = {"availableNow": True} if args.trigger == "available-now" else "1 second"
-    query = processed.start(checkpoint_location=args.spark_checkpoint, trigger=trigger)
+    query = processed.start(checkpoint_location=args.spark_checkpoint, trigger=trigger, restore=args.restore)
     _emit(args.report, {"started": str(query.id)})
     if args.stop_file is None:
         query.awaitTermination()
@@ -156,6 +156,7 @@ def main() -> None:
     parser.add_argument("--marker-dir")
     parser.add_argument("--stop-file", help="with --trigger continuous: stop the query once it exists")
     parser.add_argument("--report", required=True)
+    parser.add_argument("--restore", help="restore= of start()")
     args = parser.parse_args()
 
     from pyspark.sql import SparkSession

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.dataset as ds
+import pytest
 from connectserver import ConnectServer
 from sparkutil import assert_exact_outputs, assert_exact_state, driver_env, write_inputs
 
@@ -130,6 +131,31 @@ def test_client_killed_then_restarted_with_another_parallelism_counts_exactly(
 
     assert_exact_state(FileSystemCheckpointStorage(str(checkpoints)), "restarted", records)
     assert_exact_outputs(tmp_path / "out", records)
+
+
+@pytest.mark.nightly  # two more Connect clients (~30 s): tests/spark covers the path in ci
+def test_a_savepoint_restored_from_a_connect_client_continues_after_its_source_position(
+    connect_server: ConnectServer, tmp_path: Path
+) -> None:
+    """A checkpoint converted into a savepoint carries its query's file-source position; a new query
+    started from a Connect client with ``restore=`` on a new location reads only the files after it."""
+    from statekit.checkpoints._convert import convert_to_savepoint
+    from statekit_storage import FileSystemCheckpointStorage
+
+    records = make_records(500, seed=23)
+    write_inputs(tmp_path / "in", records[:300], 2)
+    checkpoints = tmp_path / "statekit"
+    base = ["stream", "--input", str(tmp_path / "in"), "--checkpoints-dir", str(checkpoints)]
+    log = tmp_path / "client-1.log"
+    first = [*base, "--out", str(tmp_path / "out-1"), "--spark-checkpoint", str(tmp_path / "spark-1")]
+    finish(start_client(connect_server, [*first, "--job-id", "before"], log), log)
+    storage = FileSystemCheckpointStorage(str(checkpoints))
+    savepoint = convert_to_savepoint(storage, storage.latest_checkpoint("before"), str(tmp_path / "sp"))
+    write_inputs(tmp_path / "in", records[300:], 1, start=2)  # after the savepoint
+    log = tmp_path / "client-2.log"
+    second = [*base, "--out", str(tmp_path / "out-2"), "--spark-checkpoint", str(tmp_path / "spark-2")]
+    finish(start_client(connect_server, [*second, "--job-id", "after", "--restore", savepoint], log), log)
+    assert_exact_state(storage, "after", records)
 
 
 def test_server_killed_between_sink_and_checkpoint_then_restarted_counts_exactly(

@@ -187,6 +187,35 @@ def test_standalone_cluster_state_lives_in_executors(tmp_path: Path, cluster: Cl
     assert_exact_outputs(tmp_path / "out", all_records)
 
 
+@pytest.mark.nightly  # two drivers on the cluster, ~100 s: the local tests cover the path in ci
+def test_standalone_cluster_a_savepoint_restored_into_a_new_query_reads_only_what_came_after(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    """A converted checkpoint carries its file source's position; a new job on a new location (at a
+    new parallelism) restored from it reads only the file that came after, on a standalone cluster."""
+    from statekit.checkpoints._convert import convert_to_savepoint
+    from statekit_storage import FileSystemCheckpointStorage
+
+    records = make_records(900, seed=31)
+    write_inputs(tmp_path / "in", records[:600], 2)
+    ckpt = tmp_path / "statekit"
+    common = ["--master", cluster.master_url, "--input", str(tmp_path / "in"), "--checkpoints-dir", str(ckpt)]
+    log = tmp_path / "driver-1.log"
+    first = [*common, "--out", str(tmp_path / "out-1"), "--spark-checkpoint", str(tmp_path / "spark-1")]
+    assert finish(start_driver([*first, "--job-id", "before"], log), log, timeout=400)[-1]["summary"][
+        "state_ok"
+    ]
+    storage = FileSystemCheckpointStorage(str(ckpt))
+    savepoint = convert_to_savepoint(storage, storage.latest_checkpoint("before"), str(tmp_path / "sp"))
+    write_inputs(tmp_path / "in", records[600:], 1, start=2)
+    log = tmp_path / "driver-2.log"
+    second = [*common, "--out", str(tmp_path / "out-2"), "--spark-checkpoint", str(tmp_path / "spark-2")]
+    more = ["--job-id", "after", "--restore", savepoint, "--parallelism", "3"]
+    summary = finish(start_driver([*second, *more], log), log, timeout=400)[-1]["summary"]
+    assert summary["state_ok"] and summary["records"] == len(records), summary  # the savepoint's + file 2
+    assert summary["parallelisms"] == [3]  # one micro-batch: the file after the savepoint
+
+
 def _parent_of(pid: int) -> int:
     # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may hold spaces, so split after its ")".
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])

@@ -11,6 +11,7 @@ from ..plugins._registry import default_registry
 from ..snapshots._snapshot import CANONICAL_FORMAT, StreamStateHandle
 from ._metadata import CheckpointMetadata, SubtaskState
 from ._restore import CompletedCheckpoint, load_checkpoint
+from ._source_position import POSITION_PROPERTY, PositionUnavailable, SparkPosition, position_of
 from ._verify import verify_loaded
 from ._writing import complete_checkpoint, write_subtask_state
 
@@ -31,6 +32,10 @@ def convert_to_savepoint(
     Every file is copied (shared ones too, so the savepoint stands alone).
     Native snapshots (rocksdb's) are restored, subtask by subtask, into the
     backend that wrote them, which must be installed, and written canonically.
+    A Spark query's checkpoint also gets its source position (see
+    :mod:`._source_position`), copied from the query's checkpoint location if
+    it is still there; if not, the savepoint's properties say why it carries
+    none, and a query restoring it must be told where its input begins.
 
     Raises:
         CorruptCheckpointError: Naming every damaged or missing file, found by
@@ -77,6 +82,17 @@ def convert_to_savepoint(
                             progress(done, total)
                     setattr(copy, part, {**info, "handle": out.close_and_get_handle().to_json()})
                 new_states.append(copy)
+        properties = {**meta.properties, "converted_from": checkpoint}
+        position = _spark_position(storage, checkpoint, meta)
+        if isinstance(position, SparkPosition):
+            out = writer.create_stream("spark-position")
+            out.write(position.to_bytes())
+            properties[POSITION_PROPERTY] = {
+                "handle": out.close_and_get_handle().to_json(), "query": position.query,
+                "batch": position.batch, "location": position.location,
+            }  # fmt: skip
+        elif position is not None:
+            properties[POSITION_PROPERTY] = {"missing": position}
         return complete_checkpoint(
             writer,
             job_id=meta.job_id,
@@ -84,11 +100,24 @@ def convert_to_savepoint(
             max_parallelism=meta.max_parallelism,
             subtasks=new_states,
             kind="savepoint",
-            properties={**meta.properties, "converted_from": checkpoint},
+            properties=properties,
         )
     except BaseException:
         writer.abort()
         raise
+
+
+def _spark_position(
+    storage: CheckpointStorage, checkpoint: str, meta: CheckpointMetadata
+) -> SparkPosition | str | None:
+    """The source position a Spark query's checkpoint stands for, why there is none, or None (no Spark)."""
+    query = meta.properties.get("spark_query_id")
+    if query is None or query == "static":
+        return None
+    try:
+        return position_of(storage, checkpoint, meta.properties)
+    except Exception as e:  # noqa: BLE001 - recorded: a restore of the savepoint then refuses, saying why
+        return str(e) if isinstance(e, PositionUnavailable) else f"{type(e).__name__}: {e}"
 
 
 def _copied_handles(

@@ -141,6 +141,8 @@ class CheckpointAttempt:
         batch_id: The Spark micro-batch it was taken after, if any.
         dropped_fields: What the restore its run started from dropped of the stored values (state
             to changes, e.g. a removed field), on the first checkpoint after that restore.
+        restore_origin: The checkpoint or savepoint an explicit restore took, whose
+            history this one descends from (its location when it was restored), if any.
     """
 
     checkpoint_id: int
@@ -154,6 +156,7 @@ class CheckpointAttempt:
     runner: str = ""
     batch_id: int | None = None
     dropped_fields: dict[str, list[str]] = field(default_factory=dict)
+    restore_origin: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The attempt as a flat JSON object (what ``statekit checkpoints history --json`` prints)."""
@@ -204,6 +207,7 @@ class CheckpointAttempt:
                 for k, v in dict(obj.get("dropped_fields") or {}).items()
                 if isinstance(v, list)
             },
+            restore_origin=None if obj.get("restore_origin") is None else str(obj["restore_origin"]),
         )
 
 
@@ -337,6 +341,9 @@ class CheckpointHistory:
     ) -> None:
         batch = (properties or {}).get("spark_batch_id")
         dropped = (properties or {}).get("restore_dropped_fields")  # runtime._migration_log.DROPPED_PROPERTY
+        origin = (properties or {}).get("restore_origin")
+        where = origin.get("location") if isinstance(origin, dict) else None  # the restore taken
+        origin_location = None if where is None else str(where)
         failure = None
         if error is not None:
             failure = f"{type(error).__name__}: {error}"[:_MAX_FAILURE]
@@ -352,6 +359,7 @@ class CheckpointHistory:
             runner=self.runner,
             batch_id=batch if isinstance(batch, int) and not isinstance(batch, bool) else None,
             dropped_fields=dict(dropped) if isinstance(dropped, dict) else {},
+            restore_origin=origin_location,
         )
         attempts = self._load()
         attempts.append(attempt)

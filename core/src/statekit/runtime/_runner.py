@@ -42,6 +42,7 @@ from ..checkpoints._honour import SavepointRequests
 from ..checkpoints._metadata import SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
 from ..checkpoints._retention import highest_checkpoint_id
+from ..checkpoints._source_position import ORIGIN_PROPERTY, origin_of
 from ..plugins._config import Configuration
 from ..plugins._registry import PluginRegistry, default_registry
 from ..serialization._keygroups import (
@@ -98,6 +99,8 @@ class RunResult:
     checkpoints: list[str] = field(default_factory=list)
     failed_checkpoints: list[str] = field(default_factory=list)
     restored_from: str | None = None
+    restore_origin: str | None = None
+    """The checkpoint or savepoint an explicit restore took, whose history this run's state descends from."""
     skipped_checkpoints: list[tuple[str, str]] = field(default_factory=list)
     """``(location, reason)`` of each newer checkpoint ``restore="latest"`` could not restore and skipped."""
     late_records: int = 0
@@ -194,6 +197,29 @@ def _warn_of_late_records(
         )
 
 
+def _check_source_position(cp: CompletedCheckpoint, job_id: str, input_begins_after: bool) -> None:
+    """Refuse a Spark query's checkpoint or savepoint: its source position is Spark's, not this runner's.
+
+    Raises:
+        CheckpointError: Unless ``input_begins_after`` states the source begins after it.
+    """
+    query = cp.metadata.properties.get("spark_query_id")
+    if query is None or input_begins_after:
+        return
+    raise CheckpointError(
+        f"statekit job {job_id!r}: {cp.location} was made by a Spark "
+        + (
+            "static run()"
+            if query == "static"
+            else f"query ({query}, micro-batch {cp.metadata.properties.get('spark_batch_id')})"
+        )
+        + ": its source position is Spark's (offsets of Spark sources), which the LocalRunner's sources "
+        "cannot resume from, so restoring it would read the source given to run() from its start, counting "
+        "again what its state holds. If that source begins after it, say so: "
+        "run(..., restore=..., input_begins_after_savepoint=True); see docs/operations.md#upgrading-a-job"
+    )
+
+
 #: What a damaged checkpoint's error says when statekit.restore.fallback is off.
 _NO_FALLBACK = (
     ". statekit.restore.fallback is off, so no older checkpoint is tried: restore one by its location "
@@ -288,6 +314,9 @@ class LocalRunner:
         self._opened = False
         self._coordinator = _coordinator_of(self, conf)
         self._restored_from: str | None = None
+        self._origin: dict[str, Any] | None = None  # the explicit restore the job's history descends from
+        self._foreign_position: CompletedCheckpoint | None = None  # a restored Spark checkpoint
+        self._input_begins_after = False  # the user said the source begins after the restored one
         self._letters = JobDeadLetters(conf, job_id)
         self.skipped_checkpoints: list[tuple[str, str]] = []
         """What the last ``restore("latest")`` skipped: ``(location, reason)`` of each damaged checkpoint."""
@@ -306,7 +335,7 @@ class LocalRunner:
 
     # --- life cycle ----------------------------------------------------------------
 
-    def restore(self, location: str = "latest") -> str | None:
+    def restore(self, location: str = "latest", *, input_begins_after_savepoint: bool = False) -> str | None:
         """Restore from a checkpoint or savepoint location, or the newest restorable checkpoint.
 
         With ``"latest"``, the newest completed checkpoint is checked first (its
@@ -316,6 +345,15 @@ class LocalRunner:
         what was skipped and why (:attr:`skipped_checkpoints`), unless
         ``statekit.restore.fallback`` is off. Incompatible state (another max
         parallelism, other serializers) never falls back: it fails at once.
+
+        A location restores that checkpoint or savepoint, state and source
+        position, whatever history the job has (Flink's ``run -s``); the
+        checkpoints after it record it (``restore_origin``, in the history).
+        A checkpoint or savepoint of a Spark query holds Spark's source
+        position, not this runner's: :meth:`run` refuses to read a source
+        after it unless ``input_begins_after_savepoint`` states that the
+        source begins after it (it is then read from its start). Restoring
+        it only to read its state (as tests and tools do) is fine.
 
         Returns the location restored from (None when ``"latest"`` finds none).
         Every check runs and every byte is verified before the runner's state
@@ -331,9 +369,14 @@ class LocalRunner:
             raise CheckpointError("restore before the runner starts processing")
         self.skipped_checkpoints = []
         if location != "latest":
-            self._restore_checkpoint(load_checkpoint(self.storage, location))
+            cp = load_checkpoint(self.storage, location)
+            self._restore_checkpoint(cp)
+            m = cp.metadata
+            self._origin = origin_of(cp.location, m.job_id, m.checkpoint_id, m.timestamp_ms)
+            self._input_begins_after = input_begins_after_savepoint
             return location
         restored, self.skipped_checkpoints = self._coordinator.restore_newest(self._restore_checkpoint)
+        self._input_begins_after = input_begins_after_savepoint
         return restored
 
     def _restore_checkpoint(self, cp: CompletedCheckpoint) -> None:
@@ -366,6 +409,8 @@ class LocalRunner:
         self._restored_from = cp.location
         self.dropped_fields = self._declared.dropped(cp)
         self._dropped_unrecorded = bool(self.dropped_fields)
+        self._origin = cp.metadata.properties.get(ORIGIN_PROPERTY)  # carried forward
+        self._foreign_position = cp if "spark_query_id" in cp.metadata.properties else None
         self._letters.restored(cp, claimed=claimed)
         self._coordinator.restored(cp, highest)
         self.registry.hook.statekit_restore_done(
@@ -520,6 +565,7 @@ class LocalRunner:
         *,
         restore: str | None = None,
         max_records: int | None = None,
+        input_begins_after_savepoint: bool = False,
     ) -> RunResult:
         """Process ``source`` (from the restored position), checkpointing as configured.
 
@@ -531,13 +577,23 @@ class LocalRunner:
         a bounded job finishes, so the next run goes on from there; dead letters
         are published with the checkpoint that covers them. Plain iterables are
         not replayable: wrap a sequence in :class:`RecordSource` to resume after a crash.
+        ``input_begins_after_savepoint``: see :meth:`restore`.
         """
         result = RunResult()
         self._result, self._running = result, True
         self._counted = self._counts()
         if restore is not None and not self._opened:
-            result.restored_from = self.restore(restore)
+            result.restored_from = self.restore(
+                restore, input_begins_after_savepoint=input_begins_after_savepoint
+            )
             result.skipped_checkpoints = list(self.skipped_checkpoints)
+        if self._foreign_position is not None:
+            _check_source_position(
+                self._foreign_position, self.job_id, input_begins_after_savepoint or self._input_begins_after
+            )
+            self._foreign_position = None  # stated once: the run's checkpoints hold this runner's position
+        if self._origin is not None:
+            result.restore_origin = str(self._origin.get("location"))
         # A store that is down now fails the first checkpoint instead (which claims again).
         with contextlib.suppress(CheckpointError):
             self._coordinator.claim()
@@ -667,7 +723,10 @@ class LocalRunner:
 
     def _time_properties(self) -> dict[str, Any]:
         """What a checkpoint's metadata keeps of time (the watermark)."""
-        return self._time.properties()
+        properties = self._time.properties()
+        if self._origin is not None:
+            properties[ORIGIN_PROPERTY] = self._origin  # the explicit restore the history descends from
+        return properties
 
     def savepoint(self, target_dir: str | None = None) -> str:
         """Take a savepoint now: canonical, self-contained, never deleted by statekit."""

@@ -13,8 +13,11 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming.query import StreamingQuery
 
 from .._contracts import CheckpointStorage
-from .._errors import CheckpointError, ConfigurationError
+from .._errors import CheckpointError, ConfigurationError, CorruptCheckpointError
+from ..checkpoints._coordinator import newest_checkpoint
+from ..checkpoints._restore import load_checkpoint
 from ..checkpoints._savepoint_requests import COMPLETED, request_savepoint
+from ..checkpoints._source_position import position_of
 from ..plugins._config import Configuration
 from ..plugins._registry import default_registry
 from ..runtime._function import KeyedProcessFunction
@@ -26,6 +29,7 @@ from ._driver import BATCH_PROPERTY, QUERY_PROPERTY, STATIC_QUERY, MicroBatchDri
 from ._jobspec import JobSpec, Sink, check_columns, check_key_type, driver_storage, resolve_dead_letters
 from ._shipping import ship_by_value
 from ._sparkconf import is_connect, spark_configuration
+from ._upgrade import absolute_location, checkpoint_location_of, prepare_latest, prepare_location
 
 __all__ = ["KeyedDataFrame", "ProcessedStream", "keyed"]
 
@@ -227,6 +231,7 @@ class ProcessedStream:
         query_name: str | None = None,
         *,
         restore: str | None = None,
+        input_begins_after_savepoint: bool = False,
     ) -> StreamingQuery:
         """Start the streaming query; it runs until stopped, like ``writeStream.start()``.
 
@@ -238,11 +243,23 @@ class ProcessedStream:
             trigger: A processing-time interval (``"10 seconds"``) or the keyword
                 arguments of ``DataStreamWriter.trigger`` (``{"availableNow": True}``).
             query_name: The query's name.
-            restore: Only for a query whose checkpoint location is new while the
-                job already has state (or has lost it): ``"latest"`` starts from
-                the job's latest checkpoint (or from empty state), a location from
-                that checkpoint or savepoint. Ignored once the query has
-                completed a batch.
+            restore: Where a query's state comes from when its checkpoint
+                location is new while the job already has state (or has lost it):
+                ``"latest"``: the job's latest checkpoint (or empty state), its
+                sources from their configured start. A location: that savepoint
+                (or checkpoint) *and its source position*: on a new checkpoint
+                location Spark starts at the micro-batch after the savepoint's,
+                each source right after what the savepoint had read (see
+                docs/spark.md, "Savepoints of a running query"). On a location
+                that has history, it is taken only where that history is the
+                restore's (the savepoint's own query and batch, or a restart of
+                a query that restored it); otherwise the start is refused.
+            input_begins_after_savepoint: The user's statement that the query's
+                input begins after ``restore`` (new files in a new folder, a topic
+                read from the right offsets): a savepoint that carries no Spark
+                source position (a LocalRunner's, an older statekit's) is then
+                restored, and the query's sources start from their configured
+                start. Without it, such a restore is refused before any batch.
 
         From a Spark Connect client, the query's micro-batches are coordinated
         on the server (Connect runs ``foreachBatch`` functions there, in a
@@ -254,14 +271,29 @@ class ProcessedStream:
         Raises:
             TypeError: If the DataFrame is not streaming.
             ConfigurationError: On a bad configuration, before the query starts.
+            CheckpointError: If ``restore`` cannot be taken (no source position,
+                a location whose history is not the restore's), before the query starts.
         """
         spec = self._spec
         if not spec.df.isStreaming:
             raise TypeError("start() needs a streaming DataFrame; use run() for a static one")
         if is_connect(spec.df.sparkSession):
-            return self._start_connect(checkpoint_location, trigger, query_name, restore)
+            return self._start_connect(
+                checkpoint_location, trigger, query_name, restore, input_begins_after_savepoint
+            )
         ship_by_value(spec.function_factory)
-        driver = MicroBatchDriver(spec, spec.df.sparkSession, restore=restore)
+        checkpoint_location = checkpoint_location_of(spec.df.sparkSession, checkpoint_location, query_name)
+        driver = MicroBatchDriver(
+            spec, spec.df.sparkSession, restore=restore, checkpoint_location=checkpoint_location,
+            input_begins_after_savepoint=input_begins_after_savepoint,
+        )  # fmt: skip
+        if driver.restored is not None:
+            prepare_location(
+                checkpoint_location, driver.restored, driver.latest(), job_id=spec.job_id,
+                position=driver.position(), input_begins_after=input_begins_after_savepoint,
+            )  # fmt: skip
+        elif restore == "latest":
+            prepare_latest(checkpoint_location, driver.latest(), driver.storage, job_id=spec.job_id)
         started = threading.Event()
         query_ids: list[str] = []
 
@@ -308,6 +340,7 @@ class ProcessedStream:
         trigger: str | Mapping[str, Any] | None,
         query_name: str | None,
         restore: str | None,
+        input_begins_after_savepoint: bool,
     ) -> StreamingQuery:
         """:meth:`start` from a Spark Connect client: the batches are coordinated on the server."""
         spec = self._spec
@@ -338,9 +371,39 @@ class ProcessedStream:
         for part in (spec.function_factory, spec.sink, spec.late_sink, spec.on_batch):
             if part is not None:
                 ship_by_value(part)
+        if restore not in (None, "latest"):
+            # Written from here, before the query starts: the location must be reachable from the client,
+            # and name the same place on both sides.
+            if absolute_location(checkpoint_location) != checkpoint_location:
+                raise ConfigurationError(
+                    f"start(restore=...) from a Spark Connect client writes the savepoint's source position "
+                    f"into the checkpoint location before the query starts: {checkpoint_location!r} is "
+                    "relative, which the client and the server resolve differently; give an absolute path "
+                    "or a URL"
+                )
+            storage = driver_storage(conf, default_registry())
+            restored = load_checkpoint(storage, restore)
+            try:
+                latest = newest_checkpoint(storage, spec.job_id)
+            except CorruptCheckpointError:
+                latest = None  # as the driver: an explicit restore passes a damaged newest checkpoint
+            prepare_location(
+                checkpoint_location, restored, latest,
+                job_id=spec.job_id, input_begins_after=input_begins_after_savepoint,
+                position=position_of(storage, restored.location, restored.metadata.properties),
+            )  # fmt: skip
+        elif restore == "latest":
+            storage = driver_storage(conf, default_registry())
+            try:
+                latest = newest_checkpoint(storage, spec.job_id)
+            except CorruptCheckpointError:
+                latest = None  # the query's first batch reports it, as without a restore
+            if latest is not None and absolute_location(checkpoint_location) == checkpoint_location:
+                prepare_latest(checkpoint_location, latest, storage, job_id=spec.job_id)
         batches = ConnectBatches(
-            dataclasses.replace(spec, config=conf), restore=restore, checkpoint_location=checkpoint_location
-        )
+            dataclasses.replace(spec, config=conf), restore=restore, checkpoint_location=checkpoint_location,
+            input_begins_after_savepoint=input_begins_after_savepoint,
+        )  # fmt: skip
         query: StreamingQuery = self._writer(batches, checkpoint_location, trigger, query_name).start()
         self._query = query
         return query

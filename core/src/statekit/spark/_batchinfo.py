@@ -89,6 +89,8 @@ class BatchInfo:
             checkpoint records them (the checkpoint history shows them).
         checkpoint_seconds: How long the checkpoint took: the slowest task's snapshot
             (its files written) plus completing it on the driver (``_metadata``).
+        restore_origin: The checkpoint or savepoint an explicit ``restore=`` took, whose
+            history this batch's state descends from (None: no explicit restore).
         checkpoint_stats: What the checkpoint holds (state entries and bytes, per state
             when known, bytes written and referenced), from its metadata; None when skipped.
     """
@@ -123,6 +125,7 @@ class BatchInfo:
     dropped_fields: Mapping[str, list[str]] = field(default_factory=dict)
     checkpoint_seconds: float = 0.0
     checkpoint_stats: CheckpointStats | None = None
+    restore_origin: str | None = None
 
 
 def local_recovery_status(statuses: Sequence[str]) -> str:

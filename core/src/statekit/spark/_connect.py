@@ -32,12 +32,20 @@ class ConnectBatches:
     (any file system the checkpoint location is on).
     """
 
-    def __init__(self, spec: JobSpec, *, restore: str | None, checkpoint_location: str) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        *,
+        restore: str | None,
+        checkpoint_location: str,
+        input_begins_after_savepoint: bool = False,
+    ) -> None:
         """``spec`` without its DataFrame (a Connect DataFrame belongs to the client's session)."""
         # The server puts each batch's DataFrame in; a Connect DataFrame cannot be pickled.
         self._spec = dataclasses.replace(spec, df=None)  # type: ignore[arg-type]
         self._restore = restore
         self._checkpoint_location = checkpoint_location
+        self._input_begins_after_savepoint = input_begins_after_savepoint
         self._driver: MicroBatchDriver | None = None
         self._query_id: str | None = None
 
@@ -51,7 +59,10 @@ class ConnectBatches:
             session = batch_df.sparkSession
             query_id = query_id_at(session, self._checkpoint_location)
             spec = dataclasses.replace(self._spec, df=batch_df)
-            self._driver = MicroBatchDriver(spec, session, restore=self._restore)
+            self._driver = MicroBatchDriver(
+                spec, session, restore=self._restore, checkpoint_location=self._checkpoint_location,
+                input_begins_after_savepoint=self._input_begins_after_savepoint,
+            )  # fmt: skip
             self._query_id = query_id
         self._driver.process_batch(batch_df, batch_id, self._query_id)
 

@@ -10,6 +10,13 @@ made it. Then:
 - ``C`` is from ``q`` and ``b == C.batch + 1``: process ``b`` from ``C``.
 - anything else is an error, unless ``restore`` says where a new query starts.
 
+An explicit ``restore=<location>`` is never ignored: :func:`._upgrade.decide`
+tells which batches it holds (skipped), where it starts (processed from it),
+and when this query's own history is that restore's (going on from the
+latest checkpoint); anything else is refused. Every checkpoint records the
+query's checkpoint location (so that a savepoint of it can carry the source
+position) and the explicit restore its history descends from.
+
 Processing: every task restores (or reuses) its subtasks at exactly ``C``,
 processes its rows, writes a snapshot into checkpoint ``n`` and reports it;
 the driver writes the outputs to the sink, then completes ``n`` (writing its
@@ -26,6 +33,7 @@ is the batch's timestamp, fixed when the driver plans it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import time
 import uuid
@@ -49,6 +57,13 @@ from ..checkpoints._coordinator import (
 )
 from ..checkpoints._fencing import RunFence, takeover_note
 from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
+from ..checkpoints._source_position import (
+    LOCATION_PROPERTY,
+    ORIGIN_PROPERTY,
+    SparkLocation,
+    SparkPosition,
+    position_of,
+)
 from ..plugins._config import Configuration
 from ..plugins._registry import PluginRegistry, default_registry
 from ..runtime._configured import state_backend_from_config
@@ -56,6 +71,7 @@ from ..runtime._declared import DeclaredStates, declared_states
 from ..runtime._function import KeyedBatchFunction, KeyedProcessFunction, declares_raw_restore
 from ..runtime._migration_log import DROPPED_PROPERTY, warn_of_dropped, warn_of_undeclared
 from ..runtime._raw import check_raw_state_claimed
+from ..runtime._sources import SOURCE_OPERATOR
 from ..runtime._time import end_of_time_message
 from ..serialization._keygroups import compute_default_max_parallelism, validate_parallelism
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY
@@ -78,6 +94,7 @@ from ._routing import Router, routing_values
 from ._savepoint_request import SparkSavepointRequests
 from ._sparkconf import application, default_parallelism, is_connect, local_dir, spark_configuration
 from ._task import make_task
+from ._upgrade import Decision, absolute_location, decide, no_position_error, restore_origin
 
 __all__ = [
     "ATTEMPTS_PROPERTY",
@@ -146,8 +163,20 @@ class MicroBatchDriver:
     are modules of their own).
     """
 
-    def __init__(self, spec: JobSpec, session: SparkSession, *, restore: str | None) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        session: SparkSession,
+        *,
+        restore: str | None,
+        checkpoint_location: str | None = None,
+        input_begins_after_savepoint: bool = False,
+    ) -> None:
         """Reads and validates the configuration, picks parallelism and max parallelism.
+
+        ``checkpoint_location`` is the query's (None for a static ``run()``);
+        ``input_begins_after_savepoint``: the user's statement that the query's
+        input begins after ``restore`` (see :mod:`._upgrade`).
 
         Raises:
             ConfigurationError, UnknownPluginError, PluginError: On a bad configuration.
@@ -162,11 +191,16 @@ class MicroBatchDriver:
         self.function_name, self.restores_raw_state = type(function).__name__, declares_raw_restore(function)
         self.storage = driver_storage(conf, self.registry)
         self.restore = restore
+        self.spark_location = absolute_location(checkpoint_location) if checkpoint_location else None
+        self.input_begins_after_savepoint = input_begins_after_savepoint
+        self._position: SparkPosition | str | None = None  # the restore's source position, read once
+        self._origin: dict[str, Any] | None = None  # the explicit restore this run's history descends from
         self.run_id = uuid.uuid4().hex
         self.connect = is_connect(session)
         base = self._newest(lambda: newest_checkpoint(self.storage, spec.job_id, _SPARK_WAYS_OUT))
+        self.restored: CompletedCheckpoint | None = None  # the explicit restore, loaded once
         if restore not in (None, "latest"):
-            base = _load(self.storage, restore)
+            base = self.restored = _load(self.storage, restore)
         p = conf.get("statekit.parallelism")
         if p is None and base is not None:
             p = _parallelism_of(base, spec.operator_id)
@@ -220,9 +254,16 @@ class MicroBatchDriver:
         return self.coordinator.fence
 
     def _validate(self, cp: CompletedCheckpoint) -> None:
+        operators = {self.spec.operator_id: self.parallelism}
+        if SOURCE_OPERATOR in cp.metadata.operators and cp is self.restored and self.spark_location:
+            # A LocalRunner's savepoint: its source's position is of no use to a Spark source. (A
+            # static run's input is the DataFrame it is given: allow_non_restored_state drops it.)
+            if not self.input_begins_after_savepoint:
+                raise no_position_error(self.spec.job_id, cp, str(self.position()))
+            operators[SOURCE_OPERATOR] = 1  # the user said the input begins after it: dropped
         cp.validate(
             max_parallelism=self.max_parallelism,
-            operators={self.spec.operator_id: self.parallelism},
+            operators=operators,
             allow_non_restored_state=self.spec.allow_non_restored_state,
         )
         check_raw_state_claimed(
@@ -292,6 +333,13 @@ class MicroBatchDriver:
             if self.restore is None:
                 return False, None
             return False, latest if self.restore == "latest" else _load(self.storage, self.restore)
+        if self.restored is not None:
+            decision = self._restore_decision(latest, batch_id, query)
+            if decision == "skip":
+                return True, self.restored
+            if decision == "restore":
+                self._origin = restore_origin(self.restored)
+                return False, self.restored
         if latest is not None and props.get(QUERY_PROPERTY) == query:
             last = int(props[BATCH_PROPERTY])
             if batch_id <= last:
@@ -304,6 +352,8 @@ class MicroBatchDriver:
                     "jobmanager storage in the memory of a driver that is gone). Restart the query from a "
                     "Spark checkpoint location that matches the statekit checkpoints"
                 )
+            if self.restored is not None:
+                self._origin = restore_origin(self.restored)
             return False, latest
         if self.restore is None:
             if latest is not None:
@@ -323,9 +373,24 @@ class MicroBatchDriver:
                     "to go on from empty state"
                 )
             return False, None
-        if self.restore == "latest":
-            return False, latest
-        return False, _load(self.storage, self.restore)
+        return False, latest  # restore="latest"
+
+    def position(self) -> SparkPosition | str:
+        """The explicit restore's Spark source position, or why it has none (read once)."""
+        assert self.restored is not None
+        if self._position is None:
+            cp = self.restored
+            self._position = position_of(self.storage, cp.location, cp.metadata.properties)
+        return self._position
+
+    def _restore_decision(self, latest: CompletedCheckpoint | None, batch_id: int, query: str) -> Decision:
+        assert self.restored is not None
+        return decide(
+            self.restored, latest, job_id=self.spec.job_id, query=query, batch=batch_id,
+            location=SparkLocation(self.spark_location) if self.spark_location else None,
+            position=self.position(),
+            input_begins_after=self.input_begins_after_savepoint,
+        )  # fmt: skip
 
     # --- one batch ------------------------------------------------------------------
 
@@ -338,10 +403,11 @@ class MicroBatchDriver:
         self.fence.check()  # before anything is written or aborted: the files may be a newer run's
         latest, skip, source = self._decide(batch_id, query)
         if skip:
-            assert latest is not None
+            done = source if source is not None else latest
+            assert done is not None
             skipped = BatchInfo(
-                batch_id, latest.checkpoint_id, latest.location, True, None, self.parallelism,
-                watermark=_watermark_of(latest),
+                batch_id, done.checkpoint_id, done.location, True, None, self.parallelism,
+                watermark=_watermark_of(done), restore_origin=_origin_location(done, self._origin),
             )  # fmt: skip
             self.metrics.report(skipped)
             self._notify(skipped, query)
@@ -366,6 +432,7 @@ class MicroBatchDriver:
             locations=locations, locality=self.locality_status, handoff_enabled=self.handoff_enabled,
             watermark=watermark, phases=batch.phases, dropped_fields=self.declared.dropped(source),
         )  # fmt: skip
+        info = dataclasses.replace(info, restore_origin=_origin_location(source, self._origin))
         self._warn_of_late_rows(info)
         warn_of_dropped(f"job {self.spec.job_id!r} batch {batch_id}", info.restored_from, info.dropped_fields)
         warn_of_undeclared(
@@ -496,6 +563,11 @@ class MicroBatchDriver:
             properties[WATERMARK_PROPERTY] = watermark
         if self.declared.dropped(source):  # what the restore dropped: into the checkpoint history
             properties[DROPPED_PROPERTY] = self.declared.dropped(source)
+        if self.spark_location is not None and batch.query != STATIC_QUERY:
+            properties[LOCATION_PROPERTY] = self.spark_location
+        origin = self._origin or (source.metadata.properties.get(ORIGIN_PROPERTY) if source else None)
+        if origin is not None:
+            properties[ORIGIN_PROPERTY] = origin  # carried forward: the history descends from it
         location = self.coordinator.complete(batch.pending, [r.state for r in reports], properties)
         batch.phases["checkpoint"] = time.perf_counter() - t
         return location, watermark
@@ -706,6 +778,12 @@ def _watermark_of(cp: CompletedCheckpoint | None) -> int:
     if cp is None:
         return MIN_WATERMARK
     return int(cp.metadata.properties.get(WATERMARK_PROPERTY, MIN_WATERMARK))
+
+
+def _origin_location(cp: CompletedCheckpoint | None, origin: dict[str, Any] | None) -> str | None:
+    """The location of the explicit restore a batch's history descends from, if any."""
+    found = origin or (cp.metadata.properties.get(ORIGIN_PROPERTY) if cp is not None else None)
+    return str(found["location"]) if isinstance(found, dict) and "location" in found else None
 
 
 def _origin(props: dict[str, Any]) -> str:
