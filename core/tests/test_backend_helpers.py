@@ -8,6 +8,7 @@ from :class:`KeyGroupNativeSnapshots` (one content-addressed file per key group)
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from statekit.backend_api import (
     OrderedKVBackendBase,
     UploadTracker,
 )
+from statekit._contracts import create_keyed_backend
 from statekit.errors import ConfigurationError, CorruptSnapshotError, StateAccessError
 from statekit.serializers import StrSerializer
 from statekit.testing import KitNativeOutput, ManualClock, snapshot_handle
@@ -105,10 +107,12 @@ class DictKVBackend(DeclaredStateBackend):
 def make(backend: DictKVBackend | None = None, kgr: KeyGroupRange | None = None, maxp: int = 16) -> DictKV:
     b = backend or DictKVBackend()
     keyed: DictKV = b.create_keyed_backend(
-        key_serializer=StrSerializer(),
-        key_group_range=kgr or KeyGroupRange.of(0, maxp - 1),
-        max_parallelism=maxp,
-        clock=ManualClock(),
+        KeyedBackendParameters(
+            key_serializer=StrSerializer(),
+            key_group_range=kgr or KeyGroupRange.of(0, maxp - 1),
+            max_parallelism=maxp,
+            clock=ManualClock(),
+        )
     )
     return keyed
 
@@ -308,3 +312,49 @@ def test_a_damaged_key_group_file_is_named_before_anything_is_loaded(tmp_path: A
         target.restore_native([damaged])
     assert target.dictkv_tables == {} or all(not t for t in target.dictkv_tables.values())
     assert snapshot_handle(target) is not None
+
+
+# --- create_keyed_backend: the parameters whole; the keyword form of 0.1 until 0.2.0 ---------------
+
+
+class _KeywordFactory:
+    """A third-party factory written for statekit 0.1: create_keyed_backend takes keyword arguments."""
+
+    name = "keywords"
+
+    def __init__(self) -> None:
+        self.got: dict[str, Any] = {}
+
+    def create_keyed_backend(self, *, key_serializer: Any, key_group_range: Any, **rest: Any) -> DictKV:
+        self.got = {"key_serializer": key_serializer, "key_group_range": key_group_range, **rest}
+        return DictKV(KeyedBackendParameters(key_serializer, key_group_range, rest["max_parallelism"]), {})
+
+    def create_operator_backend(self) -> Any:
+        raise NotImplementedError
+
+
+def test_a_keyword_factory_still_works_and_is_told_when_it_stops(tmp_path: Any) -> None:
+    params = KeyedBackendParameters(StrSerializer(), KeyGroupRange.of(0, 7), 8, local_dir=str(tmp_path))
+    factory = _KeywordFactory()
+    with pytest.warns(DeprecationWarning, match=r"keyword form.*removed in statekit 0\.2\.0"):
+        keyed = create_keyed_backend(factory, params)
+    assert factory.got["local_dir"] == str(tmp_path) and factory.got["key_cache_size"] == params.key_cache_size
+    assert keyed.key_group_range == KeyGroupRange.of(0, 7)
+    keyed.close()
+
+
+def test_declared_backends_take_the_parameters_whole_and_keywords_with_a_warning() -> None:
+    params = KeyedBackendParameters(StrSerializer(), KeyGroupRange.of(0, 7), 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        keyed = create_keyed_backend(DictKVBackend(), params)  # the new form: no warning
+    assert keyed.parameters == params
+    keyed.close()
+    with pytest.warns(DeprecationWarning, match=r"removed in statekit 0\.2\.0"):
+        old = DictKVBackend().create_keyed_backend(
+            key_serializer=StrSerializer(), key_group_range=KeyGroupRange.of(0, 7), max_parallelism=8
+        )
+    assert old.parameters == params
+    old.close()
+    with pytest.raises(TypeError, match="not both"):
+        DictKVBackend().create_keyed_backend(params, max_parallelism=8)

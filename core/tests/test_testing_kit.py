@@ -21,6 +21,7 @@ import pytest
 from hypothesis import Phase, settings
 
 from statekit.backend_api import (
+    KeyedBackendParameters,
     KeyedStateHandle,
     KeyGroupRange,
     OperatorStateBackendImpl,
@@ -78,9 +79,8 @@ class _Broken(ReferenceStateBackend):
     keyed_class: type[ReferenceKeyedStateBackend] = ReferenceKeyedStateBackend
     name = "broken"
 
-    def create_keyed_backend(self, **kw: Any) -> ReferenceKeyedStateBackend:
-        kw.pop("local_dir", None)
-        return self.keyed_class(**kw)
+    def create_keyed_backend(self, parameters: KeyedBackendParameters, /) -> ReferenceKeyedStateBackend:
+        return self.keyed_class(parameters)
 
 
 class LosesKeyGroupOnRescale(ReferenceKeyedStateBackend):
@@ -154,8 +154,8 @@ class NativeRestoreLosesKeyGroup(ReferenceKeyedStateBackend):
 class ReferencesUnconfirmedUploads(ReferenceKeyedStateBackend):
     """Its native snapshot re-references its last upload when nothing changed, completed or not."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.broken_last: tuple[bytes, Any] | None = None
 
     def native_snapshot(self, checkpoint_id: int) -> Any:
@@ -209,8 +209,8 @@ class ReferencesConfirmedUploads(ReferenceKeyedStateBackend):
     forgets it on restore. The kit must pass it.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.contract_pending: dict[int, tuple[bytes, Any]] = {}
         self.contract_confirmed: tuple[bytes, Any] | None = None
 
@@ -639,9 +639,8 @@ class Dropping(ReferenceKeyedStateBackend):
 class DroppingBackend(ReferenceStateBackend):
     name = "dropping"
 
-    def create_keyed_backend(self, **kw):
-        kw.pop("local_dir", None)
-        return Dropping(**kw)
+    def create_keyed_backend(self, parameters):
+        return Dropping(parameters)
 
 
 class TestDropping(StateBackendTests):
@@ -702,9 +701,8 @@ class OffByOne(ReferenceKeyedStateBackend):
 class OffByOneBackend(ReferenceStateBackend):
     name = "off-by-one"
 
-    def create_keyed_backend(self, **kw):
-        kw.pop("local_dir", None)
-        return OffByOne(**kw)
+    def create_keyed_backend(self, parameters):
+        return OffByOne(parameters)
 
 
 class TestOffByOne(StateBackendTests):

@@ -27,6 +27,7 @@ import pytest
 from hypothesis import settings
 
 from statekit.backend_api import (
+    KeyedBackendParameters,
     KeyedStateHandle,
     KeyGroupNativeSnapshots,
     KVColumn,
@@ -63,9 +64,9 @@ class DictKV(OrderedKVBackendBase):
 
     backend_name = "dictkv"
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.pop("local_dir", None)
-        super().__init__(**kwargs)
+        super().__init__(*args, **kwargs)
         self.dictkv_tables: dict[str, dict[bytes, bytes]] = {}
 
     def kv_bind(self, col: KVColumn, create: bool) -> bool:
@@ -142,8 +143,8 @@ class _ConfirmsAtUpload(UploadTracker):
 class ReferencesUnconfirmedUploads(NativeDictKV):
     """References the files of a checkpoint that was never confirmed (or aborted) when unchanged."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.native_uploads = _ConfirmsAtUpload()
 
 
@@ -154,8 +155,8 @@ class DictKVBackend:
     keyed_class: type[DictKV] = DictKV
     operator_class: type[OperatorStateBackendImpl] = OperatorStateBackendImpl
 
-    def create_keyed_backend(self, **kwargs: Any) -> DictKV:
-        return self.keyed_class(**kwargs)
+    def create_keyed_backend(self, parameters: KeyedBackendParameters, /) -> DictKV:
+        return self.keyed_class(parameters)
 
     def create_operator_backend(self) -> OperatorStateBackendImpl:
         return self.operator_class()

@@ -7,17 +7,19 @@ import sqlite3
 import threading
 
 from statekit import LocalRunner, RecordSource, ValueStateDescriptor, default_registry
-from statekit.backend_api import KeyGroupRange
+from statekit.backend_api import KeyedBackendParameters, KeyGroupRange
 from statekit.serializers import serializer_for
 from statekit_sqlite import SqliteKeyedStateBackend, SqliteStateBackend
 
 
 def make(local_dir=None, **options):
     return SqliteStateBackend(options).create_keyed_backend(
-        key_serializer=serializer_for(str),
-        key_group_range=KeyGroupRange.of(0, 127),
-        max_parallelism=128,
-        local_dir=local_dir,
+        KeyedBackendParameters(
+            key_serializer=serializer_for(str),
+            key_group_range=KeyGroupRange.of(0, 127),
+            max_parallelism=128,
+            local_dir=local_dir,
+        )
     )
 
 

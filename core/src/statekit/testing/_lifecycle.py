@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from .._contracts import SupportsNativeSnapshot
+from .._contracts import SupportsNativeSnapshot, create_keyed_backend
 from .._errors import StateAccessError
 from ..plugins._registry import default_registry
 from ..runtime._function import KeyedProcessFunction
@@ -38,6 +38,7 @@ from ..runtime._localdirs import OWNER_FILE
 from ..runtime._runner import LocalRunner
 from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import StrSerializer
+from ..state._parameters import KeyedBackendParameters
 from ..state._state import ValueStateDescriptor
 from ._plugin_helpers import run_killed_job, value_state_contents
 from ._suite import GuardedTests
@@ -152,15 +153,9 @@ class OnDiskLifecycleTests(GuardedTests):
     ) -> None:
         """Closing deletes the working directory, with snapshots still pending; use after it fails."""
         local = tmp_path / "l"
-        b = (
-            default_registry()
-            .create_backend(backend_name)
-            .create_keyed_backend(
-                key_serializer=StrSerializer(),
-                key_group_range=KeyGroupRange.of(0, 127),
-                max_parallelism=128,
-                local_dir=str(local),
-            )
+        b = create_keyed_backend(
+            default_registry().create_backend(backend_name),
+            KeyedBackendParameters(StrSerializer(), KeyGroupRange.of(0, 127), 128, local_dir=str(local)),
         )
         s = b.get_state(_COUNT)
         b.set_current_key("a")

@@ -25,6 +25,7 @@ from ..checkpoints._retention import apply_retention
 from ..serialization._keygroups import key_group_for_bytes, key_group_range_for_operator
 from ..serialization._serializers import StrSerializer
 from ..snapshots._snapshot import KeyedStateHandle
+from ..state._parameters import DEFAULT_KEY_CACHE_SIZE
 from ..state._state import StateKind, StateTtlConfig, TtlUpdateType, TtlVisibility
 from ._clock import ManualClock
 from ._evolving import EvolutionMachine
@@ -115,7 +116,7 @@ class MachineConfig:
     max_parallelism: int
     parallelism: int
     ttl: tuple[StateTtlConfig | None, ...]
-    key_cache_size: int = 131072
+    key_cache_size: int = DEFAULT_KEY_CACHE_SIZE
     retained: int = 1
 
     def __repr__(self) -> str:
@@ -183,7 +184,7 @@ def _configs(draw: st.DrawFn, ttl_mode: str) -> MachineConfig:
         max_parallelism=maxp,
         parallelism=draw(_PARALLELISMS[maxp]),
         ttl=tuple(draw(ttl) for _ in KEYED_STATE_NAMES),
-        key_cache_size=draw(st.sampled_from([131072, 1])),
+        key_cache_size=draw(st.sampled_from([DEFAULT_KEY_CACHE_SIZE, 1])),
         retained=draw(st.integers(1, 3)),
     )
 
