@@ -106,3 +106,20 @@ def test_the_suite_turns_statekits_own_deprecation_into_an_error() -> None:
     # pyproject's filterwarnings: a name imported from its old place anywhere in the repository fails.
     with pytest.raises(DeprecationWarning, match=r"^statekit\.StateError moved to statekit\.errors"):
         _ = statekit.StateError
+
+
+def _next_minor(version: str) -> str:
+    major, minor = (int(x) for x in version.split(".")[:2])
+    return f"{major}.{minor + 1}.0"
+
+
+def test_every_deprecation_names_the_release_that_removes_it() -> None:
+    """The removal version is the next minor of core's version, and every moved name's warning says it."""
+    from statekit._errors import REMOVED_IN
+
+    assert REMOVED_IN == _next_minor(statekit.__version__)
+    olds = [("statekit", n) for n in MOVED_FROM_STATEKIT] + MOVED_TO_STATEKIT
+    for module, name in olds:
+        with pytest.warns(DeprecationWarning) as w:
+            getattr(importlib.import_module(module), name)
+        assert f"removed in statekit {REMOVED_IN}" in str(w[0].message), (module, name)

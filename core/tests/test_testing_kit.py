@@ -389,6 +389,7 @@ def test_a_backend_that_loses_a_key_group_on_rescale_fails_key_group_ownership()
 def test_a_backend_that_ignores_ttl_fails_never_returns_expired() -> None:
     v = violation("ttl_never_returns_expired", broken(IgnoresTtl))
     assert v.property == "ttl_never_returns_expired"
+    assert v.rule is None  # not the update type: it returns entries no read refreshed
     assert "is expired" in str(v) and "returned" in str(v)
     s = steps(v)
     assert "state = TtlMachine()" in s

@@ -361,11 +361,34 @@ def test_the_kit_catches_a_buffered_backend_breaking_only(prop: str) -> None:
     assert "violation" in outcome.values(), f"{prop} missed its violation at every write buffer: {outcome}"
 
 
-def test_the_kit_catches_a_buffered_clear_of_too_wide_a_scope() -> None:
-    """No property of its own: the full machine's per-step agreement with the model catches it."""
-    outcome = caught_by_the_kit("all", dictkv(ClearsEveryNamespace), {})
-    assert set(outcome.values()) <= {"['backend_agrees_with_model']", "violation"}, outcome
-    assert "passed" not in outcome.values(), outcome
+def rules_named(prop: str, factory: Callable[[], Any]) -> dict[Any, list[tuple[str, str | None]]]:
+    """Run ``prop`` as the kit does at each write buffer: the (property, rule) of each violation reported."""
+    out: dict[Any, list[tuple[str, str | None]]] = {}
+    for size in WRITE_BUFFERS:
+        try:
+            run_property(prop, _target(with_write_buffer(factory, size), {}), CI)
+        except (PropertyViolation, BaseExceptionGroup) as e:
+            found = _violations(e)
+            if not found:
+                raise
+            out[size] = [(v.property, v.rule) for v in found]
+        else:
+            out[size] = []
+    return out
+
+
+def test_the_kit_names_the_clear_scope_rule_for_a_buffered_clear_of_too_wide_a_scope() -> None:
+    """No property of its own: the full machine's per-step agreement catches it, naming the rule."""
+    outcome = rules_named("all", dictkv(ClearsEveryNamespace))
+    assert all(found == [("backend_agrees_with_model", "clear_scope")] for found in outcome.values()), outcome
+
+
+def test_the_kit_names_the_ttl_update_type_rule_for_a_read_that_refreshes() -> None:
+    """A read that refreshes under OnCreateAndWrite fails the TTL property as the update-type rule."""
+    outcome = rules_named("ttl_never_returns_expired", dictkv(ReadRefreshesTtl))
+    assert any(found for found in outcome.values()), outcome
+    named = {rule for found in outcome.values() for _, rule in found}
+    assert named == {"ttl_update_type"}, outcome
 
 
 def test_the_correct_buffered_backend_passes_the_properties_it_breaks_elsewhere() -> None:

@@ -16,8 +16,9 @@ exception fits, the error also inherits it, so callers may catch either::
     │   ├── IncompatibleSerializerError
     │   └── MaxParallelismMismatchError
     ├── SnapshotError
-    │   └── CorruptSnapshotError
-    │       └── CorruptCheckpointError (also a CheckpointError)
+    │   ├── CorruptSnapshotError
+    │   │   └── CorruptCheckpointError (also a CheckpointError)
+    │   └── SnapshotCancelledError
     ├── CheckpointError
     │   ├── CheckpointNotFoundError (FileNotFoundError)
     │   ├── FencedError
@@ -44,6 +45,7 @@ __all__ = [
     "PluginConflictError",
     "PluginError",
     "SerializationError",
+    "SnapshotCancelledError",
     "SnapshotError",
     "SourceError",
     "StateAccessError",
@@ -154,6 +156,16 @@ class CorruptSnapshotError(SnapshotError):
 
     A recorded digest (SHA-256) fails when the bytes are damaged or are not the
     file the checkpoint wrote (another checkpoint's or subtask's file).
+    """
+
+
+class SnapshotCancelledError(SnapshotError):
+    """A snapshot still pending (taken, not written) when its backend closed, written afterwards.
+
+    ``close()`` cancels every pending snapshot, canonical or native: it releases
+    what the snapshot held (a frozen view, a local checkpoint) before the engine
+    closes. Writing it later raises this error, naming the snapshot; write
+    snapshots before closing their backend. ``release()`` stays allowed.
     """
 
 

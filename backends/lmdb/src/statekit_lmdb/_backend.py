@@ -367,7 +367,7 @@ class LMDBKeyedStateBackend(KeyGroupNativeSnapshots, LMDBWrites, OrderedKVBacken
         self._lmdb_live()
         if self.native_format == LMDB_NATIVE_FORMAT:
             self.check_native_snapshot()
-            return LMDBNativeSnapshot.take(self, checkpoint_id)
+            return self.track_snapshot(LMDBNativeSnapshot.take(self, checkpoint_id))
         return super().native_snapshot(checkpoint_id)
 
     def restore_native(self, handles: Sequence[NativeStateHandle]) -> None:

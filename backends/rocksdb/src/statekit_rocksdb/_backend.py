@@ -383,7 +383,7 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
     def native_snapshot(self, checkpoint_id: int) -> RocksDBNativeSnapshot:
         """Freeze the instance now: flush and hard-link a RocksDB checkpoint; ``write`` uploads it."""
         self.check_native_snapshot()
-        return RocksDBNativeSnapshot.take(self, checkpoint_id)
+        return self.track_snapshot(RocksDBNativeSnapshot.take(self, checkpoint_id))
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Uploads of checkpoint ``checkpoint_id`` may be referenced from now on."""

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from statekit.backend_api import NativeFile, NativeSnapshotOutput, NativeStateHandle, ProgressCallback
-from statekit.errors import StateAccessError
+from statekit.errors import SnapshotCancelledError, StateAccessError
 
 __all__ = ["RocksDBNativeSnapshot", "SnapshotSource", "UploadTracker"]
 
@@ -150,6 +150,8 @@ class RocksDBNativeSnapshot:
         self.directory: str | None = directory
         self._states = states
         self._meta = meta
+        #: Set by the backend's close() while the snapshot is pending: ``write`` raises SnapshotCancelledError.
+        self.cancelled = False
         self._entries = entries
 
     @classmethod
@@ -172,6 +174,11 @@ class RocksDBNativeSnapshot:
     ) -> NativeStateHandle:
         """Upload new SST files and this checkpoint's small files; reference confirmed uploads."""
         if self.directory is None:
+            if self.cancelled:
+                raise SnapshotCancelledError(
+                    f"native snapshot {self.checkpoint_id} was still pending when its backend closed, and "
+                    "close() cancelled it: write snapshots before closing their backend"
+                )
             raise StateAccessError("this native snapshot was already written or released")
         try:
             b = self._backend

@@ -41,6 +41,7 @@ from ..serialization._keygroups import KeyGroupRange
 from ..snapshots._digest import sha256_of
 from ..snapshots._native import NativeFile, NativeSnapshotOutput, NativeStateHandle
 from ..snapshots._snapshot import ProgressCallback
+from ._keyed_snapshots import cancelled_error
 from ._kvlayout import decode_varint, encode_varint
 from ._registered import RegisteredState
 from ._state import StateKind
@@ -140,11 +141,19 @@ class KeyGroupSnapshot:
         self._states = states
         self._meta = meta
         self._kinds = kinds
+        #: Set by the backend's close() while the snapshot is pending: ``write`` raises SnapshotCancelledError.
+        self.cancelled = False
 
     def write(
         self, out: NativeSnapshotOutput, *, progress: ProgressCallback | None = None
     ) -> NativeStateHandle:
-        """Write each key group's file, or reference the confirmed file of the same digest."""
+        """Write each key group's file, or reference the confirmed file of the same digest.
+
+        Raises:
+            SnapshotCancelledError: If the backend closed first (close() cancels pending snapshots).
+        """
+        if self.cancelled:
+            raise cancelled_error(f"native snapshot {self.checkpoint_id} of {self._backend.key_group_range}")
         view = self._view
         if view is None:
             raise StateAccessError("this native snapshot was already written or released")
@@ -255,6 +264,7 @@ class KeyGroupNativeSnapshots:
         def kv_column(self, name: str, create: bool = True) -> Any: ...
         def kv_load(self, name: str, items: list[tuple[bytes, bytes]]) -> None: ...
         def kv_native_meta(self) -> dict[str, Any]: ...
+        def track_snapshot(self, snapshot: KeyGroupSnapshot) -> KeyGroupSnapshot: ...
         def kv_plan_native_restore(self, handles: Sequence[NativeStateHandle], native_format: str) -> Any: ...
         def kv_finish_native_restore(self, plan: Any) -> None: ...
         def registered_state(self, name: str) -> RegisteredState | None: ...
@@ -278,8 +288,8 @@ class KeyGroupNativeSnapshots:
         view = self.kv_freeze()
         regs = (self.registered_state(n) for n in self.stored_state_names)
         kinds = {r.name: r.storage_kind for r in regs if r is not None}
-        return KeyGroupSnapshot(
-            self, checkpoint_id, view, self.stored_state_metas(), self.kv_native_meta(), kinds
+        return self.track_snapshot(
+            KeyGroupSnapshot(self, checkpoint_id, view, self.stored_state_metas(), self.kv_native_meta(), kinds)
         )
 
     def restore_native(self, handles: Sequence[NativeStateHandle]) -> None:

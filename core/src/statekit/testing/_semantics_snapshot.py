@@ -19,6 +19,7 @@ from .._errors import (
     CorruptSnapshotError,
     IncompatibleSerializerError,
     MaxParallelismMismatchError,
+    SnapshotCancelledError,
     StateAccessError,
     StateMigrationError,
 )
@@ -40,7 +41,7 @@ from ..state._state import (
     StateTtlConfig,
     ValueStateDescriptor,
 )
-from ._job import NativeCheckpoints, native_snapshot_handle, snapshot_handle, write_snapshot
+from ._job import KitNativeOutput, NativeCheckpoints, native_snapshot_handle, snapshot_handle, write_snapshot
 from ._model import SumCount
 from ._semantics_state import Mean, batch_update_or_skip
 
@@ -665,6 +666,26 @@ class SnapshotSemantics:
         for i, k in enumerate(keys):
             assert (r1[k]["int"], r1[k]["list"]) == (i, [i])
             assert (r2[k]["int"], r2[k]["list"]) == (i + 1000, [i, 1000])
+
+    def test_a_snapshot_pending_at_close_is_cancelled(self, make_backend: Any) -> None:
+        """close() cancels pending snapshots, canonical and native: writing one then is SnapshotCancelledError."""
+        b = make_backend()
+        states = declare(b)
+        b.set_current_key("a")
+        write_key(states, 1)
+        done = b.snapshot()
+        write_snapshot(done, b)  # written before close: nothing to cancel
+        canonical = b.snapshot()
+        native = b.native_snapshot(1) if isinstance(b, SupportsNativeSnapshot) else None
+        b.close()
+        assert b.closed
+        with pytest.raises(SnapshotCancelledError, match="pending when its backend closed"):
+            canonical.write(io.BytesIO())
+        if native is not None:
+            with pytest.raises(SnapshotCancelledError, match="pending when its backend closed"):
+                native.write(KitNativeOutput(1))
+            native.release()  # still allowed
+        canonical.release()
 
     def test_writes_after_a_written_snapshot_still_protect_the_next(
         self, make_backend: Any, backend: Any
