@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from statekit import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+from statekit._contracts import create_keyed_backend
 from statekit.backend_api import (
     ConfigOption,
     DeclaredStateBackend,
@@ -26,7 +27,6 @@ from statekit.backend_api import (
     OrderedKVBackendBase,
     UploadTracker,
 )
-from statekit._contracts import create_keyed_backend
 from statekit.errors import ConfigurationError, CorruptSnapshotError, StateAccessError
 from statekit.serializers import StrSerializer
 from statekit.testing import KitNativeOutput, ManualClock, snapshot_handle
@@ -338,7 +338,8 @@ def test_a_keyword_factory_still_works_and_is_told_when_it_stops(tmp_path: Any) 
     factory = _KeywordFactory()
     with pytest.warns(DeprecationWarning, match=r"keyword form.*removed in statekit 0\.2\.0"):
         keyed = create_keyed_backend(factory, params)
-    assert factory.got["local_dir"] == str(tmp_path) and factory.got["key_cache_size"] == params.key_cache_size
+    assert factory.got["local_dir"] == str(tmp_path)
+    assert factory.got["key_cache_size"] == params.key_cache_size
     assert keyed.key_group_range == KeyGroupRange.of(0, 7)
     keyed.close()
 

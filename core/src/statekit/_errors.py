@@ -32,6 +32,7 @@ from __future__ import annotations
 import warnings
 
 __all__ = [
+    "REMOVED_IN",
     "BackendIOError",
     "BadRecordError",
     "CheckpointError",
@@ -54,7 +55,6 @@ __all__ = [
     "StateSizeLimitError",
     "UnknownPluginError",
     "UnsafeLocalPathError",
-    "REMOVED_IN",
     "install_hint",
     "warn_deprecated",
     "warn_moved",

@@ -30,9 +30,9 @@ from statekit.backend_api import (
     purge_expired,
 )
 from statekit.errors import StateAccessError
+from statekit.serializers import DictSerializer, ListSerializer
 
 from ._plugin import OPTIONS
-from statekit.serializers import DictSerializer, ListSerializer
 
 __all__ = ["HeapKeyedStateBackend", "HeapStateBackend"]
 
@@ -401,7 +401,7 @@ class HeapKeyedStateBackend(KeyedBackendBase):
         /,
         **keywords: Any,
     ) -> None:
-        """Take the runner's parameters (``options``: the heap declares none); keywords as KeyedBackendBase."""
+        """Take the runner's parameters (``options``: the heap has none); keywords as KeyedBackendBase."""
         super().__init__(parameters, **keywords)
         self._tables: dict[str, _Table] = {}
 

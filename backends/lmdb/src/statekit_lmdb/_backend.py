@@ -102,7 +102,9 @@ class LMDBStateBackend(DeclaredStateBackend):
             )
 
     @staticmethod
-    def keyed_backend(parameters: KeyedBackendParameters, options: Mapping[str, Any]) -> LMDBKeyedStateBackend:
+    def keyed_backend(
+        parameters: KeyedBackendParameters, options: Mapping[str, Any]
+    ) -> LMDBKeyedStateBackend:
         """An LMDB environment for one subtask, in ``local-dir``, else ``local_dir``, else a temp dir."""
         return LMDBKeyedStateBackend(parameters, options)
 

@@ -97,7 +97,7 @@ class LMDBNativeSnapshot:
         self._view: PinnedView | None = view
         self._states = states
         self._meta = meta
-        #: Set by the backend's close() while the snapshot is pending: ``write`` raises SnapshotCancelledError.
+        #: Set by the backend's close() while pending: ``write`` raises SnapshotCancelledError.
         self.cancelled = False
         # What each state's entries are (for counting them from the copy).
         regs = (backend.registered_state(s["name"]) for s in states)

@@ -150,7 +150,7 @@ class RocksDBNativeSnapshot:
         self.directory: str | None = directory
         self._states = states
         self._meta = meta
-        #: Set by the backend's close() while the snapshot is pending: ``write`` raises SnapshotCancelledError.
+        #: Set by the backend's close() while pending: ``write`` raises SnapshotCancelledError.
         self.cancelled = False
         self._entries = entries
 

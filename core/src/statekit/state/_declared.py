@@ -40,7 +40,7 @@ class DeclaredStateBackend:
     """
 
     #: The backend's name (``statekit.backend=<name>``).
-    name: ClassVar[str] = ""
+    name: str = ""
     #: The plugin's options: the tuple its ``BackendSpec`` registers.
     declared_options: ClassVar[Sequence[ConfigOption]] = ()
     #: The keyed backend class, made as ``keyed_backend(parameters, options)``.
@@ -74,7 +74,8 @@ class DeclaredStateBackend:
         The keyword form of earlier releases (``key_serializer=..., ...``) is
         accepted until statekit 0.2.0, with a DeprecationWarning.
         """
-        parameters = parameters_from_keywords(parameters, keywords, f"{type(self).__name__}.create_keyed_backend")
+        where = f"{type(self).__name__}.create_keyed_backend"
+        parameters = parameters_from_keywords(parameters, keywords, where)
         return self.keyed_backend(self.keyed_parameters(parameters), self.options)
 
     def keyed_parameters(self, parameters: KeyedBackendParameters) -> KeyedBackendParameters:

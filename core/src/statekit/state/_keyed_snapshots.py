@@ -7,6 +7,7 @@ and restores one, checking everything before anything is restored.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -273,10 +274,8 @@ class KeyedSnapshots:
         pending = list(self._pending_snapshots)
         self._pending_snapshots.clear()
         for snap in pending:
-            try:
+            with contextlib.suppress(AttributeError):  # __slots__ without it: released all the same
                 snap.cancelled = True
-            except AttributeError:  # a class with __slots__ and no such slot: released all the same
-                pass
             snap.release()
 
     def _refuse_broken(self) -> None:
@@ -440,7 +439,7 @@ class KeyedSnapshot:
         self._reader: Callable[[str, int], StateEntries] | None = reader
         self._pending = pending
         self._now = now
-        #: Set by the backend's close() while the snapshot is pending: ``write`` raises SnapshotCancelledError.
+        #: Set by the backend's close() while pending: ``write`` raises SnapshotCancelledError.
         self.cancelled = False
 
     def _blocks(self, kg: int) -> Iterable[tuple[int, int, bytes, bytes, bytes]]:
@@ -470,7 +469,7 @@ class KeyedSnapshot:
         """
         if self.cancelled:
             h = self.header
-            raise cancelled_error(f"the canonical snapshot of the {h.backend or ''} backend of {h.key_group_range}")
+            raise cancelled_error(f"the canonical snapshot of {h.backend or 'a'} {h.key_group_range}")
         if self._reader is None:
             raise StateAccessError("this snapshot was already written or released")
         try:

@@ -34,7 +34,7 @@ only files above the threshold save bytes (docs/writing-a-backend.md).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .._errors import CorruptSnapshotError, SnapshotError, StateAccessError
 from ..serialization._keygroups import KeyGroupRange
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
     from ._kvlayout import KeyLayout
 
 __all__ = ["KEY_GROUP_FILE_MAGIC", "KVFrozenView", "KeyGroupNativeSnapshots", "KeyGroupSnapshot"]
+
+_S = TypeVar("_S")
 
 #: The first bytes of every key-group file (the format's version is the last).
 KEY_GROUP_FILE_MAGIC = b"statekit-kg\x01"
@@ -141,7 +143,7 @@ class KeyGroupSnapshot:
         self._states = states
         self._meta = meta
         self._kinds = kinds
-        #: Set by the backend's close() while the snapshot is pending: ``write`` raises SnapshotCancelledError.
+        #: Set by the backend's close() while pending: ``write`` raises SnapshotCancelledError.
         self.cancelled = False
 
     def write(
@@ -264,7 +266,7 @@ class KeyGroupNativeSnapshots:
         def kv_column(self, name: str, create: bool = True) -> Any: ...
         def kv_load(self, name: str, items: list[tuple[bytes, bytes]]) -> None: ...
         def kv_native_meta(self) -> dict[str, Any]: ...
-        def track_snapshot(self, snapshot: KeyGroupSnapshot) -> KeyGroupSnapshot: ...
+        def track_snapshot(self, snapshot: _S) -> _S: ...
         def kv_plan_native_restore(self, handles: Sequence[NativeStateHandle], native_format: str) -> Any: ...
         def kv_finish_native_restore(self, plan: Any) -> None: ...
         def registered_state(self, name: str) -> RegisteredState | None: ...
@@ -289,7 +291,9 @@ class KeyGroupNativeSnapshots:
         regs = (self.registered_state(n) for n in self.stored_state_names)
         kinds = {r.name: r.storage_kind for r in regs if r is not None}
         return self.track_snapshot(
-            KeyGroupSnapshot(self, checkpoint_id, view, self.stored_state_metas(), self.kv_native_meta(), kinds)
+            KeyGroupSnapshot(
+                self, checkpoint_id, view, self.stored_state_metas(), self.kv_native_meta(), kinds
+            )
         )
 
     def restore_native(self, handles: Sequence[NativeStateHandle]) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-
 from typing import Any
 
 from .._errors import warn_deprecated

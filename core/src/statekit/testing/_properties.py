@@ -139,12 +139,12 @@ def check_keyed(
         entries = job.decoded()
     got = _held(job, model, entries, problems)
     want_all = expected if expected is not None else model.snapshot_view(model.entries, now)
-    lost: list[tuple[str, Any, Any]] = []
+    lost_slots: list[tuple[str, Any, Any]] = []
     for name in model.specs:
         want = model.comparable(name, want_all.get(name, {}), now)
         have = model.comparable(name, got.get(name, {}), now)
         problems.extend(_differences(job, name, have, want))
-        lost.extend((name, key, ns) for key, ns in want if (key, ns) not in have)
+        lost_slots.extend((name, key, ns) for key, ns in want if (key, ns) not in have)
     for name in set(got) - set(model.specs):
         problems.append((-1, "extra", f"unexpected state {name!r} with {len(got[name])} entries"))
     if problems:
@@ -153,7 +153,7 @@ def check_keyed(
         lines = "\n".join(f"  - {p}" for _, _, p in problems[:_SHOWN])
         more = f"\n  ... and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else ""
         violation = PropertyViolation(prop, f"after {context} (now {job}):\n{summary}{lines}{more}")
-        violation.lost = lost
+        violation.lost = lost_slots
         raise violation
     return entries
 

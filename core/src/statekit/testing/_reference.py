@@ -160,7 +160,7 @@ class ReferenceKeyedStateBackend(KeyedBackendBase):
         /,
         **keywords: Any,
     ) -> None:
-        """Creates an empty backend owning ``parameters.key_group_range`` (no options; keywords as the base)."""
+        """An empty backend owning ``parameters.key_group_range`` (no options; keywords as the base)."""
         super().__init__(parameters, **keywords)
         self._tables: dict[str, _Table] = {}
 
@@ -244,7 +244,7 @@ class ReferenceKeyedStateBackend(KeyedBackendBase):
 
 
 class ReferenceStateBackend(DeclaredStateBackend):
-    """The ``reference`` state backend: creates reference keyed backends (``local_dir`` unused, no options)."""
+    """The ``reference`` state backend: makes reference keyed backends (``local_dir`` unused, no options)."""
 
     name = "reference"
     keyed_backend = ReferenceKeyedStateBackend

@@ -569,7 +569,9 @@ _MODEL_READS: dict[str, Callable[[KeyedModel, Any, Any], Any]] = {
 }
 
 
-def _clear_scope_violation(v: PropertyViolation, clears: list[tuple[str, Any, Any]]) -> PropertyViolation | None:
+def _clear_scope_violation(
+    v: PropertyViolation, clears: list[tuple[str, Any, Any]]
+) -> PropertyViolation | None:
     """``v`` named as the clear-scope rule, when a clear() since the last check explains what was lost.
 
     A clear() of state ``s`` at key ``k``, namespace ``n`` may remove that entry only; entries
@@ -619,7 +621,7 @@ def _timestamps(stored: Any) -> set[int]:
 def _read_check(
     machine: _Machine, name: str, key: Any, ns: Any, what: str, got: Any, want: Any, stored: Any
 ) -> None:
-    """Compare a read's result with the model's; name the TTL property (and rule) when an expired entry showed."""
+    """Compare a read's result with the model's; name the TTL property (and rule) for expired entries."""
     if got == want:
         return
     spec = machine.model.specs[name]
@@ -628,20 +630,19 @@ def _read_check(
     expired = spec.ttl is not None and stored is not None and purge(spec, stored, now) != stored
     if expired and not spec.return_expired:
         read_at = machine.ttl_reads.get((name, key, ns))
-        if (
-            not spec.refresh_on_read
-            and read_at is not None
-            and read_at + spec.ttl_ms > now
-            and read_at in _timestamps(_held_by_backend(machine.job, name, key, ns))
-        ):
-            # The backend holds the entry with the time of the read as its timestamp: refreshed by it.
-            raise PropertyViolation(
-                TTL_NEVER_RETURNS_EXPIRED,
-                f"{where} returned {got!r}, expected {want!r}: the entry is {stored!r}, expired under a TTL "
-                f"of {spec.ttl_ms} ms with update type OnCreateAndWrite, yet returned as if the read at "
-                f"t={read_at} had refreshed its timestamp (only writes refresh it under OnCreateAndWrite)",
-                rule=TTL_UPDATE_TYPE,
-            )
+        written = max(_timestamps(stored), default=None)
+        if not spec.refresh_on_read and read_at is not None and written is not None:
+            held = _held_by_backend(machine.job, name, key, ns)
+            later = sorted(t for t in _timestamps(held) if t > written)
+            if later:  # no write since `written`: only reads could have moved the timestamp
+                raise PropertyViolation(
+                    TTL_NEVER_RETURNS_EXPIRED,
+                    f"{where} returned {got!r}, expected {want!r}: the entry was last written at "
+                    f"t={written} ({stored!r}) and expired under a TTL of {spec.ttl_ms} ms, but the "
+                    f"backend holds it with timestamp {later[-1]} ({held!r}): a read (the last at "
+                    f"t={read_at}) refreshed it, which only writes may under OnCreateAndWrite",
+                    rule=TTL_UPDATE_TYPE,
+                )
         raise PropertyViolation(
             TTL_NEVER_RETURNS_EXPIRED,
             f"{where} returned {got!r}, expected {want!r}: the entry is {stored!r} and the TTL is "

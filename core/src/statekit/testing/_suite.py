@@ -146,7 +146,7 @@ class _WriteBuffered:
         keyed = create_keyed_backend(self._inner, parameters)
         if hasattr(keyed, "kv_batch_size"):
             keyed.kv_batch_size = self._size
-        return keyed  # type: ignore[no-any-return]
+        return keyed
 
 
 def with_write_buffer(factory: BackendFactory, size: int | None) -> BackendFactory:
