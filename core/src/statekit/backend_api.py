@@ -45,7 +45,7 @@ from .plugins._registry import (
     hookimpl,
     hookspec,
 )
-from .runtime._localdirs import OWNER_FILE, create_instance_dir, local_write_error, remove_stale_instance_dirs
+from ._localdirs import OWNER_FILE, create_instance_dir, local_write_error, remove_stale_instance_dirs
 from .serialization._keygroups import (
     KeyGroupRange,
     compute_default_max_parallelism,

@@ -29,7 +29,7 @@ from ..state._parameters import KeyedBackendParameters
 from ..state._ttl import Clock
 from ..timers import ProcessingTimeHint
 from ._function import KeyedProcessFunction, declares_raw_restore
-from ._localdirs import create_instance_dir
+from .._localdirs import create_instance_dir
 from ._raw import check_raw_state_claimed
 from ._subtask import Subtask
 

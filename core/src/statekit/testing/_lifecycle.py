@@ -34,7 +34,7 @@ from .._contracts import SupportsNativeSnapshot, create_keyed_backend
 from .._errors import StateAccessError
 from ..plugins._registry import default_registry
 from ..runtime._function import KeyedProcessFunction
-from ..runtime._localdirs import OWNER_FILE
+from .._localdirs import OWNER_FILE
 from ..runtime._runner import LocalRunner
 from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import StrSerializer
