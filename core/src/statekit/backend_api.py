@@ -35,6 +35,7 @@ from ._contracts import (
     SupportsOrphanCleanup,
     SupportsRunFencing,
 )
+from ._localdirs import OWNER_FILE, create_instance_dir, local_write_error, remove_stale_instance_dirs
 from .plugins._config import CORE_OPTIONS, ConfigOption
 from .plugins._registry import (
     BackendSpec,
@@ -45,7 +46,6 @@ from .plugins._registry import (
     hookimpl,
     hookspec,
 )
-from ._localdirs import OWNER_FILE, create_instance_dir, local_write_error, remove_stale_instance_dirs
 from .serialization._keygroups import (
     KeyGroupRange,
     compute_default_max_parallelism,
@@ -95,6 +95,8 @@ from .state._kvlayout import (
     ttl_timestamp,
 )
 from .state._kvnative import KEY_GROUP_FILE_MAGIC, KeyGroupNativeSnapshots, KeyGroupSnapshot, KVFrozenView
+from .state._kvprefixed import ORDERED_KV_OPTIONS, KVReader, PrefixedKVBackendBase, column_prefix
+from .state._kvrestore import KVRestoreTarget
 from .state._kvstate import (
     KVListState,
     KVMapState,
@@ -126,6 +128,7 @@ __all__ = [
     "CORE_OPTIONS",
     "DROP",
     "KEY_GROUP_FILE_MAGIC",
+    "ORDERED_KV_OPTIONS",
     "OWNER_FILE",
     "AggregatingStateImpl",
     "BackendSpec",
@@ -143,6 +146,8 @@ __all__ = [
     "KVListState",
     "KVMapState",
     "KVNativeRestore",
+    "KVReader",
+    "KVRestoreTarget",
     "KVValueState",
     "KeyGroupNativeSnapshots",
     "KeyGroupRange",
@@ -166,6 +171,7 @@ __all__ = [
     "OrderedKVBackendBase",
     "PluginLoadWarning",
     "PluginRegistry",
+    "PrefixedKVBackendBase",
     "ProgressCallback",
     "ReducingStateImpl",
     "RegisteredPlugin",
@@ -190,6 +196,7 @@ __all__ = [
     "SupportsRunFencing",
     "UploadTracker",
     "WriterNativeOutput",
+    "column_prefix",
     "compute_default_max_parallelism",
     "create_instance_dir",
     "decode_operator_snapshot",

@@ -433,7 +433,7 @@ class LMDBKeyedStateBackend(KeyGroupNativeSnapshots, LMDBWrites, OrderedKVBacken
                 keys.append(k)
             if keys:
                 col.buffer.update(dict.fromkeys(keys))
-                self.kv_write([col])
+                self.kv_flush([col])
             if len(keys) < BULK_CHUNK:
                 return
             start = keys[-1]  # deleted now: the next read starts after it

@@ -103,8 +103,6 @@ class LMDBWrites:
                         txn.abort()
                     raise
                 break
-            for col in columns:
-                col.buffer.clear()
         finally:
             if self._lmdb_env is not None:
                 self._lmdb_begin_reads()

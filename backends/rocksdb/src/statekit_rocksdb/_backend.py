@@ -294,7 +294,6 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
                     delete(k, handle)
                 else:
                     put(k, v, handle)
-            col.buffer.clear()
         with self._rocksdb_writing():
             db.write(batch, self._rocksdb_engine.write_options)
 

@@ -43,6 +43,7 @@ from ..snapshots._native import NativeFile, NativeSnapshotOutput, NativeStateHan
 from ..snapshots._snapshot import ProgressCallback
 from ._keyed_snapshots import cancelled_error
 from ._kvlayout import decode_varint, encode_varint
+from ._kvviews import TrackedView
 from ._registered import RegisteredState
 from ._state import StateKind
 from ._uploads import UploadTracker
@@ -262,7 +263,7 @@ class KeyGroupNativeSnapshots:
 
         def check_native_snapshot(self) -> None: ...
         def kv_write_buffered(self) -> None: ...
-        def kv_freeze(self) -> KVFrozenView: ...
+        def kv_frozen(self) -> TrackedView: ...
         def kv_column(self, name: str, create: bool = True) -> Any: ...
         def kv_load(self, name: str, items: list[tuple[bytes, bytes]]) -> None: ...
         def kv_native_meta(self) -> dict[str, Any]: ...
@@ -287,7 +288,7 @@ class KeyGroupNativeSnapshots:
         """Write the buffer and freeze the engine now (``kv_freeze``); ``write`` uploads what changed."""
         self.check_native_snapshot()
         self.kv_write_buffered()
-        view = self.kv_freeze()
+        view = self.kv_frozen()
         regs = (self.registered_state(n) for n in self.stored_state_names)
         kinds = {r.name: r.storage_kind for r in regs if r is not None}
         return self.track_snapshot(

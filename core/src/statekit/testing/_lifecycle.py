@@ -32,9 +32,9 @@ import pytest
 
 from .._contracts import SupportsNativeSnapshot, create_keyed_backend
 from .._errors import StateAccessError
+from .._localdirs import OWNER_FILE
 from ..plugins._registry import default_registry
 from ..runtime._function import KeyedProcessFunction
-from .._localdirs import OWNER_FILE
 from ..runtime._runner import LocalRunner
 from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import StrSerializer
