@@ -19,21 +19,17 @@ import pytest
 
 from statekit import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statekit._contracts import create_keyed_backend
-from statekit.backend_api import (
-    ConfigOption,
-    DeclaredStateBackend,
-    KeyedBackendParameters,
+from statekit.backend_api import ConfigOption, DeclaredStateBackend, KeyedBackendParameters, KeyGroupRange
+from statekit.errors import ConfigurationError, CorruptSnapshotError, SnapshotCancelledError, StateAccessError
+from statekit.ordered_kv import (
     KeyGroupNativeSnapshots,
-    KeyGroupRange,
     KVColumn,
-    NativeFile,
     OrderedKVBackendBase,
     PrefixedKVBackendBase,
-    UploadTracker,
     column_prefix,
 )
-from statekit.errors import ConfigurationError, CorruptSnapshotError, SnapshotCancelledError, StateAccessError
 from statekit.serializers import StrSerializer
+from statekit.snapshot_codec import NativeFile, UploadTracker
 from statekit.testing import KitNativeOutput, ManualClock, snapshot_handle
 
 OPTIONS = (
@@ -495,5 +491,8 @@ def test_a_release_waits_for_a_read_in_progress_on_another_thread(tmp_path: Any)
     reader.gate.set()
     closer.join(60)
     writer.join(60)
-    assert b.events[:1] == ["view released"] and b.events[-1] == "engine closed"
-    assert len(outcome) == 1 and isinstance(outcome[0], SnapshotCancelledError)
+    assert b.events == ["view released", "engine closed"]  # released once, after the read, before close
+    # The write either finished before the release (the view stayed whole while it read) or met
+    # the released view at its next read: never a read of a released view.
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], SnapshotCancelledError) or outcome[0].checkpoint_id == 1
