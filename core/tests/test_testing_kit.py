@@ -20,15 +20,10 @@ from typing import Any
 import pytest
 from hypothesis import Phase, settings
 
-from statekit.backend_api import (
-    KeyedBackendParameters,
-    KeyedStateHandle,
-    KeyGroupRange,
-    OperatorStateBackendImpl,
-    OperatorStateData,
-    StateKind,
-)
+from statekit.backend_api import KeyedBackendParameters, KeyGroupRange, OperatorStateBackendImpl, StateKind
+from statekit.checkpointing import OperatorStateData
 from statekit.errors import IncompatibleSerializerError
+from statekit.snapshot_codec import KeyedStateHandle
 from statekit.testing import (
     PROPERTIES,
     CheckpointStorageTests,

@@ -1,6 +1,6 @@
 """The conformance kit against buffering backends: each violation is caught whatever the write buffer.
 
-A backend on :class:`~statekit.backend_api.OrderedKVBackendBase` holds 1,024
+A backend on :class:`~statekit.ordered_kv.OrderedKVBackendBase` holds 1,024
 updates in its write buffer by default, and reads see the buffer: a bug in
 what the engine holds (a snapshot that reads the live engine, a read that
 rewrites a timestamp in it) hides behind it. The kit runs every test with the
@@ -28,19 +28,20 @@ from hypothesis import settings
 
 from statekit.backend_api import (
     KeyedBackendParameters,
-    KeyedStateHandle,
+    OperatorStateBackendImpl,
+    RegisteredState,
+    StateEntries,
+)
+from statekit.checkpointing import OperatorStateData
+from statekit.errors import IncompatibleSerializerError
+from statekit.ordered_kv import (
     KeyGroupNativeSnapshots,
     KVColumn,
     KVMapState,
     KVValueState,
-    OperatorStateBackendImpl,
-    OperatorStateData,
     OrderedKVBackendBase,
-    RegisteredState,
-    StateEntries,
-    UploadTracker,
 )
-from statekit.errors import IncompatibleSerializerError
+from statekit.snapshot_codec import KeyedStateHandle, UploadTracker
 from statekit.testing import (
     PROPERTIES,
     WRITE_BUFFERS,

@@ -27,8 +27,8 @@ from statekit import (
     ValueStateDescriptor,
     default_registry,
 )
-from statekit.backend_api import BytesStreamHandle, KeyedStateHandle
 from statekit.serializers import serializer_for
+from statekit.snapshot_codec import BytesStreamHandle, KeyedStateHandle
 from statekit.testing import ManualClock
 from statekit.timers import (
     MAX_WATERMARK,

@@ -31,9 +31,10 @@ from statekit import (
     ValueStateDescriptor,
     default_registry,
 )
-from statekit.backend_api import CANONICAL_FORMAT, KeyedBackendParameters, KeyGroupRange
+from statekit.backend_api import KeyedBackendParameters, KeyGroupRange
 from statekit.checkpoints._writing import complete_checkpoint, write_subtask_state
 from statekit.serializers import serializer_for
+from statekit.snapshot_codec import CANONICAL_FORMAT
 from statekit.spark import register_state_source
 from statekit.spark._state_source import StateDataSource, _Options, plan_partitions, spark_schema
 from statekit.state_processor import SavepointReader

@@ -7,7 +7,8 @@ import sqlite3
 import threading
 
 from statekit import LocalRunner, RecordSource, ValueStateDescriptor, default_registry
-from statekit.backend_api import KeyedBackendParameters, KeyGroupRange, column_prefix
+from statekit.backend_api import KeyedBackendParameters, KeyGroupRange
+from statekit.ordered_kv import column_prefix
 from statekit.serializers import serializer_for
 from statekit_sqlite import SqliteKeyedStateBackend, SqliteStateBackend
 

@@ -1,7 +1,7 @@
 """The LMDB keyed state backend: one LMDB environment per subtask, one named database per state.
 
 The handles, the write buffer, key listing, canonical decoding, bulk loads
-and TTL sweeps are core's (``statekit.backend_api.OrderedKVBackendBase``);
+and TTL sweeps are core's (``statekit.ordered_kv.OrderedKVBackendBase``);
 this module binds them to LMDB. Buffered writes are committed in one write
 transaction per batch; a full map grows and the transaction is written again
 (``_writes``: :meth:`LMDBWrites.lmdb_commit`). Reads go through a read
@@ -27,18 +27,10 @@ from typing import Any
 
 import lmdb
 
-from statekit.backend_api import (
-    DeclaredStateBackend,
-    KeyedBackendParameters,
-    KeyGroupNativeSnapshots,
-    KVColumn,
-    NativeStateHandle,
-    OrderedKVBackendBase,
-    RegisteredState,
-    StateKind,
-    create_instance_dir,
-)
+from statekit.backend_api import DeclaredStateBackend, KeyedBackendParameters, RegisteredState, StateKind
 from statekit.errors import ConfigurationError, SnapshotError, StateAccessError
+from statekit.ordered_kv import KeyGroupNativeSnapshots, KVColumn, OrderedKVBackendBase, create_instance_dir
+from statekit.snapshot_codec import NativeStateHandle
 
 from ._full_snapshot import LMDBNativeSnapshot
 from ._layout import BULK_CHUNK, DATA_FILE, DB_PREFIX, MAX_KEY_SIZE, db_name, iterate
@@ -132,7 +124,7 @@ class LMDBKeyedStateBackend(KeyGroupNativeSnapshots, LMDBWrites, OrderedKVBacken
     environment, ``snap-*`` and ``chk-*`` frozen copies of pending snapshots,
     ``restore-*`` downloads; all of it is deleted by :meth:`close`. Handles, the
     write buffer, key listing, bulk loads and TTL sweeps are statekit's
-    :class:`~statekit.backend_api.OrderedKVBackendBase`; this class binds them to
+    :class:`~statekit.ordered_kv.OrderedKVBackendBase`; this class binds them to
     named databases.
     """
 

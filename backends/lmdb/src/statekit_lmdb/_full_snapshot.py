@@ -21,14 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from statekit.backend_api import (
-    KeyLayout,
-    NativeSnapshotOutput,
-    NativeStateHandle,
-    ProgressCallback,
-    RegisteredState,
-)
+from statekit.backend_api import RegisteredState
 from statekit.errors import SnapshotCancelledError, StateAccessError
+from statekit.ordered_kv import KeyLayout
+from statekit.snapshot_codec import NativeSnapshotOutput, NativeStateHandle, ProgressCallback
 
 from ._layout import DATA_FILE
 from ._views import PinnedView

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from statekit.backend_api import ORDERED_KV_OPTIONS, BackendSpec, ConfigOption, hookimpl
+from statekit.backend_api import BackendSpec, ConfigOption, hookimpl
+from statekit.ordered_kv import ORDERED_KV_OPTIONS
 
 OPTIONS = (
     ConfigOption(

@@ -34,8 +34,10 @@ from typing import Any, Protocol
 
 import lmdb
 
-from statekit.backend_api import KeyGroupRange, KVRestoreTarget, NativeStateHandle
+from statekit.backend_api import KeyGroupRange
 from statekit.errors import CorruptSnapshotError, SnapshotError
+from statekit.ordered_kv import KVRestoreTarget
+from statekit.snapshot_codec import NativeStateHandle
 
 from ._layout import BULK_CHUNK, DATA_FILE, db_name, state_names
 

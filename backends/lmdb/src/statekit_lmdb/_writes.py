@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import lmdb
 
-from statekit.backend_api import KeyGroupRange, KVColumn, local_write_error
+from statekit.backend_api import KeyGroupRange
 from statekit.errors import StateAccessError
+from statekit.ordered_kv import KVColumn, local_write_error
 
 from ._views import PinnedView
 

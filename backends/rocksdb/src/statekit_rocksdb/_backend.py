@@ -1,14 +1,14 @@
 """The RocksDB keyed state backend: one RocksDB instance per subtask, one column family per state.
 
 Every entry is stored under a composite key of the shared layout
-(``statekit.backend_api.KeyLayout``), values as statekit's serializers encode
+(``statekit.ordered_kv.KeyLayout``), values as statekit's serializers encode
 them (rocksdict's raw mode: the engine never pickles). Writes wait in a
 buffer and reach RocksDB in WriteBatches. Snapshots are
 taken while processing goes on: canonical ones iterate RocksDB snapshots,
 native ones are RocksDB checkpoints (hard links) uploaded incrementally
 (``_incremental``); restores and rescales are in ``_restore``. The handles, the
 write buffer and what else every ordered key-value engine shares are core's
-(``statekit.backend_api.OrderedKVBackendBase``).
+(``statekit.ordered_kv.OrderedKVBackendBase``).
 """
 
 from __future__ import annotations
@@ -37,17 +37,10 @@ from rocksdict import (
     WriteOptions,
 )
 
-from statekit.backend_api import (
-    DeclaredStateBackend,
-    KeyedBackendParameters,
-    KVColumn,
-    NativeStateHandle,
-    OrderedKVBackendBase,
-    StateEntries,
-    create_instance_dir,
-    local_write_error,
-)
+from statekit.backend_api import DeclaredStateBackend, KeyedBackendParameters, StateEntries
 from statekit.errors import StateAccessError
+from statekit.ordered_kv import KVColumn, OrderedKVBackendBase, create_instance_dir, local_write_error
+from statekit.snapshot_codec import NativeStateHandle
 
 from ._incremental import RocksDBNativeSnapshot, UploadTracker
 from ._layout import CF_PREFIX
@@ -162,7 +155,7 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
     ``snap-*`` the sources of pending canonical snapshots and ``restore-*``
     downloads; all of it is deleted by :meth:`close`. Handles, the write buffer,
     key listing, bulk loads and TTL sweeps are statekit's
-    :class:`~statekit.backend_api.OrderedKVBackendBase`; this class binds them to
+    :class:`~statekit.ordered_kv.OrderedKVBackendBase`; this class binds them to
     column families.
     """
 

@@ -6,7 +6,7 @@ MANIFEST, CURRENT, OPTIONS (and rocksdict's config), taken on the task thread
 in milliseconds. ``write`` uploads it later, possibly on another thread:
 
 - an SST file that a checkpoint this instance was told completed already
-  uploaded is *referenced* (its :class:`~statekit.backend_api.NativeFile` is
+  uploaded is *referenced* (its :class:`~statekit.snapshot_codec.NativeFile` is
   put in the new handle); any other SST file is uploaded into the storage's
   shared area;
 - the other files are small and change every time: uploaded as files of this
@@ -25,8 +25,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from statekit.backend_api import NativeFile, NativeSnapshotOutput, NativeStateHandle, ProgressCallback
 from statekit.errors import SnapshotCancelledError, StateAccessError
+from statekit.snapshot_codec import NativeFile, NativeSnapshotOutput, NativeStateHandle, ProgressCallback
 
 __all__ = ["RocksDBNativeSnapshot", "SnapshotSource", "UploadTracker"]
 

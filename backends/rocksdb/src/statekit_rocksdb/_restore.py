@@ -32,8 +32,10 @@ from typing import Any, Protocol
 
 from rocksdict import AccessType, Options, Rdict, SstFileWriter
 
-from statekit.backend_api import KeyGroupRange, KVRestoreTarget, NativeStateHandle
+from statekit.backend_api import KeyGroupRange
 from statekit.errors import CorruptSnapshotError
+from statekit.ordered_kv import KVRestoreTarget
+from statekit.snapshot_codec import NativeStateHandle
 
 from ._layout import CF_PREFIX
 

@@ -357,7 +357,7 @@ class KeyedSnapshots:
 
         For backends with a native format (:class:`statekit.backend_api.SupportsNativeSnapshot`):
         call it first in ``restore_native`` with the
-        :class:`~statekit.backend_api.NativeStateHandle` objects, then load the
+        :class:`~statekit.snapshot_codec.NativeStateHandle` objects, then load the
         files, then :meth:`adopt_native_states` with what it returned.
 
         Raises:

@@ -235,7 +235,7 @@ def _count(items: list[tuple[bytes, bytes]], layout: KeyLayout, kind: StateKind)
 class KeyGroupNativeSnapshots:
     """Incremental native snapshots of an ordered engine, one content-addressed file per key group.
 
-    Put it before :class:`~statekit.backend_api.OrderedKVBackendBase` among the
+    Put it before :class:`~statekit.ordered_kv.OrderedKVBackendBase` among the
     bases and set ``native_format`` (a name of your backend's, e.g.
     ``"mydb-kg-1"``); the engine implements ``kv_freeze`` (a frozen view) and
     ``kv_load`` (bulk loads), which the ordered base needs anyway::

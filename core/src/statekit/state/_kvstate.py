@@ -498,7 +498,7 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
         """The engine's state now, as a view later writes do not change (the buffer is already written).
 
         Optional: implement it and the base snapshots canonically from it
-        (``_snapshot_entries``), and :class:`~statekit.backend_api.KeyGroupNativeSnapshots`
+        (``_snapshot_entries``), and :class:`~statekit.ordered_kv.KeyGroupNativeSnapshots`
         natively. ``items(name, lower, upper)`` returns state ``name``'s entries
         in ``[lower, upper)`` in key order, maybe from another thread (one at a
         time); ``release()`` ends the view. An engine snapshot, a read

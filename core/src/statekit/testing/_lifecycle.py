@@ -2,7 +2,7 @@
 
 A backend that keeps state in local files (RocksDB, LMDB, yours) makes one
 working directory per keyed backend with
-:func:`~statekit.backend_api.create_instance_dir` under ``statekit.local-dir``,
+:func:`~statekit.ordered_kv.create_instance_dir` under ``statekit.local-dir``,
 and deletes it when it closes. These tests hold it to that through a whole
 job's life: many runs that restore, process, checkpoint and stop (cleanly or
 by dropping their backends), a process killed with SIGKILL whose directories
@@ -17,7 +17,7 @@ Subclass :class:`OnDiskLifecycleTests` and name the installed backend::
 The backend must be installed (registered by entry point: the killed job runs
 in a child process that selects it by name) and creatable with its default
 options. Working directories are found by their owner file
-(:data:`~statekit.backend_api.OWNER_FILE`), whatever their prefix:
+(:data:`~statekit.ordered_kv.OWNER_FILE`), whatever their prefix:
 :func:`instance_dirs` lists them.
 """
 
@@ -61,8 +61,8 @@ class _Count(KeyedProcessFunction):
 def instance_dirs(local_dir: str | os.PathLike[str]) -> list[Path]:
     """The backends' working directories under ``local_dir``, alive or left by a dead process, sorted.
 
-    A directory is one when it holds :data:`~statekit.backend_api.OWNER_FILE`,
-    as every directory made by :func:`~statekit.backend_api.create_instance_dir`
+    A directory is one when it holds :data:`~statekit.ordered_kv.OWNER_FILE`,
+    as every directory made by :func:`~statekit.ordered_kv.create_instance_dir`
     does, and no other such directory: a runner's own directory for a job is
     owned too, and holds its subtasks' backends.
     """

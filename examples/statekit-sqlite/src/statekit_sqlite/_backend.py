@@ -24,12 +24,8 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
-from statekit.backend_api import (
-    DeclaredStateBackend,
-    KeyedBackendParameters,
-    KeyGroupNativeSnapshots,
-    PrefixedKVBackendBase,
-)
+from statekit.backend_api import DeclaredStateBackend, KeyedBackendParameters
+from statekit.ordered_kv import KeyGroupNativeSnapshots, PrefixedKVBackendBase
 
 from ._plugin import OPTIONS
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from statekit.backend_api import ORDERED_KV_OPTIONS, BackendSpec, ConfigOption, hookimpl
+from statekit.backend_api import BackendSpec, ConfigOption, hookimpl
+from statekit.ordered_kv import ORDERED_KV_OPTIONS
 
 __all__ = ["OPTIONS", "statekit_register_backends"]
 
