@@ -510,12 +510,12 @@ def test_a_sqlite_snapshot_reading_the_live_database_fails_isolation() -> None:
     class ReadsTheLiveDatabase(sqlite.SqliteKeyedStateBackend):  # type: ignore[misc, name-defined]
         """Its frozen view queries the task's own connection when the snapshot is written: the live file."""
 
-        def kv_freeze(self) -> Any:
+        def kv_reader(self) -> Any:
             db = self._sqlite_db
 
             class Live:
-                def items(self, name: str, lower: bytes, upper: bytes | None) -> Any:
-                    return db.execute(sqlite._RANGE, (name, lower, upper, upper)).fetchall()
+                def scan(self, lower: bytes, upper: bytes | None, limit: int) -> Any:
+                    return sqlite._scan(db, lower, upper, limit)
 
                 def release(self) -> None:
                     pass
