@@ -36,10 +36,14 @@ install: $(VENV)/.installed
 ## statekit-core's wheel ships the JVM locality helper, compiled by its build hook against the PySpark of
 ## its isolated build environment: building needs a JDK 17+ (STATEKIT_BUILD_WITHOUT_JDK=1 builds a wheel
 ## without the helper, whose Spark queries then run without task locality).
+## It also writes $(WHEELHOUSE)/constraints.txt, every statekit distribution pinned to the version built:
+## `pip install -c wheelhouse/constraints.txt ...` then never takes one of those names from an index
+## (install them with --no-index --find-links wheelhouse first; docs/writing-a-backend.md).
 wheels:
 	rm -f $(WHEELHOUSE)/statekit*.whl
 	$(PYTHON) -m pip wheel -q --no-deps -w $(WHEELHOUSE) $(DISTRIBUTIONS)
-	@ls -1 $(WHEELHOUSE)/statekit*.whl
+	@for w in $(WHEELHOUSE)/statekit*.whl; do n=$${w##*/}; echo "$$(echo $${n%%-*} | tr _ -)==$$(echo $$n | cut -d- -f2)"; done | sort > $(WHEELHOUSE)/constraints.txt
+	@ls -1 $(WHEELHOUSE)/statekit*.whl $(WHEELHOUSE)/constraints.txt
 
 ## The whole test suite: lint, types, then every test.
 test: lint typecheck pytest

@@ -26,7 +26,7 @@ import tempfile
 from typing import Any
 
 from statekit import ValueStateDescriptor
-from statekit.backend_api import KeyGroupRange, key_group_for_bytes
+from statekit.backend_api import KeyedBackendParameters, KeyGroupRange, key_group_for_bytes
 from statekit.serializers import StrSerializer
 from statekit.testing import KitNativeOutput
 from statekit_lmdb import LMDBStateBackend
@@ -38,10 +38,12 @@ STATE = ValueStateDescriptor("v", str)
 
 def keyed(factory: Any, maxp: int, local_dir: str) -> Any:
     return factory.create_keyed_backend(
-        key_serializer=StrSerializer(),
-        key_group_range=KeyGroupRange.of(0, maxp - 1),
-        max_parallelism=maxp,
-        local_dir=local_dir,
+        KeyedBackendParameters(
+            key_serializer=StrSerializer(),
+            key_group_range=KeyGroupRange.of(0, maxp - 1),
+            max_parallelism=maxp,
+            local_dir=local_dir,
+        )
     )
 
 

@@ -46,7 +46,7 @@ from harness import (
 )
 
 from statekit import ValueStateDescriptor
-from statekit.backend_api import KeyGroupRange, key_group_for_bytes
+from statekit.backend_api import KeyedBackendParameters, KeyGroupRange, key_group_for_bytes
 from statekit.checkpointing import load_checkpoint
 from statekit.serializers import StrSerializer
 from statekit_heap import HeapKeyedStateBackend
@@ -116,7 +116,9 @@ def rmw(args: argparse.Namespace, scratch: str) -> None:
 
     def backend() -> LMDBKeyedStateBackend:
         return engine.create_keyed_backend(
-            key_serializer=StrSerializer(), key_group_range=RANGE, max_parallelism=128, local_dir=scratch
+            KeyedBackendParameters(
+                key_serializer=StrSerializer(), key_group_range=RANGE, max_parallelism=128, local_dir=scratch
+            )
         )
 
     def per_record(b: object) -> object:
@@ -166,7 +168,9 @@ def snapshot_restore(args: argparse.Namespace, scratch: str) -> None:
 
     def lmdb_backend(kgr: KeyGroupRange = RANGE) -> LMDBKeyedStateBackend:
         return engine.create_keyed_backend(
-            key_serializer=StrSerializer(), key_group_range=kgr, max_parallelism=128, local_dir=scratch
+            KeyedBackendParameters(
+                key_serializer=StrSerializer(), key_group_range=kgr, max_parallelism=128, local_dir=scratch
+            )
         )
 
     def heap_backend(kgr: KeyGroupRange = RANGE) -> HeapKeyedStateBackend:

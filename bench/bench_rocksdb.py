@@ -33,7 +33,7 @@ from harness import best_of, expected_counts, rmw_batched, rmw_per_record, run_p
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from statekit import KeyedProcessFunction, LocalRunner, ValueStateDescriptor
-from statekit.backend_api import KeyGroupRange
+from statekit.backend_api import KeyedBackendParameters, KeyGroupRange
 from statekit.checkpointing import load_checkpoint
 from statekit.serializers import StrSerializer
 from statekit_rocksdb import RocksDBKeyedStateBackend, RocksDBStateBackend
@@ -80,10 +80,12 @@ def rmw(args: argparse.Namespace, scratch: str) -> None:
 
     def backend() -> RocksDBKeyedStateBackend:
         return engine.create_keyed_backend(
-            key_serializer=StrSerializer(),
-            key_group_range=KeyGroupRange(0, 127),
-            max_parallelism=128,
-            local_dir=scratch,
+            KeyedBackendParameters(
+                key_serializer=StrSerializer(),
+                key_group_range=KeyGroupRange(0, 127),
+                max_parallelism=128,
+                local_dir=scratch,
+            )
         )
 
     def per_record(b: object) -> object:

@@ -21,7 +21,7 @@ from typing import Any
 from harness import best_of, run_parts, write_checkpoint
 
 from statekit import ValueStateDescriptor
-from statekit.backend_api import KeyGroupRange
+from statekit.backend_api import KeyedBackendParameters, KeyGroupRange
 from statekit.checkpointing import load_checkpoint
 from statekit.serializers import StrSerializer
 from statekit_heap import HeapKeyedStateBackend
@@ -123,7 +123,9 @@ def rocksdb(args: argparse.Namespace, scratch: str) -> None:
 
     def new_backend() -> Any:
         return engine.create_keyed_backend(
-            key_serializer=StrSerializer(), key_group_range=RANGE, max_parallelism=128, local_dir=local
+            KeyedBackendParameters(
+                key_serializer=StrSerializer(), key_group_range=RANGE, max_parallelism=128, local_dir=local
+            )
         )
 
     src = new_backend()

@@ -8,25 +8,28 @@ from :class:`KeyGroupNativeSnapshots` (one content-addressed file per key group)
 from __future__ import annotations
 
 import dataclasses
+import io
+import os
+import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 
 from statekit import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
-from statekit.backend_api import (
-    ConfigOption,
-    DeclaredStateBackend,
-    KeyedBackendParameters,
+from statekit._contracts import create_keyed_backend
+from statekit.backend_api import ConfigOption, DeclaredStateBackend, KeyedBackendParameters, KeyGroupRange
+from statekit.errors import ConfigurationError, CorruptSnapshotError, SnapshotCancelledError, StateAccessError
+from statekit.ordered_kv import (
     KeyGroupNativeSnapshots,
-    KeyGroupRange,
     KVColumn,
-    NativeFile,
     OrderedKVBackendBase,
-    UploadTracker,
+    PrefixedKVBackendBase,
+    column_prefix,
 )
-from statekit.errors import ConfigurationError, CorruptSnapshotError, StateAccessError
 from statekit.serializers import StrSerializer
+from statekit.snapshot_codec import NativeFile, UploadTracker
 from statekit.testing import KitNativeOutput, ManualClock, snapshot_handle
 
 OPTIONS = (
@@ -105,10 +108,12 @@ class DictKVBackend(DeclaredStateBackend):
 def make(backend: DictKVBackend | None = None, kgr: KeyGroupRange | None = None, maxp: int = 16) -> DictKV:
     b = backend or DictKVBackend()
     keyed: DictKV = b.create_keyed_backend(
-        key_serializer=StrSerializer(),
-        key_group_range=kgr or KeyGroupRange.of(0, maxp - 1),
-        max_parallelism=maxp,
-        clock=ManualClock(),
+        KeyedBackendParameters(
+            key_serializer=StrSerializer(),
+            key_group_range=kgr or KeyGroupRange.of(0, maxp - 1),
+            max_parallelism=maxp,
+            clock=ManualClock(),
+        )
     )
     return keyed
 
@@ -308,3 +313,186 @@ def test_a_damaged_key_group_file_is_named_before_anything_is_loaded(tmp_path: A
         target.restore_native([damaged])
     assert target.dictkv_tables == {} or all(not t for t in target.dictkv_tables.values())
     assert snapshot_handle(target) is not None
+
+
+# --- create_keyed_backend: the parameters whole; the keyword form of 0.1 until 0.2.0 ---------------
+
+
+class _KeywordFactory:
+    """A third-party factory written for statekit 0.1: create_keyed_backend takes keyword arguments."""
+
+    name = "keywords"
+
+    def __init__(self) -> None:
+        self.got: dict[str, Any] = {}
+
+    def create_keyed_backend(self, *, key_serializer: Any, key_group_range: Any, **rest: Any) -> DictKV:
+        self.got = {"key_serializer": key_serializer, "key_group_range": key_group_range, **rest}
+        return DictKV(KeyedBackendParameters(key_serializer, key_group_range, rest["max_parallelism"]), {})
+
+    def create_operator_backend(self) -> Any:
+        raise NotImplementedError
+
+
+def test_a_keyword_factory_still_works_and_is_told_when_it_stops(tmp_path: Any) -> None:
+    params = KeyedBackendParameters(StrSerializer(), KeyGroupRange.of(0, 7), 8, local_dir=str(tmp_path))
+    factory = _KeywordFactory()
+    with pytest.warns(DeprecationWarning, match=r"keyword form.*removed in statekit 0\.2\.0"):
+        keyed = create_keyed_backend(factory, params)
+    assert factory.got["local_dir"] == str(tmp_path)
+    assert factory.got["key_cache_size"] == params.key_cache_size
+    assert keyed.key_group_range == KeyGroupRange.of(0, 7)
+    keyed.close()
+
+
+def test_declared_backends_take_the_parameters_whole_and_keywords_with_a_warning() -> None:
+    params = KeyedBackendParameters(StrSerializer(), KeyGroupRange.of(0, 7), 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        keyed = create_keyed_backend(DictKVBackend(), params)  # the new form: no warning
+    assert keyed.parameters == params
+    keyed.close()
+    with pytest.warns(DeprecationWarning, match=r"removed in statekit 0\.2\.0"):
+        old = DictKVBackend().create_keyed_backend(
+            key_serializer=StrSerializer(), key_group_range=KeyGroupRange.of(0, 7), max_parallelism=8
+        )
+    assert old.parameters == params
+    old.close()
+    with pytest.raises(TypeError, match="not both"):
+        DictKVBackend().create_keyed_backend(params, max_parallelism=8)
+
+
+# --- the ordered base owns what every engine repeated: prefixes, views, buffers, directory ------
+
+
+def _scan(
+    data: dict[bytes, bytes], lower: bytes, upper: bytes | None, limit: int
+) -> list[tuple[bytes, bytes]]:
+    keys = sorted(k for k in data if k >= lower and (upper is None or k < upper))
+    return [(k, data[k]) for k in keys[:limit]]
+
+
+class _Reader:
+    """A copy of the key space; ``scan`` may wait on ``gate`` (to hold a read in progress)."""
+
+    def __init__(self, data: dict[bytes, bytes], events: list[str]) -> None:
+        self.data, self.events = data, events
+        self.gate: threading.Event | None = None
+        self.reading = threading.Event()
+
+    def scan(self, lower: bytes, upper: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+        self.reading.set()
+        if self.gate is not None:
+            self.gate.wait(60)
+        return _scan(self.data, lower, upper, limit)
+
+    def release(self) -> None:
+        self.events.append("view released")
+
+
+class OneKeySpace(KeyGroupNativeSnapshots, PrefixedKVBackendBase):
+    """A sorted dict as an engine with one key space: nothing but the four methods and kv_close."""
+
+    backend_name = "onekeyspace"
+    native_format = "onekeyspace-kg-1"
+    kv_dir_prefix = "onekeyspace-"
+    kv_page_size = 3  # pages of three: every scan of more entries takes several
+
+    def __init__(self, parameters: KeyedBackendParameters, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(parameters, options=options or {})
+        self.data: dict[bytes, bytes] = {}
+        self.events: list[str] = []
+        self.readers: list[_Reader] = []
+
+    def kv_get(self, key: bytes) -> bytes | None:
+        return self.data.get(key)
+
+    def kv_scan(self, lower: bytes, upper: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+        return _scan(self.data, lower, upper, limit)
+
+    def kv_apply(self, ops: list[tuple[bytes, bytes | None]]) -> None:  # never clears a buffer
+        for k, v in ops:
+            if v is None:
+                self.data.pop(k, None)
+            else:
+                self.data[k] = v
+
+    def kv_reader(self) -> _Reader:
+        self.readers.append(_Reader(dict(self.data), self.events))
+        return self.readers[-1]
+
+    def kv_close(self) -> None:
+        self.events.append("engine closed")
+
+
+def one_key_space(tmp_path: Any, maxp: int = 16) -> OneKeySpace:
+    kgr = KeyGroupRange.of(0, maxp - 1)
+    return OneKeySpace(KeyedBackendParameters(StrSerializer(), kgr, maxp, local_dir=str(tmp_path)))
+
+
+def test_one_key_space_keeps_states_apart_by_prefix_and_clears_buffers_itself(tmp_path: Any) -> None:
+    b = one_key_space(tmp_path)
+    fill(b, range(20))
+    b.kv_write_buffered()
+    assert all(not c.buffer for c in b.kv_columns)  # the engine's kv_apply cleared nothing
+    names = {c.name for c in b.kv_columns}
+    assert names and all(any(k.startswith(column_prefix(n)) for k in b.data) for n in names)
+    assert {k for n in names for k in b.data if k.startswith(column_prefix(n))} == set(b.data)
+    got = contents(b, range(20))
+    target = one_key_space(tmp_path)
+    target.restore([snapshot_handle(b)])
+    assert contents(target, range(20)) == got
+    h = _write(b, 1, KitNativeOutput(1))
+    native = one_key_space(tmp_path)
+    native.restore_native([h])
+    assert contents(native, range(20)) == got
+    for x in (b, target, native):
+        x.close()
+
+
+def test_the_base_makes_and_removes_the_instance_directory_and_releases_views_first(tmp_path: Any) -> None:
+    b = one_key_space(tmp_path)
+    assert b.kv_dir is not None and os.path.dirname(b.kv_dir) == str(tmp_path) and os.path.isdir(b.kv_dir)
+    fill(b, range(5))
+    pending = b.snapshot()
+    native = b.native_snapshot(1)
+    b.close()
+    assert b.closed and not os.path.exists(b.kv_dir)
+    assert b.events == ["view released", "view released", "engine closed"]
+    with pytest.raises(SnapshotCancelledError):
+        pending.write(io.BytesIO())
+    with pytest.raises(SnapshotCancelledError):
+        native.write(KitNativeOutput(1))
+    b.close()
+    assert b.events[-1] == "engine closed" and b.events.count("engine closed") == 1
+
+
+def test_a_release_waits_for_a_read_in_progress_on_another_thread(tmp_path: Any) -> None:
+    b = one_key_space(tmp_path)
+    fill(b, range(5))
+    snap = b.native_snapshot(1)
+    reader = b.readers[-1]
+    reader.gate = threading.Event()
+    outcome: list[Any] = []
+
+    def write() -> None:
+        try:
+            outcome.append(snap.write(KitNativeOutput(1)))
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            outcome.append(e)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert reader.reading.wait(60)
+    closer = threading.Thread(target=b.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive() and "view released" not in b.events  # close waits for the read
+    reader.gate.set()
+    closer.join(60)
+    writer.join(60)
+    assert b.events == ["view released", "engine closed"]  # released once, after the read, before close
+    # The write either finished before the release (the view stayed whole while it read) or met
+    # the released view at its next read: never a read of a released view.
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], SnapshotCancelledError) or outcome[0].checkpoint_id == 1

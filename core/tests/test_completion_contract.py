@@ -1,7 +1,7 @@
 """The native completion contract is stated once, in the same words, wherever a backend author reads it.
 
 ``docs/writing-a-backend.md``, the docstrings of :class:`statekit.backend_api.SupportsNativeSnapshot`
-and of the native snapshot module (``statekit.backend_api.NativeSnapshot``'s), and
+and of the native snapshot module (``statekit.snapshot_codec.NativeSnapshot``'s), and
 ``statekit.testing`` must not drift apart: the LevelDB author of issue #24 passed
 the kit only by working around a page and a kit that disagreed.
 """
@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 
 import statekit.testing
-from statekit.backend_api import NativeSnapshot, SupportsNativeSnapshot
+from statekit.backend_api import SupportsNativeSnapshot
+from statekit.snapshot_codec import NativeSnapshot
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "writing-a-backend.md"
 START = "The completion contract."

@@ -28,14 +28,8 @@ from typing import Any
 import pytest
 
 from statekit import ListStateDescriptor, ValueStateDescriptor
-from statekit.backend_api import (
-    KeyGroupRange,
-    NativeFile,
-    OperatorStateBackendImpl,
-    key_group_for_bytes,
-    key_group_range_for_operator,
-    upload_native_file,
-)
+from statekit.backend_api import KeyGroupRange, OperatorStateBackendImpl, key_group_for_bytes
+from statekit.checkpointing import key_group_range_for_operator
 from statekit.checkpoints._local_recovery import (
     Downloads,
     LocalCopies,
@@ -48,6 +42,7 @@ from statekit.checkpoints._verify import CRC_ONLY, crc_only_files, verify_loaded
 from statekit.checkpoints._writing import complete_checkpoint, write_subtask_state
 from statekit.errors import CorruptCheckpointError, CorruptSnapshotError, UnsafeLocalPathError
 from statekit.serializers import serializer_for
+from statekit.snapshot_codec import NativeFile, upload_native_file
 from statekit.snapshots._digest import (
     NOT_RECORDED,
     FileDigest,

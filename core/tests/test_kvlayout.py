@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from statekit import ListStateDescriptor, MapStateDescriptor, StateTtlConfig, ValueStateDescriptor
-from statekit.backend_api import (
+from statekit.backend_api import RegisteredState
+from statekit.ordered_kv import (
     KeyLayout,
-    RegisteredState,
     decode_varint,
     encode_varint,
     entry_codec,

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from statekit.backend_api import OWNER_FILE, create_instance_dir, remove_stale_instance_dirs
 from statekit.errors import UnsafeLocalPathError
+from statekit.ordered_kv import OWNER_FILE, create_instance_dir, remove_stale_instance_dirs
 
 
 def dead_pid() -> int:

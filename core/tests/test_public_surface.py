@@ -14,6 +14,8 @@ import statekit
 PUBLIC_MODULES = [
     "statekit",
     "statekit.backend_api",
+    "statekit.ordered_kv",
+    "statekit.snapshot_codec",
     "statekit.checkpointing",
     "statekit.errors",
     "statekit.serializers",
@@ -106,3 +108,48 @@ def test_the_suite_turns_statekits_own_deprecation_into_an_error() -> None:
     # pyproject's filterwarnings: a name imported from its old place anywhere in the repository fails.
     with pytest.raises(DeprecationWarning, match=r"^statekit\.StateError moved to statekit\.errors"):
         _ = statekit.StateError
+
+
+def _next_minor(version: str) -> str:
+    major, minor = (int(x) for x in version.split(".")[:2])
+    return f"{major}.{minor + 1}.0"
+
+
+def test_every_deprecation_names_the_release_that_removes_it() -> None:
+    """The removal version is the next minor of core's version, and every moved name's warning says it."""
+    from statekit._errors import REMOVED_IN
+
+    assert REMOVED_IN == _next_minor(statekit.__version__)
+    olds = [("statekit", n) for n in MOVED_FROM_STATEKIT] + MOVED_TO_STATEKIT
+    for module, name in olds:
+        with pytest.warns(DeprecationWarning) as w:
+            getattr(importlib.import_module(module), name)
+        assert f"removed in statekit {REMOVED_IN}" in str(w[0].message), (module, name)
+
+
+
+def test_the_backend_authors_door_is_narrow_and_the_rooms_hold_the_rest() -> None:
+    import statekit.backend_api as api
+
+    assert len(api.__all__) <= 32  # contracts, specs and hooks, key groups, the keyed base, handle helpers
+    door = {"KeyedBackendBase", "DeclaredStateBackend", "StateBackend", "BackendSpec", "KeyGroupRange"}
+    assert door <= set(api.__all__)
+    kv = importlib.import_module("statekit.ordered_kv")
+    codec = importlib.import_module("statekit.snapshot_codec")
+    assert {"OrderedKVBackendBase", "PrefixedKVBackendBase", "KeyGroupNativeSnapshots"} <= set(kv.__all__)
+    assert {"write_canonical", "iter_blocks", "NativeStateHandle"} <= set(codec.__all__)
+
+
+def test_a_name_moved_out_of_backend_api_imports_until_0_2_with_a_warning_naming_its_home() -> None:
+    import statekit.backend_api as api
+
+    assert api._MOVED  # what a backend of 0.1 imported from here
+    for name, home in sorted(api._MOVED.items()):
+        assert name not in api.__all__
+        message = rf"^statekit\.backend_api\.{name} moved to {home}: .*removed in statekit 0\.2\.0"
+        with pytest.warns(DeprecationWarning, match=message):
+            old = getattr(api, name)
+        assert old is getattr(importlib.import_module(home), name)
+    for name in sorted(api._INTERNAL):
+        with pytest.warns(DeprecationWarning, match=rf"backend_api\.{name} .*removed in statekit 0\.2\.0"):
+            getattr(api, name)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from statekit import ListStateDescriptor, Migration, StateTtlConfig, ValueStateDescriptor, default_registry
-from statekit.backend_api import KeyGroupRange
+from statekit.backend_api import KeyedBackendParameters, KeyGroupRange
 from statekit.errors import IncompatibleSerializerError, SnapshotError, StateMigrationError
 from statekit.serializers import IntSerializer, StrSerializer
 from statekit.state._migration import plan_state_migration
@@ -29,11 +29,13 @@ def make() -> Iterator[Any]:
 
     def make(name: str = "heap", start: int = 0, end: int = 127, key_serializer: Any = None) -> Any:
         b = REGISTRY.create_backend(name).create_keyed_backend(
-            key_serializer=key_serializer or StrSerializer(),
-            key_group_range=KeyGroupRange.of(start, end),
-            max_parallelism=128,
-            clock=lambda: 1000,
-            local_dir=tempfile.mkdtemp(),
+            KeyedBackendParameters(
+                key_serializer=key_serializer or StrSerializer(),
+                key_group_range=KeyGroupRange.of(start, end),
+                max_parallelism=128,
+                clock=lambda: 1000,
+                local_dir=tempfile.mkdtemp(),
+            )
         )
         made.append(b)
         return b

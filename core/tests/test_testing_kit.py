@@ -20,14 +20,10 @@ from typing import Any
 import pytest
 from hypothesis import Phase, settings
 
-from statekit.backend_api import (
-    KeyedStateHandle,
-    KeyGroupRange,
-    OperatorStateBackendImpl,
-    OperatorStateData,
-    StateKind,
-)
+from statekit.backend_api import KeyedBackendParameters, KeyGroupRange, OperatorStateBackendImpl, StateKind
+from statekit.checkpointing import OperatorStateData
 from statekit.errors import IncompatibleSerializerError
+from statekit.snapshot_codec import KeyedStateHandle
 from statekit.testing import (
     PROPERTIES,
     CheckpointStorageTests,
@@ -78,9 +74,8 @@ class _Broken(ReferenceStateBackend):
     keyed_class: type[ReferenceKeyedStateBackend] = ReferenceKeyedStateBackend
     name = "broken"
 
-    def create_keyed_backend(self, **kw: Any) -> ReferenceKeyedStateBackend:
-        kw.pop("local_dir", None)
-        return self.keyed_class(**kw)
+    def create_keyed_backend(self, parameters: KeyedBackendParameters, /) -> ReferenceKeyedStateBackend:
+        return self.keyed_class(parameters)
 
 
 class LosesKeyGroupOnRescale(ReferenceKeyedStateBackend):
@@ -154,8 +149,8 @@ class NativeRestoreLosesKeyGroup(ReferenceKeyedStateBackend):
 class ReferencesUnconfirmedUploads(ReferenceKeyedStateBackend):
     """Its native snapshot re-references its last upload when nothing changed, completed or not."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.broken_last: tuple[bytes, Any] | None = None
 
     def native_snapshot(self, checkpoint_id: int) -> Any:
@@ -209,8 +204,8 @@ class ReferencesConfirmedUploads(ReferenceKeyedStateBackend):
     forgets it on restore. The kit must pass it.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.contract_pending: dict[int, tuple[bytes, Any]] = {}
         self.contract_confirmed: tuple[bytes, Any] | None = None
 
@@ -389,6 +384,7 @@ def test_a_backend_that_loses_a_key_group_on_rescale_fails_key_group_ownership()
 def test_a_backend_that_ignores_ttl_fails_never_returns_expired() -> None:
     v = violation("ttl_never_returns_expired", broken(IgnoresTtl))
     assert v.property == "ttl_never_returns_expired"
+    assert v.rule is None  # not the update type: it returns entries no read refreshed
     assert "is expired" in str(v) and "returned" in str(v)
     s = steps(v)
     assert "state = TtlMachine()" in s
@@ -514,12 +510,12 @@ def test_a_sqlite_snapshot_reading_the_live_database_fails_isolation() -> None:
     class ReadsTheLiveDatabase(sqlite.SqliteKeyedStateBackend):  # type: ignore[misc, name-defined]
         """Its frozen view queries the task's own connection when the snapshot is written: the live file."""
 
-        def kv_freeze(self) -> Any:
+        def kv_reader(self) -> Any:
             db = self._sqlite_db
 
             class Live:
-                def items(self, name: str, lower: bytes, upper: bytes | None) -> Any:
-                    return db.execute(sqlite._RANGE, (name, lower, upper, upper)).fetchall()
+                def scan(self, lower: bytes, upper: bytes | None, limit: int) -> Any:
+                    return sqlite._scan(db, lower, upper, limit)
 
                 def release(self) -> None:
                     pass
@@ -639,9 +635,8 @@ class Dropping(ReferenceKeyedStateBackend):
 class DroppingBackend(ReferenceStateBackend):
     name = "dropping"
 
-    def create_keyed_backend(self, **kw):
-        kw.pop("local_dir", None)
-        return Dropping(**kw)
+    def create_keyed_backend(self, parameters):
+        return Dropping(parameters)
 
 
 class TestDropping(StateBackendTests):
@@ -702,9 +697,8 @@ class OffByOne(ReferenceKeyedStateBackend):
 class OffByOneBackend(ReferenceStateBackend):
     name = "off-by-one"
 
-    def create_keyed_backend(self, **kw):
-        kw.pop("local_dir", None)
-        return OffByOne(**kw)
+    def create_keyed_backend(self, parameters):
+        return OffByOne(parameters)
 
 
 class TestOffByOne(StateBackendTests):

@@ -1,6 +1,6 @@
 """The conformance kit against buffering backends: each violation is caught whatever the write buffer.
 
-A backend on :class:`~statekit.backend_api.OrderedKVBackendBase` holds 1,024
+A backend on :class:`~statekit.ordered_kv.OrderedKVBackendBase` holds 1,024
 updates in its write buffer by default, and reads see the buffer: a bug in
 what the engine holds (a snapshot that reads the live engine, a read that
 rewrites a timestamp in it) hides behind it. The kit runs every test with the
@@ -27,19 +27,21 @@ import pytest
 from hypothesis import settings
 
 from statekit.backend_api import (
-    KeyedStateHandle,
+    KeyedBackendParameters,
+    OperatorStateBackendImpl,
+    RegisteredState,
+    StateEntries,
+)
+from statekit.checkpointing import OperatorStateData
+from statekit.errors import IncompatibleSerializerError
+from statekit.ordered_kv import (
     KeyGroupNativeSnapshots,
     KVColumn,
     KVMapState,
     KVValueState,
-    OperatorStateBackendImpl,
-    OperatorStateData,
     OrderedKVBackendBase,
-    RegisteredState,
-    StateEntries,
-    UploadTracker,
 )
-from statekit.errors import IncompatibleSerializerError
+from statekit.snapshot_codec import KeyedStateHandle, UploadTracker
 from statekit.testing import (
     PROPERTIES,
     WRITE_BUFFERS,
@@ -63,9 +65,9 @@ class DictKV(OrderedKVBackendBase):
 
     backend_name = "dictkv"
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.pop("local_dir", None)
-        super().__init__(**kwargs)
+        super().__init__(*args, **kwargs)
         self.dictkv_tables: dict[str, dict[bytes, bytes]] = {}
 
     def kv_bind(self, col: KVColumn, create: bool) -> bool:
@@ -142,8 +144,8 @@ class _ConfirmsAtUpload(UploadTracker):
 class ReferencesUnconfirmedUploads(NativeDictKV):
     """References the files of a checkpoint that was never confirmed (or aborted) when unchanged."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.native_uploads = _ConfirmsAtUpload()
 
 
@@ -154,8 +156,8 @@ class DictKVBackend:
     keyed_class: type[DictKV] = DictKV
     operator_class: type[OperatorStateBackendImpl] = OperatorStateBackendImpl
 
-    def create_keyed_backend(self, **kwargs: Any) -> DictKV:
-        return self.keyed_class(**kwargs)
+    def create_keyed_backend(self, parameters: KeyedBackendParameters, /) -> DictKV:
+        return self.keyed_class(parameters)
 
     def create_operator_backend(self) -> OperatorStateBackendImpl:
         return self.operator_class()
@@ -360,11 +362,34 @@ def test_the_kit_catches_a_buffered_backend_breaking_only(prop: str) -> None:
     assert "violation" in outcome.values(), f"{prop} missed its violation at every write buffer: {outcome}"
 
 
-def test_the_kit_catches_a_buffered_clear_of_too_wide_a_scope() -> None:
-    """No property of its own: the full machine's per-step agreement with the model catches it."""
-    outcome = caught_by_the_kit("all", dictkv(ClearsEveryNamespace), {})
-    assert set(outcome.values()) <= {"['backend_agrees_with_model']", "violation"}, outcome
-    assert "passed" not in outcome.values(), outcome
+def rules_named(prop: str, factory: Callable[[], Any]) -> dict[Any, list[tuple[str, str | None]]]:
+    """Run ``prop`` as the kit does at each write buffer: the (property, rule) of each violation reported."""
+    out: dict[Any, list[tuple[str, str | None]]] = {}
+    for size in WRITE_BUFFERS:
+        try:
+            run_property(prop, _target(with_write_buffer(factory, size), {}), CI)
+        except (PropertyViolation, BaseExceptionGroup) as e:
+            found = _violations(e)
+            if not found:
+                raise
+            out[size] = [(v.property, v.rule) for v in found]
+        else:
+            out[size] = []
+    return out
+
+
+def test_the_kit_names_the_clear_scope_rule_for_a_buffered_clear_of_too_wide_a_scope() -> None:
+    """No property of its own: the full machine's per-step agreement catches it, naming the rule."""
+    outcome = rules_named("all", dictkv(ClearsEveryNamespace))
+    assert all(found == [("backend_agrees_with_model", "clear_scope")] for found in outcome.values()), outcome
+
+
+def test_the_kit_names_the_ttl_update_type_rule_for_a_read_that_refreshes() -> None:
+    """A read that refreshes under OnCreateAndWrite fails the TTL property as the update-type rule."""
+    outcome = rules_named("ttl_never_returns_expired", dictkv(ReadRefreshesTtl))
+    assert any(found for found in outcome.values()), outcome
+    named = {rule for found in outcome.values() for _, rule in found}
+    assert named == {"ttl_update_type"}, outcome
 
 
 def test_the_correct_buffered_backend_passes_the_properties_it_breaks_elsewhere() -> None:

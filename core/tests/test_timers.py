@@ -27,8 +27,8 @@ from statekit import (
     ValueStateDescriptor,
     default_registry,
 )
-from statekit.backend_api import BytesStreamHandle, KeyedStateHandle
 from statekit.serializers import serializer_for
+from statekit.snapshot_codec import BytesStreamHandle, KeyedStateHandle
 from statekit.testing import ManualClock
 from statekit.timers import (
     MAX_WATERMARK,
@@ -449,10 +449,12 @@ def test_timers_and_watermark_survive_restore_and_rescale(tmp_path: Any) -> None
 def test_a_version_1_snapshot_still_restores() -> None:
     """Version 2 added timers to the header; version 1 files (no timers) read unchanged."""
     backend = default_registry().create_backend("heap", {})
-    from statekit.backend_api import KeyGroupRange
+    from statekit.backend_api import KeyedBackendParameters, KeyGroupRange
 
     kb = backend.create_keyed_backend(
-        key_serializer=serializer_for(str), key_group_range=KeyGroupRange.of(0, 7), max_parallelism=8
+        KeyedBackendParameters(
+            key_serializer=serializer_for(str), key_group_range=KeyGroupRange.of(0, 7), max_parallelism=8
+        )
     )
     state = kb.get_state(ValueStateDescriptor("n", int))
     for i in range(20):
@@ -492,7 +494,9 @@ def test_a_version_1_snapshot_still_restores() -> None:
         len(head),
     )
     target = backend.create_keyed_backend(
-        key_serializer=serializer_for(str), key_group_range=KeyGroupRange.of(0, 7), max_parallelism=8
+        KeyedBackendParameters(
+            key_serializer=serializer_for(str), key_group_range=KeyGroupRange.of(0, 7), max_parallelism=8
+        )
     )
     target.restore([handle])
     s2 = target.get_state(ValueStateDescriptor("n", int))

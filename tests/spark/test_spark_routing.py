@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from statekit.backend_api import key_group_for_bytes, operator_index_for_key_group
+from statekit.backend_api import key_group_for_bytes
+from statekit.checkpointing import operator_index_for_key_group
 from statekit.serializers import BytesSerializer, IntSerializer, StrSerializer
 
 STR_KEYS = [

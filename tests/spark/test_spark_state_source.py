@@ -31,9 +31,10 @@ from statekit import (
     ValueStateDescriptor,
     default_registry,
 )
-from statekit.backend_api import CANONICAL_FORMAT, KeyGroupRange
+from statekit.backend_api import KeyedBackendParameters, KeyGroupRange
 from statekit.checkpoints._writing import complete_checkpoint, write_subtask_state
 from statekit.serializers import serializer_for
+from statekit.snapshot_codec import CANONICAL_FORMAT
 from statekit.spark import register_state_source
 from statekit.spark._state_source import StateDataSource, _Options, plan_partitions, spark_schema
 from statekit.state_processor import SavepointReader
@@ -137,10 +138,12 @@ def _big_savepoint(directory: Path, n: int) -> str:
     registry = default_registry()
     backend = registry.create_backend("heap", {})
     keyed = backend.create_keyed_backend(
-        key_serializer=serializer_for(int),
-        key_group_range=KeyGroupRange.of(0, 127),
-        max_parallelism=128,
-        local_dir=tempfile.mkdtemp(dir=directory),
+        KeyedBackendParameters(
+            key_serializer=serializer_for(int),
+            key_group_range=KeyGroupRange.of(0, 127),
+            max_parallelism=128,
+            local_dir=tempfile.mkdtemp(dir=directory),
+        )
     )
     try:
         state = keyed.get_state(ValueStateDescriptor("count", int, default=0))

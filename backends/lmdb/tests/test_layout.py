@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from statekit import VOID_NAMESPACE, ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
-from statekit.backend_api import KeyGroupRange, KeyLayout, key_group_for_bytes
+from statekit.backend_api import KeyGroupRange, key_group_for_bytes
 from statekit.errors import StateAccessError
+from statekit.ordered_kv import KeyLayout
 from statekit.serializers import IntSerializer, StrSerializer, serializer_for
 from statekit.testing import ReferenceKeyedStateBackend, snapshot_handle
 from statekit_lmdb._layout import state_names

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from statekit import Configuration, StateTtlConfig, ValueStateDescriptor, default_registry
-from statekit.errors import ConfigurationError, CorruptSnapshotError, StateAccessError
+from statekit.errors import ConfigurationError, CorruptSnapshotError, SnapshotCancelledError, StateAccessError
 from statekit.testing import OnDiskLifecycleTests, instance_dirs, snapshot_handle
 
 COUNT = ValueStateDescriptor("count", int, default=0)
@@ -30,7 +30,7 @@ def test_a_snapshot_pending_at_close_cannot_be_written(make_backend: Any, tmp_pa
     s.update(1)
     snap = b.snapshot()  # pending while the backend closes
     b.close()
-    with pytest.raises(StateAccessError, match="closed before it was written"):
+    with pytest.raises(SnapshotCancelledError, match="pending when its backend closed"):
         snap.to_handle()
 
 

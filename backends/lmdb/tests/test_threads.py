@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from statekit import ValueStateDescriptor
-from statekit.backend_api import BytesStreamHandle, KeyedStateHandle, KeyGroupRange, key_group_for_bytes
+from statekit.backend_api import KeyGroupRange, key_group_for_bytes
 from statekit.serializers import StrSerializer
+from statekit.snapshot_codec import BytesStreamHandle, KeyedStateHandle
 from statekit.testing import KitNativeOutput, decode_canonical, snapshot_handle
 
 VALUE = ValueStateDescriptor("v", str)

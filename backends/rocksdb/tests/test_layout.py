@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from statekit import VOID_NAMESPACE, ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
-from statekit.backend_api import KeyGroupRange, KeyLayout, key_group_for_bytes
+from statekit.backend_api import KeyGroupRange, key_group_for_bytes
+from statekit.ordered_kv import KeyLayout
 from statekit.serializers import IntSerializer, StrSerializer, serializer_for
 from statekit.testing import snapshot_handle
 

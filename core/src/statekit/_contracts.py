@@ -8,10 +8,13 @@ Optional abilities are small protocols of their own.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import textwrap
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from ._errors import warn_deprecated
 from .serialization._keygroups import KeyGroupRange
 from .serialization._serializers import TypeSerializer
 from .snapshots._native import COMPLETION_CONTRACT, NativeSnapshot, NativeStateHandle
@@ -113,17 +116,16 @@ class StateBackend(Protocol):
 
     name: str
 
-    def create_keyed_backend(
-        self,
-        *,
-        key_serializer: TypeSerializer,
-        key_group_range: KeyGroupRange,
-        max_parallelism: int,
-        clock: Callable[[], int] | None = None,
-        key_cache_size: int = 131072,
-        local_dir: str | None = None,
-    ) -> KeyedStateBackend:
-        """A keyed backend for one subtask; ``local_dir`` is where on-disk backends keep files."""
+    def create_keyed_backend(self, parameters: KeyedBackendParameters, /) -> KeyedStateBackend:
+        """A keyed backend for one subtask, made from the runner's parameters, whole.
+
+        ``parameters`` (a :class:`~statekit.backend_api.KeyedBackendParameters`)
+        holds the key serializer, the subtask's key groups, the max parallelism,
+        the clock, the key cache size and ``local_dir`` (where an on-disk
+        backend keeps its files). A backend of an earlier release that takes
+        them as keyword arguments still works until statekit 0.2.0, with a
+        DeprecationWarning (see :func:`create_keyed_backend`).
+        """
 
     def create_operator_backend(self) -> OperatorStateBackend:
         """An operator backend for one subtask."""
@@ -383,12 +385,21 @@ def readable_native_formats(keyed: SupportsNativeSnapshot) -> frozenset[str]:
 def create_keyed_backend(backend: StateBackend, parameters: KeyedBackendParameters) -> KeyedStateBackend:
     """A keyed backend of ``backend`` made from ``parameters``: the one place statekit passes them on.
 
-    Runners and tools describe a subtask's keyed backend with one
-    :class:`~statekit.state._parameters.KeyedBackendParameters`; the keyword
-    arguments of :meth:`StateBackend.create_keyed_backend` (what a backend
-    implements) are filled here and nowhere else.
+    Runners, tools and the kit call this, not the method: a backend whose
+    ``create_keyed_backend`` still takes the keyword arguments of earlier
+    releases (``key_serializer=..., key_group_range=..., ...``) gets them, with
+    a DeprecationWarning naming the release that stops (statekit 0.2.0).
     """
-    return backend.create_keyed_backend(
+    if _takes_parameters(type(backend)):
+        return backend.create_keyed_backend(parameters)
+    warn_deprecated(
+        f"{type(backend).__qualname__}.create_keyed_backend(*, key_serializer, key_group_range, ...), "
+        "the keyword form,",
+        "take the KeyedBackendParameters whole (def create_keyed_backend(self, parameters, /)); "
+        "see docs/writing-a-backend.md",
+    )
+    legacy: Any = backend.create_keyed_backend
+    return legacy(  # type: ignore[no-any-return]
         key_serializer=parameters.key_serializer,
         key_group_range=parameters.key_group_range,
         max_parallelism=parameters.max_parallelism,
@@ -396,6 +407,26 @@ def create_keyed_backend(backend: StateBackend, parameters: KeyedBackendParamete
         key_cache_size=parameters.key_cache_size,
         local_dir=parameters.local_dir,
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _takes_parameters(cls: type) -> bool:
+    """Whether ``cls.create_keyed_backend`` takes a positional argument (the parameters object)."""
+    method = getattr(cls, "create_keyed_backend", None)
+    if method is None:
+        return True  # let the call fail with Python's own message
+    try:
+        sig = inspect.signature(method)
+    except (TypeError, ValueError):
+        return True
+    positional = [
+        p
+        for p in sig.parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    if isinstance(inspect.getattr_static(cls, "create_keyed_backend"), staticmethod):
+        return bool(positional)
+    return len(positional) > 1 or any(p.kind is p.VAR_POSITIONAL for p in positional)
 
 
 if SupportsNativeSnapshot.__doc__ is not None:  # None under python -OO

@@ -16,8 +16,9 @@ exception fits, the error also inherits it, so callers may catch either::
     │   ├── IncompatibleSerializerError
     │   └── MaxParallelismMismatchError
     ├── SnapshotError
-    │   └── CorruptSnapshotError
-    │       └── CorruptCheckpointError (also a CheckpointError)
+    │   ├── CorruptSnapshotError
+    │   │   └── CorruptCheckpointError (also a CheckpointError)
+    │   └── SnapshotCancelledError
     ├── CheckpointError
     │   ├── CheckpointNotFoundError (FileNotFoundError)
     │   ├── FencedError
@@ -31,6 +32,7 @@ from __future__ import annotations
 import warnings
 
 __all__ = [
+    "REMOVED_IN",
     "BackendIOError",
     "BadRecordError",
     "CheckpointError",
@@ -44,6 +46,7 @@ __all__ = [
     "PluginConflictError",
     "PluginError",
     "SerializationError",
+    "SnapshotCancelledError",
     "SnapshotError",
     "SourceError",
     "StateAccessError",
@@ -53,8 +56,13 @@ __all__ = [
     "UnknownPluginError",
     "UnsafeLocalPathError",
     "install_hint",
+    "warn_deprecated",
     "warn_moved",
 ]
+
+#: The release that removes every name and form deprecated in this one: the next minor version
+#: (core's version is 0.1.0). A DeprecationWarning names it, so a user knows the deadline.
+REMOVED_IN = "0.2.0"
 
 
 class StateError(Exception):
@@ -151,6 +159,16 @@ class CorruptSnapshotError(SnapshotError):
     """
 
 
+class SnapshotCancelledError(SnapshotError):
+    """A snapshot still pending (taken, not written) when its backend closed, written afterwards.
+
+    ``close()`` cancels every pending snapshot, canonical or native: it releases
+    what the snapshot held (a frozen view, a local checkpoint) before the engine
+    closes. Writing it later raises this error, naming the snapshot; write
+    snapshots before closing their backend. ``release()`` stays allowed.
+    """
+
+
 class CheckpointError(StateError):
     """A checkpoint or savepoint could not be taken, completed or loaded."""
 
@@ -238,13 +256,23 @@ def install_hint(requirement: str) -> str:
 def warn_moved(module: str, name: str, home: str) -> None:
     """Warn (DeprecationWarning) that ``module.name`` moved to ``home``; for a module's ``__getattr__``.
 
-    Old import paths keep working for one release: the module's ``__getattr__``
-    calls this and returns the name from its home. The message names both
-    places (``statekit.errors.StateError moved to statekit.errors: ...``).
+    Old import paths keep working until statekit :data:`REMOVED_IN`: the
+    module's ``__getattr__`` calls this and returns the name from its home. The
+    message names both places and the version that removes the old one
+    (``statekit.StateError moved to statekit.errors: ...; removed in statekit 0.2.0``).
     """
     warnings.warn(
         f"{module}.{name} moved to {home}: import it from there (from {home} import {name}); "
-        f"{module}.{name} is removed in the next release",
+        f"{module}.{name} is removed in statekit {REMOVED_IN}",
         DeprecationWarning,
         stacklevel=3,
+    )
+
+
+def warn_deprecated(what: str, instead: str, *, stacklevel: int = 3) -> None:
+    """Warn (DeprecationWarning) that ``what`` is deprecated, what to do ``instead``, and when it goes."""
+    warnings.warn(
+        f"{what} is deprecated and removed in statekit {REMOVED_IN}: {instead}",
+        DeprecationWarning,
+        stacklevel=stacklevel,
     )

@@ -80,3 +80,10 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, object, o
             message = str(e.args[0]) if e.args else ""
             e.args = (f"{invariant}\n{message}" if message else invariant, *e.args[1:])
         raise
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Registers the ``nightly`` marker the kit puts on its depth beyond ``ci`` (run under that profile)."""
+    config.addinivalue_line(
+        "markers", "nightly: depth that runs under the nightly Hypothesis profile only (skipped under ci)"
+    )

@@ -1,4 +1,4 @@
-"""What backend and storage authors build on: the contracts, plugin specs, key groups, base classes.
+"""What every backend and storage author builds on: contracts, plugin specs, key groups, the keyed base.
 
 Read ``docs/writing-a-backend.md`` first. The contracts a backend or a storage
 fulfils are protocols (:class:`StateBackend`, :class:`KeyedStateBackend`,
@@ -6,21 +6,29 @@ fulfils are protocols (:class:`StateBackend`, :class:`KeyedStateBackend`,
 ``Supports*`` abilities); a plugin registers its factories by name with a
 :class:`BackendSpec` or :class:`StorageSpec` from a :func:`hookimpl`, and
 declares its options as :class:`ConfigOption` objects. Key groups are Flink's
-arithmetic (:class:`KeyGroupRange`, :func:`key_group_for_bytes`, ...).
+(:class:`KeyGroupRange`, :func:`key_group_for_bytes`).
 
-A minimal backend subclasses :class:`KeyedBackendBase` and stores what it is
-given; core adds the current key, TTL, reducing and aggregating state and
-canonical snapshots. Its factory is a :class:`DeclaredStateBackend` (options
-declared once, passed with the runner's :class:`KeyedBackendParameters`). A
-backend on an ordered key-value engine subclasses :class:`OrderedKVBackendBase`
-(with :class:`KeyGroupNativeSnapshots` for incremental native snapshots from
-a frozen view, :class:`KVFrozenView`, and bulk loads); its own native restores are planned by
-``kv_plan_native_restore`` (a :class:`KVNativeRestore`) and finished by
-``kv_finish_native_restore``, in an instance directory made by
-:func:`create_instance_dir`. Errors are in :mod:`statekit.errors`.
+A backend subclasses :class:`KeyedBackendBase` and stores what it is given
+(its handles on :class:`SlotValueState`, :class:`SlotListState`,
+:class:`SlotMapState`); core adds the current key, TTL, reducing and
+aggregating state and canonical snapshots. Its factory is a
+:class:`DeclaredStateBackend` (options declared once, passed with the
+runner's :class:`KeyedBackendParameters`). Errors are in :mod:`statekit.errors`.
+
+Two more rooms, for those who need them: :mod:`statekit.ordered_kv`, the
+toolkit of ordered key-value engines (``OrderedKVBackendBase``,
+``PrefixedKVBackendBase``, key-group native snapshots, the key layout,
+instance directories), and :mod:`statekit.snapshot_codec`, the canonical
+format's codec and native snapshots' handles. Runners' building blocks are
+in :mod:`statekit.checkpointing`. The names this module held before it was
+narrowed still import from here until statekit 0.2.0, with a
+DeprecationWarning naming their home.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from ._contracts import (
     CheckpointOutputStream,
@@ -35,187 +43,96 @@ from ._contracts import (
     SupportsOrphanCleanup,
     SupportsRunFencing,
 )
-from .plugins._config import CORE_OPTIONS, ConfigOption
-from .plugins._registry import (
-    BackendSpec,
-    PluginLoadWarning,
-    PluginRegistry,
-    RegisteredPlugin,
-    StorageSpec,
-    hookimpl,
-    hookspec,
-)
-from .runtime._localdirs import OWNER_FILE, create_instance_dir, local_write_error, remove_stale_instance_dirs
-from .serialization._keygroups import (
-    KeyGroupRange,
-    compute_default_max_parallelism,
-    key_group_for_bytes,
-    key_group_range_for_operator,
-    operator_index_for_key_group,
-)
-from .snapshots._native import (
-    NativeFile,
-    NativeSnapshot,
-    NativeSnapshotOutput,
-    NativeStateHandle,
-    WriterNativeOutput,
-    upload_native_file,
-)
-from .snapshots._snapshot import (
-    CANONICAL_FORMAT,
-    BytesStreamHandle,
-    KeyedStateHandle,
-    ProgressCallback,
-    Section,
-    SnapshotHeader,
-    SnapshotWriteResult,
-    StreamStateHandle,
-    iter_blocks,
-    read_block,
-    read_header,
-    read_index,
-    write_canonical,
-)
+from ._errors import warn_deprecated, warn_moved
+from .plugins._config import ConfigOption
+from .plugins._registry import BackendSpec, PluginRegistry, StorageSpec, hookimpl
+from .serialization._keygroups import KeyGroupRange, key_group_for_bytes
 from .state._declared import DeclaredStateBackend
-from .state._keyed import (
-    AggregatingStateImpl,
-    KeyedBackendBase,
-    ReducingStateImpl,
-    merge_list_namespaces,
-)
-from .state._keyed_snapshots import KeyedSnapshot
-from .state._kvcolumn import KVColumn
-from .state._kvlayout import (
-    EntryCodec,
-    KeyLayout,
-    decode_varint,
-    encode_varint,
-    entry_codec,
-    prefix_end,
-    ttl_timestamp,
-)
-from .state._kvnative import KEY_GROUP_FILE_MAGIC, KeyGroupNativeSnapshots, KeyGroupSnapshot, KVFrozenView
-from .state._kvstate import (
-    KVListState,
-    KVMapState,
-    KVNativeRestore,
-    KVValueState,
-    OrderedKVBackendBase,
-    group_entries,
-)
-from .state._migration import DROP, MigrationProgress, StateMigrationPlan
-from .state._operator import (
-    BroadcastState,
-    OperatorListState,
-    OperatorStateBackendImpl,
-    OperatorStateData,
-    OperatorStateMode,
-    decode_operator_snapshot,
-    encode_operator_snapshot,
-    redistribute_operator_state,
-)
+from .state._keyed import KeyedBackendBase, merge_list_namespaces
+from .state._operator import OperatorStateBackendImpl
 from .state._parameters import KeyedBackendParameters
 from .state._registered import RegisteredState, StateEntries
 from .state._slots import SlotListState, SlotMapState, SlotState, SlotValueState
 from .state._state import StateKind
-from .state._ttl import Clock, purge_expired, system_clock, ttl_serializer
-from .state._uploads import UploadTracker
+from .state._ttl import purge_expired
 
 __all__ = [
-    "CANONICAL_FORMAT",
-    "CORE_OPTIONS",
-    "DROP",
-    "KEY_GROUP_FILE_MAGIC",
-    "OWNER_FILE",
-    "AggregatingStateImpl",
     "BackendSpec",
-    "BroadcastState",
-    "BytesStreamHandle",
     "CheckpointOutputStream",
     "CheckpointStorage",
     "CheckpointWriter",
-    "Clock",
     "ConfigOption",
     "DeclaredStateBackend",
-    "EntryCodec",
-    "KVColumn",
-    "KVFrozenView",
-    "KVListState",
-    "KVMapState",
-    "KVNativeRestore",
-    "KVValueState",
-    "KeyGroupNativeSnapshots",
     "KeyGroupRange",
-    "KeyGroupSnapshot",
-    "KeyLayout",
     "KeyedBackendBase",
     "KeyedBackendParameters",
-    "KeyedSnapshot",
     "KeyedStateBackend",
-    "KeyedStateHandle",
-    "MigrationProgress",
-    "NativeFile",
-    "NativeSnapshot",
-    "NativeSnapshotOutput",
-    "NativeStateHandle",
-    "OperatorListState",
     "OperatorStateBackend",
     "OperatorStateBackendImpl",
-    "OperatorStateData",
-    "OperatorStateMode",
-    "OrderedKVBackendBase",
-    "PluginLoadWarning",
     "PluginRegistry",
-    "ProgressCallback",
-    "ReducingStateImpl",
-    "RegisteredPlugin",
     "RegisteredState",
-    "Section",
     "SlotListState",
     "SlotMapState",
     "SlotState",
     "SlotValueState",
-    "SnapshotHeader",
-    "SnapshotWriteResult",
     "StateBackend",
     "StateEntries",
     "StateKind",
-    "StateMigrationPlan",
     "StorageSpec",
-    "StreamStateHandle",
     "SupportsBatchUpdate",
     "SupportsJobFiles",
     "SupportsNativeSnapshot",
     "SupportsOrphanCleanup",
     "SupportsRunFencing",
-    "UploadTracker",
-    "WriterNativeOutput",
-    "compute_default_max_parallelism",
-    "create_instance_dir",
-    "decode_operator_snapshot",
-    "decode_varint",
-    "encode_operator_snapshot",
-    "encode_varint",
-    "entry_codec",
-    "group_entries",
     "hookimpl",
-    "hookspec",
-    "iter_blocks",
     "key_group_for_bytes",
-    "key_group_range_for_operator",
-    "local_write_error",
     "merge_list_namespaces",
-    "operator_index_for_key_group",
-    "prefix_end",
     "purge_expired",
-    "read_block",
-    "read_header",
-    "read_index",
-    "redistribute_operator_state",
-    "remove_stale_instance_dirs",
-    "system_clock",
-    "ttl_serializer",
-    "ttl_timestamp",
-    "upload_native_file",
-    "write_canonical",
 ]
+
+#: Names this module exported before it was narrowed, and their one home now.
+_MOVED = {
+    **dict.fromkeys(importlib.import_module("statekit.ordered_kv").__all__, "statekit.ordered_kv"),
+    **dict.fromkeys(importlib.import_module("statekit.snapshot_codec").__all__, "statekit.snapshot_codec"),
+    **dict.fromkeys(
+        (
+            "CORE_OPTIONS",
+            "BroadcastState",
+            "OperatorListState",
+            "OperatorStateData",
+            "OperatorStateMode",
+            "PluginLoadWarning",
+            "RegisteredPlugin",
+            "compute_default_max_parallelism",
+            "decode_operator_snapshot",
+            "encode_operator_snapshot",
+            "hookspec",
+            "key_group_range_for_operator",
+            "operator_index_for_key_group",
+            "redistribute_operator_state",
+        ),
+        "statekit.checkpointing",
+    ),
+}
+#: Names this module exported that are core's internals: no public home, removed in 0.2.0.
+_INTERNAL = {
+    "AggregatingStateImpl": ("statekit.state._keyed", "core builds aggregating state on your value handles"),
+    "ReducingStateImpl": ("statekit.state._keyed", "core builds reducing state on your value handles"),
+    "Clock": ("statekit.state._ttl", "a clock is any Callable[[], int] of milliseconds"),
+    "system_clock": ("statekit.state._ttl", "KeyedBackendParameters.clock None is the system clock"),
+    "ttl_serializer": ("statekit.state._ttl", "core wraps TTL values itself"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The names that moved out of ``statekit.backend_api``: until statekit 0.2.0, with a warning."""
+    home = _MOVED.get(name)
+    if home is not None:
+        warn_moved(__name__, name, home)
+        return getattr(importlib.import_module(home), name)
+    internal = _INTERNAL.get(name)
+    if internal is not None:
+        module, instead = internal
+        warn_deprecated(f"{__name__}.{name} (core's internals)", f"nothing replaces it: {instead}")
+        return getattr(importlib.import_module(module), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

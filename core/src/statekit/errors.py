@@ -16,8 +16,9 @@ an error also inherits it, so callers may catch either::
     │   ├── IncompatibleSerializerError
     │   └── MaxParallelismMismatchError
     ├── SnapshotError
-    │   └── CorruptSnapshotError
-    │       └── CorruptCheckpointError (also a CheckpointError)
+    │   ├── CorruptSnapshotError
+    │   │   └── CorruptCheckpointError (also a CheckpointError)
+    │   └── SnapshotCancelledError
     ├── CheckpointError
     │   ├── CheckpointNotFoundError (FileNotFoundError)
     │   ├── FencedError
@@ -42,6 +43,7 @@ from ._errors import (
     PluginConflictError,
     PluginError,
     SerializationError,
+    SnapshotCancelledError,
     SnapshotError,
     SourceError,
     StateAccessError,
@@ -66,6 +68,7 @@ __all__ = [
     "PluginConflictError",
     "PluginError",
     "SerializationError",
+    "SnapshotCancelledError",
     "SnapshotError",
     "SourceError",
     "StateAccessError",

@@ -7,17 +7,20 @@ import sqlite3
 import threading
 
 from statekit import LocalRunner, RecordSource, ValueStateDescriptor, default_registry
-from statekit.backend_api import KeyGroupRange
+from statekit.backend_api import KeyedBackendParameters, KeyGroupRange
+from statekit.ordered_kv import column_prefix
 from statekit.serializers import serializer_for
 from statekit_sqlite import SqliteKeyedStateBackend, SqliteStateBackend
 
 
 def make(local_dir=None, **options):
     return SqliteStateBackend(options).create_keyed_backend(
-        key_serializer=serializer_for(str),
-        key_group_range=KeyGroupRange.of(0, 127),
-        max_parallelism=128,
-        local_dir=local_dir,
+        KeyedBackendParameters(
+            key_serializer=serializer_for(str),
+            key_group_range=KeyGroupRange.of(0, 127),
+            max_parallelism=128,
+            local_dir=local_dir,
+        )
     )
 
 
@@ -31,9 +34,10 @@ def test_entries_are_rows_of_a_file_in_local_dir(tmp_path):
     b.kv_write_buffered()
     assert os.path.dirname(os.path.dirname(b.path)) == str(tmp_path)
     with sqlite3.connect(b.path) as conn:
-        rows = conn.execute("SELECT state, k FROM kv ORDER BY k").fetchall()
-    assert [state for state, _ in rows] == ["count"] * 3
-    assert sorted(b.layout.split(k)[1] for _, k in rows) == [b"a", b"b", b"c"]
+        rows = [k for (k,) in conn.execute("SELECT k FROM kv ORDER BY k").fetchall()]
+    prefix = column_prefix("count")  # one key space: the state's prefix, then statekit's composite key
+    assert all(k.startswith(prefix) for k in rows) and len(rows) == 3
+    assert sorted(b.layout.split(k[len(prefix) :])[1] for k in rows) == [b"a", b"b", b"c"]
     b.close()
     assert not os.path.exists(b.path)  # the file is a working copy; checkpoints hold the state
 
@@ -95,7 +99,12 @@ def test_registered_by_entry_point_with_its_options():
     assert reg.backends()["sqlite"].distribution == "statekit-sqlite"
     backend = reg.create_backend("sqlite", {"synchronous": "normal", "cache-size": "1mb"})
     assert isinstance(backend, SqliteStateBackend)
-    assert backend.options == {"synchronous": "normal", "cache-size": 1 << 20, "write-batch-size": 1024}
+    assert backend.options == {
+        "synchronous": "normal",
+        "cache-size": 1 << 20,
+        "write-batch-size": 1024,
+        "ttl-sweep-interval": 1000,
+    }
 
 
 def test_a_job_runs_on_it_by_name(tmp_path):

@@ -11,8 +11,8 @@ from typing import Any
 import fsspec.asyn  # type: ignore[import-untyped]
 from fsspec.core import url_to_fs  # type: ignore[import-untyped]
 
-from statekit.backend_api import StreamStateHandle
 from statekit.errors import CheckpointError, CheckpointNotFoundError, ConfigurationError, CorruptSnapshotError
+from statekit.snapshot_codec import StreamStateHandle
 
 from ._handles import FS_ERRORS, FileStreamHandle, InlineStreamHandle
 from ._paths import (

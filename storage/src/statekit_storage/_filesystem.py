@@ -33,8 +33,9 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from statekit.backend_api import CheckpointWriter, StreamStateHandle
+from statekit.backend_api import CheckpointWriter
 from statekit.errors import CheckpointError, ConfigurationError
+from statekit.snapshot_codec import StreamStateHandle
 
 from ._files import Files, list_names, remove_tree
 from ._handles import FS_ERRORS, FileStreamHandle

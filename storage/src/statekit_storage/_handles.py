@@ -11,8 +11,8 @@ from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
-from statekit.backend_api import BytesStreamHandle
 from statekit.errors import CheckpointError, CorruptSnapshotError
+from statekit.snapshot_codec import BytesStreamHandle
 
 __all__ = ["FS_ERRORS", "FileStreamHandle", "InlineStreamHandle"]
 

@@ -16,8 +16,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from statekit.backend_api import CheckpointWriter, StreamStateHandle
+from statekit.backend_api import CheckpointWriter
 from statekit.errors import CheckpointError, CheckpointNotFoundError, ConfigurationError
+from statekit.snapshot_codec import StreamStateHandle
 
 from ._files import Files
 from ._handles import InlineStreamHandle

@@ -6,8 +6,8 @@ import contextlib
 import posixpath
 from typing import Any
 
-from statekit.backend_api import StreamStateHandle
 from statekit.errors import CheckpointError
+from statekit.snapshot_codec import StreamStateHandle
 
 from ._handles import FS_ERRORS, FileStreamHandle, InlineStreamHandle
 

@@ -14,15 +14,15 @@ create a dict, so a handle whose namespace was dropped writes into the live tabl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from statekit import VOID_NAMESPACE
 from statekit.backend_api import (
-    Clock,
+    DeclaredStateBackend,
     KeyedBackendBase,
+    KeyedBackendParameters,
     KeyGroupRange,
-    OperatorStateBackendImpl,
     RegisteredState,
     StateEntries,
     StateKind,
@@ -30,7 +30,9 @@ from statekit.backend_api import (
     purge_expired,
 )
 from statekit.errors import StateAccessError
-from statekit.serializers import DictSerializer, ListSerializer, TypeSerializer
+from statekit.serializers import DictSerializer, ListSerializer
+
+from ._plugin import OPTIONS
 
 __all__ = ["HeapKeyedStateBackend", "HeapStateBackend"]
 
@@ -394,20 +396,13 @@ class HeapKeyedStateBackend(KeyedBackendBase):
 
     def __init__(
         self,
-        *,
-        key_serializer: TypeSerializer,
-        key_group_range: KeyGroupRange,
-        max_parallelism: int,
-        clock: Clock | None = None,
-        key_cache_size: int = 131072,
+        parameters: KeyedBackendParameters | None = None,
+        options: Mapping[str, Any] | None = None,
+        /,
+        **keywords: Any,
     ) -> None:
-        super().__init__(
-            key_serializer=key_serializer,
-            key_group_range=key_group_range,
-            max_parallelism=max_parallelism,
-            clock=clock,
-            key_cache_size=key_cache_size,
-        )
+        """Take the runner's parameters (``options``: the heap has none); keywords as KeyedBackendBase."""
+        super().__init__(parameters, **keywords)
         self._tables: dict[str, _Table] = {}
 
     def _table(self, reg: RegisteredState) -> _Table:
@@ -553,33 +548,9 @@ def _cleanup_incremental(t: _Table, n: int, now: int, ttl_ms: int, kind: StateKi
             d[key] = live
 
 
-class HeapStateBackend:
-    """The ``heap`` state backend: creates heap keyed backends and operator backends."""
+class HeapStateBackend(DeclaredStateBackend):
+    """The ``heap`` state backend: creates heap keyed backends and operator backends (it has no options)."""
 
     name = "heap"
-
-    def __init__(self, options: dict[str, Any] | None = None) -> None:
-        self.options = dict(options or {})
-
-    def create_keyed_backend(
-        self,
-        *,
-        key_serializer: TypeSerializer,
-        key_group_range: KeyGroupRange,
-        max_parallelism: int,
-        clock: Clock | None = None,
-        key_cache_size: int = 131072,
-        local_dir: str | None = None,
-    ) -> HeapKeyedStateBackend:
-        """A keyed backend for ``key_group_range`` (``local_dir`` is not used: all in memory)."""
-        return HeapKeyedStateBackend(
-            key_serializer=key_serializer,
-            key_group_range=key_group_range,
-            max_parallelism=max_parallelism,
-            clock=clock,
-            key_cache_size=key_cache_size,
-        )
-
-    def create_operator_backend(self) -> OperatorStateBackendImpl:
-        """Operator state is kept in memory by core's default implementation."""
-        return OperatorStateBackendImpl()
+    declared_options = OPTIONS
+    keyed_backend = HeapKeyedStateBackend

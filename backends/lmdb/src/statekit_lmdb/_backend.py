@@ -1,7 +1,7 @@
 """The LMDB keyed state backend: one LMDB environment per subtask, one named database per state.
 
 The handles, the write buffer, key listing, canonical decoding, bulk loads
-and TTL sweeps are core's (``statekit.backend_api.OrderedKVBackendBase``);
+and TTL sweeps are core's (``statekit.ordered_kv.OrderedKVBackendBase``);
 this module binds them to LMDB. Buffered writes are committed in one write
 transaction per batch; a full map grows and the transaction is written again
 (``_writes``: :meth:`LMDBWrites.lmdb_commit`). Reads go through a read
@@ -22,25 +22,15 @@ import os
 import shutil
 import struct
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import lmdb
 
-from statekit.backend_api import (
-    Clock,
-    KeyGroupNativeSnapshots,
-    KeyGroupRange,
-    KVColumn,
-    NativeStateHandle,
-    OperatorStateBackendImpl,
-    OrderedKVBackendBase,
-    RegisteredState,
-    StateKind,
-    create_instance_dir,
-)
+from statekit.backend_api import DeclaredStateBackend, KeyedBackendParameters, RegisteredState, StateKind
 from statekit.errors import ConfigurationError, SnapshotError, StateAccessError
-from statekit.serializers import TypeSerializer
+from statekit.ordered_kv import KeyGroupNativeSnapshots, KVColumn, OrderedKVBackendBase, create_instance_dir
+from statekit.snapshot_codec import NativeStateHandle
 
 from ._full_snapshot import LMDBNativeSnapshot
 from ._layout import BULK_CHUNK, DATA_FILE, DB_PREFIX, MAX_KEY_SIZE, db_name, iterate
@@ -59,7 +49,7 @@ LMDB_KEY_GROUP_FORMAT = "statekit-lmdb-kg-1"
 _SNAPSHOT_READERS = 126
 
 
-class LMDBStateBackend:
+class LMDBStateBackend(DeclaredStateBackend):
     """The ``lmdb`` state backend: makes an LMDB keyed backend (one environment) per subtask.
 
     Example::
@@ -72,6 +62,7 @@ class LMDBStateBackend:
     """
 
     name = "lmdb"
+    declared_options = OPTIONS
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         """Takes the plugin's options by short name (defaults for those left out).
@@ -80,8 +71,8 @@ class LMDBStateBackend:
             ConfigurationError: If sizes or counts are out of range, or ``native-format`` is neither
                 ``key-groups`` nor ``full``.
         """
-        opts = {o.name: o.default for o in OPTIONS}
-        opts.update(options or {})
+        super().__init__(options)
+        opts = self.options
         if opts["native-format"] not in ("key-groups", "full"):  # a typo must not pick the other format
             raise ConfigurationError(
                 f"statekit.backend.lmdb.native-format must be 'key-groups' or 'full', got "
@@ -101,32 +92,13 @@ class LMDBStateBackend:
                 f"statekit.backend.lmdb.initial-map-size ({opts['initial-map-size']}) is larger than "
                 f"statekit.backend.lmdb.max-map-size ({opts['max-map-size']})"
             )
-        self.options = opts
 
-    def create_keyed_backend(
-        self,
-        *,
-        key_serializer: TypeSerializer,
-        key_group_range: KeyGroupRange,
-        max_parallelism: int,
-        clock: Callable[[], int] | None = None,
-        key_cache_size: int = 131072,
-        local_dir: str | None = None,
+    @staticmethod
+    def keyed_backend(
+        parameters: KeyedBackendParameters, options: Mapping[str, Any]
     ) -> LMDBKeyedStateBackend:
         """An LMDB environment for one subtask, in ``local-dir``, else ``local_dir``, else a temp dir."""
-        return LMDBKeyedStateBackend(
-            key_serializer=key_serializer,
-            key_group_range=key_group_range,
-            max_parallelism=max_parallelism,
-            clock=clock,
-            key_cache_size=key_cache_size,
-            local_dir=self.options["local-dir"] or local_dir,
-            options=self.options,
-        )
-
-    def create_operator_backend(self) -> OperatorStateBackendImpl:
-        """Operator state is small and kept in memory, as in Flink."""
-        return OperatorStateBackendImpl()
+        return LMDBKeyedStateBackend(parameters, options)
 
 
 class _Binding:
@@ -152,7 +124,7 @@ class LMDBKeyedStateBackend(KeyGroupNativeSnapshots, LMDBWrites, OrderedKVBacken
     environment, ``snap-*`` and ``chk-*`` frozen copies of pending snapshots,
     ``restore-*`` downloads; all of it is deleted by :meth:`close`. Handles, the
     write buffer, key listing, bulk loads and TTL sweeps are statekit's
-    :class:`~statekit.backend_api.OrderedKVBackendBase`; this class binds them to
+    :class:`~statekit.ordered_kv.OrderedKVBackendBase`; this class binds them to
     named databases.
     """
 
@@ -162,28 +134,11 @@ class LMDBKeyedStateBackend(KeyGroupNativeSnapshots, LMDBWrites, OrderedKVBacken
     #: Native formats restored besides ``native_format``: every one this backend writes.
     readable_native_formats = (LMDB_KEY_GROUP_FORMAT, LMDB_NATIVE_FORMAT)
 
-    def __init__(
-        self,
-        *,
-        key_serializer: TypeSerializer,
-        key_group_range: KeyGroupRange,
-        max_parallelism: int,
-        clock: Clock | None = None,
-        key_cache_size: int = 131072,
-        local_dir: str | None = None,
-        options: Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, parameters: KeyedBackendParameters, options: Mapping[str, Any] | None = None) -> None:
         opts = {o.name: o.default for o in OPTIONS}
         opts.update(options or {})
-        super().__init__(
-            key_serializer=key_serializer,
-            key_group_range=key_group_range,
-            max_parallelism=max_parallelism,
-            clock=clock,
-            key_cache_size=key_cache_size,
-            write_batch_size=int(opts["write-batch-size"]),
-            ttl_sweep_interval=int(opts["ttl-sweep-interval"]),
-        )
+        super().__init__(parameters, options=opts)
+        local_dir = parameters.local_dir
         self._lmdb_options = opts
         if opts["native-format"] == "full":
             self.native_format = LMDB_NATIVE_FORMAT
@@ -406,7 +361,7 @@ class LMDBKeyedStateBackend(KeyGroupNativeSnapshots, LMDBWrites, OrderedKVBacken
         self._lmdb_live()
         if self.native_format == LMDB_NATIVE_FORMAT:
             self.check_native_snapshot()
-            return LMDBNativeSnapshot.take(self, checkpoint_id)
+            return self.track_snapshot(LMDBNativeSnapshot.take(self, checkpoint_id))
         return super().native_snapshot(checkpoint_id)
 
     def restore_native(self, handles: Sequence[NativeStateHandle]) -> None:
@@ -470,7 +425,7 @@ class LMDBKeyedStateBackend(KeyGroupNativeSnapshots, LMDBWrites, OrderedKVBacken
                 keys.append(k)
             if keys:
                 col.buffer.update(dict.fromkeys(keys))
-                self.kv_write([col])
+                self.kv_flush([col])
             if len(keys) < BULK_CHUNK:
                 return
             start = keys[-1]  # deleted now: the next read starts after it

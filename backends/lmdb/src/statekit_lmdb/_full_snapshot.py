@@ -21,14 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from statekit.backend_api import (
-    KeyLayout,
-    NativeSnapshotOutput,
-    NativeStateHandle,
-    ProgressCallback,
-    RegisteredState,
-)
-from statekit.errors import StateAccessError
+from statekit.backend_api import RegisteredState
+from statekit.errors import SnapshotCancelledError, StateAccessError
+from statekit.ordered_kv import KeyLayout
+from statekit.snapshot_codec import NativeSnapshotOutput, NativeStateHandle, ProgressCallback
 
 from ._layout import DATA_FILE
 from ._views import PinnedView
@@ -97,6 +93,8 @@ class LMDBNativeSnapshot:
         self._view: PinnedView | None = view
         self._states = states
         self._meta = meta
+        #: Set by the backend's close() while pending: ``write`` raises SnapshotCancelledError.
+        self.cancelled = False
         # What each state's entries are (for counting them from the copy).
         regs = (backend.registered_state(s["name"]) for s in states)
         self._kinds = {r.name: r.storage_kind for r in regs if r is not None}
@@ -118,6 +116,11 @@ class LMDBNativeSnapshot:
         """Copy the pinned view into one compact data file and upload it (unshared)."""
         view = self._view
         if view is None:
+            if self.cancelled:
+                raise SnapshotCancelledError(
+                    f"native snapshot {self.checkpoint_id} was still pending when its backend closed, and "
+                    "close() cancelled it: write snapshots before closing their backend"
+                )
             raise StateAccessError("this native snapshot was already written or released")
         try:
             b = self._backend

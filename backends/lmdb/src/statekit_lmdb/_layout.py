@@ -2,7 +2,7 @@
 
 Each state is the named database ``state:<name>`` of the subtask's
 environment; the main database holds nothing but LMDB's records of them. Keys
-are core's composite keys (``statekit.backend_api.KeyLayout``: key group
+are core's composite keys (``statekit.ordered_kv.KeyLayout``: key group
 first, so a key group, and a subtask's key-group range, is one contiguous
 range of every database), values the bytes of ``entry_codec`` units.
 """

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from statekit.backend_api import BackendSpec, ConfigOption, hookimpl
+from statekit.ordered_kv import ORDERED_KV_OPTIONS
 
 OPTIONS = (
     ConfigOption(
@@ -42,11 +43,7 @@ OPTIONS = (
         "Let the OS read ahead on the data file; turn off when the state is larger than memory "
         "and reads are random.",
     ),
-    ConfigOption(
-        "write-batch-size", int, 1024,
-        "Updates kept in the backend's write buffer (read back from it) before they are committed "
-        "in one write transaction; also committed at every snapshot.", minimum=1,
-    ),
+    ORDERED_KV_OPTIONS[0],  # write-batch-size: one write transaction
     ConfigOption(
         "max-states", int, 256,
         "States (named databases) one environment may hold; LMDB's reader table gets a slot per "
@@ -58,11 +55,7 @@ OPTIONS = (
         "uploaded only when it changed (incremental); 'full', one compact copy of the environment per "
         "checkpoint. Both are restored whatever this says.", choices=("key-groups", "full"),
     ),
-    ConfigOption(
-        "ttl-sweep-interval", int, 1000,
-        "Accesses of a TTL state between two background sweeps of its entries; each sweep checks "
-        "cleanup_incremental_size x this many entries and deletes the expired ones.", minimum=1,
-    ),
+    ORDERED_KV_OPTIONS[1],  # ttl-sweep-interval
 )  # fmt: skip
 
 

@@ -34,35 +34,22 @@ from typing import Any, Protocol
 
 import lmdb
 
-from statekit.backend_api import KeyGroupRange, KeyLayout, NativeStateHandle
+from statekit.backend_api import KeyGroupRange
 from statekit.errors import CorruptSnapshotError, SnapshotError
+from statekit.ordered_kv import KVRestoreTarget
+from statekit.snapshot_codec import NativeStateHandle
 
 from ._layout import BULK_CHUNK, DATA_FILE, db_name, state_names
 
 __all__ = ["RestoreTarget", "restore_instance"]
 
 
-class RestoreTarget(Protocol):
-    """What a restore needs of the (empty) environment it fills.
+class RestoreTarget(KVRestoreTarget, Protocol):
+    """What a restore needs of the (empty) environment it fills, beyond every ordered engine's.
 
     :class:`~statekit_lmdb.LMDBKeyedStateBackend` is one; naming only these
     keeps this step below the backend, which calls it.
     """
-
-    @property
-    def key_group_range(self) -> KeyGroupRange:
-        """The key groups the environment owns."""
-        ...
-
-    @property
-    def layout(self) -> KeyLayout:
-        """The composite key layout."""
-        ...
-
-    @property
-    def instance_dir(self) -> str:
-        """The instance's local directory; downloads are staged inside it."""
-        ...
 
     @property
     def env(self) -> Any:
@@ -80,10 +67,6 @@ class RestoreTarget(Protocol):
 
     def delete_range(self, name: str, lower: bytes, upper: bytes | None) -> None:
         """Delete state ``name``'s entries with a key in ``[lower, upper)``."""
-        ...
-
-    def kv_load(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
-        """Load sorted, distinct entries into state ``name``."""
         ...
 
 

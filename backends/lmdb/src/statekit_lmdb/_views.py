@@ -29,8 +29,9 @@ from typing import Any
 
 import lmdb
 
-from statekit.backend_api import KeyLayout, StateKind, group_entries
+from statekit.backend_api import StateKind
 from statekit.errors import CheckpointError, StateAccessError
+from statekit.ordered_kv import KeyLayout, group_entries
 
 from ._layout import DATA_FILE, db_name, read_range
 

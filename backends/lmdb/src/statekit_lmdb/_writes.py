@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import lmdb
 
-from statekit.backend_api import KeyGroupRange, KVColumn, local_write_error
+from statekit.backend_api import KeyGroupRange
 from statekit.errors import StateAccessError
+from statekit.ordered_kv import KVColumn, local_write_error
 
 from ._views import PinnedView
 
@@ -103,8 +104,6 @@ class LMDBWrites:
                         txn.abort()
                     raise
                 break
-            for col in columns:
-                col.buffer.clear()
         finally:
             if self._lmdb_env is not None:
                 self._lmdb_begin_reads()

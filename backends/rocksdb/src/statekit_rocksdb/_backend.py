@@ -1,14 +1,14 @@
 """The RocksDB keyed state backend: one RocksDB instance per subtask, one column family per state.
 
 Every entry is stored under a composite key of the shared layout
-(``statekit.backend_api.KeyLayout``), values as statekit's serializers encode
+(``statekit.ordered_kv.KeyLayout``), values as statekit's serializers encode
 them (rocksdict's raw mode: the engine never pickles). Writes wait in a
 buffer and reach RocksDB in WriteBatches. Snapshots are
 taken while processing goes on: canonical ones iterate RocksDB snapshots,
 native ones are RocksDB checkpoints (hard links) uploaded incrementally
 (``_incremental``); restores and rescales are in ``_restore``. The handles, the
 write buffer and what else every ordered key-value engine shares are core's
-(``statekit.backend_api.OrderedKVBackendBase``).
+(``statekit.ordered_kv.OrderedKVBackendBase``).
 """
 
 from __future__ import annotations
@@ -37,19 +37,10 @@ from rocksdict import (
     WriteOptions,
 )
 
-from statekit.backend_api import (
-    Clock,
-    KeyGroupRange,
-    KVColumn,
-    NativeStateHandle,
-    OperatorStateBackendImpl,
-    OrderedKVBackendBase,
-    StateEntries,
-    create_instance_dir,
-    local_write_error,
-)
+from statekit.backend_api import DeclaredStateBackend, KeyedBackendParameters, StateEntries
 from statekit.errors import StateAccessError
-from statekit.serializers import TypeSerializer
+from statekit.ordered_kv import KVColumn, OrderedKVBackendBase, create_instance_dir, local_write_error
+from statekit.snapshot_codec import NativeStateHandle
 
 from ._incremental import RocksDBNativeSnapshot, UploadTracker
 from ._layout import CF_PREFIX
@@ -121,7 +112,7 @@ class _Engine:
         return o
 
 
-class RocksDBStateBackend:
+class RocksDBStateBackend(DeclaredStateBackend):
     """The ``rocksdb`` state backend: makes a RocksDB keyed backend per subtask.
 
     Example::
@@ -134,12 +125,11 @@ class RocksDBStateBackend:
     """
 
     name = "rocksdb"
+    declared_options = OPTIONS
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         """Takes the plugin's options by short name (defaults for those left out)."""
-        opts = {o.name: o.default for o in OPTIONS}
-        opts.update(options or {})
-        self.options = opts
+        super().__init__(options)
         self._engine: _Engine | None = None
         self._lock = threading.Lock()
 
@@ -149,30 +139,12 @@ class RocksDBStateBackend:
                 self._engine = _Engine(self.options)
             return self._engine
 
-    def create_keyed_backend(
-        self,
-        *,
-        key_serializer: TypeSerializer,
-        key_group_range: KeyGroupRange,
-        max_parallelism: int,
-        clock: Callable[[], int] | None = None,
-        key_cache_size: int = 131072,
-        local_dir: str | None = None,
-    ) -> RocksDBKeyedStateBackend:
-        """A RocksDB instance for one subtask, in ``local-dir``, else ``local_dir``, else a temp dir."""
-        return RocksDBKeyedStateBackend(
-            key_serializer=key_serializer,
-            key_group_range=key_group_range,
-            max_parallelism=max_parallelism,
-            clock=clock,
-            key_cache_size=key_cache_size,
-            local_dir=self.options["local-dir"] or local_dir,
-            engine=self._shared(),
-        )
+    def keyed_backend(self, parameters: KeyedBackendParameters, options: Mapping[str, Any]) -> Any:
+        """A RocksDB instance for one subtask, in ``local-dir``, else ``local_dir``, else a temp dir.
 
-    def create_operator_backend(self) -> OperatorStateBackendImpl:
-        """Operator state is small and kept in memory, as in Flink."""
-        return OperatorStateBackendImpl()
+        Every instance of this backend shares its engine settings (one block cache with ``memory-budget``).
+        """
+        return RocksDBKeyedStateBackend(parameters, engine=self._shared())
 
 
 class RocksDBKeyedStateBackend(OrderedKVBackendBase):
@@ -183,35 +155,17 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
     ``snap-*`` the sources of pending canonical snapshots and ``restore-*``
     downloads; all of it is deleted by :meth:`close`. Handles, the write buffer,
     key listing, bulk loads and TTL sweeps are statekit's
-    :class:`~statekit.backend_api.OrderedKVBackendBase`; this class binds them to
+    :class:`~statekit.ordered_kv.OrderedKVBackendBase`; this class binds them to
     column families.
     """
 
     backend_name = "rocksdb"
     native_format = ROCKSDB_NATIVE_FORMAT
 
-    def __init__(
-        self,
-        *,
-        key_serializer: TypeSerializer,
-        key_group_range: KeyGroupRange,
-        max_parallelism: int,
-        clock: Clock | None = None,
-        key_cache_size: int = 131072,
-        local_dir: str | None = None,
-        engine: _Engine | None = None,
-    ) -> None:
+    def __init__(self, parameters: KeyedBackendParameters, engine: _Engine | None = None) -> None:
         self._rocksdb_engine = engine or _Engine({o.name: o.default for o in OPTIONS})
-        options = self._rocksdb_engine.options
-        super().__init__(
-            key_serializer=key_serializer,
-            key_group_range=key_group_range,
-            max_parallelism=max_parallelism,
-            clock=clock,
-            key_cache_size=key_cache_size,
-            write_batch_size=int(options["write-batch-size"]),
-            ttl_sweep_interval=int(options["ttl-sweep-interval"]),
-        )
+        super().__init__(parameters, options=self._rocksdb_engine.options)
+        local_dir = parameters.local_dir
         # Owned by this process; instances of killed processes in the same directory are removed.
         self.instance_dir = create_instance_dir(local_dir, "rocksdb-")
         self._rocksdb_frozen: dict[int, _Frozen] = {}  # sources of pending canonical snapshots
@@ -333,7 +287,6 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
                     delete(k, handle)
                 else:
                     put(k, v, handle)
-            col.buffer.clear()
         with self._rocksdb_writing():
             db.write(batch, self._rocksdb_engine.write_options)
 
@@ -422,7 +375,7 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
     def native_snapshot(self, checkpoint_id: int) -> RocksDBNativeSnapshot:
         """Freeze the instance now: flush and hard-link a RocksDB checkpoint; ``write`` uploads it."""
         self.check_native_snapshot()
-        return RocksDBNativeSnapshot.take(self, checkpoint_id)
+        return self.track_snapshot(RocksDBNativeSnapshot.take(self, checkpoint_id))
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Uploads of checkpoint ``checkpoint_id`` may be referenced from now on."""

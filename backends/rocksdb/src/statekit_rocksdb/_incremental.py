@@ -6,7 +6,7 @@ MANIFEST, CURRENT, OPTIONS (and rocksdict's config), taken on the task thread
 in milliseconds. ``write`` uploads it later, possibly on another thread:
 
 - an SST file that a checkpoint this instance was told completed already
-  uploaded is *referenced* (its :class:`~statekit.backend_api.NativeFile` is
+  uploaded is *referenced* (its :class:`~statekit.snapshot_codec.NativeFile` is
   put in the new handle); any other SST file is uploaded into the storage's
   shared area;
 - the other files are small and change every time: uploaded as files of this
@@ -25,8 +25,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from statekit.backend_api import NativeFile, NativeSnapshotOutput, NativeStateHandle, ProgressCallback
-from statekit.errors import StateAccessError
+from statekit.errors import SnapshotCancelledError, StateAccessError
+from statekit.snapshot_codec import NativeFile, NativeSnapshotOutput, NativeStateHandle, ProgressCallback
 
 __all__ = ["RocksDBNativeSnapshot", "SnapshotSource", "UploadTracker"]
 
@@ -150,6 +150,8 @@ class RocksDBNativeSnapshot:
         self.directory: str | None = directory
         self._states = states
         self._meta = meta
+        #: Set by the backend's close() while pending: ``write`` raises SnapshotCancelledError.
+        self.cancelled = False
         self._entries = entries
 
     @classmethod
@@ -172,6 +174,11 @@ class RocksDBNativeSnapshot:
     ) -> NativeStateHandle:
         """Upload new SST files and this checkpoint's small files; reference confirmed uploads."""
         if self.directory is None:
+            if self.cancelled:
+                raise SnapshotCancelledError(
+                    f"native snapshot {self.checkpoint_id} was still pending when its backend closed, and "
+                    "close() cancelled it: write snapshots before closing their backend"
+                )
             raise StateAccessError("this native snapshot was already written or released")
         try:
             b = self._backend

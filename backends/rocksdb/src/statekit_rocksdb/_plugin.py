@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from statekit.backend_api import BackendSpec, ConfigOption, hookimpl
+from statekit.ordered_kv import ORDERED_KV_OPTIONS
 
 OPTIONS = (
     ConfigOption(
@@ -31,16 +32,7 @@ OPTIONS = (
         "wal", bool, False,
         "Write RocksDB's write-ahead log. Off by default: checkpoints are the durability.",
     ),
-    ConfigOption(
-        "write-batch-size", int, 1024,
-        "Updates kept in the backend's write buffer (read back from it) before they are written "
-        "to RocksDB in one WriteBatch; also written at every snapshot.", minimum=1,
-    ),
-    ConfigOption(
-        "ttl-sweep-interval", int, 1000,
-        "Accesses of a TTL state between two background sweeps of its keys; each sweep checks "
-        "cleanup_incremental_size x this many entries and deletes the expired ones.", minimum=1,
-    ),
+    *ORDERED_KV_OPTIONS,  # write-batch-size (a RocksDB WriteBatch), ttl-sweep-interval
 )  # fmt: skip
 
 

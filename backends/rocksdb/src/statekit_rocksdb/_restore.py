@@ -32,35 +32,22 @@ from typing import Any, Protocol
 
 from rocksdict import AccessType, Options, Rdict, SstFileWriter
 
-from statekit.backend_api import KeyGroupRange, KeyLayout, KVColumn, NativeStateHandle
+from statekit.backend_api import KeyGroupRange
 from statekit.errors import CorruptSnapshotError
+from statekit.ordered_kv import KVRestoreTarget
+from statekit.snapshot_codec import NativeStateHandle
 
 from ._layout import CF_PREFIX
 
 __all__ = ["RestoreTarget", "restore_instance"]
 
 
-class RestoreTarget(Protocol):
-    """What a restore needs of the (empty) instance it replaces.
+class RestoreTarget(KVRestoreTarget, Protocol):
+    """What a restore needs of the (empty) instance it replaces, beyond every ordered engine's.
 
     :class:`~statekit_rocksdb.RocksDBKeyedStateBackend` is one; naming only
     these keeps this step below the backend, which calls it.
     """
-
-    @property
-    def key_group_range(self) -> KeyGroupRange:
-        """The key groups the instance owns."""
-        ...
-
-    @property
-    def layout(self) -> KeyLayout:
-        """The composite key layout."""
-        ...
-
-    @property
-    def instance_dir(self) -> str:
-        """The instance's local directory; downloads are staged inside it."""
-        ...
 
     @property
     def db_path(self) -> str:
@@ -82,10 +69,6 @@ class RestoreTarget(Protocol):
 
     def engine_options(self) -> Options:
         """The options every column family and SST writer of the instance uses."""
-        ...
-
-    def kv_column(self, name: str, create: bool = True) -> KVColumn | None:
-        """The column of state ``name``."""
         ...
 
 

@@ -134,7 +134,7 @@ def write_keyed_file(
 ) -> dict[str, Any]:
     """Write one canonical keyed file into stream ``name`` of ``writer``; returns its metadata entry.
 
-    ``write(stream)`` writes the file (see :func:`~statekit.backend_api.write_canonical`);
+    ``write(stream)`` writes the file (see :func:`~statekit.snapshot_codec.write_canonical`);
     ``check`` may refuse the result, which then leaves nothing behind.
 
     The entry records the SHA-256 of each part of the file, as ``write``
@@ -150,7 +150,7 @@ def write_keyed_file(
         if r.header_sha256 is None or r.tail_sha256 is None or set(r.block_sha256) != set(r.offsets):
             raise CheckpointError(
                 f"{name}: the {header.backend!r} backend's snapshot did not report the SHA-256 of every "
-                "part it wrote (write it with statekit.backend_api.write_canonical, which does)"
+                "part it wrote (write it with statekit.snapshot_codec.write_canonical, which does)"
             )
         if check is not None:
             check(r)

@@ -24,6 +24,7 @@ from ._secrets import redact
 
 __all__ = [
     "CORE_OPTIONS",
+    "DEFAULT_KEY_CACHE_SIZE",
     "PLUGIN_KEY_PREFIXES",
     "ConfigOption",
     "Configuration",
@@ -35,6 +36,10 @@ __all__ = [
 ]
 
 PluginKind = Literal["backend", "storage"]
+
+#: Keys whose key group (and serialized form) a keyed backend remembers (``statekit.key-cache-size``):
+#: the one default every runner, parameter object and backend takes.
+DEFAULT_KEY_CACHE_SIZE = 131072
 
 #: Where the options of each kind of plugin live; the plugin name follows.
 PLUGIN_KEY_PREFIXES: Mapping[PluginKind, str] = MappingProxyType(
@@ -290,7 +295,7 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
     ConfigOption("statekit.batch-size", int, 10_000,
         "Embedded runner: records per micro-batch for a KeyedBatchFunction (a due checkpoint also "
         "ends a batch); on Spark a micro-batch is Spark's.", minimum=1),
-    ConfigOption("statekit.key-cache-size", int, 131072,
+    ConfigOption("statekit.key-cache-size", int, DEFAULT_KEY_CACHE_SIZE,
         "Entries in the cache of serialized keys and their key groups.", minimum=1),
     ConfigOption("statekit.timers.end-of-input", str, "fire",
         "At the end of a bounded input (LocalRunner.run reaching the end of its source, Spark's "

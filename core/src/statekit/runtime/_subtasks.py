@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._contracts import CheckpointWriter, StateBackend, SupportsNativeSnapshot
+from .._localdirs import create_instance_dir
 from ..checkpoints._metadata import SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint
 from ..checkpoints._writing import write_subtask_state
@@ -29,7 +30,6 @@ from ..state._parameters import KeyedBackendParameters
 from ..state._ttl import Clock
 from ..timers import ProcessingTimeHint
 from ._function import KeyedProcessFunction, declares_raw_restore
-from ._localdirs import create_instance_dir
 from ._raw import check_raw_state_claimed
 from ._subtask import Subtask
 

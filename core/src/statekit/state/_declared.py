@@ -20,10 +20,8 @@ from typing import Any, ClassVar
 
 from .._errors import ConfigurationError
 from ..plugins._config import ConfigOption
-from ..serialization._keygroups import KeyGroupRange
-from ..serialization._serializers import TypeSerializer
 from ._operator import OperatorStateBackendImpl
-from ._parameters import DEFAULT_KEY_CACHE_SIZE, KeyedBackendParameters
+from ._parameters import KeyedBackendParameters, parameters_from_keywords
 
 __all__ = ["DeclaredStateBackend"]
 
@@ -42,7 +40,7 @@ class DeclaredStateBackend:
     """
 
     #: The backend's name (``statekit.backend=<name>``).
-    name: ClassVar[str] = ""
+    name: str = ""
     #: The plugin's options: the tuple its ``BackendSpec`` registers.
     declared_options: ClassVar[Sequence[ConfigOption]] = ()
     #: The keyed backend class, made as ``keyed_backend(parameters, options)``.
@@ -69,25 +67,21 @@ class DeclaredStateBackend:
                 self.options[name] = opt.default
 
     def create_keyed_backend(
-        self,
-        *,
-        key_serializer: TypeSerializer,
-        key_group_range: KeyGroupRange,
-        max_parallelism: int,
-        clock: Callable[[], int] | None = None,
-        key_cache_size: int = DEFAULT_KEY_CACHE_SIZE,
-        local_dir: str | None = None,
+        self, parameters: KeyedBackendParameters | None = None, /, **keywords: Any
     ) -> Any:
-        """A keyed backend for one subtask: ``keyed_backend(parameters, options)``."""
-        parameters = KeyedBackendParameters(
-            key_serializer,
-            key_group_range,
-            max_parallelism,
-            clock,
-            key_cache_size,
-            self.options.get("local-dir") or local_dir,
-        )
-        return self.keyed_backend(parameters, self.options)
+        """A keyed backend for one subtask: ``keyed_backend(self.keyed_parameters(parameters), options)``.
+
+        The keyword form of earlier releases (``key_serializer=..., ...``) is
+        accepted until statekit 0.2.0, with a DeprecationWarning.
+        """
+        where = f"{type(self).__name__}.create_keyed_backend"
+        parameters = parameters_from_keywords(parameters, keywords, where)
+        return self.keyed_backend(self.keyed_parameters(parameters), self.options)
+
+    def keyed_parameters(self, parameters: KeyedBackendParameters) -> KeyedBackendParameters:
+        """``parameters`` with ``local_dir`` replaced by the ``local-dir`` option, when declared and set."""
+        local_dir = self.options.get("local-dir")
+        return parameters.in_dir(local_dir) if local_dir else parameters
 
     def create_operator_backend(self) -> OperatorStateBackendImpl:
         """Operator state is small and kept in memory by core's backend, as in Flink."""

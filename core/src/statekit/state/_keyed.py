@@ -15,6 +15,7 @@ how a state is registered is ``_registered``.
 
 from __future__ import annotations
 
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
@@ -189,6 +190,7 @@ RESERVED_ATTRIBUTES = frozenset(
         "_broken",
         "_restore_origin",
         "_migration_progress",
+        "_pending_snapshots",
         "parameters",
         "native_uploads",
     }
@@ -268,6 +270,7 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
         self._broken: dict[str, str] = {}  # states a failed in-place migration left half rewritten
         self._restore_origin: dict[str, Any] | None = None
         self._migration_progress: MigrationProgress | None = None
+        self._pending_snapshots: weakref.WeakSet[Any] = weakref.WeakSet()
         self._closed = False
 
     # --- the current key ----------------------------------------------------------
@@ -567,9 +570,21 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
         self.native_uploads.abort(checkpoint_id)
 
     def close(self) -> None:
-        """Release resources; the backend cannot be used afterwards."""
+        """Release resources; the backend cannot be used afterwards.
+
+        Snapshots still pending (taken, not written) are cancelled first
+        (:meth:`track_snapshot`): released, and their ``write`` raises
+        :class:`~statekit.errors.SnapshotCancelledError`. An override calls
+        ``super().close()`` before it closes its engine.
+        """
         self._closed = True
+        self._cancel_pending_snapshots()
         self._kg_cache.clear()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (then every use raises StateAccessError; close again is a no-op)."""
+        return self._closed
 
     def __enter__(self) -> KeyedBackendBase:
         return self

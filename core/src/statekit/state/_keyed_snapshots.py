@@ -7,14 +7,17 @@ and restores one, checking everything before anything is restored.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from .._errors import (
     CorruptSnapshotError,
     IncompatibleSerializerError,
     MaxParallelismMismatchError,
+    SnapshotCancelledError,
     SnapshotError,
     StateAccessError,
     StateMigrationError,
@@ -51,7 +54,18 @@ from ._state import (
 from ._timerstate import TIMER_STATE_NAMES
 from ._ttl import Clock, purge_expired
 
-__all__ = ["KeyedSnapshot", "KeyedSnapshots"]
+__all__ = ["KeyedSnapshot", "KeyedSnapshots", "cancelled_error"]
+
+_Snapshot = TypeVar("_Snapshot")
+
+
+def cancelled_error(what: str) -> SnapshotCancelledError:
+    """The error of writing ``what`` (a snapshot) after its backend closed and cancelled it."""
+    return SnapshotCancelledError(
+        f"{what} was still pending when its backend closed, and close() cancelled it (what it held, a "
+        "frozen view or a local copy, went with the backend): write snapshots before closing their "
+        "backend, or take a new one from a live backend"
+    )
 
 
 def _merged(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -95,6 +109,7 @@ class KeyedSnapshots:
     _broken: dict[str, str]
     _restore_origin: dict[str, Any] | None
     _migration_progress: MigrationProgress | None
+    _pending_snapshots: weakref.WeakSet[Any]
 
     if TYPE_CHECKING:
 
@@ -238,7 +253,30 @@ class KeyedSnapshots:
             for kg, s in secs:
                 pending.setdefault(kg, []).append((i, s))
         reader = self._snapshot_entries()
-        return KeyedSnapshot(self, header, regs, reader, pending, self.clock())
+        return self.track_snapshot(KeyedSnapshot(self, header, regs, reader, pending, self.clock()))
+
+    def track_snapshot(self, snapshot: _Snapshot) -> _Snapshot:
+        """Keep ``snapshot`` (taken now, canonical or native) until it is written or released.
+
+        :meth:`close` cancels every snapshot still pending, before the engine
+        closes: it sets the snapshot's ``cancelled`` to True and calls its
+        ``release()``. Its ``write`` must then raise
+        :class:`~statekit.errors.SnapshotCancelledError` (:func:`cancelled_error`).
+        The canonical snapshots of the base and the key-group native ones are
+        tracked already; a native snapshot of your own returns
+        ``self.track_snapshot(MySnapshot(...))`` from ``native_snapshot``.
+        """
+        self._pending_snapshots.add(snapshot)
+        return snapshot
+
+    def _cancel_pending_snapshots(self) -> None:
+        """Cancel the snapshots still pending (close() calls this before the engine closes)."""
+        pending = list(self._pending_snapshots)
+        self._pending_snapshots.clear()
+        for snap in pending:
+            with contextlib.suppress(AttributeError):  # __slots__ without it: released all the same
+                snap.cancelled = True
+            snap.release()
 
     def _refuse_broken(self) -> None:
         if self._broken:
@@ -319,7 +357,7 @@ class KeyedSnapshots:
 
         For backends with a native format (:class:`statekit.backend_api.SupportsNativeSnapshot`):
         call it first in ``restore_native`` with the
-        :class:`~statekit.backend_api.NativeStateHandle` objects, then load the
+        :class:`~statekit.snapshot_codec.NativeStateHandle` objects, then load the
         files, then :meth:`adopt_native_states` with what it returned.
 
         Raises:
@@ -401,6 +439,8 @@ class KeyedSnapshot:
         self._reader: Callable[[str, int], StateEntries] | None = reader
         self._pending = pending
         self._now = now
+        #: Set by the backend's close() while pending: ``write`` raises SnapshotCancelledError.
+        self.cancelled = False
 
     def _blocks(self, kg: int) -> Iterable[tuple[int, int, bytes, bytes, bytes]]:
         reader = self._reader
@@ -422,7 +462,14 @@ class KeyedSnapshot:
             yield i, s.count, s.keys, s.namespaces, s.values
 
     def write(self, out: Any, *, progress: ProgressCallback | None = None) -> SnapshotWriteResult:
-        """Write the snapshot to the binary stream ``out`` (anything with ``write``) and release it."""
+        """Write the snapshot to the binary stream ``out`` (anything with ``write``) and release it.
+
+        Raises:
+            SnapshotCancelledError: If its backend closed before (close() cancels pending snapshots).
+        """
+        if self.cancelled:
+            h = self.header
+            raise cancelled_error(f"the canonical snapshot of {h.backend or 'a'} {h.key_group_range}")
         if self._reader is None:
             raise StateAccessError("this snapshot was already written or released")
         try:
@@ -446,9 +493,10 @@ class KeyedSnapshot:
 
     def release(self) -> None:
         """Give up the snapshot without writing it (stops copy-on-write)."""
-        if self._reader is not None:
-            self._backend._release_snapshot(self._reader)
-            self._reader = None
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            self._backend._pending_snapshots.discard(self)
+            self._backend._release_snapshot(reader)
 
 
 def _drop_expired(

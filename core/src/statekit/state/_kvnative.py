@@ -34,14 +34,16 @@ only files above the threshold save bytes (docs/writing-a-backend.md).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .._errors import CorruptSnapshotError, SnapshotError, StateAccessError
 from ..serialization._keygroups import KeyGroupRange
 from ..snapshots._digest import sha256_of
 from ..snapshots._native import NativeFile, NativeSnapshotOutput, NativeStateHandle
 from ..snapshots._snapshot import ProgressCallback
+from ._keyed_snapshots import cancelled_error
 from ._kvlayout import decode_varint, encode_varint
+from ._kvviews import TrackedView
 from ._registered import RegisteredState
 from ._state import StateKind
 from ._uploads import UploadTracker
@@ -50,6 +52,8 @@ if TYPE_CHECKING:
     from ._kvlayout import KeyLayout
 
 __all__ = ["KEY_GROUP_FILE_MAGIC", "KVFrozenView", "KeyGroupNativeSnapshots", "KeyGroupSnapshot"]
+
+_S = TypeVar("_S")
 
 #: The first bytes of every key-group file (the format's version is the last).
 KEY_GROUP_FILE_MAGIC = b"statekit-kg\x01"
@@ -140,11 +144,19 @@ class KeyGroupSnapshot:
         self._states = states
         self._meta = meta
         self._kinds = kinds
+        #: Set by the backend's close() while pending: ``write`` raises SnapshotCancelledError.
+        self.cancelled = False
 
     def write(
         self, out: NativeSnapshotOutput, *, progress: ProgressCallback | None = None
     ) -> NativeStateHandle:
-        """Write each key group's file, or reference the confirmed file of the same digest."""
+        """Write each key group's file, or reference the confirmed file of the same digest.
+
+        Raises:
+            SnapshotCancelledError: If the backend closed first (close() cancels pending snapshots).
+        """
+        if self.cancelled:
+            raise cancelled_error(f"native snapshot {self.checkpoint_id} of {self._backend.key_group_range}")
         view = self._view
         if view is None:
             raise StateAccessError("this native snapshot was already written or released")
@@ -223,7 +235,7 @@ def _count(items: list[tuple[bytes, bytes]], layout: KeyLayout, kind: StateKind)
 class KeyGroupNativeSnapshots:
     """Incremental native snapshots of an ordered engine, one content-addressed file per key group.
 
-    Put it before :class:`~statekit.backend_api.OrderedKVBackendBase` among the
+    Put it before :class:`~statekit.ordered_kv.OrderedKVBackendBase` among the
     bases and set ``native_format`` (a name of your backend's, e.g.
     ``"mydb-kg-1"``); the engine implements ``kv_freeze`` (a frozen view) and
     ``kv_load`` (bulk loads), which the ordered base needs anyway::
@@ -251,10 +263,11 @@ class KeyGroupNativeSnapshots:
 
         def check_native_snapshot(self) -> None: ...
         def kv_write_buffered(self) -> None: ...
-        def kv_freeze(self) -> KVFrozenView: ...
+        def kv_frozen(self) -> TrackedView: ...
         def kv_column(self, name: str, create: bool = True) -> Any: ...
         def kv_load(self, name: str, items: list[tuple[bytes, bytes]]) -> None: ...
         def kv_native_meta(self) -> dict[str, Any]: ...
+        def track_snapshot(self, snapshot: _S) -> _S: ...
         def kv_plan_native_restore(self, handles: Sequence[NativeStateHandle], native_format: str) -> Any: ...
         def kv_finish_native_restore(self, plan: Any) -> None: ...
         def registered_state(self, name: str) -> RegisteredState | None: ...
@@ -275,11 +288,13 @@ class KeyGroupNativeSnapshots:
         """Write the buffer and freeze the engine now (``kv_freeze``); ``write`` uploads what changed."""
         self.check_native_snapshot()
         self.kv_write_buffered()
-        view = self.kv_freeze()
+        view = self.kv_frozen()
         regs = (self.registered_state(n) for n in self.stored_state_names)
         kinds = {r.name: r.storage_kind for r in regs if r is not None}
-        return KeyGroupSnapshot(
-            self, checkpoint_id, view, self.stored_state_metas(), self.kv_native_meta(), kinds
+        return self.track_snapshot(
+            KeyGroupSnapshot(
+                self, checkpoint_id, view, self.stored_state_metas(), self.kv_native_meta(), kinds
+            )
         )
 
     def restore_native(self, handles: Sequence[NativeStateHandle]) -> None:

@@ -27,12 +27,14 @@ An engine implements :meth:`OrderedKVBackendBase.kv_bind` (make a
 from __future__ import annotations
 
 import itertools
+import shutil
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from .._errors import CorruptSnapshotError, StateAccessError
+from .._localdirs import create_instance_dir
 from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import TypeSerializer
 from ..snapshots._native import NativeStateHandle
@@ -41,6 +43,7 @@ from ._kvcolumn import KVColumn, closed_error
 from ._kvlayout import KeyLayout, encode_varint, entry_codec, ttl_timestamp
 from ._kvnative import KVFrozenView
 from ._kvttl import KVTtl
+from ._kvviews import TrackedView
 from ._migration import DROP, StateMigrationPlan
 from ._parameters import DEFAULT_KEY_CACHE_SIZE, KeyedBackendParameters
 from ._registered import RegisteredState, StateEntries
@@ -462,6 +465,16 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
         self._kv_seq = 0
         self._kv_columns: dict[str, KVColumn] = {}
         self._kv_bulk: dict[str, list[tuple[bytes, bytes]]] | None = None
+        self._kv_views: set[TrackedView] = set()
+        #: The instance directory the base made (``kv_dir_prefix``) and ``close`` removes; else None.
+        self.kv_dir: str | None = None
+        if self.kv_dir_prefix:
+            self.kv_dir = create_instance_dir(self.parameters.local_dir, self.kv_dir_prefix)
+
+    #: Set it (``"mydb-"``) and the base makes the instance directory, ``<local_dir>/mydb-<random>``,
+    #: as :attr:`kv_dir` before your ``__init__`` goes on, and removes it in ``close``
+    #: (``create_instance_dir``: private, owned by this process, removed after a killed one).
+    kv_dir_prefix: ClassVar[str] = ""
 
     # --- what the engine implements ----------------------------------------------------------------
 
@@ -475,7 +488,7 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
 
     @abstractmethod
     def kv_write(self, columns: Sequence[KVColumn]) -> None:
-        """Write the buffered updates of ``columns`` (None deletes) in one batch; clear the buffers."""
+        """Write the buffered updates of ``columns`` (None deletes) in one batch (the base clears them)."""
 
     @abstractmethod
     def kv_load(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
@@ -485,7 +498,7 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
         """The engine's state now, as a view later writes do not change (the buffer is already written).
 
         Optional: implement it and the base snapshots canonically from it
-        (``_snapshot_entries``), and :class:`~statekit.backend_api.KeyGroupNativeSnapshots`
+        (``_snapshot_entries``), and :class:`~statekit.ordered_kv.KeyGroupNativeSnapshots`
         natively. ``items(name, lower, upper)`` returns state ``name``'s entries
         in ``[lower, upper)`` in key order, maybe from another thread (one at a
         time); ``release()`` ends the view. An engine snapshot, a read
@@ -500,7 +513,7 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
     def _snapshot_entries(self) -> Callable[[str, int], StateEntries]:
         """A canonical snapshot's reader over :meth:`kv_freeze`'s view (taken now, buffer written first)."""
         self.kv_write_buffered()
-        return _FrozenReader(self, self.kv_freeze())
+        return _FrozenReader(self, self.kv_frozen())
 
     def _release_snapshot(self, reader: Callable[[str, int], StateEntries]) -> None:
         if isinstance(reader, _FrozenReader):
@@ -580,31 +593,57 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
         self._kv_seq = max(self._kv_seq, value)
 
     def close(self) -> None:
-        """Seal every column, then release the base's part: no handle reaches the engine from now on.
+        """Seal every column, release every frozen view, close the engine, remove the instance directory.
 
-        An engine's ``close`` calls this first (``super().close()``), then
-        closes the engine: a handle used afterwards raises StateAccessError
-        naming its state, whatever it had buffered.
+        In this order: pending snapshots are cancelled (the keyed base) and every
+        column sealed, so a handle used afterwards raises StateAccessError naming
+        its state, whatever it had buffered; every frozen view still held is
+        released (after a read in progress on another thread); then
+        :meth:`kv_close` closes the engine and :attr:`kv_dir`, if the base made
+        it, is removed. Idempotent. An engine that overrides ``close`` instead
+        calls this first (``super().close()``).
         """
+        first = not self._closed
         super().close()
         for col in self._kv_columns.values():
             col.seal()
         self.kv_pending = 0
         self._kv_prefixes.clear()
         self._kv_void.clear()
+        for view in list(self._kv_views):
+            view.release()
+        if first:
+            try:
+                self.kv_close()
+            finally:
+                if self.kv_dir is not None:
+                    shutil.rmtree(self.kv_dir, ignore_errors=True)
+
+    def kv_close(self) -> None:
+        """Close the engine (optional): ``close`` calls it once, after sealing and releasing everything."""
+
+    def kv_frozen(self) -> TrackedView:
+        """:meth:`kv_freeze`'s view, tracked until released (``close`` releases what is left)."""
+        return TrackedView(self.kv_freeze(), self._kv_views)
+
+    def kv_flush(self, columns: Sequence[KVColumn]) -> None:
+        """``kv_write(columns)``, then clear their buffers (the engine need not)."""
+        self.kv_write(columns)
+        for col in columns:
+            col.buffer.clear()
 
     def kv_write_buffered(self) -> None:
         """Write every buffered update to the engine (at snapshot points, and when the buffer is full)."""
         cols = [c for c in self._kv_columns.values() if c.buffer]
         if cols:
-            self.kv_write(cols)
+            self.kv_flush(cols)
         self.kv_pending = 0
 
     def kv_write_column(self, col: KVColumn) -> None:
         """Write one state's buffered updates (before a scan of it)."""
         if col.buffer:
             n = len(col.buffer)
-            self.kv_write([col])
+            self.kv_flush([col])
             self.kv_pending = max(0, self.kv_pending - n)
 
     # --- handles, keys, sizes ----------------------------------------------------------------------
@@ -772,7 +811,7 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
                     raise plan.failure(
                         self._kv_describe_entry(restored, k), e, "the state is partly rewritten"
                     ) from e
-            self.kv_write([col])
+            self.kv_flush([col])
             done += len(chunk)
             if len(chunk) < batch:
                 break

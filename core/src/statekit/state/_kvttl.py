@@ -40,8 +40,8 @@ class KVTtl:
         def kv_write_column(self, col: KVColumn) -> None:
             """Write ``col``'s buffer before it is read past (the ordered base's)."""
 
-        def kv_write(self, columns: Sequence[KVColumn]) -> None:
-            """Write columns' buffered updates (the engine's)."""
+        def kv_flush(self, columns: Sequence[KVColumn]) -> None:
+            """Write columns' buffered updates and clear them (the ordered base's)."""
 
     def _ttl_hook(self, reg: RegisteredState) -> Callable[[], None] | None:
         ttl = reg.ttl
@@ -82,7 +82,7 @@ class KVTtl:
                 break
         if expired:
             col.buffer.update(dict.fromkeys(expired))
-            self.kv_write([col])
+            self.kv_flush([col])
         return next_start
 
     def delete_expired(self, name: str, ttl_ms: int, *, now: int) -> None:

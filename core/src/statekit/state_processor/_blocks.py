@@ -38,7 +38,7 @@ __all__ = ["BlockReading", "Part"]
 
 
 class _FileHandle:
-    """A :class:`~statekit.backend_api.StreamStateHandle` over a local temporary file."""
+    """A :class:`~statekit.snapshot_codec.StreamStateHandle` over a local temporary file."""
 
     def __init__(self, path: str, name: str) -> None:
         self.path = path

@@ -51,7 +51,7 @@ from ._plugin_helpers import (
     snapshot_handle,
     value_state_contents,
 )
-from ._properties import PROPERTIES, PropertyViolation
+from ._properties import PROPERTIES, RULES, PropertyViolation
 from ._reference import ReferenceCheckpointStorage, ReferenceKeyedStateBackend, ReferenceStateBackend
 from ._stateful import MACHINES, ConformanceMachine, ConformanceTarget, MachineConfig, machine_configs
 from ._suite import (
@@ -71,6 +71,7 @@ if __doc__ is not None:  # None under python -OO
 __all__ = [
     "MACHINES",
     "PROPERTIES",
+    "RULES",
     "WRITE_BUFFERS",
     "CheckpointStorageTests",
     "ConformanceMachine",

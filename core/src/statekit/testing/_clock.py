@@ -12,7 +12,7 @@ class ManualClock:
     with :meth:`advance`; TTL then expires exactly when a test says so. Example::
 
         clock = ManualClock(1_000)
-        backend = factory().create_keyed_backend(..., clock=clock)
+        backend = factory().create_keyed_backend(KeyedBackendParameters(..., clock=clock))
         clock.advance(60_000)
     """
 

@@ -29,11 +29,12 @@ from typing import Any, Protocol
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from .._contracts import KeyedStateBackend, StateBackend, SupportsNativeSnapshot
+from .._contracts import KeyedStateBackend, StateBackend, SupportsNativeSnapshot, create_keyed_backend
 from .._errors import StateMigrationError
 from ..serialization._evolution import FORMER_NAMES, describe_schema, same_declaration
 from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import StrSerializer, serializer_for
+from ..state._parameters import KeyedBackendParameters
 from ..state._state import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from ._clock import ManualClock
 from ._job import snapshot_handle
@@ -450,12 +451,15 @@ class EvolutionMachine(RuleBasedStateMachine):
     # --- set up and tear down ------------------------------------------------------------------
 
     def _backend(self) -> KeyedStateBackend:
-        b = self.target.backend_factory().create_keyed_backend(
-            key_serializer=StrSerializer(),
-            key_group_range=KeyGroupRange.of(0, 127),
-            max_parallelism=128,
-            clock=self.clock,
-            local_dir=tempfile.mkdtemp(dir=self.target.scratch),
+        b = create_keyed_backend(
+            self.target.backend_factory(),
+            KeyedBackendParameters(
+                StrSerializer(),
+                KeyGroupRange.of(0, 127),
+                128,
+                clock=self.clock,
+                local_dir=tempfile.mkdtemp(dir=self.target.scratch),
+            ),
         )
         self.backends.append(b)
         return b

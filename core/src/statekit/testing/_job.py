@@ -52,7 +52,7 @@ from ..snapshots._snapshot import (
     read_header,
 )
 from ..state._operator import OperatorSnapshot, redistribute_operator_state
-from ..state._parameters import KeyedBackendParameters
+from ..state._parameters import DEFAULT_KEY_CACHE_SIZE, KeyedBackendParameters
 from ..state._state import VOID_NAMESPACE, ListStateDescriptor, MapStateDescriptor
 from ._model import NAMESPACE_SERIALIZER, KeyedStateSpec
 from ._violation import NATIVE_REFERENCES_COMPLETED, PropertyViolation
@@ -349,7 +349,7 @@ class Job:
         clock: Callable[[], int],
         scratch: Path,
         key_serializer: TypeSerializer | None = None,
-        key_cache_size: int = 131072,
+        key_cache_size: int = DEFAULT_KEY_CACHE_SIZE,
         keyed_backend: StateBackend | None = None,
     ) -> None:
         self.backend = backend

@@ -2,7 +2,7 @@
 
 A backend that keeps state in local files (RocksDB, LMDB, yours) makes one
 working directory per keyed backend with
-:func:`~statekit.backend_api.create_instance_dir` under ``statekit.local-dir``,
+:func:`~statekit.ordered_kv.create_instance_dir` under ``statekit.local-dir``,
 and deletes it when it closes. These tests hold it to that through a whole
 job's life: many runs that restore, process, checkpoint and stop (cleanly or
 by dropping their backends), a process killed with SIGKILL whose directories
@@ -17,7 +17,7 @@ Subclass :class:`OnDiskLifecycleTests` and name the installed backend::
 The backend must be installed (registered by entry point: the killed job runs
 in a child process that selects it by name) and creatable with its default
 options. Working directories are found by their owner file
-(:data:`~statekit.backend_api.OWNER_FILE`), whatever their prefix:
+(:data:`~statekit.ordered_kv.OWNER_FILE`), whatever their prefix:
 :func:`instance_dirs` lists them.
 """
 
@@ -30,14 +30,15 @@ from typing import Any, ClassVar
 
 import pytest
 
-from .._contracts import SupportsNativeSnapshot
+from .._contracts import SupportsNativeSnapshot, create_keyed_backend
 from .._errors import StateAccessError
+from .._localdirs import OWNER_FILE
 from ..plugins._registry import default_registry
 from ..runtime._function import KeyedProcessFunction
-from ..runtime._localdirs import OWNER_FILE
 from ..runtime._runner import LocalRunner
 from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import StrSerializer
+from ..state._parameters import KeyedBackendParameters
 from ..state._state import ValueStateDescriptor
 from ._plugin_helpers import run_killed_job, value_state_contents
 from ._suite import GuardedTests
@@ -60,8 +61,8 @@ class _Count(KeyedProcessFunction):
 def instance_dirs(local_dir: str | os.PathLike[str]) -> list[Path]:
     """The backends' working directories under ``local_dir``, alive or left by a dead process, sorted.
 
-    A directory is one when it holds :data:`~statekit.backend_api.OWNER_FILE`,
-    as every directory made by :func:`~statekit.backend_api.create_instance_dir`
+    A directory is one when it holds :data:`~statekit.ordered_kv.OWNER_FILE`,
+    as every directory made by :func:`~statekit.ordered_kv.create_instance_dir`
     does, and no other such directory: a runner's own directory for a job is
     owned too, and holds its subtasks' backends.
     """
@@ -152,15 +153,9 @@ class OnDiskLifecycleTests(GuardedTests):
     ) -> None:
         """Closing deletes the working directory, with snapshots still pending; use after it fails."""
         local = tmp_path / "l"
-        b = (
-            default_registry()
-            .create_backend(backend_name)
-            .create_keyed_backend(
-                key_serializer=StrSerializer(),
-                key_group_range=KeyGroupRange.of(0, 127),
-                max_parallelism=128,
-                local_dir=str(local),
-            )
+        b = create_keyed_backend(
+            default_registry().create_backend(backend_name),
+            KeyedBackendParameters(StrSerializer(), KeyGroupRange.of(0, 127), 128, local_dir=str(local)),
         )
         s = b.get_state(_COUNT)
         b.set_current_key("a")

@@ -28,11 +28,12 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from .._contracts import StateBackend
+from .._contracts import StateBackend, create_keyed_backend
 from ..checkpoints._restore import load_checkpoint
 from ..runtime._runner import LocalRunner
 from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import StrSerializer, TypeSerializer
+from ..state._parameters import KeyedBackendParameters
 from ..state._state import ValueStateDescriptor
 from ..state._ttl import Clock
 from ._job import DecodedEntry, KitNativeOutput, decode_canonical, snapshot_handle
@@ -75,12 +76,15 @@ def keyed_backends(
         options: Mapping[str, Any] | None = None,
         local_dir: str | os.PathLike[str] | None = None,
     ) -> Any:
-        b = state_backend(options).create_keyed_backend(
-            key_serializer=key_serializer or StrSerializer(),
-            key_group_range=default_range if key_group_range is None else key_group_range,
-            max_parallelism=max_parallelism,
-            clock=clock,
-            local_dir=os.fspath(local_dir or default_dir),
+        b = create_keyed_backend(
+            state_backend(options),
+            KeyedBackendParameters(
+                key_serializer=key_serializer or StrSerializer(),
+                key_group_range=default_range if key_group_range is None else key_group_range,
+                max_parallelism=max_parallelism,
+                clock=clock,
+                local_dir=os.fspath(local_dir or default_dir),
+            ),
         )
         made.append(b)
         return b

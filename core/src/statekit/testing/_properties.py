@@ -20,16 +20,19 @@ from ._model import NAMESPACES, KeyedModel, OperatorModel, Slot
 from ._violation import (
     AGREES_WITH_MODEL,
     BROADCAST_REDISTRIBUTION,
+    CLEAR_SCOPE,
     EVEN_SPLIT_REDISTRIBUTION,
     NATIVE_REFERENCES_COMPLETED,
     PROPERTIES,
     RESCALE_KEY_GROUP_OWNERSHIP,
+    RULES,
     SAVEPOINT_PORTABILITY,
     SCHEMA_EVOLUTION,
     SNAPSHOT_ISOLATION,
     SNAPSHOT_RESTORE_ROUND_TRIP,
     STORAGE_ROUND_TRIP,
     TTL_NEVER_RETURNS_EXPIRED,
+    TTL_UPDATE_TYPE,
     UNION_REDISTRIBUTION,
     PropertyViolation,
 )
@@ -37,16 +40,19 @@ from ._violation import (
 __all__ = [
     "AGREES_WITH_MODEL",
     "BROADCAST_REDISTRIBUTION",
+    "CLEAR_SCOPE",
     "EVEN_SPLIT_REDISTRIBUTION",
     "NATIVE_REFERENCES_COMPLETED",
     "PROPERTIES",
     "RESCALE_KEY_GROUP_OWNERSHIP",
+    "RULES",
     "SAVEPOINT_PORTABILITY",
     "SCHEMA_EVOLUTION",
     "SNAPSHOT_ISOLATION",
     "SNAPSHOT_RESTORE_ROUND_TRIP",
     "STORAGE_ROUND_TRIP",
     "TTL_NEVER_RETURNS_EXPIRED",
+    "TTL_UPDATE_TYPE",
     "UNION_REDISTRIBUTION",
     "PropertyViolation",
     "check_keyed",
@@ -133,10 +139,12 @@ def check_keyed(
         entries = job.decoded()
     got = _held(job, model, entries, problems)
     want_all = expected if expected is not None else model.snapshot_view(model.entries, now)
+    lost_slots: list[tuple[str, Any, Any]] = []
     for name in model.specs:
         want = model.comparable(name, want_all.get(name, {}), now)
         have = model.comparable(name, got.get(name, {}), now)
         problems.extend(_differences(job, name, have, want))
+        lost_slots.extend((name, key, ns) for key, ns in want if (key, ns) not in have)
     for name in set(got) - set(model.specs):
         problems.append((-1, "extra", f"unexpected state {name!r} with {len(got[name])} entries"))
     if problems:
@@ -144,7 +152,9 @@ def check_keyed(
         summary = f"key groups that lost entries: {lost}\n" if lost else ""
         lines = "\n".join(f"  - {p}" for _, _, p in problems[:_SHOWN])
         more = f"\n  ... and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else ""
-        raise PropertyViolation(prop, f"after {context} (now {job}):\n{summary}{lines}{more}")
+        violation = PropertyViolation(prop, f"after {context} (now {job}):\n{summary}{lines}{more}")
+        violation.lost = lost_slots
+        raise violation
     return entries
 
 

@@ -21,15 +21,14 @@ from typing import Any
 
 from .._errors import CheckpointError, CheckpointNotFoundError, CorruptSnapshotError
 from ..serialization._keygroups import KeyGroupRange
-from ..serialization._serializers import TypeSerializer
 from ..snapshots._native import NativeSnapshotOutput, NativeStateHandle
 from ..snapshots._snapshot import BytesStreamHandle, KeyedStateHandle, ProgressCallback, StreamStateHandle
+from ..state._declared import DeclaredStateBackend
 from ..state._keyed import KeyedBackendBase
 from ..state._keyed_snapshots import KeyedSnapshot
-from ..state._operator import OperatorStateBackendImpl
+from ..state._parameters import KeyedBackendParameters
 from ..state._registered import RegisteredState, StateEntries
 from ..state._slots import SlotListState, SlotMapState, SlotState, SlotValueState
-from ..state._ttl import Clock
 
 __all__ = [
     "REFERENCE_NATIVE_FORMAT",
@@ -156,21 +155,13 @@ class ReferenceKeyedStateBackend(KeyedBackendBase):
 
     def __init__(
         self,
-        *,
-        key_serializer: TypeSerializer,
-        key_group_range: KeyGroupRange,
-        max_parallelism: int,
-        clock: Clock | None = None,
-        key_cache_size: int = 131072,
+        parameters: KeyedBackendParameters | None = None,
+        options: Mapping[str, Any] | None = None,
+        /,
+        **keywords: Any,
     ) -> None:
-        """Creates an empty backend owning ``key_group_range``."""
-        super().__init__(
-            key_serializer=key_serializer,
-            key_group_range=key_group_range,
-            max_parallelism=max_parallelism,
-            clock=clock,
-            key_cache_size=key_cache_size,
-        )
+        """An empty backend owning ``parameters.key_group_range`` (no options; keywords as the base)."""
+        super().__init__(parameters, **keywords)
         self._tables: dict[str, _Table] = {}
 
     def _create_value(self, reg: RegisteredState) -> Any:
@@ -252,37 +243,11 @@ class ReferenceKeyedStateBackend(KeyedBackendBase):
         self.restore(canonical)
 
 
-class ReferenceStateBackend:
-    """The ``reference`` state backend: creates reference keyed backends (``local_dir`` unused)."""
+class ReferenceStateBackend(DeclaredStateBackend):
+    """The ``reference`` state backend: makes reference keyed backends (``local_dir`` unused, no options)."""
 
     name = "reference"
-
-    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
-        """Takes no options."""
-        self.options = dict(options or {})
-
-    def create_keyed_backend(
-        self,
-        *,
-        key_serializer: TypeSerializer,
-        key_group_range: KeyGroupRange,
-        max_parallelism: int,
-        clock: Callable[[], int] | None = None,
-        key_cache_size: int = 131072,
-        local_dir: str | None = None,
-    ) -> ReferenceKeyedStateBackend:
-        """A keyed backend for one subtask."""
-        return ReferenceKeyedStateBackend(
-            key_serializer=key_serializer,
-            key_group_range=key_group_range,
-            max_parallelism=max_parallelism,
-            clock=clock,
-            key_cache_size=key_cache_size,
-        )
-
-    def create_operator_backend(self) -> OperatorStateBackendImpl:
-        """Core's in-memory operator backend."""
-        return OperatorStateBackendImpl()
+    keyed_backend = ReferenceKeyedStateBackend
 
 
 # --- the reference checkpoint storage ------------------------------------------------------------

@@ -13,12 +13,14 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 import pytest
+from hypothesis import settings
 
 from .._contracts import SupportsNativeSnapshot
 from .._errors import (
     CorruptSnapshotError,
     IncompatibleSerializerError,
     MaxParallelismMismatchError,
+    SnapshotCancelledError,
     StateAccessError,
     StateMigrationError,
 )
@@ -40,7 +42,7 @@ from ..state._state import (
     StateTtlConfig,
     ValueStateDescriptor,
 )
-from ._job import NativeCheckpoints, native_snapshot_handle, snapshot_handle, write_snapshot
+from ._job import KitNativeOutput, NativeCheckpoints, native_snapshot_handle, snapshot_handle, write_snapshot
 from ._model import SumCount
 from ._semantics_state import Mean, batch_update_or_skip
 
@@ -62,6 +64,25 @@ def descriptors(ttl: StateTtlConfig | None = None) -> dict[str, StateDescriptor]
         "aggregating": AggregatingStateDescriptor("aggregating", Mean(), tuple[int, int], ttl=ttl),
         "map": MapStateDescriptor("map", str, int, ttl=ttl),
     }
+
+
+def sampled_positions(parts: list[tuple[int, int]], budget: int) -> list[int]:
+    """About ``budget`` byte positions covering every ``(offset, length)`` part: its edges and a stride.
+
+    The first and last 8 bytes of each part, then an even stride through each in
+    proportion to its length; deterministic, so a failure reproduces.
+    """
+    edge = 8
+    chosen: set[int] = set()
+    for start, length in parts:
+        chosen.update(range(start, start + min(edge, length)))
+        chosen.update(range(max(start, start + length - edge), start + length))
+    room = max(0, budget - len(chosen))
+    total = sum(length for _, length in parts) or 1
+    for start, length in parts:
+        share = max(1, room * length // total)
+        chosen.update(range(start, start + length, max(1, length // share)))
+    return sorted(chosen)
 
 
 def declare(backend: Any, ttl: StateTtlConfig | None = None) -> dict[str, Any]:
@@ -551,17 +572,44 @@ class SnapshotSemantics:
             target.close()
         return bad
 
+    #: Bytes flipped per run of :meth:`test_every_flipped_byte_raises_corrupt_and_restores_nothing`
+    #: (each restored into a new backend): the edges of the header and of every block, and an even
+    #: stride through each. The nightly profile flips every byte (:meth:`test_every_byte_flipped_nightly`).
+    flipped_bytes: ClassVar[int] = 160
+
+    @staticmethod
+    def _parts(handle: KeyedStateHandle) -> list[tuple[int, int]]:
+        """``(offset, length)`` of the header and of every key group's block, in file order."""
+        return [(0, handle.header_length), *sorted(handle.offsets.values())]
+
     @pytest.mark.parametrize("declare_first", [True, False], ids=["declared-before", "declared-after"])
     def test_every_flipped_byte_raises_corrupt_and_restores_nothing(
         self, make_backend: Any, backend: Any, declare_first: bool
     ) -> None:
-        """Each single byte of the header and of every block, inverted in turn."""
+        """A single byte inverted anywhere in the header or a block is refused, and nothing is restored.
+
+        Every part of the file is hit: the first and last bytes of the header and
+        of each block (lengths, magic, checksums) and an even stride through each,
+        about :attr:`flipped_bytes` positions, the same on every run; each flip
+        restores into a new backend, so this bounds how many the test creates. The
+        nightly profile flips every byte.
+        """
         populate(backend, keys_of(6))
         handle = snapshot_handle(backend)
         assert len(handle.offsets) >= 3
-        header = range(handle.header_length)
-        blocks = [p for off, ln in handle.offsets.values() for p in range(off, off + ln)]
-        assert self._corrupt_positions(make_backend, handle, [*header, *blocks], declare_first) == []
+        positions = sampled_positions(self._parts(handle), self.flipped_bytes)
+        assert self._corrupt_positions(make_backend, handle, positions, declare_first) == []
+
+    @pytest.mark.nightly
+    def test_every_byte_flipped_nightly(self, make_backend: Any, backend: Any) -> None:
+        """Each single byte of the header and of every block, inverted in turn (nightly profile only)."""
+        if settings.get_current_profile_name() != "nightly":
+            pytest.skip("every byte flipped: --hypothesis-profile=nightly (ci flips a sample of them)")
+        populate(backend, keys_of(6))
+        handle = snapshot_handle(backend)
+        positions = [p for off, ln in self._parts(handle) for p in range(off, off + ln)]
+        for declare_first in (True, False):
+            assert self._corrupt_positions(make_backend, handle, positions, declare_first) == []
 
     def test_truncated_snapshot_raises_corrupt(self, make_backend: Any, backend: Any) -> None:
         populate(backend, keys_of(6))
@@ -665,6 +713,29 @@ class SnapshotSemantics:
         for i, k in enumerate(keys):
             assert (r1[k]["int"], r1[k]["list"]) == (i, [i])
             assert (r2[k]["int"], r2[k]["list"]) == (i + 1000, [i, 1000])
+
+    def test_a_snapshot_pending_at_close_is_cancelled(self, make_backend: Any) -> None:
+        """close() cancels pending snapshots, canonical and native: writing one raises SnapshotCancelledError.
+
+        The error is a statekit error of its own, whatever the backend.
+        """
+        b = make_backend()
+        states = declare(b)
+        b.set_current_key("a")
+        write_key(states, 1)
+        done = b.snapshot()
+        write_snapshot(done, b)  # written before close: nothing to cancel
+        canonical = b.snapshot()
+        native = b.native_snapshot(1) if isinstance(b, SupportsNativeSnapshot) else None
+        b.close()
+        assert b.closed
+        with pytest.raises(SnapshotCancelledError, match="pending when its backend closed"):
+            canonical.write(io.BytesIO())
+        if native is not None:
+            with pytest.raises(SnapshotCancelledError, match="pending when its backend closed"):
+                native.write(KitNativeOutput(1))
+            native.release()  # still allowed
+        canonical.release()
 
     def test_writes_after_a_written_snapshot_still_protect_the_next(
         self, make_backend: Any, backend: Any

@@ -25,6 +25,7 @@ from ..checkpoints._retention import apply_retention
 from ..serialization._keygroups import key_group_for_bytes, key_group_range_for_operator
 from ..serialization._serializers import StrSerializer
 from ..snapshots._snapshot import KeyedStateHandle
+from ..state._parameters import DEFAULT_KEY_CACHE_SIZE
 from ..state._state import StateKind, StateTtlConfig, TtlUpdateType, TtlVisibility
 from ._clock import ManualClock
 from ._evolving import EvolutionMachine
@@ -37,12 +38,14 @@ from ._job import (
     check_native_references,
     decode_canonical,
     new_job_id,
+    snapshot_handle,
     write_snapshot,
 )
 from ._model import KEYED_STATE_NAMES, NAMESPACES, KeyedModel, KeyedStateSpec, OperatorModel, purge
 from ._properties import (
     AGREES_WITH_MODEL,
     BROADCAST_REDISTRIBUTION,
+    CLEAR_SCOPE,
     EVEN_SPLIT_REDISTRIBUTION,
     NATIVE_REFERENCES_COMPLETED,
     RESCALE_KEY_GROUP_OWNERSHIP,
@@ -52,6 +55,7 @@ from ._properties import (
     SNAPSHOT_RESTORE_ROUND_TRIP,
     STORAGE_ROUND_TRIP,
     TTL_NEVER_RETURNS_EXPIRED,
+    TTL_UPDATE_TYPE,
     UNION_REDISTRIBUTION,
     PropertyViolation,
     check_keyed,
@@ -115,7 +119,7 @@ class MachineConfig:
     max_parallelism: int
     parallelism: int
     ttl: tuple[StateTtlConfig | None, ...]
-    key_cache_size: int = 131072
+    key_cache_size: int = DEFAULT_KEY_CACHE_SIZE
     retained: int = 1
 
     def __repr__(self) -> str:
@@ -183,7 +187,7 @@ def _configs(draw: st.DrawFn, ttl_mode: str) -> MachineConfig:
         max_parallelism=maxp,
         parallelism=draw(_PARALLELISMS[maxp]),
         ttl=tuple(draw(ttl) for _ in KEYED_STATE_NAMES),
-        key_cache_size=draw(st.sampled_from([131072, 1])),
+        key_cache_size=draw(st.sampled_from([DEFAULT_KEY_CACHE_SIZE, 1])),
         retained=draw(st.integers(1, 3)),
     )
 
@@ -255,6 +259,10 @@ class _Machine(RuleBasedStateMachine):
         self.probe_due = False  # entries can only become visible wrongly when time passes or on restores
         self._isolation_writes = 0
         self._operator_marks = 0
+        # What names the specific rule a failure broke: the clear() calls since the invariant last
+        # ran, and when each TTL entry was last read (a read must not refresh it under OnCreateAndWrite).
+        self.clears: list[tuple[str, Any, Any]] = []
+        self.ttl_reads: dict[tuple[str, Any, Any], int] = {}
 
     def _checkpoint_ids(self) -> Iterator[int]:
         while True:
@@ -371,8 +379,12 @@ class _Machine(RuleBasedStateMachine):
         """Keyed state (from a canonical snapshot), entry counts, keys and operator state match the model."""
         if self._job is None:
             return
+        clears, self.clears = self.clears, []
         if self.keyed_dirty:
-            check_keyed(self.job, self.model, prop=AGREES_WITH_MODEL, context=self.last, skip_empty=True)
+            try:
+                check_keyed(self.job, self.model, prop=AGREES_WITH_MODEL, context=self.last, skip_empty=True)
+            except PropertyViolation as v:
+                raise _clear_scope_violation(v, clears) or v from None
             check_keyed_counts(self.job, self.model, prop=AGREES_WITH_MODEL, context=self.last)
             if self.visibility_probe and self.probe_due:
                 self._probe_reads()
@@ -557,10 +569,59 @@ _MODEL_READS: dict[str, Callable[[KeyedModel, Any, Any], Any]] = {
 }
 
 
+def _clear_scope_violation(
+    v: PropertyViolation, clears: list[tuple[str, Any, Any]]
+) -> PropertyViolation | None:
+    """``v`` named as the clear-scope rule, when a clear() since the last check explains what was lost.
+
+    A clear() of state ``s`` at key ``k``, namespace ``n`` may remove that entry only; entries
+    of ``s`` lost elsewhere, under ``k`` in another namespace or under another key in ``n``,
+    are the clear's doing.
+    """
+    if v.property != AGREES_WITH_MODEL or not clears:
+        return None
+    wide = [
+        (name, key, ns)
+        for name, key, ns in v.lost
+        for c_name, c_key, c_ns in clears
+        if name == c_name and (key, ns) != (c_key, c_ns) and (key == c_key or ns == c_ns)
+    ]
+    if not wide:
+        return None
+    c = ", ".join(f"{n!r} at key {k!r}, namespace {ns!r}" for n, k, ns in clears)
+    lost = ", ".join(f"{n!r} at key {k!r}, namespace {ns!r}" for n, k, ns in wide[:8])
+    out = PropertyViolation(
+        AGREES_WITH_MODEL,
+        f"clear() of {c} also removed {lost}\n{str(v).split(chr(10), 1)[1]}",
+        rule=CLEAR_SCOPE,
+    )
+    out.lost = v.lost
+    return out
+
+
+def _held_by_backend(job: Job, name: str, key: Any, ns: Any) -> Any:
+    """The stored form (TTL timestamps included) of one entry, from a canonical snapshot of its owner."""
+    for e in decode_canonical(snapshot_handle(job.owner(key).keyed)):
+        if e.state == name and e.key == key and e.namespace == ns:
+            return e.stored
+    return None
+
+
+def _timestamps(stored: Any) -> set[int]:
+    """The TTL timestamps in a stored TTL entry: ``(value, ts)``, a list of them, or a dict of them."""
+    if isinstance(stored, tuple) and len(stored) == 2 and isinstance(stored[1], int):
+        return {stored[1]}
+    if isinstance(stored, list):
+        return {t for x in stored for t in _timestamps(x)}
+    if isinstance(stored, dict):
+        return {t for x in stored.values() for t in _timestamps(x)}
+    return set()
+
+
 def _read_check(
     machine: _Machine, name: str, key: Any, ns: Any, what: str, got: Any, want: Any, stored: Any
 ) -> None:
-    """Compare a read's result with the model's; name the TTL property when an expired entry showed."""
+    """Compare a read's result with the model's; name the TTL property (and rule) for expired entries."""
     if got == want:
         return
     spec = machine.model.specs[name]
@@ -568,6 +629,20 @@ def _read_check(
     where = f"{what} of state {name!r} at key {key!r}, namespace {ns!r}, t={now}"
     expired = spec.ttl is not None and stored is not None and purge(spec, stored, now) != stored
     if expired and not spec.return_expired:
+        read_at = machine.ttl_reads.get((name, key, ns))
+        written = max(_timestamps(stored), default=None)
+        if not spec.refresh_on_read and read_at is not None and written is not None:
+            held = _held_by_backend(machine.job, name, key, ns)
+            later = sorted(t for t in _timestamps(held) if t > written)
+            if later:  # no write since `written`: only reads could have moved the timestamp
+                raise PropertyViolation(
+                    TTL_NEVER_RETURNS_EXPIRED,
+                    f"{where} returned {got!r}, expected {want!r}: the entry was last written at "
+                    f"t={written} ({stored!r}) and expired under a TTL of {spec.ttl_ms} ms, but the "
+                    f"backend holds it with timestamp {later[-1]} ({held!r}): a read (the last at "
+                    f"t={read_at}) refreshed it, which only writes may under OnCreateAndWrite",
+                    rule=TTL_UPDATE_TYPE,
+                )
         raise PropertyViolation(
             TTL_NEVER_RETURNS_EXPIRED,
             f"{where} returned {got!r}, expected {want!r}: the entry is {stored!r} and the TTL is "
@@ -589,6 +664,8 @@ class KeyedRules(_Machine):
         want = model()
         self.last = f"{what} of {name!r} at key {key!r}, namespace {ns!r}"
         _read_check(self, name, key, ns, what, got, want, stored)
+        if self.model.specs[name].ttl is not None:
+            self.ttl_reads[(name, key, ns)] = self.clock()
 
     def _write(
         self, name: str, key: Any, ns: Any, what: str, backend: Callable[[Any], Any], model: Callable[[], Any]
@@ -723,6 +800,7 @@ class KeyedRules(_Machine):
         """``clear()``: the current key and namespace only."""
         self._write(name, key, namespace, "clear()", lambda h: h.clear(),
                     lambda: self.model.clear(name, key, namespace))  # fmt: skip
+        self.clears.append((name, key, namespace))
 
     @rule(
         name=st.sampled_from(["list", "reducing", "aggregating"]),

@@ -29,11 +29,12 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from .._contracts import CheckpointStorage, KeyedStateBackend, SupportsNativeSnapshot
+from .._contracts import CheckpointStorage, KeyedStateBackend, SupportsNativeSnapshot, create_keyed_backend
 from .._errors import CheckpointError, CheckpointNotFoundError, PluginError, StateError
 from ..plugins._registry import default_registry
 from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import StrSerializer, TypeSerializer
+from ..state._parameters import KeyedBackendParameters
 from ._clock import ManualClock
 from ._job import BackendFactory, StorageFactory, new_job_id
 from ._properties import (
@@ -141,11 +142,11 @@ class _WriteBuffered:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def create_keyed_backend(self, **kwargs: Any) -> KeyedStateBackend:
-        keyed = self._inner.create_keyed_backend(**kwargs)
+    def create_keyed_backend(self, parameters: KeyedBackendParameters, /) -> KeyedStateBackend:
+        keyed = create_keyed_backend(self._inner, parameters)
         if hasattr(keyed, "kv_batch_size"):
             keyed.kv_batch_size = self._size
-        return keyed  # type: ignore[no-any-return]
+        return keyed
 
 
 def with_write_buffer(factory: BackendFactory, size: int | None) -> BackendFactory:
@@ -164,11 +165,9 @@ def buffers_writes(factory: BackendFactory) -> bool:
     """Whether ``factory``'s keyed backends buffer writes (have a ``kv_batch_size`` the kit can set)."""
     scratch = tempfile.mkdtemp(prefix="statekit-kit-probe-")
     try:
-        keyed = factory().create_keyed_backend(
-            key_serializer=StrSerializer(),
-            key_group_range=KeyGroupRange.of(0, 0),
-            max_parallelism=1,
-            local_dir=scratch,
+        keyed = create_keyed_backend(
+            factory(),
+            KeyedBackendParameters(StrSerializer(), KeyGroupRange.of(0, 0), 1, local_dir=scratch),
         )
         try:
             return hasattr(keyed, "kv_batch_size")
@@ -320,12 +319,15 @@ class _KitFixtures(GuardedTests):
             key_serializer: TypeSerializer | None = None,
             clock: Callable[[], int] = clock,
         ) -> KeyedStateBackend:
-            b = factory.create_keyed_backend(
-                key_serializer=key_serializer or StrSerializer(),
-                key_group_range=key_group_range or KeyGroupRange.of(0, max_parallelism - 1),
-                max_parallelism=max_parallelism,
-                clock=clock,
-                local_dir=tempfile.mkdtemp(dir=tmp_path),
+            b = create_keyed_backend(
+                factory,
+                KeyedBackendParameters(
+                    key_serializer=key_serializer or StrSerializer(),
+                    key_group_range=key_group_range or KeyGroupRange.of(0, max_parallelism - 1),
+                    max_parallelism=max_parallelism,
+                    clock=clock,
+                    local_dir=tempfile.mkdtemp(dir=tmp_path),
+                ),
             )
             made.append(b)
             return b

@@ -13,16 +13,19 @@ from collections.abc import Mapping
 __all__ = [
     "AGREES_WITH_MODEL",
     "BROADCAST_REDISTRIBUTION",
+    "CLEAR_SCOPE",
     "EVEN_SPLIT_REDISTRIBUTION",
     "NATIVE_REFERENCES_COMPLETED",
     "PROPERTIES",
     "RESCALE_KEY_GROUP_OWNERSHIP",
+    "RULES",
     "SAVEPOINT_PORTABILITY",
     "SCHEMA_EVOLUTION",
     "SNAPSHOT_ISOLATION",
     "SNAPSHOT_RESTORE_ROUND_TRIP",
     "STORAGE_ROUND_TRIP",
     "TTL_NEVER_RETURNS_EXPIRED",
+    "TTL_UPDATE_TYPE",
     "UNION_REDISTRIBUTION",
     "PropertyViolation",
 ]
@@ -61,15 +64,34 @@ PROPERTIES: Mapping[str, str] = {
 }
 """Every named property with what it says."""
 
+CLEAR_SCOPE = "clear_scope"
+TTL_UPDATE_TYPE = "ttl_update_type"
+
+RULES: Mapping[str, str] = {
+    CLEAR_SCOPE: "clear() removes the entry of the current key and namespace only: other namespaces of the "
+    "key, and other keys, keep theirs",
+    TTL_UPDATE_TYPE: "under OnCreateAndWrite only writes refresh an entry's TTL timestamp, a read never does "
+    "(under OnReadAndWrite reads do too)",
+}
+"""The specific rules a property's failure may name (as the plain kit tests of the same rule do)."""
+
 
 class PropertyViolation(AssertionError):
     """A backend or storage broke a named property of the conformance kit.
 
     Attributes:
         property: The property's name (a key of :data:`PROPERTIES`).
+        rule: The specific rule broken (a key of :data:`RULES`), when the kit can tell; else None.
+        lost: ``(state, key, namespace)`` of the entries the model holds and the backend lost,
+            when the check compared entries (empty otherwise).
     """
 
-    def __init__(self, prop: str, message: str) -> None:
-        """Names the property and what broke it."""
-        super().__init__(f"[{prop}] {PROPERTIES.get(prop, '')}\n{message}")
+    def __init__(self, prop: str, message: str, *, rule: str | None = None) -> None:
+        """Names the property (and the rule, when known) and what broke it."""
+        head = f"[{prop}] {PROPERTIES.get(prop, '')}"
+        if rule is not None:
+            head = f"[{rule}] {RULES.get(rule, '')}\n(a rule of {head})"
+        super().__init__(f"{head}\n{message}")
         self.property = prop
+        self.rule = rule
+        self.lost: list[tuple[str, object, object]] = []

@@ -7,8 +7,10 @@ directly::
 
     backend = SqliteStateBackend({"synchronous": "off"})
     keyed = backend.create_keyed_backend(
-        key_serializer=serializer_for(str), key_group_range=KeyGroupRange.of(0, 127),
-        max_parallelism=128, local_dir="/tmp/state",
+        KeyedBackendParameters(
+            key_serializer=serializer_for(str), key_group_range=KeyGroupRange.of(0, 127),
+            max_parallelism=128, local_dir="/tmp/state",
+        )
     )
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from statekit.backend_api import BackendSpec, ConfigOption, hookimpl
+from statekit.ordered_kv import ORDERED_KV_OPTIONS
 
 __all__ = ["OPTIONS", "statekit_register_backends"]
 
@@ -15,11 +16,7 @@ OPTIONS = (
         "what survives a crash), so 'off' is safe and fastest.", choices=("off", "normal", "full"),
     ),
     ConfigOption("cache-size", int, 2 << 20, "Bytes of SQLite page cache per subtask.", byte_size=True),
-    ConfigOption(
-        "write-batch-size", int, 1024,
-        "Updates kept in the write buffer (read back from it) before they are written in one "
-        "transaction; also written at every snapshot.", minimum=1,
-    ),
+    *ORDERED_KV_OPTIONS,  # write-batch-size, ttl-sweep-interval: read by the ordered base
 )  # fmt: skip
 
 

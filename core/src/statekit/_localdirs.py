@@ -23,8 +23,8 @@ import socket
 import stat
 import tempfile
 
-from .._errors import BackendIOError
-from .._localfs import private_dir, read_no_follow, write_atomically
+from ._errors import BackendIOError
+from ._localfs import private_dir, read_no_follow, write_atomically
 
 __all__ = ["OWNER_FILE", "create_instance_dir", "local_write_error", "remove_stale_instance_dirs"]
 

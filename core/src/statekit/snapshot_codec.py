@@ -1,0 +1,63 @@
+"""The snapshot codec: the canonical format read and written, and native snapshots' handles.
+
+For what reads or writes snapshots directly (a native format, a tool, a
+runner): the canonical format of ``docs/snapshot-format.md``
+(:func:`write_canonical`, :func:`read_header`, :func:`read_index`,
+:func:`read_block`, :func:`iter_blocks`, its :class:`KeyedStateHandle`) and the
+handles, files and outputs of native snapshots (:class:`NativeStateHandle`,
+:class:`NativeFile`, :class:`NativeSnapshotOutput`, the completion
+bookkeeping :class:`UploadTracker`). A backend on ``KeyedBackendBase`` needs
+none of it for canonical snapshots: the base writes and reads them.
+"""
+
+from __future__ import annotations
+
+from .snapshots._native import (
+    NativeFile,
+    NativeSnapshot,
+    NativeSnapshotOutput,
+    NativeStateHandle,
+    WriterNativeOutput,
+    upload_native_file,
+)
+from .snapshots._snapshot import (
+    CANONICAL_FORMAT,
+    BytesStreamHandle,
+    KeyedStateHandle,
+    ProgressCallback,
+    Section,
+    SnapshotHeader,
+    SnapshotWriteResult,
+    StreamStateHandle,
+    iter_blocks,
+    read_block,
+    read_header,
+    read_index,
+    write_canonical,
+)
+from .state._keyed_snapshots import KeyedSnapshot
+from .state._uploads import UploadTracker
+
+__all__ = [
+    "CANONICAL_FORMAT",
+    "BytesStreamHandle",
+    "KeyedSnapshot",
+    "KeyedStateHandle",
+    "NativeFile",
+    "NativeSnapshot",
+    "NativeSnapshotOutput",
+    "NativeStateHandle",
+    "ProgressCallback",
+    "Section",
+    "SnapshotHeader",
+    "SnapshotWriteResult",
+    "StreamStateHandle",
+    "UploadTracker",
+    "WriterNativeOutput",
+    "iter_blocks",
+    "read_block",
+    "read_header",
+    "read_index",
+    "upload_native_file",
+    "write_canonical",
+]

@@ -1,0 +1,57 @@
+"""The lifetime of an engine's frozen views: tracked, released before close, safe across threads.
+
+A frozen view (:meth:`OrderedKVBackendBase.kv_freeze`) is read by a snapshot's
+``write``, maybe on another thread, while the task goes on; the task's
+``close()`` may come while that write is in progress. :class:`TrackedView`
+wraps every view the base freezes, so that an engine need not:
+
+- the base keeps every view not yet released, and releases them all in
+  ``close()`` before the engine closes (no view outlives its engine);
+- ``items()`` returns a list, read under the view's lock, and ``release()``
+  takes the same lock: a release waits for an ``items()`` in progress on
+  another thread, never frees what it reads;
+- ``items()`` after the release raises :class:`~statekit.errors.SnapshotCancelledError`
+  (the backend closed under the snapshot), ``release()`` again does nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from .._errors import SnapshotCancelledError
+
+__all__ = ["TrackedView"]
+
+
+class TrackedView:
+    """An engine's frozen view, released once, never while another thread reads it."""
+
+    __slots__ = ("__weakref__", "_lock", "_owner", "_view")
+
+    def __init__(self, view: Any, owner: set[TrackedView]) -> None:
+        self._lock = threading.Lock()
+        self._view: Any = view
+        self._owner = owner
+        owner.add(self)
+
+    def items(self, name: str, lower: bytes, upper: bytes | None) -> list[tuple[bytes, bytes]]:
+        """State ``name``'s entries in ``[lower, upper)`` of the view, in key order (a list)."""
+        with self._lock:
+            view = self._view
+            if view is None:
+                raise SnapshotCancelledError(
+                    f"state {name!r} is read from a frozen view that was released: its backend closed "
+                    "while the snapshot was being written, and close() cancelled it"
+                )
+            out: Iterable[tuple[bytes, bytes]] = view.items(name, lower, upper)
+            return out if isinstance(out, list) else list(out)
+
+    def release(self) -> None:
+        """Let the engine reclaim the view: after any ``items()`` in progress; once."""
+        with self._lock:
+            view, self._view = self._view, None
+        if view is not None:
+            self._owner.discard(self)
+            view.release()
