@@ -39,6 +39,7 @@ from typing import Any
 from .._contracts import CheckpointStorage, SupportsJobFiles
 from .._errors import CheckpointError
 from ._metadata import SubtaskState
+from ._timing import CheckpointTiming
 
 __all__ = [
     "COMPLETED",
@@ -131,9 +132,14 @@ class CheckpointAttempt:
         kind: ``checkpoint`` or ``savepoint``.
         status: ``completed``, ``failed``, ``subsumed`` or ``discarded``.
         trigger_ms: When it began (epoch milliseconds).
-        duration_ms: From its beginning to its completion or failure. On Spark a
-            checkpoint begins with its micro-batch's tasks, so this is the batch's
-            time from the tasks to the metadata (the sink included).
+        duration_ms: From its trigger to its completion or failure. On Spark a
+            checkpoint is triggered when its micro-batch starts, so this is the
+            whole batch up to ``_metadata`` (tasks, sink, metadata); on the
+            LocalRunner, the checkpoint's own time. See :mod:`._timing`.
+        snapshot_ms: The subtasks' snapshots without the upload (on Spark the
+            slowest task's); None where not measured (a failed attempt, an older history).
+        upload_ms: The same task's time writing the snapshots into the checkpoint storage.
+        metadata_ms: Writing ``_metadata``, on the driver.
         location: Where it is (was) written.
         sizes: Its bytes (for a failed attempt, what its subtasks reported before it failed).
         failure: Why it failed (the error's type and message), else None.
@@ -151,6 +157,9 @@ class CheckpointAttempt:
     failure: str | None = None
     runner: str = ""
     batch_id: int | None = None
+    snapshot_ms: int | None = None
+    upload_ms: int | None = None
+    metadata_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The attempt as a flat JSON object (what ``statekit checkpoints history --json`` prints)."""
@@ -196,6 +205,9 @@ class CheckpointAttempt:
             failure=None if obj.get("failure") is None else str(obj["failure"]),
             runner=str(obj.get("runner", "")),
             batch_id=opt_int("batch_id"),
+            snapshot_ms=opt_int("snapshot_ms"),
+            upload_ms=opt_int("upload_ms"),
+            metadata_ms=opt_int("metadata_ms"),
         )
 
 
@@ -300,8 +312,11 @@ class CheckpointHistory:
         error: BaseException | None = None,
         properties: Mapping[str, Any] | None = None,
         write: bool = True,
+        timing: CheckpointTiming | None = None,
     ) -> None:
         """Record one attempt (completed, or failed with ``error``) and write the history.
+
+        ``timing``: a completed checkpoint's phases; its duration is the attempt's.
 
         With ``write=False`` the history is written by the next :meth:`subsumed`
         or :meth:`flush` instead: a completed checkpoint's retention follows at
@@ -312,7 +327,9 @@ class CheckpointHistory:
         if not self.enabled:
             return
         try:
-            self._record(checkpoint_id, kind, trigger_ms, location, subtasks, error, properties, write)
+            self._record(
+                checkpoint_id, kind, trigger_ms, location, subtasks, error, properties, write, timing
+            )
         except Exception as e:  # noqa: BLE001 - the history never fails a checkpoint (module doc)
             self._warn(f"checkpoint {checkpoint_id} could not be recorded in its checkpoint history ({e!r})")
 
@@ -326,8 +343,10 @@ class CheckpointHistory:
         error: BaseException | None,
         properties: Mapping[str, Any] | None,
         write: bool,
+        timing: CheckpointTiming | None,
     ) -> None:
         batch = (properties or {}).get("spark_batch_id")
+        ms = timing.to_ms() if timing is not None else {}
         failure = None
         if error is not None:
             failure = f"{type(error).__name__}: {error}"[:_MAX_FAILURE]
@@ -336,12 +355,15 @@ class CheckpointHistory:
             kind=kind,
             status=COMPLETED if error is None else FAILED,
             trigger_ms=trigger_ms,
-            duration_ms=max(0, time.time_ns() // 1_000_000 - trigger_ms),
+            duration_ms=ms.get("duration_ms", max(0, time.time_ns() // 1_000_000 - trigger_ms)),
             location=location,
             sizes=AttemptSizes.of(subtasks),
             failure=failure,
             runner=self.runner,
             batch_id=batch if isinstance(batch, int) and not isinstance(batch, bool) else None,
+            snapshot_ms=ms.get("snapshot_ms"),
+            upload_ms=ms.get("upload_ms"),
+            metadata_ms=ms.get("metadata_ms"),
         )
         attempts = self._load()
         attempts.append(attempt)

@@ -61,6 +61,7 @@ from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY
 from ._batchinfo import BatchInfo, batch_info
 from ._jobspec import JobSpec, driver_storage, resolve_dead_letters
 from ._jvm import JvmLocality, LocalityUnavailable
+from ._letter_tally import count_source_letters
 from ._metrics import QueryMetrics
 from ._plan import (
     HANDLE_COLUMN,
@@ -359,6 +360,8 @@ class MicroBatchDriver:
             batch.batch_id, batch.pending.checkpoint_id, location, source, self.parallelism, reports,
             locations=locations, locality=self.locality_status, handoff_enabled=self.handoff_enabled,
             watermark=watermark, phases=batch.phases,
+            source_bad_records=count_source_letters(query, batch_id) if query != STATIC_QUERY else 0,
+            timing=self.coordinator.last_timing,
         )  # fmt: skip
         self._warn_of_late_rows(info)
         warn_of_undeclared(
@@ -487,7 +490,11 @@ class MicroBatchDriver:
         }
         if watermark != MIN_WATERMARK:
             properties[WATERMARK_PROPERTY] = watermark
-        location = self.coordinator.complete(batch.pending, [r.state for r in reports], properties)
+        slowest = max((r.phases for r in reports), key=lambda p: p.get("snapshot", 0) + p.get("upload", 0))
+        location = self.coordinator.complete(
+            batch.pending, [r.state for r in reports], properties,
+            snapshot=slowest.get("snapshot", 0.0), upload=slowest.get("upload", 0.0),
+        )  # fmt: skip
         batch.phases["checkpoint"] = time.perf_counter() - t
         return location, watermark
 

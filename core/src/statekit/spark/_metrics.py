@@ -36,6 +36,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from ..checkpoints._timing import CheckpointTiming
 from ..plugins._config import Configuration
 from ..runtime._metrics import LOGGER, checkpoint_fields, log_checkpoint, metric_name
 from ._batchinfo import BatchInfo
@@ -57,6 +58,7 @@ def batch_fields(info: BatchInfo) -> dict[str, int | float]:
         "records_out": info.outputs,
         "late_records": info.late_records,
         "dead_letters": info.bad_records,
+        "dead_letters_source": info.source_bad_records,
         "timers_fired": info.timers_fired,
         "subtasks_reused": info.reused_subtasks,
         "subtasks_handed_off": info.handed_off,
@@ -65,7 +67,7 @@ def batch_fields(info: BatchInfo) -> dict[str, int | float]:
         "bytes_downloaded": info.bytes_downloaded,
     }
     if info.checkpoint_stats is not None:
-        fields.update(checkpoint_fields(info.checkpoint_stats, info.checkpoint_seconds))
+        fields.update(checkpoint_fields(info.checkpoint_stats, info.checkpoint_timing or CheckpointTiming()))
     for phase, secs in info.phases.items():
         fields[f"phase_{metric_name(phase)}_seconds"] = round(secs, 6)
     return fields
