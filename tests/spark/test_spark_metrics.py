@@ -24,6 +24,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 from sparkutil import OUTPUT, driver_env, run_to_end, stream_of, write_inputs
 
 from jobs import CountUrls, make_records
+from statekit.cli._cli import main as cli_main
 from statekit.spark import BatchInfo, batch_info_for, keyed
 from statekit.spark._jvm import load_helper_class
 from statekit.spark._metrics import invoke_static
@@ -125,7 +126,11 @@ class BatchInfoListener(StreamingQueryListener):
 
 
 def test_each_batch_reaches_the_metrics_system_the_log_and_the_ui(
-    session: Any, tmp_path: Path, job_id: str, caplog: pytest.LogCaptureFixture
+    session: Any,
+    tmp_path: Path,
+    job_id: str,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     configure(
         session,
@@ -191,6 +196,26 @@ def test_each_batch_reaches_the_metrics_system_the_log_and_the_ui(
         assert int(f["state.last_methods.entries"]) == info.checkpoint_stats.states["last_methods"].entries
         assert f["checkpoint_id"] == str(info.checkpoint_id)
     assert int(lines[-1]["records_in"]) == values["records_in"]
+
+    # A checkpoint's time, one meaning everywhere (issue 43): its phases in BatchInfo, the metrics
+    # source, the log line, and the history as `statekit checkpoints history --json` prints it.
+    capsys.readouterr()
+    assert cli_main(["checkpoints", "history", str(tmp_path / "statekit"), "--job", job_id, "--json"]) == 0
+    history = {a["checkpoint_id"]: a for a in json.loads(capsys.readouterr().out)}
+    for f, info in zip(lines, infos):
+        t = info.checkpoint_timing
+        assert t is not None and t.snapshot > 0 and t.upload > 0 and t.metadata > 0
+        assert info.checkpoint_seconds == pytest.approx(t.snapshot + t.upload + t.metadata)
+        assert t.duration > info.phases["tasks"]  # the whole batch: its tasks, sink and _metadata
+        a = history[info.checkpoint_id]
+        assert {k: a[k] for k in ("snapshot_ms", "upload_ms", "metadata_ms", "duration_ms")} == t.to_ms()
+        assert a["batch_id"] == info.batch_id
+        for phase in ("snapshot", "upload", "metadata", "duration"):
+            assert float(f[f"checkpoint_{phase}_seconds"]) == round(getattr(t, phase), 6)
+        assert float(f["checkpoint_seconds"]) == round(info.checkpoint_seconds, 6)
+    assert last.checkpoint_timing is not None
+    assert values["checkpoint_upload_seconds"] == pytest.approx(round(last.checkpoint_timing.upload, 6))
+    assert values["checkpoint_duration_seconds"] == pytest.approx(round(last.checkpoint_timing.duration, 6))
 
     # The Spark UI names statekit's jobs (the description travels with every job and task).
     assert notes == [f"statekit {job_id} batch {b}: sink" for b in range(3)]
