@@ -32,7 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .._contracts import CheckpointOutputStream, CheckpointWriter, StreamStateHandle
+from .._contracts import CheckpointOutputStream, CheckpointWriter
+from ..snapshots._snapshot import StreamStateHandle
 
 __all__ = ["CheckpointTiming", "TimedWriter"]
 
@@ -84,7 +85,7 @@ class TimedWriter:
             stream = self._inner.create_stream(name, shared=shared)
         finally:
             self.upload_seconds += time.perf_counter() - t
-        return _TimedStream(stream, self)  # type: ignore[return-value]
+        return _TimedStream(stream, self)
 
     def complete(self, metadata: bytes) -> str:
         """Complete the inner writer's checkpoint."""

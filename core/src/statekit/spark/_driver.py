@@ -338,7 +338,7 @@ class MicroBatchDriver:
                 batch_id, latest.checkpoint_id, latest.location, True, None, self.parallelism,
                 watermark=_watermark_of(latest),
             )  # fmt: skip
-            self.metrics.report(skipped)
+            self.metrics.report(skipped, self.coordinator.history.attempts())
             self._notify(skipped, query)
             return skipped
         if source is not None:
@@ -352,6 +352,7 @@ class MicroBatchDriver:
         except BaseException as e:
             if self.coordinator.last_completed != batch.pending.checkpoint_id:
                 self.coordinator.abort(batch.pending, [r.state for r in reports], e)
+            self.metrics.failed(batch_id, e, self.coordinator.history.attempts())  # the UI's last failure
             raise
         t = time.perf_counter()
         self.coordinator.retain()
@@ -367,7 +368,7 @@ class MicroBatchDriver:
         warn_of_undeclared(
             f"job {self.spec.job_id!r} batch {batch_id}", info.restored_from, info.undeclared_states
         )
-        self.metrics.report(info)
+        self.metrics.report(info, self.coordinator.history.attempts())
         self._notify(info, query)
         if query != STATIC_QUERY:  # a running query's savepoint requests (statekit savepoint trigger)
             self.savepoints.after_batch(location, batch.pending.checkpoint_id, batch_id, query)
