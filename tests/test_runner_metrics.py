@@ -82,21 +82,28 @@ def test_a_checkpoint_outside_run_counts_what_came_since(tmp_path: Path) -> None
     assert result.checkpoint_infos == []  # the run had ended: its result is left alone
 
 
-def test_native_checkpoints_say_their_entries_are_the_engines_estimate(
+def test_native_checkpoints_count_their_entries_exactly(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Issue 43: counted on write (state/_kvcount), not RocksDB's estimate; per-state bytes stay unnamed."""
     pytest.importorskip("statekit_rocksdb")
     runner = count_urls_runner(
-        str(tmp_path / "ckpt"), {"statekit.backend": "rocksdb", "statekit.checkpoint.interval-records": 500}
+        str(tmp_path / "ckpt"),
+        {
+            "statekit.backend": "rocksdb",
+            "statekit.checkpoint.interval-records": 500,
+            "statekit.checkpoints.retained": 10,
+        },
     )
     with caplog.at_level(logging.INFO, logger="statekit"):
         result = runner.run(RecordSource(RECORDS))
     runner.close()
     for info in result.checkpoint_infos:
         s = info.stats
-        assert not s.state_entries_exact and s.states == {}
+        assert s.state_entries_exact and s.states == {}
+        assert s.state_entries == sum(entries_read(info.location).values())
         assert s.bytes_written + s.bytes_referenced == s.state_bytes + s.operator_state_bytes
-    assert [f["state_entries_exact"] for f in fields_of(caplog)] == ["0", "0"]
+    assert [f["state_entries_exact"] for f in fields_of(caplog)] == ["1", "1"]
 
 
 def test_metrics_off_write_no_line_but_keep_the_numbers(

@@ -229,7 +229,7 @@ def test_each_batch_reaches_the_metrics_system_the_log_and_the_ui(
     assert progress["sink"]["numOutputRows"] == -1
 
 
-def test_native_snapshots_label_their_entries_an_estimate(
+def test_native_snapshots_count_their_entries_exactly(
     session: Any, tmp_path: Path, job_id: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     configure(
@@ -238,6 +238,7 @@ def test_native_snapshots_label_their_entries_an_estimate(
             "spark.statekit.checkpoints.dir": tmp_path / "statekit",
             "spark.statekit.backend": "rocksdb",
             "spark.statekit.parallelism": 2,
+            "spark.statekit.checkpoints.retained": 3,
         },
     )
     infos: list[BatchInfo] = []
@@ -246,12 +247,13 @@ def test_native_snapshots_label_their_entries_an_estimate(
     for info in infos:
         stats = info.checkpoint_stats
         assert stats is not None
-        assert not stats.state_entries_exact and stats.states == {}
+        assert stats.state_entries_exact and stats.states == {}  # counted on write (issue 43)
+        assert info.location is not None and stats.state_entries == sum(entries_read(info.location).values())
         # Every byte of the snapshot is either written now or referenced from before.
         assert stats.bytes_written + stats.bytes_referenced == stats.state_bytes + stats.operator_state_bytes
-    assert [f["state_entries_exact"] for f in log_lines(caplog, job_id)] == ["0", "0", "0"]
+    assert [f["state_entries_exact"] for f in log_lines(caplog, job_id)] == ["1", "1", "1"]
     values = source_values(session, f"statekit.{job_id}.process")
-    assert values["state_entries_exact"] == 0
+    assert values["state_entries_exact"] == 1
     assert not [k for k in values if k.startswith("state.")]
 
 

@@ -43,6 +43,9 @@ class KVTtl:
         def kv_write(self, columns: Sequence[KVColumn]) -> None:
             """Write columns' buffered updates (the engine's)."""
 
+        def kv_flush(self, columns: Sequence[KVColumn]) -> None:
+            """Count, then write, columns' buffered updates (the ordered base's)."""
+
     def _ttl_hook(self, reg: RegisteredState) -> Callable[[], None] | None:
         ttl = reg.ttl
         if ttl is None or ttl.cleanup_incremental_size <= 0:
@@ -82,7 +85,7 @@ class KVTtl:
                 break
         if expired:
             col.buffer.update(dict.fromkeys(expired))
-            self.kv_write([col])
+            self.kv_flush([col])
         return next_start
 
     def delete_expired(self, name: str, ttl_ms: int, *, now: int) -> None:
