@@ -123,3 +123,21 @@ def test_counts_without_recorded_ones_are_unknown_and_labelled() -> None:
     assert counts.exact(["count"]) is None and counts.meta(["count"]) is None
     counts.restored([{ENTRY_COUNTS: {"count": {"3": 5, "70": 2}}}], range(0, 64), ["count"])
     assert counts.exact(["count"]) == {"count": 5}  # key group 70 is another subtask's
+
+
+def test_entries_are_exact_after_a_canonical_savepoint_restored_at_another_parallelism(
+    tmp_path: Path,
+) -> None:
+    """A heap job's savepoint (canonical) restored into rocksdb at parallelism 3: bulk loads count."""
+    pytest.importorskip("statekit_rocksdb")
+    heap = runner(tmp_path, "heap", 2)
+    heap.run(RecordSource(records(1500, 200)))
+    savepoint = heap.savepoint(str(tmp_path / "savepoints"))
+    heap.close()
+    r = runner(tmp_path / "rocks", "rocksdb", 3)
+    result = r.run(RecordSource(records(2500, 200)), restore=savepoint)
+    r.close()
+    assert result.skipped_records == 1500 and result.records == 1000
+    for info in result.checkpoint_infos:
+        assert info.stats.state_entries_exact
+        assert info.stats.state_entries == entries_read(info.location)
