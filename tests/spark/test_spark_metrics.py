@@ -318,6 +318,7 @@ def test_prometheus_servlet_and_rest_api_show_statekit(tmp_path: Path) -> None:
 def test_a_failing_metrics_source_is_turned_off_not_the_batch(recwarn: pytest.WarningsRecorder) -> None:
     """An update that fails after the checkpoint completed warns once and turns the source off."""
     from statekit.spark._metrics import QueryMetrics
+    from statekit.spark._ui import QueryPage
 
     class Broken:
         calls = 0
@@ -329,6 +330,7 @@ def test_a_failing_metrics_source_is_turned_off_not_the_batch(recwarn: pytest.Wa
     metrics = object.__new__(QueryMetrics)
     metrics.enabled, metrics.job_id, metrics.operator_id = True, "j", "process"
     metrics._source, metrics.status = Broken(), "on"
+    metrics.page = QueryPage("j", "process", None)  # no UI page: only the source fails
     info = BatchInfo(0, 1, "/chk-1", False, None, 2, records=5)
     with pytest.warns(RuntimeWarning, match="updating its metrics source failed .*connection reset"):
         metrics.report(info)
