@@ -13,8 +13,14 @@ Three parts, each printing figures and ratios to a baseline run in the same proc
    N keys and of a second one after updating 1 % of them (``--sizes``).
 3. Rescale 2 -> 3: restoring the three new subtasks from native checkpoints
    and from a canonical savepoint of the same state.
+4. ``counts``: what exact entry counts (``state/_kvcount``, kept on write) cost
+   part 1's per-record read-modify-write: counting off (the baseline) and on,
+   alternating run by run, two rounds; the ratio on/off of each round, in the
+   main thread's CPU time (what the record loop costs; RocksDB's background
+   threads and other processes' load left out) and in wall time.
 
-Run: ``python bench/bench_rocksdb.py [--ops N] [--sizes 1000000,5000000]``.
+Run: ``python bench/bench_rocksdb.py [--ops N] [--sizes 1000000,5000000]``;
+``--parts counts`` for part 4 alone.
 """
 
 from __future__ import annotations
@@ -114,6 +120,61 @@ def rmw(args: argparse.Namespace, scratch: str) -> None:
     print(f"{'path':<28}{'seconds':>10}{'ops/s':>14}{'x baseline':>12}")
     for name, t in rows:
         print(f"{name:<28}{t:>10.3f}{args.ops / t:>14,.0f}{t / t_raw:>12.2f}")
+
+
+def counts(args: argparse.Namespace, scratch: str) -> None:
+    """Part 4: per-record read-modify-write with entry counting off and on, alternating, two rounds."""
+    from statekit.state._kvcount import EntryCounts
+
+    ops = zipf_keys(args.ops, args.keys)
+    engine = RocksDBStateBackend({"write-batch-size": args.batch})
+
+    def backend() -> RocksDBKeyedStateBackend:
+        return engine.create_keyed_backend(
+            key_serializer=StrSerializer(),
+            key_group_range=KeyGroupRange(0, 127),
+            max_parallelism=128,
+            local_dir=scratch,
+        )
+
+    def per_record(b: object) -> object:
+        return rmw_per_record(b, ops, DESC)
+
+    expected = len(expected_counts(ops))
+    print(
+        f"\n4. Exact entry counts on write: per-record read-modify-write, {args.ops:,} ops over "
+        f"{expected:,} keys, counting off and on alternating run by run, best of {args.repeats} each"
+    )
+    head = f"{'round':<8}{'off cpu s':>11}{'on cpu s':>10}{'on/off':>8}"
+    print(f"{head}{'off wall s':>12}{'on wall s':>11}{'on/off':>8}")
+    try:
+        EntryCounts.enabled = True
+        warm = backend()
+        per_record(warm)  # warm-up, not timed
+        warm.close()
+        for round_ in (1, 2):
+            cpu = {False: float("inf"), True: float("inf")}
+            wall = dict(cpu)
+            for _ in range(args.repeats):  # off and on alternate run by run: the machine's load hits both
+                for enabled in (False, True):
+                    EntryCounts.enabled = enabled
+                    b = backend()
+                    gc.collect()
+                    gc.disable()
+                    c0, w0 = time.thread_time(), time.perf_counter()
+                    per_record(b)
+                    c1, w1 = time.thread_time(), time.perf_counter()
+                    gc.enable()
+                    assert b.kv_exact_entries() == (expected if enabled else None)
+                    b.close()
+                    cpu[enabled] = min(cpu[enabled], c1 - c0)
+                    wall[enabled] = min(wall[enabled], w1 - w0)
+            print(
+                f"{round_:<8}{cpu[False]:>11.3f}{cpu[True]:>10.3f}{cpu[True] / cpu[False]:>8.3f}"
+                f"{wall[False]:>12.3f}{wall[True]:>11.3f}{wall[True] / wall[False]:>8.3f}"
+            )
+    finally:
+        EntryCounts.enabled = True
 
 
 def _dir_size(path: str) -> int:
@@ -218,8 +279,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--sizes", default="1000000,5000000")
     ap.add_argument("--rescale-keys", type=int, default=1_000_000)
-    ap.add_argument("--parts", default="rmw,incremental,rescale")
-    run_parts(ap.parse_args(), "bench-rocksdb-", {"rmw": rmw, "incremental": incremental, "rescale": rescale})
+    ap.add_argument("--parts", default="rmw,incremental,rescale,counts")
+    parts = {"rmw": rmw, "incremental": incremental, "rescale": rescale, "counts": counts}
+    run_parts(ap.parse_args(), "bench-rocksdb-", parts)
 
 
 if __name__ == "__main__":

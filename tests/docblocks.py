@@ -96,3 +96,28 @@ def commands(block: Block) -> list[tuple[str, list[str]]]:
         elif line.strip() and not line.lstrip().startswith("#"):
             out.append((line.strip(), []))
     return out
+
+
+_INLINE_PIP = re.compile(r"`(pip install [^`]+)`")
+_STATEKIT_DIST = re.compile(r"""(^|[\s"'])statekit(-[a-z]+)?(\[|[\s"']|$)""")
+
+
+def pip_commands() -> list[tuple[str, str]]:
+    """Every ``pip install`` of a statekit distribution the docs show: ``(where, command)``.
+
+    From fenced blocks (a line that starts with it, its ``# comment`` cut) and
+    from inline code (``pip install …`` in backticks, which may wrap a line).
+    Editable installs from a checkout (``-e ./core``) are left out.
+    """
+    found: list[tuple[str, str]] = []
+    for path in DOCS:
+        for b in blocks(path):
+            for k, line in enumerate(b.text.splitlines(), 1):
+                command = line.split(" #", 1)[0].strip().removeprefix("$ ")
+                if command.startswith("pip install "):
+                    found.append((f"{b.path.relative_to(ROOT)}:{b.line + k}", command))
+        text = path.read_text(encoding="utf-8")
+        for m in _INLINE_PIP.finditer(text):
+            line = text[: m.start()].count("\n") + 1
+            found.append((f"{path.relative_to(ROOT)}:{line}", " ".join(m[1].split())))
+    return [(w, c) for w, c in found if " -e " not in f" {c} " and _STATEKIT_DIST.search(c.split(" ", 2)[2])]

@@ -78,6 +78,8 @@ def test_dead_letters_skip_the_line_and_count_the_rest(logs: LogDir) -> None:
     result = job.run()
     assert job.exact()
     assert result.bad_records == 1 and result.records == 130
+    # Counted where written, per checkpoint as in the total (issue 43).
+    assert sum(i.bad_records for i in result.checkpoint_infos) == 1
     (letter,) = letters(logs)
     assert letter["stage"] == "parse" and letter["line"] == 101 and letter["raw"] == '{"url": "/a"'
     assert letter["file"] == str(logs.path("access.log")) and letter["job_id"] == "logs"

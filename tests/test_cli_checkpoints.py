@@ -412,12 +412,13 @@ def test_a_missing_location_at_the_root_is_not_found(
     assert code == 2 and "/no-such-statekit-location" in err and "statekit.checkpoints.dir" not in err
 
 
-def test_rocksdb_inspect_shows_uploaded_and_referenced_bytes_and_labels_estimated_entries(
+def test_rocksdb_inspect_shows_uploaded_and_referenced_bytes_and_exact_entries(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The issue's defect: `entries` said 200,000 where the state held 50,000 keys. RocksDB's
     # estimate-num-keys counts a key once per SST file holding a version of it: four checkpoints
-    # that update every key leave four versions until compaction. The CLI labels it an estimate.
+    # that update every key leave four versions until compaction. Since issue 43 the backend
+    # counts (key, namespace) entries on write, so the CLI shows them exactly, unlabelled.
     pytest.importorskip("statekit_rocksdb")
     r = runner(tmp_path / "ckpt", 1, backend="rocksdb")
     keys = [f"https://example.com/{i}" for i in range(2000)]
@@ -429,7 +430,7 @@ def test_rocksdb_inspect_shows_uploaded_and_referenced_bytes_and_labels_estimate
     r.close()
     assert main(["checkpoints", "list", str(tmp_path / "ckpt"), "--json"]) == 0
     newest = json.loads(capsys.readouterr().out)[-1]["operators"]["process"]
-    assert newest["entries_estimated"] is True
+    assert newest["entries_estimated"] is False
     # "bytes" holds the operator state too, which is written whole every time.
     assert 0 < newest["uploaded_bytes"] + newest["referenced_bytes"] < newest["bytes"]
     assert main(["checkpoints", "inspect", chk, "--json"]) == 0
@@ -437,11 +438,11 @@ def test_rocksdb_inspect_shows_uploaded_and_referenced_bytes_and_labels_estimate
     # Checkpoint 4 references the SST files checkpoints 1-3 uploaded and uploads only its own.
     assert subtask["referenced_bytes"] > 0 and subtask["uploaded_bytes"] > 0
     assert subtask["uploaded_bytes"] + subtask["referenced_bytes"] == subtask["bytes"]
-    assert subtask["entries_estimated"] is True
+    assert subtask["entries_estimated"] is False
     assert main(["checkpoints", "inspect", chk]) == 0
     out = capsys.readouterr().out
     assert f"{subtask['uploaded_bytes']:,}\t{subtask['referenced_bytes']:,}" in out
-    assert "written by this checkpoint" in out and "(estimate)" in out
+    assert "written by this checkpoint" in out and "(estimate)" not in out
 
 
 def test_canonical_entries_are_counts_and_all_bytes_are_written(

@@ -14,6 +14,7 @@ import pytest
 
 from jobs import count_urls_runner, make_records
 from statekit import CheckpointInfo, RecordSource
+from statekit.checkpoints._history import read_checkpoint_history
 from statekit.state_processor import SavepointReader
 
 RECORDS = make_records(1000, urls=30)
@@ -81,21 +82,28 @@ def test_a_checkpoint_outside_run_counts_what_came_since(tmp_path: Path) -> None
     assert result.checkpoint_infos == []  # the run had ended: its result is left alone
 
 
-def test_native_checkpoints_say_their_entries_are_the_engines_estimate(
+def test_native_checkpoints_count_their_entries_exactly(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Issue 43: counted on write (state/_kvcount), not RocksDB's estimate; per-state bytes stay unnamed."""
     pytest.importorskip("statekit_rocksdb")
     runner = count_urls_runner(
-        str(tmp_path / "ckpt"), {"statekit.backend": "rocksdb", "statekit.checkpoint.interval-records": 500}
+        str(tmp_path / "ckpt"),
+        {
+            "statekit.backend": "rocksdb",
+            "statekit.checkpoint.interval-records": 500,
+            "statekit.checkpoints.retained": 10,
+        },
     )
     with caplog.at_level(logging.INFO, logger="statekit"):
         result = runner.run(RecordSource(RECORDS))
     runner.close()
     for info in result.checkpoint_infos:
         s = info.stats
-        assert not s.state_entries_exact and s.states == {}
+        assert s.state_entries_exact and s.states == {}
+        assert s.state_entries == sum(entries_read(info.location).values())
         assert s.bytes_written + s.bytes_referenced == s.state_bytes + s.operator_state_bytes
-    assert [f["state_entries_exact"] for f in fields_of(caplog)] == ["0", "0"]
+    assert [f["state_entries_exact"] for f in fields_of(caplog)] == ["1", "1"]
 
 
 def test_metrics_off_write_no_line_but_keep_the_numbers(
@@ -110,3 +118,59 @@ def test_metrics_off_write_no_line_but_keep_the_numbers(
     runner.close()
     assert [i.records for i in result.checkpoint_infos] == [500, 500]
     assert fields_of(caplog) == []
+
+
+def test_checkpoint_phases_are_the_same_numbers_in_every_channel(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 43: snapshot, upload, _metadata, duration: one meaning in CheckpointInfo, log and history."""
+    runner = count_urls_runner(
+        str(tmp_path / "ckpt"),
+        {"statekit.checkpoint.interval-records": 500, "statekit.checkpoints.history.max-entries": 10},
+    )
+    with caplog.at_level(logging.INFO, logger="statekit"):
+        result = runner.run(RecordSource(RECORDS))
+    runner.close()
+    infos = result.checkpoint_infos
+    history = {a.checkpoint_id: a for a in read_checkpoint_history(runner.storage, runner.job_id)}
+    lines = {int(f["checkpoint_id"]): f for f in fields_of(caplog)}
+    assert len(infos) == 2
+    for info in infos:
+        t = info.timing
+        assert t.upload > 0 and t.metadata > 0 and t.snapshot > 0  # every subtask wrote files of its own
+        assert info.duration == pytest.approx(t.snapshot + t.upload + t.metadata)
+        assert t.duration >= info.duration - 0.002  # trigger to _metadata holds the three
+        a = history[info.checkpoint_id]
+        ms = t.to_ms()
+        assert (a.snapshot_ms, a.upload_ms, a.metadata_ms, a.duration_ms) == (
+            ms["snapshot_ms"], ms["upload_ms"], ms["metadata_ms"], ms["duration_ms"]
+        )  # fmt: skip
+        assert ms["upload_ms"] == round(t.upload * 1000)
+        f = lines[info.checkpoint_id]
+        assert float(f["checkpoint_seconds"]) == round(info.duration, 6)
+        for phase in ("snapshot", "upload", "metadata", "duration"):
+            assert float(f[f"checkpoint_{phase}_seconds"]) == round(getattr(t, phase), 6)
+
+
+def test_a_list_handed_again_after_a_restore_says_what_its_position_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 43: a list is positional (Flink's fromElements); the skipped records are reported."""
+    records = RECORDS[:200]
+    first = count_urls_runner(str(tmp_path / "ckpt"))
+    assert first.run(records).records == 200
+    first.close()
+    again = count_urls_runner(str(tmp_path / "ckpt"))
+    with caplog.at_level(logging.INFO, logger="statekit"):
+        result = again.run(records, restore="latest")
+    again.close()
+    assert result.records == 0 and result.skipped_records == 200
+    (warning,) = [
+        r for r in caplog.records if r.levelno == logging.WARNING and "positional" in r.getMessage()
+    ]
+    assert "skipped the first 200 of the 200 records" in warning.getMessage()
+    # A grown list goes on after the records already processed, and says so at INFO.
+    grown = count_urls_runner(str(tmp_path / "ckpt"))
+    result = grown.run(RECORDS[:250], restore="latest")
+    grown.close()
+    assert (result.records, result.skipped_records) == (50, 200)

@@ -174,3 +174,47 @@ def test_without_a_jdk_the_core_wheel_fails_to_build_or_says_it_has_no_helper(tm
         manifest = json.loads(core.read(MANIFEST))
     assert manifest["jar"] is None
     assert manifest["unavailable"].startswith("this statekit-core wheel was built without a JDK")
+
+
+def test_every_install_command_of_the_docs_runs_as_written_in_a_fresh_virtualenv(
+    wheelhouse: Path, tmp_path: Path
+) -> None:
+    """Issue 43: each ``pip install --find-links wheelhouse …`` of README.md and docs/, as written.
+
+    They run one after the other in one fresh virtualenv, from a folder whose
+    ``wheelhouse/`` is the one ``make wheels`` built; then the Quickstart's
+    example package is there (its command, its module) and so are the backends.
+    """
+    sys.path.insert(0, str(ROOT / "tests"))
+    from docblocks import pip_commands
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "wheelhouse").symlink_to(wheelhouse)
+    env = {
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("PYSPARK_", "SPARK_", "PYTHON", "VIRTUAL_ENV"))
+        },
+        "PATH": f"{venv / 'bin'}:{os.environ.get('PATH', '')}",
+    }
+    ran = set()
+    for where, command in pip_commands():
+        if command in ran:
+            continue
+        ran.add(command)
+        done = subprocess.run(
+            ["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True, timeout=1200
+        )
+        assert done.returncode == 0, f"{where}: {command}\n{done.stderr[-3000:]}"
+    assert len(ran) >= 7, ran
+    python = str(venv / "bin" / "python")
+    check = "import statekit_urlcount, statekit_rocksdb, statekit_lmdb, statekit.spark, pyarrow; print('ok')"
+    assert (
+        subprocess.run([python, "-c", check], env=env, capture_output=True, text=True).stdout.strip() == "ok"
+    )
+    done = subprocess.run(["statekit-urlcount", "--help"], cwd=work, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and "generate" in done.stdout, done.stderr

@@ -24,6 +24,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 from sparkutil import OUTPUT, driver_env, run_to_end, stream_of, write_inputs
 
 from jobs import CountUrls, make_records
+from statekit.cli._cli import main as cli_main
 from statekit.spark import BatchInfo, batch_info_for, keyed
 from statekit.spark._jvm import load_helper_class
 from statekit.spark._metrics import invoke_static
@@ -125,7 +126,11 @@ class BatchInfoListener(StreamingQueryListener):
 
 
 def test_each_batch_reaches_the_metrics_system_the_log_and_the_ui(
-    session: Any, tmp_path: Path, job_id: str, caplog: pytest.LogCaptureFixture
+    session: Any,
+    tmp_path: Path,
+    job_id: str,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     configure(
         session,
@@ -192,6 +197,26 @@ def test_each_batch_reaches_the_metrics_system_the_log_and_the_ui(
         assert f["checkpoint_id"] == str(info.checkpoint_id)
     assert int(lines[-1]["records_in"]) == values["records_in"]
 
+    # A checkpoint's time, one meaning everywhere (issue 43): its phases in BatchInfo, the metrics
+    # source, the log line, and the history as `statekit checkpoints history --json` prints it.
+    capsys.readouterr()
+    assert cli_main(["checkpoints", "history", str(tmp_path / "statekit"), "--job", job_id, "--json"]) == 0
+    history = {a["checkpoint_id"]: a for a in json.loads(capsys.readouterr().out)}
+    for f, info in zip(lines, infos):
+        t = info.checkpoint_timing
+        assert t is not None and t.snapshot > 0 and t.upload > 0 and t.metadata > 0
+        assert info.checkpoint_seconds == pytest.approx(t.snapshot + t.upload + t.metadata)
+        assert t.duration > info.phases["tasks"]  # the whole batch: its tasks, sink and _metadata
+        a = history[info.checkpoint_id]
+        assert {k: a[k] for k in ("snapshot_ms", "upload_ms", "metadata_ms", "duration_ms")} == t.to_ms()
+        assert a["batch_id"] == info.batch_id
+        for phase in ("snapshot", "upload", "metadata", "duration"):
+            assert float(f[f"checkpoint_{phase}_seconds"]) == round(getattr(t, phase), 6)
+        assert float(f["checkpoint_seconds"]) == round(info.checkpoint_seconds, 6)
+    assert last.checkpoint_timing is not None
+    assert values["checkpoint_upload_seconds"] == pytest.approx(round(last.checkpoint_timing.upload, 6))
+    assert values["checkpoint_duration_seconds"] == pytest.approx(round(last.checkpoint_timing.duration, 6))
+
     # The Spark UI names statekit's jobs (the description travels with every job and task).
     assert notes == [f"statekit {job_id} batch {b}: sink" for b in range(3)]
     tasks = set((tmp_path / "tasks.txt").read_text().splitlines())
@@ -204,7 +229,7 @@ def test_each_batch_reaches_the_metrics_system_the_log_and_the_ui(
     assert progress["sink"]["numOutputRows"] == -1
 
 
-def test_native_snapshots_label_their_entries_an_estimate(
+def test_native_snapshots_count_their_entries_exactly(
     session: Any, tmp_path: Path, job_id: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     configure(
@@ -213,6 +238,7 @@ def test_native_snapshots_label_their_entries_an_estimate(
             "spark.statekit.checkpoints.dir": tmp_path / "statekit",
             "spark.statekit.backend": "rocksdb",
             "spark.statekit.parallelism": 2,
+            "spark.statekit.checkpoints.retained": 3,
         },
     )
     infos: list[BatchInfo] = []
@@ -221,12 +247,13 @@ def test_native_snapshots_label_their_entries_an_estimate(
     for info in infos:
         stats = info.checkpoint_stats
         assert stats is not None
-        assert not stats.state_entries_exact and stats.states == {}
+        assert stats.state_entries_exact and stats.states == {}  # counted on write (issue 43)
+        assert info.location is not None and stats.state_entries == sum(entries_read(info.location).values())
         # Every byte of the snapshot is either written now or referenced from before.
         assert stats.bytes_written + stats.bytes_referenced == stats.state_bytes + stats.operator_state_bytes
-    assert [f["state_entries_exact"] for f in log_lines(caplog, job_id)] == ["0", "0", "0"]
+    assert [f["state_entries_exact"] for f in log_lines(caplog, job_id)] == ["1", "1", "1"]
     values = source_values(session, f"statekit.{job_id}.process")
-    assert values["state_entries_exact"] == 0
+    assert values["state_entries_exact"] == 1
     assert not [k for k in values if k.startswith("state.")]
 
 
@@ -291,6 +318,7 @@ def test_prometheus_servlet_and_rest_api_show_statekit(tmp_path: Path) -> None:
 def test_a_failing_metrics_source_is_turned_off_not_the_batch(recwarn: pytest.WarningsRecorder) -> None:
     """An update that fails after the checkpoint completed warns once and turns the source off."""
     from statekit.spark._metrics import QueryMetrics
+    from statekit.spark._ui import QueryPage
 
     class Broken:
         calls = 0
@@ -302,6 +330,7 @@ def test_a_failing_metrics_source_is_turned_off_not_the_batch(recwarn: pytest.Wa
     metrics = object.__new__(QueryMetrics)
     metrics.enabled, metrics.job_id, metrics.operator_id = True, "j", "process"
     metrics._source, metrics.status = Broken(), "on"
+    metrics.page = QueryPage("j", "process", None)  # no UI page: only the source fails
     info = BatchInfo(0, 1, "/chk-1", False, None, 2, records=5)
     with pytest.warns(RuntimeWarning, match="updating its metrics source failed .*connection reset"):
         metrics.report(info)

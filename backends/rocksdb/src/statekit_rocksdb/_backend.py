@@ -399,13 +399,18 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
 
     def native_meta(self) -> dict[str, Any]:
         """What a native snapshot taken now records besides its files (see docs/backends/rocksdb.md)."""
-        # Range, list sequence, and what a restore drops as a canonical snapshot taken now would.
-        # The handle's entries are RocksDB's estimate-num-keys, which counts every version of a key
-        # in SST files not yet compacted together: tools label them an estimate (entries_estimated).
-        return {**self.kv_native_meta(), "column_family_prefix": CF_PREFIX, "entries_estimated": True}
+        # Range, list sequence, what a restore drops as a canonical snapshot taken now would, and the
+        # exact entry counts the base keeps on write. Without those (restored from an older snapshot)
+        # the handle's entries are RocksDB's estimate-num-keys, which counts every version of a key in
+        # SST files not yet compacted together: tools label them an estimate (entries_estimated).
+        estimated = self.kv_exact_entries() is None
+        return {**self.kv_native_meta(), "column_family_prefix": CF_PREFIX, "entries_estimated": estimated}
 
     def estimate_entries(self) -> int:
-        """RocksDB's estimate of the number of entries (not of (key, namespace) pairs)."""
+        """The (key, namespace) entries: exact as the base counts them on write, else RocksDB's estimate."""
+        exact = self.kv_exact_entries()
+        if exact is not None:
+            return exact
         total = 0
         for name in self.stored_state_names:
             col = self.kv_column(name, create=False)

@@ -36,6 +36,7 @@ from ._history import CheckpointHistory
 from ._metadata import SubtaskState
 from ._restore import CompletedCheckpoint, load_checkpoint
 from ._retention import apply_retention, highest_checkpoint_id
+from ._timing import CheckpointTiming, TimedWriter
 from ._verify import verify_loaded
 from ._writing import complete_checkpoint, discard_native_uploads
 
@@ -162,6 +163,7 @@ class CheckpointCoordinator:
         self._claimed: dict[str, bool] = {}  # checkpoint -> whether it is this job's, in this storage
         self.failed_in_a_row = 0  # periodic checkpoints that failed since the last one that completed
         self.last_completed = 0  # the id of the last checkpoint this run completed (0: none)
+        self.last_timing = CheckpointTiming()  # the phases of that checkpoint (see _timing)
         self.history = CheckpointHistory(storage, job_id, history_entries, policy.runner)
 
     # --- ids and fencing ----------------------------------------------------------------
@@ -236,8 +238,16 @@ class CheckpointCoordinator:
         subtasks: Sequence[SubtaskState],
         properties: dict[str, Any],
         notify: NotifyNative = _notify_nobody,
+        *,
+        snapshot: float = 0.0,
+        upload: float = 0.0,
     ) -> str:
         """Complete ``pending`` with the subtasks' entries (``_metadata`` last), then tell the backends.
+
+        ``snapshot`` and ``upload`` are the seconds the subtasks' snapshots
+        took (see :mod:`._timing`); with the time ``_metadata`` takes here and
+        the time since the trigger they make :attr:`last_timing`, which the
+        history records.
 
         The fence is checked right before ``_metadata`` (what makes the
         checkpoint exist). Native snapshots learn of the completion only after
@@ -252,6 +262,7 @@ class CheckpointCoordinator:
         """
         cid = pending.checkpoint_id
         self.fence.check()
+        t = time.perf_counter()
         location = complete_checkpoint(
             pending.writer,
             job_id=self.job_id,
@@ -260,7 +271,11 @@ class CheckpointCoordinator:
             subtasks=list(subtasks),
             properties=properties,
         )
+        metadata = time.perf_counter() - t
         self.last_completed = cid
+        self.last_timing = CheckpointTiming(
+            snapshot, upload, metadata, max(0.0, time.time() - pending.trigger_ms / 1000)
+        )
         # Written by retain(), which follows every completed checkpoint: one write holds the
         # attempt and what retention subsumed (flushed here if a hook fails before that).
         self.history.record(
@@ -271,6 +286,7 @@ class CheckpointCoordinator:
             subtasks=subtasks,
             properties=properties,
             write=False,
+            timing=self.last_timing,
         )
         try:
             notify(cid, True)
@@ -342,10 +358,14 @@ class CheckpointCoordinator:
         pending = self.begin()
         states: list[SubtaskState] = []
         try:
-            states = write(
-                pending.writer, self.storage.max_state_size, pending.checkpoint_id if self.native else None
-            )
-            location = self.complete(pending, states, properties, notify)
+            timed = TimedWriter(pending.writer)
+            t = time.perf_counter()
+            states = write(timed, self.storage.max_state_size, pending.checkpoint_id if self.native else None)
+            took = time.perf_counter() - t
+            location = self.complete(
+                pending, states, properties, notify,
+                snapshot=max(0.0, took - timed.upload_seconds), upload=timed.upload_seconds,
+            )  # fmt: skip
         except BaseException as e:
             if self.last_completed != pending.checkpoint_id:  # a failing hook or retention: it exists
                 self.abort(pending, states, e, notify)

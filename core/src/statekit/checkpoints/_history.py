@@ -39,6 +39,7 @@ from typing import Any
 from .._contracts import CheckpointStorage, SupportsJobFiles
 from .._errors import CheckpointError
 from ._metadata import SubtaskState
+from ._timing import CheckpointTiming
 
 __all__ = [
     "COMPLETED",
@@ -131,9 +132,14 @@ class CheckpointAttempt:
         kind: ``checkpoint`` or ``savepoint``.
         status: ``completed``, ``failed``, ``subsumed`` or ``discarded``.
         trigger_ms: When it began (epoch milliseconds).
-        duration_ms: From its beginning to its completion or failure. On Spark a
-            checkpoint begins with its micro-batch's tasks, so this is the batch's
-            time from the tasks to the metadata (the sink included).
+        duration_ms: From its trigger to its completion or failure. On Spark a
+            checkpoint is triggered when its micro-batch starts, so this is the
+            whole batch up to ``_metadata`` (tasks, sink, metadata); on the
+            LocalRunner, the checkpoint's own time. See :mod:`._timing`.
+        snapshot_ms: The subtasks' snapshots without the upload (on Spark the
+            slowest task's); None where not measured (a failed attempt, an older history).
+        upload_ms: The same task's time writing the snapshots into the checkpoint storage.
+        metadata_ms: Writing ``_metadata``, on the driver.
         location: Where it is (was) written.
         sizes: Its bytes (for a failed attempt, what its subtasks reported before it failed).
         failure: Why it failed (the error's type and message), else None.
@@ -157,6 +163,9 @@ class CheckpointAttempt:
     batch_id: int | None = None
     dropped_fields: dict[str, list[str]] = field(default_factory=dict)
     restore_origin: str | None = None
+    snapshot_ms: int | None = None
+    upload_ms: int | None = None
+    metadata_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The attempt as a flat JSON object (what ``statekit checkpoints history --json`` prints)."""
@@ -208,6 +217,9 @@ class CheckpointAttempt:
                 if isinstance(v, list)
             },
             restore_origin=None if obj.get("restore_origin") is None else str(obj["restore_origin"]),
+            snapshot_ms=opt_int("snapshot_ms"),
+            upload_ms=opt_int("upload_ms"),
+            metadata_ms=opt_int("metadata_ms"),
         )
 
 
@@ -312,8 +324,11 @@ class CheckpointHistory:
         error: BaseException | None = None,
         properties: Mapping[str, Any] | None = None,
         write: bool = True,
+        timing: CheckpointTiming | None = None,
     ) -> None:
         """Record one attempt (completed, or failed with ``error``) and write the history.
+
+        ``timing``: a completed checkpoint's phases; its duration is the attempt's.
 
         With ``write=False`` the history is written by the next :meth:`subsumed`
         or :meth:`flush` instead: a completed checkpoint's retention follows at
@@ -324,7 +339,9 @@ class CheckpointHistory:
         if not self.enabled:
             return
         try:
-            self._record(checkpoint_id, kind, trigger_ms, location, subtasks, error, properties, write)
+            self._record(
+                checkpoint_id, kind, trigger_ms, location, subtasks, error, properties, write, timing
+            )
         except Exception as e:  # noqa: BLE001 - the history never fails a checkpoint (module doc)
             self._warn(f"checkpoint {checkpoint_id} could not be recorded in its checkpoint history ({e!r})")
 
@@ -338,12 +355,14 @@ class CheckpointHistory:
         error: BaseException | None,
         properties: Mapping[str, Any] | None,
         write: bool,
+        timing: CheckpointTiming | None,
     ) -> None:
         batch = (properties or {}).get("spark_batch_id")
         dropped = (properties or {}).get("restore_dropped_fields")  # runtime._migration_log.DROPPED_PROPERTY
         origin = (properties or {}).get("restore_origin")
         where = origin.get("location") if isinstance(origin, dict) else None  # the restore taken
         origin_location = None if where is None else str(where)
+        ms = timing.to_ms() if timing is not None else {}
         failure = None
         if error is not None:
             failure = f"{type(error).__name__}: {error}"[:_MAX_FAILURE]
@@ -352,7 +371,7 @@ class CheckpointHistory:
             kind=kind,
             status=COMPLETED if error is None else FAILED,
             trigger_ms=trigger_ms,
-            duration_ms=max(0, time.time_ns() // 1_000_000 - trigger_ms),
+            duration_ms=ms.get("duration_ms", max(0, time.time_ns() // 1_000_000 - trigger_ms)),
             location=location,
             sizes=AttemptSizes.of(subtasks),
             failure=failure,
@@ -360,6 +379,9 @@ class CheckpointHistory:
             batch_id=batch if isinstance(batch, int) and not isinstance(batch, bool) else None,
             dropped_fields=dict(dropped) if isinstance(dropped, dict) else {},
             restore_origin=origin_location,
+            snapshot_ms=ms.get("snapshot_ms"),
+            upload_ms=ms.get("upload_ms"),
+            metadata_ms=ms.get("metadata_ms"),
         )
         attempts = self._load()
         attempts.append(attempt)

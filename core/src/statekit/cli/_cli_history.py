@@ -27,6 +27,9 @@ HISTORY_COLUMNS = (
     "status",
     "triggered",
     "duration ms",
+    "snapshot ms",
+    "upload ms",
+    "metadata ms",
     "bytes",
     "written",
     "uploaded",
@@ -61,6 +64,9 @@ def history_cells(a: CheckpointAttempt) -> tuple[Cell, ...]:
         a.status,
         when(a.trigger_ms),
         f"{a.duration_ms:,}",
+        _ms(a.snapshot_ms),
+        _ms(a.upload_ms),
+        _ms(a.metadata_ms),
         f"{s.full:,}",
         f"{s.written:,}",
         bytes_cell(s.uploaded),
@@ -70,6 +76,11 @@ def history_cells(a: CheckpointAttempt) -> tuple[Cell, ...]:
         "-" if a.batch_id is None else str(a.batch_id),
         a.failure if a.status == FAILED and a.failure else a.location,
     )
+
+
+def _ms(value: int | None) -> str:
+    """A phase's milliseconds; ``-`` where not measured (a failed attempt, an older history)."""
+    return "-" if value is None else f"{value:,}"
 
 
 def _history(args: argparse.Namespace, ctx: CommandContext) -> int:

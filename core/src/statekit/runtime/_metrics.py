@@ -6,10 +6,12 @@ metrics system and the docs share (docs/spark.md, "Where statekit shows
 up"). The state's size comes from the checkpoint's own metadata, read on the
 driver: nothing is scanned and the tasks send nothing extra. A canonical
 snapshot counts its (key, namespace) entries and bytes exactly, per state; a
-native snapshot records the backend's own count for the whole subtask, which
-is an estimate for some engines (RocksDB's ``estimate-num-keys`` counts
-stored records, not entries), so a checkpoint with a native part says
-``state_entries_exact=0`` and names no per-state entries or bytes.
+native snapshot of an ordered key-value engine (RocksDB, LMDB) records the
+entries its backend counted on write (``state/_kvcount``), exact as well; one
+without them (an older statekit's, or restored from one) records the
+engine's own count, an estimate (RocksDB's ``estimate-num-keys`` counts
+stored records, not entries), and the checkpoint says
+``state_entries_exact=0``. Native parts name no per-state bytes.
 
 :func:`log_checkpoint` writes one line per checkpoint at INFO on the
 ``statekit`` logger::
@@ -23,9 +25,12 @@ import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..checkpoints._metadata import SubtaskState
+from ..checkpoints._timing import CheckpointTiming
 from ..snapshots._snapshot import CANONICAL_FORMAT
+from ..state._kvcount import ENTRY_COUNTS
 
 __all__ = [
     "LOGGER",
@@ -104,8 +109,11 @@ class CheckpointInfo:
         late_records: Records at or below the watermark.
         bad_records: Records skipped into dead letters.
         timers_fired: Timers that fired.
-        duration: Seconds taking the checkpoint took (snapshots, files, ``_metadata``).
+        duration: Seconds the checkpoint itself took: ``timing.checkpoint`` (its
+            snapshots, their upload, ``_metadata``).
         stats: The checkpoint's size.
+        timing: Its phases (:mod:`statekit.checkpoints._timing`), as the metrics
+            and the checkpoint history show them.
     """
 
     checkpoint_id: int
@@ -117,6 +125,7 @@ class CheckpointInfo:
     timers_fired: int
     duration: float
     stats: CheckpointStats
+    timing: CheckpointTiming = field(default_factory=CheckpointTiming)
 
 
 def checkpoint_stats(checkpoint_id: int, states: Iterable[SubtaskState]) -> CheckpointStats:
@@ -141,8 +150,12 @@ def checkpoint_stats(checkpoint_id: int, states: Iterable[SubtaskState]) -> Chec
             for name, n in (k.get("state_sizes") or {}).items():
                 per_bytes[name] = per_bytes.get(name, 0) + int(n)
         else:
-            # A native snapshot (or a canonical one from before per-state counts): its own total.
-            exact = exact and k.get("format", CANONICAL_FORMAT) == CANONICAL_FORMAT
+            # A native snapshot (or a canonical one from before per-state counts): its own total,
+            # exact when the backend counted (key, namespace) entries on write (state/_kvcount).
+            counted = _counted_entries(k)
+            if counted is not None:
+                entries += counted - int(k.get("entries", 0))
+            exact = exact and (k.get("format", CANONICAL_FORMAT) == CANONICAL_FORMAT or counted is not None)
             uploaded = int(k.get("uploaded", size))
             written += uploaded
             referenced += size - uploaded
@@ -164,11 +177,31 @@ def checkpoint_stats(checkpoint_id: int, states: Iterable[SubtaskState]) -> Chec
     )
 
 
-def checkpoint_fields(stats: CheckpointStats, duration: float) -> dict[str, int | float]:
-    """The checkpoint's metric fields, by the names every channel uses."""
+def _counted_entries(keyed: Mapping[str, Any]) -> int | None:
+    """A native part's exact entries, from the counts its backend kept on write; None: none recorded."""
+    native = keyed.get("native")
+    meta = native.get("meta") if isinstance(native, Mapping) else None
+    counts = meta.get(ENTRY_COUNTS) if isinstance(meta, Mapping) else None
+    if not isinstance(counts, Mapping) or meta.get("entries_estimated"):  # type: ignore[union-attr]
+        return None
+    return sum(int(n) for per_group in counts.values() for n in per_group.values())
+
+
+def checkpoint_fields(stats: CheckpointStats, timing: CheckpointTiming) -> dict[str, int | float]:
+    """The checkpoint's metric fields, by the names every channel uses.
+
+    The times are the phases of :mod:`statekit.checkpoints._timing` (the
+    history keeps the same in milliseconds): ``checkpoint_seconds`` is
+    ``snapshot + upload + metadata``, ``checkpoint_duration_seconds`` the time
+    from the trigger to ``_metadata`` (on Spark the whole micro-batch).
+    """
     fields: dict[str, int | float] = {
         "checkpoint_id": stats.checkpoint_id,
-        "checkpoint_seconds": round(duration, 6),
+        "checkpoint_seconds": round(timing.checkpoint, 6),
+        "checkpoint_snapshot_seconds": round(timing.snapshot, 6),
+        "checkpoint_upload_seconds": round(timing.upload, 6),
+        "checkpoint_metadata_seconds": round(timing.metadata, 6),
+        "checkpoint_duration_seconds": round(timing.duration, 6),
         "checkpoint_bytes_written": stats.bytes_written,
         "checkpoint_bytes_referenced": stats.bytes_referenced,
         "state_entries": stats.state_entries,

@@ -24,7 +24,7 @@ records, firing timers) to a :class:`~statekit.runtime._time.TimeCoordinator`.
 from __future__ import annotations
 
 import contextlib
-import time as _clock
+import logging
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,7 +64,7 @@ from ._function import (
     RuntimeContext,
 )
 from ._letters import JobDeadLetters
-from ._metrics import CheckpointInfo, checkpoint_fields, checkpoint_stats, log_checkpoint
+from ._metrics import LOGGER, CheckpointInfo, checkpoint_fields, checkpoint_stats, log_checkpoint
 from ._migration_log import DROPPED_PROPERTY, merge_undeclared, warn_of_dropped, warn_of_undeclared
 from ._sources import (
     SOURCE_OPERATOR,
@@ -126,6 +126,31 @@ class RunResult:
     checkpoint_infos: list[CheckpointInfo] = field(default_factory=list)
     """What each checkpoint of :attr:`checkpoints` holds and what led to it (also given to
     :attr:`LocalRunner.on_checkpoint` and logged at INFO on the ``statekit`` logger)."""
+    skipped_records: int = 0
+    """Records of a list (a :class:`RecordSource`) the run did not read because the position it
+    went on from (restored, or left by the runner's previous run) was past them: a list is
+    positional, as Flink's ``fromElements``. Also said in a WARNING on the ``statekit`` logger."""
+
+
+def _positional_skip(src: RecordSource, position: Any, job: str, *, restored: bool) -> int:
+    """How many records of ``src`` the run skips from ``position``; the log says so when any.
+
+    A WARNING when the position was restored by this run; INFO when it is the one the
+    runner's previous run left (going on over a grown list is what ``max_records`` is for).
+    """
+    skipped = src.skipped_by(position)
+    if skipped:
+        total = len(src.records)
+        LOGGER.log(
+            logging.WARNING if restored else logging.INFO,
+            "statekit job %r: the run goes on from position %s, so it skipped the first %d of the %d "
+            "records of the list it was given (a list is positional, as Flink's fromElements: the "
+            "position restored, or left by the runner's previous run, is an index into the list). "
+            "To read them, run without restore= (a new job id, or delete its checkpoints), or hand "
+            "over only the records after the ones already processed",
+            job, position, skipped, total,
+        )  # fmt: skip
+    return skipped
 
 
 def _parallelisms(conf: Configuration, parallelism: int | None) -> tuple[int, int]:
@@ -605,6 +630,10 @@ class LocalRunner:
         time = self._time
         late_before, fired_before = time.start_run()
         src = source if isinstance(source, ReplayableSource) else RecordSource(list(source))
+        if isinstance(src, RecordSource):
+            result.skipped_records = _positional_skip(
+                src, self._source.position, self.job_id, restored=result.restored_from is not None
+            )
         if isinstance(src, LogSource):
             src.configure(self.config)  # statekit.source.*, for what the source was not given
         policy = BadRecordPolicy.from_config(
@@ -679,12 +708,10 @@ class LocalRunner:
             written[:] = self._write_all(writer, max_state_size, native_checkpoint_id)
             return written
 
-        started = _clock.perf_counter()
         location = self._coordinator.checkpoint(write_all, properties, self._operator.notify)
         self._dropped_unrecorded = False
-        duration = _clock.perf_counter() - started
         self._letters.publish(self._coordinator.last_completed, staged)
-        self._report(location, written, duration)
+        self._report(location, written)
         if self._running and self._requests is not None:  # statekit savepoint trigger: at run's checkpoints
             answer = self._requests.after_checkpoint(location, self._coordinator.last_completed, properties)
             if answer is not None and answer.stopped:
@@ -698,14 +725,17 @@ class LocalRunner:
             return (0, 0, t.late_records, 0, t.timers_fired)
         return (r.records, r.outputs, t.late_records, r.bad_records, t.timers_fired)
 
-    def _report(self, location: str, states: list[SubtaskState], duration: float) -> None:
+    def _report(self, location: str, states: list[SubtaskState]) -> None:
         """The completed checkpoint's :class:`CheckpointInfo`: into the run's result, log, callback."""
         checkpoint_id = self._coordinator.last_completed
         now = self._counts()
         records, outputs, late, bad, fired = (a - b for a, b in zip(now, self._counted))
         self._counted = now
         stats = checkpoint_stats(checkpoint_id, states)
-        info = CheckpointInfo(checkpoint_id, location, records, outputs, late, bad, fired, duration, stats)
+        timing = self._coordinator.last_timing  # the phases the history records too (checkpoints/_timing)
+        info = CheckpointInfo(
+            checkpoint_id, location, records, outputs, late, bad, fired, timing.checkpoint, stats, timing
+        )
         if self._result is not None and self._running:
             self._result.checkpoint_infos.append(info)
         if self._metrics:
@@ -716,7 +746,7 @@ class LocalRunner:
                 "dead_letters": bad,
                 "timers_fired": fired,
             }
-            fields.update(checkpoint_fields(stats, duration))
+            fields.update(checkpoint_fields(stats, timing))
             log_checkpoint(self.job_id, self.operator_id, fields)
         if self.on_checkpoint is not None:
             self.on_checkpoint(info)

@@ -58,10 +58,21 @@ class ReplayableSource(Protocol):
 
 
 class RecordSource:
-    """A replayable source over a sequence held in memory; the position is an index."""
+    """A replayable source over a sequence held in memory; the position is an index.
+
+    A list is positional, as Flink's ``fromElements``: a run that restores a
+    checkpoint taken after ``n`` records goes on at index ``n`` of whatever
+    list it is handed, so handing it the same list again reads only what lies
+    past ``n`` (:meth:`skipped_by` says how many it skips, which the runner
+    reports in ``RunResult.skipped_records`` and a WARNING).
+    """
 
     def __init__(self, records: Sequence[Any]) -> None:
         self.records = records
+
+    def skipped_by(self, position: Any) -> int:
+        """How many records of this sequence a read from ``position`` (an index) passes over."""
+        return min(int(position or 0), len(self.records))
 
     def read(self, position: Any) -> Iterator[tuple[Any, Any]]:
         """Records from index ``position``."""

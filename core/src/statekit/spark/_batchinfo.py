@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..checkpoints._restore import CompletedCheckpoint
+from ..checkpoints._timing import CheckpointTiming
 from ..runtime._metrics import CheckpointStats, checkpoint_stats
 from ..runtime._migration_log import merge_undeclared
 from ..timers import MIN_WATERMARK
@@ -64,9 +65,13 @@ class BatchInfo:
         locality: ``"on"``, or ``"off: <why>"`` (configured off, Spark Connect, or the
             JVM helper could not be loaded: the reason says how to fix it).
         late_records: Rows at or below the watermark the batch ran with.
-        bad_records: Rows without a key (null, or refused by the key serializer)
-            skipped into dead letters (``statekit.bad-records.policy=dead-letter``);
-            not in ``records``.
+        bad_records: Every dead letter written for the batch
+            (``statekit.bad-records.policy=dead-letter``), none of them in
+            ``records``: the rows without a key (null, or refused by the key
+            serializer) the operator's tasks skipped, plus ``source_bad_records``.
+        source_bad_records: Of those, the lines :func:`~statekit.spark.read_logs`'
+            reading tasks skipped before any row reached the operator (lines
+            that did not decode or parse, too long, without a key, lost input).
         timers_fired: Timers that fired in the batch.
         watermark: The event-time watermark the next batch runs with.
         phases: Where the batch's time went, in seconds. On the driver (wall
@@ -87,10 +92,17 @@ class BatchInfo:
             checkpoint held (state to changes: a dataclass field the code no longer has); the
             driver names them in a WARNING of the ``statekit.state`` logger, and the batch's
             checkpoint records them (the checkpoint history shows them).
-        checkpoint_seconds: How long the checkpoint took: the slowest task's snapshot
-            (its files written) plus completing it on the driver (``_metadata``).
         restore_origin: The checkpoint or savepoint an explicit ``restore=`` took, whose
             history this batch's state descends from (None: no explicit restore).
+        checkpoint_seconds: What the checkpoint itself cost: ``snapshot + upload +
+            metadata`` of ``checkpoint_timing``.
+        checkpoint_timing: The checkpoint's phases (seconds): ``snapshot`` (the
+            slowest task's snapshots, without the upload), ``upload`` (that
+            task writing them into the checkpoint storage), ``metadata``
+            (``_metadata``, on the driver) and ``duration`` (the whole batch,
+            from its start to ``_metadata``): the numbers of the metrics
+            (``checkpoint_*_seconds``) and of the checkpoint history
+            (``*_ms``). None when skipped.
         checkpoint_stats: What the checkpoint holds (state entries and bytes, per state
             when known, bytes written and referenced), from its metadata; None when skipped.
     """
@@ -118,6 +130,7 @@ class BatchInfo:
     locality: str = "off"
     late_records: int = 0
     bad_records: int = 0
+    source_bad_records: int = 0
     timers_fired: int = 0
     watermark: int = MIN_WATERMARK
     phases: Mapping[str, float] = field(default_factory=dict)
@@ -126,6 +139,7 @@ class BatchInfo:
     checkpoint_seconds: float = 0.0
     checkpoint_stats: CheckpointStats | None = None
     restore_origin: str | None = None
+    checkpoint_timing: CheckpointTiming | None = None
 
 
 def local_recovery_status(statuses: Sequence[str]) -> str:
@@ -150,6 +164,8 @@ def batch_info(
     watermark: int,
     phases: dict[str, float],
     dropped_fields: Mapping[str, list[str]] | None = None,
+    source_bad_records: int = 0,
+    timing: CheckpointTiming | None = None,
 ) -> BatchInfo:
     """What a processed micro-batch did, summed over its tasks' reports (``phases`` gets theirs added)."""
     for r in reports:
@@ -180,13 +196,14 @@ def batch_info(
         subtask_locations=dict(sorted(locations.items())),
         locality=locality,
         late_records=sum(r.late for r in reports),
-        bad_records=sum(r.bad for r in reports),
+        bad_records=sum(r.bad for r in reports) + source_bad_records,
+        source_bad_records=source_bad_records,
         timers_fired=sum(r.fired for r in reports),
         watermark=watermark,
         phases=phases,
         undeclared_states=merge_undeclared(r.undeclared_states for r in reports),
         dropped_fields=dict(dropped_fields or {}),
-        checkpoint_seconds=max((r.phases.get("snapshot", 0.0) for r in reports), default=0.0)
-        + phases.get("checkpoint", 0.0),
+        checkpoint_seconds=timing.checkpoint if timing is not None else 0.0,
         checkpoint_stats=checkpoint_stats(checkpoint_id, [r.state for r in reports]),
+        checkpoint_timing=timing,
     )

@@ -78,6 +78,7 @@ from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY
 from ._batchinfo import BatchInfo, batch_info
 from ._jobspec import JobSpec, driver_storage, resolve_dead_letters
 from ._jvm import JvmLocality, LocalityUnavailable
+from ._letter_tally import count_source_letters
 from ._metrics import QueryMetrics
 from ._plan import (
     HANDLE_COLUMN,
@@ -409,7 +410,7 @@ class MicroBatchDriver:
                 batch_id, done.checkpoint_id, done.location, True, None, self.parallelism,
                 watermark=_watermark_of(done), restore_origin=_origin_location(done, self._origin),
             )  # fmt: skip
-            self.metrics.report(skipped)
+            self.metrics.report(skipped, self.coordinator.history.attempts())
             self._notify(skipped, query)
             return skipped
         if source is not None:
@@ -423,6 +424,7 @@ class MicroBatchDriver:
         except BaseException as e:
             if self.coordinator.last_completed != batch.pending.checkpoint_id:
                 self.coordinator.abort(batch.pending, [r.state for r in reports], e)
+            self.metrics.failed(batch_id, e, self.coordinator.history.attempts())  # the UI's last failure
             raise
         t = time.perf_counter()
         self.coordinator.retain()
@@ -431,6 +433,8 @@ class MicroBatchDriver:
             batch.batch_id, batch.pending.checkpoint_id, location, source, self.parallelism, reports,
             locations=locations, locality=self.locality_status, handoff_enabled=self.handoff_enabled,
             watermark=watermark, phases=batch.phases, dropped_fields=self.declared.dropped(source),
+            source_bad_records=count_source_letters(query, batch_id) if query != STATIC_QUERY else 0,
+            timing=self.coordinator.last_timing,
         )  # fmt: skip
         info = dataclasses.replace(info, restore_origin=_origin_location(source, self._origin))
         self._warn_of_late_rows(info)
@@ -438,7 +442,7 @@ class MicroBatchDriver:
         warn_of_undeclared(
             f"job {self.spec.job_id!r} batch {batch_id}", info.restored_from, info.undeclared_states
         )
-        self.metrics.report(info)
+        self.metrics.report(info, self.coordinator.history.attempts())
         self._notify(info, query)
         if query != STATIC_QUERY:  # a running query's savepoint requests (statekit savepoint trigger)
             self.savepoints.after_batch(location, batch.pending.checkpoint_id, batch_id, query)
@@ -568,7 +572,11 @@ class MicroBatchDriver:
         origin = self._origin or (source.metadata.properties.get(ORIGIN_PROPERTY) if source else None)
         if origin is not None:
             properties[ORIGIN_PROPERTY] = origin  # carried forward: the history descends from it
-        location = self.coordinator.complete(batch.pending, [r.state for r in reports], properties)
+        slowest = max((r.phases for r in reports), key=lambda p: p.get("snapshot", 0) + p.get("upload", 0))
+        location = self.coordinator.complete(
+            batch.pending, [r.state for r in reports], properties,
+            snapshot=slowest.get("snapshot", 0.0), upload=slowest.get("upload", 0.0),
+        )  # fmt: skip
         batch.phases["checkpoint"] = time.perf_counter() - t
         return location, watermark
 

@@ -79,6 +79,7 @@ from ..sources._files import (
     watches_for,
 )
 from ..sources._logsource import LogSource
+from ._letter_tally import tally_letters, watch_directory
 
 __all__ = ["LOG_SOURCE_NAME", "LogDataSource", "LogRange", "read_logs", "register_log_source"]
 
@@ -245,6 +246,8 @@ def _reader_options(
         if value is not None:
             # Executors write the dead letters: a relative path is the driver's, made absolute here.
             options[option] = os.path.abspath(str(value)) if option == "deadLetterPath" else str(value)
+            if option == "deadLetterPath":
+                watch_directory(options[option])  # the driver counts its letters per batch
     if max_line_bytes is not None:
         options["maxLineBytes"] = str(max_line_bytes)
     if follow_symlinks is not None:
@@ -689,6 +692,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         DeadLetterDir(directory).publish(
             name, ({"job_id": self.options.job_id, "time": now, **bad.to_json()} for bad in ordered)
         )
+        tally_letters(directory, name, len(ordered))  # for the micro-batch's BatchInfo (_letter_tally)
 
 
 class _PlanningSource(LogSource):

@@ -31,16 +31,19 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pyspark.sql import SparkSession
 
+from ..checkpoints._history import CheckpointAttempt
+from ..checkpoints._timing import CheckpointTiming
 from ..plugins._config import Configuration
 from ..runtime._metrics import LOGGER, checkpoint_fields, log_checkpoint, metric_name
 from ._batchinfo import BatchInfo
 from ._jvm import LocalityUnavailable, load_helper_class
 from ._sparkconf import is_connect
+from ._ui import QueryPage
 
 __all__ = ["QueryMetrics", "batch_fields", "invoke_static"]
 
@@ -57,6 +60,7 @@ def batch_fields(info: BatchInfo) -> dict[str, int | float]:
         "records_out": info.outputs,
         "late_records": info.late_records,
         "dead_letters": info.bad_records,
+        "dead_letters_source": info.source_bad_records,
         "timers_fired": info.timers_fired,
         "subtasks_reused": info.reused_subtasks,
         "subtasks_handed_off": info.handed_off,
@@ -65,7 +69,7 @@ def batch_fields(info: BatchInfo) -> dict[str, int | float]:
         "bytes_downloaded": info.bytes_downloaded,
     }
     if info.checkpoint_stats is not None:
-        fields.update(checkpoint_fields(info.checkpoint_stats, info.checkpoint_seconds))
+        fields.update(checkpoint_fields(info.checkpoint_stats, info.checkpoint_timing or CheckpointTiming()))
     for phase, secs in info.phases.items():
         fields[f"phase_{metric_name(phase)}_seconds"] = round(secs, 6)
     return fields
@@ -85,11 +89,13 @@ class QueryMetrics:
         self.enabled = bool(config.get("statekit.metrics.enabled"))
         self._sc: Any = None
         self._source: Any = None
-        self.status = "off: statekit.metrics.enabled=false"
+        self.page = QueryPage(job_id, operator_id, None)
+        self.ui_status = self.status = "off: statekit.metrics.enabled=false"
         if not self.enabled:
             return
         if is_connect(session):
             self.status = "off: Spark Connect has no JVM gateway (the log line is written)"
+            self.ui_status = "off: Spark Connect has no JVM gateway"
             return
         self._sc = session.sparkContext
         self.source_name = f"statekit.{metric_name(job_id)}.{metric_name(operator_id)}"
@@ -97,8 +103,9 @@ class QueryMetrics:
             cls = load_helper_class(session, "StatekitSource")
             self._source = invoke_static(self._sc, cls, "register", self.source_name)
             self.status = "on"
+            self._attach_page(session)
         except Exception as e:  # noqa: BLE001 - the metrics system is optional, the query is not
-            self.status = f"off: {e}"
+            self.status = self.ui_status = f"off: {e}"
             warnings.warn(
                 f"statekit.metrics.enabled: statekit's metrics source is not in Spark's metrics system: "
                 f"{e}. The log line and BatchInfo carry the numbers; set statekit.metrics.enabled=false "
@@ -106,6 +113,18 @@ class QueryMetrics:
                 RuntimeWarning,
                 stacklevel=3,
             )
+
+    def _attach_page(self, session: SparkSession) -> None:
+        """The Statekit tab of the Spark UI (:mod:`._ui`), attached once per application."""
+        sc = self._sc
+        tab = load_helper_class(session, "StatekitUiTab")
+        if not invoke_static(sc, tab, "attach", sc._jsc.sc()):
+            self.ui_status = "off: spark.ui.enabled=false"
+            return
+        self.page = QueryPage(
+            self.job_id, self.operator_id, lambda key, xhtml: invoke_static(sc, tab, "publish", key, xhtml)
+        )
+        self.ui_status = "on"
 
     @contextlib.contextmanager
     def describe(self, batch_id: int | None, what: str) -> Iterator[None]:
@@ -125,10 +144,14 @@ class QueryMetrics:
         finally:
             sc.setLocalProperty(_DESCRIPTION, before)  # None unsets it
 
-    def report(self, info: BatchInfo) -> None:
-        """The batch's log line and metrics (nothing for a skipped batch but the log line)."""
+    def report(self, info: BatchInfo, attempts: Sequence[CheckpointAttempt] = ()) -> None:
+        """The batch's log line, metrics and UI page (for a skipped batch, the log line and page).
+
+        ``attempts``: the job's checkpoint history, as the coordinator holds it.
+        """
         if not self.enabled:
             return
+        self._show(lambda: self.page.batch(info, attempts))
         if info.skipped:
             LOGGER.info(
                 "statekit checkpoint job=%s operator=%s batch=%d skipped=1 checkpoint_id=%s",
@@ -151,6 +174,24 @@ class QueryMetrics:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+
+    def failed(self, batch_id: int, error: BaseException, attempts: Sequence[CheckpointAttempt]) -> None:
+        """A micro-batch failed with ``error``: the UI page's last failure."""
+        if self.enabled:
+            self._show(lambda: self.page.failed(batch_id, error, attempts))
+
+    def _show(self, update: Callable[[], None]) -> None:
+        """Update the UI page; a failing page is said once and turned off, never fails the batch."""
+        try:
+            update()
+        except Exception as e:  # noqa: BLE001 - the page only tells about the query
+            self.page, self.ui_status = QueryPage(self.job_id, self.operator_id, None), f"off: {e}"
+            warnings.warn(
+                f"statekit job {self.job_id!r}: updating its page in the Spark UI failed ({e}); it is off "
+                "for this query run. The metrics, the log line and BatchInfo still carry the numbers",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
 
 def _number(v: float) -> str:

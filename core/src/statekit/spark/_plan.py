@@ -43,7 +43,7 @@ LATE_COLUMN = "__statekit_late"
 #: Late rows carry the input column ``c`` as ``LATE_PREFIX + c``.
 LATE_PREFIX = "__statekit_late_"
 #: What a task reports it spent its time on (seconds), see ``BatchInfo.phases``.
-TASK_PHASES = ("input", "restore", "convert", "records", "output", "timers", "snapshot")
+TASK_PHASES = ("input", "restore", "convert", "records", "output", "timers", "snapshot", "upload")
 
 
 @dataclass(frozen=True)

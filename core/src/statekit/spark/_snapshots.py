@@ -18,6 +18,7 @@ from .._contracts import CheckpointOutputStream, CheckpointWriter
 from .._errors import CheckpointError
 from ..checkpoints._local_recovery import LocalRecoveryWriter
 from ..checkpoints._metadata import SubtaskState
+from ..checkpoints._timing import TimedWriter
 from ..checkpoints._writing import write_subtask_state
 from . import _cache
 from ._acquire import local_copies
@@ -65,11 +66,12 @@ def write_snapshots(run: TaskRun) -> tuple[list[tuple[int, SubtaskState]], str]:
     copies, local_recovery = local_copies(plan)
     native = plan.checkpoint_id if plan.config.get("statekit.checkpoint.format") != "canonical" else None
     states = []
+    upload = 0.0
     for index, open_st in sorted(run.active.items()):
         st = open_st.subtask
         inner: CheckpointWriter = storage.begin_checkpoint(plan.job_id, plan.checkpoint_id)
         local = None if copies is None else LocalRecoveryWriter(inner, copies)
-        writer = _AttemptWriter(inner if local is None else local, run.attempt)
+        writer = TimedWriter(_AttemptWriter(inner if local is None else local, run.attempt))
         try:
             state = write_subtask_state(
                 writer,
@@ -85,6 +87,7 @@ def write_snapshots(run: TaskRun) -> tuple[list[tuple[int, SubtaskState]], str]:
             if local is not None:
                 local.discard_staged()
             raise
+        upload += writer.upload_seconds
         states.append((index, state))
         if copies is not None and local is not None:
             with contextlib.suppress(OSError):  # local copies only ever save a download
@@ -93,7 +96,8 @@ def write_snapshots(run: TaskRun) -> tuple[list[tuple[int, SubtaskState]], str]:
     if copies is not None:
         with contextlib.suppress(OSError):
             copies.collect()
-    phases["snapshot"] = clock() - t_snapshot
+    phases["upload"] = upload  # see checkpoints/_timing: the snapshots' bytes into the storage
+    phases["snapshot"] = max(0.0, clock() - t_snapshot - upload)
     phases["task"] = clock() - run.started
     for open_st in run.active.values():
         open_st.token, open_st.attempt = plan.token, run.attempt

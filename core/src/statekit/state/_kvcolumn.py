@@ -44,11 +44,15 @@ class KVColumn:
     the live data, without the buffer (see :meth:`OrderedKVBackendBase.kv_bind`).
     """
 
-    __slots__ = ("buffer", "engine", "get", "iterate", "name")
+    __slots__ = ("buffer", "engine", "get", "grouped", "iterate", "known", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.buffer: dict[bytes, bytes | None] = {}
+        #: Whether engine reads found keys, since the last write (see _kvcount: no lookup to count a write).
+        self.known: dict[bytes, bool] = {}
+        #: False: value entries only; True: lists or maps (groups of records); None: not known yet.
+        self.grouped: bool | None = None
         self.get: Get = self._closed_get
         self.iterate: Iterate = self._closed_iterate
         self.engine: Any = None  # whatever the engine keeps per column (a handle, a database)
@@ -80,6 +84,7 @@ class KVColumn:
         them again; the backend's own close seals them (:meth:`seal`).
         """
         self.buffer.clear()
+        self.known.clear()
         self.get, self.iterate, self.engine = self._closed_get, self._closed_iterate, None
 
     def seal(self) -> None:

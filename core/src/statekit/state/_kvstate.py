@@ -40,6 +40,7 @@ from ..serialization._serializers import TypeSerializer
 from ..snapshots._native import NativeStateHandle
 from ._keyed import KeyedBackendBase, merge_list_namespaces
 from ._kvcolumn import KVColumn, closed_error
+from ._kvcount import ENTRY_COUNTS, EntryCounts
 from ._kvlayout import KeyLayout, encode_varint, entry_codec, ttl_timestamp
 from ._kvnative import KVFrozenView
 from ._kvttl import KVTtl
@@ -64,6 +65,8 @@ KV_RESERVED = frozenset({"layout", "sequence"})
 
 _VOID = KeyLayout.namespace_part(None)
 _MISSING: Any = object()
+#: Engine reads a column notes between writes, at most (a read-only stretch must not grow it).
+_KNOWN_LIMIT = 1 << 16
 _NONE: Any = object()
 
 
@@ -188,6 +191,9 @@ class KVValueState(_Handle):
         raw = col.buffer.get(k, _MISSING)
         if raw is _MISSING:
             raw = col.get(k)
+            known = col.known
+            if len(known) < _KNOWN_LIMIT:
+                known[k] = raw is not None  # the entry count's write needs no lookup (_kvcount)
         if raw is None:
             return self._reg.default_value()
         return self._decode(raw)
@@ -215,7 +221,7 @@ class KVValueState(_Handle):
         col = self._col
         if col.sealed:
             raise closed_error(col.name)
-        buf = col.buffer
+        buf, known = col.buffer, col.known
         nsb, dec, enc, default = self._nsb, self._decode, self._encode, self._reg.default_value
         out: list[Any] = []
         append = out.append
@@ -229,6 +235,8 @@ class KVValueState(_Handle):
             raw: Any = buf.get(ck, _MISSING)
             if raw is _MISSING:
                 raw = col.get(ck)  # looked up each time: a write (by fn, too) may rebind it
+                if len(known) < _KNOWN_LIMIT:
+                    known[ck] = raw is not None
             new = fn(default() if raw is None else dec(raw))
             buf[ck] = None if new is None else enc(new)
             append(new)
@@ -475,6 +483,8 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
     #: as :attr:`kv_dir` before your ``__init__`` goes on, and removes it in ``close``
     #: (``create_instance_dir``: private, owned by this process, removed after a killed one).
     kv_dir_prefix: ClassVar[str] = ""
+        #: Exact (key, namespace) entries per state and key group, kept on write (_kvcount).
+        self.kv_counts = EntryCounts(self.layout)
 
     # --- what the engine implements ----------------------------------------------------------------
 
@@ -646,16 +656,33 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
             self.kv_flush([col])
             self.kv_pending = max(0, self.kv_pending - n)
 
+    def kv_flush(self, columns: Sequence[KVColumn]) -> None:
+        """Count what the columns' buffers change (:attr:`kv_counts`), then :meth:`kv_write` them.
+
+        Every write of buffered updates the base makes goes through here; an
+        engine that writes a buffer itself calls this, not ``kv_write``.
+        """
+        counts = self.kv_counts
+        for col in columns:
+            counts.before_write(col)
+        self.kv_write(columns)
+
     # --- handles, keys, sizes ----------------------------------------------------------------------
 
     def _create_value(self, reg: RegisteredState) -> Any:
-        return KVValueState(self, self._kv_col(reg.name), reg)
+        col = self._kv_col(reg.name)
+        col.grouped = False
+        return KVValueState(self, col, reg)
 
     def _create_list(self, reg: RegisteredState) -> Any:
-        return KVListState(self, self._kv_col(reg.name), reg)
+        col = self._kv_col(reg.name)
+        col.grouped = True
+        return KVListState(self, col, reg)
 
     def _create_map(self, reg: RegisteredState) -> Any:
-        return KVMapState(self, self._kv_col(reg.name), reg)
+        col = self._kv_col(reg.name)
+        col.grouped = True
+        return KVMapState(self, col, reg)
 
     def _kv_grouped(self, reg: RegisteredState) -> Iterator[tuple[bytes, bytes | None, list[bytes]]]:
         col = self.kv_column(reg.name, create=False)
@@ -729,6 +756,7 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
         items.sort()
         # A key twice (a snapshot that held it twice) keeps the last occurrence.
         dedup = [kv for i, kv in enumerate(items) if i + 1 == len(items) or items[i + 1][0] != kv[0]]
+        self.kv_counts.loaded(name, dedup)
         self.kv_load(name, dedup)
 
     def _load_entries(
@@ -873,6 +901,10 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
         """
         if plan.parts:
             self.sequence = max(int(h.meta.get("sequence", 0)) for h in plan.parts)
+        # The entry counts of the owned key groups, before the purge below counts what it deletes.
+        own = self.key_group_range
+        names = {str(s["name"]) for h in plan.parts for s in h.states if isinstance(s, dict) and "name" in s}
+        self.kv_counts.restored([h.meta for h in plan.parts], range(own.start, own.end + 1), names)
         # As a canonical snapshot taken at that moment would: no entry expired at snapshot time is restored.
         # First: a declared state whose TTL is turned off loses the timestamps the purge reads.
         for h in plan.parts:
@@ -882,12 +914,27 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
     def kv_native_meta(self) -> dict[str, Any]:
         """What a native snapshot's meta needs from the base: sequence, snapshot time, TTL cleanup, range."""
         kgr = self.key_group_range
-        return {
+        meta: dict[str, Any] = {
             "range": [kgr.start, kgr.end],
             "sequence": self.sequence,
             "time_ms": self.clock(),
             "ttl_cleanup": self.full_snapshot_ttl(),
         }
+        counts = self.kv_counts.meta(self.stored_state_names)
+        if counts is not None:
+            meta[ENTRY_COUNTS] = counts  # exact (key, namespace) entries per state and key group
+        return meta
+
+    def kv_exact_entries(self) -> int | None:
+        """Every stored state's (key, namespace) entries, exactly (buffered writes included); None if unknown.
+
+        Kept on write (:mod:`._kvcount`), as Spark's RocksDB state store keeps
+        ``numRowsTotal``; unknown after a native restore of a snapshot that
+        recorded no counts (an older statekit's).
+        """
+        self.kv_write_buffered()
+        exact = self.kv_counts.exact(self.stored_state_names)
+        return None if exact is None else sum(exact.values())
 
 
 class _FrozenReader:

@@ -43,6 +43,9 @@ class KVTtl:
         def kv_flush(self, columns: Sequence[KVColumn]) -> None:
             """Write columns' buffered updates and clear them (the ordered base's)."""
 
+        def kv_flush(self, columns: Sequence[KVColumn]) -> None:
+            """Count, then write, columns' buffered updates (the ordered base's)."""
+
     def _ttl_hook(self, reg: RegisteredState) -> Callable[[], None] | None:
         ttl = reg.ttl
         if ttl is None or ttl.cleanup_incremental_size <= 0:

@@ -1,0 +1,178 @@
+"""Exact entry counts of an ordered key-value backend, kept on write (as Spark's RocksDB ``numRowsTotal``).
+
+An engine's own count is of stored records (RocksDB's ``estimate-num-keys``
+counts every version of a key in SST files not yet compacted together; a
+list element or a map entry is a record of its own), while statekit reports
+(key, namespace) entries: a value, a whole list, a whole map, as ``statekit
+state list`` does. :class:`EntryCounts` keeps that number per state and key
+group, exactly, as the buffered writes reach the engine
+(:meth:`before_write`, called by the ordered base for every write of a
+column's buffer):
+
+- a value entry (a composite key without a suffix) counts when it appears
+  and when it is deleted; whether it existed before is known from the read
+  that preceded the write (the handles note each engine read in
+  ``KVColumn.known``: a read-modify-write costs no extra lookup), else looked
+  up, once per key per write batch;
+- a list or map entry is a group of records under one (key, namespace)
+  prefix: for each prefix a batch touches, one seek says whether the engine
+  held any record under it before, and the batch's own records (or, for a
+  batch that only deletes, a look past them) whether any remains.
+
+Bulk loads count the groups they load. A native snapshot records the counts
+per state and key group in its meta (``entry_counts``), so a restore, at the
+same or another parallelism, sums those of the key groups it owns; a
+snapshot without them (an older statekit's) leaves the count unknown until
+the state is written anew from empty, and the backend then reports the
+engine's estimate, labelled. :attr:`EntryCounts.enabled` off (the benchmark's
+baseline) keeps no counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ._kvcolumn import KVColumn
+from ._kvlayout import KeyLayout
+
+__all__ = ["ENTRY_COUNTS", "EntryCounts"]
+
+#: The native snapshot meta key of the counts: ``{state: {key group: entries}}``.
+ENTRY_COUNTS = "entry_counts"
+_MISSING: Any = object()
+
+
+class EntryCounts:
+    """(key, namespace) entries per state and key group of one backend instance; see the module doc."""
+
+    #: Off: no counting at all (what a benchmark's baseline measures against).
+    enabled = True
+
+    def __init__(self, layout: KeyLayout) -> None:
+        self.layout = layout
+        self.by_state: dict[str, dict[int, int]] = {}
+        self.unknown: set[str] = set()
+
+    # --- writes ---------------------------------------------------------------------------------
+
+    def before_write(self, col: KVColumn) -> None:
+        """Count what ``col``'s buffer changes, before the engine applies it."""
+        known = col.known
+        name = col.name
+        if not self.enabled or name in self.unknown:
+            known.clear()
+            return
+        counts = self.by_state.get(name)
+        if counts is None:
+            counts = self.by_state[name] = {}
+        buf, get, w = col.buffer, col.get, self.layout.group_width
+        if col.grouped is False:  # value entries only: the record is the entry
+            pop = known.pop
+            for k, v in buf.items():
+                old = pop(k, _MISSING)
+                if old is _MISSING:
+                    old = get(k) is not None
+                if old is (v is None):  # appeared or deleted
+                    kg = int.from_bytes(k[:w], "big")
+                    counts[kg] = counts.get(kg, 0) + (1 if v is not None else -1)
+        else:
+            self._groups(col, counts)
+        known.clear()
+
+    def _groups(self, col: KVColumn, counts: dict[int, int]) -> None:
+        """A column whose entries may be groups of records (list, map, or not known yet)."""
+        split = self.layout.split
+        touched: dict[bytes, list[Any]] = {}  # prefix -> [key group, any put, values by key]
+        values: dict[bytes, bytes | None] = {}
+        for k, v in col.buffer.items():
+            kg, _, _, suffix = split(k)
+            if not suffix:  # a value entry
+                old = col.known.pop(k, _MISSING)
+                if old is _MISSING:
+                    old = col.get(k) is not None
+                if old is (v is None):
+                    counts[kg] = counts.get(kg, 0) + (1 if v is not None else -1)
+                continue
+            prefix = k[: len(k) - len(suffix)]
+            t = touched.get(prefix)
+            if t is None:
+                t = touched[prefix] = [kg, False]
+            if v is not None:
+                t[1] = True
+            values[k] = v
+        for prefix, (kg, put) in touched.items():
+            before = next(iter(col.scan(prefix)), None) is not None
+            if put:
+                after = True
+            elif not before:
+                after = False
+            else:  # only deletes under the prefix: does a record the batch leaves remain?
+                after = any(values.get(k, _MISSING) is _MISSING for k, _ in col.scan(prefix))
+            if after != before:
+                counts[kg] = counts.get(kg, 0) + (1 if after else -1)
+
+    # --- loads and restores ---------------------------------------------------------------------
+
+    def loaded(self, name: str, items: Sequence[tuple[bytes, bytes]]) -> None:
+        """``items`` (sorted, distinct) were bulk-loaded into state ``name``'s column."""
+        if not self.enabled or name in self.unknown:
+            return
+        counts = self.by_state.setdefault(name, {})
+        if any(counts.values()):
+            self.unknown.add(name)  # loaded over entries: they may overlap, so the count is unknown
+            return
+        split = self.layout.split
+        last = b""
+        for k, _ in items:
+            kg, _, _, suffix = split(k)
+            prefix = k[: len(k) - len(suffix)]
+            if prefix != last:
+                counts[kg] = counts.get(kg, 0) + 1
+                last = prefix
+        # A group split across loads of one state is not a case: a state loads once per restore.
+
+    def restored(self, metas: Iterable[Mapping[str, Any]], owned: range, states: Iterable[str]) -> None:
+        """After a native restore: the counts of the owned key groups, from each snapshot's meta.
+
+        ``states``: every state the restored instance holds. A snapshot without counts makes them unknown.
+        """
+        self.by_state, self.unknown = {}, set()
+        if not self.enabled:
+            return
+        metas = list(metas)
+        if any(not isinstance(m.get(ENTRY_COUNTS), Mapping) for m in metas):
+            self.unknown = set(states)  # an older snapshot: no counts to restore
+            return
+        for meta in metas:
+            for name, per_group in meta[ENTRY_COUNTS].items():
+                counts = self.by_state.setdefault(str(name), {})
+                for kg, n in per_group.items():
+                    if int(kg) in owned:
+                        counts[int(kg)] = counts.get(int(kg), 0) + int(n)
+
+    def forget(self, name: str) -> None:
+        """State ``name``'s column was dropped or replaced: it holds nothing (exactly)."""
+        self.by_state.pop(name, None)
+        self.unknown.discard(name)
+
+    # --- what snapshots and metrics read --------------------------------------------------------
+
+    def exact(self, names: Iterable[str]) -> dict[str, int] | None:
+        """Entries per state of ``names``; None if any is unknown (or counting is off)."""
+        if not self.enabled:
+            return None
+        out = {}
+        for name in names:
+            if name in self.unknown:
+                return None
+            out[name] = sum(self.by_state.get(name, {}).values())
+        return out
+
+    def meta(self, names: Iterable[str]) -> dict[str, dict[str, int]] | None:
+        """What a native snapshot records (``entry_counts``): per state and key group; None if unknown."""
+        if self.exact(names) is None:
+            return None
+        return {
+            name: {str(kg): n for kg, n in sorted(self.by_state.get(name, {}).items()) if n} for name in names
+        }
