@@ -474,6 +474,8 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
         self._kv_columns: dict[str, KVColumn] = {}
         self._kv_bulk: dict[str, list[tuple[bytes, bytes]]] | None = None
         self._kv_views: set[TrackedView] = set()
+        #: Exact (key, namespace) entries per state and key group, kept on write (_kvcount).
+        self.kv_counts = EntryCounts(self.layout)
         #: The instance directory the base made (``kv_dir_prefix``) and ``close`` removes; else None.
         self.kv_dir: str | None = None
         if self.kv_dir_prefix:
@@ -483,8 +485,6 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
     #: as :attr:`kv_dir` before your ``__init__`` goes on, and removes it in ``close``
     #: (``create_instance_dir``: private, owned by this process, removed after a killed one).
     kv_dir_prefix: ClassVar[str] = ""
-        #: Exact (key, namespace) entries per state and key group, kept on write (_kvcount).
-        self.kv_counts = EntryCounts(self.layout)
 
     # --- what the engine implements ----------------------------------------------------------------
 
@@ -636,12 +636,6 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
         """:meth:`kv_freeze`'s view, tracked until released (``close`` releases what is left)."""
         return TrackedView(self.kv_freeze(), self._kv_views)
 
-    def kv_flush(self, columns: Sequence[KVColumn]) -> None:
-        """``kv_write(columns)``, then clear their buffers (the engine need not)."""
-        self.kv_write(columns)
-        for col in columns:
-            col.buffer.clear()
-
     def kv_write_buffered(self) -> None:
         """Write every buffered update to the engine (at snapshot points, and when the buffer is full)."""
         cols = [c for c in self._kv_columns.values() if c.buffer]
@@ -657,7 +651,7 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
             self.kv_pending = max(0, self.kv_pending - n)
 
     def kv_flush(self, columns: Sequence[KVColumn]) -> None:
-        """Count what the columns' buffers change (:attr:`kv_counts`), then :meth:`kv_write` them.
+        """Count what the columns' buffers change (:attr:`kv_counts`), :meth:`kv_write` them, clear them.
 
         Every write of buffered updates the base makes goes through here; an
         engine that writes a buffer itself calls this, not ``kv_write``.
@@ -666,6 +660,8 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
         for col in columns:
             counts.before_write(col)
         self.kv_write(columns)
+        for col in columns:  # the base clears them: a write that raised leaves them for the next attempt
+            col.buffer.clear()
 
     # --- handles, keys, sizes ----------------------------------------------------------------------
 

@@ -41,10 +41,7 @@ class KVTtl:
             """Write ``col``'s buffer before it is read past (the ordered base's)."""
 
         def kv_flush(self, columns: Sequence[KVColumn]) -> None:
-            """Write columns' buffered updates and clear them (the ordered base's)."""
-
-        def kv_flush(self, columns: Sequence[KVColumn]) -> None:
-            """Count, then write, columns' buffered updates (the ordered base's)."""
+            """Count, write and clear columns' buffered updates (the ordered base's)."""
 
     def _ttl_hook(self, reg: RegisteredState) -> Callable[[], None] | None:
         ttl = reg.ttl
