@@ -450,6 +450,11 @@ def test_a_path_that_does_not_exist_is_an_error_naming_it(
         run("logs/acces.log")
     with pytest.raises(SourceError, match=r"^zzz/logs/ does not exist: .*/zzz does not exist\.$"):
         run("zzz/logs/")
+    with pytest.raises(SourceError) as e:
+        run("log")  # no trailing '/': a file and its rotations, and logs/ starts with "log"
+    assert str(e.value).startswith("log was read as a file-name prefix (the file log and its rotations")
+    assert "logs/ is a directory whose name starts with it" in str(e.value)
+    assert "LogSource('logs/') ('log/' would name the folder log/, which does not exist)" in str(e.value)
     run("logs/")
     assert job.exact()
 

@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from statekit_storage._localfiles import PrivateLocalFileSystem
 import pytest
 
 from statekit_storage import FileSystemCheckpointStorage, JobManagerCheckpointStorage
@@ -26,7 +29,9 @@ class Root:
 
     @property
     def fs(self) -> Any:
-        return fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
+        """The filesystem the storage uses here (local paths: its private one, an fsspec cached instance)."""
+        fs = fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
+        return PrivateLocalFileSystem() if type(fs) is LocalFileSystem else fs
 
     def path(self, url: str) -> str:
         """The fs path of a URL under this root."""

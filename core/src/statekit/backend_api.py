@@ -36,6 +36,7 @@ from ._contracts import (
     SupportsRunFencing,
 )
 from .plugins._config import CORE_OPTIONS, ConfigOption
+from .plugins._secrets import redact_urls
 from .plugins._registry import (
     BackendSpec,
     PluginLoadWarning,
@@ -211,6 +212,7 @@ __all__ = [
     "read_block",
     "read_header",
     "read_index",
+    "redact_urls",
     "redistribute_operator_state",
     "remove_stale_instance_dirs",
     "system_clock",

@@ -233,6 +233,21 @@ def watches_for(paths: Iterable[str], pattern: str) -> list[Watch]:
     return out
 
 
+def _prefix_names_a_directory(w: Watch, name: str) -> SourceError:
+    """The error for a directory taken by a watch of a file and its rotations: ``LogSource("log")`` by ``logs/``."""
+    given = w.given or os.path.join(w.directory, w.prefix)
+    folder = os.path.join(os.path.dirname(given), name) + "/"
+    as_folder = given.rstrip("/" + os.sep) + "/"
+    also = "" if os.path.isdir(os.path.join(w.directory, w.prefix)) else ", which does not exist"
+    return SourceError(
+        f"{given} was read as a file-name prefix (the file {w.prefix} and its rotations, every name in "
+        f"{w.directory} that starts with {w.prefix!r}), and {folder} is a directory whose name starts with "
+        f"it: a LogSource reads only regular files. To read the files in that folder, name it with a "
+        f"trailing '/': LogSource({folder!r}) ({as_folder!r} would name the folder {as_folder}{also}); to read "
+        f"the file {w.prefix} and its rotations only, exclude the folder with pattern="
+    )
+
+
 def _near(name: str, directory: str) -> str | None:
     """A name in ``directory`` close to ``name`` (with a trailing ``/`` for a directory), if any."""
     try:
@@ -342,6 +357,8 @@ def _listed(w: Watch, name: str, follow_symlinks: bool) -> Candidate | None:
             st = os.stat(path)
         except FileNotFoundError:
             return None  # a link to nothing: nothing to read
+    if stat.S_ISDIR(st.st_mode) and w.prefix and not link:
+        raise _prefix_names_a_directory(w, name)
     if not stat.S_ISREG(st.st_mode):
         raise _not_regular(path, _kind(st.st_mode), w.directory)
     if st.st_size == 0:
