@@ -157,7 +157,9 @@ def test_credentials_inside_url_valued_options_are_redacted_wherever_options_are
     assert f"http://{REDACTED}@127.0.0.1:9000/bucket" in shown  # where it points stays readable
     assert f"ftp://{REDACTED}@files.example/checkpoints" in shown
     assert redact(f"s3://k:{PASSWORD}@b/p?x=@y") == f"s3://{REDACTED}@b/p?x=@y"
-    assert redact("http://127.0.0.1:9000/a@b") == "http://127.0.0.1:9000/a@b"  # an @ in the path: no credentials
+    assert (
+        redact("http://127.0.0.1:9000/a@b") == "http://127.0.0.1:9000/a@b"
+    )  # an @ in the path: no credentials
     assert secret_keys_in(opts) == ["client_kwargs.endpoint_url (credentials in a URL)"]
     with pytest.raises(ConfigurationError) as info:  # an option error quoting the value
         ConfigOption("statekit.x.url", int).parse(endpoint, "statekit.x.url")

@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import pytest
 from fsspec.implementations.local import LocalFileSystem
 
-from statekit_storage._localfiles import PrivateLocalFileSystem
-import pytest
-
 from statekit_storage import FileSystemCheckpointStorage, JobManagerCheckpointStorage
+from statekit_storage._localfiles import PrivateLocalFileSystem
 
 KINDS = ["local", "file", "memory", "s3"]
 

@@ -36,7 +36,6 @@ from ._contracts import (
     SupportsRunFencing,
 )
 from .plugins._config import CORE_OPTIONS, ConfigOption
-from .plugins._secrets import redact_urls
 from .plugins._registry import (
     BackendSpec,
     PluginLoadWarning,
@@ -46,6 +45,7 @@ from .plugins._registry import (
     hookimpl,
     hookspec,
 )
+from .plugins._secrets import redact_urls
 from .runtime._localdirs import OWNER_FILE, create_instance_dir, local_write_error, remove_stale_instance_dirs
 from .serialization._keygroups import (
     KeyGroupRange,

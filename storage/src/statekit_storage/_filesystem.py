@@ -101,7 +101,9 @@ class FileSystemCheckpointStorage:
         self.checkpoints_dir = normalize_dir(checkpoints_dir)
         self.savepoints_dir = None if savepoints_dir is None else normalize_dir(savepoints_dir)
         dirs = (self.checkpoints_dir, self.savepoints_dir)
-        self._files = Files(storage_options or {}, dirs, inline_threshold, local_permissions=local_permissions)
+        self._files = Files(
+            storage_options or {}, dirs, inline_threshold, local_permissions=local_permissions
+        )
         self._files.open(self.checkpoints_dir)
         self._prepared: set[str] = set()
         self._run_records = RunRecords(self._files, self.job_dir)

@@ -139,7 +139,10 @@ class JobManagerCheckpointStorage:
         self.max_state_size: int | None = max_state_size
         self.savepoints_dir = None if savepoints_dir is None else normalize_dir(savepoints_dir)
         self._files = Files(
-            storage_options or {}, (self.savepoints_dir,), DEFAULT_INLINE_THRESHOLD, local_permissions=local_permissions
+            storage_options or {},
+            (self.savepoints_dir,),
+            DEFAULT_INLINE_THRESHOLD,
+            local_permissions=local_permissions,
         )
         self._completed: dict[str, dict[int, bytes]] = {}  # job id -> checkpoint id -> metadata
         self._runs: dict[str, dict[str, tuple[int, dict[str, Any]]]] = {}  # job id -> run id -> record

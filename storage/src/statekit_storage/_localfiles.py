@@ -26,7 +26,7 @@ from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-
 
 __all__ = ["LOCAL_PERMISSIONS", "PrivateLocalFileSystem"]
 
-#: The values of the ``local-permissions`` option: ``private`` (0700/0600) or ``umask`` (shared as the umask makes).
+#: The values of the ``local-permissions`` option: ``private`` (0700/0600) or ``umask`` (as the umask makes).
 LOCAL_PERMISSIONS = ("private", "umask")
 
 _DIR_MODE = 0o700
@@ -35,7 +35,7 @@ _CREATE = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
 
 
 class PrivateLocalFileSystem(LocalFileSystem):  # type: ignore[misc]
-    """fsspec's local filesystem, creating directories 0700 and files 0600 (never wider, whatever the umask)."""
+    """fsspec's local filesystem, creating directories 0700 and files 0600, whatever the umask."""
 
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
         """Every missing component of ``path`` created with mode 0700 (``os.makedirs`` sets only the last)."""

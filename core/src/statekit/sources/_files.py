@@ -234,7 +234,7 @@ def watches_for(paths: Iterable[str], pattern: str) -> list[Watch]:
 
 
 def _prefix_names_a_directory(w: Watch, name: str) -> SourceError:
-    """The error for a directory taken by a watch of a file and its rotations: ``LogSource("log")`` by ``logs/``."""
+    """The error for a directory that a watch of a file and its rotations takes (``LogSource("log")``)."""
     given = w.given or os.path.join(w.directory, w.prefix)
     folder = os.path.join(os.path.dirname(given), name) + "/"
     as_folder = given.rstrip("/" + os.sep) + "/"
@@ -243,8 +243,8 @@ def _prefix_names_a_directory(w: Watch, name: str) -> SourceError:
         f"{given} was read as a file-name prefix (the file {w.prefix} and its rotations, every name in "
         f"{w.directory} that starts with {w.prefix!r}), and {folder} is a directory whose name starts with "
         f"it: a LogSource reads only regular files. To read the files in that folder, name it with a "
-        f"trailing '/': LogSource({folder!r}) ({as_folder!r} would name the folder {as_folder}{also}); to read "
-        f"the file {w.prefix} and its rotations only, exclude the folder with pattern="
+        f"trailing '/': LogSource({folder!r}) ({as_folder!r} would name the folder {as_folder}{also}); "
+        f"to read the file {w.prefix} and its rotations only, exclude the folder with pattern="
     )
 
 
