@@ -84,7 +84,9 @@ def test_a_directory_of_another_user_is_refused(logs: LogDir, shared: Path, seco
     assert f"belongs to user id {second_user.uid}" in message and "Choose a directory of your own" in message
 
 
-def test_a_symlink_of_another_user_at_a_parent_is_refused(logs: LogDir, shared: Path, second_user: Any) -> None:
+def test_a_symlink_of_another_user_at_a_parent_is_refused(
+    logs: LogDir, shared: Path, second_user: Any
+) -> None:
     """The probe one step up: the link is a parent of the dead-letter path, not the path itself."""
     victim = shared.parent / "victim"
     victim.mkdir(mode=0o700)

@@ -248,7 +248,9 @@ def test_a_parent_others_may_write_is_refused_unless_sticky(tmp_path: os.PathLik
     open_ = os.path.join(os.fspath(tmp_path), "open")
     os.mkdir(open_)
     os.chmod(open_, 0o777)
-    with pytest.raises(UnsafeLocalPathError, match=r"lies below .*/open, which can be written by .* not sticky"):
+    with pytest.raises(
+        UnsafeLocalPathError, match=r"lies below .*/open, which can be written by .* not sticky"
+    ):
         private_dir(os.path.join(open_, "mine", "x"))
     os.chmod(open_, 0o1777)
     private_dir(os.path.join(open_, "mine", "x"))  # sticky, as /tmp: no one else renames our entries

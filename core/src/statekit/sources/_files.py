@@ -65,6 +65,7 @@ __all__ = [
     "LineReader",
     "LongLine",
     "Tracked",
+    "UnreadableFileError",
     "Watch",
     "check_watches",
     "count_lines",
@@ -140,6 +141,48 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+class UnreadableFileError(SourceError):
+    """A watched file or directory the running user may not read: names it, where reading got, the way out.
+
+    Raised where a file is opened or a directory listed (a file made
+    unreadable mid-run: ``chmod 000``, an ACL, an ``EIO``); the LogSource and
+    the Spark source's planning add how far the file was read (:meth:`at`).
+    """
+
+    def __init__(self, path: str, reason: str, where: str = "", *, directory: bool = False) -> None:
+        self.path, self.reason, self.where, self.directory = path, reason, where, directory
+        at = f" ({where})" if where else ""
+        try:
+            import pwd
+
+            user = f"{pwd.getpwuid(os.geteuid()).pw_name}, user id {os.geteuid()}"
+        except (ImportError, KeyError):
+            user = f"user id {os.geteuid()}"
+        access = f"`chmod a+rx {path}`" if directory else f"`chmod a+r {path}`"
+        super().__init__(
+            f"{path}{at} cannot be read: {reason}. A LogSource stops rather than skip it. Give the user that "
+            f"runs the job ({user}) read access to it (e.g. {access}, or an ACL) and run the job again "
+            "(restore='latest'): it goes on from where it stopped, nothing lost. Or move it out of the "
+            "watched files, or exclude it with pattern= (what it holds past that point is then reported lost)"
+        )
+
+    def at(self, where: str) -> UnreadableFileError:
+        """The same error, saying how far the file was read."""
+        return UnreadableFileError(self.path, self.reason, where, directory=self.directory)
+
+    def __reduce__(self) -> Any:
+        return (_unreadable, (self.path, self.reason, self.where, self.directory))
+
+
+def _unreadable(path: str, reason: str, where: str, directory: bool) -> UnreadableFileError:
+    return UnreadableFileError(path, reason, where, directory=directory)
+
+
+def _reason(e: OSError) -> str:
+    name = errno.errorcode.get(e.errno or 0, "")
+    return f"{e.strerror or e}" + (f" ({name})" if name else "")
+
+
 def _not_regular(path: str, what: str, where: str | None = None) -> SourceError:
     place = f", move it out of {where}," if where else ""
     return SourceError(
@@ -171,6 +214,8 @@ def open_regular(path: str, *, follow: bool = False) -> IO[bytes]:
             ) from None
         if e.errno == errno.ENXIO:  # a socket, or a FIFO without a reader on some systems
             raise _not_regular(path, _kind(os.lstat(path).st_mode)) from None
+        if not isinstance(e, FileNotFoundError):  # EACCES after a chmod 000, EPERM, EIO, ...
+            raise UnreadableFileError(path, _reason(e)) from e
         raise
     try:
         st = os.fstat(fd)
@@ -380,6 +425,8 @@ def list_candidates(watches: Sequence[Watch], *, follow_symlinks: bool = False) 
             names = os.listdir(w.directory)
         except FileNotFoundError:
             continue  # removed since check_watches: the next scan says so
+        except OSError as e:
+            raise UnreadableFileError(w.directory, _reason(e), "a watched directory", directory=True) from e
         for name in sorted(names):
             if not w.takes(name):
                 continue
