@@ -392,7 +392,7 @@ class _Sibling:
         return self.conn.recv()  # type: ignore[no-any-return]
 
     def wait_for_log(self, text: str, bound: float) -> list[str]:
-        """The messages logged here once one holds ``text`` (woken by the log itself), or after ``bound`` s."""
+        """The messages logged here once one holds ``text`` (woken by the log), or after ``bound`` s."""
         self.conn.send(("wait-log", (text, bound)))
         return self.conn.recv()  # type: ignore[no-any-return]
 
