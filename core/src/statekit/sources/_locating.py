@@ -220,6 +220,16 @@ class FileLocator:
                 "was truncated or rewritten in place (as by logrotate's copytruncate), with no copy of it "
                 "among the watched files"
             )
+            again = min(same.size, t.offset)
+            if again > 0:
+                # Read again from its start as new content: what a truncation to a non-zero length
+                # kept of what was read is then read twice. Its first bytes cannot tell (the
+                # fingerprint covers more than is left), so the range is named exactly.
+                reason += (
+                    f"; it is read again from its start as new content, so its bytes 0-{again} (its "
+                    f"first {again} bytes now) are counted twice if the truncation kept them (a file "
+                    "truncated to a non-zero length, then appended to)"
+                )
         elif same is not None:
             reason = (
                 f"was deleted or moved out, and its inode number now belongs to another file, {same.path}"
