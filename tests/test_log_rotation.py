@@ -776,8 +776,9 @@ def test_a_file_truncated_below_the_offset_to_a_non_zero_length_names_the_bytes_
     logs.write("access.log", 3)
     size = os.path.getsize(path)
     with pytest.warns(InputLostWarning) as caught:
-        job.run()
+        result = job.run()
     (message,) = [str(w.message) for w in caught]
+    assert result.input_lost == [message.removeprefix("input lost: ")]
     assert f"access.log (read to byte {read}, line 10) was truncated or rewritten in place" in message
     assert (
         f"its bytes 0-{min(size, read)} (its first {min(size, read)} bytes now) are counted twice" in message
