@@ -206,21 +206,55 @@ def test_cli_history_of_an_unknown_job_is_a_clear_error(
     assert "job 'nope' has no checkpoint history under" in capsys.readouterr().err
 
 
-def test_a_damaged_history_is_refused_by_readers_and_replaced_by_the_next_checkpoint(
-    job_dir: Path, capsys: pytest.CaptureFixture[str]
+def _sealed(body: bytes) -> bytes:
+    """A history file of ``body`` with a valid magic and checksum: damage the checksum cannot see."""
+    import struct
+    import zlib
+
+    return b"STKHIST1" + body + struct.pack("<I", zlib.crc32(body))
+
+
+def _flipped(data: bytes) -> bytes:
+    out = bytearray(data)
+    out[20] ^= 1
+    return bytes(out)
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (_flipped, "checksum mismatch"),
+        (lambda d: _sealed(d[8:-4].replace(b'"duration_ms":', b'"duration_ms":1e999,"x":', 1)), "1e999"),
+        (lambda d: _sealed(d[8:-4].replace(b'"trigger_ms":', b'"trigger_ms":NaN,"x":', 1)), "NaN"),
+        (lambda d: _sealed(d[8:-4][:-7]), "malformed"),  # bad JSON
+        (lambda d: _sealed(b'{"version":1,"attempts":[1,2]}'), "not a list of objects"),
+        (lambda d: _sealed(d[8:-4].replace(b'"kind":"checkpoint"', b'"kind":7', 1)), "kind is 7"),
+        (lambda d: _sealed(b"\xff\xfe"), "malformed"),  # not UTF-8
+    ],
+    ids=["checksum", "1e999", "nan", "bad-json", "not-objects", "wrong-kind", "not-utf8"],
+)
+def test_a_damaged_history_is_named_by_readers_set_aside_and_rewritten_once(
+    job_dir: Path, capsys: pytest.CaptureFixture[str], damage: Any, why: str
 ) -> None:
     history = job_dir / "job" / "files" / "checkpoint-history.json"
-    data = bytearray(history.read_bytes())
-    data[20] ^= 1
-    history.write_bytes(bytes(data))
+    damaged = damage(history.read_bytes())
+    history.write_bytes(damaged)
     assert main(["checkpoints", "history", str(job_dir), "--job", "job"]) == 2
-    assert "is damaged: checksum mismatch" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{history}, is damaged: " in err and why in err and "Traceback" not in err
     r = make_runner({"statekit.checkpoints.dir": str(job_dir)})
     r.restore("latest")
-    with pytest.warns(RuntimeWarning, match="a new checkpoint history starts now"):
-        run_batches(r, [batch(i) for i in range(4)], first=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_batches(r, [batch(i) for i in range(6)], first=3)  # three checkpoints: one warning
     r.close()
-    assert [a.checkpoint_id for a in read_checkpoint_history(r.storage, "job")] == [4]
+    mine = [str(w.message) for w in caught if "checkpoint history" in str(w.message)]
+    assert len(mine) == 1, mine
+    assert str(history) in mine[0] and "replaced by a new checkpoint history now" in mine[0]
+    assert "kept as checkpoint-history.damaged.json" in mine[0]
+    assert (history.parent / "checkpoint-history.damaged.json").read_bytes() == damaged
+    assert [a.checkpoint_id for a in read_checkpoint_history(r.storage, "job")] == [4, 5, 6]
+    assert main(["checkpoints", "history", str(job_dir), "--job", "job"]) == 0
 
 
 def test_a_history_that_cannot_be_written_never_fails_the_checkpoint(job_dir: Path) -> None:

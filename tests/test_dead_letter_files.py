@@ -84,6 +84,31 @@ def test_a_directory_of_another_user_is_refused(logs: LogDir, shared: Path, seco
     assert f"belongs to user id {second_user.uid}" in message and "Choose a directory of your own" in message
 
 
+def test_a_symlink_of_another_user_at_a_parent_is_refused(
+    logs: LogDir, shared: Path, second_user: Any
+) -> None:
+    """The probe one step up: the link is a parent of the dead-letter path, not the path itself."""
+    victim = shared.parent / "victim"
+    victim.mkdir(mode=0o700)
+    second_user.run("ln", "-s", str(victim), str(shared / "out"))
+    with pytest.raises(UnsafeLocalPathError) as info:
+        dead_letter_job(logs, shared / "out" / "dead").run()
+    message = str(info.value)
+    assert f"{shared / 'out' / 'dead'} lies below {shared / 'out'}, which is a symlink of user id" in message
+    assert info.value.path == str(shared / "out")
+    assert list(victim.iterdir()) == []  # nothing written through it
+
+
+def test_a_parent_another_user_owns_is_refused(logs: LogDir, shared: Path, second_user: Any) -> None:
+    """Its owner could rename the 0700 directory statekit made away and put their own in its place."""
+    second_user.run("mkdir", "-m", "0755", str(shared / "theirs"))
+    with pytest.raises(UnsafeLocalPathError) as info:
+        dead_letter_job(logs, shared / "theirs" / "dead").run()
+    message = str(info.value)
+    assert f"lies below {shared / 'theirs'}, which belongs to user id {second_user.uid}" in message
+    assert not (shared / "theirs" / "dead").exists()
+
+
 def test_a_directory_others_may_write_is_refused(logs: LogDir, tmp_path: Path) -> None:
     dead = tmp_path / "dead"
     dead.mkdir()

@@ -450,6 +450,11 @@ def test_a_path_that_does_not_exist_is_an_error_naming_it(
         run("logs/acces.log")
     with pytest.raises(SourceError, match=r"^zzz/logs/ does not exist: .*/zzz does not exist\.$"):
         run("zzz/logs/")
+    with pytest.raises(SourceError) as e:
+        run("log")  # no trailing '/': a file and its rotations, and logs/ starts with "log"
+    assert str(e.value).startswith("log was read as a file-name prefix (the file log and its rotations")
+    assert "logs/ is a directory whose name starts with it" in str(e.value)
+    assert "LogSource('logs/') ('log/' would name the folder log/, which does not exist)" in str(e.value)
     run("logs/")
     assert job.exact()
 
@@ -753,4 +758,31 @@ def test_logrotate_compress_reports_only_what_was_not_read(logs: LogDir, job: Co
         InputLostWarning, match=r"was compressed to .*access\.log\.1\.gz before .*; bytes \d+-\d+"
     ):
         job.run()
+    assert job.exact()
+
+
+def test_a_file_truncated_below_the_offset_to_a_non_zero_length_names_the_bytes_read_twice(
+    logs: LogDir, job: CountJob
+) -> None:
+    """Issue 44: the surviving lines are read again; the warning names exactly which bytes."""
+    urls = logs.write("access.log", 10)
+    run_quiet(job)
+    path = logs.path("access.log")
+    with open(path, "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+    kept = sum(len(x) for x in lines[:4])
+    read = sum(len(x) for x in lines)
+    os.truncate(path, kept)  # four lines survive the truncation, below the offset read
+    logs.write("access.log", 3)
+    size = os.path.getsize(path)
+    with pytest.warns(InputLostWarning) as caught:
+        result = job.run()
+    (message,) = [str(w.message) for w in caught]
+    assert result.input_lost == [message.removeprefix("input lost: ")]
+    assert f"access.log (read to byte {read}, line 10) was truncated or rewritten in place" in message
+    assert (
+        f"its bytes 0-{min(size, read)} (its first {min(size, read)} bytes now) are counted twice" in message
+    )
+    for url in urls[:4]:  # exactly those: the four kept lines, and nothing else
+        logs.model[url] += 1
     assert job.exact()

@@ -125,3 +125,20 @@ def test_stale_directories_of_another_user_are_never_removed(
         assert link.is_symlink() and (victim / OWNER_FILE).exists()
     finally:
         shutil.rmtree(top)
+
+
+def test_a_local_dir_below_a_directory_of_another_user_is_refused(second_user: Any) -> None:
+    """statekit.local-dir one level below the second user's directory: its owner controls the parent."""
+    top = _shared_top()
+    try:
+        shared = os.path.join(top, "shared")
+        os.mkdir(shared)
+        os.chmod(shared, 0o1777)
+        theirs = os.path.join(shared, "theirs")
+        second_user.run("mkdir", "-m", "0755", theirs)
+        with pytest.raises(UnsafeLocalPathError) as e:
+            create_instance_dir(os.path.join(theirs, "statekit-local"), "rocksdb-")
+        assert f"lies below {theirs}, which belongs to user id {second_user.uid}" in str(e.value)
+        assert "Or set statekit.local-dir" in str(e.value) and os.listdir(theirs) == []
+    finally:
+        shutil.rmtree(top)

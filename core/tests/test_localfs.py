@@ -177,3 +177,108 @@ def test_read_no_follow_refuses_symlinks_and_what_is_not_a_file(tmp_path: os.Pat
         read_no_follow(fifo)  # and it did not block waiting for a writer
     with pytest.raises(FileNotFoundError):
         read_no_follow(os.path.join(d, "missing"))
+
+
+def _reachable_top() -> str:
+    """A fresh directory under /tmp (root's 0755) that the second user can reach."""
+    top = tempfile.mkdtemp(prefix="statekit-localfs-", dir="/tmp")
+    os.chmod(top, 0o755)
+    return top
+
+
+def test_a_parent_another_user_owns_is_refused_naming_it(second_user: Any) -> None:
+    """The owner of a parent could rename statekit's 0700 directory away between its check and its use."""
+    top = _reachable_top()
+    try:
+        shared = os.path.join(top, "shared")
+        os.mkdir(shared)
+        os.chmod(shared, 0o1777)
+        theirs = os.path.join(shared, "theirs")
+        second_user.run("mkdir", "-m", "0755", theirs)
+        local = os.path.join(theirs, "local")
+        with pytest.raises(UnsafeLocalPathError) as e:
+            private_dir(local, what="the local directory of on-disk backends", otherwise="Or set X.")
+        message = str(e.value)
+        assert message.startswith(f"the local directory of on-disk backends {local} lies below {theirs}")
+        assert f"belongs to user id {second_user.uid}, neither root nor the running user" in message
+        assert message.endswith("Or set X.") and e.value.path == theirs
+        assert not os.path.exists(local)  # nothing created in their directory
+        with pytest.raises(UnsafeLocalPathError, match=f"lies below {theirs}"):  # deeper, and with a base
+            private_dir(os.path.join(local, "a", "b"), base=local)
+        with pytest.raises(UnsafeLocalPathError, match=f"lies below {theirs}"):
+            check_private_dir(local)
+    finally:
+        shutil.rmtree(top)
+
+
+def test_a_symlink_of_another_user_on_the_way_is_refused_and_its_target_untouched(second_user: Any) -> None:
+    top = _reachable_top()
+    try:
+        shared = os.path.join(top, "shared")
+        os.mkdir(shared)
+        os.chmod(shared, 0o1777)  # sticky, like /tmp: anyone may add a name
+        victim = os.path.join(top, "victim")
+        os.mkdir(victim, 0o700)
+        link = os.path.join(shared, "statekit")
+        second_user.run("ln", "-s", victim, link)
+        with pytest.raises(UnsafeLocalPathError) as e:
+            private_dir(os.path.join(link, "dead-letters"), what="the dead-letter directory")
+        assert f"lies below {link}, which is a symlink of user id {second_user.uid}" in str(e.value)
+        assert e.value.path == link and os.listdir(victim) == []
+    finally:
+        shutil.rmtree(top)
+
+
+def test_symlinks_of_root_or_this_user_on_the_way_are_followed(tmp_path: os.PathLike[str]) -> None:
+    """As /tmp -> /private/tmp on macOS: a link only root or this user can change is no risk."""
+    real = os.path.join(os.fspath(tmp_path), "real")
+    os.mkdir(real, 0o755)
+    os.symlink(real, os.path.join(os.fspath(tmp_path), "abs"))
+    os.symlink("real/../real", os.path.join(os.fspath(tmp_path), "rel"))
+    for via in ("abs", "rel"):
+        target = private_dir(os.path.join(os.fspath(tmp_path), via, f"x-{via}", "y"))
+        assert os.path.isdir(os.path.join(real, f"x-{via}", "y")) and target.endswith(f"{via}/x-{via}/y")
+    loop = os.path.join(os.fspath(tmp_path), "loop")
+    os.symlink(loop, loop)
+    with pytest.raises(UnsafeLocalPathError, match="more than 40 symlinks"):
+        private_dir(os.path.join(loop, "x", "y"))
+
+
+def test_a_parent_others_may_write_is_refused_unless_sticky(tmp_path: os.PathLike[str]) -> None:
+    open_ = os.path.join(os.fspath(tmp_path), "open")
+    os.mkdir(open_)
+    os.chmod(open_, 0o777)
+    with pytest.raises(
+        UnsafeLocalPathError, match=r"lies below .*/open, which can be written by .* not sticky"
+    ):
+        private_dir(os.path.join(open_, "mine", "x"))
+    os.chmod(open_, 0o1777)
+    private_dir(os.path.join(open_, "mine", "x"))  # sticky, as /tmp: no one else renames our entries
+
+
+def test_the_walk_opens_each_directory_relative_to_its_checked_parent(tmp_path: os.PathLike[str]) -> None:
+    """A parent swapped for a symlink after it was checked: the next step does not follow it."""
+    import statekit._localfs as localfs
+
+    base = os.fspath(tmp_path)
+    victim = os.path.join(base, "victim")
+    os.mkdir(victim, 0o700)
+    os.mkdir(os.path.join(base, "a"), 0o700)
+    real_open = os.open
+    swapped = []
+
+    def open_then_swap(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        fd = real_open(path, flags, mode, dir_fd=dir_fd)
+        if path == "a" and not swapped:  # "a" checked: now make its name a link elsewhere
+            os.rename(os.path.join(base, "a"), os.path.join(base, "a-moved"))
+            os.symlink(victim, os.path.join(base, "a"))
+            swapped.append(True)
+        return fd
+
+    localfs.os.open = open_then_swap  # type: ignore[assignment]
+    try:
+        private_dir(os.path.join(base, "a", "b"))
+    finally:
+        localfs.os.open = real_open  # type: ignore[assignment]
+    assert swapped and os.listdir(victim) == []  # b went into the directory that was checked
+    assert os.listdir(os.path.join(base, "a-moved")) == ["b"]

@@ -137,3 +137,51 @@ def test_option_errors_keep_no_secret_anywhere_in_their_chain(option: ConfigOpti
     text = exception_chain_text(info.value)
     assert SECRET not in text and KEY_ID not in text and SECRET_DIGITS not in text
     assert option.name in str(info.value)
+
+
+PASSWORD = "Pa55-in-the-URL"
+
+
+def test_credentials_inside_url_valued_options_are_redacted_wherever_options_are_shown() -> None:
+    endpoint = f"http://minio:{PASSWORD}@127.0.0.1:9000/bucket"
+    opts = json.dumps({"client_kwargs": {"endpoint_url": endpoint}})
+    conf = Configuration.from_mapping(
+        {
+            "statekit.checkpoint.storage.filesystem.storage-options": opts,
+            "statekit.checkpoints.dir": f"ftp://ops:{PASSWORD}@files.example/checkpoints",
+            "statekit.some.url": endpoint,
+        }
+    )
+    shown = repr(conf)
+    assert PASSWORD not in shown and "minio" not in shown
+    assert f"http://{REDACTED}@127.0.0.1:9000/bucket" in shown  # where it points stays readable
+    assert f"ftp://{REDACTED}@files.example/checkpoints" in shown
+    assert redact(f"s3://k:{PASSWORD}@b/p?x=@y") == f"s3://{REDACTED}@b/p?x=@y"
+    assert (
+        redact("http://127.0.0.1:9000/a@b") == "http://127.0.0.1:9000/a@b"
+    )  # an @ in the path: no credentials
+    assert secret_keys_in(opts) == ["client_kwargs.endpoint_url (credentials in a URL)"]
+    with pytest.raises(ConfigurationError) as info:  # an option error quoting the value
+        ConfigOption("statekit.x.url", int).parse(endpoint, "statekit.x.url")
+    assert PASSWORD not in exception_chain_text(info.value)
+
+
+def test_storage_reprs_and_open_errors_hide_url_credentials(tmp_path: object) -> None:
+    pytest.importorskip("statekit_storage")
+    from statekit_storage import FileSystemCheckpointStorage
+
+    with pytest.raises(ConfigurationError) as info:
+        FileSystemCheckpointStorage(f"nosuchproto://u:{PASSWORD}@host/cp")
+    assert PASSWORD not in str(info.value) and f"nosuchproto://{REDACTED}@host/cp" in str(info.value)
+    assert PASSWORD not in repr(FileSystemCheckpointStorage(f"memory://u:{PASSWORD}@host/cp"))
+
+
+def test_spark_is_warned_of_credentials_in_a_url_it_would_show() -> None:
+    pytest.importorskip("pyspark")
+    from statekit.spark._sparkconf import _warn_of_shown_secrets
+
+    key = "spark.statekit.checkpoint.storage.filesystem.storage-options"
+    value = json.dumps({"client_kwargs": {"endpoint_url": f"http://minio:{PASSWORD}@h:9000"}})
+    with pytest.warns(RuntimeWarning, match=r"credentials in a URL") as caught:
+        _warn_of_shown_secrets({key: value}, SPARK_DEFAULT_REDACTION)
+    assert PASSWORD not in str(caught[0].message)

@@ -10,8 +10,10 @@ from typing import Any
 
 import fsspec
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 
 from statekit_storage import FileSystemCheckpointStorage, JobManagerCheckpointStorage
+from statekit_storage._localfiles import PrivateLocalFileSystem
 
 KINDS = ["local", "file", "memory", "s3"]
 
@@ -26,7 +28,9 @@ class Root:
 
     @property
     def fs(self) -> Any:
-        return fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
+        """The filesystem the storage uses here (local paths: its private one, an fsspec cached instance)."""
+        fs = fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
+        return PrivateLocalFileSystem() if type(fs) is LocalFileSystem else fs
 
     def path(self, url: str) -> str:
         """The fs path of a URL under this root."""

@@ -443,3 +443,62 @@ def test_the_jobmanager_storage_creates_a_job_file_once() -> None:
     assert storage.create_job_file("job", "savepoint-request.json", b"a")
     assert not storage.create_job_file("job", "savepoint-request.json", b"b")
     assert storage.read_job_file("job", "savepoint-request.json") == b"a"
+
+
+def _modes(top: str) -> dict[str, int]:
+    """The permission bits of ``top`` and of everything below it, by path relative to ``top``."""
+    found = {".": os.stat(top).st_mode & 0o777}
+    for here, dirs, files in os.walk(top):
+        for name in dirs + files:
+            path = os.path.join(here, name)
+            found[os.path.relpath(path, top)] = os.lstat(path).st_mode & 0o777
+    return found
+
+
+@pytest.mark.parametrize("prefix", ["", "file://"])
+def test_local_checkpoints_and_savepoints_are_private_whatever_the_umask(
+    tmp_path: Any, job_id: str, prefix: str
+) -> None:
+    old = os.umask(0o002)  # a umask that would make group-writable, world-readable files
+    try:
+        top = os.path.join(os.fspath(tmp_path), "deep", "checkpoints")
+        storage = FileSystemCheckpointStorage(
+            prefix + top, savepoints_dir=prefix + os.path.join(os.fspath(tmp_path), "sp"), inline_threshold=0
+        )
+        writer = storage.begin_checkpoint(job_id, 1)
+        write(writer, "keyed-op-0.bin", b"x" * 100)
+        write(writer, "abc", b"s" * 100, shared=True)
+        writer.complete(b"meta")
+        storage.write_job_file(job_id, "history.json", b"{}")
+        savepoint = storage.begin_savepoint(job_id)
+        write(savepoint, "op.bin", b"y" * 10)
+        location = savepoint.complete(b"meta")
+    finally:
+        os.umask(old)
+    for where in (os.path.join(os.fspath(tmp_path), "deep"), location.removeprefix(prefix)):
+        modes = _modes(where)
+        assert len(modes) >= 3
+        for path, mode in modes.items():
+            full = os.path.join(where, path)
+            assert mode == (0o700 if os.path.isdir(full) else 0o600), (path, oct(mode))
+    assert _modes(os.path.join(os.fspath(tmp_path), "sp"))["."] == 0o700
+
+
+def test_local_permissions_umask_shares_deliberately(tmp_path: Any, job_id: str) -> None:
+    from statekit.backend_api import PluginRegistry
+
+    registry = PluginRegistry.load()
+    old = os.umask(0o022)
+    try:
+        storage = registry.create_storage(
+            "filesystem", {"checkpoints-dir": os.fspath(tmp_path / "cp"), "local-permissions": "umask"}
+        )
+        writer = storage.begin_checkpoint(job_id, 1)
+        write(writer, "keyed-op-0.bin", b"x" * 100)
+        writer.complete(b"meta")
+    finally:
+        os.umask(old)
+    modes = _modes(os.fspath(tmp_path / "cp"))
+    assert modes[job_id] == 0o755 and modes[os.path.join(job_id, "chk-1", "_metadata")] == 0o644
+    with pytest.raises(ConfigurationError, match="local-permissions"):
+        registry.create_storage("filesystem", {"checkpoints-dir": "x", "local-permissions": "shared"})

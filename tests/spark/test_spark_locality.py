@@ -179,10 +179,13 @@ def test_an_editable_build_directory_another_user_prepared_is_refused(
         os.chmod(top, 0o755)
         core = Path(top) / "core"
         core.mkdir()
-        os.chmod(core, 0o777)  # a checkout others may write into (the base itself is not checked)
-        second_user.run("mkdir", "-m", "0755", str(core / "build"))  # ready before the first query
+        os.chmod(core, 0o777)  # a checkout others may write into: refused itself, as a parent
         monkeypatch.setattr(_jvm, "_INSTALLED", Path(top) / "no-wheel")
         monkeypatch.setattr(_jvm, "_source_tree", lambda: core)
+        with pytest.raises(_jvm.LocalityUnavailable, match=f"lies below {core}, which can be written by"):
+            _jvm.helper_jar(pyspark.__version__)
+        os.chmod(core, 0o1777)  # sticky, as /tmp: no one renames another's entries; build is checked next
+        second_user.run("mkdir", "-m", "0755", str(core / "build"))  # ready before the first query
         with pytest.raises(_jvm.LocalityUnavailable) as e:
             _jvm.helper_jar(pyspark.__version__)
         message = str(e.value)
@@ -242,3 +245,34 @@ def test_a_handoff_directory_another_user_prepared_shows_in_batch_info(
         assert_exact_state(processed.checkpoint_storage(), job_id, RECORDS + RECORDS)
     finally:
         shutil.rmtree(top)
+
+
+def test_a_jar_with_statekits_class_names_on_spark_jars_turns_locality_off_and_never_runs(
+    tmp_path: Path, real_helper: _jvm.Helper
+) -> None:
+    """The classes that run must be the checked ones: a class loader asks its parent first (spark.jars)."""
+    import sys
+
+    marker = tmp_path / "the-other-class-ran"
+    other = tmp_path / "other" / "statekit-spark-locality.jar"  # named like statekit's, too
+    other.parent.mkdir()
+    other.write_bytes(_planted_jar(tmp_path, marker))
+    driver = Path(__file__).with_name("classpath_driver.py")
+    done = subprocess.run(
+        [sys.executable, str(driver), str(other)], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    first = out["spark.jars"]
+    assert first is not None and first.startswith(
+        "statekit.spark.locality: spark.jars ships io/statekit/spark/Locality.class to the executors "
+        f"from {other}, not from the checked helper {real_helper.jar}"
+    ), first
+    assert f"Remove {other} from spark.jars" in first and "statekit.spark.locality=off" in first
+    # The driver's own check: the class its parent-first loader gives comes from the other jar.
+    assert out["parent gives"].endswith(str(other)), out
+    second = out["code source"]
+    assert second is not None and second.startswith(
+        f"statekit.spark.locality: the class io.statekit.spark.Locality that Spark loads comes from {other}"
+    ), second
+    assert not marker.exists()  # its static initializer never ran: checked before initialisation

@@ -10,10 +10,22 @@ their chosen target. The rules, as OpenSSH applies them to key files:
 * a directory statekit writes into is created with mode 0700; one that
   already exists must be a real directory (not a symlink), owned by the
   running user, with no group or other write permission;
-* every component between a trusted *base* (a directory the user or the
-  platform chose: the temp dir, Spark's local dir, a configured path's
-  parent) and the directory is checked the same way, so no component may be
-  a symlink statekit did not make;
+* every component between a *base* (a directory the user or the platform
+  chose: the temp dir, Spark's local dir, a configured path's parent) and the
+  directory is checked the same way, so no component may be a symlink
+  statekit did not make;
+* the base and every directory above it, from ``/``, must be one no other
+  user controls: owned by root or by the running user, and not writable by
+  its group or others unless sticky (as ``/tmp``: there no one can rename or
+  remove another's entries). A symlink on the way is followed only if root
+  or the running user owns it. Otherwise the owner of a parent could rename
+  statekit's private directory away, or swap a symlink in, between the check
+  and the use;
+* the walk opens each directory relative to its checked parent's descriptor
+  (``openat`` with ``O_NOFOLLOW | O_DIRECTORY``) and checks what it opened, so
+  no component can be swapped between its check and the next step; since
+  every component is then one only root or this user can change, the path
+  checked is the path used;
 * files are created exclusively (``O_CREAT | O_EXCL | O_NOFOLLOW``), under a
   fresh temporary name, and renamed into place: never opened by a name
   someone else could have planted.
@@ -112,6 +124,104 @@ def _open_component(parent_fd: int, name: str, path: str, what: str, otherwise: 
     return fd
 
 
+_MAX_LINKS = 40  # symlinks followed on the way to a base, as the kernel's limit
+
+
+def _trusted_problem(st: os.stat_result) -> str | None:
+    """Why a directory on the way to a base is not trusted (None if it is): its owner, or its write bits."""
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid not in (0, os.geteuid()):
+        return f"belongs to user id {st.st_uid}, neither root nor the running user ({os.geteuid()})"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        mode = stat.S_IMODE(st.st_mode)
+        return f"can be written by its group or by others and is not sticky (mode {mode:04o})"
+    return None
+
+
+def _refuse_parent(
+    target: str, component: str, problem: str, fix: str, what: str, otherwise: str
+) -> UnsafeLocalPathError:
+    message = (
+        f"{what} {target} lies below {component}, which {problem}, so another user could rename "
+        f"{what.removeprefix('the ')} away or put their own in its place. {fix}"
+    )
+    return UnsafeLocalPathError(f"{message} {otherwise}" if otherwise else message, path=component)
+
+
+def _parent_fix(component: str, problem: str) -> str:
+    if problem.startswith("belongs"):
+        return (
+            f"Choose a directory whose parents all belong to root or to you (as /tmp, your home directory "
+            f"or Spark's local directory do), not one below {component}."
+        )
+    if problem.startswith("can be written"):
+        return f"Run `chmod go-w {component}` (or `chmod +t {component}`, sticky as /tmp), or choose another."
+    return f"Choose a directory whose every parent is a real directory, not below {component}."
+
+
+def _open_trusted(path: str, what: str, otherwise: str, target: str, *, create: bool) -> int:
+    """A descriptor of directory ``path`` (absolute), walked from ``/`` with every component trusted.
+
+    Each component is opened relative to its parent's descriptor without
+    following a symlink and checked on the descriptor opened (see the module
+    doc); a symlink is followed only if root or the running user owns it.
+    Missing components are created with mode 0700 if ``create``.
+    """
+    fd = os.open("/", _DIR_FLAGS)
+    try:
+        problem = _trusted_problem(os.fstat(fd))
+        if problem is not None:
+            raise _refuse_parent(target, "/", problem, _parent_fix("/", problem), what, otherwise)
+        todo = [p for p in path.split("/") if p not in ("", ".")]
+        current = "/"
+        links = 0
+        while todo:
+            name = todo.pop(0)
+            shown = os.path.normpath(os.path.join(current, name))
+            if create and name != "..":
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o700, dir_fd=fd)
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                raise
+            except OSError as e:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if not stat.S_ISLNK(st.st_mode):
+                    raise _refuse_parent(
+                        target, shown, "is not a directory", _parent_fix(shown, "not"), what, otherwise
+                    ) from e
+                if st.st_uid not in (0, os.geteuid()):
+                    problem = f"is a symlink of user id {st.st_uid} (to {os.readlink(name, dir_fd=fd)!r})"
+                    fix = f"Name the real directory, not a path through {shown}."
+                    raise _refuse_parent(target, shown, problem, fix, what, otherwise) from None
+                links += 1
+                if links > _MAX_LINKS:
+                    raise _refuse_parent(
+                        target, shown, f"leads through more than {_MAX_LINKS} symlinks",
+                        "Name the real directory.", what, otherwise,
+                    ) from None  # fmt: skip
+                link = os.readlink(name, dir_fd=fd)
+                todo[:0] = [p for p in link.split("/") if p not in ("", ".")]
+                if link.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", _DIR_FLAGS)
+                    current = "/"
+                continue
+            st = os.fstat(child)
+            problem = _trusted_problem(st)
+            if problem is not None:
+                os.close(child)
+                raise _refuse_parent(target, shown, problem, _parent_fix(shown, problem), what, otherwise)
+            os.close(fd)
+            fd, current = child, shown
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def private_dir(
     path: str | os.PathLike[str],
     *,
@@ -124,12 +234,15 @@ def private_dir(
     Every component of ``path`` below ``base`` (default: ``path``'s parent, so
     only ``path`` itself) is created with mode 0700 if missing, and otherwise
     must be a real directory owned by this user with no group or other write.
-    ``base`` itself is trusted (the user or the platform chose it) and created
-    if missing, but not checked.
+    ``base`` and every directory above it are created (0700) if missing and
+    must be ones no other user controls: owned by root or this user, not
+    writable by group or others unless sticky, symlinks only of root or this
+    user (see the module doc). Each directory is opened relative to its
+    checked parent, so nothing can be swapped in between a check and the next step.
 
     Args:
         path: The directory statekit writes into.
-        base: A trusted ancestor of ``path``.
+        base: An ancestor of ``path`` the user or the platform chose.
         what: What the directory is, for the error (``"the local-recovery directory"``).
         otherwise: The caller's own way out, appended to the error (``"Or set
             statekit.local-dir to a directory of your own."``).
@@ -142,12 +255,10 @@ def private_dir(
     rel = os.path.relpath(target, root)
     if rel == os.pardir or rel.startswith(os.pardir + os.sep) or os.path.isabs(rel):
         raise ValueError(f"{target} is not below {root}")
-    parts = [] if rel == os.curdir else rel.split(os.sep)
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    if not parts:
-        check_private_dir(target, what=what, otherwise=otherwise)
-        return target
-    fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
+    if rel == os.curdir:  # the base is the directory itself: private, not only trusted
+        root, rel = os.path.split(target)
+    parts = rel.split(os.sep)
+    fd = _open_trusted(root, what, otherwise, target, create=True)
     try:
         current = root
         for part in parts:
@@ -165,23 +276,30 @@ def check_private_dir(
 ) -> None:
     """Check (never create) that ``path`` is a real directory of this user that no one else may write.
 
-    ``what`` and ``otherwise`` as for :func:`private_dir`.
+    Its parents, from ``/``, must be ones no other user controls, as for
+    :func:`private_dir`'s base. ``what`` and ``otherwise`` as for :func:`private_dir`.
 
     Raises:
-        UnsafeLocalPathError: If it is a symlink, someone else's, or group- or other-writable.
+        UnsafeLocalPathError: If it is a symlink, someone else's, or group- or other-writable;
+            or a parent is another user's, writable by others without the sticky bit, or another's symlink.
         FileNotFoundError: If it does not exist.
     """
-    p = os.fspath(path)
-    st = os.lstat(p)
-    if stat.S_ISLNK(st.st_mode):
-        raise _refuse(
-            p,
-            f"is a symlink (to {os.readlink(p)!r}) that statekit did not make",
-            "Remove the symlink, or point statekit at the real directory.",
-            what,
-            otherwise,
-        )
-    _check_stat(st, p, what, otherwise)
+    p = os.path.abspath(os.fspath(path))
+    parent, name = os.path.split(p)
+    fd = _open_trusted(parent, what, otherwise, p, create=False)
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            raise _refuse(
+                os.fspath(path),
+                f"is a symlink (to {os.readlink(name, dir_fd=fd)!r}) that statekit did not make",
+                "Remove the symlink, or point statekit at the real directory.",
+                what,
+                otherwise,
+            )
+        _check_stat(st, os.fspath(path), what, otherwise)
+    finally:
+        os.close(fd)
 
 
 def create_exclusive(directory: str, prefix: str, suffix: str = "", mode: int = 0o600) -> tuple[int, str]:

@@ -46,6 +46,7 @@ from ._contracts import (
 from ._errors import warn_deprecated, warn_moved
 from .plugins._config import ConfigOption
 from .plugins._registry import BackendSpec, PluginRegistry, StorageSpec, hookimpl
+from .plugins._secrets import redact_urls
 from .serialization._keygroups import KeyGroupRange, key_group_for_bytes
 from .state._declared import DeclaredStateBackend
 from .state._keyed import KeyedBackendBase, merge_list_namespaces
@@ -88,6 +89,7 @@ __all__ = [
     "key_group_for_bytes",
     "merge_list_namespaces",
     "purge_expired",
+    "redact_urls",
 ]
 
 #: Names this module exported before it was narrowed, and their one home now.

@@ -10,11 +10,14 @@ from typing import Any
 
 import fsspec.asyn  # type: ignore[import-untyped]
 from fsspec.core import url_to_fs  # type: ignore[import-untyped]
+from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
+from statekit.backend_api import redact_urls
 from statekit.errors import CheckpointError, CheckpointNotFoundError, ConfigurationError, CorruptSnapshotError
 from statekit.snapshot_codec import StreamStateHandle
 
 from ._handles import FS_ERRORS, FileStreamHandle, InlineStreamHandle
+from ._localfiles import PrivateLocalFileSystem
 from ._paths import (
     CHECKPOINT_DIR,
     METADATA_FILE,
@@ -73,13 +76,20 @@ class Files:
     """File access shared by both storages: opening URLs, savepoints, metadata, handles."""
 
     def __init__(
-        self, storage_options: Mapping[str, Any], dirs: Iterable[str | None], inline_threshold: int
+        self,
+        storage_options: Mapping[str, Any],
+        dirs: Iterable[str | None],
+        inline_threshold: int,
+        *,
+        local_permissions: str = "private",
     ) -> None:
         if inline_threshold < 0:
             raise ConfigurationError(f"the inline threshold must be 0 or more, not {inline_threshold}")
         self.storage_options = dict(storage_options)
         self.inline_threshold = inline_threshold
         self._protocols = {protocol_of(d) for d in dirs if d is not None}
+        # Local checkpoint files private (0700/0600) unless shared deliberately: see _localfiles.
+        self._private_local = local_permissions == "private"
 
     def open(self, url: str) -> tuple[Any, str]:
         """The filesystem and path of ``url``; storage options apply to the configured protocols.
@@ -94,6 +104,8 @@ class Files:
             fs, path = url_to_fs(url, **options)
             if options:
                 _make_client(fs)
+            if self._private_local and type(fs) is LocalFileSystem:
+                fs = PrivateLocalFileSystem()
         except ImportError as exc:
             extra = _EXTRAS.get(protocol)
             advice = (
@@ -103,15 +115,16 @@ class Files:
                 else f"Install the fsspec implementation of {protocol!r}."
             )  # fmt: skip
             raise ConfigurationError(
-                f"{url} needs support for the {protocol!r} protocol, which is not installed ({exc}). {advice}"
+                f"{redact_urls(url)} needs support for the {protocol!r} protocol, which is not installed "
+                f"({redact_urls(str(exc))}). {advice}"
             ) from exc
         except _OPEN_ERRORS as exc:
             # The first line only: libhdfs lists every path it tried; the cause keeps them.
-            reason = (str(exc).strip() or repr(exc)).splitlines()[0]
+            reason = redact_urls((str(exc).strip() or repr(exc)).splitlines()[0])
             hint = _HDFS_HINT if _EXTRAS.get(protocol) == "hdfs" else ""
             if isinstance(exc, TypeError):
                 hint += f" Check the storage options: the {protocol!r} filesystem does not take one of them."
-            raise ConfigurationError(f"cannot open {url}: {reason}.{hint}") from exc
+            raise ConfigurationError(f"cannot open {redact_urls(url)}: {reason}.{hint}") from exc
         return fs, str(path)
 
     def completed(self, job_url: str) -> list[str]:

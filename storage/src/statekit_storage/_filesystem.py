@@ -33,7 +33,7 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from statekit.backend_api import CheckpointWriter
+from statekit.backend_api import CheckpointWriter, redact_urls
 from statekit.errors import CheckpointError, ConfigurationError
 from statekit.snapshot_codec import StreamStateHandle
 
@@ -89,8 +89,12 @@ class FileSystemCheckpointStorage:
         savepoints_dir: str | None = None,
         inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
         storage_options: Mapping[str, Any] | None = None,
+        local_permissions: str = "private",
     ) -> None:
         """Creates the storage; fails now if the URL's filesystem is not installed.
+
+        On local disks, directories are created 0700 and files 0600 unless
+        ``local_permissions="umask"`` (see :mod:`statekit_storage._localfiles`).
 
         Raises:
             ConfigurationError: On a negative threshold or a protocol without implementation.
@@ -98,7 +102,9 @@ class FileSystemCheckpointStorage:
         self.checkpoints_dir = normalize_dir(checkpoints_dir)
         self.savepoints_dir = None if savepoints_dir is None else normalize_dir(savepoints_dir)
         dirs = (self.checkpoints_dir, self.savepoints_dir)
-        self._files = Files(storage_options or {}, dirs, inline_threshold)
+        self._files = Files(
+            storage_options or {}, dirs, inline_threshold, local_permissions=local_permissions
+        )
         self._files.open(self.checkpoints_dir)
         self._prepared: set[str] = set()
         self._run_records = RunRecords(self._files, self.job_dir)
@@ -124,11 +130,12 @@ class FileSystemCheckpointStorage:
             storage_options=parse_storage_options(
                 options.get("storage-options"), cls.name, options.get("secret-storage-options")
             ),
+            local_permissions=options.get("local-permissions", "private"),
         )
 
     def __repr__(self) -> str:
         """Names the checkpoints directory."""
-        return f"FileSystemCheckpointStorage({self.checkpoints_dir!r})"
+        return f"FileSystemCheckpointStorage({redact_urls(self.checkpoints_dir)!r})"
 
     @property
     def inline_threshold(self) -> int:

@@ -128,8 +128,9 @@ class JobManagerCheckpointStorage:
         max_state_size: int = DEFAULT_MAX_STATE_SIZE,
         savepoints_dir: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        local_permissions: str = "private",
     ) -> None:
-        """Creates the storage.
+        """Creates the storage (savepoints on local disks: 0700/0600 unless ``local_permissions="umask"``).
 
         Raises:
             ConfigurationError: If ``max_state_size`` is not positive.
@@ -138,7 +139,12 @@ class JobManagerCheckpointStorage:
             raise ConfigurationError(f"max-state-size must be positive, not {max_state_size}")
         self.max_state_size: int | None = max_state_size
         self.savepoints_dir = None if savepoints_dir is None else normalize_dir(savepoints_dir)
-        self._files = Files(storage_options or {}, (self.savepoints_dir,), DEFAULT_INLINE_THRESHOLD)
+        self._files = Files(
+            storage_options or {},
+            (self.savepoints_dir,),
+            DEFAULT_INLINE_THRESHOLD,
+            local_permissions=local_permissions,
+        )
         self._completed: dict[str, dict[int, bytes]] = {}  # job id -> checkpoint id -> metadata
         self._runs: dict[str, dict[str, tuple[int, dict[str, Any]]]] = {}  # job id -> run id -> record
         self._job_files: dict[str, dict[str, bytes]] = {}  # job id -> name -> bytes
@@ -153,6 +159,7 @@ class JobManagerCheckpointStorage:
             storage_options=parse_storage_options(
                 options.get("storage-options"), cls.name, options.get("secret-storage-options")
             ),
+            local_permissions=options.get("local-permissions", "private"),
         )
 
     def __repr__(self) -> str:

@@ -44,6 +44,16 @@ _SECRET_STORAGE_OPTIONS = ConfigOption(
     "so Spark hides it on its UI and in event logs, and statekit never shows it. Better still, leave "
     "credentials to the environment or the fsspec/boto credential chain.",
 )
+_LOCAL_PERMISSIONS = ConfigOption(
+    "local-permissions",
+    str,
+    "private",
+    "How checkpoint and savepoint files on local disks (plain paths, file://) are created: private (the "
+    "default) makes every directory statekit creates 0700 and every file 0600, whatever the umask, so no "
+    "other local user reads the state; umask shares them as the process's umask makes them (e.g. 0755/0644), "
+    "for a group or another user that must read them. Other filesystems keep their own access control.",
+    choices=("private", "umask"),
+)
 
 FILESYSTEM = StorageSpec(
     name="filesystem",
@@ -61,6 +71,7 @@ FILESYSTEM = StorageSpec(
         ),
         _STORAGE_OPTIONS,
         _SECRET_STORAGE_OPTIONS,
+        _LOCAL_PERMISSIONS,
     ),
     description="Checkpoints as files under any fsspec URL: local, file://, memory://, s3://, hdfs://.",
 )  # fmt: skip
@@ -77,6 +88,7 @@ JOBMANAGER = StorageSpec(
         _SAVEPOINTS_DIR,
         _STORAGE_OPTIONS,
         _SECRET_STORAGE_OPTIONS,
+        _LOCAL_PERMISSIONS,
     ),
     description="Checkpoints in the memory of the coordinating process (tests, small state); "
     "savepoints as files.",

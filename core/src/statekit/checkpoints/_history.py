@@ -21,13 +21,17 @@ A history that cannot be written never fails a checkpoint: the checkpoint
 is what recovery needs, the history only tells about it. The failure is a
 ``RuntimeWarning`` naming the job and the cause; the attempts stay in memory
 and the next write (after the next attempt) holds them all. A history file
-found damaged when a run starts is warned of and replaced by a new one;
-:func:`read_checkpoint_history` refuses it, naming it.
+found damaged when a run starts (bad JSON, a number like ``1e999``, a value
+of the wrong kind, a checksum mismatch) is set aside as
+``checkpoint-history.damaged.json``, warned of once and replaced by a new one;
+:func:`read_checkpoint_history` refuses it with a :class:`DamagedHistoryError`
+naming the file.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import struct
 import time
 import warnings
@@ -43,6 +47,7 @@ from ._timing import CheckpointTiming
 
 __all__ = [
     "COMPLETED",
+    "DAMAGED_HISTORY_FILE",
     "DISCARDED",
     "FAILED",
     "HISTORY_FILE",
@@ -50,11 +55,15 @@ __all__ = [
     "AttemptSizes",
     "CheckpointAttempt",
     "CheckpointHistory",
+    "DamagedHistoryError",
+    "history_file",
     "read_checkpoint_history",
 ]
 
 #: The job file (:class:`~statekit.backend_api.SupportsJobFiles`) that holds the history.
 HISTORY_FILE = "checkpoint-history.json"
+#: Where a damaged history is set aside (the last one found) before a new one is written.
+DAMAGED_HISTORY_FILE = "checkpoint-history.damaged.json"
 #: Completed, and still retained (as far as the history knows).
 COMPLETED = "completed"
 #: Never completed: ``failure`` says why.
@@ -191,25 +200,30 @@ class CheckpointAttempt:
 
         def opt_int(name: str) -> int | None:
             v = obj.get(name)
-            return None if v is None else int(v)
+            return None if v is None else _count(name, v)
+
+        def text(name: str, v: Any) -> str:
+            if not isinstance(v, str):
+                raise ValueError(f"{name} is {v!r}, not a string")
+            return v
 
         return cls(
-            checkpoint_id=int(obj["checkpoint_id"]),
-            kind=str(obj["kind"]),
-            status=str(obj["status"]),
-            trigger_ms=int(obj["trigger_ms"]),
-            duration_ms=int(obj["duration_ms"]),
-            location=str(obj["location"]),
+            checkpoint_id=_count("checkpoint_id", obj["checkpoint_id"]),
+            kind=text("kind", obj["kind"]),
+            status=text("status", obj["status"]),
+            trigger_ms=_count("trigger_ms", obj["trigger_ms"]),
+            duration_ms=_count("duration_ms", obj["duration_ms"]),
+            location=text("location", obj["location"]),
             sizes=AttemptSizes(
-                full=int(obj.get("full_bytes", 0)),
-                written=int(obj.get("written_bytes", 0)),
+                full=_count("full_bytes", obj.get("full_bytes", 0)),
+                written=_count("written_bytes", obj.get("written_bytes", 0)),
                 uploaded=opt_int("uploaded_bytes"),
                 referenced=opt_int("referenced_bytes"),
-                parallelism=int(obj.get("parallelism", 0)),
-                backend=str(obj.get("backend", "")),
+                parallelism=_count("parallelism", obj.get("parallelism", 0)),
+                backend=text("backend", obj.get("backend", "")),
             ),
-            failure=None if obj.get("failure") is None else str(obj["failure"]),
-            runner=str(obj.get("runner", "")),
+            failure=None if obj.get("failure") is None else text("failure", obj["failure"]),
+            runner=text("runner", obj.get("runner", "")),
             batch_id=opt_int("batch_id"),
             dropped_fields={
                 str(k): [str(c) for c in v]
@@ -221,6 +235,13 @@ class CheckpointAttempt:
             upload_ms=opt_int("upload_ms"),
             metadata_ms=opt_int("metadata_ms"),
         )
+
+
+def _count(name: str, v: Any) -> int:
+    """``v`` if it is an integer ≥ 0 of at most 63 bits, else ValueError (``1e999``, ``true``, ``"7"``)."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 63:
+        raise ValueError(f"{name} is {str(v)[:40]}, not a count")
+    return v
 
 
 def encode_history(attempts: Sequence[CheckpointAttempt]) -> bytes:
@@ -245,19 +266,46 @@ def decode_history(data: bytes) -> list[CheckpointAttempt]:
     if zlib.crc32(body) != _U32.unpack(data[-4:])[0]:
         raise ValueError("checksum mismatch: the file is damaged")
     try:
-        obj = json.loads(body)
+        obj = json.loads(body, parse_constant=_no_constant, parse_float=_finite)
         version = obj.get("version") if isinstance(obj, dict) else None
         if version != _VERSION:
             raise ValueError(
                 f"version {version!r} is not one this statekit reads (a newer statekit wrote it?)"
             )
+        if not isinstance(obj["attempts"], list) or not all(isinstance(a, dict) for a in obj["attempts"]):
+            raise ValueError("attempts is not a list of objects")
         return [CheckpointAttempt.from_json(a) for a in obj["attempts"]]
-    except (KeyError, TypeError, AttributeError, RecursionError) as e:
+    except ValueError as e:  # bad JSON, bad UTF-8, a value of the wrong kind
+        raise ValueError(f"malformed ({str(e)[:200]})") from None
+    except (KeyError, TypeError, AttributeError, ArithmeticError, RecursionError, MemoryError) as e:
         raise ValueError(f"malformed ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a history holds")
 
 
 def _job_files(storage: CheckpointStorage) -> SupportsJobFiles | None:
     return storage if isinstance(storage, SupportsJobFiles) else None
+
+
+def history_file(storage: CheckpointStorage, job_id: str) -> str:
+    """Where the history of ``job_id`` is, for messages: its URL on a storage with job directories."""
+    job_dir = getattr(storage, "job_dir", None)
+    if callable(job_dir):
+        try:
+            return f"{job_dir(job_id)}/files/{HISTORY_FILE}"
+        except Exception:  # noqa: BLE001 - a job id the storage refuses: name the file as below
+            pass
+    name = getattr(storage, "name", "checkpoint")
+    return f"{HISTORY_FILE} among the job files of job {job_id!r} in the {name} storage"
 
 
 def read_checkpoint_history(storage: CheckpointStorage, job_id: str) -> list[CheckpointAttempt]:
@@ -265,7 +313,7 @@ def read_checkpoint_history(storage: CheckpointStorage, job_id: str) -> list[Che
 
     Raises:
         CheckpointError: If the storage keeps no job files (so no history), the
-            store fails, or the history is damaged (naming it and the way out).
+            store fails, or the history is damaged (naming the file and the way out).
     """
     files = _job_files(storage)
     if files is None:
@@ -279,11 +327,27 @@ def read_checkpoint_history(storage: CheckpointStorage, job_id: str) -> list[Che
     try:
         return decode_history(data)
     except ValueError as e:
-        raise CheckpointError(
-            f"the checkpoint history of job {job_id!r} ({HISTORY_FILE} among the job's files, "
-            f"<job>/files/ on the filesystem storage) is damaged: {e}. Delete it: the job's next "
-            "checkpoint starts a new one (its checkpoints are not affected)"
+        raise DamagedHistoryError(
+            f"the checkpoint history of job {job_id!r}, {history_file(storage, job_id)}, is damaged: {e}. "
+            "The job's next checkpoint sets it aside (as "
+            f"{DAMAGED_HISTORY_FILE}) and starts a new one; or delete it. Its checkpoints are not affected",
+            data=data,
         ) from None
+
+
+class DamagedHistoryError(CheckpointError):
+    """The history file is not one statekit wrote whole: its bytes are kept in :attr:`data`."""
+
+    def __init__(self, message: str, *, data: bytes = b"") -> None:
+        super().__init__(message)
+        self.data = data
+
+    def __reduce__(self) -> Any:
+        return (_damaged, (str(self), self.data))
+
+
+def _damaged(message: str, data: bytes) -> DamagedHistoryError:
+    return DamagedHistoryError(message, data=data)
 
 
 class CheckpointHistory:
@@ -419,6 +483,10 @@ class CheckpointHistory:
             return self._attempts
         try:
             attempts = read_checkpoint_history(self.storage, self.job_id)
+        except DamagedHistoryError as e:
+            attempts = []
+            self._set_aside(e)
+            self._unwritten = True  # rewritten whole with this run's first attempt (or at flush)
         except CheckpointError as e:
             self._warn(f"{e}; a new checkpoint history starts now")
             attempts = []
@@ -437,6 +505,18 @@ class CheckpointHistory:
             ]
         self._attempts = attempts
         return attempts
+
+    def _set_aside(self, damaged: DamagedHistoryError) -> None:
+        """Keep the damaged file's bytes as :data:`DAMAGED_HISTORY_FILE` (for a look), warned of once."""
+        files = _job_files(self.storage)
+        assert files is not None
+        try:
+            files.write_job_file(self.job_id, DAMAGED_HISTORY_FILE, damaged.data)
+            where = f"its bytes are kept as {DAMAGED_HISTORY_FILE} beside it"
+        except Exception as e:  # noqa: BLE001 - the history never fails a checkpoint (module doc)
+            where = f"its bytes could not be set aside ({e})"
+        message = str(damaged).partition(" The job's next checkpoint")[0]
+        self._warn(f"{message} It is replaced by a new checkpoint history now; {where}")
 
     def _write(self) -> None:
         files = _job_files(self.storage)

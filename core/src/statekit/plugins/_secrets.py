@@ -6,6 +6,9 @@ use) or names the id of a key (:data:`KEY_ID`: s3fs's ``key``, ``client_id``):
 an access key id is half a credential and names the account it opens, so it is
 hidden like the secret. Configuration values are often JSON (fsspec storage
 options), so :func:`redact` looks inside JSON strings, mappings and lists too.
+Credentials inside a URL (``http://user:pass@host``, in ``endpoint_url`` or in
+any other value) are hidden wherever they appear: the whole user information
+before the ``@``, since a user name there is often a key id.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ __all__ = [
     "REDACTED",
     "SECRET_KEY",
     "SPARK_DEFAULT_REDACTION",
+    "URL_CREDENTIALS",
     "is_secret_key",
     "redact",
+    "redact_urls",
     "secret_keys_in",
 ]
 
@@ -37,6 +42,18 @@ SECRET_KEY = re.compile(
 KEY_ID = re.compile(r"(?i)key|key[._-]?id|user[._-]?name|client[._-]?id")
 #: What is shown instead of a secret (Spark's own text).
 REDACTED = "*********(redacted)"
+#: A URL's user information (``user:password@`` after ``scheme://``), up to the last ``@`` before its host.
+URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#\s]+)@")
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with the user information of every URL in it (``user:pass@``) replaced by :data:`REDACTED`.
+
+    Example::
+
+        redact_urls("http://minio:s3cr3t@127.0.0.1:9000/b")  # 'http://*********(redacted)@127.0.0.1:9000/b'
+    """
+    return URL_CREDENTIALS.sub(lambda m: f"{m.group(1)}{REDACTED}@", text)
 
 
 def is_secret_key(name: str) -> bool:
@@ -79,6 +96,8 @@ def redact(value: Any, key: str = "") -> Any:
         except (ValueError, RecursionError):
             return REDACTED
         return json.dumps(redact(parsed))
+    if isinstance(value, str):
+        return redact_urls(value)
     return value
 
 
@@ -88,6 +107,7 @@ def secret_keys_in(value: Any, path: str = "") -> list[str]:
     Example::
 
         secret_keys_in('{"key": "AKIA", "client_kwargs": {"secret": "s"}}')  # ['key', 'client_kwargs.secret']
+        secret_keys_in('{"endpoint_url": "http://u:p@h"}')  # ['endpoint_url (credentials in a URL)']
     """
     found: list[str] = []
     items: Iterable[tuple[str, Any]]
@@ -96,6 +116,10 @@ def secret_keys_in(value: Any, path: str = "") -> list[str]:
             value = json.loads(value)
         except (ValueError, RecursionError):
             return found
+    if isinstance(value, str):
+        if URL_CREDENTIALS.search(value):
+            found.append(f"{path or 'the value'} (credentials in a URL)")
+        return found
     if isinstance(value, Mapping):
         items = ((str(k), v) for k, v in value.items())
     elif isinstance(value, list | tuple):

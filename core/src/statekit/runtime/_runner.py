@@ -123,6 +123,9 @@ class RunResult:
     stopped_with_savepoint: str | None = None
     """The savepoint a stop-with-savepoint request (``statekit savepoint trigger --stop``) took, after
     which the run ended before the next record; None if the run was not stopped so."""
+    input_lost: list[str] = field(default_factory=list)
+    """What the source reported of its input (a :class:`~statekit.LogSource`'s ``InputLostWarning``
+    messages): bytes not read, and bytes of a file truncated in place that are read a second time."""
     checkpoint_infos: list[CheckpointInfo] = field(default_factory=list)
     """What each checkpoint of :attr:`checkpoints` holds and what led to it (also given to
     :attr:`LocalRunner.on_checkpoint` and logged at INFO on the ``statekit`` logger)."""
@@ -658,6 +661,7 @@ class LocalRunner:
                 batch_size=self.batch_size,
                 max_records=max_records,
             )
+            result.input_lost = [str(x) for x in getattr(src, "lost", None) or ()]
             if exhausted:
                 final = time.end_of_input()
                 result.outputs += len(final)

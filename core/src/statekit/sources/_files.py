@@ -65,6 +65,7 @@ __all__ = [
     "LineReader",
     "LongLine",
     "Tracked",
+    "UnreadableFileError",
     "Watch",
     "check_watches",
     "count_lines",
@@ -140,6 +141,48 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+class UnreadableFileError(SourceError):
+    """A watched file or directory the running user may not read: names it, where reading got, the way out.
+
+    Raised where a file is opened or a directory listed (a file made
+    unreadable mid-run: ``chmod 000``, an ACL, an ``EIO``); the LogSource and
+    the Spark source's planning add how far the file was read (:meth:`at`).
+    """
+
+    def __init__(self, path: str, reason: str, where: str = "", *, directory: bool = False) -> None:
+        self.path, self.reason, self.where, self.directory = path, reason, where, directory
+        at = f" ({where})" if where else ""
+        try:
+            import pwd
+
+            user = f"{pwd.getpwuid(os.geteuid()).pw_name}, user id {os.geteuid()}"
+        except (ImportError, KeyError):
+            user = f"user id {os.geteuid()}"
+        access = f"`chmod a+rx {path}`" if directory else f"`chmod a+r {path}`"
+        super().__init__(
+            f"{path}{at} cannot be read: {reason}. A LogSource stops rather than skip it. Give the user that "
+            f"runs the job ({user}) read access to it (e.g. {access}, or an ACL) and run the job again "
+            "(restore='latest'): it goes on from where it stopped, nothing lost. Or move it out of the "
+            "watched files, or exclude it with pattern= (what it holds past that point is then reported lost)"
+        )
+
+    def at(self, where: str) -> UnreadableFileError:
+        """The same error, saying how far the file was read."""
+        return UnreadableFileError(self.path, self.reason, where, directory=self.directory)
+
+    def __reduce__(self) -> Any:
+        return (_unreadable, (self.path, self.reason, self.where, self.directory))
+
+
+def _unreadable(path: str, reason: str, where: str, directory: bool) -> UnreadableFileError:
+    return UnreadableFileError(path, reason, where, directory=directory)
+
+
+def _reason(e: OSError) -> str:
+    name = errno.errorcode.get(e.errno or 0, "")
+    return f"{e.strerror or e}" + (f" ({name})" if name else "")
+
+
 def _not_regular(path: str, what: str, where: str | None = None) -> SourceError:
     place = f", move it out of {where}," if where else ""
     return SourceError(
@@ -171,6 +214,8 @@ def open_regular(path: str, *, follow: bool = False) -> IO[bytes]:
             ) from None
         if e.errno == errno.ENXIO:  # a socket, or a FIFO without a reader on some systems
             raise _not_regular(path, _kind(os.lstat(path).st_mode)) from None
+        if not isinstance(e, FileNotFoundError):  # EACCES after a chmod 000, EPERM, EIO, ...
+            raise UnreadableFileError(path, _reason(e)) from e
         raise
     try:
         st = os.fstat(fd)
@@ -231,6 +276,21 @@ def watches_for(paths: Iterable[str], pattern: str) -> list[Watch]:
             d = os.path.dirname(p)
             out.append(Watch(d, os.path.basename(p), pattern, given, os.path.realpath(d)))
     return out
+
+
+def _prefix_names_a_directory(w: Watch, name: str) -> SourceError:
+    """The error for a directory that a watch of a file and its rotations takes (``LogSource("log")``)."""
+    given = w.given or os.path.join(w.directory, w.prefix)
+    folder = os.path.join(os.path.dirname(given), name) + "/"
+    as_folder = given.rstrip("/" + os.sep) + "/"
+    also = "" if os.path.isdir(os.path.join(w.directory, w.prefix)) else ", which does not exist"
+    return SourceError(
+        f"{given} was read as a file-name prefix (the file {w.prefix} and its rotations, every name in "
+        f"{w.directory} that starts with {w.prefix!r}), and {folder} is a directory whose name starts with "
+        f"it: a LogSource reads only regular files. To read the files in that folder, name it with a "
+        f"trailing '/': LogSource({folder!r}) ({as_folder!r} would name the folder {as_folder}{also}); "
+        f"to read the file {w.prefix} and its rotations only, exclude the folder with pattern="
+    )
 
 
 def _near(name: str, directory: str) -> str | None:
@@ -342,6 +402,8 @@ def _listed(w: Watch, name: str, follow_symlinks: bool) -> Candidate | None:
             st = os.stat(path)
         except FileNotFoundError:
             return None  # a link to nothing: nothing to read
+    if stat.S_ISDIR(st.st_mode) and w.prefix and not link:
+        raise _prefix_names_a_directory(w, name)
     if not stat.S_ISREG(st.st_mode):
         raise _not_regular(path, _kind(st.st_mode), w.directory)
     if st.st_size == 0:
@@ -363,6 +425,8 @@ def list_candidates(watches: Sequence[Watch], *, follow_symlinks: bool = False) 
             names = os.listdir(w.directory)
         except FileNotFoundError:
             continue  # removed since check_watches: the next scan says so
+        except OSError as e:
+            raise UnreadableFileError(w.directory, _reason(e), "a watched directory", directory=True) from e
         for name in sorted(names):
             if not w.takes(name):
                 continue

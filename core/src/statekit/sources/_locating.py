@@ -21,6 +21,7 @@ from ._files import (
     PARTIAL_END,
     Candidate,
     Tracked,
+    UnreadableFileError,
     Watch,
     check_watches,
     count_lines,
@@ -35,7 +36,7 @@ from ._files import (
     watches_for,
 )
 
-__all__ = ["FileLocator", "InputLostWarning", "LostInput"]
+__all__ = ["FileLocator", "InputLostWarning", "LostInput", "unreadable_at"]
 
 _LISTINGS = 3  # listings a scan takes at most before it decides a known file is gone
 
@@ -110,7 +111,10 @@ class FileLocator:
         :class:`~statekit.errors.SourceError` under ``on_lost="fail"``).
         """
         self.lost = []
-        return self._scan(tracked)
+        try:
+            return self._scan(tracked)
+        except UnreadableFileError as e:
+            raise unreadable_at(e, tracked) from e.__cause__
 
     def _scan(self, tracked: list[Tracked]) -> list[tuple[Tracked, Candidate]]:
         """Binds each known file to the file that holds it now; lists new files; reports lost ones.
@@ -216,6 +220,16 @@ class FileLocator:
                 "was truncated or rewritten in place (as by logrotate's copytruncate), with no copy of it "
                 "among the watched files"
             )
+            again = min(same.size, t.offset)
+            if again > 0:
+                # Read again from its start as new content: what a truncation to a non-zero length
+                # kept of what was read is then read twice. Its first bytes cannot tell (the
+                # fingerprint covers more than is left), so the range is named exactly.
+                reason += (
+                    f"; it is read again from its start as new content, so its bytes 0-{again} (its "
+                    f"first {again} bytes now) are counted twice if the truncation kept them (a file "
+                    "truncated to a non-zero length, then appended to)"
+                )
         elif same is not None:
             reason = (
                 f"was deleted or moved out, and its inode number now belongs to another file, {same.path}"
@@ -254,6 +268,16 @@ class FileLocator:
                 f"input lost: {lost}. To accept the loss and go on, run once with on_lost='warn'"
             )
         warnings.warn(f"input lost: {lost}", InputLostWarning, stacklevel=5)
+
+
+def unreadable_at(e: UnreadableFileError, tracked: Sequence[Tracked]) -> UnreadableFileError:
+    """``e`` saying how far its file was read (from ``tracked``), if it does not say so already."""
+    if e.where:
+        return e
+    t = next((t for t in tracked if t.path == e.path), None)
+    if t is None or (t.offset == 0 and not t.flags):
+        return e.at("not read yet: the source reads it from byte 0")
+    return e.at(f"read to byte {t.offset}, line {t.line}: the source goes on from there")
 
 
 class _Binding(NamedTuple):

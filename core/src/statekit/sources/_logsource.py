@@ -31,13 +31,14 @@ from ._files import (
     LineReader,
     LongLine,
     Tracked,
+    UnreadableFileError,
     fingerprint,
     holds,
     list_candidates,
     open_candidate,
     open_regular,
 )
-from ._locating import FileLocator, LostInput
+from ._locating import FileLocator, LostInput, unreadable_at
 
 __all__ = [
     "FOLLOW_SYMLINKS_KEY",
@@ -188,11 +189,16 @@ class LogSource(FileLocator):
 
     def _read(self, position: Any, *, mark_bad: bool) -> Iterator[tuple[Any, Any]]:
         self.lost = []
-        plan = self._scan(self._load(position))
-        tracked = [t for t, _ in plan]
-        for i, (t, c) in enumerate(plan):
-            if c.size > t.offset:
-                yield from self._read_file(tracked, i, c, mark_bad)
+        known = self._load(position)
+        tracked = known
+        try:
+            plan = self._scan(known)
+            tracked = [t for t, _ in plan]
+            for i, (t, c) in enumerate(plan):
+                if c.size > t.offset:
+                    yield from self._read_file(tracked, i, c, mark_bad)
+        except UnreadableFileError as e:  # chmod 000 mid-run: name the file, how far it was read, the way out
+            raise unreadable_at(e, tracked) from e.__cause__
 
     def _read_file(
         self, tracked: list[Tracked], i: int, c: Candidate, mark_bad: bool

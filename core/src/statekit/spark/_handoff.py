@@ -22,16 +22,21 @@ Flink never moves state between checkpoints:
   The task then streams its input rows to the sibling as an Arrow IPC stream;
   the sibling sends back frames: output batches, heartbeats while it works,
   then done, or the exception it raised.
-* Anything short of an accepted header (no owner, dead owner, stale attempt,
-  refused connection) leaves the task to run where it is, restoring as it
-  would have. Once accepted, a broken connection fails the task, and so does
+* Anything short of an accepted header (no owner, dead owner, a stopped
+  owner, stale attempt, refused connection, no answer within 30 s) leaves the
+  task to run where it is, restoring as it would have. The handshake's bound
+  is its own, not the hand-off timeout: on a busy machine a sibling may take
+  seconds to answer, and a requester that gave up on it would leave the
+  sibling with a connection whose input never comes. Once accepted, a
+  broken connection fails the task, and so does
   a sibling that sends nothing, not even a heartbeat, for
   ``statekit.spark.worker-handoff.timeout`` (a stopped or hung process):
   Spark's retry restores from the checkpoint, and the sibling, whose task run
   did not finish, drops the state (as a failed task does). The sibling waits
-  as long at most for the task's input: a task that stops sending it ends the
-  run there too (:class:`InputStopped`; the handler drops what it took and
-  says so in its log).
+  as long at most for the task's input: a task that stops sending it, or
+  whose connection ends before its input did, ends the run there too
+  (:class:`InputStopped`; the handler drops what it took and says so in its
+  log).
 
 The directory is confined to the user (:mod:`statekit._localfs`): created
 with mode 0700, and refused if it is someone else's, a symlink, or writable
@@ -82,6 +87,9 @@ _LOG = logging.getLogger("statekit.spark")
 # done, failed.
 _ACCEPT, _DECLINE = b"A", b"N"
 _BATCH, _HEARTBEAT, _DONE, _FAILED = b"B", b"H", b"D", b"E"
+# After the input's Arrow stream, the requester says its input is whole: a stream cut at a batch
+# boundary (the requester died there) reads like a shorter stream, and must not pass for one.
+_INPUT_END = b"Z"
 _HANDSHAKE_TIMEOUT_S = 30.0
 _LEN = struct.Struct(">Q")
 _lock = threading.Lock()
@@ -219,13 +227,14 @@ def forward(
     sends nothing for that long fails the task with an error naming it.
     """
     directory = _directory()
-    if directory is None:
-        return None
+    if directory is None or _stopped(pid):
+        return None  # a stopped worker cannot answer: restore here at once
     path = _socket_path(directory, local_root, pid)
     header = {**header, "heartbeat": _heartbeat_interval(timeout), "timeout": timeout}
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.settimeout(min(_HANDSHAKE_TIMEOUT_S, timeout))
+        # The handshake's own bound (see the module doc), whatever the hand-off timeout.
+        sock.settimeout(_HANDSHAKE_TIMEOUT_S)
         sock.connect(path)
         data = _dumps(header)
         sock.sendall(_LEN.pack(len(data)) + data)
@@ -240,6 +249,16 @@ def forward(
         sock.close()
         return None
     return _exchange(sock, pid, path, header, first, rest, timeout)
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (``SIGSTOP``) or traced, so it cannot answer (Linux; else False)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in (b"T", b"t")
 
 
 def _heartbeat_interval(timeout: float) -> float:
@@ -313,6 +332,7 @@ class _Sender:
                     writer.write_batch(batch)
                     f.flush()
                 writer.close()
+                f.write(_INPUT_END)
         except BaseException as e:  # noqa: BLE001 - handed to the task's thread (raise_failure)
             self.failure.append(e)
         finally:
@@ -468,10 +488,17 @@ def _input(rf: Any, header: dict[str, Any]) -> Iterator[Any]:
     """The input batches a handed-off task streams here; its silence past the timeout ends them."""
     try:
         yield from pa.ipc.open_stream(rf)
+        if rf.read(1) != _INPUT_END:
+            raise EOFError("the connection closed after a whole batch, before the end of its rows")
     except TimeoutError as e:
         raise InputStopped(
             f"Python worker {header.get('from')}, which handed its rows here, sent none for "
             f"{header.get('timeout')} s (statekit.spark.worker-handoff.timeout): it is stopped or hung"
+        ) from e
+    except (OSError, EOFError, pa.ArrowInvalid) as e:
+        raise InputStopped(
+            f"Python worker {header.get('from')}, which handed its rows here, closed the connection "
+            f"before its rows ended ({e}): its task failed or gave up"
         ) from e
 
 

@@ -22,7 +22,13 @@ SHA-256 and that Spark version as package data (``statekit/spark/jvm/``).
 Here the driver checks the installed jar against the manifest, and the
 running Spark's major.minor version against the one the jar was compiled
 for, before it loads the jar through its own class loader and ships it to
-the executors with ``SparkContext.addJar``. Nothing is compiled at run time,
+the executors with ``SparkContext.addJar``. A class loader asks its parent
+first, so a jar with the same class names on Spark's classpath (``spark.jars``,
+``--jars``, ``spark.driver.extraClassPath``) would run instead of the checked
+one: the driver checks where each class it loads came from (its code source
+is the checked jar) and that no jar Spark ships to the executors holds
+``io/statekit/spark/`` classes; else the helper is not used, and locality is
+off with the reason. Nothing is compiled at run time,
 nothing is written, and a JRE is all a cluster needs. An editable install
 (``pip install -e ./core``) has no built jar: it compiles one on first use
 into its own source tree (``core/build/jvm/``, private to the user), which
@@ -172,7 +178,7 @@ def _built_in_tree(core: Path) -> Path:
     except (HelperBuildError, UnsafeLocalPathError) as e:
         raise LocalityUnavailable(
             f"statekit.spark.locality: this editable install of statekit-core ({core}) compiles its "
-            f"locality helper on first use, and could not: {e}. Or {_OFF}"
+            f"locality helper on first use, and could not: {str(e).rstrip('.')}. Or {_OFF}"
         ) from e
 
 
@@ -212,6 +218,8 @@ class JvmLocality:
         gateway: Any = sc._gateway
         try:
             cls = _load_class(sc, jar, "Locality")
+        except LocalityUnavailable:
+            raise
         except Exception as e:  # Py4J errors carry the Java exception as text
             raise LocalityUnavailable(
                 f"statekit.spark.locality: loading the helper {jar} into the driver failed: {e}; "
@@ -283,11 +291,68 @@ def _load_class(sc: Any, jar: str, name: str) -> Any:
     with _LOCK:
         loader = _LOADERS.get((id(gateway), jar))
         if loader is None:
+            _check_no_other_jar(sc, jar)
             urls = gateway.new_array(jvm.java.net.URL, 1)
             urls[0] = jvm.java.io.File(jar).toURI().toURL()
             parent = jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
             loader = _LOADERS[(id(gateway), jar)] = jvm.java.net.URLClassLoader(urls, parent)
+    # Not initialized until its code source is checked: another jar's static initializer never runs.
+    cls = jvm.java.lang.Class.forName(f"{_PACKAGE}.{name}", False, loader)
+    _check_code_source(jvm, cls, jar)
     return jvm.java.lang.Class.forName(f"{_PACKAGE}.{name}", True, loader)
+
+
+def _unchecked(what: str, jar: str, other: str) -> LocalityUnavailable:
+    return LocalityUnavailable(
+        f"statekit.spark.locality: {what} {other}, not from the checked helper {jar}: a jar with statekit's "
+        f"class names is on Spark's classpath, and a class loader takes its parent's classes first, so "
+        f"the classes that would run are not the ones whose SHA-256 was checked. Remove {other} from "
+        f"spark.jars (or --jars, spark.driver.extraClassPath, spark.executor.extraClassPath), or {_OFF}"
+    )
+
+
+def _check_code_source(jvm: Any, cls: Any, jar: str) -> None:
+    """Raise unless class ``cls`` was loaded from ``jar`` (its protection domain's code source)."""
+    source = cls.getProtectionDomain().getCodeSource()
+    location = None if source is None else source.getLocation()
+    if location is None:
+        raise _unchecked(f"the class {cls.getName()} comes from", jar, "an unknown place (no code source)")
+    if str(location.getProtocol()) == "file":
+        where = str(jvm.java.io.File(location.toURI()).getCanonicalPath())
+        if where == os.path.realpath(jar):
+            return
+    else:
+        where = str(location)
+    raise _unchecked(f"the class {cls.getName()} that Spark loads comes from", jar, where)
+
+
+def _check_no_other_jar(sc: Any, jar: str) -> None:
+    """Raise if a jar Spark ships to the executors (``spark.jars``) holds classes of statekit's package.
+
+    The executors load a task's classes parent-first from the jars Spark
+    ships, in the order added: such a jar would run there instead of ``jar``.
+    Jars given by a URL that is not a local file cannot be looked into here;
+    the driver's code-source check still sees one that is on its classpath.
+    """
+    import zipfile
+
+    listed = str(sc.getConf().get("spark.jars", "") or "")
+    prefix = _PACKAGE.replace(".", "/") + "/"
+    mine = os.path.realpath(jar)
+    for entry in filter(None, (j.strip() for j in listed.split(","))):
+        path = entry.removeprefix("file://") if entry.startswith(("file:/", "/")) else None
+        if entry.startswith("file:") and path is not None and not path.startswith("/"):
+            path = entry.removeprefix("file:")
+        if path is None or os.path.realpath(path) == mine or not os.path.isfile(path):
+            continue
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = [n for n in z.namelist() if n.startswith(prefix)]
+                clash = next((n for n in names if n.endswith(".class")), names[0] if names else None)
+        except (OSError, zipfile.BadZipFile):
+            continue
+        if clash is not None:
+            raise _unchecked(f"spark.jars ships {clash} to the executors from", jar, path)
 
 
 def load_helper_class(session: SparkSession, name: str) -> Any:
@@ -300,6 +365,8 @@ def load_helper_class(session: SparkSession, name: str) -> Any:
     jar = helper_jar(str(sc.version)).jar
     try:
         return _load_class(sc, jar, name)
+    except LocalityUnavailable:
+        raise
     except Exception as e:  # Py4J errors carry the Java exception as text
         raise LocalityUnavailable(f"loading the JVM helper {jar} into the driver failed: {e}") from e
 
