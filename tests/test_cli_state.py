@@ -623,7 +623,8 @@ def test_without_pyarrow_every_other_command_works_and_state_says_what_to_instal
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
-    assert 'pip install --find-links wheelhouse "statekit[arrow]"' in done.stderr
+    wanted = 'pip install --find-links wheelhouse -c wheelhouse/constraints.txt "statekit[arrow]"'
+    assert wanted in done.stderr
 
 
 # --- the docs and the commands agree ---------------------------------------------------------

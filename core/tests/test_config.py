@@ -310,7 +310,7 @@ def test_validate_accepts_known_keys(registry: PluginRegistry) -> None:
         ({"statekit.bakend": "heap"}, ConfigurationError, "Did you mean statekit.backend?"),
         ({"statekit.parallelism": "four"}, ConfigurationError, "statekit.parallelism"),
         ({"statekit.backend": "rocksdb"}, UnknownPluginError,
-         'pip install --find-links wheelhouse "statekit[rocksdb]"'),
+         'pip install --find-links wheelhouse -c wheelhouse/constraints.txt "statekit[rocksdb]"'),
         ({"statekit.backend.lmdb.map-size": "1gb"}, UnknownPluginError, "backend 'lmdb' is not installed"),
         ({"statekit.checkpoints.dir": "/tmp/c"}, UnknownPluginError, "storage 'filesystem' is not installed"),
     ],

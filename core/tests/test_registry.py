@@ -168,7 +168,8 @@ def test_unknown_known_name_lists_installed_and_the_extra(
     message = str(info.value)
     assert message.startswith("backend 'foundationdb' is not installed. Installed backends: ")
     assert "fakedb" in message
-    assert 'Install it with: pip install --find-links wheelhouse "statekit[foundationdb]"' in message
+    wanted = 'pip install --find-links wheelhouse -c wheelhouse/constraints.txt "statekit[foundationdb]"'
+    assert f"Install it with: {wanted}" in message
     assert message.endswith("`make wheels` in a statekit checkout builds the wheelhouse, see its README)")
 
 
@@ -259,7 +260,8 @@ def test_missing_engine_says_what_to_install() -> None:
     )
     with pytest.raises(
         PluginError,
-        match=r"module 'no_such_engine_xyz'.*pip install --find-links wheelhouse \"statekit\[rocksdb\]\"",
+        match=r"module 'no_such_engine_xyz'.*pip install --find-links wheelhouse "
+        r"-c wheelhouse/constraints.txt \"statekit\[rocksdb\]\"",
     ):
         registry.create_backend("rocksdb")
     with pytest.raises(

@@ -248,8 +248,8 @@ def install_hint(requirement: str) -> str:
     ``make wheels`` builds in a statekit checkout (see the README).
     """
     return (
-        f'pip install --find-links wheelhouse "{requirement}" (statekit is not on PyPI: `make wheels` '
-        "in a statekit checkout builds the wheelhouse, see its README)"
+        f'pip install --find-links wheelhouse -c wheelhouse/constraints.txt "{requirement}" (statekit '
+        "is not on PyPI: `make wheels` in a statekit checkout builds the wheelhouse, see its README)"
     )
 
 
