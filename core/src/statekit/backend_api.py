@@ -77,13 +77,14 @@ from .snapshots._snapshot import (
     write_canonical,
 )
 from .state._declared import DeclaredStateBackend
+from .state._delta import DeltaChanges, DeltaKeyedBackendBase
 from .state._keyed import (
     AggregatingStateImpl,
     KeyedBackendBase,
     ReducingStateImpl,
     merge_list_namespaces,
 )
-from .state._keyed_snapshots import KeyedSnapshot
+from .state._keyed_snapshots import REMOVED, KeyedSnapshot
 from .state._kvcolumn import KVColumn
 from .state._kvlayout import (
     EntryCodec,
@@ -127,6 +128,7 @@ __all__ = [
     "DROP",
     "KEY_GROUP_FILE_MAGIC",
     "OWNER_FILE",
+    "REMOVED",
     "AggregatingStateImpl",
     "BackendSpec",
     "BroadcastState",
@@ -137,6 +139,8 @@ __all__ = [
     "Clock",
     "ConfigOption",
     "DeclaredStateBackend",
+    "DeltaChanges",
+    "DeltaKeyedBackendBase",
     "EntryCodec",
     "KVColumn",
     "KVFrozenView",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from statekit.backend_api import BackendSpec, hookimpl
+from statekit.backend_api import BackendSpec, ConfigOption, hookimpl
 
 
 @hookimpl
@@ -15,7 +15,25 @@ def statekit_register_backends(register: Callable[[Any], None]) -> None:
         BackendSpec(
             name="heap",
             factory="statekit_heap._backend:HeapStateBackend",
-            options=(),
-            description="Keyed state in Python dicts per key group; copy-on-write snapshots.",
+            options=(
+                ConfigOption(
+                    "max-deltas",
+                    int,
+                    10,
+                    "Checkpoints that write only their change (a delta) after each full one (a base); "
+                    "a restore replays at most this many deltas.",
+                    minimum=1,
+                ),
+                ConfigOption(
+                    "max-delta-ratio",
+                    float,
+                    0.5,
+                    "A checkpoint writes a new base once the deltas since the last one pass this share "
+                    "of its bytes.",
+                    minimum=0.0,
+                ),
+            ),
+            description="Keyed state in Python dicts per key group; checkpoints write the change since the "
+            "last one (a delta), and everything now and then.",
         )
     )
