@@ -387,7 +387,6 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         self._delta_chains = {}
         self._delta_confirmed = None
         migrated = self._restore_staged(staged)
-        self._delta_merge_pending()
         if len(handles) == 1 and handles[0].key_group_range == own and not migrated:
             h = handles[0]
             files = {f.name: f for f in h.files}
@@ -396,8 +395,17 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         else:
             self.native_uploads.restored()
 
+    def snapshot(self) -> KeyedSnapshot:
+        """The keyed base's, after merging the deltas of restored states not declared yet."""
+        self._delta_merge_pending()
+        return super().snapshot()
+
     def _delta_merge_pending(self) -> None:
-        """Undeclared states with delta sections: merged into plain sections where their serializers allow."""
+        """Undeclared states with delta sections: merged into plain sections where their serializers allow.
+
+        A restore leaves them in order (a base's sections, then each delta's), which
+        declaring the state applies; a snapshot taken before needs them merged.
+        """
         for name, (meta, secs) in list(self._pending.items()):
             if not any(s.removal for _, s in secs) and len({kg for kg, _ in secs}) == len(secs):
                 continue
