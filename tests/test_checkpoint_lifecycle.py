@@ -38,8 +38,7 @@ class Place:
         # damage tests below damage; plain "heap" writes its deltas, as by default.
         name, _, fmt = backend.partition("/")
         conf: dict[str, Any] = {**INTERVAL, "statekit.backend": name, **extra}
-        if fmt:
-            conf["statekit.checkpoint.format"] = fmt
+        conf["statekit.checkpoint.format"] = fmt or "native"
         if self.options:
             conf["statekit.checkpoint.storage.filesystem.storage-options"] = json.dumps(self.options)
         return conf
