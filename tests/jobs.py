@@ -69,7 +69,9 @@ def count_urls_runner(checkpoints_dir: str, conf: Mapping[str, Any] | None = Non
     """A LocalRunner of :class:`CountUrls` at parallelism 2, checkpointing into ``checkpoints_dir``.
 
     Every state goes into a file of its own (no inline state), so tests can damage or
-    lose files; ``conf`` adds or overrides keys.
+    lose files; ``conf`` adds or overrides keys. The heap backend writes canonical files
+    (``chk-<n>/process-<i>.keyed``) unless ``conf`` names a format: its own checkpoints are
+    deltas in the shared area, which tests that damage them ask for.
     """
     config = {
         "statekit.checkpoints.dir": checkpoints_dir,
@@ -77,6 +79,8 @@ def count_urls_runner(checkpoints_dir: str, conf: Mapping[str, Any] | None = Non
         "statekit.checkpoint.storage.filesystem.inline-threshold": 0,
         **(conf or {}),
     }
+    if config.get("statekit.backend", "heap") == "heap":
+        config.setdefault("statekit.checkpoint.format", "canonical")
     return LocalRunner(CountUrls, key_selector=lambda r: r["url"], config=config)
 
 

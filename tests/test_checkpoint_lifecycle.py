@@ -34,7 +34,11 @@ class Place:
         self.fs, self.root = url_to_fs(url, **options)
 
     def conf(self, backend: str, **extra: Any) -> dict[str, Any]:
-        conf: dict[str, Any] = {**INTERVAL, "statekit.backend": backend, **extra}
+        # "heap/canonical": heap writing canonical keyed files (chk-<n>/process-<i>.keyed), which the
+        # damage tests below damage; plain "heap" writes its deltas, as by default.
+        name, _, fmt = backend.partition("/")
+        conf: dict[str, Any] = {**INTERVAL, "statekit.backend": name, **extra}
+        conf["statekit.checkpoint.format"] = fmt or "native"
         if self.options:
             conf["statekit.checkpoint.storage.filesystem.storage-options"] = json.dumps(self.options)
         return conf
@@ -141,12 +145,12 @@ def test_a_run_without_restore_numbers_above_the_existing_checkpoints(place: Pla
 
 def test_leftovers_of_a_checkpoint_that_never_completed_are_replaced_not_mixed_in(tmp_path: Path) -> None:
     place = Place(str(tmp_path / "ckpt"), {})
-    three_checkpoints(place, "heap")
+    three_checkpoints(place, "heap/canonical")
     # A run at parallelism 3 killed while writing chk-4: its files, no _metadata.
     place.fs.makedirs(place.path("chk-4"), exist_ok=True)
     for name in ("process-0.keyed", "process-1.keyed", "process-2.keyed", "stray.bin"):
         place.fs.pipe_file(place.path(f"chk-4/{name}"), b"half-written")
-    with place.runner("heap") as r:
+    with place.runner("heap/canonical") as r:
         result = r.run(RecordSource(RECORDS), restore="latest")
     assert result.checkpoints[0].endswith("chk-4")
     names = {p.name for p in Path(place.path("chk-4")).iterdir()}
@@ -189,10 +193,10 @@ DAMAGES: dict[str, tuple[str, Callable[[Place, str], None]]] = {
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
 def test_a_damaged_newest_checkpoint_falls_back_to_the_next_older_one(place: Place, damage: str) -> None:
-    three_checkpoints(place, "heap")
+    three_checkpoints(place, "heap/canonical")
     bad, do = DAMAGES[damage]
     do(place, bad)
-    r, result, warned = restore_latest(place, "heap")
+    r, result, warned = restore_latest(place, "heap/canonical")
     with r:
         assert result.restored_from == place.location(2)
         assert [loc for loc, _ in result.skipped_checkpoints] == [place.location(3)]
@@ -204,33 +208,44 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_next_older_one(place: Pla
         assert result.records == len(RECORDS) - 1000
         # Above the damaged one too: chk-3 is never written into.
         assert result.checkpoints[0].endswith("chk-4")
-    assert final_state(place, "heap", 3) == model_state(RECORDS)
+    assert final_state(place, "heap/canonical", 3) == model_state(RECORDS)
 
 
-def test_a_damaged_native_file_falls_back_too(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("backend", "suffix"), [("rocksdb", ".sst"), ("heap", "delta-3")])
+def test_a_damaged_native_file_falls_back_too(tmp_path: Path, backend: str, suffix: str) -> None:
     place = Place(str(tmp_path / "ckpt"), {})
-    three_checkpoints(place, "rocksdb")
-    meta = load_checkpoint(place.runner("rocksdb").storage, place.location(3)).metadata
+    files = {
+        "statekit.checkpoint.storage.filesystem.inline-threshold": 0,  # heap's deltas are small
+        # Every key changes between checkpoints here: without this, heap writes a base each time.
+        **({"statekit.backend.heap.max-delta-ratio": 100.0} if backend == "heap" else {}),
+    }
+    with place.runner(backend, **files) as r:
+        r.run(RecordSource(RECORDS), max_records=1500)
+    meta = load_checkpoint(place.runner(backend).storage, place.location(3)).metadata
+    assert (
+        backend != "heap"
+        or meta.operators["process"][0].keyed["native"]["meta"]["chain"][0]["kind"] == "base"
+    )
     uploaded = [
         f["handle"]["path"]
         for st in meta.operators["process"]
         for f in st.keyed["native"]["files"]  # type: ignore[index]
-        if f["checkpoint_id"] == 3 and f["handle"]["type"] == "file" and f["name"].endswith(".sst")
+        if f["checkpoint_id"] == 3 and f["handle"]["type"] == "file" and f["name"].endswith(suffix)
     ]
     assert uploaded
     victim = str(Path(place.path("chk-3"), uploaded[0]).resolve().relative_to(Path(place.path(""))))
     place.damage(victim)
-    r, result, _ = restore_latest(place, "rocksdb")
+    r, result, _ = restore_latest(place, backend)
     r.close()
     assert result.restored_from == place.location(2)
     assert Path(victim).name in result.skipped_checkpoints[0][1]
-    assert final_state(place, "rocksdb", 2) == model_state(RECORDS)
+    assert final_state(place, backend, 2) == model_state(RECORDS)
 
 
 def test_with_fallback_off_the_damaged_file_is_named_and_nothing_is_restored(place: Place) -> None:
-    three_checkpoints(place, "heap")
+    three_checkpoints(place, "heap/canonical")
     place.damage("chk-3/process-0.keyed")
-    r = place.runner("heap", **{"statekit.restore.fallback": False})
+    r = place.runner("heap/canonical", **{"statekit.restore.fallback": False})
     with pytest.raises(CorruptCheckpointError) as info:
         r.restore("latest")
     assert info.value.location == place.location(3)
@@ -242,10 +257,10 @@ def test_with_fallback_off_the_damaged_file_is_named_and_nothing_is_restored(pla
 
 def test_when_every_retained_checkpoint_is_damaged_each_is_named(tmp_path: Path) -> None:
     place = Place(str(tmp_path / "ckpt"), {})
-    three_checkpoints(place, "heap")
+    three_checkpoints(place, "heap/canonical")
     for n in (1, 2, 3):
         place.damage(f"chk-{n}/process-1.keyed")
-    r = place.runner("heap")
+    r = place.runner("heap/canonical")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(CorruptCheckpointError) as info:
@@ -269,9 +284,9 @@ def test_an_incompatible_restore_fails_at_once_without_falling_back(tmp_path: Pa
 
 def test_an_explicit_location_never_falls_back(tmp_path: Path) -> None:
     place = Place(str(tmp_path / "ckpt"), {})
-    three_checkpoints(place, "heap")
+    three_checkpoints(place, "heap/canonical")
     place.damage("chk-3/process-1.keyed")
-    r = place.runner("heap")
+    r = place.runner("heap/canonical")
     with pytest.raises(CorruptCheckpointError, match=r"chk-3/process-1\.keyed"):
         r.restore(place.location(3))
     r.close()

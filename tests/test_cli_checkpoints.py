@@ -26,6 +26,8 @@ def runner(ckpt: Path, p: int, backend: str = "heap") -> LocalRunner:
             "statekit.checkpoints.retained": 3,
             "statekit.checkpoint.storage.filesystem.inline-threshold": 0,
             "statekit.backend": backend,
+            # heap's checkpoints are deltas otherwise; these tests read its canonical files
+            "statekit.checkpoint.format": "canonical" if backend == "heap" else "native",
         },
     )
 

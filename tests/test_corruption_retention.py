@@ -22,7 +22,9 @@ RECORDS = make_records(2000, urls=60, seed=3)
 
 
 def make_runner(ckpt: Path, **conf: Any) -> LocalRunner:
-    return count_urls_runner(str(ckpt), conf)
+    # Canonical keyed files, one per subtask and checkpoint: what these tests damage. Heap's own
+    # (delta) checkpoints are damaged in test_checkpoint_lifecycle and test_swapped_files.
+    return count_urls_runner(str(ckpt), {"statekit.checkpoint.format": "canonical", **conf})
 
 
 @pytest.fixture(scope="module")

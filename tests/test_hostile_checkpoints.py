@@ -229,7 +229,7 @@ def test_another_bucket_on_s3_is_neither_read_nor_deleted(s3_endpoint: dict[str,
         key_selector=lambda rec: rec["url"],
         storage=storage,
         parallelism=2,
-        config={"statekit.checkpoints.retained": 1},
+        config={"statekit.checkpoints.retained": 1, "statekit.checkpoint.format": "canonical"},
     )
     src = RecordSource(RECORDS)
     r.run(src, max_records=50)

@@ -867,3 +867,31 @@ def test_a_restore_never_reads_a_symlink_planted_as_a_copy(
     through = job.reading(copies, location)
     assert job.restored(location, through=through) == job.expected(8)
     assert through.downloads.rejected == 1 and "cannot be opened" in through.downloads.reasons[0]
+
+
+def test_a_copy_checked_before_is_not_hashed_again_until_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy is immutable: one this process hashed and that is still the same file is trusted."""
+    from statekit.checkpoints import _local_recovery
+
+    copies = LocalCopies(str(tmp_path / "local" / "job" / "op"), base=str(tmp_path / "local"))
+    data = os.urandom(3000)
+    digest = FileDigest(sha256_of(data))
+    path = copies.path_of(digest.name)
+    Path(path).write_bytes(data)
+    hashed: list[int] = []
+    real = _local_recovery.fd_has_digest
+    monkeypatch.setattr(_local_recovery, "fd_has_digest", lambda fd, d: hashed.append(1) or real(fd, d))
+    old = os.stat(path).st_mtime_ns - 10_000_000_000
+    os.utime(path, ns=(old, old))  # written long before it is hashed
+    assert copies.check(digest) is not None and copies.check(digest) is not None
+    assert len(hashed) == 1
+    with open(path, "r+b") as f:  # rewritten in place: the same inode, another modification time
+        f.write(b"\x00" * 8)
+    with pytest.raises(_local_recovery._Rejected, match="not the ones the checkpoint records"):
+        copies.check(digest)
+    assert len(hashed) == 2
+    Path(path).write_bytes(data)  # fresh: its mtime is now, so it is hashed each time until it ages
+    assert copies.check(digest) is not None and copies.check(digest) is not None
+    assert len(hashed) == 4

@@ -101,6 +101,8 @@ def runs(request: pytest.FixtureRequest, tmp_path: Path, job_id: str) -> Iterato
 
     def make(restore: str | None = None, conf: dict[str, Any] | None = None) -> Run:
         keys = {**base, **(conf or {})}
+        if keys.get("statekit.backend", "heap") == "heap":  # canonical files, which tests damage
+            keys.setdefault("statekit.checkpoint.format", "canonical")
         if session is None:
             run: Run = LocalRun(keys, job_id, restore)
         else:

@@ -36,6 +36,7 @@ def three_batches(session: Any, tmp_path: Path, job_id: str) -> Path:
         "spark.statekit.parallelism": "2",
         "spark.statekit.checkpoints.retained": "3",
         "spark.statekit.checkpoint.storage.filesystem.inline-threshold": "0",
+        "spark.statekit.checkpoint.format": "canonical",  # heap's keyed files, which the tests damage
     }.items():
         session.conf.set(key, value)
     write_inputs(tmp_path / "in", RECORDS[:1200], 3)

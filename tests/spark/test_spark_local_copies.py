@@ -12,6 +12,7 @@ worker's hand-off server serves the local directory it started under.)
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from statekit.snapshots._digest import recorded_digest
 from statekit.spark import BatchInfo, keyed
 
 RECORDS = make_records(1800)
+_RUNS = itertools.count()
 
 
 def configure(session: Any, values: dict[str, Any]) -> None:
@@ -33,7 +35,12 @@ def configure(session: Any, values: dict[str, Any]) -> None:
 
 
 def run(session: Any, job_id: str, records: list[dict[str, Any]]) -> BatchInfo:
-    """One static run of the job: its subtasks restore (locally if they can), never reuse open state."""
+    """One static run of the job: its subtasks restore (locally if they can), never reuse open state.
+
+    A restart reuses the open state of the run before when nothing it was made for
+    changed; each run here changes the configuration a little, so that it restores.
+    """
+    session.conf.set("spark.statekit.key-cache-size", str(4096 + len(records) + next(_RUNS)))
     df = session.createDataFrame(records, SCHEMA)
     return keyed(df, "url").process(CountUrls, OUTPUT, job_id=job_id).run()
 
@@ -49,7 +56,10 @@ def test_a_local_copy_swapped_from_another_checkpoint_is_rejected_and_the_state_
 ) -> None:
     configure(session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit",
                         "spark.statekit.checkpoint.storage.filesystem.inline-threshold": 0,
-                        "spark.statekit.parallelism": 2, "spark.statekit.backend": backend})  # fmt: skip
+                        "spark.statekit.parallelism": 2, "spark.statekit.backend": backend,
+                        # heap here writes canonical keyed files (its checkpoints are deltas otherwise)
+                        "spark.statekit.checkpoint.format": "canonical" if backend == "heap" else "native",
+                        })  # fmt: skip
     first = run(session, job_id, RECORDS[:600])
     assert first.local_recovery == "on" and first.local_copies_rejected == 0
     storage = storage_of(session, job_id)

@@ -425,10 +425,13 @@ def test_a_subtask_that_moved_restores_from_its_executors_local_copies(
 ) -> None:
     """Task-local recovery: state not open in the worker comes from the executor's local copies.
 
-    Each ``run`` is a run of its own, so its subtasks never reuse the open state of
-    the run before: they restore, as a subtask whose task moved to another Python
-    worker does. The executor kept a copy of every file the first run wrote, so
-    the second reads nothing from the storage; with local recovery off it does.
+    Each ``run`` is a run of its own (a restart): its subtasks reuse the open state
+    of the run before when it is exactly the checkpoint they restore and nothing
+    they were made for changed, as Spark's own store finds its instance loaded. A
+    changed configuration makes them restore, as a subtask whose task moved to
+    another Python worker does. The executor kept a copy of every file the first
+    run wrote, so that restore reads nothing from the storage; with local recovery
+    off it does.
     """
     configure(session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit",
                         "spark.statekit.checkpoint.storage.filesystem.inline-threshold": 0,
@@ -438,9 +441,12 @@ def test_a_subtask_that_moved_restores_from_its_executors_local_copies(
         df = session.createDataFrame(records, SCHEMA)
         return keyed(df, "url").process(CountUrls, OUTPUT, job_id=job_id).run()
 
-    first = run(RECORDS[:600])
+    first = run(RECORDS[:300])
     assert first.restored_subtasks == 2 and (first.restored_locally, first.restored_remotely) == (0, 0)
     assert first.locality == "on" and set(first.subtask_locations) == {0, 1}
+    again = run(RECORDS[300:600])  # a restart, the same query: the open state is reused
+    assert again.reused_subtasks == 2 and again.restored_subtasks == 0, again
+    session.conf.set("spark.statekit.key-cache-size", 4096)  # a restart with another configuration
     second = run(RECORDS[600:1200])
     assert second.reused_subtasks == 0 and second.restored_locally == 2, second
     assert second.bytes_downloaded == 0 and second.phases["task_restore"] > 0
@@ -450,7 +456,7 @@ def test_a_subtask_that_moved_restores_from_its_executors_local_copies(
         # The restored checkpoint is the job's own: its SST files are referenced, not uploaded again.
         meta = load_checkpoint(storage, second.location).metadata
         ids = {f["checkpoint_id"] for st in meta.operators["process"] for f in st.keyed["native"]["files"]}
-        assert first.checkpoint_id in ids, ids
+        assert again.checkpoint_id in ids, ids
     session.conf.set("spark.statekit.local-recovery", "false")
     third = run(RECORDS[1200:1800])
     assert third.restored_remotely == 2 and third.bytes_downloaded > 0, third

@@ -19,8 +19,10 @@ from typing import Any
 
 from statekit import VOID_NAMESPACE
 from statekit.backend_api import (
+    REMOVED,
     DeclaredStateBackend,
-    KeyedBackendBase,
+    DeltaChanges,
+    DeltaKeyedBackendBase,
     KeyedBackendParameters,
     KeyGroupRange,
     RegisteredState,
@@ -55,6 +57,8 @@ class _Table:
     """The entries of one state."""
 
     __slots__ = (
+        "changed",
+        "changed_ns",
         "cleanup_kg",
         "cleanup_todo",
         "copy",
@@ -82,6 +86,29 @@ class _Table:
         self.deep = deep
         self.cleanup_kg = kgr.start
         self.cleanup_todo: list[tuple[Any, int, Any]] = []
+        # Per key group, the keys (void namespace) and (namespace, key) pairs written since the
+        # last native snapshot; None while nothing records them (no native snapshot yet).
+        self.changed: list[set[Any] | None] | None = None
+        self.changed_ns: list[set[Any] | None] | None = None
+
+    def track(self) -> tuple[list[set[Any] | None] | None, list[set[Any] | None] | None]:
+        """Record changes afresh; returns what was recorded so far (None, None if nothing recorded)."""
+        old = self.changed, self.changed_ns
+        n = self.kgr.end + 1
+        self.changed = [None] * n
+        self.changed_ns = [None] * n
+        for kg in self.kgr:
+            self.changed[kg] = set()
+            self.changed_ns[kg] = set()
+        return old
+
+    def touch(self, namespace: Any, kg: int, key: Any) -> None:
+        """Record that the entry of ``key`` in ``namespace`` and key group ``kg`` may have changed."""
+        if self.changed is not None:
+            if namespace is VOID_NAMESPACE:
+                self.changed[kg].add(key)  # type: ignore[union-attr]
+            else:
+                self.changed_ns[kg].add((namespace, key))  # type: ignore[index, union-attr]
 
     def dicts(self, namespace: Any) -> _Dicts:
         d = self.ns.get(namespace)
@@ -146,6 +173,8 @@ class _Handle:
         t = self._t
         if t.pins[kg]:
             t.unshare(kg)
+        if t.changed is not None:
+            t.touch(self._ns, kg, self._b._key)
         d = self._maps[kg]
         if d is None:
             d = self._new_dict(kg)
@@ -168,8 +197,11 @@ class _Handle:
     def _read_dict(self) -> dict[Any, Any] | None:
         kg = self._kg()
         t = self._t
-        if t.deep and t.pins[kg]:
-            t.unshare(kg)
+        if t.deep:
+            if t.pins[kg]:
+                t.unshare(kg)
+            if t.changed is not None:  # the value handed out may be changed in place
+                t.touch(self._ns, kg, self._b._key)
         return self._maps[kg]
 
     def clear(self) -> None:
@@ -206,11 +238,18 @@ class HeapValueState(_Handle):
             return
         b = self._b
         kg = b._kg
+        t = self._t
         try:
-            if self._t.pins[kg]:
-                self._t.unshare(kg)
+            if t.pins[kg]:
+                t.unshare(kg)
         except TypeError:
             raise b._no_key() from None
+        ch = t.changed
+        if ch is not None:
+            if self._ns is VOID_NAMESPACE:
+                ch[kg].add(b._key)
+            else:
+                t.touch(self._ns, kg, b._key)
         d = self._maps[kg]
         if d is None:
             d = self._new_dict(kg)
@@ -236,17 +275,46 @@ class HeapValueState(_Handle):
             # No snapshot shares a dict, every dict exists, the default is a
             # shared immutable value, fn never returns None: nothing to check per key.
             dflt = self._default
-            for key in keys:
-                kg = cache.get(key)
-                if kg is None:
-                    kg = b._assign(key)
-                d = maps[kg]
-                new = fn(d.get(key, dflt))
-                if new is None:
-                    d.pop(key, None)
-                else:
-                    d[key] = new
-                append(new)
+            ch = t.changed if self._ns is VOID_NAMESPACE else None
+            if t.changed is not None and ch is None:
+                ns = self._ns
+                for key in keys:
+                    kg = cache.get(key)
+                    if kg is None:
+                        kg = b._assign(key)
+                    t.touch(ns, kg, key)
+                    d = maps[kg]
+                    new = fn(d.get(key, dflt))
+                    if new is None:
+                        d.pop(key, None)
+                    else:
+                        d[key] = new
+                    append(new)
+            elif ch is not None:
+                for key in keys:
+                    kg = cache.get(key)
+                    if kg is None:
+                        kg = b._assign(key)
+                    ch[kg].add(key)
+                    d = maps[kg]
+                    new = fn(d.get(key, dflt))
+                    if new is None:
+                        d.pop(key, None)
+                    else:
+                        d[key] = new
+                    append(new)
+            else:
+                for key in keys:
+                    kg = cache.get(key)
+                    if kg is None:
+                        kg = b._assign(key)
+                    d = maps[kg]
+                    new = fn(d.get(key, dflt))
+                    if new is None:
+                        d.pop(key, None)
+                    else:
+                        d[key] = new
+                    append(new)
         else:
             for key in keys:
                 kg = cache.get(key)
@@ -389,10 +457,19 @@ class HeapMapState(_Handle):
         return not self._map()
 
 
-class HeapKeyedStateBackend(KeyedBackendBase):
-    """Keyed state in Python dicts, per key group; see the module docstring."""
+class HeapKeyedStateBackend(DeltaKeyedBackendBase):
+    """Keyed state in Python dicts, per key group; see the module docstring.
+
+    Native snapshots (checkpoints) are a base now and then and a delta per
+    checkpoint: the entries written since the last confirmed checkpoint
+    (:class:`~statekit.backend_api.DeltaKeyedBackendBase`); writes record
+    their key per key group once the first native snapshot is taken.
+    """
 
     backend_name = "heap"
+    native_format = "heap-delta-1"
+    #: Declared to the kit: a checkpoint's bytes are bounded by the change since the last one plus a constant.
+    checkpoint_bytes_follow_change = True
 
     def __init__(
         self,
@@ -401,9 +478,12 @@ class HeapKeyedStateBackend(KeyedBackendBase):
         /,
         **keywords: Any,
     ) -> None:
-        """Take the runner's parameters (``options``: the heap has none); keywords as KeyedBackendBase."""
+        """Take the runner's parameters and the heap's options; keywords as KeyedBackendBase."""
         super().__init__(parameters, **keywords)
+        opts = options or {}
         self._tables: dict[str, _Table] = {}
+        self._heap_tracking = False
+        self._delta_setup(int(opts.get("max-deltas", 10)), float(opts.get("max-delta-ratio", 0.5)))
 
     def _table(self, reg: RegisteredState) -> _Table:
         cp = _copier(reg)
@@ -411,6 +491,8 @@ class HeapKeyedStateBackend(KeyedBackendBase):
         # must be unshared even on reads; list and map handles only hand out copies.
         deep = cp is not None and (reg.storage_kind is StateKind.VALUE or cp not in (list, dict))
         t = _Table(self.key_group_range, cp, deep=deep)
+        if self._heap_tracking:
+            t.track()
         self._tables[reg.name] = t
         return t
 
@@ -489,6 +571,13 @@ class HeapKeyedStateBackend(KeyedBackendBase):
         t = self._tables[reg.name]
         if t.pins[key_group]:
             t.unshare(key_group)
+        if values is REMOVED:  # a delta's removals (restores replay them in order)
+            for k, ns in zip(keys, namespaces):
+                lst = t.ns.get(ns)
+                d = None if lst is None else lst[key_group]
+                if d is not None and d.pop(k, None) is not None and not d:
+                    t.emptied(ns, lst, key_group)  # type: ignore[arg-type]
+            return
         if namespaces.count(VOID_NAMESPACE) == len(namespaces):
             d = t.void[key_group]
             assert d is not None
@@ -500,6 +589,57 @@ class HeapKeyedStateBackend(KeyedBackendBase):
             if d is None:
                 d = lst[key_group] = {}
             d[k] = v
+
+    # --- the delta hooks (DeltaKeyedBackendBase) -------------------------------------
+
+    def _delta_track(self) -> None:
+        if not self._heap_tracking:
+            self._heap_tracking = True
+            for t in self._tables.values():
+                t.track()
+
+    def _delta_epoch(self) -> Any:
+        return {name: t.track() for name, t in self._tables.items()}
+
+    def _delta_changes(self, epochs: Sequence[Any]) -> dict[str, dict[int, DeltaChanges]]:
+        out: dict[str, dict[int, DeltaChanges]] = {}
+        for name, t in self._tables.items():
+            recorded = [e[name] for e in epochs if name in e and e[name][0] is not None]
+            by_kg: dict[int, DeltaChanges] = {}
+            for kg in t.kgr:
+                voids = [r[0][kg] for r in recorded if r[0][kg]]
+                pairs = [r[1][kg] for r in recorded if r[1][kg]]
+                if not voids and not pairs:
+                    continue
+                c = DeltaChanges([], [], [], [], [])
+                keys = voids[0] if len(voids) == 1 else set().union(*voids)
+                d = t.void[kg]
+                if keys:
+                    get = d.get if d else {}.get
+                    for k in keys:
+                        v = get(k)
+                        if v is None:
+                            c.removed_keys.append(k)
+                        else:
+                            c.keys.append(k)
+                            c.values.append(v)
+                    c.namespaces = [VOID_NAMESPACE] * len(c.keys)
+                    c.removed_namespaces = [VOID_NAMESPACE] * len(c.removed_keys)
+                for ns, k in pairs[0] if len(pairs) == 1 else set().union(*pairs):
+                    lst = t.ns.get(ns)
+                    dn = None if lst is None else lst[kg]
+                    v = None if dn is None else dn.get(k)
+                    if v is None:
+                        c.removed_keys.append(k)
+                        c.removed_namespaces.append(ns)
+                    else:
+                        c.keys.append(k)
+                        c.namespaces.append(ns)
+                        c.values.append(v)
+                by_kg[kg] = c
+            if by_kg:
+                out[name] = by_kg
+        return out
 
     def _state_keys(self, reg: RegisteredState, namespace: Any) -> Iterator[Any]:
         lst = self._tables[reg.name].ns.get(namespace)
@@ -537,6 +677,7 @@ def _cleanup_incremental(t: _Table, n: int, now: int, ttl_ms: int, kind: StateKi
             continue
         if t.pins[kg]:
             t.unshare(kg)
+        t.touch(ns, kg, key)
         lst = t.ns[ns]
         d = lst[kg]
         assert d is not None
@@ -549,7 +690,7 @@ def _cleanup_incremental(t: _Table, n: int, now: int, ttl_ms: int, kind: StateKi
 
 
 class HeapStateBackend(DeclaredStateBackend):
-    """The ``heap`` state backend: creates heap keyed backends and operator backends (it has no options)."""
+    """The ``heap`` state backend: creates heap keyed backends and operator backends."""
 
     name = "heap"
     declared_options = OPTIONS

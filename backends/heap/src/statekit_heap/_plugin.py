@@ -7,8 +7,25 @@ from typing import Any
 
 from statekit.backend_api import BackendSpec, ConfigOption, hookimpl
 
-#: The heap backend's options: none (it keeps everything in the task's memory).
-OPTIONS: tuple[ConfigOption, ...] = ()
+#: The heap backend's options: how its checkpoints alternate deltas and bases.
+OPTIONS: tuple[ConfigOption, ...] = (
+    ConfigOption(
+        "max-deltas",
+        int,
+        10,
+        "Checkpoints that write only their change (a delta) after each full one (a base); "
+        "a restore replays at most this many deltas.",
+        minimum=1,
+    ),
+    ConfigOption(
+        "max-delta-ratio",
+        float,
+        0.5,
+        "A checkpoint writes a new base once the deltas since the last one pass this share "
+        "of its bytes.",
+        minimum=0.0,
+    ),
+)
 
 
 @hookimpl
@@ -19,6 +36,7 @@ def statekit_register_backends(register: Callable[[Any], None]) -> None:
             name="heap",
             factory="statekit_heap._backend:HeapStateBackend",
             options=OPTIONS,
-            description="Keyed state in Python dicts per key group; copy-on-write snapshots.",
+            description="Keyed state in Python dicts per key group; checkpoints write the change since the "
+            "last one (a delta), and everything now and then.",
         )
     )

@@ -77,6 +77,13 @@ _TMP_PREFIX = ".tmp-"
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
 #: Rejection reasons a restore keeps (the count is exact; the reasons are examples).
 _MAX_REASONS = 10
+# Copies this process hashed and found to have their digest, as they were then (path -> _Checked):
+# a copy is immutable (named by its digest, written once, hard-linked, never written into), so one
+# that is still the same file (device, inode, size, mtime) is not hashed again. A rewrite changes
+# its mtime, a replacement its inode; either is hashed anew.
+_VERIFIED: dict[str, _Checked] = {}
+_VERIFIED_LOCK = threading.Lock()
+_MTIME_MARGIN_NS = 2_000_000_000
 
 
 def _key(description: Mapping[str, Any]) -> str | None:
@@ -230,6 +237,11 @@ class LocalCopies:
             before = os.fstat(fd)
             if not stat.S_ISREG(before.st_mode):
                 raise _Rejected("the local copy is not a regular file")
+            with _VERIFIED_LOCK:
+                known = _VERIFIED.get(path)
+            if known is not None and known.same(before) and digest.size in (None, before.st_size):
+                return known  # hashed by this process, and not changed since
+            hashed_at = time.time_ns()
             matches = fd_has_digest(fd, digest)
             after = os.fstat(fd)
         except OSError as e:
@@ -242,6 +254,11 @@ class LocalCopies:
             raise _Rejected("the local copy's bytes are not the ones the checkpoint records")
         if not checked.same(before):
             raise _Rejected("the local copy changed while it was checked")
+        # Remembered only if its mtime was well before the hash: file times tick coarsely (a few ms),
+        # so a write right after an early hash could leave the mtime as it was.
+        if hashed_at - after.st_mtime_ns > _MTIME_MARGIN_NS:
+            with _VERIFIED_LOCK:
+                _VERIFIED[path] = checked
         return checked
 
     def read(self, copy: _Checked, offset: int, length: int | None) -> bytes:
@@ -334,6 +351,8 @@ class LocalCopies:
 
     def _remove(self, copy: _Checked) -> None:
         """Delete a copy found bad, unless another process replaced it with a new file meanwhile."""
+        with _VERIFIED_LOCK:
+            _VERIFIED.pop(copy.path, None)
         with contextlib.suppress(OSError):
             st = os.lstat(copy.path)
             if (st.st_dev, st.st_ino) == (copy.dev, copy.ino):

@@ -188,7 +188,10 @@ def _write_native(
     out = WriterNativeOutput(writer, prefix, checkpoint_id)
     try:
         handle = snap.write(out, progress=progress)
-        _check_sizes({"(native snapshot)": handle.size}, operator_id, subtask_index, max_state_size)
+        sizes = handle.meta.get("state_sizes")  # per state where the format knows them (heap's deltas)
+        if not isinstance(sizes, dict) or not sizes:
+            sizes = {"(native snapshot)": handle.size}
+        _check_sizes(sizes, operator_id, subtask_index, max_state_size)
     except BaseException:
         out.discard()  # this checkpoint's uploads only: referenced files belong to completed ones
         raise

@@ -392,10 +392,13 @@ def upload_native_file(
     sha = new_sha256()
     try:
         if isinstance(source, (bytes, bytearray, memoryview)):
-            data = bytes(source)
-            out.write(data)
-            crc, size = zlib.crc32(data), len(data)
-            sha.update(data)
+            view = memoryview(source).cast("B")  # no copy: chunks of it are written and hashed
+            for pos in range(0, len(view), _CHUNK):
+                chunk = view[pos : pos + _CHUNK]
+                out.write(chunk)
+                crc = zlib.crc32(chunk, crc)
+                sha.update(chunk)
+            size = len(view)
         else:
             link_source = getattr(out, "link_source", None)
             if shared and link_source is not None:

@@ -166,6 +166,9 @@ class Section:
     keys: bytes
     namespaces: bytes
     values: bytes
+    removal: bool = False
+    """True for the removals of a delta (heap's native format): the keys and namespaces whose entries
+    are gone; ``values`` is empty. Canonical files never hold such sections."""
 
 
 @dataclass

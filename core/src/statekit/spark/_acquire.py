@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import os
+import pickle
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,8 +42,10 @@ __all__ = [
     "Acquired",
     "RestoreSource",
     "acquire",
+    "fingerprint",
     "local_copies",
     "local_root",
+    "reusable",
 ]
 
 
@@ -171,8 +175,7 @@ def acquire(plan: TaskPlan, index: int, source: RestoreSource) -> Acquired:
     if entry is not None:
         # The very state whose snapshot the checkpoint holds: same batch and same task attempt
         # (two attempts of one task may both succeed, over records in another order).
-        wanted = plan.restore_attempts.get(index)
-        if entry.run_id == plan.run_id and wanted is not None and entry.attempt == wanted:
+        if reusable(entry, plan, index):
             # Its last snapshot is in the checkpoint this batch starts from, so that checkpoint
             # completed: the executor learns it here, as Flink's notifyCheckpointComplete.
             cp = source.checkpoint()
@@ -259,4 +262,49 @@ def _create(plan: TaskPlan, index: int) -> OpenSubtask:
     except BaseException:
         subtask.discard()
         raise
-    return OpenSubtask(subtask, plan.run_id, clock)
+    return OpenSubtask(subtask, plan.run_id, clock, fingerprint=fingerprint(plan))
+
+
+def reusable(entry: OpenSubtask, plan: TaskPlan, index: int) -> bool:
+    """Whether open subtask ``entry`` holds exactly the state subtask ``index`` of ``plan`` restores.
+
+    Made by the task attempt the restore checkpoint records for it (attempt ids
+    are random and unique per batch run), and of this run, or of another run (a
+    restarted query, as Spark's own store finds its instance loaded at the version
+    it restores) made for the same configuration, parallelism and function.
+    """
+    wanted = plan.restore_attempts.get(index)
+    if wanted is None or entry.attempt != wanted:
+        return False
+    if entry.run_id == plan.run_id:
+        return True
+    return entry.fingerprint is not None and entry.fingerprint == fingerprint(plan)
+
+
+def fingerprint(plan: TaskPlan) -> str | None:
+    """What a subtask's open state and function were made from; None if it cannot be told.
+
+    The configuration, the parallelism, the key and the function as pickled: a
+    restarted query whose any of these changed restores instead of reusing.
+    """
+    from pyspark import cloudpickle
+
+    try:
+        what = (
+            plan.job_id,
+            plan.operator_id,
+            _cache._config_key(plan.config),
+            plan.parallelism,
+            plan.max_parallelism,
+            plan.key_column,
+            plan.key_serializer.config(),
+            plan.input_columns,
+            plan.output_schema.json(),
+            plan.vectorized,
+            plan.event_time,
+            plan.function_factory,
+        )
+        return hashlib.sha256(cloudpickle.dumps(what)).hexdigest()  # type: ignore[no-untyped-call]
+    except (pickle.PicklingError, TypeError, AttributeError, ValueError, RecursionError):
+        # Anything unpicklable: never reused across runs.
+        return None

@@ -60,6 +60,9 @@ class OpenSubtask:
     """The processing time its timers fire by: the micro-batch's timestamp."""
     token: str | None = None  # the batch whose state this is
     attempt: str | None = None  # the task attempt that made it (and wrote its snapshot)
+    fingerprint: str | None = None
+    """What it was made for (configuration, parallelism, function): a restarted query (another run)
+    reuses it only for the same (see ``_acquire``)."""
 
     def close(self) -> None:
         """Close the subtask, best effort: it is being dropped, an error here must not hide the real one."""
@@ -131,7 +134,10 @@ def evict_stale(plan: TaskPlan) -> None:
         for key, entry in list(_CACHE.items()):
             if key[:2] != (plan.job_id, plan.operator_id):
                 continue
-            if entry.run_id != plan.run_id or entry.token not in (plan.restore_token, plan.token):
+            if entry.token not in (plan.restore_token, plan.token):
+                stale.append(_CACHE.pop(key))
+            elif entry.run_id != plan.run_id and entry.attempt != plan.restore_attempts.get(key[2]):
+                # Another run's, and not the state the checkpoint this run restores holds.
                 stale.append(_CACHE.pop(key))
     for entry in stale:
         entry.close()

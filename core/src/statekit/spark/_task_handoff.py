@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import _cache, _handoff
-from ._acquire import local_root
+from ._acquire import local_root, reusable
 from ._plan import InlineMetadata, StoredMetadata, TaskPlan
 from ._routing import SUBTASK_COLUMN
 
@@ -72,10 +72,7 @@ def accepts_handoff(header: dict[str, Any]) -> bool:
     if not isinstance(index, int):
         return False
     entry = _cache.holds(plan, index)
-    wanted = plan.restore_attempts.get(index)
-    return (
-        entry is not None and entry.run_id == plan.run_id and wanted is not None and entry.attempt == wanted
-    )
+    return entry is not None and reusable(entry, plan, index)
 
 
 def announce(plan: TaskPlan, indices: list[int], attempt: str, serve: _handoff.Handle) -> str:

@@ -54,7 +54,7 @@ from ._state import (
 from ._timerstate import TIMER_STATE_NAMES
 from ._ttl import Clock, purge_expired
 
-__all__ = ["KeyedSnapshot", "KeyedSnapshots", "cancelled_error"]
+__all__ = ["REMOVED", "KeyedSnapshot", "KeyedSnapshots", "cancelled_error"]
 
 _Snapshot = TypeVar("_Snapshot")
 
@@ -66,6 +66,11 @@ def cancelled_error(what: str) -> SnapshotCancelledError:
         "frozen view or a local copy, went with the backend): write snapshots before closing their "
         "backend, or take a new one from a live backend"
     )
+
+
+#: The values of decoded removal sections (:attr:`Section.removal`, heap's deltas): ``_load_entries``
+#: given this very list removes the keys instead of storing values. Never mutated.
+REMOVED: list[Any] = []
 
 
 def _merged(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -138,6 +143,8 @@ class KeyedSnapshots:
     ) -> StateEntries:
         keys = self.key_serializer.decode_column(s.keys, s.count)
         nss = decode_namespaces(s.namespaces, s.count, reg.namespace_serializer, VOID_NAMESPACE, reg.name)
+        if s.removal:  # a delta's removals: keys and namespaces only, nothing to migrate
+            return keys, nss, REMOVED
         if plan is None or not plan.changes_data:
             return keys, nss, reg.serializer.decode_column(s.values, s.count)
         old = plan.entry_decoder.decode_column(s.values, s.count)
@@ -249,7 +256,13 @@ class KeyedSnapshots:
             extra={"timers": {d.value: n for d, n in TIMER_STATE_NAMES.items() if n in names}},
         )
         pending: dict[int, list[tuple[int, Section]]] = {}
-        for i, (_, secs) in enumerate(self._pending.values(), start=len(regs)):
+        for i, (meta, secs) in enumerate(self._pending.values(), start=len(regs)):
+            if any(s.removal for _, s in secs):
+                raise SnapshotError(
+                    f"state {meta['name']!r} was restored from a heap delta chain and its serializers cannot "
+                    "be rebuilt from their configs, so its entries cannot be merged before it is declared; "
+                    "declare it (get_state) before the next checkpoint or savepoint"
+                )
             for kg, s in secs:
                 pending.setdefault(kg, []).append((i, s))
         reader = self._snapshot_entries()
@@ -313,11 +326,21 @@ class KeyedSnapshots:
             for kg, sections in iter_blocks(part, header):
                 for s in sections:
                     staged[s.state][1].append((kg, s))
+        self._restore_staged(staged)
+
+    def _restore_staged(self, staged: dict[str, tuple[dict[str, Any], list[tuple[int, Section]]]]) -> bool:
+        """Load checked sections, in order (a delta's after what it changes); True if a state migrated.
+
+        Declared states are decoded (and migrated) whole before any is loaded;
+        the others wait with core until declared.
+        """
         decoded = {}
+        migrated = False
         for name, (meta, secs) in staged.items():
             reg = self._states.get(name)
             if reg is not None:
                 plan = reg.plan_from(meta, self._restore_origin)
+                migrated = migrated or (plan is not None and plan.changes_data)
                 reg = reg.restored_as(meta, plan)
                 decoded[name] = (reg, self._decode_all(reg, secs, plan))
         for name, (reg, entries) in decoded.items():
@@ -327,6 +350,7 @@ class KeyedSnapshots:
         for name, item in staged.items():
             if name not in self._states:
                 self._pending[name] = item
+        return migrated
 
     def _check_snapshot(
         self, max_parallelism: int, key_serializer: SerializerConfig, states: Sequence[dict[str, Any]]

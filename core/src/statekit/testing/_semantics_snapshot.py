@@ -281,6 +281,11 @@ class SnapshotSemantics:
     one subject over several files.
     """
 
+    #: :meth:`test_checkpoint_bytes_follow_the_change`'s bound: this many bytes, plus ...
+    CHANGE_CONSTANT: ClassVar[int] = 16 << 10
+    #: ... this many per changed (key, namespace) entry of a state.
+    CHANGE_PER_ENTRY: ClassVar[int] = 128
+
     # --- round trips ------------------------------------------------------------------------------
 
     @pytest.mark.parametrize("declare_first", [True, False], ids=["declared-before", "declared-after"])
@@ -356,6 +361,54 @@ class SnapshotSemantics:
             assert isinstance(target, SupportsNativeSnapshot)
             target.restore_native([handle])
             assert dump(target, declare(target)) == state
+
+    def test_checkpoint_bytes_follow_the_change(self, make_backend: Any, backend: Any) -> None:
+        """A backend declaring ``checkpoint_bytes_follow_change`` checkpoints the change, not the state.
+
+        Two backends hold 300 and 3000 keys; each takes a confirmed native
+        checkpoint, then the same 12 keys change (a value updated, a list
+        appended, a map entry put, a key cleared) and the next checkpoint is
+        taken. What it uploads is bounded by the change plus a constant:
+        ``CHANGE_CONSTANT`` bytes plus ``CHANGE_PER_ENTRY`` per changed entry,
+        on both, whatever the state's size (heap's deltas: Spark's HDFS store,
+        Flink's FLIP-151).
+        """
+        if not getattr(backend, "checkpoint_bytes_follow_change", False):
+            pytest.skip("this backend does not declare checkpoint_bytes_follow_change")
+        changed = keys_of(12)
+        uploads = {}
+        for n in (300, 3000):
+            keyed: Any = make_backend()
+            cps = NativeCheckpoints()
+            states = populate(keyed, keys_of(n))
+            full, _ = native_snapshot_handle(keyed, cps)
+            for i, k in enumerate(changed):
+                keyed.set_current_key(k)
+                if i % 4 == 3:
+                    for s in states.values():
+                        s.clear()
+                    continue
+                states["value"].update(-1 - i)
+                states["list"].add(i)
+                states["map"].put(f"changed-{i}", i)
+            handle, _ = native_snapshot_handle(keyed, cps)
+            uploads[n] = (handle.uploaded_size, full.uploaded_size)
+            entries = len(changed) * len(states) * 2  # every state, in up to two namespaces
+            bound = self.CHANGE_CONSTANT + self.CHANGE_PER_ENTRY * entries
+            assert handle.uploaded_size <= bound, (
+                f"{type(keyed).__name__} declares checkpoint_bytes_follow_change, but after "
+                f"{len(changed)} of "
+                f"{n} keys changed its checkpoint uploaded {handle.uploaded_size} bytes (the full one "
+                f"{full.uploaded_size}), over the bound {bound} (a constant {self.CHANGE_CONSTANT} plus "
+                f"{self.CHANGE_PER_ENTRY} per changed entry)"
+            )
+            keyed.close()
+        small, large = uploads[300][0], uploads[3000][0]
+        assert large <= small + self.CHANGE_CONSTANT // 4, (
+            f"the same change uploaded {small} bytes over 300 keys and {large} over 3000: checkpoint bytes "
+            f"grow with the state, not with the change (full checkpoints: {uploads[300][1]}, "
+            f"{uploads[3000][1]})"
+        )
 
     def test_native_restore_references_restored_files_only_when_claimed(
         self, make_backend: Any, backend: Any

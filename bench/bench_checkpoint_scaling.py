@@ -1,0 +1,167 @@
+"""Checkpoint cost after a 1 % change, restore and rescale, at growing state sizes.
+
+Two subtasks (p=2, key groups 0-63 and 64-127 of 128) of one backend hold
+``N`` keys of ``ValueState[int]`` under string keys; the filesystem storage
+writes every checkpoint. Per size, in one process:
+
+- **full**: the first native checkpoint (it writes everything), confirmed;
+- **canonical**: the same state written canonically (every checkpoint of a
+  backend without deltas, and every savepoint): the baseline of the old cost;
+- **1 % change**: 1 % of the keys, drawn at random, get a new value; then
+  the next native checkpoint: its uploaded bytes and time, as ratios to the
+  full one's (the goal: <= 3 % of the bytes, <= 5 % of the time on heap);
+- **restore** at p=2 from that checkpoint, and **rescale** 2 -> 3 (three new
+  subtasks, each restoring its key groups), and their ratio; the restore of
+  the canonical checkpoint at p=2 is the baseline (what a restore cost before).
+
+Times are best of ``--repeats`` where the step can be repeated without
+changing what it measures (restores); checkpoints are taken once per round
+(the second one's cost depends on the first). Run it twice and report the
+load (``uptime``) printed with each table, since the machine is shared.
+
+Run: ``python bench/bench_checkpoint_scaling.py [--keys 1000000,4000000] [--backends heap,rocksdb]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import shutil
+import tempfile
+import time
+from typing import Any
+
+from statekit import ValueStateDescriptor
+from statekit.backend_api import key_group_for_bytes, key_group_range_for_operator
+from statekit.checkpointing import complete_checkpoint, load_checkpoint, write_subtask_state
+from statekit.plugins._registry import default_registry
+from statekit.serializers import StrSerializer
+from statekit_storage import FileSystemCheckpointStorage
+
+DESC = ValueStateDescriptor("count", int, default=0)
+MAXP = 128
+
+
+def backend(factory: Any, p: int, i: int, local: str) -> Any:
+    d = tempfile.mkdtemp(dir=local)
+    return factory.create_keyed_backend(
+        key_serializer=StrSerializer(),
+        key_group_range=key_group_range_for_operator(MAXP, p, i),
+        max_parallelism=MAXP,
+        local_dir=d,
+    )
+
+
+def checkpoint(storage: Any, cid: int, backends: list[Any], native: bool) -> tuple[str, int, float]:
+    """Write a checkpoint of every subtask; its location, keyed bytes uploaded, seconds."""
+    t0 = time.perf_counter()
+    writer = storage.begin_checkpoint("bench", cid)
+    sts = [
+        write_subtask_state(writer, "op", i, b, None, native_checkpoint_id=cid if native else None)
+        for i, b in enumerate(backends)
+    ]
+    loc = complete_checkpoint(writer, job_id="bench", checkpoint_id=cid, max_parallelism=MAXP, subtasks=sts)
+    secs = time.perf_counter() - t0
+    uploaded = sum(int(st.keyed.get("uploaded", st.keyed["size"])) for st in sts if st.keyed)
+    return loc, uploaded, secs
+
+
+def restore(storage: Any, loc: str, factory: Any, p: int, local: str) -> tuple[float, list[Any]]:
+    t0 = time.perf_counter()
+    cp = load_checkpoint(storage, loc)
+    out = []
+    for i in range(p):
+        b = backend(factory, p, i, local)
+        cp.restore_subtask("op", i, p, b, None)
+        b.get_state(DESC)  # where restored entries are decoded, on backends that defer it
+        out.append(b)
+    return time.perf_counter() - t0, out
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def run(name: str, n: int, repeats: int, root: str) -> dict[str, float]:
+    factory = default_registry().create_backend(name, {})
+    local = tempfile.mkdtemp(dir=root)
+    storage = FileSystemCheckpointStorage(os.path.join(root, f"{name}-{n}"))
+    keys = [f"/api/v1/resource/{i}" for i in range(n)]
+    ser = StrSerializer()
+    half = MAXP // 2
+    low = [key_group_for_bytes(ser.serialize(k), MAXP) < half for k in keys]
+    subtasks = [backend(factory, 2, i, local) for i in range(2)]
+    for i, b in enumerate(subtasks):
+        s = b.get_state(DESC)
+        s.update_batch([k for k, lo in zip(keys, low) if lo == (i == 0)], lambda _: 1)
+    gc.collect()
+    r: dict[str, float] = {}
+    _, r["full_bytes"], r["full_s"] = checkpoint(storage, 1, subtasks, native=True)
+    for b in subtasks:
+        b.notify_checkpoint_complete(1)
+    canonical, r["canonical_bytes"], r["canonical_s"] = checkpoint(storage, 2, subtasks, native=False)
+    rng = random.Random(11)
+    changed = rng.sample(range(n), n // 100)
+    for i, b in enumerate(subtasks):
+        s = b.get_state(DESC)
+        s.update_batch([keys[j] for j in changed if low[j] == (i == 0)], lambda v: v + 1)
+    gc.collect()
+    loc, r["delta_bytes"], r["delta_s"] = checkpoint(storage, 3, subtasks, native=True)
+    for b in subtasks:
+        b.notify_checkpoint_complete(3)
+        b.close()
+    del subtasks
+    gc.collect()
+    for label, at, p in (("canonical_restore", canonical, 2), ("restore", loc, 2), ("rescale", loc, 3)):
+        best = float("inf")
+        for _ in range(repeats):
+            secs, bs = restore(storage, at, factory, p, local)
+            best = min(best, secs)
+            if _ == 0:
+                total = sum(b.num_entries() for b in bs)
+                assert total == n, (label, total, n)
+            for b in bs:
+                b.close()
+            del bs
+            gc.collect()
+        r[f"{label}_s"] = best
+    shutil.rmtree(local, ignore_errors=True)
+    return r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--keys", default="1000000,4000000")
+    ap.add_argument("--backends", default="heap")
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="statekit-scaling-")
+    try:
+        print(
+            "| backend | keys | full MB | full s | canonical s | 1% ckpt MB | bytes ratio | 1% ckpt s | "
+            "time / full | time / canonical | canonical restore s | restore s | rescale 2->3 s | "
+            "rescale/restore | load before / after |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for name in args.backends.split(","):
+            for n in (int(x) for x in args.keys.split(",")):
+                before = load()
+                r = run(name, n, args.repeats, root)
+                print(
+                    f"| {name} | {n / 1e6:g}M | {r['full_bytes'] / 1e6:.1f} | {r['full_s']:.2f} | "
+                    f"{r['canonical_s']:.2f} | {r['delta_bytes'] / 1e6:.2f} | "
+                    f"{r['delta_bytes'] / r['full_bytes']:.1%} | {r['delta_s']:.3f} | "
+                    f"{r['delta_s'] / r['full_s']:.1%} | {r['delta_s'] / r['canonical_s']:.1%} | "
+                    f"{r['canonical_restore_s']:.2f} | {r['restore_s']:.2f} | {r['rescale_s']:.2f} | "
+                    f"{r['rescale_s'] / r['restore_s']:.2f} | {before} / {load()} |",
+                    flush=True,
+                )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

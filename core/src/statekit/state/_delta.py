@@ -1,0 +1,495 @@
+"""Native snapshots in proportion to the change: a base now and then, a delta per checkpoint.
+
+The model is Spark's HDFS-backed state store (a delta file per batch, a
+snapshot every few deltas) and Flink's FLIP-151 (per key group, the changed
+keys' new values and the removed keys, referring to older snapshots). A
+backend that records which entries each write touches (the heap backend)
+subclasses :class:`DeltaKeyedBackendBase` and implements three hooks:
+``_delta_track`` (start recording), ``_delta_epoch`` (hand over what was
+recorded since the last call) and ``_delta_changes`` (the current value, or
+the removal, of every entry recorded in some epochs).
+
+A snapshot's handle lists its *chain*: a **base** (every entry, a canonical
+file) and the **deltas** after it, oldest first, each a canonical-format file
+whose sections hold the changed entries' values and, as sections marked
+``removal`` (states named ``"\\x00removed:" + name`` in its header), the keys
+and namespaces of removed entries. A checkpoint uploads only its own delta and
+references the base and deltas of the last *confirmed* checkpoint (the
+completion contract of :mod:`statekit.snapshots._native`); a delta holds every
+entry changed since that checkpoint, as it is at this one, so it applies on
+top of any checkpoint from that one on. A checkpoint writes a new base instead
+when there is no confirmed chain, when the chain has ``max_deltas`` deltas, or
+when its deltas' bytes pass ``max_delta_ratio`` of the base's: a restore
+replays at most ``max_deltas`` deltas.
+
+Every mechanism that understands native snapshots understands this one:
+retention counts references per shared file (a base stays while a retained
+checkpoint's chain lists it), task-local recovery keeps the files, verify
+checks each file's SHA-256, convert-to-savepoint and the state processor
+restore the chain into a backend and write it canonically, and a rescale gives
+each new subtask the blocks of its key groups from every file of every chain,
+applied in order.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import CorruptSnapshotError, SnapshotError, StateAccessError
+from ..serialization._keygroups import KeyGroupRange
+from ..snapshots._native import NativeFile, NativeSnapshotOutput, NativeStateHandle
+from ..snapshots._snapshot import (
+    BytesStreamHandle,
+    KeyedStateHandle,
+    ProgressCallback,
+    Section,
+    SnapshotHeader,
+    encode_namespaces,
+    iter_blocks,
+    read_header,
+    read_index,
+    write_canonical,
+)
+from ._keyed import KeyedBackendBase
+from ._keyed_snapshots import KeyedSnapshot
+from ._migration import same_schema
+from ._registered import RegisteredState
+from ._state import VOID_NAMESPACE
+from ._timerstate import TIMER_STATE_NAMES
+from ._ttl import purge_expired
+
+__all__ = ["REMOVAL_PREFIX", "DeltaChanges", "DeltaKeyedBackendBase", "DeltaSnapshot"]
+
+#: Header state names of a delta's removal sections: this prefix, then the state's name.
+REMOVAL_PREFIX = "\x00removed:"
+
+
+@dataclass
+class DeltaChanges:
+    """One state's changes in one key group: new values, and removed entries."""
+
+    keys: list[Any]
+    namespaces: list[Any]
+    values: list[Any]
+    removed_keys: list[Any]
+    removed_namespaces: list[Any]
+
+
+class DeltaSnapshot:
+    """A native snapshot taken, not yet written: a base (a pinned canonical snapshot) or a delta."""
+
+    def __init__(
+        self,
+        backend: DeltaKeyedBackendBase,
+        checkpoint_id: int,
+        states: list[dict[str, Any]],
+        entries: int,
+        *,
+        base: KeyedSnapshot | None = None,
+        delta: tuple[int, SnapshotHeader, dict[int, list[tuple[int, bytes, bytes, bytes, int]]]]
+        | None = None,
+    ) -> None:
+        self._backend = backend
+        self.checkpoint_id = checkpoint_id
+        self._states = states
+        self._entries = entries
+        self._base = base
+        self._delta = delta
+        self._done = False
+
+    @property
+    def is_base(self) -> bool:
+        """True if this snapshot writes a base (every entry), False for a delta."""
+        return self._base is not None
+
+    def write(
+        self, out: NativeSnapshotOutput, *, progress: ProgressCallback | None = None
+    ) -> NativeStateHandle:
+        """Upload the base or the delta, reference the confirmed chain's files; returns the handle."""
+        if self._done:
+            raise StateAccessError("this native snapshot was already written or released")
+        self._done = True
+        b = self._backend
+        cid = out.checkpoint_id
+        buf = io.BytesIO()
+        try:
+            if self._base is not None:
+                r = self._base.write(buf, progress=progress)
+                links: list[dict[str, Any]] = []
+                files: list[NativeFile] = []
+                kind = "base"
+            else:
+                assert self._delta is not None
+                since, header, blocks = self._delta
+                files, links = b._delta_reference(since, cid)
+                r = write_canonical(buf, header, lambda kg: _delta_block(blocks, kg), progress=progress)
+                kind = "delta"
+        finally:
+            self.release()
+        f = out.upload(f"{kind}-{cid}", buf.getvalue(), shared=True)
+        files.append(f)
+        sizes: dict[str, int] = {}
+        for name, n in r.state_sizes.items():
+            name = name.removeprefix(REMOVAL_PREFIX)
+            sizes[name] = sizes.get(name, 0) + n
+        links.append(
+            {
+                "file": f.name,
+                "kind": kind,
+                "checkpoint_id": cid,
+                "size": f.size,
+                "entries": r.entries,
+                "state_sizes": sizes,
+            }
+        )
+        b._delta_written(cid, files, links)
+        # Each state's bytes in the files a restore reads (its base's and deltas'): what storages limit.
+        total: dict[str, int] = {}
+        for link in links:
+            for name, n in (link.get("state_sizes") or {}).items():
+                total[name] = total.get(name, 0) + int(n)
+        return b.native_handle(
+            self.checkpoint_id,
+            files,
+            states=self._states,
+            meta={"chain": links, "state_sizes": total},
+            entries=self._entries,
+        )
+
+    def release(self) -> None:
+        """Give the snapshot up (idempotent; ``write`` releases too)."""
+        self._done = True
+        if self._base is not None:
+            self._base.release()
+        self._delta = None
+
+
+def _delta_block(
+    blocks: dict[int, list[tuple[int, bytes, bytes, bytes, int]]], kg: int
+) -> Iterable[tuple[int, int, bytes, bytes, bytes]]:
+    for idx, keys, nss, vals, count in blocks.get(kg, ()):
+        yield idx, count, keys, nss, vals
+
+
+class DeltaKeyedBackendBase(KeyedBackendBase):
+    """A keyed backend whose native snapshots are a base and deltas; see the module docstring.
+
+    Subclasses implement the keyed base's hooks and ``_delta_track``,
+    ``_delta_epoch`` and ``_delta_changes``, set ``native_format``, and call
+    :meth:`_delta_setup` from ``__init__``.
+    """
+
+    native_format: str = ""
+
+    def _delta_setup(self, max_deltas: int = 10, max_delta_ratio: float = 0.5) -> None:
+        """Set the materialization policy (see the module docstring) and the bookkeeping."""
+        self.delta_max_deltas = max(1, int(max_deltas))
+        self.delta_max_ratio = float(max_delta_ratio)
+        # Epochs of recorded changes by the checkpoint whose snapshot closed them, oldest first.
+        self._delta_epochs: list[tuple[int, Any]] = []
+        # The chains of handles written but not confirmed, by checkpoint id.
+        self._delta_chains: dict[int, tuple[list[dict[str, Any]], dict[str, NativeFile]]] = {}
+        # The last confirmed checkpoint, its chain and files: what a delta is written against.
+        self._delta_confirmed: tuple[int, list[dict[str, Any]], dict[str, NativeFile]] | None = None
+
+    # --- the backend's hooks ---------------------------------------------------------
+
+    def _delta_track(self) -> None:
+        """Start recording the entries writes touch (idempotent)."""
+        raise NotImplementedError
+
+    def _delta_epoch(self) -> Any:
+        """What was recorded since the last call; recording goes on afresh."""
+        raise NotImplementedError
+
+    def _delta_changes(self, epochs: Sequence[Any]) -> dict[str, dict[int, DeltaChanges]]:
+        """Per state and key group, every entry recorded in ``epochs`` as it is now."""
+        raise NotImplementedError
+
+    # --- snapshots -------------------------------------------------------------------
+
+    def native_snapshot(self, checkpoint_id: int) -> DeltaSnapshot:
+        """Freeze the change since the last confirmed checkpoint (or, now and then, everything)."""
+        if self._closed:
+            raise StateAccessError("the backend is closed")
+        self._refuse_broken()
+        self._delta_track()
+        confirmed = self._delta_confirmed
+        if confirmed is None and not self._delta_chains:
+            # No chain is confirmed or waiting to be: no delta can be written against an older epoch.
+            self._delta_epochs.clear()
+        self._delta_epochs.append((checkpoint_id, self._delta_epoch()))
+        regs = [*self._states.values(), *self._restored.values()]
+        states = [r.meta() for r in regs] + [m for m, _ in self._pending.values()]
+        entries = self.num_entries()
+        if confirmed is None or self._delta_due_base(confirmed[1]):
+            return DeltaSnapshot(self, checkpoint_id, states, entries, base=self.snapshot())
+        since = confirmed[0]
+        epochs = [e for cid, e in self._delta_epochs if cid > since]
+        header = SnapshotHeader(
+            self.max_parallelism,
+            self.key_group_range,
+            self.key_serializer.config(),
+            states + [{"name": REMOVAL_PREFIX + r.name} for r in regs],
+            backend=self.backend_name,
+            extra={
+                "timers": {
+                    d.value: n for d, n in TIMER_STATE_NAMES.items() if n in {m["name"] for m in states}
+                },
+                "delta_since": since,
+            },
+        )
+        blocks = self._delta_blocks(regs, len(states), self._delta_changes(epochs))
+        return DeltaSnapshot(self, checkpoint_id, states, entries, delta=(since, header, blocks))
+
+    def _delta_due_base(self, chain: list[dict[str, Any]]) -> bool:
+        deltas = [link for link in chain if link["kind"] == "delta"]
+        if len(deltas) >= self.delta_max_deltas:
+            return True
+        base = sum(int(link["size"]) for link in chain if link["kind"] == "base")
+        return sum(int(link["size"]) for link in deltas) > self.delta_max_ratio * base
+
+    def _delta_blocks(
+        self, regs: list[RegisteredState], n_states: int, changes: dict[str, dict[int, DeltaChanges]]
+    ) -> dict[int, list[tuple[int, bytes, bytes, bytes, int]]]:
+        """Each key group's sections, encoded now (values as they are at the checkpoint)."""
+        ks = self.key_serializer
+        now = self.clock()
+        out: dict[int, list[tuple[int, bytes, bytes, bytes, int]]] = {}
+        for i, reg in enumerate(regs):
+            by_kg = changes.get(reg.name)
+            if not by_kg:
+                continue
+            ttl = reg.ttl.ttl_ms if reg.ttl is not None and reg.ttl.cleanup_full_snapshot else None
+            for kg, c in by_kg.items():
+                keys, nss, vals = c.keys, c.namespaces, c.values
+                rkeys, rnss = c.removed_keys, c.removed_namespaces
+                if ttl is not None and keys:  # as a full snapshot drops expired entries, a delta removes them
+                    k2, n2, v2 = [], [], []
+                    for k, n, v in zip(keys, nss, vals):
+                        live = purge_expired(reg.storage_kind, v, now, ttl)
+                        if live is None:
+                            rkeys.append(k)
+                            rnss.append(n)
+                        else:
+                            k2.append(k)
+                            n2.append(n)
+                            v2.append(live)
+                    keys, nss, vals = k2, n2, v2
+                secs = out.setdefault(kg, [])
+                if keys:
+                    secs.append(
+                        (
+                            i,
+                            ks.encode_column(keys),
+                            encode_namespaces(nss, reg.namespace_serializer, VOID_NAMESPACE, reg.name),
+                            reg.serializer.encode_column(vals),
+                            len(keys),
+                        )
+                    )
+                if rkeys:
+                    secs.append(
+                        (
+                            n_states + i,
+                            ks.encode_column(rkeys),
+                            encode_namespaces(rnss, reg.namespace_serializer, VOID_NAMESPACE, reg.name),
+                            b"",
+                            len(rkeys),
+                        )
+                    )
+        for secs in out.values():
+            secs.sort(key=lambda s: s[0])
+        return out
+
+    def _delta_reference(
+        self, since: int, checkpoint_id: int
+    ) -> tuple[list[NativeFile], list[dict[str, Any]]]:
+        """The confirmed chain a delta of the changes since ``since`` is written against, checked."""
+        confirmed = self._delta_confirmed
+        if confirmed is None or not since <= confirmed[0] < checkpoint_id:
+            raise SnapshotError(
+                f"the delta of checkpoint {checkpoint_id} holds the changes since checkpoint {since}, but "
+                f"the "
+                f"last confirmed checkpoint is {None if confirmed is None else confirmed[0]}: write native "
+                "snapshots in the order they were taken"
+            )
+        cid, chain, files = confirmed
+        out = []
+        for link in chain:
+            f = self.native_uploads.reusable(str(link["file"]))
+            if f is None or f is not files.get(str(link["file"])):
+                raise SnapshotError(
+                    f"checkpoint {checkpoint_id}: file {link['file']} of confirmed checkpoint {cid}'s chain "
+                    "may no longer be referenced; the snapshot is not written"
+                )
+            out.append(f)
+        return out, [dict(link) for link in chain]
+
+    def _delta_written(
+        self, checkpoint_id: int, files: list[NativeFile], chain: list[dict[str, Any]]
+    ) -> None:
+        by_name = {f.name: f for f in files}
+        self.native_uploads.uploaded(checkpoint_id, by_name)
+        self._delta_chains[checkpoint_id] = (chain, by_name)
+
+    def _delta_forget_chain(self) -> None:
+        """The next snapshot writes a base (a state's schema changed since the chain was written)."""
+        self._delta_confirmed = None
+        self._delta_chains.clear()
+
+    def get_state(self, descriptor: Any, *, namespace_serializer: Any = None) -> Any:
+        """The keyed base's; a restored state declared with another schema makes the next snapshot a base."""
+        held = self._pending.get(descriptor.name)
+        h = super().get_state(descriptor, namespace_serializer=namespace_serializer)
+        if held is not None and not same_schema(held[0], self._states[descriptor.name].meta()):
+            self._delta_forget_chain()  # the chain holds the old schema's bytes
+        return h
+
+    # --- the completion contract -------------------------------------------------------
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed: later deltas are written against its chain."""
+        super().notify_checkpoint_complete(checkpoint_id)
+        done = self._delta_chains.pop(checkpoint_id, None)
+        for cid in [c for c in self._delta_chains if c < checkpoint_id]:
+            del self._delta_chains[cid]
+        if done is not None:
+            self._delta_confirmed = (checkpoint_id, *done)
+            self._delta_epochs = [(c, e) for c, e in self._delta_epochs if c > checkpoint_id]
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` never completes: its changes go into the next delta."""
+        super().notify_checkpoint_aborted(checkpoint_id)
+        self._delta_chains.pop(checkpoint_id, None)
+
+    # --- restores ----------------------------------------------------------------------
+
+    def restore_native(self, handles: Sequence[NativeStateHandle]) -> None:
+        """Restore chains of any parallelism: each owned key group's base, then its deltas in order.
+
+        Every file is read and checked (size, SHA-256) before anything is
+        restored. A restore of one chain at the same key groups keeps its files
+        for the runner's claim: later checkpoints then write deltas against it.
+        """
+        metas = self.check_native_restore(handles, self.native_format)
+        own = self.key_group_range
+        staged: dict[str, tuple[dict[str, Any], list[tuple[int, Section]]]] = {
+            name: (meta, []) for name, meta in metas.items()
+        }
+        for h in sorted(handles, key=lambda h: h.key_group_range.start):
+            for link, data in _chain_files(h):
+                _stage_file(data, h, link, own, staged)
+        self._delta_track()
+        self._delta_epochs = []
+        self._delta_chains = {}
+        self._delta_confirmed = None
+        migrated = self._restore_staged(staged)
+        if len(handles) == 1 and handles[0].key_group_range == own and not migrated:
+            h = handles[0]
+            files = {f.name: f for f in h.files}
+            self.native_uploads.restored(h.checkpoint_id, files)
+            self._delta_chains[h.checkpoint_id] = ([dict(link) for link in h.meta["chain"]], files)
+        else:
+            self.native_uploads.restored()
+
+    def snapshot(self) -> KeyedSnapshot:
+        """The keyed base's, after merging the deltas of restored states not declared yet."""
+        self._delta_merge_pending()
+        return super().snapshot()
+
+    def _delta_merge_pending(self) -> None:
+        """Undeclared states with delta sections: merged into plain sections where their serializers allow.
+
+        A restore leaves them in order (a base's sections, then each delta's), which
+        declaring the state applies; a snapshot taken before needs them merged.
+        """
+        for name, (meta, secs) in list(self._pending.items()):
+            if not any(s.removal for _, s in secs) and len({kg for kg, _ in secs}) == len(secs):
+                continue
+            try:
+                reg = RegisteredState.from_meta(meta)
+                merged: dict[int, dict[tuple[Any, Any], Any]] = {}
+                for kg, s in secs:
+                    keys, nss, vals = self._decode(reg, s)
+                    d = merged.setdefault(kg, {})
+                    if s.removal:
+                        for k, n in zip(keys, nss):
+                            d.pop((n, k), None)
+                    else:
+                        d.update(zip(zip(nss, keys), vals))
+            except SnapshotError:
+                continue  # a custom serializer: merged when declared; a snapshot before that refuses
+            out = []
+            for kg in sorted(merged):
+                d = merged[kg]
+                if d:
+                    nss = [n for n, _ in d]
+                    out.append(
+                        (
+                            kg,
+                            Section(
+                                name,
+                                len(d),
+                                self.key_serializer.encode_column([k for _, k in d]),
+                                encode_namespaces(nss, reg.namespace_serializer, VOID_NAMESPACE, name),
+                                reg.serializer.encode_column(list(d.values())),
+                            ),
+                        )
+                    )
+            self._pending[name] = (meta, out)
+
+
+def _chain_files(h: NativeStateHandle) -> Iterable[tuple[dict[str, Any], bytes]]:
+    """Each file of ``h``'s chain with its checked bytes, base first; the chain itself checked."""
+    chain = h.meta.get("chain")
+    where = f"native {h.backend} snapshot of {h.key_group_range} (checkpoint {h.checkpoint_id})"
+    if not isinstance(chain, list) or not chain or not all(isinstance(link, dict) for link in chain):
+        raise CorruptSnapshotError(f"{where} lists no chain of files (meta 'chain')")
+    kinds = [link.get("kind") for link in chain]
+    if kinds[0] != "base" or any(k != "delta" for k in kinds[1:]):
+        raise CorruptSnapshotError(f"{where}: its chain {kinds} is not a base followed by deltas")
+    ids = [int(link.get("checkpoint_id", -1)) for link in chain]
+    if ids != sorted(set(ids)) or ids[-1] > h.checkpoint_id:
+        raise CorruptSnapshotError(f"{where}: its chain's checkpoints {ids} are out of order")
+    for link in chain:
+        f = h.file(str(link.get("file")))
+        yield link, f.read()
+
+
+def _stage_file(
+    data: bytes,
+    h: NativeStateHandle,
+    link: dict[str, Any],
+    own: KeyGroupRange,
+    staged: dict[str, tuple[dict[str, Any], list[tuple[int, Section]]]],
+) -> None:
+    """Append the owned key groups' sections of one chain file to ``staged``, in order."""
+    where = f"native file {link['file']} of checkpoint {h.checkpoint_id}"
+    stream = BytesStreamHandle(data, where)
+    header, header_length = read_header(stream)
+    if header.max_parallelism != h.max_parallelism or not (
+        header.key_group_range.start <= h.key_group_range.start
+        and h.key_group_range.end <= header.key_group_range.end
+    ):
+        raise CorruptSnapshotError(
+            f"{where}: its header's key groups or max parallelism are not its handle's"
+        )
+    part = KeyedStateHandle(stream, h.key_group_range.intersection(own), read_index(stream), header_length)
+    for kg, sections in iter_blocks(part, header):
+        for s in sections:
+            name, removal = s.state, False
+            if name.startswith(REMOVAL_PREFIX):
+                if link["kind"] != "delta":
+                    raise CorruptSnapshotError(f"{where}: a base holds removals")
+                name, removal = name[len(REMOVAL_PREFIX) :], True
+            item = staged.get(name)
+            if item is None:
+                raise CorruptSnapshotError(
+                    f"{where} holds entries of state {name!r}, which its handle does not list"
+                )
+            if removal:
+                s = Section(name, s.count, s.keys, s.namespaces, b"", removal=True)
+            item[1].append((kg, s))
