@@ -10,7 +10,9 @@ a checkpoint in a directory nothing else wrote into, completing it
 notification of native snapshots (after completion only), cleaning up after
 a failed one, retention, the count of periodic checkpoints failed in a row,
 the job's checkpoint history (every attempt, beyond retention: ``_history``),
-and which checkpoint ``restore="latest"`` takes.
+which checkpoint ``restore="latest"`` takes, and what the checkpoint a run
+starts from must match before anything is restored (:meth:`CheckpointCoordinator.validate`,
+with the run's :class:`~._restore_rules.RestoreRules`).
 
 What differs between the runners is policy they pass in
 (:class:`CheckpointPolicy`), and who writes the subtasks' files: the
@@ -35,6 +37,7 @@ from ._fencing import RunFence
 from ._history import CheckpointHistory
 from ._metadata import SubtaskState
 from ._restore import CompletedCheckpoint, load_checkpoint
+from ._restore_rules import RestoreRules, check_raw_state_claimed
 from ._retention import apply_retention, highest_checkpoint_id
 from ._verify import verify_loaded
 from ._writing import complete_checkpoint, discard_native_uploads
@@ -418,6 +421,33 @@ class CheckpointCoordinator:
         return location
 
     # --- choosing what to restore -----------------------------------------------------------
+
+    def validate(self, cp: CompletedCheckpoint, rules: RestoreRules) -> None:
+        """Refuse ``cp``, before any state is touched, if the run of ``rules`` cannot restore it exactly.
+
+        Its max parallelism must be the run's, every operator holding state
+        must be one of the run's (unless non-restored state is allowed), raw
+        state must have a function that takes it back (or be allowed to be
+        dropped), and every declared state must be restorable from the schemas
+        ``cp`` records; on both runners, before the first record or micro-batch.
+
+        Raises:
+            MaxParallelismMismatchError, StateMigrationError, IncompatibleSerializerError: Naming
+                the checkpoint or state, and the way out.
+        """
+        cp.validate(
+            max_parallelism=self.max_parallelism,
+            operators={rules.operator_id: rules.parallelism, **rules.other_operators},
+            allow_non_restored_state=rules.allow_non_restored_state,
+        )
+        check_raw_state_claimed(
+            cp,
+            rules.operator_id,
+            rules.function_name,
+            restores=rules.restores_raw_state,
+            allow_non_restored_state=rules.allow_non_restored_state,
+        )
+        rules.schemas.check(cp)
 
     def newest(self) -> CompletedCheckpoint | None:
         """The job's newest completed checkpoint (its metadata read), if any.

@@ -28,9 +28,8 @@ from ..state._migration import MigrationProgress
 from ..state._parameters import KeyedBackendParameters
 from ..state._ttl import Clock
 from ..timers import ProcessingTimeHint
-from ._function import KeyedProcessFunction, declares_raw_restore
+from ._function import KeyedProcessFunction
 from ._localdirs import create_instance_dir
-from ._raw import check_raw_state_claimed
 from ._subtask import Subtask
 
 __all__ = ["OperatorSubtasks"]
@@ -57,7 +56,6 @@ class OperatorSubtasks:
         key_cache_size: int,
         local_dir_parent: str | None,
         hint: ProcessingTimeHint,
-        allow_non_restored_state: bool = False,
         migration_progress: MigrationProgress | None = None,
     ) -> None:
         self.backend = backend
@@ -71,7 +69,6 @@ class OperatorSubtasks:
         self.key_cache_size = key_cache_size
         self.local_dir_parent = local_dir_parent
         self.hint = hint
-        self.allow_non_restored_state = allow_non_restored_state
         self.migration_progress = migration_progress
         self.subtasks: list[Subtask] = []
         self._route: dict[Any, int] = {}
@@ -137,17 +134,12 @@ class OperatorSubtasks:
     # --- restoring -------------------------------------------------------------------
 
     def restored(self, cp: CompletedCheckpoint) -> list[Subtask]:
-        """Fresh subtasks holding ``cp``'s state of the operator; nothing changes here if it fails."""
+        """Fresh subtasks holding ``cp``'s state of the operator; nothing changes here if it fails.
+
+        ``cp`` was validated for the run (``CheckpointCoordinator.validate``) before.
+        """
         fresh = self.create()
         try:
-            function = fresh[0].function
-            check_raw_state_claimed(
-                cp,
-                self.operator_id,
-                type(function).__name__,
-                restores=declares_raw_restore(function),
-                allow_non_restored_state=self.allow_non_restored_state,
-            )
             op_states = cp.operator_states(self.operator_id, self.parallelism)
             for i, st in enumerate(fresh):
                 cp.restore_subtask(
