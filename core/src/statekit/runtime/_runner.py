@@ -386,15 +386,15 @@ class LocalRunner:
         self._coordinator.validate(cp, self._restore_rules())
         # Known before anything is replaced: a failing listing leaves the runner unchanged too.
         highest = highest_checkpoint_id(self.storage, self.job_id)
-        fresh = self._operator.restored(cp)
+        claimed = self._coordinator.claims(cp)
+        fresh = self._operator.restored(cp, claimed=claimed)
         try:
             source_state, position = SourceReader.restored(cp)
-            claimed = self._coordinator.claims(cp)
         except BaseException:
             for st in fresh:
                 st.discard()
             raise
-        self._operator.replace(fresh, claimed_checkpoint=cp.checkpoint_id if claimed else None)
+        self._operator.replace(fresh)
         self._source.adopt(source_state, position)
         self._time.restored(cp.metadata.properties)
         self._restored_from = cp.location

@@ -9,8 +9,10 @@ keyed backend from one
 operator backend from the same :class:`~statekit.StateBackend`;
 :meth:`Subtask.bind` gives it the user's function with its runtime context,
 timer service and the contexts ``process`` and ``on_timer`` get;
+:meth:`Subtask.restore` restores its state from a checkpoint (keyed,
+operator and raw state, the completion notice of a claimed checkpoint);
 :meth:`Subtask.open` opens the function after a restore (giving it its raw
-state first, :meth:`Subtask.restore_raw`); :meth:`Subtask.snapshot_raw` asks
+state first); :meth:`Subtask.snapshot_raw` asks
 the function for its raw state at a snapshot; :meth:`Subtask.close` closes
 everything and removes the subtask's working directory.
 """
@@ -22,11 +24,17 @@ import shutil
 from collections.abc import Callable
 from typing import Any, Self
 
-from .._contracts import KeyedStateBackend, OperatorStateBackend, StateBackend, create_keyed_backend
+from .._contracts import (
+    KeyedStateBackend,
+    OperatorStateBackend,
+    StateBackend,
+    SupportsNativeSnapshot,
+    create_keyed_backend,
+)
 from ..checkpoints._restore import CompletedCheckpoint
 from ..state._keyed import KeyedBackendBase
 from ..state._migration import MigrationProgress
-from ..state._operator import OperatorStateBackendImpl
+from ..state._operator import OperatorSnapshot, OperatorStateBackendImpl
 from ..state._parameters import KeyedBackendParameters
 from ..state._raw import RawSnapshot
 from ..state._ttl import Clock
@@ -168,6 +176,32 @@ class Subtask:
         self.function, self.ctx, self.timers = function, ctx, timers
         self.pctx = ProcessContext(ctx, timers)
         self.tctx = OnTimerContext(ctx, timers)
+
+    def restore(
+        self,
+        cp: CompletedCheckpoint,
+        operator_id: str,
+        parallelism: int,
+        *,
+        operator_states: list[OperatorSnapshot] | None = None,
+        claimed: bool = False,
+    ) -> None:
+        """This subtask's state of ``operator_id`` from ``cp``, as every runner restores a subtask.
+
+        Its keyed and operator state (``operator_states``: the operator's
+        states of ``cp``, read once for all subtasks, if the caller has them),
+        its raw state for :meth:`open` (:meth:`restore_raw`), and, when ``cp``
+        is ``claimed`` (a completed checkpoint of this job in this storage,
+        never a savepoint), the completion notice to a native keyed backend:
+        the instance may keep referencing the files it restored. ``cp`` was
+        validated for the run before (``CheckpointCoordinator.validate``).
+        """
+        cp.restore_subtask(
+            operator_id, self.index, parallelism, self.keyed, self.operator, operator_states=operator_states
+        )
+        self.restore_raw(cp, operator_id, parallelism)
+        if claimed and isinstance(self.keyed, SupportsNativeSnapshot):
+            self.keyed.notify_checkpoint_complete(cp.checkpoint_id)
 
     def restore_raw(self, cp: CompletedCheckpoint, operator_id: str, parallelism: int) -> None:
         """Read this subtask's raw state from ``cp`` for :meth:`open`, if the function takes raw state back.

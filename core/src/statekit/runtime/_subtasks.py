@@ -133,39 +133,29 @@ class OperatorSubtasks:
 
     # --- restoring -------------------------------------------------------------------
 
-    def restored(self, cp: CompletedCheckpoint) -> list[Subtask]:
+    def restored(self, cp: CompletedCheckpoint, *, claimed: bool) -> list[Subtask]:
         """Fresh subtasks holding ``cp``'s state of the operator; nothing changes here if it fails.
 
-        ``cp`` was validated for the run (``CheckpointCoordinator.validate``) before.
+        ``cp`` was validated for the run (``CheckpointCoordinator.validate``) before; ``claimed``:
+        it is a completed checkpoint of this job, whose files restored native instances may keep
+        referencing (the completion contract's claim); never a savepoint.
         """
         fresh = self.create()
         try:
             op_states = cp.operator_states(self.operator_id, self.parallelism)
-            for i, st in enumerate(fresh):
-                cp.restore_subtask(
-                    self.operator_id, i, self.parallelism, st.keyed, st.operator, operator_states=op_states
-                )
-                st.restore_raw(cp, self.operator_id, self.parallelism)
+            for st in fresh:
+                st.restore(cp, self.operator_id, self.parallelism, operator_states=op_states, claimed=claimed)
         except BaseException:
             for st in fresh:
                 st.discard()
             raise
         return fresh
 
-    def replace(self, fresh: list[Subtask], *, claimed_checkpoint: int | None) -> None:
-        """Run ``fresh`` from now on (the subtasks before are closed).
-
-        ``claimed_checkpoint``: the id of the completed checkpoint of this job
-        they were restored from, if any: restored native instances may keep
-        referencing its files (the completion contract's claim); never a savepoint.
-        """
+    def replace(self, fresh: list[Subtask]) -> None:
+        """Run ``fresh`` from now on (the subtasks before are closed)."""
         replaced, self.subtasks = self.subtasks, fresh
         for st in replaced:
             st.close()
-        if claimed_checkpoint is not None:
-            for st in fresh:
-                if isinstance(st.keyed, SupportsNativeSnapshot):
-                    st.keyed.notify_checkpoint_complete(claimed_checkpoint)
 
     # --- running -------------------------------------------------------------------
 

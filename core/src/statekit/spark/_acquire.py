@@ -201,7 +201,6 @@ def acquire(plan: TaskPlan, index: int, source: RestoreSource) -> Acquired:
 
 def _restore(plan: TaskPlan, index: int, source: RestoreSource, st: OpenSubtask) -> Acquired:
     """Restore the new subtask ``st`` from the source, local copies first; how it went."""
-    keyed, operator = st.subtask.keyed, st.subtask.operator
     downloads = Downloads()
     copies, _ = local_copies(plan)
     # A local copy is read only if its bytes have the digest this checkpoint records.
@@ -209,14 +208,13 @@ def _restore(plan: TaskPlan, index: int, source: RestoreSource, st: OpenSubtask)
     cp = source.reading_through(reading)
     if cp is None:
         return Acquired(st, SubtaskOrigin.NEW)
-    cp.restore_subtask(
-        plan.operator_id, index, plan.parallelism, keyed, operator, operator_states=source.operator_states()
+    st.subtask.restore(
+        cp,
+        plan.operator_id,
+        plan.parallelism,
+        operator_states=source.operator_states(),
+        claimed=plan.restore_claimed,
     )
-    st.subtask.restore_raw(cp, plan.operator_id, plan.parallelism)
-    if plan.restore_claimed and isinstance(keyed, SupportsNativeSnapshot):
-        # A completed checkpoint of this job in this storage: the instance may keep
-        # referencing the files it restored (the completion contract's claim).
-        keyed.notify_checkpoint_complete(cp.checkpoint_id)
     if copies is not None and reading.used:
         with contextlib.suppress(OSError):  # local copies only ever save a download
             copies.remember(index, reading.used)
