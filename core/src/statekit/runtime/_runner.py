@@ -155,6 +155,7 @@ def _operator_of(runner: LocalRunner, conf: Configuration) -> OperatorSubtasks:
         local_dir_parent=conf.get("statekit.local-dir"),
         hint=runner._time.processing_hint,
         migration_progress=runner.on_migration_progress,
+        registry=runner.registry,
     )
 
 
@@ -404,9 +405,7 @@ class LocalRunner:
         self._foreign_position = cp if "spark_query_id" in cp.metadata.properties else None
         self._letters.restored(cp, claimed=claimed)
         self._coordinator.restored(cp, highest)
-        self.registry.hook.statekit_restore_done(
-            job_id=self.job_id, checkpoint_id=cp.checkpoint_id, subtask_index=0, parallelism=self.parallelism
-        )
+        self._operator.restore_done(cp.checkpoint_id)
 
     def _restore_rules(self) -> RestoreRules:
         """What a checkpoint this runner restores must match (made once, with the declared states)."""

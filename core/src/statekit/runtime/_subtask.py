@@ -12,7 +12,8 @@ timer service and the contexts ``process`` and ``on_timer`` get;
 :meth:`Subtask.restore` restores its state from a checkpoint (keyed,
 operator and raw state, the completion notice of a claimed checkpoint);
 :meth:`Subtask.open` opens the function after a restore (giving it its raw
-state first); :meth:`Subtask.snapshot_raw` asks
+state first); :meth:`Subtask.restore_done` fires the ``statekit_restore_done``
+hook for it; :meth:`Subtask.snapshot_raw` asks
 the function for its raw state at a snapshot; :meth:`Subtask.close` closes
 everything and removes the subtask's working directory.
 """
@@ -32,6 +33,7 @@ from .._contracts import (
     create_keyed_backend,
 )
 from ..checkpoints._restore import CompletedCheckpoint
+from ..plugins._registry import PluginRegistry
 from ..state._keyed import KeyedBackendBase
 from ..state._migration import MigrationProgress
 from ..state._operator import OperatorSnapshot, OperatorStateBackendImpl
@@ -202,6 +204,18 @@ class Subtask:
         self.restore_raw(cp, operator_id, parallelism)
         if claimed and isinstance(self.keyed, SupportsNativeSnapshot):
             self.keyed.notify_checkpoint_complete(cp.checkpoint_id)
+
+    def restore_done(self, registry: PluginRegistry, job_id: str, checkpoint_id: int | None) -> None:
+        """Tell ``registry``'s ``statekit_restore_done`` hooks this subtask is restored (None: started empty).
+
+        Every runner calls it once for each subtask it restores or starts afresh (after :meth:`bind`).
+        """
+        registry.hook.statekit_restore_done(
+            job_id=job_id,
+            checkpoint_id=checkpoint_id,
+            subtask_index=self.index,
+            parallelism=self.ctx.parallelism,
+        )
 
     def restore_raw(self, cp: CompletedCheckpoint, operator_id: str, parallelism: int) -> None:
         """Read this subtask's raw state from ``cp`` for :meth:`open`, if the function takes raw state back.

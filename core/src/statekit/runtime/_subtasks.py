@@ -22,6 +22,7 @@ from .._contracts import CheckpointWriter, StateBackend, SupportsNativeSnapshot
 from ..checkpoints._metadata import SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint
 from ..checkpoints._writing import write_subtask_state
+from ..plugins._registry import PluginRegistry, default_registry
 from ..serialization._keygroups import key_group_for_bytes, operator_index_for_key_group
 from ..serialization._serializers import TypeSerializer
 from ..state._migration import MigrationProgress
@@ -57,6 +58,7 @@ class OperatorSubtasks:
         local_dir_parent: str | None,
         hint: ProcessingTimeHint,
         migration_progress: MigrationProgress | None = None,
+        registry: PluginRegistry | None = None,
     ) -> None:
         self.backend = backend
         self.function_factory = function_factory
@@ -70,6 +72,7 @@ class OperatorSubtasks:
         self.local_dir_parent = local_dir_parent
         self.hint = hint
         self.migration_progress = migration_progress
+        self.registry = registry or default_registry()  # its statekit_restore_done hooks hear of each subtask
         self.subtasks: list[Subtask] = []
         self._route: dict[Any, int] = {}
         self._local_root: str | None = None
@@ -77,10 +80,16 @@ class OperatorSubtasks:
     # --- making them -----------------------------------------------------------------
 
     def ensure(self) -> list[Subtask]:
-        """The subtasks, made now if there are none yet."""
+        """The subtasks, made now if there are none yet (each starting empty: the restore hook says so)."""
         if not self.subtasks:
             self.subtasks = self.create()
+            self.restore_done(None)
         return self.subtasks
+
+    def restore_done(self, checkpoint_id: int | None) -> None:
+        """Each subtask's ``statekit_restore_done`` hook: restored from ``checkpoint_id`` (None: empty)."""
+        for st in self.subtasks:
+            st.restore_done(self.registry, self.job_id, checkpoint_id)
 
     def create(self) -> list[Subtask]:
         """``parallelism`` fresh subtasks with the function bound (not installed: see :meth:`replace`)."""

@@ -190,12 +190,7 @@ def acquire(plan: TaskPlan, index: int, source: RestoreSource) -> Acquired:
         st.close()
         raise
     cp = source.checkpoint()
-    default_registry().hook.statekit_restore_done(
-        job_id=plan.job_id,
-        checkpoint_id=None if cp is None else cp.checkpoint_id,
-        subtask_index=index,
-        parallelism=plan.parallelism,
-    )
+    st.subtask.restore_done(default_registry(), plan.job_id, None if cp is None else cp.checkpoint_id)
     return acquired
 
 
