@@ -3,8 +3,8 @@
 As Flink's ``StreamTaskStateInitializerImpl`` builds each task's keyed and
 operator backends and its timer service whichever deployment runs it, a
 :class:`Subtask` is made the same way by the :class:`~statekit.LocalRunner`,
-a Spark task and the kit's job harness: :meth:`Subtask.create` makes the
-keyed backend from one
+a Spark task and the kit's job harness, all through :meth:`Subtask.make`:
+:meth:`Subtask.create` makes the keyed backend from one
 :class:`~statekit.state._parameters.KeyedBackendParameters` and the
 operator backend from the same :class:`~statekit.StateBackend`;
 :meth:`Subtask.bind` gives it the user's function with its runtime context,
@@ -34,6 +34,7 @@ from .._contracts import (
 )
 from ..checkpoints._restore import CompletedCheckpoint
 from ..plugins._registry import PluginRegistry
+from ..serialization._serializers import TypeSerializer
 from ..state._keyed import KeyedBackendBase
 from ..state._migration import MigrationProgress
 from ..state._operator import OperatorSnapshot, OperatorStateBackendImpl
@@ -146,6 +147,68 @@ class Subtask:
             where = f"subtask {index}" if operator_id is None else f"operator {operator_id!r} subtask {index}"
             keyed.on_migration_progress(MigrationProgressLog(where, migration_progress))
         return cls(index, parameters, keyed, operator)
+
+    @classmethod
+    def make(
+        cls,
+        index: int,
+        parallelism: int,
+        backend: StateBackend,
+        *,
+        key_serializer: TypeSerializer,
+        max_parallelism: int,
+        clock: Clock,
+        key_cache_size: int,
+        local_dir: str,
+        operator_backend: StateBackend | None = None,
+        operator_id: str | None = None,
+        migration_progress: MigrationProgress | None = None,
+        function: Callable[[], KeyedProcessFunction] | None = None,
+        job_id: str = "",
+        timer_clock: Callable[[], int] | None = None,
+        hint: ProcessingTimeHint | None = None,
+    ) -> Self:
+        """Subtask ``index`` of ``parallelism``: the one factory of the LocalRunner, a Spark task and the kit.
+
+        Its keyed backend owns Flink's key-group range of ``index``
+        (:meth:`KeyedBackendParameters.of_subtask`) and works in ``local_dir``
+        (owned by the subtask from here, see :meth:`create`). With
+        ``function`` (a factory, called here) the subtask is bound to what it
+        makes (:meth:`bind`, with ``job_id``, ``timer_clock`` and ``hint``); a
+        subtask that only holds state (the kit's) has none. If anything fails,
+        nothing is left open.
+        """
+        parameters = KeyedBackendParameters.of_subtask(
+            index,
+            parallelism,
+            key_serializer=key_serializer,
+            max_parallelism=max_parallelism,
+            clock=clock,
+            key_cache_size=key_cache_size,
+            local_dir=local_dir,
+        )
+        st = cls.create(
+            index,
+            backend,
+            parameters,
+            operator_backend=operator_backend,
+            operator_id=operator_id,
+            migration_progress=migration_progress,
+        )
+        if function is not None:
+            try:
+                st.bind(
+                    function(),
+                    job_id=job_id,
+                    parallelism=parallelism,
+                    clock=clock,
+                    timer_clock=timer_clock,
+                    hint=hint,
+                )
+            except BaseException:
+                st.discard()
+                raise
+        return st
 
     def bind(
         self,

@@ -26,7 +26,6 @@ from ..plugins._registry import PluginRegistry, default_registry
 from ..serialization._keygroups import key_group_for_bytes, operator_index_for_key_group
 from ..serialization._serializers import TypeSerializer
 from ..state._migration import MigrationProgress
-from ..state._parameters import KeyedBackendParameters
 from ..state._ttl import Clock
 from ..timers import ProcessingTimeHint
 from ._function import KeyedProcessFunction
@@ -104,34 +103,21 @@ class OperatorSubtasks:
         return subtasks
 
     def _create_subtask(self, i: int) -> Subtask:
-        parameters = KeyedBackendParameters.of_subtask(
+        return Subtask.make(
             i,
             self.parallelism,
+            self.backend,
             key_serializer=self.key_serializer,
             max_parallelism=self.max_parallelism,
             clock=self.clock,
             key_cache_size=self.key_cache_size,
             local_dir=self._local_dir(i),
-        )
-        st = Subtask.create(
-            i,
-            self.backend,
-            parameters,
             operator_id=self.operator_id,
             migration_progress=self.migration_progress,
+            function=self.function_factory,
+            job_id=self.job_id,
+            hint=self.hint,
         )
-        try:
-            st.bind(
-                self.function_factory(),
-                job_id=self.job_id,
-                parallelism=self.parallelism,
-                clock=self.clock,
-                hint=self.hint,
-            )
-        except BaseException:
-            st.discard()
-            raise
-        return st
 
     def _local_dir(self, index: int) -> str:
         """A fresh working directory for subtask ``index``'s keyed backend (removed when it closes)."""

@@ -29,7 +29,6 @@ from ..plugins._registry import default_registry
 from ..runtime._subtask import Subtask
 from ..snapshots._digest import FileDigest
 from ..state._operator import OperatorSnapshot
-from ..state._parameters import KeyedBackendParameters
 from ..state._ttl import system_clock
 from . import _cache
 from ._cache import BatchClock, OpenSubtask
@@ -230,26 +229,19 @@ def _create(plan: TaskPlan, index: int) -> OpenSubtask:
         what="the executor's statekit directory",
         otherwise="Or set statekit.local-dir to a directory of your own.",
     )
-    parameters = KeyedBackendParameters.of_subtask(
+    clock = BatchClock()
+    subtask = Subtask.make(
         index,
         plan.parallelism,
+        _cache.backend_for(plan.config),
         key_serializer=plan.key_serializer,
         max_parallelism=plan.max_parallelism,
         clock=system_clock,
         key_cache_size=int(plan.config.get("statekit.key-cache-size")),
         local_dir=tempfile.mkdtemp(prefix=f"{plan.job_id}-{plan.operator_id}-{index}-", dir=root),
+        operator_id=plan.operator_id,
+        function=plan.function_factory,
+        job_id=plan.job_id,
+        timer_clock=clock,
     )
-    subtask = Subtask.create(index, _cache.backend_for(plan.config), parameters, operator_id=plan.operator_id)
-    clock = BatchClock()
-    try:
-        subtask.bind(
-            plan.function_factory(),
-            job_id=plan.job_id,
-            parallelism=plan.parallelism,
-            clock=system_clock,
-            timer_clock=clock,
-        )
-    except BaseException:
-        subtask.discard()
-        raise
     return OpenSubtask(subtask, plan.run_id, clock)
