@@ -64,25 +64,25 @@ def _notify_nobody(checkpoint_id: int, complete: bool) -> None:
 
 @dataclass(frozen=True)
 class CheckpointPolicy:
-    """What a runner decides for itself; everything else the coordinator decides alike for every runner.
+    """What differs between the runners and both read; everything else the coordinator decides alike.
+
+    Whether ``restore="latest"`` falls back past a damaged checkpoint and how
+    many periodic checkpoints may fail in a row are the LocalRunner's alone
+    (its configuration, given to :meth:`CheckpointCoordinator.restore_newest`
+    and :meth:`CheckpointCoordinator.periodic`): a Spark query never falls
+    back (its offset log must match the checkpoint it continues from) and
+    tolerates no failed checkpoint (a micro-batch is committed with its
+    checkpoint or not at all), so it calls neither.
 
     Attributes:
-        runner: How the run's fence record names it (``LocalRunner``, a Spark application).
-        fallback: Whether ``restore="latest"`` falls back past a damaged newest
-            checkpoint to the next older retained one (the LocalRunner, by
-            ``statekit.restore.fallback``). Spark never does: its offset log
-            must match the checkpoint a query continues from.
+        runner: How the run's fence record and the checkpoint history name it
+            (``LocalRunner``, a Spark application).
         ways_out: Appended to the problem of a damaged checkpoint the
             coordinator does not fall back past: what the user can do.
-        tolerable_failures: Periodic checkpoints that may fail in a row (None:
-            any number). Spark tolerates none: a micro-batch is committed
-            with its checkpoint or not at all.
     """
 
     runner: str
-    fallback: bool
     ways_out: str
-    tolerable_failures: int | None = None
 
 
 @dataclass(frozen=True)
@@ -356,8 +356,13 @@ class CheckpointCoordinator:
         self.retain()
         return location
 
-    def periodic(self, take: Callable[[], str], checkpoints: list[str], failures: list[str]) -> None:
+    def periodic(
+        self, take: Callable[[], str], checkpoints: list[str], failures: list[str], *, tolerable: int | None
+    ) -> None:
         """Take a periodic checkpoint with ``take``; a failure is recorded, and tolerated up to a count.
+
+        ``tolerable``: periodic checkpoints that may fail in a row (None: any number;
+        ``statekit.checkpoint.tolerable-failures``).
 
         Raises:
             FencedError: If a newer run took over (never a tolerated failure).
@@ -372,7 +377,6 @@ class CheckpointCoordinator:
             # unless more fail in a row than statekit.checkpoint.tolerable-failures.
             failures.append(str(e))
             self.failed_in_a_row += 1
-            tolerable = self.policy.tolerable_failures
             if tolerable is not None and self.failed_in_a_row > tolerable:
                 raise CheckpointError(
                     f"{self.failed_in_a_row} checkpoints failed in a row, more than "
@@ -488,15 +492,15 @@ class CheckpointCoordinator:
         return self._claimed[cp.location]
 
     def restore_newest(
-        self, restore: Callable[[CompletedCheckpoint], None]
+        self, restore: Callable[[CompletedCheckpoint], None], *, fallback: bool
     ) -> tuple[str | None, list[tuple[str, str]]]:
         """``restore`` the newest restorable checkpoint; returns its location and what was skipped.
 
         Newest first, each candidate is checked (its metadata, every file there
         with its size) and handed to ``restore``, which verifies every block as
         it reads and raises without changing anything on damage. A damaged one
-        is skipped with a warning and the next older tried, if the policy falls
-        back; else its error carries the policy's ways out. Anything but damage
+        is skipped with a warning and the next older tried, if ``fallback``
+        (``statekit.restore.fallback``); else its error carries the policy's ways out. Anything but damage
         (an incompatible restore, a store outage) is raised at once.
 
         Raises:
@@ -517,7 +521,7 @@ class CheckpointCoordinator:
             except (CorruptCheckpointError, CheckpointNotFoundError) as e:
                 skipped.append((candidate, str(e)))
                 damage.append(_problem_of(e))
-                if not self.policy.fallback:
+                if not fallback:
                     raise CorruptCheckpointError(candidate, _problem_of(e) + self.policy.ways_out) from e
                 older = len(candidates) - len(skipped)
                 if older:  # with none older, the error below says it all

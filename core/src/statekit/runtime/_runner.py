@@ -168,12 +168,7 @@ def _coordinator_of(runner: LocalRunner, conf: Configuration) -> CheckpointCoord
         retained=int(conf.get("statekit.checkpoints.retained")),
         native=conf.get("statekit.checkpoint.format") != "canonical",
         history_entries=int(conf.get("statekit.checkpoints.history.max-entries")),
-        policy=CheckpointPolicy(
-            "LocalRunner",
-            fallback=bool(conf.get("statekit.restore.fallback")),
-            ways_out=_NO_FALLBACK,
-            tolerable_failures=conf.get("statekit.checkpoint.tolerable-failures"),
-        ),
+        policy=CheckpointPolicy("LocalRunner", ways_out=_NO_FALLBACK),
         registry=runner.registry,
     )
 
@@ -378,7 +373,9 @@ class LocalRunner:
             self._origin = origin_of(cp.location, m.job_id, m.checkpoint_id, m.timestamp_ms)
             self._input_begins_after = input_begins_after_savepoint
             return location
-        restored, self.skipped_checkpoints = self._coordinator.restore_newest(self._restore_checkpoint)
+        restored, self.skipped_checkpoints = self._coordinator.restore_newest(
+            self._restore_checkpoint, fallback=bool(self.config.get("statekit.restore.fallback"))
+        )
         self._input_begins_after = input_begins_after_savepoint
         return restored
 
@@ -621,9 +618,12 @@ class LocalRunner:
         )
         self._requests = SavepointRequests(self._coordinator, self.config.get("statekit.savepoints.dir"))
         self._stop_at = None
+        tolerable = self.config.get("statekit.checkpoint.tolerable-failures")
 
         def periodic() -> None:
-            self._coordinator.periodic(self.checkpoint, result.checkpoints, result.failed_checkpoints)
+            self._coordinator.periodic(
+                self.checkpoint, result.checkpoints, result.failed_checkpoints, tolerable=tolerable
+            )
             if self._stop_at is not None:
                 raise _StopWithSavepoint(self._stop_at)  # before the next record is read
 

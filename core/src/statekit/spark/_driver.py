@@ -230,7 +230,7 @@ class MicroBatchDriver:
             retained=int(conf.get("statekit.checkpoints.retained")),
             native=conf.get("statekit.checkpoint.format") != "canonical",
             history_entries=int(conf.get("statekit.checkpoints.history.max-entries")),
-            policy=CheckpointPolicy(application(session), False, _SPARK_WAYS_OUT, tolerable_failures=0),
+            policy=CheckpointPolicy(application(session), _SPARK_WAYS_OUT),
             registry=self.registry,
         )
         if base is not None:
