@@ -190,19 +190,24 @@ def test_lifecycle_hooks_fire(storage_config: dict[str, Any]) -> None:
         def statekit_restore_done(
             self, job_id: str, checkpoint_id: int | None, subtask_index: int, parallelism: int
         ) -> None:
-            calls.append(("restored", checkpoint_id))
+            calls.append(("restored", checkpoint_id, subtask_index, parallelism))
 
     reg = default_registry()
     listener = Listener()
     reg._pm.register(listener)  # a plain pluggy plugin, as a user's module would be
     try:
-        r1 = runner(storage_config, 1)
+        r1 = runner(storage_config, 3)
         r1.checkpoint()
-        r2 = same_storage(r1, storage_config, 1)
+        r2 = same_storage(r1, storage_config, 2)
         r2.restore("latest")
     finally:
         reg._pm.unregister(listener)
-    assert calls == [("completed", 1), ("restored", 1)]
+    # Once per subtask, as on Spark: each of the 3 started empty, then each of the 2 restored.
+    assert calls == [
+        *(("restored", None, i, 3) for i in range(3)),
+        ("completed", 1),
+        *(("restored", 1, i, 2) for i in range(2)),
+    ]
 
 
 def test_metadata_records_the_layout(storage_config: dict[str, Any]) -> None:

@@ -355,7 +355,7 @@ def test_a_request_taken_while_a_savepoint_is_written_is_answered_busy(
     storage = FileSystemCheckpointStorage(str(tmp_path / "ckpt"))
     coordinator = CheckpointCoordinator(
         storage, "job", max_parallelism=128, retained=1, native=False,
-        policy=CheckpointPolicy("test", True, ""), registry=default_registry(),
+        policy=CheckpointPolicy("test", ""), registry=default_registry(),
     )  # fmt: skip
     entered, release = threading.Event(), threading.Event()
     written: list[str] = []
@@ -445,7 +445,7 @@ def test_an_idle_spark_query_answers_at_once_and_a_batch_starting_meanwhile_wait
     storage = FileSystemCheckpointStorage(str(tmp_path / "ckpt"))
     coordinator = CheckpointCoordinator(
         storage, "job", max_parallelism=128, retained=2, native=False,
-        policy=CheckpointPolicy("test", False, ""), registry=default_registry(),
+        policy=CheckpointPolicy("test", ""), registry=default_registry(),
     )  # fmt: skip
     location = coordinator.checkpoint(
         lambda writer, size, native: [], {"spark_query_id": "q", "spark_batch_id": 3}, lambda c, ok: None

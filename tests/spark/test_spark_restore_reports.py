@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sparkutil import OUTPUT, run_to_end, stream_of, write_inputs
+from sparkutil import OUTPUT, SCHEMA, run_to_end, stream_of, write_inputs
 
 from jobs import COUNT, CountUrls, make_records
-from statekit import KeyedProcessFunction, ProcessContext, RuntimeContext
+from statekit import KeyedProcessFunction, ProcessContext, RuntimeContext, default_registry
+from statekit.backend_api import hookimpl
 from statekit.spark import BatchInfo, keyed
 
 RECORDS = make_records(300, urls=20, seed=5)
@@ -50,3 +52,49 @@ def test_batch_info_names_restored_states_the_function_does_not_declare(
         "operator": ["rules", "seen_by_subtask"],
     }
     assert any("keyed state 'bytes', 'last_methods'" in r.getMessage() for r in caplog.records)
+
+
+class _RestoreListener:
+    """Appends every ``statekit_restore_done`` of one job to a file (the hook runs in the Python workers)."""
+
+    def __init__(self, job_id: str, path: str) -> None:
+        self.listens_to = (job_id, path)
+
+    @hookimpl
+    def statekit_restore_done(
+        self, job_id: str, checkpoint_id: int | None, subtask_index: int, parallelism: int
+    ) -> None:
+        if job_id == self.listens_to[0]:
+            with open(self.listens_to[1], "a") as f:
+                f.write(f"{checkpoint_id} {subtask_index} {parallelism}\n")
+
+
+class HookedCount(CountOnly):
+    """CountOnly that registers a restore listener in the process that makes it (once per process).
+
+    Whether one listens is asked of the process's registry: this class may travel to the
+    workers by value (with a copy of any module global), and again for every task.
+    """
+
+    def __init__(self, job_id: str, path: str) -> None:
+        super().__init__()
+        registry = default_registry()
+        if all(getattr(p, "listens_to", None) != (job_id, path) for p in registry._pm.get_plugins()):
+            registry._pm.register(_RestoreListener(job_id, path))
+
+
+def test_restore_done_fires_once_per_subtask(session: Any, tmp_path: Path, job_id: str) -> None:
+    """A hook implementation sees each subtask index: started empty at 3, restored at 2 (its hookspec)."""
+    session.conf.set("spark.statekit.checkpoints.dir", str(tmp_path / "statekit"))
+    heard = tmp_path / "restore_done.txt"
+    factory = functools.partial(HookedCount, job_id, str(heard))
+    for batch, p in enumerate([3, 2]):
+        session.conf.set("spark.statekit.parallelism", str(p))
+        df = session.createDataFrame(RECORDS[batch * 150 : (batch + 1) * 150], SCHEMA)
+        keyed(df, "url").process(factory, OUTPUT, job_id=job_id).run(
+            batch_id=batch, restore="latest" if batch else None
+        )
+    lines = sorted(tuple(line.split()) for line in heard.read_text().splitlines())
+    started = [("None", str(i), "3") for i in range(3)]
+    restored = [("1", str(i), "2") for i in range(2)]
+    assert lines == sorted(started + restored)

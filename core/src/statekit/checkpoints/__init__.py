@@ -11,8 +11,10 @@ of the files a process wrote, read before the storage: task-local recovery)
 and ``_coordinator`` (``CheckpointCoordinator``: the checkpoints of one run of
 a job, for the LocalRunner and the Spark driver alike: ids, fencing,
 completion, native completion notifications, aborting, retention, which
-checkpoint ``restore="latest"`` takes; a ``CheckpointPolicy`` holds what a
-runner decides for itself), ``_convert`` (a completed checkpoint turned into a
+checkpoint ``restore="latest"`` takes, what a checkpoint to restore must
+match; a ``CheckpointPolicy`` holds what differs between the runners),
+``_restore_rules`` (those checks: ``RestoreRules``, raw state claimed by the
+function), ``_convert`` (a completed checkpoint turned into a
 self-contained canonical savepoint: ``savepoint convert`` and a running Spark
 query's savepoints), ``_history`` (every checkpoint attempt of a job, beyond
 retention), ``_savepoint_requests`` (savepoints asked of a running job), ``_honour``

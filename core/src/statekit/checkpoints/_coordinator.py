@@ -10,7 +10,9 @@ a checkpoint in a directory nothing else wrote into, completing it
 notification of native snapshots (after completion only), cleaning up after
 a failed one, retention, the count of periodic checkpoints failed in a row,
 the job's checkpoint history (every attempt, beyond retention: ``_history``),
-and which checkpoint ``restore="latest"`` takes.
+which checkpoint ``restore="latest"`` takes, and what the checkpoint a run
+starts from must match before anything is restored (:meth:`CheckpointCoordinator.validate`,
+with the run's :class:`~._restore_rules.RestoreRules`).
 
 What differs between the runners is policy they pass in
 (:class:`CheckpointPolicy`), and who writes the subtasks' files: the
@@ -35,6 +37,7 @@ from ._fencing import RunFence
 from ._history import CheckpointHistory
 from ._metadata import SubtaskState
 from ._restore import CompletedCheckpoint, load_checkpoint
+from ._restore_rules import RestoreRules, check_raw_state_claimed
 from ._retention import apply_retention, highest_checkpoint_id
 from ._timing import CheckpointTiming, TimedWriter
 from ._verify import verify_loaded
@@ -62,25 +65,25 @@ def _notify_nobody(checkpoint_id: int, complete: bool) -> None:
 
 @dataclass(frozen=True)
 class CheckpointPolicy:
-    """What a runner decides for itself; everything else the coordinator decides alike for every runner.
+    """What differs between the runners and both read; everything else the coordinator decides alike.
+
+    Whether ``restore="latest"`` falls back past a damaged checkpoint and how
+    many periodic checkpoints may fail in a row are the LocalRunner's alone
+    (its configuration, given to :meth:`CheckpointCoordinator.restore_newest`
+    and :meth:`CheckpointCoordinator.periodic`): a Spark query never falls
+    back (its offset log must match the checkpoint it continues from) and
+    tolerates no failed checkpoint (a micro-batch is committed with its
+    checkpoint or not at all), so it calls neither.
 
     Attributes:
-        runner: How the run's fence record names it (``LocalRunner``, a Spark application).
-        fallback: Whether ``restore="latest"`` falls back past a damaged newest
-            checkpoint to the next older retained one (the LocalRunner, by
-            ``statekit.restore.fallback``). Spark never does: its offset log
-            must match the checkpoint a query continues from.
+        runner: How the run's fence record and the checkpoint history name it
+            (``LocalRunner``, a Spark application).
         ways_out: Appended to the problem of a damaged checkpoint the
             coordinator does not fall back past: what the user can do.
-        tolerable_failures: Periodic checkpoints that may fail in a row (None:
-            any number). Spark tolerates none: a micro-batch is committed
-            with its checkpoint or not at all.
     """
 
     runner: str
-    fallback: bool
     ways_out: str
-    tolerable_failures: int | None = None
 
 
 @dataclass(frozen=True)
@@ -373,8 +376,13 @@ class CheckpointCoordinator:
         self.retain()
         return location
 
-    def periodic(self, take: Callable[[], str], checkpoints: list[str], failures: list[str]) -> None:
+    def periodic(
+        self, take: Callable[[], str], checkpoints: list[str], failures: list[str], *, tolerable: int | None
+    ) -> None:
         """Take a periodic checkpoint with ``take``; a failure is recorded, and tolerated up to a count.
+
+        ``tolerable``: periodic checkpoints that may fail in a row (None: any number;
+        ``statekit.checkpoint.tolerable-failures``).
 
         Raises:
             FencedError: If a newer run took over (never a tolerated failure).
@@ -389,7 +397,6 @@ class CheckpointCoordinator:
             # unless more fail in a row than statekit.checkpoint.tolerable-failures.
             failures.append(str(e))
             self.failed_in_a_row += 1
-            tolerable = self.policy.tolerable_failures
             if tolerable is not None and self.failed_in_a_row > tolerable:
                 raise CheckpointError(
                     f"{self.failed_in_a_row} checkpoints failed in a row, more than "
@@ -439,6 +446,33 @@ class CheckpointCoordinator:
 
     # --- choosing what to restore -----------------------------------------------------------
 
+    def validate(self, cp: CompletedCheckpoint, rules: RestoreRules) -> None:
+        """Refuse ``cp``, before any state is touched, if the run of ``rules`` cannot restore it exactly.
+
+        Its max parallelism must be the run's, every operator holding state
+        must be one of the run's (unless non-restored state is allowed), raw
+        state must have a function that takes it back (or be allowed to be
+        dropped), and every declared state must be restorable from the schemas
+        ``cp`` records; on both runners, before the first record or micro-batch.
+
+        Raises:
+            MaxParallelismMismatchError, StateMigrationError, IncompatibleSerializerError: Naming
+                the checkpoint or state, and the way out.
+        """
+        cp.validate(
+            max_parallelism=self.max_parallelism,
+            operators={rules.operator_id: rules.parallelism, **rules.other_operators},
+            allow_non_restored_state=rules.allow_non_restored_state,
+        )
+        check_raw_state_claimed(
+            cp,
+            rules.operator_id,
+            rules.function_name,
+            restores=rules.restores_raw_state,
+            allow_non_restored_state=rules.allow_non_restored_state,
+        )
+        rules.schemas.check(cp)
+
     def newest(self) -> CompletedCheckpoint | None:
         """The job's newest completed checkpoint (its metadata read), if any.
 
@@ -478,15 +512,15 @@ class CheckpointCoordinator:
         return self._claimed[cp.location]
 
     def restore_newest(
-        self, restore: Callable[[CompletedCheckpoint], None]
+        self, restore: Callable[[CompletedCheckpoint], None], *, fallback: bool
     ) -> tuple[str | None, list[tuple[str, str]]]:
         """``restore`` the newest restorable checkpoint; returns its location and what was skipped.
 
         Newest first, each candidate is checked (its metadata, every file there
         with its size) and handed to ``restore``, which verifies every block as
         it reads and raises without changing anything on damage. A damaged one
-        is skipped with a warning and the next older tried, if the policy falls
-        back; else its error carries the policy's ways out. Anything but damage
+        is skipped with a warning and the next older tried, if ``fallback``
+        (``statekit.restore.fallback``); else its error carries the policy's ways out. Anything but damage
         (an incompatible restore, a store outage) is raised at once.
 
         Raises:
@@ -507,7 +541,7 @@ class CheckpointCoordinator:
             except (CorruptCheckpointError, CheckpointNotFoundError) as e:
                 skipped.append((candidate, str(e)))
                 damage.append(_problem_of(e))
-                if not self.policy.fallback:
+                if not fallback:
                     raise CorruptCheckpointError(candidate, _problem_of(e) + self.policy.ways_out) from e
                 older = len(candidates) - len(skipped)
                 if older:  # with none older, the error below says it all

@@ -13,30 +13,22 @@ subtask owns now (whatever the parallelism that wrote them) and its even
 split of the items.
 
 A checkpoint holding raw state of an operator whose function declares no
-``restore_raw_state`` is refused before anything is restored, unless the run
-allows non-restored state (then the raw state is dropped, with a warning
-naming it), as Flink refuses state no operator claims without
-``--allowNonRestoredState``.
+``restore_raw_state`` is refused before anything is restored (see
+:func:`statekit.checkpoints._restore_rules.check_raw_state_claimed`).
 """
 
 from __future__ import annotations
 
 import io
-import logging
 from collections.abc import Iterator
 
-from .._errors import StateMigrationError
-from ..checkpoints._restore import CompletedCheckpoint
 from ..serialization._keygroups import KeyGroupRange
 from ..state._raw import RawSnapshot
 
 __all__ = [
     "RawStateRestoreContext",
     "RawStateSnapshotContext",
-    "check_raw_state_claimed",
 ]
-
-_LOG = logging.getLogger("statekit.state")
 
 
 class RawStateSnapshotContext:
@@ -120,33 +112,3 @@ class RawStateRestoreContext:
         for kg in sorted(self.raw_keyed_state):
             yield kg, io.BytesIO(self.raw_keyed_state[kg])
 
-
-def check_raw_state_claimed(
-    cp: CompletedCheckpoint,
-    operator_id: str,
-    function_name: str,
-    *,
-    restores: bool,
-    allow_non_restored_state: bool,
-) -> None:
-    """Refuse, before anything is restored, raw state in ``cp`` that the function would not take back.
-
-    ``restores``: whether the function (named ``function_name``) declares
-    ``restore_raw_state`` (:func:`~._function.declares_raw_restore`).
-
-    Raises:
-        StateMigrationError: If ``cp`` holds raw state of ``operator_id``, the
-            function declares no ``restore_raw_state``, and non-restored state is not allowed.
-    """
-    if restores or not cp.has_raw_state(operator_id):
-        return
-    what = (
-        f"{cp.location} holds raw state of operator {operator_id!r} (written by snapshot_raw_state), "
-        f"but {function_name} declares no restore_raw_state to take it back"
-    )
-    if not allow_non_restored_state:
-        raise StateMigrationError(
-            f"{what}; define restore_raw_state, or pass allow_non_restored_state=True to drop it "
-            "(as Flink's --allowNonRestoredState)"
-        )
-    _LOG.warning("%s: dropped, as allow_non_restored_state=True allows", what)

@@ -41,6 +41,7 @@ from ..checkpoints._fencing import RunFence
 from ..checkpoints._honour import SavepointRequests
 from ..checkpoints._metadata import SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
+from ..checkpoints._restore_rules import RestoreRules
 from ..checkpoints._retention import highest_checkpoint_id
 from ..checkpoints._source_position import ORIGIN_PROPERTY, origin_of
 from ..plugins._config import Configuration
@@ -62,6 +63,7 @@ from ._function import (
     KeyedBatchFunction,
     KeyedProcessFunction,
     RuntimeContext,
+    declares_raw_restore,
 )
 from ._letters import JobDeadLetters
 from ._metrics import LOGGER, CheckpointInfo, checkpoint_fields, checkpoint_stats, log_checkpoint
@@ -180,8 +182,8 @@ def _operator_of(runner: LocalRunner, conf: Configuration) -> OperatorSubtasks:
         key_cache_size=int(conf.get("statekit.key-cache-size")),
         local_dir_parent=conf.get("statekit.local-dir"),
         hint=runner._time.processing_hint,
-        allow_non_restored_state=runner.allow_non_restored_state,
         migration_progress=runner.on_migration_progress,
+        registry=runner.registry,
     )
 
 
@@ -194,12 +196,7 @@ def _coordinator_of(runner: LocalRunner, conf: Configuration) -> CheckpointCoord
         retained=int(conf.get("statekit.checkpoints.retained")),
         native=conf.get("statekit.checkpoint.format") != "canonical",
         history_entries=int(conf.get("statekit.checkpoints.history.max-entries")),
-        policy=CheckpointPolicy(
-            "LocalRunner",
-            fallback=bool(conf.get("statekit.restore.fallback")),
-            ways_out=_NO_FALLBACK,
-            tolerable_failures=conf.get("statekit.checkpoint.tolerable-failures"),
-        ),
+        policy=CheckpointPolicy("LocalRunner", ways_out=_NO_FALLBACK),
         registry=runner.registry,
     )
 
@@ -354,6 +351,7 @@ class LocalRunner:
         """What the restore dropped of the stored values (see :attr:`RunResult.dropped_fields`)."""
         self._dropped_unrecorded = False  # no checkpoint recorded dropped_fields yet
         self._declared: DeclaredStates | None = None
+        self._rules: RestoreRules | None = None  # what a restored checkpoint must match
         self._metrics = bool(conf.get("statekit.metrics.enabled"))
         self._result: RunResult | None = None  # the run under way, whose counts checkpoints report
         self._counted = (0, 0, 0, 0, 0)  # those counts at the last checkpoint
@@ -403,47 +401,55 @@ class LocalRunner:
             self._origin = origin_of(cp.location, m.job_id, m.checkpoint_id, m.timestamp_ms)
             self._input_begins_after = input_begins_after_savepoint
             return location
-        restored, self.skipped_checkpoints = self._coordinator.restore_newest(self._restore_checkpoint)
+        restored, self.skipped_checkpoints = self._coordinator.restore_newest(
+            self._restore_checkpoint, fallback=bool(self.config.get("statekit.restore.fallback"))
+        )
         self._input_begins_after = input_begins_after_savepoint
         return restored
 
     def _restore_checkpoint(self, cp: CompletedCheckpoint) -> None:
         """Restore everything from ``cp``, or raise and leave the runner unchanged."""
-        cp.validate(
-            max_parallelism=self.max_parallelism,
-            operators={self.operator_id: self.parallelism, SOURCE_OPERATOR: 1},
-            allow_non_restored_state=self.allow_non_restored_state,
-        )
-        if self._declared is None:  # the declared states' schemas, checked as on the Spark driver
-            function = self.function_factory()
-            self._declared = DeclaredStates(
-                self.operator_id, declared_states(function, job_id=self.job_id, parallelism=self.parallelism,
-                                                  max_parallelism=self.max_parallelism),
-            )  # fmt: skip
-        self._declared.check(cp)
+        self._coordinator.validate(cp, self._restore_rules())
         # Known before anything is replaced: a failing listing leaves the runner unchanged too.
         highest = highest_checkpoint_id(self.storage, self.job_id)
-        fresh = self._operator.restored(cp)
+        claimed = self._coordinator.claims(cp)
+        fresh = self._operator.restored(cp, claimed=claimed)
         try:
             source_state, position = SourceReader.restored(cp)
-            claimed = self._coordinator.claims(cp)
         except BaseException:
             for st in fresh:
                 st.discard()
             raise
-        self._operator.replace(fresh, claimed_checkpoint=cp.checkpoint_id if claimed else None)
+        self._operator.replace(fresh)
         self._source.adopt(source_state, position)
         self._time.restored(cp.metadata.properties)
         self._restored_from = cp.location
-        self.dropped_fields = self._declared.dropped(cp)
+        self.dropped_fields = self._declared.dropped(cp) if self._declared is not None else {}
         self._dropped_unrecorded = bool(self.dropped_fields)
         self._origin = cp.metadata.properties.get(ORIGIN_PROPERTY)  # carried forward
         self._foreign_position = cp if "spark_query_id" in cp.metadata.properties else None
         self._letters.restored(cp, claimed=claimed)
         self._coordinator.restored(cp, highest)
-        self.registry.hook.statekit_restore_done(
-            job_id=self.job_id, checkpoint_id=cp.checkpoint_id, subtask_index=0, parallelism=self.parallelism
-        )
+        self._operator.restore_done(cp.checkpoint_id)
+
+    def _restore_rules(self) -> RestoreRules:
+        """What a checkpoint this runner restores must match (made once, with the declared states)."""
+        if self._rules is None:
+            function = self.function_factory()
+            self._declared = DeclaredStates(
+                self.operator_id, declared_states(function, job_id=self.job_id, parallelism=self.parallelism,
+                                                  max_parallelism=self.max_parallelism),
+            )  # fmt: skip
+            self._rules = RestoreRules(
+                self.operator_id,
+                self.parallelism,
+                type(function).__name__,
+                declares_raw_restore(function),
+                self.allow_non_restored_state,
+                self._declared,
+                {SOURCE_OPERATOR: 1},
+            )
+        return self._rules
 
     def _open(self) -> None:
         self._operator.open(self._time.watermark)
@@ -644,9 +650,12 @@ class LocalRunner:
         )
         self._requests = SavepointRequests(self._coordinator, self.config.get("statekit.savepoints.dir"))
         self._stop_at = None
+        tolerable = self.config.get("statekit.checkpoint.tolerable-failures")
 
         def periodic() -> None:
-            self._coordinator.periodic(self.checkpoint, result.checkpoints, result.failed_checkpoints)
+            self._coordinator.periodic(
+                self.checkpoint, result.checkpoints, result.failed_checkpoints, tolerable=tolerable
+            )
             if self._stop_at is not None:
                 raise _StopWithSavepoint(self._stop_at)  # before the next record is read
 

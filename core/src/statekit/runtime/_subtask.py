@@ -3,14 +3,17 @@
 As Flink's ``StreamTaskStateInitializerImpl`` builds each task's keyed and
 operator backends and its timer service whichever deployment runs it, a
 :class:`Subtask` is made the same way by the :class:`~statekit.LocalRunner`,
-a Spark task and the kit's job harness: :meth:`Subtask.create` makes the
-keyed backend from one
+a Spark task and the kit's job harness, all through :meth:`Subtask.make`:
+:meth:`Subtask.create` makes the keyed backend from one
 :class:`~statekit.state._parameters.KeyedBackendParameters` and the
 operator backend from the same :class:`~statekit.StateBackend`;
 :meth:`Subtask.bind` gives it the user's function with its runtime context,
 timer service and the contexts ``process`` and ``on_timer`` get;
+:meth:`Subtask.restore` restores its state from a checkpoint (keyed,
+operator and raw state, the completion notice of a claimed checkpoint);
 :meth:`Subtask.open` opens the function after a restore (giving it its raw
-state first, :meth:`Subtask.restore_raw`); :meth:`Subtask.snapshot_raw` asks
+state first); :meth:`Subtask.restore_done` fires the ``statekit_restore_done``
+hook for it; :meth:`Subtask.snapshot_raw` asks
 the function for its raw state at a snapshot; :meth:`Subtask.close` closes
 everything and removes the subtask's working directory.
 """
@@ -22,11 +25,19 @@ import shutil
 from collections.abc import Callable
 from typing import Any, Self
 
-from .._contracts import KeyedStateBackend, OperatorStateBackend, StateBackend, create_keyed_backend
+from .._contracts import (
+    KeyedStateBackend,
+    OperatorStateBackend,
+    StateBackend,
+    SupportsNativeSnapshot,
+    create_keyed_backend,
+)
 from ..checkpoints._restore import CompletedCheckpoint
+from ..plugins._registry import PluginRegistry
+from ..serialization._serializers import TypeSerializer
 from ..state._keyed import KeyedBackendBase
 from ..state._migration import MigrationProgress
-from ..state._operator import OperatorStateBackendImpl
+from ..state._operator import OperatorSnapshot, OperatorStateBackendImpl
 from ..state._parameters import KeyedBackendParameters
 from ..state._raw import RawSnapshot
 from ..state._ttl import Clock
@@ -137,6 +148,68 @@ class Subtask:
             keyed.on_migration_progress(MigrationProgressLog(where, migration_progress))
         return cls(index, parameters, keyed, operator)
 
+    @classmethod
+    def make(
+        cls,
+        index: int,
+        parallelism: int,
+        backend: StateBackend,
+        *,
+        key_serializer: TypeSerializer,
+        max_parallelism: int,
+        clock: Clock,
+        key_cache_size: int,
+        local_dir: str,
+        operator_backend: StateBackend | None = None,
+        operator_id: str | None = None,
+        migration_progress: MigrationProgress | None = None,
+        function: Callable[[], KeyedProcessFunction] | None = None,
+        job_id: str = "",
+        timer_clock: Callable[[], int] | None = None,
+        hint: ProcessingTimeHint | None = None,
+    ) -> Self:
+        """Subtask ``index`` of ``parallelism``: the one factory of the LocalRunner, a Spark task and the kit.
+
+        Its keyed backend owns Flink's key-group range of ``index``
+        (:meth:`KeyedBackendParameters.of_subtask`) and works in ``local_dir``
+        (owned by the subtask from here, see :meth:`create`). With
+        ``function`` (a factory, called here) the subtask is bound to what it
+        makes (:meth:`bind`, with ``job_id``, ``timer_clock`` and ``hint``); a
+        subtask that only holds state (the kit's) has none. If anything fails,
+        nothing is left open.
+        """
+        parameters = KeyedBackendParameters.of_subtask(
+            index,
+            parallelism,
+            key_serializer=key_serializer,
+            max_parallelism=max_parallelism,
+            clock=clock,
+            key_cache_size=key_cache_size,
+            local_dir=local_dir,
+        )
+        st = cls.create(
+            index,
+            backend,
+            parameters,
+            operator_backend=operator_backend,
+            operator_id=operator_id,
+            migration_progress=migration_progress,
+        )
+        if function is not None:
+            try:
+                st.bind(
+                    function(),
+                    job_id=job_id,
+                    parallelism=parallelism,
+                    clock=clock,
+                    timer_clock=timer_clock,
+                    hint=hint,
+                )
+            except BaseException:
+                st.discard()
+                raise
+        return st
+
     def bind(
         self,
         function: KeyedProcessFunction,
@@ -168,6 +241,44 @@ class Subtask:
         self.function, self.ctx, self.timers = function, ctx, timers
         self.pctx = ProcessContext(ctx, timers)
         self.tctx = OnTimerContext(ctx, timers)
+
+    def restore(
+        self,
+        cp: CompletedCheckpoint,
+        operator_id: str,
+        parallelism: int,
+        *,
+        operator_states: list[OperatorSnapshot] | None = None,
+        claimed: bool = False,
+    ) -> None:
+        """This subtask's state of ``operator_id`` from ``cp``, as every runner restores a subtask.
+
+        Its keyed and operator state (``operator_states``: the operator's
+        states of ``cp``, read once for all subtasks, if the caller has them),
+        its raw state for :meth:`open` (:meth:`restore_raw`), and, when ``cp``
+        is ``claimed`` (a completed checkpoint of this job in this storage,
+        never a savepoint), the completion notice to a native keyed backend:
+        the instance may keep referencing the files it restored. ``cp`` was
+        validated for the run before (``CheckpointCoordinator.validate``).
+        """
+        cp.restore_subtask(
+            operator_id, self.index, parallelism, self.keyed, self.operator, operator_states=operator_states
+        )
+        self.restore_raw(cp, operator_id, parallelism)
+        if claimed and isinstance(self.keyed, SupportsNativeSnapshot):
+            self.keyed.notify_checkpoint_complete(cp.checkpoint_id)
+
+    def restore_done(self, registry: PluginRegistry, job_id: str, checkpoint_id: int | None) -> None:
+        """Tell ``registry``'s ``statekit_restore_done`` hooks this subtask is restored (None: started empty).
+
+        Every runner calls it once for each subtask it restores or starts afresh (after :meth:`bind`).
+        """
+        registry.hook.statekit_restore_done(
+            job_id=job_id,
+            checkpoint_id=checkpoint_id,
+            subtask_index=self.index,
+            parallelism=self.ctx.parallelism,
+        )
 
     def restore_raw(self, cp: CompletedCheckpoint, operator_id: str, parallelism: int) -> None:
         """Read this subtask's raw state from ``cp`` for :meth:`open`, if the function takes raw state back.

@@ -23,14 +23,13 @@ from .._localdirs import create_instance_dir
 from ..checkpoints._metadata import SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint
 from ..checkpoints._writing import write_subtask_state
+from ..plugins._registry import PluginRegistry, default_registry
 from ..serialization._keygroups import key_group_for_bytes, operator_index_for_key_group
 from ..serialization._serializers import TypeSerializer
 from ..state._migration import MigrationProgress
-from ..state._parameters import KeyedBackendParameters
 from ..state._ttl import Clock
 from ..timers import ProcessingTimeHint
-from ._function import KeyedProcessFunction, declares_raw_restore
-from ._raw import check_raw_state_claimed
+from ._function import KeyedProcessFunction
 from ._subtask import Subtask
 
 __all__ = ["OperatorSubtasks"]
@@ -57,8 +56,8 @@ class OperatorSubtasks:
         key_cache_size: int,
         local_dir_parent: str | None,
         hint: ProcessingTimeHint,
-        allow_non_restored_state: bool = False,
         migration_progress: MigrationProgress | None = None,
+        registry: PluginRegistry | None = None,
     ) -> None:
         self.backend = backend
         self.function_factory = function_factory
@@ -71,8 +70,8 @@ class OperatorSubtasks:
         self.key_cache_size = key_cache_size
         self.local_dir_parent = local_dir_parent
         self.hint = hint
-        self.allow_non_restored_state = allow_non_restored_state
         self.migration_progress = migration_progress
+        self.registry = registry or default_registry()  # its statekit_restore_done hooks hear of each subtask
         self.subtasks: list[Subtask] = []
         self._route: dict[Any, int] = {}
         self._local_root: str | None = None
@@ -80,10 +79,16 @@ class OperatorSubtasks:
     # --- making them -----------------------------------------------------------------
 
     def ensure(self) -> list[Subtask]:
-        """The subtasks, made now if there are none yet."""
+        """The subtasks, made now if there are none yet (each starting empty: the restore hook says so)."""
         if not self.subtasks:
             self.subtasks = self.create()
+            self.restore_done(None)
         return self.subtasks
+
+    def restore_done(self, checkpoint_id: int | None) -> None:
+        """Each subtask's ``statekit_restore_done`` hook: restored from ``checkpoint_id`` (None: empty)."""
+        for st in self.subtasks:
+            st.restore_done(self.registry, self.job_id, checkpoint_id)
 
     def create(self) -> list[Subtask]:
         """``parallelism`` fresh subtasks with the function bound (not installed: see :meth:`replace`)."""
@@ -98,34 +103,21 @@ class OperatorSubtasks:
         return subtasks
 
     def _create_subtask(self, i: int) -> Subtask:
-        parameters = KeyedBackendParameters.of_subtask(
+        return Subtask.make(
             i,
             self.parallelism,
+            self.backend,
             key_serializer=self.key_serializer,
             max_parallelism=self.max_parallelism,
             clock=self.clock,
             key_cache_size=self.key_cache_size,
             local_dir=self._local_dir(i),
-        )
-        st = Subtask.create(
-            i,
-            self.backend,
-            parameters,
             operator_id=self.operator_id,
             migration_progress=self.migration_progress,
+            function=self.function_factory,
+            job_id=self.job_id,
+            hint=self.hint,
         )
-        try:
-            st.bind(
-                self.function_factory(),
-                job_id=self.job_id,
-                parallelism=self.parallelism,
-                clock=self.clock,
-                hint=self.hint,
-            )
-        except BaseException:
-            st.discard()
-            raise
-        return st
 
     def _local_dir(self, index: int) -> str:
         """A fresh working directory for subtask ``index``'s keyed backend (removed when it closes)."""
@@ -136,44 +128,29 @@ class OperatorSubtasks:
 
     # --- restoring -------------------------------------------------------------------
 
-    def restored(self, cp: CompletedCheckpoint) -> list[Subtask]:
-        """Fresh subtasks holding ``cp``'s state of the operator; nothing changes here if it fails."""
+    def restored(self, cp: CompletedCheckpoint, *, claimed: bool) -> list[Subtask]:
+        """Fresh subtasks holding ``cp``'s state of the operator; nothing changes here if it fails.
+
+        ``cp`` was validated for the run (``CheckpointCoordinator.validate``) before; ``claimed``:
+        it is a completed checkpoint of this job, whose files restored native instances may keep
+        referencing (the completion contract's claim); never a savepoint.
+        """
         fresh = self.create()
         try:
-            function = fresh[0].function
-            check_raw_state_claimed(
-                cp,
-                self.operator_id,
-                type(function).__name__,
-                restores=declares_raw_restore(function),
-                allow_non_restored_state=self.allow_non_restored_state,
-            )
             op_states = cp.operator_states(self.operator_id, self.parallelism)
-            for i, st in enumerate(fresh):
-                cp.restore_subtask(
-                    self.operator_id, i, self.parallelism, st.keyed, st.operator, operator_states=op_states
-                )
-                st.restore_raw(cp, self.operator_id, self.parallelism)
+            for st in fresh:
+                st.restore(cp, self.operator_id, self.parallelism, operator_states=op_states, claimed=claimed)
         except BaseException:
             for st in fresh:
                 st.discard()
             raise
         return fresh
 
-    def replace(self, fresh: list[Subtask], *, claimed_checkpoint: int | None) -> None:
-        """Run ``fresh`` from now on (the subtasks before are closed).
-
-        ``claimed_checkpoint``: the id of the completed checkpoint of this job
-        they were restored from, if any: restored native instances may keep
-        referencing its files (the completion contract's claim); never a savepoint.
-        """
+    def replace(self, fresh: list[Subtask]) -> None:
+        """Run ``fresh`` from now on (the subtasks before are closed)."""
         replaced, self.subtasks = self.subtasks, fresh
         for st in replaced:
             st.close()
-        if claimed_checkpoint is not None:
-            for st in fresh:
-                if isinstance(st.keyed, SupportsNativeSnapshot):
-                    st.keyed.notify_checkpoint_complete(claimed_checkpoint)
 
     # --- running -------------------------------------------------------------------
 

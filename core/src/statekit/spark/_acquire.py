@@ -31,7 +31,6 @@ from ..plugins._registry import default_registry
 from ..runtime._subtask import Subtask
 from ..snapshots._digest import FileDigest
 from ..state._operator import OperatorSnapshot
-from ..state._parameters import KeyedBackendParameters
 from ..state._ttl import system_clock
 from . import _cache
 from ._cache import BatchClock, OpenSubtask
@@ -193,18 +192,12 @@ def acquire(plan: TaskPlan, index: int, source: RestoreSource) -> Acquired:
         st.close()
         raise
     cp = source.checkpoint()
-    default_registry().hook.statekit_restore_done(
-        job_id=plan.job_id,
-        checkpoint_id=None if cp is None else cp.checkpoint_id,
-        subtask_index=index,
-        parallelism=plan.parallelism,
-    )
+    st.subtask.restore_done(default_registry(), plan.job_id, None if cp is None else cp.checkpoint_id)
     return acquired
 
 
 def _restore(plan: TaskPlan, index: int, source: RestoreSource, st: OpenSubtask) -> Acquired:
     """Restore the new subtask ``st`` from the source, local copies first; how it went."""
-    keyed, operator = st.subtask.keyed, st.subtask.operator
     downloads = Downloads()
     copies, _ = local_copies(plan)
     # A local copy is read only if its bytes have the digest this checkpoint records.
@@ -212,14 +205,13 @@ def _restore(plan: TaskPlan, index: int, source: RestoreSource, st: OpenSubtask)
     cp = source.reading_through(reading)
     if cp is None:
         return Acquired(st, SubtaskOrigin.NEW)
-    cp.restore_subtask(
-        plan.operator_id, index, plan.parallelism, keyed, operator, operator_states=source.operator_states()
+    st.subtask.restore(
+        cp,
+        plan.operator_id,
+        plan.parallelism,
+        operator_states=source.operator_states(),
+        claimed=plan.restore_claimed,
     )
-    st.subtask.restore_raw(cp, plan.operator_id, plan.parallelism)
-    if plan.restore_claimed and isinstance(keyed, SupportsNativeSnapshot):
-        # A completed checkpoint of this job in this storage: the instance may keep
-        # referencing the files it restored (the completion contract's claim).
-        keyed.notify_checkpoint_complete(cp.checkpoint_id)
     if copies is not None and reading.used:
         with contextlib.suppress(OSError):  # local copies only ever save a download
             copies.remember(index, reading.used)
@@ -240,28 +232,21 @@ def _create(plan: TaskPlan, index: int) -> OpenSubtask:
         what="the executor's statekit directory",
         otherwise="Or set statekit.local-dir to a directory of your own.",
     )
-    parameters = KeyedBackendParameters.of_subtask(
+    clock = BatchClock()
+    subtask = Subtask.make(
         index,
         plan.parallelism,
+        _cache.backend_for(plan.config),
         key_serializer=plan.key_serializer,
         max_parallelism=plan.max_parallelism,
         clock=system_clock,
         key_cache_size=int(plan.config.get("statekit.key-cache-size")),
         local_dir=tempfile.mkdtemp(prefix=f"{plan.job_id}-{plan.operator_id}-{index}-", dir=root),
+        operator_id=plan.operator_id,
+        function=plan.function_factory,
+        job_id=plan.job_id,
+        timer_clock=clock,
     )
-    subtask = Subtask.create(index, _cache.backend_for(plan.config), parameters, operator_id=plan.operator_id)
-    clock = BatchClock()
-    try:
-        subtask.bind(
-            plan.function_factory(),
-            job_id=plan.job_id,
-            parallelism=plan.parallelism,
-            clock=system_clock,
-            timer_clock=clock,
-        )
-    except BaseException:
-        subtask.discard()
-        raise
     return OpenSubtask(subtask, plan.run_id, clock, fingerprint=fingerprint(plan))
 
 

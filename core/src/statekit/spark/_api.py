@@ -409,33 +409,37 @@ class ProcessedStream:
         return query
 
     def savepoint(self, target_dir: str | None = None, *, timeout: float = 600.0) -> str:
-        """Take a savepoint of the job's running query after its next micro-batch; returns its location.
+        """Take a savepoint of the job's running query; returns its location.
 
-        The query goes on. The savepoint is the state right after that batch
-        (its checkpoint, written as a canonical, self-contained and relocatable
+        The query goes on. The savepoint is the state after a micro-batch (its
+        checkpoint, written as a canonical, self-contained and relocatable
         savepoint, as ``statekit savepoint convert`` writes one): a new query
         started with ``restore=<location>`` (at any parallelism, with any
         backend) continues from it exactly. The request reaches the query
         through the job's checkpoint storage, as ``statekit savepoint trigger``'s
-        does, so the query may run in this process or elsewhere. A query that
-        gets no input runs no micro-batch: the call then waits for the next one.
+        does, so the query may run in this process or elsewhere. A query in a
+        micro-batch answers after that batch; an idle one (no new input, no
+        batch running) answers at once, within a few seconds, with the newest
+        checkpoint it completed, converted (nothing was processed since).
 
         Args:
             target_dir: Where to write it; None: ``statekit.savepoints.dir``.
-            timeout: Seconds to wait for a micro-batch.
+            timeout: Seconds to wait for the answer.
 
         Raises:
-            CheckpointError: If no query of the job ran a micro-batch within
-                ``timeout`` (none runs, or it has no new input), or the savepoint
-                failed (with the reason; the query goes on).
+            CheckpointError: If no query of the job answered within ``timeout``
+                (none runs, or it has completed no checkpoint of the job yet and
+                gets no input), or the savepoint failed (with the reason; the
+                query goes on).
         """
         return self._savepoint(target_dir, stop=False, timeout=timeout)
 
     def stop_with_savepoint(self, target_dir: str | None = None, *, timeout: float = 600.0) -> str:
-        """Take a savepoint after the running query's next micro-batch, then stop the query; its location.
+        """Take a savepoint of the running query, then stop the query; its location.
 
-        As :meth:`savepoint`, and the query ends after that batch: nothing is
-        processed after the savepoint (Flink's ``stop --savepointPath``). If this
+        As :meth:`savepoint` (after the batch under way, or at once when the
+        query is idle), and the query ends there: nothing is processed after
+        the savepoint (Flink's ``stop --savepointPath``). If this
         stream started the query, the call returns once it has stopped. If the
         savepoint fails, nothing stops (as in Flink): the failure is raised at
         once and the query goes on.

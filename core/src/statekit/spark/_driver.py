@@ -57,6 +57,7 @@ from ..checkpoints._coordinator import (
 )
 from ..checkpoints._fencing import RunFence, takeover_note
 from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
+from ..checkpoints._restore_rules import RestoreRules
 from ..checkpoints._source_position import (
     LOCATION_PROPERTY,
     ORIGIN_PROPERTY,
@@ -70,7 +71,6 @@ from ..runtime._configured import state_backend_from_config
 from ..runtime._declared import DeclaredStates, declared_states
 from ..runtime._function import KeyedBatchFunction, KeyedProcessFunction, declares_raw_restore
 from ..runtime._migration_log import DROPPED_PROPERTY, warn_of_dropped, warn_of_undeclared
-from ..runtime._raw import check_raw_state_claimed
 from ..runtime._sources import SOURCE_OPERATOR
 from ..runtime._time import end_of_time_message
 from ..serialization._keygroups import compute_default_max_parallelism, validate_parallelism
@@ -189,7 +189,6 @@ class MicroBatchDriver:
         self.config = conf = _configuration(spec, session, self.registry)
         function = _made_function(spec)
         self.vectorized = isinstance(function, KeyedBatchFunction)
-        self.function_name, self.restores_raw_state = type(function).__name__, declares_raw_restore(function)
         self.storage = driver_storage(conf, self.registry)
         self.restore = restore
         self.spark_location = absolute_location(checkpoint_location) if checkpoint_location else None
@@ -215,8 +214,14 @@ class MicroBatchDriver:
             spec.operator_id, declared_states(function, job_id=spec.job_id, parallelism=self.parallelism,
                                               max_parallelism=self.max_parallelism)
         )  # fmt: skip
-        if base is not None:
-            self._validate(base)
+        self.rules = RestoreRules(
+            spec.operator_id,
+            self.parallelism,
+            type(function).__name__,
+            declares_raw_restore(function),
+            spec.allow_non_restored_state,
+            self.declared,
+        )
         # The run is claimed at the first batch this query processes: a query refused before (its
         # state is not its own) must not fence off the run that owns the job.
         self.coordinator = CheckpointCoordinator(
@@ -226,9 +231,11 @@ class MicroBatchDriver:
             retained=int(conf.get("statekit.checkpoints.retained")),
             native=conf.get("statekit.checkpoint.format") != "canonical",
             history_entries=int(conf.get("statekit.checkpoints.history.max-entries")),
-            policy=CheckpointPolicy(application(session), False, _SPARK_WAYS_OUT, tolerable_failures=0),
+            policy=CheckpointPolicy(application(session), _SPARK_WAYS_OUT),
             registry=self.registry,
         )
+        if base is not None:
+            self._validate(base)
         self.metrics = QueryMetrics(session, conf, spec.job_id, spec.operator_id)
         with self.metrics.describe(None, "routing"):
             values = routing_values(session, self.parallelism)
@@ -255,26 +262,16 @@ class MicroBatchDriver:
         return self.coordinator.fence
 
     def _validate(self, cp: CompletedCheckpoint) -> None:
-        operators = {self.spec.operator_id: self.parallelism}
+        """The coordinator's checks of ``cp`` (before any task restores it), and a LocalRunner's position."""
+        rules = self.rules
         if SOURCE_OPERATOR in cp.metadata.operators and cp is self.restored and self.spark_location:
             # A LocalRunner's savepoint: its source's position is of no use to a Spark source. (A
             # static run's input is the DataFrame it is given: allow_non_restored_state drops it.)
             if not self.input_begins_after_savepoint:
                 raise no_position_error(self.spec.job_id, cp, str(self.position()))
-            operators[SOURCE_OPERATOR] = 1  # the user said the input begins after it: dropped
-        cp.validate(
-            max_parallelism=self.max_parallelism,
-            operators=operators,
-            allow_non_restored_state=self.spec.allow_non_restored_state,
-        )
-        check_raw_state_claimed(
-            cp,
-            self.spec.operator_id,
-            self.function_name,
-            restores=self.restores_raw_state,
-            allow_non_restored_state=self.spec.allow_non_restored_state,
-        )
-        self.declared.check(cp)  # the declared states' schemas, before any task restores them
+            # The user said the input begins after it: dropped.
+            rules = dataclasses.replace(rules, other_operators={SOURCE_OPERATOR: 1})
+        self.coordinator.validate(cp, rules)
 
     def latest(self) -> CompletedCheckpoint | None:
         """The job's latest completed checkpoint, if any.

@@ -367,17 +367,18 @@ class Job:
             for i in range(parallelism):
                 local_dir = os.path.join(self._dir, f"subtask-{i}")
                 os.mkdir(local_dir)
-                parameters = KeyedBackendParameters.of_subtask(
-                    i,
-                    parallelism,
-                    key_serializer=self.key_serializer,
-                    max_parallelism=max_parallelism,
-                    clock=clock,
-                    key_cache_size=key_cache_size,
-                    local_dir=local_dir,
-                )
                 self.subtasks.append(
-                    DeclaredSubtask.create(i, keyed_backend or backend, parameters, operator_backend=backend)
+                    DeclaredSubtask.make(
+                        i,
+                        parallelism,
+                        keyed_backend or backend,
+                        key_serializer=self.key_serializer,
+                        max_parallelism=max_parallelism,
+                        clock=clock,
+                        key_cache_size=key_cache_size,
+                        local_dir=local_dir,
+                        operator_backend=backend,
+                    )
                 )
         except BaseException:
             self.close()
