@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import deque
 from collections.abc import Sequence
+from itertools import starmap
 from typing import Any, Protocol
 
-from rocksdict import AccessType, Options, Rdict, SstFileWriter
+from rocksdict import AccessType, Options, Rdict, ReadOptions, SstFileWriter
 
 from statekit.backend_api import KeyGroupRange
 from statekit.errors import CorruptSnapshotError
@@ -148,7 +150,15 @@ def _clip(backend: RestoreTarget, lower: bytes, upper: bytes | None) -> None:
 def _ingest_range(
     backend: RestoreTarget, directory: str, lower: bytes, upper: bytes | None, staging: str
 ) -> None:
-    """Copy the keys in ``[lower, upper)`` of another instance into the live one as ingested SST files."""
+    """Bring the keys in ``[lower, upper)`` of another instance into the live one as ingested SST files.
+
+    RocksDB ingests only files an ``SstFileWriter`` wrote (it refuses the old
+    instance's own files, "External file version not found", and rocksdict
+    exposes neither ``allow_db_generated_files`` nor column-family import), so
+    the range is rewritten: a bounded iterator of the old instance feeds the
+    writer through ``deque(starmap(...))``, which runs the loop in C (no
+    bytecode per key). A column family with no key in the range writes no file.
+    """
     families = _state_families(directory)
     opts = Options(raw_mode=True)
     other = Rdict(
@@ -160,28 +170,30 @@ def _ingest_range(
     try:
         for cf_name in families:
             src = other.get_column_family(cf_name)
-            it = src.iter()
-            it.seek(lower)
-            path = os.path.join(staging, f"ingest-{os.urandom(6).hex()}.sst")
-            writer = SstFileWriter(backend.engine_options())
-            writer.open(path)
-            written = 0
-            while it.valid():
-                k = it.key()
-                if upper is not None and k >= upper:
-                    break
-                writer[k] = it.value()
-                written += 1
-                it.next()
-            del it
-            if written:
+            try:
+                read = ReadOptions()
+                if upper is not None:
+                    read.set_iterate_upper_bound(upper)
+                peek = src.iter(read)
+                peek.seek(lower)
+                empty = not peek.valid()
+                del peek
+                if empty:
+                    continue
+                path = os.path.join(staging, f"ingest-{os.urandom(6).hex()}.sst")
+                writer = SstFileWriter(backend.engine_options())
+                writer.open(path)
+                items = src.items(from_key=lower, read_opt=read)
+                deque(starmap(writer.__setitem__, items), maxlen=0)
+                del items
                 writer.finish()
+                del writer
                 col = backend.kv_column(cf_name[len(CF_PREFIX) :])
                 assert col is not None
                 col.engine[0].ingest_external_file([path])
-            del writer
-            if os.path.exists(path):
-                os.unlink(path)
-            src.close()
+                if os.path.exists(path):
+                    os.unlink(path)
+            finally:
+                src.close()
     finally:
         other.close()
