@@ -208,7 +208,12 @@ def rescale(args: argparse.Namespace, scratch: str) -> None:
     )
     for n in [int(x) for x in args.rescale_keys.split(",")]:
         chk = tempfile.mkdtemp(dir=scratch)
-        conf = {"statekit.backend": "rocksdb", "statekit.checkpoints.dir": chk, "statekit.local-dir": scratch}
+        conf = {
+            "statekit.backend": "rocksdb",
+            "statekit.checkpoints.dir": chk,
+            "statekit.checkpoints.retained": 100,  # every restore below reads A or B
+            "statekit.local-dir": scratch,
+        }
         runner = LocalRunner(
             _Fill, key_selector=lambda r: r[0], config={**conf, "statekit.parallelism": 2}, job_id="rescale"
         )
