@@ -28,7 +28,6 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
 from harness import best_of, expected_counts, rmw_batched, rmw_per_record, run_parts, zipf_keys
@@ -177,7 +176,10 @@ def incremental(args: argparse.Namespace, scratch: str) -> None:
 def _restore_time(conf: dict[str, Any], location: str, parallelism: int, n: int) -> float:
     """Seconds to restore ``location`` into ``parallelism`` new subtasks (all of them), checked whole."""
     r = LocalRunner(
-        _Fill, key_selector=lambda x: x[0], config={**conf, "statekit.parallelism": parallelism}, job_id="rescale"
+        _Fill,
+        key_selector=lambda x: x[0],
+        config={**conf, "statekit.parallelism": parallelism},
+        job_id="rescale",
     )
     try:
         gc.collect()
