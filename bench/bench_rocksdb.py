@@ -11,8 +11,10 @@ Three parts, each printing figures and ratios to a baseline run in the same proc
    - statekit batched: ``s.update_batch(keys, fn)`` over batches of 10k keys.
 2. Native incremental checkpoints: time and bytes of a first checkpoint of
    N keys and of a second one after updating 1 % of them (``--sizes``).
-3. Rescale 2 -> 3: restoring the three new subtasks from native checkpoints
-   and from a canonical savepoint of the same state.
+3. Rescale: restoring native checkpoints at the same parallelism (2 -> 2,
+   3 -> 3) against rescaling them (2 -> 3, 3 -> 2), all new subtasks restored,
+   in rounds alternating the order, ratios in the same round, the load shown
+   (``--rescale-keys 1000000,4000000``; ``--canonical`` adds a savepoint's).
 4. ``counts``: what exact entry counts (``state/_kvcount``, kept on write) cost
    part 1's per-record read-modify-write: counting off (the baseline) and on,
    alternating run by run, two rounds; the ratio on/off of each round, in the
@@ -32,7 +34,6 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
 from harness import best_of, expected_counts, rmw_batched, rmw_per_record, run_parts, zipf_keys
@@ -233,42 +234,77 @@ def incremental(args: argparse.Namespace, scratch: str) -> None:
         shutil.rmtree(chk, ignore_errors=True)
 
 
-def rescale(args: argparse.Namespace, scratch: str) -> None:
-    n = args.rescale_keys
-    chk = tempfile.mkdtemp(dir=scratch)
-    conf = {"statekit.backend": "rocksdb", "statekit.checkpoints.dir": chk, "statekit.local-dir": scratch}
-    runner = LocalRunner(
-        _Fill, key_selector=lambda r: r[0], config={**conf, "statekit.parallelism": 2}, job_id="rescale"
+def _restore_time(conf: dict[str, Any], location: str, parallelism: int, n: int) -> float:
+    """Seconds to restore ``location`` into ``parallelism`` new subtasks (all of them), checked whole."""
+    r = LocalRunner(
+        _Fill,
+        key_selector=lambda x: x[0],
+        config={**conf, "statekit.parallelism": parallelism},
+        job_id="rescale",
     )
-    runner.run([(f"user-{i:09d}", i) for i in range(n)])
-    native = runner.checkpoint()
-    savepoint = runner.savepoint(os.path.join(chk, "sp"))
-    runner.close()
+    try:
+        gc.collect()
+        t0 = time.perf_counter()
+        r.restore(location)
+        t = time.perf_counter() - t0
+        got = sum(ctx.keyed_backend.num_entries() for ctx in r.subtasks)
+        assert got == n, f"restored {got:,} entries of {n:,}"
+        return t
+    finally:
+        r.close()
 
-    def restore(location: str) -> Callable[[], float]:
-        def run() -> float:
-            r = LocalRunner(
-                _Fill,
-                key_selector=lambda x: x[0],
-                config={**conf, "statekit.parallelism": 3},
-                job_id="rescale",
+
+def rescale(args: argparse.Namespace, scratch: str) -> None:
+    """Same-parallelism restores against rescales 2 -> 3 and 3 -> 2 of the same state, in one run.
+
+    Per size: a job of N keys at p=2 checkpoints natively (A); A restored at
+    p=3 checkpoints again (B). Then, in rounds alternating the order, A is
+    restored at p=2 (same) and at p=3 (2 -> 3), B at p=3 (same) and at p=2
+    (3 -> 2). Each rescale is set against the same-parallelism restore of the
+    same checkpoint, measured in the same round. The canonical savepoint's
+    2 -> 3 rescale is shown once per size for reference.
+    """
+    print(f"\n3. Restore at the same parallelism vs rescale, native checkpoints (load: {_load()})")
+    print(
+        f"{'keys':>10}{'round':>6}{'2->2 s':>8}{'2->3 s':>8}{'2->3/2->2':>10}"
+        f"{'3->3 s':>8}{'3->2 s':>8}{'3->2/3->3':>10}"
+    )
+    for n in [int(x) for x in args.rescale_keys.split(",")]:
+        chk = tempfile.mkdtemp(dir=scratch)
+        conf = {
+            "statekit.backend": "rocksdb",
+            "statekit.checkpoints.dir": chk,
+            "statekit.checkpoints.retained": 100,  # every restore below reads A or B
+            "statekit.local-dir": scratch,
+        }
+        runner = LocalRunner(
+            _Fill, key_selector=lambda r: r[0], config={**conf, "statekit.parallelism": 2}, job_id="rescale"
+        )
+        runner.run([(f"user-{i:09d}", i) for i in range(n)])
+        at2 = runner.checkpoint()
+        savepoint = runner.savepoint(os.path.join(chk, "sp")) if args.canonical else None
+        runner.close()
+        runner = LocalRunner(
+            _Fill, key_selector=lambda r: r[0], config={**conf, "statekit.parallelism": 3}, job_id="rescale"
+        )
+        runner.restore(at2)
+        at3 = runner.checkpoint()
+        runner.close()
+        cases = [("22", at2, 2), ("23", at2, 3), ("33", at3, 3), ("32", at3, 2)]
+        for rnd in range(args.rounds):
+            order = cases if rnd % 2 == 0 else cases[::-1]
+            t = {name: _restore_time(conf, loc, p, n) for name, loc, p in order}
+            print(
+                f"{n:>10,}{rnd + 1:>6}{t['22']:>8.2f}{t['23']:>8.2f}{t['23'] / t['22']:>10.2f}"
+                f"{t['33']:>8.2f}{t['32']:>8.2f}{t['32'] / t['33']:>10.2f}   load {_load()}"
             )
-            gc.collect()
-            t0 = time.perf_counter()
-            r.restore(location)
-            t = time.perf_counter() - t0
-            assert sum(ctx.keyed_backend.num_entries() for ctx in r.subtasks) == n
-            r.close()
-            return t
+        if savepoint is not None:
+            print(f"{'':>10} canonical savepoint 2->3: {_restore_time(conf, savepoint, 3, n):.2f} s")
+        shutil.rmtree(chk, ignore_errors=True)
 
-        return run
 
-    t_native = min(restore(native)() for _ in range(2))
-    t_canon = min(restore(savepoint)() for _ in range(2))
-    print(f"\n3. Rescale 2 -> 3 of {n:,} keys (all three new subtasks restored, best of 2)")
-    print(f"from native checkpoints   {t_native:8.2f} s")
-    print(f"from a canonical savepoint {t_canon:7.2f} s   native/canonical {t_native / t_canon:.2f}")
-    shutil.rmtree(chk, ignore_errors=True)
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> None:
@@ -278,7 +314,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--sizes", default="1000000,5000000")
-    ap.add_argument("--rescale-keys", type=int, default=1_000_000)
+    ap.add_argument("--rescale-keys", default="1000000,4000000", help="sizes, comma-separated")
+    ap.add_argument("--rounds", type=int, default=2, help="rescale rounds, alternating the order")
+    ap.add_argument("--canonical", action="store_true", help="also rescale from a canonical savepoint")
     ap.add_argument("--parts", default="rmw,incremental,rescale,counts")
     parts = {"rmw": rmw, "incremental": incremental, "rescale": rescale, "counts": counts}
     run_parts(ap.parse_args(), "bench-rocksdb-", parts)
