@@ -201,6 +201,49 @@ def test_keyed_count_over_growing_rotating_logs_is_exact(session: Any, tmp_path:
     assert not list(dead.glob(".count-*"))
 
 
+def test_a_file_truncated_below_its_offset_names_the_bytes_read_twice_in_batch_info(
+    session: Any, tmp_path: Path, job_id: str
+) -> None:
+    """Issue 44: the kept lines are read again; the batch's BatchInfo names exactly which bytes."""
+    session.conf.set("spark.statekit.checkpoint.storage", "jobmanager")
+    session.conf.set("spark.statekit.parallelism", "2")
+    logs = LogDir(tmp_path)
+    counts: dict[str, int] = {}
+    infos: list[Any] = []
+
+    def sink(df: Any, batch_id: int) -> None:
+        for url, n in df.collect():
+            counts[url] = max(counts.get(url, 0), n)
+
+    lines = read_logs(session, logs.path("access.log"), parse=json.loads, schema=SCHEMA)
+    query = (
+        keyed(lines, "url")
+        .process(CountPerUrl, "url string, n long", job_id=job_id, on_batch=infos.append)
+        .foreach_batch(sink)
+        .start(checkpoint_location=str(tmp_path / "spark"), trigger="0.2 seconds")
+    )
+    try:
+        urls = logs.write("access.log", 10)
+        query.processAllAvailable()
+        path = logs.path("access.log")
+        written = path.read_bytes().splitlines(keepends=True)
+        read = sum(len(x) for x in written)
+        os.truncate(path, sum(len(x) for x in written[:4]))  # four lines survive, below the offset
+        logs.write("access.log", 3)
+        size = os.path.getsize(path)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    lost = [m for i in infos for m in i.input_lost]
+    assert len(lost) == 1, lost
+    assert f"access.log (planned to byte {read}, line 10) was truncated or rewritten in place" in lost[0]
+    again = min(size, read)
+    assert f"its bytes 0-{again} (its first {again} bytes now) are counted twice" in lost[0]
+    for url in urls[:4]:  # exactly those: the four kept lines, and nothing else
+        logs.model[url] += 1
+    assert counts == dict(logs.model)
+
+
 def test_spark_file_source_reads_a_growing_file_once(session: Any, tmp_path: Path) -> None:
     """What docs/spark.md says of Spark's own file source: lines appended after a file was read are lost."""
     logs = LogDir(tmp_path)

@@ -103,6 +103,11 @@ class BatchInfo:
             from its start to ``_metadata``): the numbers of the metrics
             (``checkpoint_*_seconds``) and of the checkpoint history
             (``*_ms``). None when skipped.
+        input_lost: What ``read_logs`` planned for this batch but could not read
+            exactly, one message each, with the file and byte range: a file moved
+            away or compressed before it was read to its end, or truncated below
+            its read offset and then appended to (its first bytes, named, read
+            again); the driver also warns with each (``InputLostWarning``).
         checkpoint_stats: What the checkpoint holds (state entries and bytes, per state
             when known, bytes written and referenced), from its metadata; None when skipped.
     """
@@ -140,6 +145,7 @@ class BatchInfo:
     checkpoint_stats: CheckpointStats | None = None
     restore_origin: str | None = None
     checkpoint_timing: CheckpointTiming | None = None
+    input_lost: tuple[str, ...] = ()
 
 
 def local_recovery_status(statuses: Sequence[str]) -> str:

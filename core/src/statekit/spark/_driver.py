@@ -74,8 +74,10 @@ from ..runtime._migration_log import DROPPED_PROPERTY, warn_of_dropped, warn_of_
 from ..runtime._sources import SOURCE_OPERATOR
 from ..runtime._time import end_of_time_message
 from ..serialization._keygroups import compute_default_max_parallelism, validate_parallelism
+from ..sources._locating import InputLostWarning
 from ..timers import MAX_WATERMARK, MIN_WATERMARK, WATERMARK_PROPERTY
 from ._batchinfo import BatchInfo, batch_info
+from ._input_lost import input_lost
 from ._jobspec import JobSpec, driver_storage, resolve_dead_letters
 from ._jvm import JvmLocality, LocalityUnavailable
 from ._letter_tally import count_source_letters
@@ -434,6 +436,15 @@ class MicroBatchDriver:
             timing=self.coordinator.last_timing,
         )  # fmt: skip
         info = dataclasses.replace(info, restore_origin=_origin_location(source, self._origin))
+        lost = input_lost(self.spark_location, batch_id) if query != STATIC_QUERY else ()
+        if lost:
+            info = dataclasses.replace(info, input_lost=lost)
+            for message in lost:
+                warnings.warn(
+                    f"statekit job {self.spec.job_id!r}, micro-batch {batch_id}: input lost: {message}",
+                    InputLostWarning,
+                    stacklevel=2,
+                )
         self._warn_of_late_rows(info)
         warn_of_dropped(f"job {self.spec.job_id!r} batch {batch_id}", info.restored_from, info.dropped_fields)
         warn_of_undeclared(

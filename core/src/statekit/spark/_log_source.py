@@ -79,6 +79,7 @@ from ..sources._files import (
     watches_for,
 )
 from ..sources._logsource import LogSource
+from ._input_lost import note_log_source
 from ._letter_tally import tally_letters, watch_directory
 
 __all__ = ["LOG_SOURCE_NAME", "LogDataSource", "LogRange", "read_logs", "register_log_source"]
@@ -208,6 +209,7 @@ def read_logs(
         raise ConfigurationError(f"read_logs: key {key!r} is not a column of the schema: {struct.names}")
     source = _source_class(parse, struct)
     spark.dataSource.register(source)
+    note_log_source()  # this process's drivers read what the source planned as lost (_input_lost)
     return spark.readStream.format(source.name()).options(**options).load()
 
 
