@@ -37,7 +37,12 @@ def input_lost(location: str | None, batch_id: int) -> tuple[str, ...]:
     """
     if location is None or not _used.is_set():
         return ()
-    text = SparkLocation(location).read(f"offsets/{batch_id}")
+    try:
+        text = SparkLocation(location).read(f"offsets/{batch_id}")
+    except (OSError, ValueError) as e:  # the batch is committed: say what cannot be read, never fail it
+        return (f"micro-batch {batch_id}'s entry of Spark's offset log at {location} could not be read "
+                f"({type(e).__name__}: {e}), so what read_logs planned as lost there is not known: see the "
+                "dead letters of stage 'lost' and the executors' warnings",)  # fmt: skip
     if text is None:
         return ()
     found: list[str] = []
