@@ -49,9 +49,8 @@ from .plugins._registry import BackendSpec, PluginRegistry, StorageSpec, hookimp
 from .plugins._secrets import redact_urls
 from .serialization._keygroups import KeyGroupRange, key_group_for_bytes
 from .state._declared import DeclaredStateBackend
-from .state._delta import DeltaChanges, DeltaKeyedBackendBase
+from .state._delta import DeltaKeyedBackendBase
 from .state._keyed import KeyedBackendBase, merge_list_namespaces
-from .state._keyed_snapshots import REMOVED
 from .state._operator import OperatorStateBackendImpl
 from .state._parameters import KeyedBackendParameters
 from .state._registered import RegisteredState, StateEntries
@@ -60,14 +59,12 @@ from .state._state import StateKind
 from .state._ttl import purge_expired
 
 __all__ = [
-    "REMOVED",
     "BackendSpec",
     "CheckpointOutputStream",
     "CheckpointStorage",
     "CheckpointWriter",
     "ConfigOption",
     "DeclaredStateBackend",
-    "DeltaChanges",
     "DeltaKeyedBackendBase",
     "KeyGroupRange",
     "KeyedBackendBase",

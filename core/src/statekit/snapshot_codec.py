@@ -6,7 +6,9 @@ runner): the canonical format of ``docs/snapshot-format.md``
 :func:`read_block`, :func:`iter_blocks`, its :class:`KeyedStateHandle`) and the
 handles, files and outputs of native snapshots (:class:`NativeStateHandle`,
 :class:`NativeFile`, :class:`NativeSnapshotOutput`, the completion
-bookkeeping :class:`UploadTracker`). A backend on ``KeyedBackendBase`` needs
+bookkeeping :class:`UploadTracker`), and what a delta checkpoint holds
+(:class:`DeltaChanges` per key group; :data:`REMOVED`, the values of a
+decoded removal section). A backend on ``KeyedBackendBase`` needs
 none of it for canonical snapshots: the base writes and reads them.
 """
 
@@ -35,12 +37,15 @@ from .snapshots._snapshot import (
     read_index,
     write_canonical,
 )
-from .state._keyed_snapshots import KeyedSnapshot
+from .state._delta import DeltaChanges
+from .state._keyed_snapshots import REMOVED, KeyedSnapshot
 from .state._uploads import UploadTracker
 
 __all__ = [
     "CANONICAL_FORMAT",
+    "REMOVED",
     "BytesStreamHandle",
+    "DeltaChanges",
     "KeyedSnapshot",
     "KeyedStateHandle",
     "NativeFile",

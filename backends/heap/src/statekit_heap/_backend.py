@@ -19,9 +19,7 @@ from typing import Any
 
 from statekit import VOID_NAMESPACE
 from statekit.backend_api import (
-    REMOVED,
     DeclaredStateBackend,
-    DeltaChanges,
     DeltaKeyedBackendBase,
     KeyedBackendParameters,
     KeyGroupRange,
@@ -33,6 +31,7 @@ from statekit.backend_api import (
 )
 from statekit.errors import StateAccessError
 from statekit.serializers import DictSerializer, ListSerializer
+from statekit.snapshot_codec import REMOVED, DeltaChanges
 
 from ._plugin import OPTIONS
 

@@ -21,8 +21,7 @@ OPTIONS: tuple[ConfigOption, ...] = (
         "max-delta-ratio",
         float,
         0.5,
-        "A checkpoint writes a new base once the deltas since the last one pass this share "
-        "of its bytes.",
+        "A checkpoint writes a new base once the deltas since the last one pass this share of its bytes.",
         minimum=0.0,
     ),
 )

@@ -111,4 +111,3 @@ class RawStateRestoreContext:
         """Each key group with bytes, in order, a stream of its bytes (Flink: ``getRawKeyedStateInputs``)."""
         for kg in sorted(self.raw_keyed_state):
             yield kg, io.BytesIO(self.raw_keyed_state[kg])
-

@@ -26,7 +26,6 @@ from ._ttl import Clock
 __all__ = ["DEFAULT_KEY_CACHE_SIZE", "KeyedBackendParameters", "parameters_from_keywords"]
 
 
-
 @dataclass(frozen=True)
 class KeyedBackendParameters:
     """Everything a keyed backend of one subtask is created with.
