@@ -82,15 +82,18 @@ def test_a_checkpoint_outside_run_counts_what_came_since(tmp_path: Path) -> None
     assert result.checkpoint_infos == []  # the run had ended: its result is left alone
 
 
+@pytest.mark.parametrize("backend", ["rocksdb", "heap"])
 def test_native_checkpoints_count_their_entries_exactly(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, backend: str
 ) -> None:
-    """Issue 43: counted on write (state/_kvcount), not RocksDB's estimate; per-state bytes stay unnamed."""
-    pytest.importorskip("statekit_rocksdb")
+    """Issue 43: counted on write (state/_kvcount), not RocksDB's estimate; the heap's deltas count
+    each state's entries at the checkpoint. Per-state bytes stay unnamed."""
+    pytest.importorskip(f"statekit_{backend}")
     runner = count_urls_runner(
         str(tmp_path / "ckpt"),
         {
-            "statekit.backend": "rocksdb",
+            "statekit.backend": backend,
+            "statekit.checkpoint.format": "native",  # the heap's base and deltas
             "statekit.checkpoint.interval-records": 500,
             "statekit.checkpoints.retained": 10,
         },

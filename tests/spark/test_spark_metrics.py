@@ -137,6 +137,9 @@ def test_each_batch_reaches_the_metrics_system_the_log_and_the_ui(
         {
             "spark.statekit.checkpoints.dir": tmp_path / "statekit",
             "spark.statekit.backend": "heap",
+            # Canonical files: each state's entries and bytes by name, every byte the checkpoint's own
+            # (the heap's native deltas count entries exactly too: tests/test_runner_metrics.py).
+            "spark.statekit.checkpoint.format": "canonical",
             "spark.statekit.parallelism": 2,
             "spark.statekit.checkpoints.retained": 3,
         },

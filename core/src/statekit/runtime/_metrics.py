@@ -181,6 +181,9 @@ def _counted_entries(keyed: Mapping[str, Any]) -> int | None:
     """A native part's exact entries, from the counts its backend kept on write; None: none recorded."""
     native = keyed.get("native")
     meta = native.get("meta") if isinstance(native, Mapping) else None
+    per_state = meta.get("state_entries") if isinstance(meta, Mapping) else None
+    if isinstance(per_state, Mapping):  # a backend that knows each state's entries (heap's deltas)
+        return sum(int(n) for n in per_state.values())
     counts = meta.get(ENTRY_COUNTS) if isinstance(meta, Mapping) else None
     if not isinstance(counts, Mapping) or meta.get("entries_estimated"):  # type: ignore[union-attr]
         return None

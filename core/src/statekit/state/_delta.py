@@ -87,6 +87,7 @@ class DeltaSnapshot:
         checkpoint_id: int,
         states: list[dict[str, Any]],
         entries: int,
+        state_entries: dict[str, int],
         *,
         base: KeyedSnapshot | None = None,
         delta: tuple[int, SnapshotHeader, dict[int, list[tuple[int, bytes, bytes, bytes, int]]]]
@@ -96,6 +97,7 @@ class DeltaSnapshot:
         self.checkpoint_id = checkpoint_id
         self._states = states
         self._entries = entries
+        self._state_entries = state_entries
         self._base = base
         self._delta = delta
         self._done = False
@@ -155,7 +157,7 @@ class DeltaSnapshot:
             self.checkpoint_id,
             files,
             states=self._states,
-            meta={"chain": links, "state_sizes": total},
+            meta={"chain": links, "state_sizes": total, "state_entries": self._state_entries},
             entries=self._entries,
         )
 
@@ -225,8 +227,10 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         regs = [*self._states.values(), *self._restored.values()]
         states = [r.meta() for r in regs] + [m for m, _ in self._pending.values()]
         entries = self.num_entries()
+        # Exact (key, namespace) entries per state at this checkpoint, for the metrics' state_entries.
+        per_state = {m["name"]: self.num_entries(m["name"]) for m in states}
         if confirmed is None or self._delta_due_base(confirmed[1]):
-            return DeltaSnapshot(self, checkpoint_id, states, entries, base=self.snapshot())
+            return DeltaSnapshot(self, checkpoint_id, states, entries, per_state, base=self.snapshot())
         since = confirmed[0]
         epochs = [e for cid, e in self._delta_epochs if cid > since]
         header = SnapshotHeader(
@@ -243,7 +247,7 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
             },
         )
         blocks = self._delta_blocks(regs, len(states), self._delta_changes(epochs))
-        return DeltaSnapshot(self, checkpoint_id, states, entries, delta=(since, header, blocks))
+        return DeltaSnapshot(self, checkpoint_id, states, entries, per_state, delta=(since, header, blocks))
 
     def _delta_due_base(self, chain: list[dict[str, Any]]) -> bool:
         deltas = [link for link in chain if link["kind"] == "delta"]
