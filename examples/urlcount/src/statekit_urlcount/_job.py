@@ -181,6 +181,8 @@ class BatchStats:
         checkpoint_location: Where it is.
         restored_from: The checkpoint statekit's subtasks started this batch from,
             if they were restored from storage rather than kept in memory.
+        started_from: The checkpoint this batch's state started from, restored or kept
+            open by the executors (a restarted query reuses open state that is exactly it).
         skipped: The batch had been completed before a restart (nothing was redone).
         late: The windowed job's late lines (event time at or below the watermark the
             batch ran with), counted among ``requests`` and written to the late output.
@@ -201,6 +203,7 @@ class BatchStats:
     checkpoint_id: int | None = None
     checkpoint_location: str | None = None
     restored_from: str | None = None
+    started_from: str | None = None
     skipped: bool = False
     late: int = 0
     windows: int = 0
@@ -249,7 +252,7 @@ class RunReport:
         """The statekit checkpoint this run's first batch started from (None: empty state)."""
         for b in self.batches:
             if not b.skipped:
-                return b.restored_from
+                return b.started_from
         return None
 
     @property
@@ -395,6 +398,7 @@ class Sink:
             checkpoint_id=info.checkpoint_id,
             checkpoint_location=info.location,
             restored_from=info.restored_from if info.restored_subtasks else None,
+            started_from=info.restored_from,
             skipped=info.skipped,
             **_checkpoint_numbers(info),
         )

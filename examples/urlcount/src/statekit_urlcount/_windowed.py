@@ -276,6 +276,7 @@ class _WindowedSink:
             checkpoint_id=info.checkpoint_id,
             checkpoint_location=info.location,
             restored_from=info.restored_from if info.restored_subtasks else None,
+            started_from=info.restored_from,
             skipped=info.skipped,
             late=info.late_records,
             windows=windows,
