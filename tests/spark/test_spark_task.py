@@ -237,9 +237,19 @@ def test_only_the_attempt_whose_snapshot_completed_is_reused(tmp_path: Path) -> 
     assert driver.state() == model_state(RECORDS)
 
 
-def test_another_query_run_never_reuses(tmp_path: Path) -> None:
+def test_another_query_run_reuses_open_state_that_is_exactly_its_restore(tmp_path: Path) -> None:
+    """Issue 46: a restarted query finds its subtask open at the checkpoint it restores (as Spark's own
+    store finds its instance loaded at that version), made for the same plan: reused, exact."""
     driver = Driver(tmp_path)
     driver.batch(RECORDS[:300], run_id="run-1")
+    assert driver.batch(RECORDS[300:], run_id="run-2")["reused"] is True
+    assert driver.state() == model_state(RECORDS)
+
+
+def test_another_query_run_with_another_configuration_never_reuses(tmp_path: Path) -> None:
+    driver = Driver(tmp_path)
+    driver.batch(RECORDS[:300], run_id="run-1")
+    driver.config = {**driver.config, "statekit.key-cache-size": 1024}  # a restart with other settings
     assert driver.batch(RECORDS[300:], run_id="run-2")["reused"] is False
     assert driver.state() == model_state(RECORDS)
 
