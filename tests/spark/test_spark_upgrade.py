@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -95,22 +94,20 @@ def counting(source: Any, job_id: str, infos: list[BatchInfo] | None = None) -> 
 
 
 def stop_with_savepoint(source: Any, job_id: str, location: Path, target: Path, more: list[Any]) -> str:
-    """Run a query of ``job_id`` on ``location``, then stop it with a savepoint after ``more`` arrived."""
+    """Run a query of ``job_id`` on ``location`` until ``more`` is processed, then stop it with a savepoint.
+
+    The query is idle then (nothing new since its newest checkpoint), so the request is answered at
+    once with that checkpoint converted (issue 43), whenever the request is seen: no race with a batch.
+    """
     infos: list[BatchInfo] = []
     processed = counting(source, job_id, infos)
     query = processed.start(checkpoint_location=str(location), trigger="0.3 seconds")
     wait_for(lambda: len(infos) >= 1, "the first micro-batch")
-    result: dict[str, Any] = {}
-    stopper = threading.Thread(
-        target=lambda: result.update(location=processed.stop_with_savepoint(str(target), timeout=180))
-    )
-    stopper.start()
-    ckpt = Path(processed.configuration().get("statekit.checkpoints.dir"))
-    wait_for(lambda: (ckpt / job_id / "files" / "savepoint-request.json").exists(), "the request")
-    source.add(more)  # the next micro-batch: the savepoint, then the stop
-    stopper.join(timeout=240)
-    assert "location" in result and not query.isActive
-    return str(result["location"])
+    source.add(more)
+    wait_for(lambda: len(infos) >= 2, "the micro-batch of the records added")
+    saved = processed.stop_with_savepoint(str(target), timeout=180)
+    wait_for(lambda: not query.isActive, "the query's stop")
+    return str(saved)
 
 
 @pytest.fixture(params=["json", "read_logs"])
