@@ -239,6 +239,8 @@ def test_the_summary_line_says_which_windows_are_open():
         "at or before it, emitted by the first batch of the next run (Spark runs one once newer logs "
         "arrive); 2 ending after it, emitted once newer logs move the watermark past their end"
     )
-    line = windowed_summary(_report(restored_from="chk-3"), settings, PendingWindows(watermark, ()))
+    line = windowed_summary(
+        _report(restored_from="chk-3", started_from="chk-3"), settings, PendingWindows(watermark, ())
+    )
     assert line.startswith("windowed: resumed from its checkpoint and read 600")
     assert line.endswith("watermark now 2019-04-18T00:00:50Z; no window is open")
