@@ -10,7 +10,8 @@ a checkpoint in a directory nothing else wrote into, completing it
 notification of native snapshots (after completion only), cleaning up after
 a failed one, retention, the count of periodic checkpoints failed in a row,
 the job's checkpoint history (every attempt, beyond retention: ``_history``),
-which checkpoint ``restore="latest"`` takes, and what the checkpoint a run
+which checkpoint a run starts from (:func:`start_point`: a location, or
+``"latest"`` with the runner's fallback policy), and what the checkpoint a run
 starts from must match before anything is restored (:meth:`CheckpointCoordinator.validate`,
 with the run's :class:`~._restore_rules.RestoreRules`).
 
@@ -48,8 +49,10 @@ __all__ = [
     "CheckpointPolicy",
     "NotifyNative",
     "PendingCheckpoint",
+    "StartPoint",
     "WriteSubtasks",
     "newest_checkpoint",
+    "start_point",
 ]
 
 #: Writes every subtask's state into a writer: ``(writer, max state size, native checkpoint id or
@@ -69,11 +72,12 @@ class CheckpointPolicy:
 
     Whether ``restore="latest"`` falls back past a damaged checkpoint and how
     many periodic checkpoints may fail in a row are the LocalRunner's alone
-    (its configuration, given to :meth:`CheckpointCoordinator.restore_newest`
+    (its configuration, given to :func:`start_point`
     and :meth:`CheckpointCoordinator.periodic`): a Spark query never falls
     back (its offset log must match the checkpoint it continues from) and
     tolerates no failed checkpoint (a micro-batch is committed with its
-    checkpoint or not at all), so it calls neither.
+    checkpoint or not at all), so it passes ``fallback=False`` and never
+    checkpoints periodically.
 
     Attributes:
         runner: How the run's fence record and the checkpoint history name it
@@ -489,10 +493,14 @@ class CheckpointCoordinator:
         """
         if cp.location in self._checked:
             return
-        problems = verify_loaded(cp, deep=False)
-        if problems:
-            damage = "; ".join(f"{p.file}: {p.problem}" for p in problems)
-            raise CorruptCheckpointError(cp.location, damage + self.policy.ways_out)
+        try:
+            _checked(cp)
+        except CorruptCheckpointError as e:
+            raise CorruptCheckpointError(cp.location, e.problem + self.policy.ways_out) from e
+        self._checked.add(cp.location)
+
+    def checked(self, cp: CompletedCheckpoint) -> None:
+        """``cp``'s files were found there (by :func:`start_point`): :meth:`check` need not look again."""
         self._checked.add(cp.location)
 
     def claims(self, cp: CompletedCheckpoint | None, newest: CompletedCheckpoint | None = None) -> bool:
@@ -511,59 +519,104 @@ class CheckpointCoordinator:
             self._claimed[cp.location] = cp.location in self.storage.list_checkpoints(self.job_id)
         return self._claimed[cp.location]
 
-    def restore_newest(
-        self, restore: Callable[[CompletedCheckpoint], None], *, fallback: bool
-    ) -> tuple[str | None, list[tuple[str, str]]]:
-        """``restore`` the newest restorable checkpoint; returns its location and what was skipped.
 
-        Newest first, each candidate is checked (its metadata, every file there
-        with its size) and handed to ``restore``, which verifies every block as
-        it reads and raises without changing anything on damage. A damaged one
-        is skipped with a warning and the next older tried, if ``fallback``
-        (``statekit.restore.fallback``); else its error carries the policy's ways out. Anything but damage
-        (an incompatible restore, a store outage) is raised at once.
+# --- choosing the checkpoint a run starts from ---------------------------------------------------
 
-        Raises:
-            CorruptCheckpointError: If the newest is damaged and the policy does
-                not fall back, or every retained checkpoint is damaged; naming each damaged file.
-        """
-        candidates = self.storage.list_checkpoints(self.job_id)
-        skipped: list[tuple[str, str]] = []
-        damage: list[str] = []  # what is wrong with each skipped one, for the final error
-        for candidate in reversed(candidates):
-            try:
-                cp = load_checkpoint(self.storage, candidate)
-                problems = verify_loaded(cp, deep=False)
-                if problems:
-                    found = "; ".join(f"{p.file}: {p.problem}" for p in problems)
-                    raise CorruptCheckpointError(candidate, found)
-                restore(cp)
-            except (CorruptCheckpointError, CheckpointNotFoundError) as e:
-                skipped.append((candidate, str(e)))
-                damage.append(_problem_of(e))
-                if not fallback:
-                    raise CorruptCheckpointError(candidate, _problem_of(e) + self.policy.ways_out) from e
-                older = len(candidates) - len(skipped)
-                if older:  # with none older, the error below says it all
-                    warnings.warn(
-                        f"restore skipped {e}; trying the next older of {older} retained checkpoints",
-                        RuntimeWarning,
-                        stacklevel=4,
-                    )
-                continue
-            return candidate, skipped
-        if not skipped:
-            return None, []
-        retained = len(candidates)
-        raise CorruptCheckpointError(
-            skipped[0][0],
-            f"{'; '.join(damage)}. No retained checkpoint of job {self.job_id!r} can be restored "
-            f"({retained} retained). Ways out: restore a savepoint (run(source, restore='<savepoint>')), "
-            "or move the job's checkpoint directory away and start afresh"
-            + (
-                "; and keep statekit.checkpoints.retained at 2 or more, so a damaged checkpoint has an "
-                "older one to fall back to"
-                if retained < 2
-                else ""
-            ),
-        )
+
+@dataclass(frozen=True)
+class StartPoint:
+    """The checkpoint a run starts from, chosen by :func:`start_point`.
+
+    Attributes:
+        checkpoint: What was taken (None: the job has no completed checkpoint, start empty).
+        explicit: Whether the user named it (``restore=<location>``, Flink's ``run -s``)
+            rather than ``"latest"``.
+        skipped: ``(location, why)`` of each damaged newer checkpoint a fallback stepped past.
+    """
+
+    checkpoint: CompletedCheckpoint | None
+    explicit: bool
+    skipped: list[tuple[str, str]]
+
+
+def start_point(
+    storage: CheckpointStorage,
+    job_id: str,
+    restore: str,
+    take: Callable[[CompletedCheckpoint], None],
+    *,
+    fallback: bool,
+    ways_out: str,
+) -> StartPoint:
+    """Choose the checkpoint a run of ``job_id`` starts from and hand it to ``take``: both runners' one path.
+
+    ``restore`` is a checkpoint's or savepoint's location, or ``"latest"``:
+    the job's newest completed checkpoint. Each candidate's metadata is read
+    (its identity checked against where it sits) and every file it names
+    checked for presence and size before ``take`` gets it; ``take`` (the
+    LocalRunner restores there, verifying every block as it reads; the Spark
+    driver keeps it, to size the run and validate it before any task
+    restores) raises without changing anything on damage. With ``"latest"``
+    and ``fallback`` (the LocalRunner's ``statekit.restore.fallback``) a
+    damaged candidate is skipped with a warning and the next older tried; a
+    Spark query never falls back (its offset log must match the checkpoint it
+    continues from). Anything but damage (an incompatible restore, a store
+    outage) is raised at once.
+
+    Raises:
+        CorruptCheckpointError: If the location, or with ``"latest"`` the
+            newest (every retained one, with fallback) is damaged; naming each
+            damaged file, with ``ways_out`` (the runner's) where nothing is tried after it.
+        CheckpointNotFoundError: If an explicit location holds no checkpoint.
+    """
+    if restore != "latest":
+        try:
+            cp = _checked(load_checkpoint(storage, restore))
+        except CorruptCheckpointError as e:
+            raise CorruptCheckpointError(e.location, e.problem + ways_out) from e
+        take(cp)
+        return StartPoint(cp, True, [])
+    candidates = storage.list_checkpoints(job_id)
+    skipped: list[tuple[str, str]] = []
+    damage: list[str] = []  # what is wrong with each skipped one, for the final error
+    for candidate in reversed(candidates):
+        try:
+            cp = _checked(load_checkpoint(storage, candidate))
+            take(cp)
+        except (CorruptCheckpointError, CheckpointNotFoundError) as e:
+            skipped.append((candidate, str(e)))
+            damage.append(_problem_of(e))
+            if not fallback:
+                raise CorruptCheckpointError(candidate, _problem_of(e) + ways_out) from e
+            older = len(candidates) - len(skipped)
+            if older:  # with none older, the error below says it all
+                warnings.warn(
+                    f"restore skipped {e}; trying the next older of {older} retained checkpoints",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            continue
+        return StartPoint(cp, False, skipped)
+    if not skipped:
+        return StartPoint(None, False, [])
+    retained = len(candidates)
+    raise CorruptCheckpointError(
+        skipped[0][0],
+        f"{'; '.join(damage)}. No retained checkpoint of job {job_id!r} can be restored "
+        f"({retained} retained). Ways out: restore a savepoint (run(source, restore='<savepoint>')), "
+        "or move the job's checkpoint directory away and start afresh"
+        + (
+            "; and keep statekit.checkpoints.retained at 2 or more, so a damaged checkpoint has an "
+            "older one to fall back to"
+            if retained < 2
+            else ""
+        ),
+    )
+
+
+def _checked(cp: CompletedCheckpoint) -> CompletedCheckpoint:
+    """``cp``, once every file it names is found there with its size."""
+    problems = verify_loaded(cp, deep=False)
+    if problems:
+        raise CorruptCheckpointError(cp.location, "; ".join(f"{p.file}: {p.problem}" for p in problems))
+    return cp

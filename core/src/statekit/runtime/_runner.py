@@ -36,11 +36,11 @@ from .._contracts import (
     StateBackend,
 )
 from .._errors import CheckpointError
-from ..checkpoints._coordinator import CheckpointCoordinator, CheckpointPolicy
+from ..checkpoints._coordinator import CheckpointCoordinator, CheckpointPolicy, start_point
 from ..checkpoints._fencing import RunFence
 from ..checkpoints._honour import SavepointRequests
 from ..checkpoints._metadata import SubtaskState
-from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
+from ..checkpoints._restore import CompletedCheckpoint
 from ..checkpoints._restore_rules import RestoreRules
 from ..checkpoints._retention import highest_checkpoint_id
 from ..checkpoints._source_position import ORIGIN_PROPERTY, origin_of
@@ -394,18 +394,21 @@ class LocalRunner:
         if self._opened:
             raise CheckpointError("restore before the runner starts processing")
         self.skipped_checkpoints = []
-        if location != "latest":
-            cp = load_checkpoint(self.storage, location)
-            self._restore_checkpoint(cp)
+        start = start_point(
+            self.storage, self.job_id, location, self._restore_checkpoint,
+            fallback=bool(self.config.get("statekit.restore.fallback")),
+            ways_out="" if location != "latest" else _NO_FALLBACK,
+        )  # fmt: skip
+        self.skipped_checkpoints = start.skipped
+        self._input_begins_after = input_begins_after_savepoint
+        cp = start.checkpoint
+        if cp is None:
+            return None
+        if start.explicit:  # the runs after it descend from it (restore_origin)
             m = cp.metadata
             self._origin = origin_of(cp.location, m.job_id, m.checkpoint_id, m.timestamp_ms)
-            self._input_begins_after = input_begins_after_savepoint
             return location
-        restored, self.skipped_checkpoints = self._coordinator.restore_newest(
-            self._restore_checkpoint, fallback=bool(self.config.get("statekit.restore.fallback"))
-        )
-        self._input_begins_after = input_begins_after_savepoint
-        return restored
+        return cp.location
 
     def _restore_checkpoint(self, cp: CompletedCheckpoint) -> None:
         """Restore everything from ``cp``, or raise and leave the runner unchanged."""

@@ -38,7 +38,6 @@ import hashlib
 import time
 import uuid
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,16 +46,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from .._contracts import CheckpointStorage
 from .._errors import CheckpointError, ConfigurationError, CorruptCheckpointError
 from ..checkpoints._coordinator import (
     CheckpointCoordinator,
     CheckpointPolicy,
     PendingCheckpoint,
-    newest_checkpoint,
+    start_point,
 )
 from ..checkpoints._fencing import RunFence, takeover_note
-from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
+from ..checkpoints._restore import CompletedCheckpoint
 from ..checkpoints._restore_rules import RestoreRules
 from ..checkpoints._source_position import (
     LOCATION_PROPERTY,
@@ -199,10 +197,15 @@ class MicroBatchDriver:
         self._origin: dict[str, Any] | None = None  # the explicit restore this run's history descends from
         self.run_id = uuid.uuid4().hex
         self.connect = is_connect(session)
-        base = self._newest(lambda: newest_checkpoint(self.storage, spec.job_id, _SPARK_WAYS_OUT))
-        self.restored: CompletedCheckpoint | None = None  # the explicit restore, loaded once
-        if restore not in (None, "latest"):
-            base = self.restored = _load(self.storage, restore)
+        # What the run starts from, chosen as the LocalRunner chooses (one path, never falling back):
+        # its parallelism and max parallelism come from it; every batch then decides afresh (_decide).
+        taken: list[CompletedCheckpoint] = []
+        start = start_point(
+            self.storage, spec.job_id, restore or "latest", taken.append, fallback=False,
+            ways_out=_SPARK_WAYS_OUT,
+        )  # fmt: skip
+        base = start.checkpoint
+        self.restored: CompletedCheckpoint | None = base if start.explicit else None  # loaded once
         p = conf.get("statekit.parallelism")
         if p is None and base is not None:
             p = _parallelism_of(base, spec.operator_id)
@@ -238,6 +241,7 @@ class MicroBatchDriver:
         )
         if base is not None:
             self._validate(base)
+            self.coordinator.checked(base)  # start_point found its files: the first batch need not look again
         self.metrics = QueryMetrics(session, conf, spec.job_id, spec.operator_id)
         with self.metrics.describe(None, "routing"):
             values = routing_values(session, self.parallelism)
@@ -286,11 +290,8 @@ class MicroBatchDriver:
         Raises:
             CorruptCheckpointError: If the latest checkpoint's metadata is damaged.
         """
-        return self._newest(self.coordinator.newest)
-
-    def _newest(self, newest: Callable[[], CompletedCheckpoint | None]) -> CompletedCheckpoint | None:
         try:
-            return newest()
+            return self.coordinator.newest()
         except CorruptCheckpointError:
             if self.restore not in (None, "latest"):
                 return None
@@ -332,7 +333,7 @@ class MicroBatchDriver:
                 return True, latest
             if self.restore is None:
                 return False, None
-            return False, latest if self.restore == "latest" else _load(self.storage, self.restore)
+            return False, latest if self.restore == "latest" else self.restored
         if self.restored is not None:
             decision = self._restore_decision(latest, batch_id, query)
             if decision == "skip":
@@ -759,14 +760,6 @@ _SPARK_WAYS_OUT = (
     "(`statekit checkpoints list` shows them with their status), into a new query (a new "
     "checkpoint_location, start(restore='<location>')); see docs/operations.md#restore-rules"
 )
-
-
-def _load(storage: CheckpointStorage, location: str) -> CompletedCheckpoint:
-    """:func:`load_checkpoint`, a damaged checkpoint's error carrying Spark's ways out."""
-    try:
-        return load_checkpoint(storage, location)
-    except CorruptCheckpointError as e:
-        raise CorruptCheckpointError(e.location, e.problem + _SPARK_WAYS_OUT) from e
 
 
 def _task_damage(e: Exception, source: CompletedCheckpoint | None) -> CorruptCheckpointError | None:
