@@ -227,9 +227,10 @@ def test_a_damaged_newest_checkpoint_is_handled_by_the_runners_policy(
         again.end()
         assert_exact_state(storage, job_id, PARTS[0] + PARTS[2])
     else:
-        # Spark never falls back: its offset log must match the checkpoint it continues from.
+        # Spark never falls back: its offset log must match the checkpoint it continues from. The
+        # damage is found where the LocalRunner finds it (start_point), at start, before any batch.
         with pytest.raises(CorruptCheckpointError, match="A Spark query never falls back") as refused:
-            runs(restore="latest").batch(PARTS[2])
+            runs(restore="latest")
         assert _names(storage.list_checkpoints(job_id)) == ["chk-1", "chk-2"]
     assert damaged.name in str(refused.value)
 
