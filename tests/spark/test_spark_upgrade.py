@@ -178,6 +178,14 @@ def test_an_older_savepoint_on_a_location_that_went_on_is_refused_and_the_way_ou
     with pytest.raises(CheckpointError, match="cannot be taken on query .* new checkpoint_location"):
         counting(source, job_id).start(checkpoint_location=str(tmp_path / "spark"), restore=older)
     assert processed.checkpoint_storage().latest_checkpoint(job_id) == before
+    # A new query reading two sources cannot continue from a position of one: refused before Spark
+    # starts, naming both counts, and the new location is left empty.
+    other = JsonInput(session, tmp_path / "in-2")
+    other.add(RECORDS[:5])
+    two = keyed(source.stream().union(other.stream()), "url").process(CountUrls, OUTPUT, job_id=job_id)
+    with pytest.raises(CheckpointError, match=r"1 source\(s\) after micro-batch .* reads 2 source\(s\)"):
+        two.foreach_batch(lambda df, b: None).start(checkpoint_location=str(tmp_path / "two"), restore=older)
+    assert not (tmp_path / "two").exists() or not any((tmp_path / "two").iterdir())
     # The way out: a new location restoring it; the input after the savepoint is read once.
     source.add(RECORDS[200:230])
     run_to_end(counting(source, job_id), tmp_path / "spark-rollback", restore=older)

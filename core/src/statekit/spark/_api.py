@@ -14,8 +14,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from .._contracts import CheckpointStorage
 from .._errors import CheckpointError, ConfigurationError, CorruptCheckpointError
-from ..checkpoints._coordinator import newest_checkpoint
-from ..checkpoints._restore import load_checkpoint
+from ..checkpoints._coordinator import newest_checkpoint, start_point
 from ..checkpoints._savepoint_requests import COMPLETED, request_savepoint
 from ..checkpoints._source_position import position_of
 from ..plugins._config import Configuration
@@ -25,11 +24,17 @@ from ..serialization._serializers import serializer_for
 from ..timers._eventtime import EventTime
 from ._batchinfo import BatchInfo
 from ._connect import ConnectBatches
-from ._driver import BATCH_PROPERTY, QUERY_PROPERTY, STATIC_QUERY, MicroBatchDriver
+from ._driver import BATCH_PROPERTY, QUERY_PROPERTY, SPARK_WAYS_OUT, STATIC_QUERY, MicroBatchDriver
 from ._jobspec import JobSpec, Sink, check_columns, check_key_type, driver_storage, resolve_dead_letters
 from ._shipping import ship_by_value
 from ._sparkconf import is_connect, spark_configuration
-from ._upgrade import absolute_location, checkpoint_location_of, prepare_latest, prepare_location
+from ._upgrade import (
+    absolute_location,
+    checkpoint_location_of,
+    prepare_latest,
+    prepare_location,
+    streaming_sources,
+)
 
 __all__ = ["KeyedDataFrame", "ProcessedStream", "keyed"]
 
@@ -291,9 +296,13 @@ class ProcessedStream:
             prepare_location(
                 checkpoint_location, driver.restored, driver.latest(), job_id=spec.job_id,
                 position=driver.position(), input_begins_after=input_begins_after_savepoint,
+                sources=streaming_sources(spec.df),
             )  # fmt: skip
         elif restore == "latest":
-            prepare_latest(checkpoint_location, driver.latest(), driver.storage, job_id=spec.job_id)
+            prepare_latest(
+                checkpoint_location, driver.latest(), driver.storage, job_id=spec.job_id,
+                sources=streaming_sources(spec.df),
+            )  # fmt: skip
         started = threading.Event()
         query_ids: list[str] = []
 
@@ -382,7 +391,11 @@ class ProcessedStream:
                     "or a URL"
                 )
             storage = driver_storage(conf, default_registry())
-            restored = load_checkpoint(storage, restore)
+            # Chosen as the server's driver will choose it (start_point), here only to seed the location.
+            restored = start_point(
+                storage, spec.job_id, restore, lambda cp: None, fallback=False, ways_out=SPARK_WAYS_OUT
+            ).checkpoint
+            assert restored is not None  # an explicit location loads or raises
             try:
                 latest = newest_checkpoint(storage, spec.job_id)
             except CorruptCheckpointError:

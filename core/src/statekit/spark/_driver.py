@@ -101,6 +101,7 @@ __all__ = [
     "ATTEMPTS_PROPERTY",
     "BATCH_PROPERTY",
     "QUERY_PROPERTY",
+    "SPARK_WAYS_OUT",
     "STATIC_QUERY",
     "TOKEN_PROPERTY",
     "MicroBatchDriver",
@@ -202,7 +203,7 @@ class MicroBatchDriver:
         taken: list[CompletedCheckpoint] = []
         start = start_point(
             self.storage, spec.job_id, restore or "latest", taken.append, fallback=False,
-            ways_out=_SPARK_WAYS_OUT,
+            ways_out=SPARK_WAYS_OUT,
         )  # fmt: skip
         base = start.checkpoint
         self.restored: CompletedCheckpoint | None = base if start.explicit else None  # loaded once
@@ -236,7 +237,7 @@ class MicroBatchDriver:
             retained=int(conf.get("statekit.checkpoints.retained")),
             native=conf.get("statekit.checkpoint.format") != "canonical",
             history_entries=int(conf.get("statekit.checkpoints.history.max-entries")),
-            policy=CheckpointPolicy(application(session), _SPARK_WAYS_OUT),
+            policy=CheckpointPolicy(application(session), SPARK_WAYS_OUT),
             registry=self.registry,
         )
         if base is not None:
@@ -754,7 +755,7 @@ def _persist_uncompressed(processed: DataFrame, session: SparkSession) -> DataFr
             session.conf.set(key, before)
 
 
-_SPARK_WAYS_OUT = (
+SPARK_WAYS_OUT = (
     ". A Spark query never falls back to an older checkpoint: Spark's offset log must match the "
     "checkpoint it continues from. Ways out: restore a savepoint, or an older checkpoint "
     "(`statekit checkpoints list` shows them with their status), into a new query (a new "
@@ -772,7 +773,7 @@ def _task_damage(e: Exception, source: CompletedCheckpoint | None) -> CorruptChe
     if start < 0:
         return None
     problem = text[start + len(marker) :].splitlines()[0].strip()
-    return CorruptCheckpointError(source.location, problem + _SPARK_WAYS_OUT)
+    return CorruptCheckpointError(source.location, problem + SPARK_WAYS_OUT)
 
 
 def _attempts(source: CompletedCheckpoint | None) -> dict[int, str]:

@@ -11,6 +11,11 @@ continue right after the savepoint, as ``flink run -s`` does. So:
   statekit's, a conversion whose Spark files were gone) is refused before
   any batch, unless the user states that the new input begins after the
   savepoint (``input_begins_after_savepoint=True``).
+- A seeded position holds one offset per source, in the order of the query
+  that was saved: a new query reading another number of sources is refused
+  before Spark starts, naming both (:func:`streaming_sources` counts them
+  on a classic session; on Spark Connect the plan is the server's, and
+  Spark's own start reports the mismatch with both counts).
 - On a location that already has history, the restore is taken only where it
   is what that history is: the savepoint's own query and batch (after a
   stop-with-savepoint, Spark runs the saved batch again: it is skipped), or a
@@ -52,6 +57,7 @@ __all__ = [
     "no_position_error",
     "prepare_location",
     "restore_origin",
+    "streaming_sources",
 ]
 
 #: What a micro-batch is, for a query told to restore: go on from the job's latest checkpoint (whose
@@ -185,6 +191,48 @@ def decide(
     )  # fmt: skip
 
 
+def streaming_sources(df: Any) -> int | None:
+    """How many sources Spark's offset log will hold for a query over ``df`` (None: not known here).
+
+    Spark's micro-batch execution turns each distinct streaming relation of
+    the analyzed plan into one source (a relation read twice, as in a
+    self-union, is one), in plan order: the count its offset log entries have
+    a line for. Known only where the plan is reachable (a classic session).
+    """
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        return None
+    try:
+        leaves = jdf.queryExecution().analyzed().collectLeaves().iterator()
+        found: list[Any] = []
+        while leaves.hasNext():
+            leaf = leaves.next()
+            if leaf.getClass().getSimpleName() in ("StreamingRelation", "StreamingRelationV2") and not any(
+                leaf.equals(seen) for seen in found
+            ):
+                found.append(leaf)
+    except Exception:  # noqa: BLE001 - a plan Py4J cannot walk: Spark's own start checks the count
+        return None
+    return len(found)
+
+
+def _check_sources(
+    job_id: str, restore: CompletedCheckpoint, position: SparkPosition, sources: int | None
+) -> None:
+    """Refuse a seed whose offsets are for another number of sources than the query reads."""
+    saved = len(position.source_offsets())
+    if sources is None or sources == saved:
+        return
+    raise CheckpointError(
+        f"statekit job {job_id!r}: {restore.location} holds the position of {position.describe()}, but "
+        f"this query reads {sources} source(s): Spark resumes each source from its own line of the offset "
+        "log, in the order of the query that was saved, so a different set of sources cannot continue from "
+        "it. Ways out: read the same sources, in the same order, as the saved query did; or, if the new "
+        f"query's input begins after the savepoint, pass {_KEYWORD} (its sources then start from their "
+        "configured start)"
+    )
+
+
 def prepare_location(
     location: str,
     restore: CompletedCheckpoint,
@@ -193,13 +241,16 @@ def prepare_location(
     job_id: str,
     position: SparkPosition | str,
     input_begins_after: bool,
+    sources: int | None = None,
 ) -> str | None:
     """Before Spark starts: seed a new location with the savepoint's position, or refuse the start.
 
-    Returns the seeded query's id (None if nothing was written).
+    Returns the seeded query's id (None if nothing was written). ``sources``:
+    how many sources the new query reads, where known (:func:`streaming_sources`).
 
     Raises:
-        CheckpointError: If the restore would be refused at the first micro-batch (see :func:`decide`).
+        CheckpointError: If the restore would be refused at the first micro-batch (see :func:`decide`),
+            or the query reads another number of sources than the position holds.
     """
     loc = SparkLocation(location)
     if loc.is_empty():
@@ -207,6 +258,7 @@ def prepare_location(
             return None
         if not isinstance(position, SparkPosition):
             raise no_position_error(job_id, restore, position)
+        _check_sources(job_id, restore, position, sources)
         return seed(position, location)
     query = loc.query_id()
     if query is None:
@@ -219,7 +271,12 @@ def prepare_location(
 
 
 def prepare_latest(
-    location: str, latest: CompletedCheckpoint | None, storage: Any, *, job_id: str
+    location: str,
+    latest: CompletedCheckpoint | None,
+    storage: Any,
+    *,
+    job_id: str,
+    sources: int | None = None,
 ) -> str | None:
     """``restore="latest"`` on a new location: seed it with the latest checkpoint's source position.
 
@@ -239,6 +296,7 @@ def prepare_latest(
         return None
     position = position_of(storage, latest.location, latest.metadata.properties)
     if isinstance(position, SparkPosition):
+        _check_sources(job_id, latest, position, sources)
         return seed(position, location)
     warnings.warn(
         f"statekit job {job_id!r}: restore='latest' starts from {latest.location}, whose Spark source "
