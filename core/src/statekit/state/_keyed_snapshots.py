@@ -136,6 +136,9 @@ class KeyedSnapshots:
         ) -> None:
             """The backend's hook: store restored entries of one key group."""
 
+        def _load_sections(self, reg: RegisteredState, sections: Sequence[tuple[int, Section]]) -> bool:
+            """The backend's hook: keep checked sections to decode when needed (True), or not (False)."""
+
     # --- migrations on restore --------------------------------------------------------
 
     def _decode(
@@ -335,6 +338,7 @@ class KeyedSnapshots:
         the others wait with core until declared.
         """
         decoded = {}
+        lazy = {}
         migrated = False
         for name, (meta, secs) in staged.items():
             reg = self._states.get(name)
@@ -342,7 +346,15 @@ class KeyedSnapshots:
                 plan = reg.plan_from(meta, self._restore_origin)
                 migrated = migrated or (plan is not None and plan.changes_data)
                 reg = reg.restored_as(meta, plan)
-                decoded[name] = (reg, self._decode_all(reg, secs, plan))
+                if plan is None or not plan.changes_data:
+                    lazy[name] = (reg, secs)  # the backend may keep them as bytes (_load_sections)
+                else:
+                    decoded[name] = (reg, self._decode_all(reg, secs, plan))
+        for name, (reg, secs) in lazy.items():
+            self._states[name] = reg
+            if not self._load_sections(reg, secs):
+                for kg, (keys, nss, vals) in self._decode_all(reg, secs, None):
+                    self._load_entries(reg, kg, keys, nss, vals)
         for name, (reg, entries) in decoded.items():
             self._states[name] = reg
             for kg, (keys, nss, vals) in entries:
@@ -471,7 +483,12 @@ class KeyedSnapshot:
         assert reader is not None
         ks = self._backend.key_serializer
         for i, reg in enumerate(self._regs):
-            keys, nss, vals = reader(reg.name, kg)
+            got = reader(reg.name, kg)
+            if isinstance(got, Section):  # restored bytes the backend never decoded: copied through
+                if got.count:
+                    yield i, got.count, got.keys, got.namespaces, got.values
+                continue
+            keys, nss, vals = got
             if reg.ttl is not None and reg.ttl.cleanup_full_snapshot and keys:
                 keys, nss, vals = _drop_expired(reg, keys, nss, vals, self._now)
             if keys:
