@@ -434,6 +434,47 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
             return sections[0].count
         return self._delta_kg_entries.get(name, {}).get(key_group)
 
+    def num_entries(self, state_name: str | None = None) -> int:
+        """The keyed base's, exact also for undeclared states restored with deltas (entries, not sections)."""
+        if state_name is None:
+            return sum(self.num_entries(n) for n in self.state_names)
+        held = self._pending.get(state_name)
+        if held is None:
+            return super().num_entries(state_name)
+        by_kg: dict[int, list[Section]] = {}
+        for kg, sec in held[1]:
+            by_kg.setdefault(kg, []).append(sec)
+        total = 0
+        for kg, secs in by_kg.items():
+            n = self._delta_restored_count(state_name, kg, secs)
+            if n is None:
+                n = self._delta_count_decoded(held[0], kg, secs)
+            total += n
+        return total
+
+    def _delta_count_decoded(self, meta: dict[str, Any], kg: int, secs: list[Section]) -> int:
+        """The entries a key group's sections restore, from their decoded keys (remembered)."""
+        name = meta["name"]
+        try:
+            reg = RegisteredState.from_meta(meta)
+            live: set[tuple[Any, Any]] = set()
+            for sec in secs:
+                keys_only = Section(name, sec.count, sec.keys, sec.namespaces, b"", removal=True)
+                keys, nss, _ = self._decode(reg, keys_only)
+                pairs = zip(nss, keys)
+                if sec.removal:
+                    live.difference_update(pairs)
+                else:
+                    live.update(pairs)
+        except SnapshotError as e:
+            raise SnapshotError(
+                f"state {name!r}, key group {kg}: restored from a heap delta chain with serializers that "
+                f"cannot be rebuilt from their configs ({e}), so its entries cannot be counted before it is "
+                "declared; declare it (get_state) first"
+            ) from e
+        self._delta_kg_entries.setdefault(name, {})[kg] = len(live)
+        return len(live)
+
     def _delta_restored_counts_done(self, name: str) -> None:
         """State ``name``'s restored sections were taken: its counts are not needed any more."""
         self._delta_kg_entries.pop(name, None)
