@@ -26,8 +26,9 @@ Growth exponents are fitted between the smallest and largest size
 (``log(t_large / t_small) / log(n_large / n_small)``). Run it twice and report
 both tables with the load printed with each.
 
-Every key is touched only up to ``--touch-max`` keys (4M): at 16M keys on a
-shared machine two passes over every key take longer than the rest together.
+Every key is touched only up to ``--touch-max`` keys (4M), and the canonical
+checkpoint restored only up to ``--canonical-max`` (4M): at 16M keys on a
+shared machine they take longer than the rest together.
 
 Run: ``python bench/bench_heap_restore.py [--keys 1000000,4000000,16000000] [--batch 10000]``.
 """
@@ -119,12 +120,13 @@ def one_mode(
     chain, canonical = at
     n = len(keys)
     r: dict[str, float] = {}
-    r["canonical_ready"], bs, _ = restore(factory, storage, canonical, root)
-    assert sum(b.num_entries() for b in bs) == n
-    for b in bs:
-        b.close()
-    del bs
-    gc.collect()
+    if canonical:
+        r["canonical_ready"], bs, _ = restore(factory, storage, canonical, root)
+        assert sum(b.num_entries() for b in bs) == n
+        for b in bs:
+            b.close()
+        del bs
+        gc.collect()
     r["ready"], bs, states = restore(factory, storage, chain, root)
     assert sum(b.num_entries() for b in bs) == n
     rng = random.Random(5)
@@ -162,6 +164,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=10_000)
     ap.add_argument("--root", default=None)
     ap.add_argument(
+        "--canonical-max", type=int, default=4_000_000, help="restore the canonical one up to this size"
+    )
+    ap.add_argument(
         "--touch-max", type=int, default=4_000_000, help="touch every key (twice) only up to this many keys"
     )
     args = ap.parse_args()
@@ -173,15 +178,15 @@ def main() -> None:
             before = load()
             factory, storage, chain, canonical, keys, low = prepare(n, root)
             touch = n <= args.touch_max
+            at_canonical = canonical if n <= args.canonical_max else ""
             gc.collect()
             got: dict[str, list[dict[str, float]]] = {"eager": [], "lazy": []}
             for rnd in range(2):
                 order = ["eager", "lazy"] if rnd == 0 else ["lazy", "eager"]
                 for mode in order:
                     with eager() if mode == "eager" else nullcontext():
-                        got[mode].append(
-                            one_mode(factory, storage, (chain, canonical), keys, low, args.batch, touch, root)
-                        )
+                        at = (chain, at_canonical)
+                        got[mode].append(one_mode(factory, storage, at, keys, low, args.batch, touch, root))
             results[n] = got
             del keys, low
             gc.collect()
