@@ -290,3 +290,19 @@ def test_states_with_a_ttl_are_decoded_at_restore(make_backend, clock):
     assert not r._tables["t"].lazy
     r.set_current_key("k7")
     assert s2.value() == 7
+
+
+def test_update_batch_decodes_the_key_groups_it_reaches(make_backend):
+    h, model = chain_of(make_backend, 15, 1)
+    b = make_backend()
+    b.restore_native([h])
+    s = declare(b)["v"]
+    keys = sorted(k for st, _, k in model if st == "v")[:5]
+    before = len(b._tables["v"].lazy)
+    got = s.update_batch(keys, lambda v: (v or 0) + 1000)
+    assert got == [model["v", None, k] + 1000 for k in keys]
+    assert 0 < before - len(b._tables["v"].lazy) <= len(keys)  # only the key groups of these keys
+    for k in keys:
+        model["v", None, k] += 1000
+    assert b.num_entries("v") == counts(model)["v"]
+    assert read_all(b, sorted({k for _, _, k in model})) == model

@@ -304,10 +304,17 @@ class HeapValueState(_Handle):
         key: Any = None
         kg: Any = None
         fast = not self._copy_default and not any(t.pins)
-        if fast and all(maps[g] is not None for g in t.kgr):
-            # No snapshot shares a dict, every dict exists, the default is a
-            # shared immutable value, fn never returns None: nothing to check per key.
+        lazy = t.lazy
+        if lazy and self._ns is VOID_NAMESPACE:
+            fast = fast and all(maps[g] is not None or g in lazy for g in t.kgr)
+        else:
+            fast = fast and all(maps[g] is not None for g in t.kgr)
+        if fast:
+            # No snapshot shares a dict, every dict exists (or is restored bytes, decoded
+            # into one on its first key), the default is a shared immutable value,
+            # fn never returns None: nothing else to check per key.
             dflt = self._default
+            decode = self._b._heap_materialize
             ch = t.changed if self._ns is VOID_NAMESPACE else None
             if t.changed is not None and ch is None:
                 ns = self._ns
@@ -330,6 +337,9 @@ class HeapValueState(_Handle):
                         kg = b._assign(key)
                     ch[kg].add(key)
                     d = maps[kg]
+                    if d is None:  # a restored key group not decoded yet (void namespace: maps is t.void)
+                        decode(t, kg)
+                        d = maps[kg]
                     new = fn(d.get(key, dflt))
                     if new is None:
                         d.pop(key, None)
@@ -342,6 +352,9 @@ class HeapValueState(_Handle):
                     if kg is None:
                         kg = b._assign(key)
                     d = maps[kg]
+                    if d is None:  # as above
+                        decode(t, kg)
+                        d = maps[kg]
                     new = fn(d.get(key, dflt))
                     if new is None:
                         d.pop(key, None)
