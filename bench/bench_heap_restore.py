@@ -61,7 +61,7 @@ from statekit_storage import FileSystemCheckpointStorage
 def eager() -> Iterator[None]:
     """Restores as before: the heap declines to hold sections, core decodes every entry."""
     saved = HeapKeyedStateBackend._load_sections
-    HeapKeyedStateBackend._load_sections = lambda self, reg, sections: False  # type: ignore[method-assign]
+    HeapKeyedStateBackend._load_sections = lambda self, reg, sections: None  # type: ignore[method-assign]
     try:
         yield
     finally:

@@ -630,7 +630,9 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
             t.unshare(key_group)
         _apply(t, key_group, keys, namespaces, values)
 
-    def _load_sections(self, reg: RegisteredState, sections: Sequence[tuple[int, Section]]) -> bool:
+    def _load_sections(
+        self, reg: RegisteredState, sections: Sequence[tuple[int, Section]]
+    ) -> Callable[[], None] | None:
         """Keep each key group's restored sections as bytes where its exact entry count is known.
 
         Every byte was checked by the restore already. A key group whose count
@@ -639,9 +641,7 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
         """
         name = reg.name
         if reg.ttl is not None:
-            self._delta_restored_counts_done(name)
-            return False
-        t = self._tables[name]
+            return None
         by_kg: dict[int, list[Section]] = {}
         for kg, sec in sections:
             by_kg.setdefault(kg, []).append(sec)
@@ -653,16 +653,20 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
                 eager.append((kg, secs))
             elif n:
                 lazy[kg] = (secs, n)
-        self._delta_restored_counts_done(name)
         decoded = [(kg, [self._decode(reg, sec) for sec in secs]) for kg, secs in eager]  # all, then load
-        for kg, held in lazy.items():
-            t.lazy[kg] = held
-            t.lazy_entries += held[1]
-            t.void[kg] = None  # a lazy key group has no dict until it is decoded
-        for kg, entries in decoded:
-            for keys, nss, vals in entries:
-                _apply(t, kg, keys, nss, vals)
-        return True
+
+        def load() -> None:
+            self._delta_restored_counts_done(name)
+            t = self._tables[name]
+            for kg, held in lazy.items():
+                t.lazy[kg] = held
+                t.lazy_entries += held[1]
+                t.void[kg] = None  # a lazy key group has no dict until it is decoded
+            for kg, entries in decoded:
+                for keys, nss, vals in entries:
+                    _apply(t, kg, keys, nss, vals)
+
+        return load
 
     def _heap_materialize(self, t: _Table, kg: int) -> None:
         """Decode key group ``kg``'s restored sections of table ``t`` into its dicts (``kg`` is lazy)."""

@@ -371,20 +371,20 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
             plan = reg.plan_from(meta, self._restore_origin)  # refuses before anything changes
             reg = reg.restored_as(meta, plan)
         decoded = None
-        lazy = pending is not None and (plan is None or not plan.changes_data)
-        if pending is not None and not lazy:
-            decoded = self._decode_all(reg, pending[1], plan)
+        load = None
+        if pending is not None:
+            if plan is None or not plan.changes_data:
+                load = self._load_sections(reg, pending[1])  # nothing is stored until load()
+            if load is None:
+                decoded = self._decode_all(reg, pending[1], plan)
         if restored is not None:
             if plan is not None and plan.changes_data:
                 self._run_restored_migration(restored, reg, plan)
             del self._restored[name]
         self._states[name] = reg
         h = self._wrap(reg)
-        if lazy:
-            assert pending is not None
-            if not self._load_sections(reg, pending[1]):
-                for kg, entries in self._decode_all(reg, pending[1], plan):
-                    self._load_entries(reg, kg, *entries)
+        if load is not None:
+            load()
             del self._pending[name]
         elif decoded is not None:
             for kg, entries in decoded:
@@ -455,17 +455,22 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
     ) -> None:
         """Insert restored entries of one state and key group."""
 
-    def _load_sections(self, reg: RegisteredState, sections: Sequence[tuple[int, Section]]) -> bool:
-        """Take restored entries of ``reg`` still as checked column bytes, to decode when needed.
+    def _load_sections(
+        self, reg: RegisteredState, sections: Sequence[tuple[int, Section]]
+    ) -> Callable[[], None] | None:
+        """Offer restored entries of ``reg`` still as checked column bytes, to decode when needed.
 
         ``sections`` are (key group, section) in the order they apply (a delta's
         after what it changes); their bytes passed every check of the restore and
-        are in ``reg``'s schema (no migration changes their data). Return True
-        to keep them (decoding each key group when first used, and answering
-        counts, iteration and snapshots exactly meanwhile), False to have them
-        decoded now and handed to :meth:`_load_entries` (the default).
+        are in ``reg``'s schema (no migration changes their data). Return None
+        (the default) to have them decoded now and handed to
+        :meth:`_load_entries`; or check and decode here whatever must be, store
+        nothing, and return what stores them: it is called once every state of
+        the restore got this far (so a failure leaves nothing restored), and
+        never raises. A backend keeping sections decodes each key group when
+        first used, and answers counts, iteration and snapshots exactly meanwhile.
         """
-        return False
+        return None
 
     @abstractmethod
     def _state_keys(self, reg: RegisteredState, namespace: Any) -> Iterator[Any]:

@@ -136,8 +136,10 @@ class KeyedSnapshots:
         ) -> None:
             """The backend's hook: store restored entries of one key group."""
 
-        def _load_sections(self, reg: RegisteredState, sections: Sequence[tuple[int, Section]]) -> bool:
-            """The backend's hook: keep checked sections to decode when needed (True), or not (False)."""
+        def _load_sections(
+            self, reg: RegisteredState, sections: Sequence[tuple[int, Section]]
+        ) -> Callable[[], None] | None:
+            """The backend's hook: what keeps checked sections to decode when needed, or None."""
 
     # --- migrations on restore --------------------------------------------------------
 
@@ -346,15 +348,16 @@ class KeyedSnapshots:
                 plan = reg.plan_from(meta, self._restore_origin)
                 migrated = migrated or (plan is not None and plan.changes_data)
                 reg = reg.restored_as(meta, plan)
+                load = None
                 if plan is None or not plan.changes_data:
-                    lazy[name] = (reg, secs)  # the backend may keep them as bytes (_load_sections)
-                else:
+                    load = self._load_sections(reg, secs)  # the backend may keep them as bytes
+                if load is None:
                     decoded[name] = (reg, self._decode_all(reg, secs, plan))
-        for name, (reg, secs) in lazy.items():
+                else:
+                    lazy[name] = (reg, load)
+        for name, (reg, load) in lazy.items():
             self._states[name] = reg
-            if not self._load_sections(reg, secs):
-                for kg, (keys, nss, vals) in self._decode_all(reg, secs, None):
-                    self._load_entries(reg, kg, keys, nss, vals)
+            load()
         for name, (reg, entries) in decoded.items():
             self._states[name] = reg
             for kg, (keys, nss, vals) in entries:
