@@ -306,3 +306,29 @@ def test_update_batch_decodes_the_key_groups_it_reaches(make_backend):
         model["v", None, k] += 1000
     assert b.num_entries("v") == counts(model)["v"]
     assert read_all(b, sorted({k for _, _, k in model})) == model
+
+
+def test_a_state_failing_to_decode_leaves_nothing_restored(make_backend, monkeypatch):
+    """A TTL state is decoded at the restore; its failure must not leave the lazy states stored."""
+    desc = ValueStateDescriptor("t", int, ttl=StateTtlConfig(timedelta(minutes=1)))
+    src = make_backend()
+    s, ttl_state = src.get_state(VALUE), src.get_state(desc)
+    for i in range(50):
+        src.set_current_key(f"k{i}")
+        s.update(i)
+        ttl_state.update(i)
+    handle = src.snapshot().to_handle()
+    b = make_backend()
+    b.get_state(VALUE)
+    b.get_state(desc)
+    decode = b._decode
+
+    def failing(reg: Any, sec: Any, plan: Any = None) -> Any:
+        if reg.name == "t":
+            raise ValueError("undecodable")
+        return decode(reg, sec, plan)
+
+    monkeypatch.setattr(b, "_decode", failing)
+    with pytest.raises(ValueError, match="undecodable"):
+        b.restore([handle])
+    assert b.num_entries() == 0 and not b._tables["v"].lazy
