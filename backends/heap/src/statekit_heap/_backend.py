@@ -10,6 +10,13 @@ Namespaces come and go (a window each): a namespace whose entries are all
 removed has its list dropped, so memory follows the live namespaces, not every
 namespace ever used. Handles re-resolve their namespace's list whenever they
 create a dict, so a handle whose namespace was dropped writes into the live table.
+
+Restores are lazy: a restored key group of a state is kept as the checked
+column bytes it was restored from (:meth:`HeapKeyedStateBackend._load_sections`)
+and decoded into its dicts the first time a handle touches that key group (a
+record's key group is known before its state is). Until then its exact entry
+count answers counts, a snapshot copies its bytes through (or decodes them
+aside, after deltas), and iterating a state decodes all of it first.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from statekit.backend_api import (
 )
 from statekit.errors import StateAccessError
 from statekit.serializers import DictSerializer, ListSerializer
-from statekit.snapshot_codec import REMOVED, DeltaChanges
+from statekit.snapshot_codec import REMOVED, DeltaChanges, Section
 
 from ._plugin import OPTIONS
 
@@ -63,8 +70,11 @@ class _Table:
         "copy",
         "deep",
         "kgr",
+        "lazy",
+        "lazy_entries",
         "ns",
         "pins",
+        "reg",
         "void",
     )
 
@@ -89,6 +99,11 @@ class _Table:
         # last native snapshot; None while nothing records them (no native snapshot yet).
         self.changed: list[set[Any] | None] | None = None
         self.changed_ns: list[set[Any] | None] | None = None
+        # Restored key groups not decoded yet: their sections (in order) and exact entry count. A lazy
+        # key group has no dict in any namespace until HeapKeyedStateBackend._heap_materialize.
+        self.lazy: dict[int, tuple[list[Section], int]] = {}
+        self.lazy_entries = 0
+        self.reg: RegisteredState | None = None
 
     def track(self) -> tuple[list[set[Any] | None] | None, list[set[Any] | None] | None]:
         """Record changes afresh; returns what was recorded so far (None, None if nothing recorded)."""
@@ -132,7 +147,7 @@ class _Table:
         self.pins[kg] = ()
 
     def size(self) -> int:
-        return sum(len(d) for lst in self.ns.values() for d in lst if d)
+        return sum(len(d) for lst in self.ns.values() for d in lst if d) + self.lazy_entries
 
 
 class _Handle:
@@ -180,12 +195,25 @@ class _Handle:
         return d
 
     def _new_dict(self, kg: int) -> dict[Any, Any]:
+        t = self._t
+        if t.lazy and kg in t.lazy:
+            self._b._heap_materialize(t, kg)
         # The namespace's list may have been dropped while empty: write into the table's.
-        self._maps = maps = self._t.dicts(self._ns)
+        self._maps = maps = t.dicts(self._ns)
         d = maps[kg]
         if d is None:
             d = maps[kg] = {}
         return d
+
+    def _restored_dict(self, kg: int) -> dict[Any, Any] | None:
+        """The dict of ``kg`` once its restored entries are decoded (no dict: None); ``kg`` is lazy."""
+        t = self._t
+        self._b._heap_materialize(t, kg)
+        lst = t.ns.get(self._ns)
+        if lst is not None:
+            self._maps = lst
+            return lst[kg]
+        return None
 
     def _pop(self, d: dict[Any, Any], kg: int) -> None:
         """Remove the current key from ``d`` (the writable dict of ``kg``); free what empties."""
@@ -201,11 +229,15 @@ class _Handle:
                 t.unshare(kg)
             if t.changed is not None:  # the value handed out may be changed in place
                 t.touch(self._ns, kg, self._b._key)
-        return self._maps[kg]
+        d = self._maps[kg]
+        if d is None and t.lazy and kg in t.lazy:
+            return self._restored_dict(kg)
+        return d
 
     def clear(self) -> None:
         kg = self._kg()
-        if self._maps[kg] is None and not self._t.pins[kg]:
+        t = self._t
+        if self._maps[kg] is None and not t.pins[kg] and not (t.lazy and kg in t.lazy):
             return  # nothing stored in this namespace and key group
         self._pop(self._write_dict(), kg)
 
@@ -226,6 +258,8 @@ class HeapValueState(_Handle):
             d = self._maps[b._kg]
         except TypeError:
             raise b._no_key() from None
+        if d is None and self._t.lazy and b._kg in self._t.lazy:
+            d = self._restored_dict(b._kg)
         v = None if d is None else d.get(b._key)
         if v is None:
             return self._reg.default_value() if self._copy_default else self._default
@@ -270,10 +304,17 @@ class HeapValueState(_Handle):
         key: Any = None
         kg: Any = None
         fast = not self._copy_default and not any(t.pins)
-        if fast and all(maps[g] is not None for g in t.kgr):
-            # No snapshot shares a dict, every dict exists, the default is a
-            # shared immutable value, fn never returns None: nothing to check per key.
+        lazy = t.lazy
+        if lazy and self._ns is VOID_NAMESPACE:
+            fast = fast and all(maps[g] is not None or g in lazy for g in t.kgr)
+        else:
+            fast = fast and all(maps[g] is not None for g in t.kgr)
+        if fast:
+            # No snapshot shares a dict, every dict exists (or is restored bytes, decoded
+            # into one on its first key), the default is a shared immutable value,
+            # fn never returns None: nothing else to check per key.
             dflt = self._default
+            decode = self._b._heap_materialize
             ch = t.changed if self._ns is VOID_NAMESPACE else None
             if t.changed is not None and ch is None:
                 ns = self._ns
@@ -296,6 +337,9 @@ class HeapValueState(_Handle):
                         kg = b._assign(key)
                     ch[kg].add(key)
                     d = maps[kg]
+                    if d is None:  # a restored key group not decoded yet (void namespace: maps is t.void)
+                        decode(t, kg)
+                        d = maps[kg]
                     new = fn(d.get(key, dflt))
                     if new is None:
                         d.pop(key, None)
@@ -308,6 +352,9 @@ class HeapValueState(_Handle):
                     if kg is None:
                         kg = b._assign(key)
                     d = maps[kg]
+                    if d is None:  # as above
+                        decode(t, kg)
+                        d = maps[kg]
                     new = fn(d.get(key, dflt))
                     if new is None:
                         d.pop(key, None)
@@ -490,6 +537,7 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
         # must be unshared even on reads; list and map handles only hand out copies.
         deep = cp is not None and (reg.storage_kind is StateKind.VALUE or cp not in (list, dict))
         t = _Table(self.key_group_range, cp, deep=deep)
+        t.reg = reg
         if self._heap_tracking:
             t.track()
         self._tables[reg.name] = t
@@ -524,8 +572,13 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
     def _snapshot_entries(self) -> Callable[[str, int], StateEntries]:
         token = object()
         frozen: dict[str, dict[Any, list[Any]]] = {}
+        # Key groups still held as restored bytes: immutable, so the snapshot reads them as they are.
+        lazy: dict[str, tuple[RegisteredState, dict[int, tuple[list[Section], int]]]] = {}
         for name, t in self._tables.items():
             frozen[name] = {ns: list(lst) for ns, lst in t.ns.items()}
+            if t.lazy:
+                assert t.reg is not None
+                lazy[name] = (t.reg, dict(t.lazy))
             pins = t.pins
             for kg in t.kgr:
                 held = pins[kg]
@@ -533,7 +586,10 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
                     held = pins[kg] = set()
                 held.add(token)
 
-        def read(name: str, kg: int) -> StateEntries:
+        def read(name: str, kg: int) -> Any:
+            held = lazy.get(name)
+            if held is not None and kg in held[1]:
+                return self._heap_restored_entries(held[0], held[1][kg][0])
             nsl = frozen[name]
             if len(nsl) == 1:
                 d = nsl[VOID_NAMESPACE][kg]
@@ -568,26 +624,90 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
         self, reg: RegisteredState, key_group: int, keys: list[Any], namespaces: list[Any], values: list[Any]
     ) -> None:
         t = self._tables[reg.name]
+        if key_group in t.lazy:
+            self._heap_materialize(t, key_group)
         if t.pins[key_group]:
             t.unshare(key_group)
-        if values is REMOVED:  # a delta's removals (restores replay them in order)
-            for k, ns in zip(keys, namespaces):
-                lst = t.ns.get(ns)
-                d = None if lst is None else lst[key_group]
-                if d is not None and d.pop(k, None) is not None and not d:
-                    t.emptied(ns, lst, key_group)  # type: ignore[arg-type]
-            return
-        if namespaces.count(VOID_NAMESPACE) == len(namespaces):
-            d = t.void[key_group]
-            assert d is not None
-            d.update(zip(keys, values))
-            return
-        for k, ns, v in zip(keys, namespaces, values):
-            lst = t.dicts(ns)
-            d = lst[key_group]
-            if d is None:
-                d = lst[key_group] = {}
-            d[k] = v
+        _apply(t, key_group, keys, namespaces, values)
+
+    def _load_sections(
+        self, reg: RegisteredState, sections: Sequence[tuple[int, Section]]
+    ) -> Callable[[], None] | None:
+        """Keep each key group's restored sections as bytes where its exact entry count is known.
+
+        Every byte was checked by the restore already. A key group whose count
+        is not known (after deltas written without counts) is decoded now, as are
+        states with a TTL (expiry drops entries in snapshots and cleanups).
+        """
+        name = reg.name
+        if reg.ttl is not None:
+            return None
+        by_kg: dict[int, list[Section]] = {}
+        for kg, sec in sections:
+            by_kg.setdefault(kg, []).append(sec)
+        lazy: dict[int, tuple[list[Section], int]] = {}
+        eager: list[tuple[int, list[Section]]] = []
+        for kg, secs in by_kg.items():
+            n = self._delta_restored_count(name, kg, secs)
+            if n is None:
+                eager.append((kg, secs))
+            elif n:
+                lazy[kg] = (secs, n)
+        decoded = [(kg, [self._decode(reg, sec) for sec in secs]) for kg, secs in eager]  # all, then load
+
+        def load() -> None:
+            self._delta_restored_counts_done(name)
+            t = self._tables[name]
+            for kg, held in lazy.items():
+                t.lazy[kg] = held
+                t.lazy_entries += held[1]
+                t.void[kg] = None  # a lazy key group has no dict until it is decoded
+            for kg, entries in decoded:
+                for keys, nss, vals in entries:
+                    _apply(t, kg, keys, nss, vals)
+
+        return load
+
+    def _heap_materialize(self, t: _Table, kg: int) -> None:
+        """Decode key group ``kg``'s restored sections of table ``t`` into its dicts (``kg`` is lazy)."""
+        secs, n = t.lazy[kg]
+        reg = t.reg
+        assert reg is not None
+        try:
+            decoded = [self._decode(reg, sec) for sec in secs]
+        except Exception as e:
+            raise StateAccessError(
+                f"state {reg.name!r}, key group {kg}: its restored entries ({n}, checked when restored) "
+                f"cannot be decoded by its serializer {reg.serializer!r}: {e}; nothing of them was "
+                "loaded. Fix the serializer and restore again (the checkpoint is unchanged)"
+            ) from e
+        del t.lazy[kg]
+        t.lazy_entries -= n
+        t.pins[kg] = ()  # its dicts are new: no snapshot shares them
+        for keys, nss, vals in decoded:
+            _apply(t, kg, keys, nss, vals)
+        if t.void[kg] is None:
+            t.void[kg] = {}
+        if sum(len(lst[kg] or ()) for lst in t.ns.values()) != n:
+            raise StateAccessError(
+                f"state {reg.name!r}, key group {kg}: its restored sections decoded to "
+                f"{sum(len(lst[kg] or ()) for lst in t.ns.values())} entries where the checkpoint "
+                f"recorded {n}: the checkpoint is inconsistent; restore an earlier one"
+            )
+
+    def _heap_restored_entries(self, reg: RegisteredState, secs: list[Section]) -> Any:
+        """A lazy key group's entries for a snapshot: its one section as it is, or decoded aside (deltas)."""
+        if len(secs) == 1 and not secs[0].removal:
+            return secs[0]
+        merged: dict[tuple[Any, Any], Any] = {}
+        for sec in secs:
+            keys, nss, vals = self._decode(reg, sec)
+            if sec.removal:
+                for k, ns in zip(keys, nss):
+                    merged.pop((ns, k), None)
+            else:
+                merged.update(zip(zip(nss, keys), vals))
+        return [k for _, k in merged], [ns for ns, _ in merged], list(merged.values())
 
     # --- the delta hooks (DeltaKeyedBackendBase) -------------------------------------
 
@@ -610,6 +730,8 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
                 pairs = [r[1][kg] for r in recorded if r[1][kg]]
                 if not voids and not pairs:
                     continue
+                if kg in t.lazy:  # a write decodes its key group first; never reached, but never wrong
+                    self._heap_materialize(t, kg)
                 c = DeltaChanges([], [], [], [], [])
                 keys = voids[0] if len(voids) == 1 else set().union(*voids)
                 d = t.void[kg]
@@ -635,19 +757,46 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
                         c.keys.append(k)
                         c.namespaces.append(ns)
                         c.values.append(v)
+                c.size = sum(len(lst[kg] or ()) for lst in t.ns.values())
                 by_kg[kg] = c
             if by_kg:
                 out[name] = by_kg
         return out
 
     def _state_keys(self, reg: RegisteredState, namespace: Any) -> Iterator[Any]:
-        lst = self._tables[reg.name].ns.get(namespace)
+        t = self._tables[reg.name]
+        for kg in list(t.lazy):  # iterating a state needs all of it
+            self._heap_materialize(t, kg)
+        lst = t.ns.get(namespace)
         if lst is None:
             return iter(())
         return (k for d in list(lst) if d for k in list(d))
 
     def _state_size(self, reg: RegisteredState) -> int:
         return self._tables[reg.name].size()
+
+
+def _apply(t: _Table, kg: int, keys: list[Any], namespaces: list[Any], values: list[Any]) -> None:
+    """Store decoded entries of one key group of ``t`` (a delta's removals if ``values`` is REMOVED)."""
+    if values is REMOVED:  # a delta's removals (restores replay them in order)
+        for k, ns in zip(keys, namespaces):
+            lst = t.ns.get(ns)
+            d = None if lst is None else lst[kg]
+            if d is not None and d.pop(k, None) is not None and not d:
+                t.emptied(ns, lst, kg)  # type: ignore[arg-type]
+        return
+    if namespaces.count(VOID_NAMESPACE) == len(namespaces):
+        d = t.void[kg]
+        if d is None:
+            d = t.void[kg] = {}
+        d.update(zip(keys, values))
+        return
+    for k, ns, v in zip(keys, namespaces, values):
+        lst = t.dicts(ns)
+        d = lst[kg]
+        if d is None:
+            d = lst[kg] = {}
+        d[k] = v
 
 
 def _cleanup_incremental(t: _Table, n: int, now: int, ttl_ms: int, kind: StateKind) -> None:

@@ -65,6 +65,9 @@ __all__ = ["REMOVAL_PREFIX", "DeltaChanges", "DeltaKeyedBackendBase", "DeltaSnap
 
 #: Header state names of a delta's removal sections: this prefix, then the state's name.
 REMOVAL_PREFIX = "\x00removed:"
+#: A delta header's ``extra`` key: per state, per changed key group (a string), its entries after the
+#: delta. A restore keeps a key group's sections as bytes (heap) only where it knows their exact count.
+KG_ENTRIES = "kg_entries"
 
 
 @dataclass
@@ -76,6 +79,9 @@ class DeltaChanges:
     values: list[Any]
     removed_keys: list[Any]
     removed_namespaces: list[Any]
+    #: The state's entries in the key group after the change, if the backend counts them: written in the
+    #: delta's header, so a restore knows each key group's exact count without decoding it.
+    size: int | None = None
 
 
 class DeltaSnapshot:
@@ -196,6 +202,9 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         self._delta_chains: dict[int, tuple[list[dict[str, Any]], dict[str, NativeFile]]] = {}
         # The last confirmed checkpoint, its chain and files: what a delta is written against.
         self._delta_confirmed: tuple[int, list[dict[str, Any]], dict[str, NativeFile]] | None = None
+        # Per state and key group, the exact entries the last restored chain left there where a delta
+        # changed them (None: not known); kept until the state is declared (see _delta_restored_count).
+        self._delta_kg_entries: dict[str, dict[int, int | None]] = {}
 
     # --- the backend's hooks ---------------------------------------------------------
 
@@ -233,6 +242,8 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
             return DeltaSnapshot(self, checkpoint_id, states, entries, per_state, base=self.snapshot())
         since = confirmed[0]
         epochs = [e for cid, e in self._delta_epochs if cid > since]
+        counts: dict[str, dict[str, int]] = {}
+        blocks = self._delta_blocks(regs, len(states), self._delta_changes(epochs), counts)
         header = SnapshotHeader(
             self.max_parallelism,
             self.key_group_range,
@@ -244,9 +255,9 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
                     d.value: n for d, n in TIMER_STATE_NAMES.items() if n in {m["name"] for m in states}
                 },
                 "delta_since": since,
+                KG_ENTRIES: counts,
             },
         )
-        blocks = self._delta_blocks(regs, len(states), self._delta_changes(epochs))
         return DeltaSnapshot(self, checkpoint_id, states, entries, per_state, delta=(since, header, blocks))
 
     def _delta_due_base(self, chain: list[dict[str, Any]]) -> bool:
@@ -257,9 +268,18 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         return sum(int(link["size"]) for link in deltas) > self.delta_max_ratio * base
 
     def _delta_blocks(
-        self, regs: list[RegisteredState], n_states: int, changes: dict[str, dict[int, DeltaChanges]]
+        self,
+        regs: list[RegisteredState],
+        n_states: int,
+        changes: dict[str, dict[int, DeltaChanges]],
+        counts: dict[str, dict[str, int]],
     ) -> dict[int, list[tuple[int, bytes, bytes, bytes, int]]]:
-        """Each key group's sections, encoded now (values as they are at the checkpoint)."""
+        """Each key group's sections, encoded now (values as they are at the checkpoint).
+
+        ``counts`` receives, per state and changed key group, the entries a
+        restore of the chain holds there (where the backend counted them and
+        no expiry makes the restored count differ from the live one).
+        """
         ks = self.key_serializer
         now = self.clock()
         out: dict[int, list[tuple[int, bytes, bytes, bytes, int]]] = {}
@@ -271,6 +291,8 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
             for kg, c in by_kg.items():
                 keys, nss, vals = c.keys, c.namespaces, c.values
                 rkeys, rnss = c.removed_keys, c.removed_namespaces
+                if c.size is not None and ttl is None:
+                    counts.setdefault(reg.name, {})[str(kg)] = c.size
                 if ttl is not None and keys:  # as a full snapshot drops expired entries, a delta removes them
                     k2, n2, v2 = [], [], []
                     for k, n, v in zip(keys, nss, vals):
@@ -383,9 +405,11 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         staged: dict[str, tuple[dict[str, Any], list[tuple[int, Section]]]] = {
             name: (meta, []) for name, meta in metas.items()
         }
+        counts: dict[str, dict[int, int | None]] = {}
         for h in sorted(handles, key=lambda h: h.key_group_range.start):
             for link, data in _chain_files(h):
-                _stage_file(data, h, link, own, staged)
+                _stage_file(data, h, link, own, staged, counts)
+        self._delta_kg_entries = counts
         self._delta_track()
         self._delta_epochs = []
         self._delta_chains = {}
@@ -398,6 +422,62 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
             self._delta_chains[h.checkpoint_id] = ([dict(link) for link in h.meta["chain"]], files)
         else:
             self.native_uploads.restored()
+
+    def _delta_restored_count(self, name: str, key_group: int, sections: Sequence[Section]) -> int | None:
+        """The exact entries of state ``name`` that ``sections`` (a key group's, in order) restore, if known.
+
+        One plain section holds them all (a base's, or a delta's for a key group
+        the base did not hold); after deltas, the last delta's header says (if
+        its backend counted); otherwise None: decode to know.
+        """
+        if len(sections) == 1 and not sections[0].removal:
+            return sections[0].count
+        return self._delta_kg_entries.get(name, {}).get(key_group)
+
+    def num_entries(self, state_name: str | None = None) -> int:
+        """The keyed base's, exact also for undeclared states restored with deltas (entries, not sections)."""
+        if state_name is None:
+            return sum(self.num_entries(n) for n in self.state_names)
+        held = self._pending.get(state_name)
+        if held is None:
+            return super().num_entries(state_name)
+        by_kg: dict[int, list[Section]] = {}
+        for kg, sec in held[1]:
+            by_kg.setdefault(kg, []).append(sec)
+        total = 0
+        for kg, secs in by_kg.items():
+            n = self._delta_restored_count(state_name, kg, secs)
+            if n is None:
+                n = self._delta_count_decoded(held[0], kg, secs)
+            total += n
+        return total
+
+    def _delta_count_decoded(self, meta: dict[str, Any], kg: int, secs: list[Section]) -> int:
+        """The entries a key group's sections restore, from their decoded keys (remembered)."""
+        name = meta["name"]
+        try:
+            reg = RegisteredState.from_meta(meta)
+            live: set[tuple[Any, Any]] = set()
+            for sec in secs:
+                keys_only = Section(name, sec.count, sec.keys, sec.namespaces, b"", removal=True)
+                keys, nss, _ = self._decode(reg, keys_only)
+                pairs = zip(nss, keys)
+                if sec.removal:
+                    live.difference_update(pairs)
+                else:
+                    live.update(pairs)
+        except SnapshotError as e:
+            raise SnapshotError(
+                f"state {name!r}, key group {kg}: restored from a heap delta chain with serializers that "
+                f"cannot be rebuilt from their configs ({e}), so its entries cannot be counted before it is "
+                "declared; declare it (get_state) first"
+            ) from e
+        self._delta_kg_entries.setdefault(name, {})[kg] = len(live)
+        return len(live)
+
+    def _delta_restored_counts_done(self, name: str) -> None:
+        """State ``name``'s restored sections were taken: its counts are not needed any more."""
+        self._delta_kg_entries.pop(name, None)
 
     def snapshot(self) -> KeyedSnapshot:
         """The keyed base's, after merging the deltas of restored states not declared yet."""
@@ -469,8 +549,13 @@ def _stage_file(
     link: dict[str, Any],
     own: KeyGroupRange,
     staged: dict[str, tuple[dict[str, Any], list[tuple[int, Section]]]],
+    counts: dict[str, dict[int, int | None]],
 ) -> None:
-    """Append the owned key groups' sections of one chain file to ``staged``, in order."""
+    """Append the owned key groups' sections of one chain file to ``staged``, in order.
+
+    A delta's counts (its header's ``kg_entries``) go to ``counts``: the last
+    delta changing a state's key group says how many entries it holds.
+    """
     where = f"native file {link['file']} of checkpoint {h.checkpoint_id}"
     stream = BytesStreamHandle(data, where)
     header, header_length = read_header(stream)
@@ -482,6 +567,15 @@ def _stage_file(
             f"{where}: its header's key groups or max parallelism are not its handle's"
         )
     part = KeyedStateHandle(stream, h.key_group_range.intersection(own), read_index(stream), header_length)
+    recorded = header.extra.get(KG_ENTRIES) if link["kind"] == "delta" else None
+    if recorded is not None and not (
+        isinstance(recorded, dict)
+        and all(
+            isinstance(v, dict) and all(isinstance(n, int) and n >= 0 for n in v.values())
+            for v in recorded.values()
+        )
+    ):
+        raise CorruptSnapshotError(f"{where}: its header's {KG_ENTRIES!r} are not counts per key group")
     for kg, sections in iter_blocks(part, header):
         for s in sections:
             name, removal = s.state, False
@@ -497,3 +591,6 @@ def _stage_file(
             if removal:
                 s = Section(name, s.count, s.keys, s.namespaces, b"", removal=True)
             item[1].append((kg, s))
+            if link["kind"] == "delta":
+                n = (recorded or {}).get(name, {}).get(str(kg))
+                counts.setdefault(name, {})[kg] = n

@@ -167,6 +167,7 @@ _HOOKS = frozenset(
         "_snapshot_entries",
         "_release_snapshot",
         "_load_entries",
+        "_load_sections",
         "_state_keys",
         "_state_size",
         "_ttl_hook",
@@ -370,15 +371,22 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
             plan = reg.plan_from(meta, self._restore_origin)  # refuses before anything changes
             reg = reg.restored_as(meta, plan)
         decoded = None
+        load = None
         if pending is not None:
-            decoded = self._decode_all(reg, pending[1], plan)
+            if plan is None or not plan.changes_data:
+                load = self._load_sections(reg, pending[1])  # nothing is stored until load()
+            if load is None:
+                decoded = self._decode_all(reg, pending[1], plan)
         if restored is not None:
             if plan is not None and plan.changes_data:
                 self._run_restored_migration(restored, reg, plan)
             del self._restored[name]
         self._states[name] = reg
         h = self._wrap(reg)
-        if decoded is not None:
+        if load is not None:
+            load()
+            del self._pending[name]
+        elif decoded is not None:
             for kg, entries in decoded:
                 self._load_entries(reg, kg, *entries)
             del self._pending[name]
@@ -432,7 +440,10 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
         at the snapshot point (copy now, or copy on write). It is asked only
         about states registered at that point, once per owned key group; for a
         state without entries there (or without a table or column in the
-        frozen view) it returns three empty lists, and never raises.
+        frozen view) it returns three empty lists, and never raises. For a key
+        group whose restored entries it still holds as one plain
+        :class:`~statekit.snapshot_codec.Section` (see :meth:`_load_sections`),
+        it may return that section: its bytes are copied through.
         """
 
     def _release_snapshot(self, reader: Callable[[str, int], StateEntries]) -> None:
@@ -443,6 +454,23 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
         self, reg: RegisteredState, key_group: int, keys: list[Any], namespaces: list[Any], values: list[Any]
     ) -> None:
         """Insert restored entries of one state and key group."""
+
+    def _load_sections(
+        self, reg: RegisteredState, sections: Sequence[tuple[int, Section]]
+    ) -> Callable[[], None] | None:
+        """Offer restored entries of ``reg`` still as checked column bytes, to decode when needed.
+
+        ``sections`` are (key group, section) in the order they apply (a delta's
+        after what it changes); their bytes passed every check of the restore and
+        are in ``reg``'s schema (no migration changes their data). Return None
+        (the default) to have them decoded now and handed to
+        :meth:`_load_entries`; or check and decode here whatever must be, store
+        nothing, and return what stores them: it is called once every state of
+        the restore got this far (so a failure leaves nothing restored), and
+        never raises. A backend keeping sections decodes each key group when
+        first used, and answers counts, iteration and snapshots exactly meanwhile.
+        """
+        return None
 
     @abstractmethod
     def _state_keys(self, reg: RegisteredState, namespace: Any) -> Iterator[Any]:

@@ -136,6 +136,11 @@ class KeyedSnapshots:
         ) -> None:
             """The backend's hook: store restored entries of one key group."""
 
+        def _load_sections(
+            self, reg: RegisteredState, sections: Sequence[tuple[int, Section]]
+        ) -> Callable[[], None] | None:
+            """The backend's hook: what keeps checked sections to decode when needed, or None."""
+
     # --- migrations on restore --------------------------------------------------------
 
     def _decode(
@@ -335,6 +340,7 @@ class KeyedSnapshots:
         the others wait with core until declared.
         """
         decoded = {}
+        lazy = {}
         migrated = False
         for name, (meta, secs) in staged.items():
             reg = self._states.get(name)
@@ -342,7 +348,16 @@ class KeyedSnapshots:
                 plan = reg.plan_from(meta, self._restore_origin)
                 migrated = migrated or (plan is not None and plan.changes_data)
                 reg = reg.restored_as(meta, plan)
-                decoded[name] = (reg, self._decode_all(reg, secs, plan))
+                load = None
+                if plan is None or not plan.changes_data:
+                    load = self._load_sections(reg, secs)  # the backend may keep them as bytes
+                if load is None:
+                    decoded[name] = (reg, self._decode_all(reg, secs, plan))
+                else:
+                    lazy[name] = (reg, load)
+        for name, (reg, load) in lazy.items():
+            self._states[name] = reg
+            load()
         for name, (reg, entries) in decoded.items():
             self._states[name] = reg
             for kg, (keys, nss, vals) in entries:
@@ -471,7 +486,12 @@ class KeyedSnapshot:
         assert reader is not None
         ks = self._backend.key_serializer
         for i, reg in enumerate(self._regs):
-            keys, nss, vals = reader(reg.name, kg)
+            got = reader(reg.name, kg)
+            if isinstance(got, Section):  # restored bytes the backend never decoded: copied through
+                if got.count:
+                    yield i, got.count, got.keys, got.namespaces, got.values
+                continue
+            keys, nss, vals = got
             if reg.ttl is not None and reg.ttl.cleanup_full_snapshot and keys:
                 keys, nss, vals = _drop_expired(reg, keys, nss, vals, self._now)
             if keys:

@@ -1,0 +1,334 @@
+"""Lazy restores of the heap backend: key groups held as checked bytes until first used.
+
+The kit (``tests/test_conformance.py``) holds every backend to exact restores;
+these cases reach into the heap's own tables to check what stays undecoded and
+that every way of reading the state (handles, counts, iteration, snapshots of
+both kinds, rescales) sees exactly the restored entries meanwhile.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from statekit import ListStateDescriptor, MapStateDescriptor, StateTtlConfig, ValueStateDescriptor
+from statekit.backend_api import KeyGroupRange
+from statekit.errors import CorruptSnapshotError, StateAccessError
+from statekit.serializers import StrSerializer
+from statekit.snapshot_codec import NativeStateHandle
+from statekit.testing import KitNativeOutput
+from statekit_heap import HeapKeyedStateBackend
+
+VALUE = ValueStateDescriptor("v", int)
+LIST = ListStateDescriptor("l", int)
+MAP = MapStateDescriptor("m", str, int)
+WINDOWED = ValueStateDescriptor("w", int)
+NAMESPACES = ["w1", "w2", "w3"]
+
+Model = dict[tuple[str, Any, str], Any]  # (state, namespace or None, key) -> value
+
+
+def declare(b: HeapKeyedStateBackend) -> dict[str, Any]:
+    return {
+        "v": b.get_state(VALUE),
+        "l": b.get_state(LIST),
+        "m": b.get_state(MAP),
+        "w": b.get_state(WINDOWED, namespace_serializer=StrSerializer()),
+    }
+
+
+def mutate(b: HeapKeyedStateBackend, model: Model, rng: random.Random, n: int, keys: int) -> None:
+    """``n`` random writes and removals over every kind of state, mirrored in ``model``."""
+    hs = declare(b)
+    for _ in range(n):
+        key = f"k{rng.randrange(keys)}"
+        b.set_current_key(key)
+        op = rng.randrange(8)
+        if op == 0:
+            hs["v"].update(rng.randrange(100))
+            model["v", None, key] = hs["v"].value()
+        elif op == 1:
+            hs["v"].clear()
+            model.pop(("v", None, key), None)
+        elif op == 2:
+            hs["l"].add(rng.randrange(100))
+            model["l", None, key] = hs["l"].get()
+        elif op == 3:
+            hs["l"].clear()
+            model.pop(("l", None, key), None)
+        elif op == 4:
+            hs["m"].put(f"u{rng.randrange(3)}", rng.randrange(100))
+            model["m", None, key] = dict(hs["m"].items())
+        elif op == 5:
+            hs["m"].remove(f"u{rng.randrange(3)}")
+            m = dict(hs["m"].items())
+            if m:
+                model["m", None, key] = m
+            else:
+                model.pop(("m", None, key), None)
+        else:
+            ns = rng.choice(NAMESPACES)
+            hs["w"].set_current_namespace(ns)
+            if op == 6:
+                hs["w"].update(rng.randrange(100))
+                model["w", ns, key] = hs["w"].value()
+            else:
+                hs["w"].clear()
+                model.pop(("w", ns, key), None)
+
+
+def read_all(b: HeapKeyedStateBackend, keys: list[str]) -> Model:
+    """Every entry of ``keys``, read through the handles (key group by key group as records would)."""
+    hs = declare(b)
+    out: Model = {}
+    for key in keys:
+        b.set_current_key(key)
+        if hs["v"].value() is not None:
+            out["v", None, key] = hs["v"].value()
+        if hs["l"].get():
+            out["l", None, key] = hs["l"].get()
+        if not hs["m"].is_empty():
+            out["m", None, key] = dict(hs["m"].items())
+        for ns in NAMESPACES:
+            hs["w"].set_current_namespace(ns)
+            if hs["w"].value() is not None:
+                out["w", ns, key] = hs["w"].value()
+    return out
+
+
+def counts(model: Model) -> dict[str, int]:
+    out = dict.fromkeys("vlmw", 0)
+    for state, _, _ in model:
+        out[state] += 1
+    return out
+
+
+def lazy_groups(b: HeapKeyedStateBackend) -> dict[str, int]:
+    return {name: len(t.lazy) for name, t in b._tables.items()}
+
+
+def checkpoint(b: HeapKeyedStateBackend, cid: int) -> NativeStateHandle:
+    h = b.native_snapshot(cid).write(KitNativeOutput(cid))
+    b.notify_checkpoint_complete(cid)
+    return h
+
+
+def chain_of(make_backend: Any, seed: int, deltas: int) -> tuple[NativeStateHandle, Model]:
+    """A checkpoint whose chain is a base and ``deltas`` deltas (removals among them), and its model."""
+    rng = random.Random(seed)
+    b = make_backend()
+    b.delta_max_ratio = 100.0  # deltas, however small the base
+    model: Model = {}
+    mutate(b, model, rng, 600, 150)
+    h = checkpoint(b, 1)
+    for i in range(deltas):
+        mutate(b, model, rng, 80, 150)
+        h = checkpoint(b, 2 + i)
+    assert [link["kind"] for link in h.meta["chain"]] == ["base"] + ["delta"] * deltas
+    return h, model
+
+
+@pytest.mark.parametrize("deltas", [0, 3])
+def test_a_restore_decodes_nothing_until_a_key_group_is_used(make_backend, deltas):
+    h, model = chain_of(make_backend, 7, deltas)
+    b = make_backend()
+    declare(b)
+    b.restore_native([h])
+    held = lazy_groups(b)
+    assert held and all(held.values())  # every restored key group is still bytes
+    assert {s: b.num_entries(s) for s in "vlmw"} == counts(model)
+    assert b.num_entries() == len(model)
+    keys = sorted({k for _, _, k in model})
+    b.set_current_key(keys[0])
+    kg = b.current_key_group
+    assert declare(b)["v"].value() == model.get(("v", None, keys[0]))
+    assert kg not in b._tables["v"].lazy and b._tables["v"].lazy  # only this key group of this state
+    assert all(len(b._tables[s].lazy) == held[s] for s in "lmw")
+    assert read_all(b, keys) == model
+    assert lazy_groups(b) == dict.fromkeys("vlmw", 0)
+    assert {s: b.num_entries(s) for s in "vlmw"} == counts(model)
+
+
+def test_states_declared_after_the_restore_are_lazy_too(make_backend):
+    h, model = chain_of(make_backend, 8, 2)
+    b = make_backend()
+    b.restore_native([h])  # nothing declared: the runner's order (restore, then open())
+    assert b.num_entries() == len(model)
+    declare(b)
+    assert all(lazy_groups(b).values())
+    assert read_all(b, sorted({k for _, _, k in model})) == model
+
+
+@pytest.mark.parametrize("deltas", [0, 2])
+def test_writes_and_checkpoints_while_key_groups_are_lazy_restore_exactly(make_backend, deltas):
+    h, model = chain_of(make_backend, 9, deltas)
+    rng = random.Random(90)
+    b = make_backend()
+    b.delta_max_ratio = 100.0
+    b.restore_native([h])
+    b.notify_checkpoint_complete(h.checkpoint_id)  # the runner's claim: later deltas build on the chain
+    mutate(b, model, rng, 40, 150)  # touches some key groups only
+    assert any(lazy_groups(b).values())
+    canonical = b.snapshot().to_handle()  # untouched key groups' bytes copied through (or merged)
+    cid = h.checkpoint_id + 1
+    delta = checkpoint(b, cid)  # a delta against the restored chain
+    assert delta.meta["chain"][-1]["kind"] == "delta"
+    assert any(lazy_groups(b).values())
+    base_b = make_backend()
+    base_b.restore_native([h])
+    base_b._delta_forget_chain()
+    base = checkpoint(base_b, cid)  # a base written while every key group is lazy
+    assert base.meta["chain"][-1]["kind"] == "base"
+    keys = sorted({f"k{i}" for i in range(150)})
+    from_canonical = make_backend()
+    from_canonical.restore([canonical])
+    assert read_all(from_canonical, keys) == model
+    for handle, expected in ((delta, model), (base, None)):
+        r = make_backend()
+        r.restore_native([handle])
+        assert r.num_entries() == (len(model) if expected is not None else base_b.num_entries())
+        got = read_all(r, keys)
+        assert got == (expected if expected is not None else read_all(base_b, keys))
+
+
+def test_a_snapshot_taken_while_lazy_keeps_the_entries_as_they_were(make_backend):
+    h, model = chain_of(make_backend, 10, 1)
+    b = make_backend()
+    b.restore_native([h])
+    snap = b.snapshot()
+    rng = random.Random(100)
+    after = dict(model)
+    mutate(b, after, rng, 300, 150)  # decodes and changes key groups the snapshot still holds as bytes
+    assert after != model
+    r = make_backend()
+    r.restore([snap.to_handle()])
+    assert read_all(r, [f"k{i}" for i in range(150)]) == model
+
+
+def test_iterating_a_state_decodes_it_and_sees_every_key(make_backend):
+    h, model = chain_of(make_backend, 11, 2)
+    b = make_backend()
+    b.restore_native([h])
+    declare(b)
+    assert sorted(b.keys("v")) == sorted(k for s, _, k in model if s == "v")
+    assert sorted(b.keys("w", "w2")) == sorted(k for s, ns, k in model if s == "w" and ns == "w2")
+    assert not b._tables["v"].lazy and not b._tables["w"].lazy
+
+
+def test_a_rescale_restores_each_half_lazily_and_exactly(make_backend):
+    h, model = chain_of(make_backend, 12, 2)
+    halves = [KeyGroupRange.of(0, 63), KeyGroupRange.of(64, 127)]
+    got: Model = {}
+    total = 0
+    for r in halves:
+        b = make_backend(key_group_range=r)
+        b.restore_native([h])
+        assert all(lazy_groups(declare(b) and b).values())
+        total += b.num_entries()
+        mine = []
+        for key in sorted({k for _, _, k in model}):
+            try:
+                b.set_current_key(key)
+            except StateAccessError:
+                continue
+            mine.append(key)
+        got.update(read_all(b, mine))
+    assert total == len(model)
+    assert got == model
+
+
+def test_a_corrupt_chain_file_is_refused_at_restore_and_nothing_is_restored(make_backend):
+    h, _ = chain_of(make_backend, 13, 1)
+    base = next(f for f in h.files if f.name == h.meta["chain"][0]["file"])
+    data = bytearray(base.stream.data)
+    data[len(data) // 2] ^= 0x40  # a byte in the middle of the entries
+    base.stream.data = bytes(data)
+    b = make_backend()
+    declare(b)
+    with pytest.raises(CorruptSnapshotError):
+        b.restore_native([h])
+    assert b.num_entries() == 0 and lazy_groups(b) == dict.fromkeys("vlmw", 0)
+
+
+def test_deltas_without_counts_are_decoded_at_restore(make_backend, monkeypatch):
+    """Deltas written before they recorded per-key-group counts: their key groups are decoded at once."""
+    original = HeapKeyedStateBackend._delta_changes
+
+    def uncounted(self: HeapKeyedStateBackend, epochs: Any) -> Any:
+        out = original(self, epochs)
+        for by_kg in out.values():
+            for c in by_kg.values():
+                c.size = None
+        return out
+
+    monkeypatch.setattr(HeapKeyedStateBackend, "_delta_changes", uncounted)
+    h, model = chain_of(make_backend, 14, 2)
+    b = make_backend()
+    b.restore_native([h])
+    declare(b)
+    t = b._tables["v"]
+    changed = {int(kg) for kg in range(128) if t.void[kg] and kg not in t.lazy}
+    assert changed  # the key groups the deltas changed, decoded
+    assert b.num_entries() == len(model)
+    assert read_all(b, sorted({k for _, _, k in model})) == model
+
+
+def test_states_with_a_ttl_are_decoded_at_restore(make_backend, clock):
+    desc = ValueStateDescriptor("t", int, ttl=StateTtlConfig(timedelta(minutes=1)))
+    b = make_backend()
+    s = b.get_state(desc)
+    for i in range(50):
+        b.set_current_key(f"k{i}")
+        s.update(i)
+    h = checkpoint(b, 1)
+    r = make_backend()
+    r.restore_native([h])
+    s2 = r.get_state(desc)
+    assert not r._tables["t"].lazy
+    r.set_current_key("k7")
+    assert s2.value() == 7
+
+
+def test_update_batch_decodes_the_key_groups_it_reaches(make_backend):
+    h, model = chain_of(make_backend, 15, 1)
+    b = make_backend()
+    b.restore_native([h])
+    s = declare(b)["v"]
+    keys = sorted(k for st, _, k in model if st == "v")[:5]
+    before = len(b._tables["v"].lazy)
+    got = s.update_batch(keys, lambda v: (v or 0) + 1000)
+    assert got == [model["v", None, k] + 1000 for k in keys]
+    assert 0 < before - len(b._tables["v"].lazy) <= len(keys)  # only the key groups of these keys
+    for k in keys:
+        model["v", None, k] += 1000
+    assert b.num_entries("v") == counts(model)["v"]
+    assert read_all(b, sorted({k for _, _, k in model})) == model
+
+
+def test_a_state_failing_to_decode_leaves_nothing_restored(make_backend, monkeypatch):
+    """A TTL state is decoded at the restore; its failure must not leave the lazy states stored."""
+    desc = ValueStateDescriptor("t", int, ttl=StateTtlConfig(timedelta(minutes=1)))
+    src = make_backend()
+    s, ttl_state = src.get_state(VALUE), src.get_state(desc)
+    for i in range(50):
+        src.set_current_key(f"k{i}")
+        s.update(i)
+        ttl_state.update(i)
+    handle = src.snapshot().to_handle()
+    b = make_backend()
+    b.get_state(VALUE)
+    b.get_state(desc)
+    decode = b._decode
+
+    def failing(reg: Any, sec: Any, plan: Any = None) -> Any:
+        if reg.name == "t":
+            raise ValueError("undecodable")
+        return decode(reg, sec, plan)
+
+    monkeypatch.setattr(b, "_decode", failing)
+    with pytest.raises(ValueError, match="undecodable"):
+        b.restore([handle])
+    assert b.num_entries() == 0 and not b._tables["v"].lazy
