@@ -10,6 +10,7 @@ is checked against what the state processor reads from it.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,11 @@ from statekit import (
     ProcessContext,
     RecordSource,
     RuntimeContext,
+    StateTtlConfig,
     ValueStateDescriptor,
 )
+from statekit.backend_api import KeyedBackendParameters, KeyGroupRange
+from statekit.serializers import IntSerializer, StrSerializer
 from statekit.state._kvcount import ENTRY_COUNTS, EntryCounts
 from statekit.state._kvlayout import KeyLayout
 from statekit.state_processor import SavepointReader
@@ -99,9 +103,10 @@ def runner(tmp_path: Path, backend: str, parallelism: int) -> LocalRunner:
     )
 
 
-@pytest.mark.parametrize("backend", ["rocksdb", "lmdb"])
+@pytest.mark.parametrize("backend", ["rocksdb", "lmdb", "sqlite", "heap"])
 def test_entries_are_exact_through_churn_restore_and_rescale(tmp_path: Path, backend: str) -> None:
-    pytest.importorskip(f"statekit_{backend}")
+    if backend != "heap":
+        pytest.importorskip(f"statekit_{backend}")
     seen = 0
     for parallelism, start in ((2, 0), (3, 2000), (1, 4000), (2, 6000)):  # each run restores the last
         r = runner(tmp_path, backend, parallelism)
@@ -141,3 +146,91 @@ def test_entries_are_exact_after_a_canonical_savepoint_restored_at_another_paral
     for info in result.checkpoint_infos:
         assert info.stats.state_entries_exact
         assert info.stats.state_entries == entries_read(info.location)
+
+
+def _ordered_backend(engine: str, tmp_path: Path, clock: Any) -> Any:
+    """A subtask's keyed backend of an ordered engine, writing every 8 updates (many write batches)."""
+    module = pytest.importorskip(f"statekit_{engine}")
+    cls = {"rocksdb": "RocksDBStateBackend", "lmdb": "LMDBStateBackend", "sqlite": "SqliteStateBackend"}
+    factory = getattr(module, cls[engine])({"write-batch-size": 8})
+    return factory.create_keyed_backend(
+        KeyedBackendParameters(
+            key_serializer=StrSerializer(),
+            key_group_range=KeyGroupRange(0, 127),
+            max_parallelism=128,
+            clock=clock,
+            local_dir=str(tmp_path),
+        )
+    )
+
+
+def _stored(b: Any) -> int:
+    """(key, namespace) entries the engine holds, every state's, read from its columns (not counted)."""
+    total = 0
+    for name in b.stored_state_names:
+        col = b.kv_column(name, create=False)
+        if col is None:
+            continue
+        b.kv_write_column(col)
+        split = b.layout.split
+        total += len({k[: len(k) - len(split(k)[3])] for k, _ in col.iterate(b"")})
+    return total
+
+
+@pytest.mark.parametrize("engine", ["rocksdb", "lmdb", "sqlite"])
+def test_entries_are_exact_through_blind_writes_ttl_expiry_and_namespace_merges(
+    tmp_path: Path, engine: str
+) -> None:
+    """What the churn job does not: writes without a read, expiry on read and by sweep, merged windows."""
+    now = [1_000]
+    b = _ordered_backend(engine, tmp_path, lambda: now[0])
+    try:
+        ttl = StateTtlConfig(timedelta(seconds=10))
+        value = b.get_state(ValueStateDescriptor("v", int, ttl=ttl))
+        plain = b.get_state(ValueStateDescriptor("p", int))
+        windows = b.get_state(ListStateDescriptor("w", int), namespace_serializer=IntSerializer())
+
+        def check(step: str) -> None:
+            assert b.kv_exact_entries() == _stored(b), step
+
+        keys = [f"k{i}" for i in range(40)]
+        for i, k in enumerate(keys):  # blind writes: no read told whether the entry existed
+            b.set_current_key(k)
+            value.update(i)
+            plain.update(i)
+            if i % 4 == 0:
+                plain.update(None)  # a delete in the same write batch as its put
+        check("blind puts")
+        for i, k in enumerate(keys):
+            b.set_current_key(k)
+            plain.update(i + 1)  # over an entry, over a deleted one
+            if i % 3 == 0:
+                plain.clear()  # a blind delete of an entry, or of nothing
+            if i % 5 == 0:
+                value.update(value.value() + 1)  # read-modify-write of a live entry
+        check("overwrites and deletes")
+        # The batched read-modify-write: 12 new keys, 4 live entries, 2 cleared ones (k0, k3) put again.
+        plain.update_batch([f"n{i}" for i in range(12)] + keys[:6], lambda v: (v or 0) + 1)
+        check("update_batch")
+        for i, k in enumerate(keys):
+            b.set_current_key(k)
+            for ns in (1, 2, 3):
+                windows.set_current_namespace(ns)
+                windows.add(i * ns)
+            if i % 2 == 0:
+                windows.merge_namespaces(10, [1, 2])  # two windows merge into a new one
+            if i % 7 == 0:
+                windows.merge_namespaces(3, [3])  # a window merged into itself
+        check("namespace merges")
+        now[0] += 11_000  # every TTL entry expired
+        for k in keys[:20]:
+            b.set_current_key(k)
+            assert value.value() is None  # expired on read: dropped
+        check("expired on read")
+        b.sweep_expired("v", ttl.ttl_ms, b"", 1 << 62)  # the rest by a sweep
+        check("swept")
+        # 40 plain values (26 of the 40 keys, 2 put again, 12 new), windows {10, 3} for even keys and
+        # {1, 2, 3} for odd ones.
+        assert b.kv_exact_entries() == _stored(b) == 40 + 20 * 2 + 20 * 3
+    finally:
+        b.close()

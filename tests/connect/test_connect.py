@@ -123,13 +123,30 @@ def test_client_killed_then_restarted_with_another_parallelism_counts_exactly(
     wait_for(lambda: Path(f"{log}.jsonl").exists(), second, log)
     write_inputs(tmp_path / "in", records[600:], 1, start=10)
     wait_for(lambda: latest_batch(checkpoints, "restarted") == 3, second, log)
-    stop.touch()
-    assert "done" in finish(second, log)[-1]
-    assert subtasks_of_latest(checkpoints, "restarted") == 3
 
+    # 3. Issue 43: the query is idle (no new input, no micro-batch). A stop-with-savepoint request is
+    #    answered by the watcher of the server-side process, with the newest checkpoint (no input came,
+    #    so no batch ran to answer it), and the query stops: the client's loop ends without its stop file.
+    done = subprocess.run(
+        [sys.executable, "-m", "statekit", "savepoint", "trigger", str(checkpoints), "--job", "restarted",
+         "--target", str(tmp_path / "sp"), "--stop", "--timeout", "300", "--json"],
+        capture_output=True, text=True, env=driver_env(), check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["status"] == "completed" and answer["batch_id"] == 3 and answer["stopped"], answer
+    assert "done" in finish(second, log)[-1]
+    assert not stop.exists()
+    assert subtasks_of_latest(checkpoints, "restarted") == 3
+    assert latest_batch(checkpoints, "restarted") == 3  # nothing processed after the savepoint
+
+    from statekit.checkpointing import load_checkpoint
     from statekit_storage import FileSystemCheckpointStorage
 
-    assert_exact_state(FileSystemCheckpointStorage(str(checkpoints)), "restarted", records)
+    storage = FileSystemCheckpointStorage(str(checkpoints))
+    saved = load_checkpoint(storage, answer["location"]).metadata
+    assert saved.kind == "savepoint" and saved.properties["spark_batch_id"] == 3
+    assert_exact_state(storage, "restarted", records)
     assert_exact_outputs(tmp_path / "out", records)
 
 

@@ -416,6 +416,7 @@ class ProcessedStream:
         batches = ConnectBatches(
             dataclasses.replace(spec, config=conf), restore=restore, checkpoint_location=checkpoint_location,
             input_begins_after_savepoint=input_begins_after_savepoint,
+            client_session_id=getattr(session, "session_id", None),
         )  # fmt: skip
         query: StreamingQuery = self._writer(batches, checkpoint_location, trigger, query_name).start()
         self._query = query

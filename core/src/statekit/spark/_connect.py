@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import warnings
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -30,6 +32,12 @@ class ConnectBatches:
     the ``metadata`` file of the query's checkpoint location, written when the
     query first started and kept across restarts, read through Spark itself
     (any file system the checkpoint location is on).
+
+    Savepoint requests of an idle query are answered at once, as on a classic
+    driver: the driver's watcher thread (:meth:`SparkSavepointRequests.watch`)
+    runs in this server-side process, started with its first micro-batch of
+    the query run (the process lives as long as the run, and ends with it),
+    and each batch waits for a savepoint the watcher is writing.
     """
 
     def __init__(
@@ -39,13 +47,19 @@ class ConnectBatches:
         restore: str | None,
         checkpoint_location: str,
         input_begins_after_savepoint: bool = False,
+        client_session_id: str | None = None,
     ) -> None:
-        """``spec`` without its DataFrame (a Connect DataFrame belongs to the client's session)."""
+        """``spec`` without its DataFrame (a Connect DataFrame belongs to the client's session).
+
+        ``client_session_id``: the id of the Connect session that starts the
+        query (the one that holds it: a stop-with-savepoint stops it there).
+        """
         # The server puts each batch's DataFrame in; a Connect DataFrame cannot be pickled.
         self._spec = dataclasses.replace(spec, df=None)  # type: ignore[arg-type]
         self._restore = restore
         self._checkpoint_location = checkpoint_location
         self._input_begins_after_savepoint = input_begins_after_savepoint
+        self._client_session_id = client_session_id
         self._driver: MicroBatchDriver | None = None
         self._query_id: str | None = None
 
@@ -64,7 +78,51 @@ class ConnectBatches:
                 input_begins_after_savepoint=self._input_begins_after_savepoint,
             )  # fmt: skip
             self._query_id = query_id
-        self._driver.process_batch(batch_df, batch_id, self._query_id)
+            self._driver.savepoints.stop_query = self._stop
+            # Requests of the query while it is idle, answered at once (a daemon thread of this process).
+            self._driver.savepoints.watch(_ServerSideQuery(query_id))
+        with self._driver.savepoints.batch(batch_id):  # an idle savepoint is not written meanwhile
+            self._driver.process_batch(batch_df, batch_id, self._query_id)
+
+    def _stop(self, query_id: str) -> None:
+        """Stop-with-savepoint: stop the query through the client's session, which holds it.
+
+        The sessions of this process are clones made for the batches, and
+        Spark keeps a query in the session that started it. Runs on a thread
+        of its own; Spark ends this process with the query.
+        """
+        url = os.environ.get("SPARK_CONNECT_LOCAL_URL")  # how this process reaches its server
+        query = None
+        if url is not None and self._client_session_id is not None:
+            session = SparkSession.builder.remote(f"{url};session_id={self._client_session_id}").create()
+            query = session.streams.get(query_id)
+        if query is None and self._driver is not None:  # a server that lists it in the batches' sessions
+            query = self._driver.session.streams.get(query_id)
+        if query is None:
+            warnings.warn(
+                f"statekit job {self._spec.job_id!r}: the savepoint was written, but streaming query "
+                f"{query_id} could not be found to stop it (its client's session "
+                f"{self._client_session_id} is gone?); stop it with StreamingQuery.stop()",
+                RuntimeWarning,
+                stacklevel=1,
+            )
+            return
+        query.stop()
+
+
+class _ServerSideQuery:
+    """The running query, as the savepoint watcher of the server-side process sees it.
+
+    Active as long as this process lives: Spark runs it for one query run and
+    stops it when the query terminates, taking the watcher with it. (The
+    process's Connect sessions are clones made for the batches, which do not
+    list the query: Spark keeps it in the client's session.)
+    """
+
+    isActive = True  # StreamingQuery's name
+
+    def __init__(self, query_id: str) -> None:
+        self.id = query_id
 
 
 def query_id_at(session: SparkSession, checkpoint_location: str) -> str:

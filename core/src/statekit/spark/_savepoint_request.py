@@ -62,7 +62,8 @@ class SparkSavepointRequests:
         stop_query: Callable[[str], None],
     ) -> None:
         self.requests = SavepointRequests(coordinator, savepoints_dir)
-        self._stop_query = stop_query
+        #: How the query is stopped (given its id, on a thread of its own); see __init__'s ``stop_query``.
+        self.stop_query = stop_query
         self.stopped_after: int | None = None  # the batch after which the query stops
         self._cond = threading.Condition()
         self._in_batch = False  # a micro-batch runs (between batch()'s enter and exit)
@@ -189,7 +190,7 @@ class SparkSavepointRequests:
         if response is not None and response.stopped:
             self.stopped_after = batch_id
             threading.Thread(
-                target=self._stop_query,
+                target=self.stop_query,
                 args=(query_id,),
                 name=f"statekit-stop-{self.requests.coordinator.job_id}",
                 daemon=True,

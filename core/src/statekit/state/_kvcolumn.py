@@ -7,7 +7,10 @@ from typing import Any
 
 from .._errors import StateAccessError
 
-__all__ = ["KVColumn", "closed_error"]
+__all__ = ["KNOWN_LIMIT", "KVColumn", "closed_error"]
+
+#: Engine reads a column notes between writes, at most (a read-only stretch must not grow it).
+KNOWN_LIMIT = 1 << 16
 
 Get = Callable[[bytes], "bytes | None"]
 Iterate = Callable[[bytes], Iterator[tuple[bytes, bytes]]]
@@ -44,13 +47,17 @@ class KVColumn:
     the live data, without the buffer (see :meth:`OrderedKVBackendBase.kv_bind`).
     """
 
-    __slots__ = ("buffer", "engine", "get", "grouped", "iterate", "known", "name")
+    __slots__ = ("absent", "buffer", "engine", "get", "grouped", "iterate", "known", "known_limit", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.buffer: dict[bytes, bytes | None] = {}
         #: Whether engine reads found keys, since the last write (see _kvcount: no lookup to count a write).
         self.known: dict[bytes, bool] = {}
+        #: The keys of ``known`` the reads found absent (an entry appears where one is put).
+        self.absent: set[bytes] = set()
+        #: How many reads ``known`` notes at most (0: entries are not counted, nothing is noted).
+        self.known_limit = KNOWN_LIMIT
         #: False: value entries only; True: lists or maps (groups of records); None: not known yet.
         self.grouped: bool | None = None
         self.get: Get = self._closed_get
@@ -85,6 +92,7 @@ class KVColumn:
         """
         self.buffer.clear()
         self.known.clear()
+        self.absent.clear()
         self.get, self.iterate, self.engine = self._closed_get, self._closed_iterate, None
 
     def seal(self) -> None:

@@ -12,8 +12,11 @@ column's buffer):
 - a value entry (a composite key without a suffix) counts when it appears
   and when it is deleted; whether it existed before is known from the read
   that preceded the write (the handles note each engine read in
-  ``KVColumn.known``: a read-modify-write costs no extra lookup), else looked
-  up, once per key per write batch;
+  ``KVColumn.known``, and the keys it found absent in ``KVColumn.absent``:
+  a read-modify-write costs no extra lookup), else looked up, once per key
+  per write batch. A batch of a column of values costs two C-level passes
+  over its buffer and Python work only per new or deleted entry
+  (:meth:`EntryCounts._values`; ``bench/bench_count_cost.py`` measures it);
 - a list or map entry is a group of records under one (key, namespace)
   prefix: for each prefix a batch touches, one seek says whether the engine
   held any record under it before, and the batch's own records (or, for a
@@ -25,12 +28,15 @@ same or another parallelism, sums those of the key groups it owns; a
 snapshot without them (an older statekit's) leaves the count unknown until
 the state is written anew from empty, and the backend then reports the
 engine's estimate, labelled. :attr:`EntryCounts.enabled` off (the benchmark's
-baseline) keeps no counts.
+baseline) keeps no counts, and the reads of columns made meanwhile note nothing.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import repeat
+from operator import is_, itemgetter
 from typing import Any
 
 from ._kvcolumn import KVColumn
@@ -51,6 +57,7 @@ class EntryCounts:
 
     def __init__(self, layout: KeyLayout) -> None:
         self.layout = layout
+        self._group = itemgetter(slice(0, layout.group_width))  # a key's key-group prefix
         self.by_state: dict[str, dict[int, int]] = {}
         self.unknown: set[str] = set()
 
@@ -62,23 +69,49 @@ class EntryCounts:
         name = col.name
         if not self.enabled or name in self.unknown:
             known.clear()
+            col.absent.clear()
             return
         counts = self.by_state.get(name)
         if counts is None:
             counts = self.by_state[name] = {}
-        buf, get, w = col.buffer, col.get, self.layout.group_width
         if col.grouped is False:  # value entries only: the record is the entry
-            pop = known.pop
-            for k, v in buf.items():
-                old = pop(k, _MISSING)
-                if old is _MISSING:
-                    old = get(k) is not None
-                if old is (v is None):  # appeared or deleted
-                    kg = int.from_bytes(k[:w], "big")
-                    counts[kg] = counts.get(kg, 0) + (1 if v is not None else -1)
+            self._values(col, counts)
         else:
             self._groups(col, counts)
         known.clear()
+        col.absent.clear()
+
+    def _values(self, col: KVColumn, counts: dict[int, int]) -> None:
+        """A column of value entries: which buffered writes make an entry appear or go.
+
+        No Python code runs per buffered key: one C-level pass checks that the
+        reads noted every key (``known``; a blind write's key is looked up in
+        the engine first) and one whether the buffer deletes anything. An entry
+        appears where a key the reads found absent (``absent``: new keys, few
+        in a steady state) is put; one goes where a key that existed is deleted.
+        """
+        buf, known, absent = col.buffer, col.known, col.absent
+        keys = buf.keys()
+        if not keys <= known.keys():  # blind writes: what the engine holds under them
+            get = col.get
+            for k in keys - known.keys():
+                if get(k) is None:
+                    known[k] = False
+                    absent.add(k)
+                else:
+                    known[k] = True
+        group = self._group
+        if absent:
+            get = buf.get
+            self._add(counts, Counter([group(k) for k in absent if get(k) is not None]), 1)
+        if any(map(is_, buf.values(), repeat(None))):
+            self._add(counts, Counter([group(k) for k, v in buf.items() if v is None and known[k]]), -1)
+
+    @staticmethod
+    def _add(counts: dict[int, int], by_group: Counter[bytes], sign: int) -> None:
+        for prefix, n in by_group.items():
+            kg = int.from_bytes(prefix, "big")
+            counts[kg] = counts.get(kg, 0) + sign * n
 
     def _groups(self, col: KVColumn, counts: dict[int, int]) -> None:
         """A column whose entries may be groups of records (list, map, or not known yet)."""

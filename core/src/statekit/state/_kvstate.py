@@ -65,8 +65,6 @@ KV_RESERVED = frozenset({"layout", "sequence"})
 
 _VOID = KeyLayout.namespace_part(None)
 _MISSING: Any = object()
-#: Engine reads a column notes between writes, at most (a read-only stretch must not grow it).
-_KNOWN_LIMIT = 1 << 16
 _NONE: Any = object()
 
 
@@ -192,8 +190,12 @@ class KVValueState(_Handle):
         if raw is _MISSING:
             raw = col.get(k)
             known = col.known
-            if len(known) < _KNOWN_LIMIT:
-                known[k] = raw is not None  # the entry count's write needs no lookup (_kvcount)
+            if len(known) < col.known_limit:  # the entry count's write needs no lookup (_kvcount)
+                if raw is None:
+                    known[k] = False
+                    col.absent.add(k)
+                else:
+                    known[k] = True
         if raw is None:
             return self._reg.default_value()
         return self._decode(raw)
@@ -221,7 +223,7 @@ class KVValueState(_Handle):
         col = self._col
         if col.sealed:
             raise closed_error(col.name)
-        buf, known = col.buffer, col.known
+        buf, known, absent, limit = col.buffer, col.known, col.absent, col.known_limit
         nsb, dec, enc, default = self._nsb, self._decode, self._encode, self._reg.default_value
         out: list[Any] = []
         append = out.append
@@ -235,8 +237,12 @@ class KVValueState(_Handle):
             raw: Any = buf.get(ck, _MISSING)
             if raw is _MISSING:
                 raw = col.get(ck)  # looked up each time: a write (by fn, too) may rebind it
-                if len(known) < _KNOWN_LIMIT:
-                    known[ck] = raw is not None
+                if len(known) < limit:
+                    if raw is None:
+                        known[ck] = False
+                        absent.add(ck)
+                    else:
+                        known[ck] = True
             new = fn(default() if raw is None else dec(raw))
             buf[ck] = None if new is None else enc(new)
             append(new)
@@ -543,6 +549,8 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
             if self._closed:
                 raise closed_error(name)
             col = KVColumn(name)
+            if not self.kv_counts.enabled:
+                col.known_limit = 0  # nothing counted: reads note nothing either
             if not self.kv_bind(col, create):
                 return None
             self._kv_columns[name] = col

@@ -1,0 +1,214 @@
+"""What exact entry counts (``state/_kvcount``) cost the per-record read-modify-write, in instructions.
+
+The workload is ``bench_rocksdb.py``'s part 1 per record: ``set_current_key(k);
+s.update(s.value() + 1)`` on a ``ValueState`` of an ordered engine, ``--ops``
+operations over ``--keys`` string keys drawn Zipf-like (s=1.1), buffered
+writes reaching the engine every ``--batch`` updates. It runs with entry
+counting off (``EntryCounts.enabled = False``: no counting and no bookkeeping
+of engine reads, the baseline) and on.
+
+Two measures:
+
+- ``callgrind`` (the default): each mode runs in a child process under
+  valgrind's callgrind, once with ``--ops`` operations and once with none (the
+  same setup: imports, the key list drawn, the engine opened, a flush), with
+  ``PYTHONHASHSEED=0``; the difference is the record loop's instructions,
+  which the machine's load does not change. Printed: the instructions of each
+  run, the loop's, per operation, and the ratio on/off, whole process and
+  loop alone.
+- ``--wall``: in one process, counting off and on alternating run by run,
+  ``--repeats`` runs each per round, two rounds; the best wall and main-thread
+  CPU time of each and the ratio on/off. Noisy on a shared machine.
+
+Run: ``python bench/bench_count_cost.py [--backend rocksdb|lmdb] [--ops 100000] [--wall]``
+(valgrind installed for the default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from harness import expected_counts, rmw_per_record, zipf_keys
+
+from statekit import ValueStateDescriptor
+from statekit.backend_api import KeyedBackendParameters, KeyGroupRange
+from statekit.serializers import StrSerializer
+
+try:
+    from statekit.state._kvcount import EntryCounts
+except ImportError:  # a statekit from before entry counts, measured as is (PYTHONPATH=<its core/src>)
+    EntryCounts = None  # type: ignore[assignment,misc]
+
+DESC = ValueStateDescriptor("count", int, default=0)
+
+
+def _engine(name: str, batch: int) -> Any:
+    if name == "rocksdb":
+        from statekit_rocksdb import RocksDBStateBackend
+
+        return RocksDBStateBackend({"write-batch-size": batch})
+    if name == "lmdb":
+        from statekit_lmdb import LMDBStateBackend
+
+        return LMDBStateBackend({"write-batch-size": batch})
+    raise SystemExit(f"unknown backend {name!r}: rocksdb or lmdb")
+
+
+def _backend(engine: Any, scratch: str) -> Any:
+    return engine.create_keyed_backend(
+        KeyedBackendParameters(
+            key_serializer=StrSerializer(),
+            key_group_range=KeyGroupRange(0, 127),
+            max_parallelism=128,
+            local_dir=scratch,
+        )
+    )
+
+
+def child(args: argparse.Namespace) -> None:
+    """One run, in the process callgrind measures: the setup, then ``--ops`` operations (maybe none)."""
+    if EntryCounts is not None:
+        EntryCounts.enabled = args.mode == "on"
+    keys = zipf_keys(args.ops, args.keys)
+    distinct = len(expected_counts(keys))  # in every run: its cost is not the counting's
+    ops = [] if args.setup_only else keys
+    with tempfile.TemporaryDirectory(prefix="bench-count-cost-") as scratch:
+        b = _backend(_engine(args.backend, args.batch), scratch)
+        rmw_per_record(b, ops, DESC)
+        got = b.kv_exact_entries() if EntryCounts is not None else None
+        b.close()
+    want = (distinct if ops else 0) if EntryCounts is not None and EntryCounts.enabled else None
+    if got != want:
+        raise SystemExit(f"entries counted {got}, expected {want}")
+
+
+def _callgrind(args: argparse.Namespace, mode: str, ops: int, out_dir: str) -> int:
+    out = os.path.join(out_dir, f"callgrind.{mode}.{ops}")
+    cmd = [
+        "valgrind",
+        "--tool=callgrind",
+        f"--callgrind-out-file={out}",
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        "--mode",
+        mode,
+        "--ops",
+        str(args.ops),
+        *(["--setup-only"] if ops == 0 else []),
+        "--keys",
+        str(args.keys),
+        "--batch",
+        str(args.batch),
+        "--backend",
+        args.backend,
+    ]
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(out) as f:
+        for line in f:
+            m = re.match(r"(?:summary|totals): (\d+)", line)
+            if m:
+                return int(m.group(1))
+    raise SystemExit(f"no instruction total in {out}")
+
+
+def callgrind(args: argparse.Namespace) -> None:
+    out_dir = args.keep or tempfile.mkdtemp(prefix="bench-count-cost-")
+    os.makedirs(out_dir, exist_ok=True)
+    ir: dict[tuple[str, int], int] = {}
+    for mode in ("off", "on"):
+        for ops in (0, args.ops):
+            ir[mode, ops] = _callgrind(args, mode, ops, out_dir)
+    print(
+        f"Exact entry counts, {args.backend}: per-record read-modify-write of a ValueState, {args.ops:,} ops "
+        f"over {args.keys:,} keys (Zipf s=1.1), write batch {args.batch}; callgrind instructions"
+    )
+    print(f"{'counting':<10}{'setup only':>16}{'whole run':>16}{'record loop':>16}{'per op':>9}")
+    loop = {}
+    for mode in ("off", "on"):
+        loop[mode] = ir[mode, args.ops] - ir[mode, 0]
+        print(
+            f"{mode:<10}{ir[mode, 0]:>16,}{ir[mode, args.ops]:>16,}{loop[mode]:>16,}"
+            f"{loop[mode] / args.ops:>9,.0f}"
+        )
+    whole = ir["on", args.ops] / ir["off", args.ops]
+    print(
+        f"on/off: whole run {whole:.4f} ({(whole - 1) * 100:+.2f} %), "
+        f"record loop {loop['on'] / loop['off']:.4f} ({(loop['on'] / loop['off'] - 1) * 100:+.2f} %)"
+    )
+    if args.keep:
+        print(f"callgrind files in {out_dir} (callgrind_annotate them)")
+
+
+def wall(args: argparse.Namespace) -> None:
+    ops = zipf_keys(args.ops, args.keys)
+    expected = len(expected_counts(ops))
+    print(
+        f"Exact entry counts, {args.backend}: {args.ops:,} per-record read-modify-writes, counting off and "
+        f"on alternating run by run, best of {args.repeats} each; wall-clock, noisy on a shared machine"
+    )
+    head = f"{'round':<8}{'off cpu s':>11}{'on cpu s':>10}{'on/off':>8}"
+    print(f"{head}{'off wall s':>12}{'on wall s':>11}{'on/off':>8}")
+    with tempfile.TemporaryDirectory(prefix="bench-count-cost-") as scratch:
+        engine = _engine(args.backend, args.batch)
+        try:
+            warm = _backend(engine, scratch)
+            rmw_per_record(warm, ops, DESC)  # warm-up, not timed
+            warm.close()
+            for round_ in (1, 2):
+                cpu = {False: float("inf"), True: float("inf")}
+                wall_ = dict(cpu)
+                for _ in range(args.repeats):
+                    for enabled in (False, True):
+                        EntryCounts.enabled = enabled
+                        b = _backend(engine, scratch)
+                        gc.collect()
+                        gc.disable()
+                        c0, w0 = time.thread_time(), time.perf_counter()
+                        rmw_per_record(b, ops, DESC)
+                        c1, w1 = time.thread_time(), time.perf_counter()
+                        gc.enable()
+                        assert b.kv_exact_entries() == (expected if enabled else None)
+                        b.close()
+                        cpu[enabled] = min(cpu[enabled], c1 - c0)
+                        wall_[enabled] = min(wall_[enabled], w1 - w0)
+                print(
+                    f"{round_:<8}{cpu[False]:>11.3f}{cpu[True]:>10.3f}{cpu[True] / cpu[False]:>8.3f}"
+                    f"{wall_[False]:>12.3f}{wall_[True]:>11.3f}{wall_[True] / wall_[False]:>8.3f}"
+                )
+        finally:
+            EntryCounts.enabled = True
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", default="rocksdb", choices=["rocksdb", "lmdb"])
+    ap.add_argument("--ops", type=int, default=100_000)
+    ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--wall", action="store_true", help="wall-clock ratios, alternating (not callgrind)")
+    ap.add_argument("--repeats", type=int, default=3, help="with --wall: runs of each mode per round")
+    ap.add_argument("--keep", metavar="DIR", help="keep the callgrind files in DIR")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
+    ap.add_argument("--setup-only", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+    elif args.wall:
+        wall(args)
+    else:
+        callgrind(args)
+
+
+if __name__ == "__main__":
+    main()
