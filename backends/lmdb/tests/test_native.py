@@ -105,23 +105,30 @@ def test_native_rescale_from_two_subtasks_and_back(tmp_path: Path, new_p: int) -
     back.close()
 
 
-def test_key_group_checkpoints_upload_only_the_key_groups_that_changed(tmp_path: Path) -> None:
-    """The default format: a file per key group, named by its SHA-256, referenced while unchanged."""
+def test_key_group_checkpoints_upload_only_what_changed(tmp_path: Path) -> None:
+    """The default format: a file per key group named by its SHA-256, then a delta of the changed keys.
+
+    The second checkpoint uploads one delta file and references every key
+    group's file (retention keeps them for it, with one checkpoint retained);
+    a rescale restores the chain.
+    """
     r = runner(tmp_path, **{"statekit.checkpoints.retained": 1})
     feed(r, [(f"user-{i:06d}", 1) for i in range(20_000)])
     first = keyed_checkpoint_part(r, r.checkpoint())
-    feed(r, [("user-000007", 2)])
+    feed(r, [("user-000007", 2), ("user-000008", 2)])
     second = keyed_checkpoint_part(r, r.checkpoint())
     for part in (first, second):
-        assert part["format"] == "statekit-lmdb-kg-1" and part["entries"] == 20_000
-        assert len(part["native"]["files"]) == 128  # every key group holds keys
-        assert all(f["name"] == f"kg-{kg}-{f['sha256']}" for kg, f in enumerate(part["native"]["files"]))
+        assert part["format"] == "statekit-lmdb-kg-2" and part["entries"] == 20_000
+        groups = [f for f in part["native"]["files"] if not f["name"].startswith("kg-delta-")]
+        assert len(groups) == 128  # every key group holds keys
+        assert all(f["name"] == f"kg-{kg}-{f['sha256']}" for kg, f in enumerate(groups))
+        assert all(f["checkpoint_id"] == 1 for f in groups)  # the second references them
     new = [f for f in second["native"]["files"] if f["checkpoint_id"] == 2]
-    assert len(new) == 1  # the one key group that changed; retention kept the rest for it
+    assert [f["name"] for f in new] == ["kg-delta-2"] and new[0]["size"] < 200
     r.close()
     again = runner(tmp_path, **{"statekit.parallelism": 3})
     again.restore("latest")
-    expected = {f"user-{i:06d}": 2 if i == 7 else 1 for i in range(20_000)}
+    expected = {f"user-{i:06d}": 2 if i in (7, 8) else 1 for i in range(20_000)}
     assert value_state_contents(again, COUNT) == expected
     again.close()
 

@@ -374,9 +374,9 @@ class LMDBKeyedStateBackend(KeyGroupNativeSnapshots, LMDBWrites, OrderedKVBacken
         return super().native_snapshot(checkpoint_id)
 
     @property
-    def checkpoint_bytes_bounded_by_change(self) -> bool:
+    def checkpoint_bytes_follow_change(self) -> bool:
         """True with the key-group format and deltas on: a checkpoint writes about what changed."""
-        return self.native_format == LMDB_KEY_GROUP_FORMAT and super().checkpoint_bytes_bounded_by_change
+        return self.native_format == LMDB_KEY_GROUP_FORMAT and super().checkpoint_bytes_follow_change
 
     def restore_native(self, handles: Sequence[NativeStateHandle]) -> None:
         """Restore native snapshots of any parallelism, of either format (full copies: ``_restore``)."""

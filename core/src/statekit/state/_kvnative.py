@@ -462,7 +462,7 @@ class KeyGroupNativeSnapshots:
     # --- deltas (see ._kvdelta) --------------------------------------------------------------------
 
     @property
-    def checkpoint_bytes_bounded_by_change(self) -> bool:
+    def checkpoint_bytes_follow_change(self) -> bool:
         """True: a native checkpoint writes about what changed since the last one, plus a constant.
 
         What the kit's property holds a backend to when it declares it (``max-deltas`` is not off).
