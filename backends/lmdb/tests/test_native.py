@@ -133,6 +133,56 @@ def test_key_group_checkpoints_upload_only_what_changed(tmp_path: Path) -> None:
     again.close()
 
 
+@pytest.mark.parametrize("p", [1, 3])
+def test_chains_are_written_whole_again_and_retention_keeps_what_the_latest_references(
+    tmp_path: Path, p: int
+) -> None:
+    """max-deltas=2, one checkpoint retained: deltas, then whole files, and the latest restores exactly."""
+    r = runner(tmp_path, **{"statekit.checkpoints.retained": 1, "statekit.backend.lmdb.max-deltas": 2})
+    feed(r, [(f"u{i}", 0) for i in range(3000)])
+    chains = []
+    for c in range(1, 6):
+        feed(r, [(f"u{c * 7}", c), (f"u{c * 11}", c), (f"new{c}", c)])
+        part = keyed_checkpoint_part(r, r.checkpoint())
+        chains.append(len(part["native"]["meta"]["deltas"]))
+    assert chains == [0, 1, 2, 0, 1]
+    expected = value_state_contents(r, COUNT)
+    r.close()
+    again = runner(tmp_path, **{"statekit.parallelism": p})
+    again.restore("latest")
+    assert value_state_contents(again, COUNT) == expected
+    again.close()
+
+
+def test_a_checkpoint_of_the_format_before_deltas_restores(tmp_path: Path) -> None:
+    """statekit-lmdb-kg-1 (one file per key group, no deltas) is read by the same path."""
+    import dataclasses
+
+    from statekit.backend_api import KeyedBackendParameters, KeyGroupRange
+    from statekit.serializers import StrSerializer
+    from statekit.testing import KitNativeOutput
+
+    def make() -> LMDBKeyedStateBackend:
+        kgr = KeyGroupRange.of(0, 127)
+        params = KeyedBackendParameters(StrSerializer(), kgr, 128, local_dir=str(tmp_path))
+        return LMDBKeyedStateBackend(params, {})
+
+    b = make()
+    s = b.get_state(COUNT)
+    for i in range(300):
+        b.set_current_key(f"k{i}")
+        s.update(i)
+    h = b.native_snapshot(1).write(KitNativeOutput(1))
+    b.close()
+    meta = {k: v for k, v in h.meta.items() if k != "deltas"}
+    target = make()
+    target.restore_native([dataclasses.replace(h, format="statekit-lmdb-kg-1", meta=meta)])
+    ts = target.get_state(COUNT)
+    target.set_current_key("k42")
+    assert ts.value() == 42 and target.num_entries() == 300
+    target.close()
+
+
 @pytest.mark.parametrize(("written", "restored"), [("key-groups", "full"), ("full", "key-groups")])
 def test_either_format_restores_whatever_the_option_says(tmp_path: Path, written: str, restored: str) -> None:
     """Checkpoints of the full format taken before the key-group one restore, and the other way round."""
