@@ -155,7 +155,9 @@ class _Chain:
     def tracked(self) -> dict[str, NativeFile]:
         """The files by the key the upload tracker keeps them under (digest; ``delta:`` and name)."""
         deltas = {str(link["file"]) for link in self.deltas}
-        return {(f"delta:{n}" if n in deltas else str(f.sha256)): f for n, f in self.files.items()}
+        out = {f"delta:{n}": f for n, f in self.files.items() if n in deltas}
+        out.update((f.sha256, f) for n, f in self.files.items() if n not in deltas and f.sha256 is not None)
+        return out
 
 
 @dataclass
