@@ -471,5 +471,8 @@ class _PinnedFrozen:
     def items(self, name: str, lower: bytes, upper: bytes | None) -> list[tuple[bytes, bytes]]:
         return self.view.items(name, lower, upper)
 
+    def lookup(self, name: str, keys: list[bytes]) -> list[bytes | None]:
+        return self.view.lookup(name, keys)
+
     def release(self) -> None:
         self.backend.lmdb_unpin(self.view)

@@ -83,6 +83,9 @@ class KVFrozenView(Protocol):
         one thread at a time, maybe not the task's.
         """
 
+    # Optional: ``lookup(name, keys)``, the value of each key (None: absent), for deltas' point reads;
+    # without it a delta reads each key as a range of one.
+
     def release(self) -> None:
         """The snapshot is written or given up: let the engine reclaim the view (idempotent)."""
 
@@ -302,11 +305,8 @@ class KeyGroupSnapshot:
         for i, kg in enumerate(sorted(changed)):
             by_state: dict[str, Ops] = {}
             for name, touched in changed[kg].items():
-                ops: Ops = []
-                for k in touched:
-                    got = list(view.items(name, k, k + b"\x00"))  # the key's value, or nothing: removed
-                    ops.append((k, got[0][1] if got and got[0][0] == k else None))
-                by_state[name] = ops
+                # Each key's value at the checkpoint, or None: removed.
+                by_state[name] = list(zip(touched, _lookup(view, name, touched)))
             block = encode_delta_block(by_state)
             key = str(kg)
             base = files.get(groups.get(key, ""))
@@ -374,6 +374,18 @@ class KeyGroupSnapshot:
         view, self._view = self._view, None
         if view is not None:
             view.release()
+
+
+def _lookup(view: KVFrozenView, name: str, keys: list[bytes]) -> list[bytes | None]:
+    """Point reads of ``keys`` in a view: its ``lookup`` (a TrackedView's, an engine's), else ranges."""
+    fast = getattr(view, "lookup", None)
+    if fast is not None:
+        return list(fast(name, keys))
+    out: list[bytes | None] = []
+    for k in keys:
+        got = list(view.items(name, k, k + b"\x00"))
+        out.append(got[0][1] if got and got[0][0] == k else None)
+    return out
 
 
 def _count(items: list[tuple[bytes, bytes]], layout: KeyLayout, kind: StateKind) -> int:
