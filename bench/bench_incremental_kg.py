@@ -1,4 +1,4 @@
-"""Bytes a native checkpoint uploads after a 1 % change: full copies vs per-key-group files.
+"""Bytes a native checkpoint uploads after a 1 % change: full copies, key-group files, deltas.
 
 One subtask owns every key group; ``--keys`` keys with a ``--value-bytes``
 string each are written and checkpointed (checkpoint 1, confirmed), then 1 %
@@ -13,6 +13,10 @@ Two kinds of 1 % change:
   over, so with few key groups nearly every key group changes;
 - ``clustered``: the same number of keys, all in the first 1 % of the key
   groups (keys that share a key group, as a hot tenant's do).
+
+Backends: lmdb's full copies, the key-group files without deltas
+(``max-deltas=0``: each changed key group's whole file) and with them (the
+default: one delta of the changed keys), for lmdb and the sqlite example.
 
 Bytes are deterministic (fixed seed, in-memory outputs): one run is the
 measurement. Run: ``python bench/bench_incremental_kg.py [--keys N]``.
@@ -87,18 +91,19 @@ def main() -> None:
     value = "x" * (args.value_bytes - 1) + "y"
     backends = {
         "lmdb full": LMDBStateBackend({"native-format": "full"}),
-        "lmdb key-groups": LMDBStateBackend({}),
-        "sqlite key-groups": SqliteStateBackend({}),
+        "lmdb kg, no deltas": LMDBStateBackend({"max-deltas": 0}),
+        "lmdb kg + deltas": LMDBStateBackend({}),
+        "sqlite kg + deltas": SqliteStateBackend({}),
     }
     print(f"{args.keys:,} keys, {args.value_bytes}-byte values, 1 % of the keys changed")
-    print(f"{'backend':<18} {'maxp':>5} {'change':<9} {'checkpoint 1':>13} {'2 uploads':>11} {'%':>6} "
+    print(f"{'backend':<19} {'maxp':>5} {'change':<9} {'checkpoint 1':>13} {'2 uploads':>11} {'%':>6} "
           f"{'files new/all':>14} {'inline refs':>12}")  # fmt: skip
     for maxp in (128, 4096):
         for kind in ("random", "clustered"):
             for name, factory in backends.items():
                 full, uploaded, files, inline = measure(factory, maxp, keys, value, kind)
                 print(
-                    f"{name:<18} {maxp:>5} {kind:<9} {full:>13,} {uploaded:>11,} "
+                    f"{name:<19} {maxp:>5} {kind:<9} {full:>13,} {uploaded:>11,} "
                     f"{100 * uploaded / full:>5.1f}% {files:>14} {inline:>12,}"
                 )
 

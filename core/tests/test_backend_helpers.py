@@ -19,9 +19,16 @@ import pytest
 
 from statekit import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statekit._contracts import create_keyed_backend
-from statekit.backend_api import ConfigOption, DeclaredStateBackend, KeyedBackendParameters, KeyGroupRange
+from statekit.backend_api import (
+    ConfigOption,
+    DeclaredStateBackend,
+    KeyedBackendParameters,
+    KeyGroupRange,
+    key_group_for_bytes,
+)
 from statekit.errors import ConfigurationError, CorruptSnapshotError, SnapshotCancelledError, StateAccessError
 from statekit.ordered_kv import (
+    KEY_GROUP_NATIVE_OPTIONS,
     KeyGroupNativeSnapshots,
     KVColumn,
     OrderedKVBackendBase,
@@ -313,6 +320,142 @@ def test_a_damaged_key_group_file_is_named_before_anything_is_loaded(tmp_path: A
         target.restore_native([damaged])
     assert target.dictkv_tables == {} or all(not t for t in target.dictkv_tables.values())
     assert snapshot_handle(target) is not None
+
+
+# --- key-group deltas -------------------------------------------------------------------------------
+
+
+class DeltaDictKVBackend(DeclaredStateBackend):
+    name = "dictkv"
+    declared_options = (*OPTIONS, *KEY_GROUP_NATIVE_OPTIONS)
+    keyed_backend = DictKV
+
+
+def _confirmed(b: DictKV, cid: int) -> Any:
+    h = _write(b, cid, KitNativeOutput(cid))
+    b.notify_checkpoint_complete(cid)
+    return h
+
+
+def _change(b: DictKV, i: int, r: int) -> None:
+    v, lst, m = b.get_state(VALUE), b.get_state(LIST), b.get_state(MAP)
+    b.set_current_key(f"k{i}")
+    if i % 5 == 0:
+        v.clear()
+        lst.clear()
+        m.clear()
+    else:
+        v.update(-r)
+        lst.add(r)
+        m.put(f"r{r}", r)
+
+
+def test_changes_are_recorded_only_once_native_snapshots_are_taken() -> None:
+    b = make()
+    fill(b, range(50))
+    b.kv_write_buffered()
+    assert b.kv_changes is None  # canonical-only jobs pay nothing
+    _confirmed(b, 1)
+    fill(b, range(3), base=100)
+    b.kv_write_buffered()
+    assert {n: len(ks) for n, ks in (b.kv_changes or {}).items()} == {"v": 3, "l": 6, "m": 3}
+
+
+def test_deltas_upload_the_changed_keys_and_restore_at_any_parallelism() -> None:
+    b = make()
+    fill(b, range(400))
+    first = _confirmed(b, 1)
+    handles = []
+    for r in range(1, 4):
+        for i in range(r, 400, 97):  # 4-5 keys, in as many key groups, some cleared
+            _change(b, i, r)
+        h = _confirmed(b, r + 1)
+        new = [f for f in h.files if f.checkpoint_id == r + 1]
+        assert [f.name for f in new] == [f"kg-delta-{r + 1}"] and new[0].size < 600
+        assert [d["checkpoint_id"] for d in h.meta["deltas"]] == list(range(2, r + 2))
+        assert h.entries == b.num_entries() and len(h.files) == len(first.files) + r
+        handles.append(h)
+    expected = contents(b, range(400))
+    for bounds in ([(0, 15)], [(0, 6), (7, 15)]):
+        got = {}
+        for lo, hi in bounds:
+            target = make(kgr=KeyGroupRange.of(lo, hi))
+            target.restore_native([handles[-1]])
+            got.update(contents(target, range(400)))
+        assert got == expected
+
+
+def test_whole_files_again_after_max_deltas_and_for_a_key_group_its_deltas_outgrow() -> None:
+    b = make(DeltaDictKVBackend({"max-deltas": 2}))
+    fill(b, range(400))
+    _confirmed(b, 1)
+    shapes = []
+    for cid in range(2, 6):
+        _change(b, cid, cid)
+        h = _confirmed(b, cid)
+        shapes.append(len(h.meta["deltas"]))
+    assert shapes == [1, 2, 0, 1]  # the fourth writes every key group's file: a new chain
+    # Every key of one key group changes: that key group's whole file, no block for it.
+    kg = key_group_for_bytes(StrSerializer().serialize("k1"), 16)
+    for i in range(400):
+        if key_group_for_bytes(StrSerializer().serialize(f"k{i}"), 16) == kg:
+            _change(b, i, 77)
+    h = _confirmed(b, 6)
+    assert h.meta["kg_since"] == {str(kg): 6}
+    assert {f.name.split("-")[1] for f in h.files if f.checkpoint_id == 6} == {str(kg)}
+    expected = contents(b, range(400))
+    target = make()
+    target.restore_native([h])
+    assert contents(target, range(400)) == expected
+
+
+def test_a_key_group_file_is_written_whole_with_max_deltas_off() -> None:
+    b = make(DeltaDictKVBackend({"max-deltas": 0}))
+    assert not b.checkpoint_bytes_follow_change
+    fill(b, range(100))
+    _confirmed(b, 1)
+    _change(b, 3, 1)
+    h = _confirmed(b, 2)
+    assert b.kv_changes is None and "deltas" in h.meta and not h.meta["deltas"]
+    assert [f.name.startswith("kg-") and "delta" not in f.name for f in h.files if f.checkpoint_id == 2] == [
+        True
+    ]
+
+
+def test_a_damaged_delta_is_named_before_anything_is_loaded() -> None:
+    b = make()
+    fill(b, range(50))
+    _confirmed(b, 1)
+    _change(b, 7, 1)
+    h = _confirmed(b, 2)
+    i = next(i for i, f in enumerate(h.files) if f.name == "kg-delta-2")
+    bad = dataclasses.replace(h.files[i], sha256="1" * 64)
+    target = make()
+    with pytest.raises(CorruptSnapshotError, match="native file kg-delta-2"):
+        target.restore_native([dataclasses.replace(h, files=(*h.files[:i], bad, *h.files[i + 1 :]))])
+    assert target.num_entries() == 0
+    shuffled = dict(h.meta, deltas=[dict(h.meta["deltas"][0], checkpoint_id=9)])
+    with pytest.raises(CorruptSnapshotError, match="out of order"):
+        target.restore_native([dataclasses.replace(h, meta=shuffled)])
+
+
+def test_a_restored_chain_is_claimed_and_continued_with_deltas() -> None:
+    b = make()
+    fill(b, range(200))
+    _confirmed(b, 1)
+    _change(b, 4, 1)
+    h = _confirmed(b, 2)
+    target = make()
+    target.restore_native([h])
+    target.notify_checkpoint_complete(2)  # the claim
+    _change(target, 6, 3)
+    again = _write(target, 3, KitNativeOutput(3))
+    assert [f.name for f in again.files if f.checkpoint_id == 3] == ["kg-delta-3"]
+    assert [d["checkpoint_id"] for d in again.meta["deltas"]] == [2, 3]
+    _change(b, 6, 3)
+    last = make()
+    last.restore_native([again])
+    assert contents(last, range(200)) == contents(b, range(200))
 
 
 # --- create_keyed_backend: the parameters whole; the keyword form of 0.1 until 0.2.0 ---------------

@@ -105,25 +105,82 @@ def test_native_rescale_from_two_subtasks_and_back(tmp_path: Path, new_p: int) -
     back.close()
 
 
-def test_key_group_checkpoints_upload_only_the_key_groups_that_changed(tmp_path: Path) -> None:
-    """The default format: a file per key group, named by its SHA-256, referenced while unchanged."""
+def test_key_group_checkpoints_upload_only_what_changed(tmp_path: Path) -> None:
+    """The default format: a file per key group named by its SHA-256, then a delta of the changed keys.
+
+    The second checkpoint uploads one delta file and references every key
+    group's file (retention keeps them for it, with one checkpoint retained);
+    a rescale restores the chain.
+    """
     r = runner(tmp_path, **{"statekit.checkpoints.retained": 1})
     feed(r, [(f"user-{i:06d}", 1) for i in range(20_000)])
     first = keyed_checkpoint_part(r, r.checkpoint())
-    feed(r, [("user-000007", 2)])
+    feed(r, [("user-000007", 2), ("user-000008", 2)])
     second = keyed_checkpoint_part(r, r.checkpoint())
     for part in (first, second):
-        assert part["format"] == "statekit-lmdb-kg-1" and part["entries"] == 20_000
-        assert len(part["native"]["files"]) == 128  # every key group holds keys
-        assert all(f["name"] == f"kg-{kg}-{f['sha256']}" for kg, f in enumerate(part["native"]["files"]))
+        assert part["format"] == "statekit-lmdb-kg-2" and part["entries"] == 20_000
+        groups = [f for f in part["native"]["files"] if not f["name"].startswith("kg-delta-")]
+        assert len(groups) == 128  # every key group holds keys
+        assert all(f["name"] == f"kg-{kg}-{f['sha256']}" for kg, f in enumerate(groups))
+        assert all(f["checkpoint_id"] == 1 for f in groups)  # the second references them
     new = [f for f in second["native"]["files"] if f["checkpoint_id"] == 2]
-    assert len(new) == 1  # the one key group that changed; retention kept the rest for it
+    assert [f["name"] for f in new] == ["kg-delta-2"] and new[0]["size"] < 200
     r.close()
     again = runner(tmp_path, **{"statekit.parallelism": 3})
     again.restore("latest")
-    expected = {f"user-{i:06d}": 2 if i == 7 else 1 for i in range(20_000)}
+    expected = {f"user-{i:06d}": 2 if i in (7, 8) else 1 for i in range(20_000)}
     assert value_state_contents(again, COUNT) == expected
     again.close()
+
+
+@pytest.mark.parametrize("p", [1, 3])
+def test_chains_are_written_whole_again_and_retention_keeps_what_the_latest_references(
+    tmp_path: Path, p: int
+) -> None:
+    """max-deltas=2, one checkpoint retained: deltas, then whole files, and the latest restores exactly."""
+    r = runner(tmp_path, **{"statekit.checkpoints.retained": 1, "statekit.backend.lmdb.max-deltas": 2})
+    feed(r, [(f"u{i}", 0) for i in range(3000)])
+    chains = []
+    for c in range(1, 6):
+        feed(r, [(f"u{c * 7}", c), (f"u{c * 11}", c), (f"new{c}", c)])
+        part = keyed_checkpoint_part(r, r.checkpoint())
+        chains.append(len(part["native"]["meta"]["deltas"]))
+    assert chains == [0, 1, 2, 0, 1]
+    expected = value_state_contents(r, COUNT)
+    r.close()
+    again = runner(tmp_path, **{"statekit.parallelism": p})
+    again.restore("latest")
+    assert value_state_contents(again, COUNT) == expected
+    again.close()
+
+
+def test_a_checkpoint_of_the_format_before_deltas_restores(tmp_path: Path) -> None:
+    """statekit-lmdb-kg-1 (one file per key group, no deltas) is read by the same path."""
+    import dataclasses
+
+    from statekit.backend_api import KeyedBackendParameters, KeyGroupRange
+    from statekit.serializers import StrSerializer
+    from statekit.testing import KitNativeOutput
+
+    def make() -> LMDBKeyedStateBackend:
+        kgr = KeyGroupRange.of(0, 127)
+        params = KeyedBackendParameters(StrSerializer(), kgr, 128, local_dir=str(tmp_path))
+        return LMDBKeyedStateBackend(params, {})
+
+    b = make()
+    s = b.get_state(COUNT)
+    for i in range(300):
+        b.set_current_key(f"k{i}")
+        s.update(i)
+    h = b.native_snapshot(1).write(KitNativeOutput(1))
+    b.close()
+    meta = {k: v for k, v in h.meta.items() if k != "deltas"}
+    target = make()
+    target.restore_native([dataclasses.replace(h, format="statekit-lmdb-kg-1", meta=meta)])
+    ts = target.get_state(COUNT)
+    target.set_current_key("k42")
+    assert ts.value() == 42 and target.num_entries() == 300
+    target.close()
 
 
 @pytest.mark.parametrize(("written", "restored"), [("key-groups", "full"), ("full", "key-groups")])

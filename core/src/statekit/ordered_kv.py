@@ -5,8 +5,9 @@ column families or named databases subclasses :class:`OrderedKVBackendBase`
 (``kv_bind``, ``kv_write``, ``kv_load``, ``kv_freeze``); an engine with one key
 space subclasses :class:`PrefixedKVBackendBase` (``kv_get``, ``kv_scan``,
 ``kv_apply``, ``kv_reader``). Either adds :class:`KeyGroupNativeSnapshots` for
-incremental native checkpoints (the key-group files of
-``docs/snapshot-format.md``) and declares :data:`ORDERED_KV_OPTIONS`. The
+native checkpoints in proportion to the change (the key-group files and deltas
+of ``docs/snapshot-format.md``; options :data:`KEY_GROUP_NATIVE_OPTIONS`) and
+declares :data:`ORDERED_KV_OPTIONS`. The
 composite-key layout (:class:`KeyLayout`, :func:`entry_codec`, varints), the
 native restore's plan (:class:`KVNativeRestore`, :class:`KVRestoreTarget`),
 the instance directories of on-disk engines (:func:`create_instance_dir`,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from ._localdirs import OWNER_FILE, create_instance_dir, local_write_error, remove_stale_instance_dirs
 from .state._kvcolumn import KVColumn
+from .state._kvdelta import DELTA_FILE_MAGIC, KEY_GROUP_NATIVE_OPTIONS
 from .state._kvlayout import (
     EntryCodec,
     KeyLayout,
@@ -41,8 +43,10 @@ from .state._kvstate import (
 from .state._migration import DROP, MigrationProgress, StateMigrationPlan
 
 __all__ = [
+    "DELTA_FILE_MAGIC",
     "DROP",
     "KEY_GROUP_FILE_MAGIC",
+    "KEY_GROUP_NATIVE_OPTIONS",
     "ORDERED_KV_OPTIONS",
     "OWNER_FILE",
     "EntryCodec",

@@ -50,7 +50,9 @@ def test_without_local_dir_a_temporary_directory_is_used_and_removed():
     assert not os.path.exists(directory)
 
 
-def test_native_checkpoints_upload_only_the_key_groups_that_changed(tmp_path):
+def test_native_checkpoints_upload_only_the_keys_that_changed(tmp_path):
+    import dataclasses
+
     from statekit.testing import KitNativeOutput
 
     b = make(str(tmp_path))
@@ -63,13 +65,23 @@ def test_native_checkpoints_upload_only_the_key_groups_that_changed(tmp_path):
     b.set_current_key("k7")
     s.update(-7)
     second = b.native_snapshot(2).write(KitNativeOutput(2))
-    assert len(first.files) == len(second.files) == 128
-    assert [f.checkpoint_id for f in second.files].count(2) == 1
+    assert len(first.files) == 128 and len(second.files) == 129  # every key group's file, one delta
+    new = [f for f in second.files if f.checkpoint_id == 2]
+    assert [f.name for f in new] == ["kg-delta-2"] and new[0].size < 64
     target = make(str(tmp_path))
     target.restore_native([second])
     ts = target.get_state(ValueStateDescriptor("v", int))
     target.set_current_key("k7")
     assert ts.value() == -7
+    target.close()
+    # A checkpoint of the format before deltas (statekit-sqlite-kg-1) still restores.
+    meta = {k: v for k, v in first.meta.items() if k != "deltas"}
+    older = dataclasses.replace(first, format="statekit-sqlite-kg-1", meta=meta)
+    target = make(str(tmp_path))
+    target.restore_native([older])
+    ts = target.get_state(ValueStateDescriptor("v", int))
+    target.set_current_key("k7")
+    assert ts.value() == 7
     target.close()
     b.close()
 
@@ -104,6 +116,8 @@ def test_registered_by_entry_point_with_its_options():
         "cache-size": 1 << 20,
         "write-batch-size": 1024,
         "ttl-sweep-interval": 1000,
+        "max-deltas": 10,
+        "max-delta-ratio": 0.5,
     }
 
 

@@ -8,8 +8,8 @@ transaction per batch; a full map grows and the transaction is written again
 transaction per state, renewed by every commit. Snapshots are taken while
 processing goes on: both kinds read a read transaction pinned at the snapshot
 point (``_views``, the base's ``kv_freeze``); canonical ones iterate it, native
-ones are core's per-key-group files (``KeyGroupNativeSnapshots``: incremental,
-one content-addressed file per key group) or, with ``native-format=full``, a
+ones are core's per-key-group files (``KeyGroupNativeSnapshots``: one
+content-addressed file per key group, then deltas of the changed keys) or, with ``native-format=full``, a
 compact copy of it (``_full_snapshot``). Restores of the full copies, and
 rescales of them, are in ``_restore``.
 """
@@ -39,12 +39,20 @@ from ._restore import restore_instance
 from ._views import PinnedView
 from ._writes import LMDBWrites, MapSizeLimitError, round_up
 
-__all__ = ["LMDB_KEY_GROUP_FORMAT", "LMDB_NATIVE_FORMAT", "LMDBKeyedStateBackend", "LMDBStateBackend"]
+__all__ = [
+    "LMDB_KEY_GROUP_FORMAT",
+    "LMDB_KEY_GROUP_FORMAT_1",
+    "LMDB_NATIVE_FORMAT",
+    "LMDBKeyedStateBackend",
+    "LMDBStateBackend",
+]
 
 #: The full native format: a compact copy of the environment (see docs/backends/lmdb.md).
 LMDB_NATIVE_FORMAT = "statekit-lmdb-1"
-#: The incremental native format (the default): one content-addressed file per key group.
-LMDB_KEY_GROUP_FORMAT = "statekit-lmdb-kg-1"
+#: The incremental native format (the default): a content-addressed file per key group, and deltas.
+LMDB_KEY_GROUP_FORMAT = "statekit-lmdb-kg-2"
+#: The same before deltas (one file per key group only): still restored.
+LMDB_KEY_GROUP_FORMAT_1 = "statekit-lmdb-kg-1"
 # Reader slots for pinned snapshots, besides one per state for the task's reads.
 _SNAPSHOT_READERS = 126
 
@@ -131,8 +139,9 @@ class LMDBKeyedStateBackend(KeyGroupNativeSnapshots, LMDBWrites, OrderedKVBacken
     backend_name = "lmdb"
     native_format = LMDB_KEY_GROUP_FORMAT
     key_group_format = LMDB_KEY_GROUP_FORMAT  # restored also when native-format=full
-    #: Native formats restored besides ``native_format``: every one this backend writes.
-    readable_native_formats = (LMDB_KEY_GROUP_FORMAT, LMDB_NATIVE_FORMAT)
+    key_group_older_formats = (LMDB_KEY_GROUP_FORMAT_1,)
+    #: Native formats restored besides ``native_format``: every one this backend writes or wrote.
+    readable_native_formats = (LMDB_KEY_GROUP_FORMAT, LMDB_KEY_GROUP_FORMAT_1, LMDB_NATIVE_FORMAT)
 
     def __init__(self, parameters: KeyedBackendParameters, options: Mapping[str, Any] | None = None) -> None:
         opts = {o.name: o.default for o in OPTIONS}
@@ -364,6 +373,11 @@ class LMDBKeyedStateBackend(KeyGroupNativeSnapshots, LMDBWrites, OrderedKVBacken
             return self.track_snapshot(LMDBNativeSnapshot.take(self, checkpoint_id))
         return super().native_snapshot(checkpoint_id)
 
+    @property
+    def checkpoint_bytes_follow_change(self) -> bool:
+        """True with the key-group format and deltas on: a checkpoint writes about what changed."""
+        return self.native_format == LMDB_KEY_GROUP_FORMAT and super().checkpoint_bytes_follow_change
+
     def restore_native(self, handles: Sequence[NativeStateHandle]) -> None:
         """Restore native snapshots of any parallelism, of either format (full copies: ``_restore``)."""
         formats = {h.format for h in handles}
@@ -456,6 +470,9 @@ class _PinnedFrozen:
 
     def items(self, name: str, lower: bytes, upper: bytes | None) -> list[tuple[bytes, bytes]]:
         return self.view.items(name, lower, upper)
+
+    def lookup(self, name: str, keys: list[bytes]) -> list[bytes | None]:
+        return self.view.lookup(name, keys)
 
     def release(self) -> None:
         self.backend.lmdb_unpin(self.view)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from statekit.backend_api import BackendSpec, ConfigOption, hookimpl
-from statekit.ordered_kv import ORDERED_KV_OPTIONS
+from statekit.ordered_kv import KEY_GROUP_NATIVE_OPTIONS, ORDERED_KV_OPTIONS
 
 OPTIONS = (
     ConfigOption(
@@ -52,10 +52,11 @@ OPTIONS = (
     ConfigOption(
         "native-format", str, "key-groups",
         "What a native checkpoint uploads: 'key-groups', one file per key group named by its SHA-256, "
-        "uploaded only when it changed (incremental); 'full', one compact copy of the environment per "
-        "checkpoint. Both are restored whatever this says.", choices=("key-groups", "full"),
+        "then deltas of the changed keys (max-deltas, max-delta-ratio); 'full', one compact copy of the "
+        "environment per checkpoint. Both are restored whatever this says.", choices=("key-groups", "full"),
     ),
     ORDERED_KV_OPTIONS[1],  # ttl-sweep-interval
+    *KEY_GROUP_NATIVE_OPTIONS,  # max-deltas, max-delta-ratio: read by KeyGroupNativeSnapshots
 )  # fmt: skip
 
 

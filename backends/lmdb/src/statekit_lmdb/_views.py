@@ -131,6 +131,15 @@ class PinnedView:
             src = self._source(name)
             return [] if src is None else read_range(src[0], src[1], lower, upper)
 
+    def lookup(self, name: str, keys: list[bytes]) -> list[bytes | None]:
+        """The value of each of state ``name``'s ``keys`` as at the snapshot point (None: absent)."""
+        with self._lock:
+            src = self._source(name)
+            if src is None:
+                return [None] * len(keys)
+            txn, db = src
+            return [txn.get(k, db=db) for k in keys]
+
     def count(self, name: str, layout: KeyLayout, kind: StateKind) -> int:
         """The number of (key, namespace) entries of state ``name`` in this view."""
         with self._lock:

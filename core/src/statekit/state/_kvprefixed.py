@@ -109,7 +109,7 @@ class PrefixedKVBackendBase(OrderedKVBackendBase):
 
         class MyKeyedBackend(KeyGroupNativeSnapshots, PrefixedKVBackendBase):
             backend_name = "mydb"
-            native_format = "mydb-kg-1"
+            native_format = "mydb-kg-2"
             kv_dir_prefix = "mydb-"          # the base makes self.kv_dir and removes it at close
 
             def __init__(self, parameters, options):

@@ -464,6 +464,11 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
             key_cache_size=key_cache_size,
         )
         opts = options or {}
+        #: The plugin's options by short name, as given (what mixins such as KeyGroupNativeSnapshots read).
+        self.kv_options: dict[str, Any] = dict(opts)
+        #: Composite keys each state's buffered writes touched since the last native snapshot, or None
+        #: while nothing asks (:class:`~statekit.ordered_kv.KeyGroupNativeSnapshots` sets a dict).
+        self.kv_changes: dict[str, set[bytes]] | None = None
         if write_batch_size is None:
             write_batch_size = int(opts.get("write-batch-size", 1024))
         if ttl_sweep_interval is None:
@@ -659,7 +664,7 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
             self.kv_pending = max(0, self.kv_pending - n)
 
     def kv_flush(self, columns: Sequence[KVColumn]) -> None:
-        """Count what the columns' buffers change (:attr:`kv_counts`), :meth:`kv_write` them, clear them.
+        """Count what buffers change (:attr:`kv_counts`), note keys (:attr:`kv_changes`), write, clear.
 
         Every write of buffered updates the base makes goes through here; an
         engine that writes a buffer itself calls this, not ``kv_write``.
@@ -667,6 +672,14 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
         counts = self.kv_counts
         for col in columns:
             counts.before_write(col)
+        changes = self.kv_changes
+        if changes is not None:  # recorded before the write: one that raises is recorded again, harmlessly
+            for col in columns:
+                seen = changes.get(col.name)
+                if seen is None:
+                    changes[col.name] = set(col.buffer)
+                else:
+                    seen.update(col.buffer)
         self.kv_write(columns)
         for col in columns:  # the base clears them: a write that raised leaves them for the next attempt
             col.buffer.clear()

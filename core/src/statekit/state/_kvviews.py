@@ -48,6 +48,28 @@ class TrackedView:
             out: Iterable[tuple[bytes, bytes]] = view.items(name, lower, upper)
             return out if isinstance(out, list) else list(out)
 
+    def lookup(self, name: str, keys: list[bytes]) -> list[bytes | None]:
+        """The value of each of state ``name``'s ``keys`` in the view (None: absent), under one lock.
+
+        The view's own ``lookup(name, keys)`` if it has one (point reads), else
+        one ``items(name, key, key + b"\\x00")`` per key.
+        """
+        with self._lock:
+            view = self._view
+            if view is None:
+                raise SnapshotCancelledError(
+                    f"state {name!r} is read from a frozen view that was released: its backend closed "
+                    "while the snapshot was being written, and close() cancelled it"
+                )
+            fast = getattr(view, "lookup", None)
+            if fast is not None:
+                return list(fast(name, keys))
+            out: list[bytes | None] = []
+            for k in keys:
+                got = list(view.items(name, k, k + b"\x00"))
+                out.append(got[0][1] if got and got[0][0] == k else None)
+            return out
+
     def release(self) -> None:
         """Let the engine reclaim the view: after any ``items()`` in progress; once."""
         with self._lock:

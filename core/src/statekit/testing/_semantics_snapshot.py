@@ -366,49 +366,58 @@ class SnapshotSemantics:
         """A backend declaring ``checkpoint_bytes_follow_change`` checkpoints the change, not the state.
 
         Two backends hold 300 and 3000 keys; each takes a confirmed native
-        checkpoint, then the same 12 keys change (a value updated, a list
-        appended, a map entry put, a key cleared) and the next checkpoint is
-        taken. What it uploads is bounded by the change plus a constant:
+        checkpoint, then twice 12 keys change (a value updated, a list
+        appended, a map entry put, a key cleared) and a checkpoint is taken.
+        What each uploads is bounded by the change plus a constant:
         ``CHANGE_CONSTANT`` bytes plus ``CHANGE_PER_ENTRY`` per changed entry,
-        on both, whatever the state's size (heap's deltas: Spark's HDFS store,
-        Flink's FLIP-151).
+        on both, whatever the state's size (heap's deltas, the key-group
+        deltas of ordered engines: Spark's HDFS store, Flink's FLIP-151). The
+        last one, two changes after a full one, restores exactly.
         """
         if not getattr(backend, "checkpoint_bytes_follow_change", False):
             pytest.skip("this backend does not declare checkpoint_bytes_follow_change")
-        changed = keys_of(12)
-        uploads = {}
+        rounds = [keys_of(12), [f"key-{i}" for i in range(40, 52)]]
+        uploads: dict[int, list[int]] = {}
         for n in (300, 3000):
             keyed: Any = make_backend()
             cps = NativeCheckpoints()
             states = populate(keyed, keys_of(n))
             full, _ = native_snapshot_handle(keyed, cps)
-            for i, k in enumerate(changed):
-                keyed.set_current_key(k)
-                if i % 4 == 3:
-                    for s in states.values():
-                        s.clear()
-                    continue
-                states["value"].update(-1 - i)
-                states["list"].add(i)
-                states["map"].put(f"changed-{i}", i)
-            handle, _ = native_snapshot_handle(keyed, cps)
-            uploads[n] = (handle.uploaded_size, full.uploaded_size)
-            entries = len(changed) * len(states) * 2  # every state, in up to two namespaces
-            bound = self.CHANGE_CONSTANT + self.CHANGE_PER_ENTRY * entries
-            assert handle.uploaded_size <= bound, (
-                f"{type(keyed).__name__} declares checkpoint_bytes_follow_change, but after "
-                f"{len(changed)} of "
-                f"{n} keys changed its checkpoint uploaded {handle.uploaded_size} bytes (the full one "
-                f"{full.uploaded_size}), over the bound {bound} (a constant {self.CHANGE_CONSTANT} plus "
-                f"{self.CHANGE_PER_ENTRY} per changed entry)"
+            uploads[n] = []
+            for r, changed in enumerate(rounds):
+                for i, k in enumerate(changed):
+                    keyed.set_current_key(k)
+                    if i % 4 == 3:
+                        for s in states.values():
+                            s.clear()
+                        continue
+                    states["value"].update(-1 - i - 100 * r)
+                    states["list"].add(i)
+                    states["map"].put(f"changed-{r}-{i}", i)
+                handle, _ = native_snapshot_handle(keyed, cps)
+                uploads[n].append(handle.uploaded_size)
+                entries = len(changed) * len(states) * 2  # every state, in up to two namespaces
+                bound = self.CHANGE_CONSTANT + self.CHANGE_PER_ENTRY * entries
+                assert handle.uploaded_size <= bound, (
+                    f"{type(keyed).__name__} declares checkpoint_bytes_follow_change, but after "
+                    f"{len(changed)} of {n} keys changed its checkpoint {handle.checkpoint_id} uploaded "
+                    f"{handle.uploaded_size} bytes (the full one {full.uploaded_size}), over the bound "
+                    f"{bound} (a constant {self.CHANGE_CONSTANT} plus {self.CHANGE_PER_ENTRY} per changed "
+                    "entry)"
+                )
+            expected = dump(keyed, states)
+            target: Any = make_backend()
+            target.restore_native([handle])
+            assert dump(target, declare(target)) == expected, (
+                f"checkpoint {handle.checkpoint_id}, {len(rounds)} changes after a full one, does not "
+                "restore what the backend held"
             )
             keyed.close()
-        small, large = uploads[300][0], uploads[3000][0]
-        assert large <= small + self.CHANGE_CONSTANT // 4, (
-            f"the same change uploaded {small} bytes over 300 keys and {large} over 3000: checkpoint bytes "
-            f"grow with the state, not with the change (full checkpoints: {uploads[300][1]}, "
-            f"{uploads[3000][1]})"
-        )
+        for r, (small, large) in enumerate(zip(uploads[300], uploads[3000])):
+            assert large <= small + self.CHANGE_CONSTANT // 4, (
+                f"change {r + 1}: the same change uploaded {small} bytes over 300 keys and {large} over "
+                "3000: checkpoint bytes grow with the state, not with the change"
+            )
 
     def test_native_restore_references_restored_files_only_when_claimed(
         self, make_backend: Any, backend: Any

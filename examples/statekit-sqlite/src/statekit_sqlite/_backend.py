@@ -13,8 +13,10 @@ second connection holding a read transaction begun at the snapshot point; it
 sees the file as it was then, whatever the task writes afterwards, and can be
 read from another thread. Native checkpoints are statekit's per-key-group
 files (``KeyGroupNativeSnapshots``): SQLite rewrites its one file in place, so
-each key group is a file of its own, named by its SHA-256, uploaded only when
-it changed.
+each key group is a file of its own, named by its SHA-256, and later
+checkpoints upload one delta of the keys that changed (the base records every
+key its writes touch; the options ``max-deltas`` and ``max-delta-ratio`` say
+when key groups are written whole again).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class _ReadView:
     def __init__(self, path: str) -> None:
         self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._conn.execute("BEGIN")
-        self._conn.execute("SELECT count(*) FROM kv").fetchone()  # the read transaction starts here
+        # The read transaction starts at its first read: one row, not a count of the table (O(state)).
+        self._conn.execute("SELECT k FROM kv LIMIT 1").fetchone()
 
     def scan(self, lower: bytes, upper: bytes | None, limit: int) -> list[Any]:
         return _scan(self._conn, lower, upper, limit)
@@ -63,7 +66,9 @@ class SqliteKeyedStateBackend(KeyGroupNativeSnapshots, PrefixedKVBackendBase):
     """Keyed state of one subtask in ``<local_dir>/sqlite-<random>/state.sqlite`` (see the module)."""
 
     backend_name = "sqlite"
-    native_format = "statekit-sqlite-kg-1"
+    native_format = "statekit-sqlite-kg-2"  # key-group files, then deltas of the changed keys
+    key_group_older_formats = ("statekit-sqlite-kg-1",)  # before deltas: still restored
+    readable_native_formats = key_group_older_formats
     kv_dir_prefix = "sqlite-"  # the base makes self.kv_dir, and removes it when the backend closes
 
     def __init__(self, parameters: KeyedBackendParameters, options: Mapping[str, Any]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from statekit.backend_api import BackendSpec, ConfigOption, hookimpl
-from statekit.ordered_kv import ORDERED_KV_OPTIONS
+from statekit.ordered_kv import KEY_GROUP_NATIVE_OPTIONS, ORDERED_KV_OPTIONS
 
 __all__ = ["OPTIONS", "statekit_register_backends"]
 
@@ -17,6 +17,7 @@ OPTIONS = (
     ),
     ConfigOption("cache-size", int, 2 << 20, "Bytes of SQLite page cache per subtask.", byte_size=True),
     *ORDERED_KV_OPTIONS,  # write-batch-size, ttl-sweep-interval: read by the ordered base
+    *KEY_GROUP_NATIVE_OPTIONS,  # max-deltas, max-delta-ratio: read by KeyGroupNativeSnapshots
 )  # fmt: skip
 
 
