@@ -38,7 +38,7 @@ ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvi
 
 
 def write_keys(path: str, first: int, count: int) -> None:
-    """A CSV file of keys ``k<first>`` .. ``k<first + count - 1>``, one a line (written whole, then renamed)."""
+    """A CSV file of the keys ``k<first>`` .. ``k<first + count - 1>``, one a line (renamed into place)."""
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         step = 100_000
@@ -50,9 +50,7 @@ def write_keys(path: str, first: int, count: int) -> None:
 def _query(spark: Any, method: str, work: str, seen: dict[str, int], infos: list[Any]) -> Any:
     """The query (not started): its stream writer, for ``method``."""
     stream = (
-        spark.readStream.schema("url string")
-        .option("maxFilesPerTrigger", 1)
-        .csv(os.path.join(work, "input"))
+        spark.readStream.schema("url string").option("maxFilesPerTrigger", 1).csv(os.path.join(work, "input"))
     )
 
     def sink(batch_df: Any, batch_id: int) -> None:
@@ -81,7 +79,8 @@ def _query(spark: Any, method: str, work: str, seen: dict[str, int], infos: list
 
     class Writer:
         def start(self) -> Any:
-            return processed.foreach_batch(sink).start(checkpoint_location=location, trigger={"availableNow": True})
+            trigger = {"availableNow": True}
+            return processed.foreach_batch(sink).start(checkpoint_location=location, trigger=trigger)
 
     return Writer()
 
@@ -92,7 +91,11 @@ def child(method: str, work: str) -> None:
 
     spark = local_spark_session(
         "statekit-bench-restart",
-        conf={"spark.statekit.parallelism": "2", "spark.driver.memory": "6g", "spark.sql.shuffle.partitions": "2"},
+        conf={
+            "spark.statekit.parallelism": "2",
+            "spark.driver.memory": "6g",
+            "spark.sql.shuffle.partitions": "2",
+        },
     )
     seen: dict[str, int] = {}
     infos: list[Any] = []
