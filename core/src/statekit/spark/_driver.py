@@ -458,6 +458,9 @@ class MicroBatchDriver:
             reports, locations = self._run_tasks(batch)
             location, watermark = self._complete(batch, reports)
         except BaseException as e:
+            # Whether or not this batch's checkpoint completed before the failure, the next batch
+            # finds the newest one in the storage (a completed one means the batch is done).
+            self._completed = self._completed_read = None
             if self.coordinator.last_completed != batch.pending.checkpoint_id:
                 self.coordinator.abort(batch.pending, [r.state for r in reports], e)
             self.metrics.failed(batch_id, e, self.coordinator.history.attempts())  # the UI's last failure
