@@ -285,6 +285,88 @@ def run_streaming_floor(spark: Any, logs: str, work: str, files_per_trigger: int
     return outcome
 
 
+def _ones(batches: Iterator[Any]) -> Iterator[Any]:
+    """Each row's URL with a count of 1: a Python operator that does nothing per key."""
+    import numpy as np
+    import pyarrow as pa
+
+    for b in batches:
+        yield pa.RecordBatch.from_arrays(
+            [b.column(0), pa.array(np.ones(b.num_rows, dtype="int64"))], names=["url", "count"]
+        )
+
+
+def run_python_floor(spark: Any, logs: str, work: str, files_per_trigger: int, keyed: bool) -> Outcome:
+    """The same stream through a Python ``mapInArrow`` emitting ``(url, 1)`` per row, same sink.
+
+    ``keyed`` (the *keyfloor*): the rows are first shuffled by URL into as many
+    partitions as statekit has subtasks, as any keyed operator must; without it
+    (the *Python floor*) they stay in the scan's partitions. Only the number of
+    rows is checked (the counts are not counts per request).
+    """
+    sink = CountingSink()
+    stream = _stream(spark, logs, files_per_trigger)
+    if keyed:
+        stream = stream.repartition(int(spark.conf.get("spark.sql.shuffle.partitions")), "url")
+    out = stream.mapInArrow(_ones, OUTPUT_SCHEMA)
+    outcome = _run_query(
+        lambda: (
+            out.writeStream.foreachBatch(sink)
+            .option("checkpointLocation", os.path.join(work, "pyfloor-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        ),
+        sink,
+    )
+    outcome.checksum = None
+    return outcome
+
+
+def run_native(spark: Any, logs: str, work: str, files_per_trigger: int) -> Outcome:
+    """Spark's own stateful aggregate in the JVM: ``groupBy("url").count()``, update mode, RocksDB store.
+
+    It emits each URL's count once per micro-batch that touches it (not per
+    request): its checksum is checked against :func:`expected_update_checksum`.
+    """
+    sink = CountingSink()
+    out = _stream(spark, logs, files_per_trigger).groupBy("url").count()
+    return _run_query(
+        lambda: (
+            out.writeStream.foreachBatch(sink)
+            .outputMode("update")
+            .option("checkpointLocation", os.path.join(work, "native-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        ),
+        sink,
+    )
+
+
+def expected_update_checksum(logs: str, files_per_trigger: int) -> tuple[int, tuple[int, int, int]]:
+    """Rows and checksum of an update-mode count: each URL's running count once per batch touching it.
+
+    Read from the log files in the order the file source takes them (by
+    modification time, then name), ``files_per_trigger`` files a batch.
+    """
+    import json
+
+    names = sorted(os.listdir(logs), key=lambda n: (os.path.getmtime(os.path.join(logs, n)), n))
+    counts: dict[str, int] = {}
+    rows, s, q, m = 0, 0, 0, 0
+    for i in range(0, len(names), files_per_trigger):
+        touched: set[str] = set()
+        for name in names[i : i + files_per_trigger]:
+            with open(os.path.join(logs, name), encoding="utf-8") as f:
+                for line in f:
+                    url = json.loads(line)["url"]
+                    counts[url] = counts.get(url, 0) + 1
+                    touched.add(url)
+        for url in touched:
+            c = counts[url]
+            rows, s, q, m = rows + 1, s + c, q + c * c, max(m, c)
+    return rows, (s, q, m)
+
+
 def run_stateless(spark: Any, logs: str) -> Outcome:
     """Spark's stateless batch count over the same files: the ceiling."""
     t0 = time.perf_counter()
@@ -354,7 +436,7 @@ def print_breakdown(infos: list[Any], spark_times: list[tuple[float, float]], pa
 
 def _check(name: str, outcome: Outcome, truth: dict[str, int], rows: int | None) -> None:
     """Exits with a message unless ``outcome`` holds exactly the counts of ``truth`` (the floor: its rows)."""
-    if name == "floor":
+    if name in ("floor", "keyfloor", "pyfloor"):
         pass
     elif outcome.checksum is not None:
         if outcome.checksum != expected_checksum(truth):
@@ -377,7 +459,12 @@ LABELS = {
     "apply": "applyInPandasWithState (HDFS state store)",
     "tws": "transformWithStateInPandas + ValueState (RocksDB state store)",
     "stateless": "stateless read.json().groupBy('url').count() (ceiling)",
+    "keyfloor": "keyfloor: shuffled by URL into a Python mapInArrow emitting (url, 1)",
+    "pyfloor": "Python floor: a Python mapInArrow emitting (url, 1), no shuffle",
+    "native": "Spark native groupBy('url').count(), update mode (RocksDB state store)",
 }
+#: What ``--rounds`` compares statekit with, each in every round.
+FLOORS = ("keyfloor", "pyfloor", "native")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -407,6 +494,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--only", action="append", choices=tuple(LABELS))
     ap.add_argument("--repeats", type=int, default=1, help="time each job N times, keep the best")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="alternating rounds (every job once a round, the order reversed every other round); the "
+        "medians and the ratios to keyfloor and native per round are reported. Default jobs with it: "
+        "keyfloor, pyfloor, native, statekit, vectorized",
+    )
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
     ap.add_argument("--workdir", help="where logs and checkpoints go (default: a temporary directory)")
     ap.add_argument(
@@ -415,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
         help="after the runs, print where statekit's time went per micro-batch (see BatchInfo.phases)",
     )
     args = ap.parse_args(argv)
-    only = set(args.only or LABELS)
+    default = ("keyfloor", "pyfloor", "native", "statekit", "vectorized") if args.rounds else tuple(LABELS)
+    only = set(args.only or default)
     per_record = args.baseline_output == "per-record"
     partitions = [int(p) for p in args.shuffle_partitions.split(",")]
 
@@ -453,6 +549,11 @@ def main(argv: list[str] | None = None) -> int:
             return run_statekit(spark, logs_dir, d, fpt, record, name == "vectorized")
         if name == "floor":
             return run_streaming_floor(spark, logs_dir, d, fpt)
+        if name in ("keyfloor", "pyfloor"):
+            return run_python_floor(spark, logs_dir, d, fpt, keyed=name == "keyfloor")
+        if name == "native":
+            spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+            return run_native(spark, logs_dir, d, fpt)
         if name == "apply":
             return run_apply_in_pandas_with_state(spark, logs_dir, d, fpt, per_record)
         if name == "tws":
@@ -462,32 +563,53 @@ def main(argv: list[str] | None = None) -> int:
     # statekit routes by key group to spark.statekit.parallelism partitions: the shuffle setting
     # does not apply to it, so it runs once.
     plan = [(n, p) for p in partitions for n in ("stateless", "apply", "tws") if n in only]
-    plan += [(n, partitions[0]) for n in ("floor", "statekit", "vectorized") if n in only]
+    plan += [(n, partitions[0]) for n in ("floor", *FLOORS, "statekit", "vectorized") if n in only]
     if not args.no_warmup:
         for name in dict.fromkeys(n for n, _ in plan):
             print(f"warm-up: {LABELS[name]} ...", flush=True)
             run(name, warm_logs, "warmup", partitions[0])
     rates: dict[tuple[str, int], float] = {}
     infos: dict[str, list[Any]] = {}
-    for name, shuffle in plan:
-        print(f"timing: {LABELS[name]}, shuffle partitions {shuffle} ...", flush=True)
+    native_expected = expected_update_checksum(logs, args.files_per_trigger) if "native" in only else None
+
+    def timed(name: str, shuffle: int, tag: str) -> float:
         rows = (
             len(truth)
             if name == "stateless"
             else args.records
-            if name in ("statekit", "vectorized", "floor") or per_record
+            if name in ("statekit", "vectorized", "floor", "keyfloor", "pyfloor") or per_record
             else None
         )
-        for i in range(args.repeats):
-            outcome = run(name, logs, f"run{i}", shuffle)
+        outcome = run(name, logs, tag, shuffle)
+        if name == "native":
+            assert native_expected is not None
+            if (outcome.rows, outcome.checksum) != native_expected:
+                raise SystemExit(f"native: rows and checksum {(outcome.rows, outcome.checksum)}, "
+                                 f"expected {native_expected}")  # fmt: skip
+        else:
             _check(name, outcome, truth, rows)
-            rate = args.records / outcome.seconds
-            rates[(name, shuffle)] = max(rate, rates.get((name, shuffle), 0.0))
-            print(
-                f"  {outcome.seconds:8.2f} s  {rate:>12,.0f} records/s  "
-                f"({outcome.batches} batches, {outcome.rows:,} rows out, counts exact)",
-                flush=True,
-            )
+        rate = args.records / outcome.seconds
+        print(
+            f"  {name:<10} {outcome.seconds:8.2f} s  {rate:>12,.0f} records/s  "
+            f"({outcome.batches} batches, {outcome.rows:,} rows out, counts exact)",
+            flush=True,
+        )
+        return rate
+
+    rounds: list[dict[str, float]] = []
+    if args.rounds:
+        for r in range(args.rounds):
+            order = plan if r % 2 == 0 else plan[::-1]
+            print(f"round {r + 1} of {args.rounds}: {', '.join(n for n, _ in order)}", flush=True)
+            rounds.append({name: timed(name, shuffle, f"round{r}") for name, shuffle in order})
+        for name, shuffle in plan:
+            rates[(name, shuffle)] = _median([rd[name] for rd in rounds])
+    else:
+        for name, shuffle in plan:
+            print(f"timing: {LABELS[name]}, shuffle partitions {shuffle} ...", flush=True)
+            for i in range(args.repeats):
+                rate = timed(name, shuffle, f"run{i}")
+                rates[(name, shuffle)] = max(rate, rates.get((name, shuffle), 0.0))
     if args.profile and infos:
         per_file = spark_side(spark, logs, args.statekit_parallelism) if args.files_per_trigger == 1 else []
         for name, runs in infos.items():
@@ -523,9 +645,48 @@ def main(argv: list[str] | None = None) -> int:
     if ("floor", partitions[0]) in rates and ("stateless", partitions[0]) in rates:
         floor = rates[("floor", partitions[0])] / rates[("stateless", partitions[0])]
         print(f"  streaming floor / stateless ceiling: {floor:.2f}x")
+    if rounds:
+        print_rounds(rounds, infos, args.files // args.files_per_trigger)
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+def print_rounds(rounds: list[dict[str, float]], infos: dict[str, list[Any]], batches: int) -> None:
+    """The medians of the rounds, the ratios of statekit to the floors per round, the driver's ms per batch.
+
+    A ratio is taken within each round (its jobs ran minutes apart, under much the
+    same load) and the median of the rounds' ratios is reported. The driver's
+    milliseconds per micro-batch are the means of ``BatchInfo.phases`` over the
+    timed runs, the first batch of each run (which starts the query) left out.
+    """
+    names = list(rounds[0])
+    print()
+    print(f"medians of {len(rounds)} alternating rounds (records/s):")
+    print("| " + " | ".join(names) + " |")
+    print("|" + "---|" * len(names))
+    print("| " + " | ".join(f"{_median([rd[n] for rd in rounds]):,.0f}" for n in names) + " |")
+    for mine in ("statekit", "vectorized"):
+        for base in FLOORS:
+            if mine in names and base in names:
+                per_round = [rd[mine] / rd[base] for rd in rounds]
+                shown = ", ".join(f"{x:.2f}" for x in per_round)
+                print(f"  {mine} / {base}: median {_median(per_round):.2f}x (rounds: {shown})")
+    for mine, runs in infos.items():
+        steady = [info for i, info in enumerate(runs) if i % batches != 0]
+        if not steady:
+            continue
+        means = {p: 1000 * sum(i.phases.get(p, 0.0) for i in steady) / len(steady) for p in DRIVER_PHASES}
+        fixed = sum(v for p, v in means.items() if p != "tasks")
+        cells = ", ".join(f"{p} {v:.0f}" for p, v in means.items())
+        print(f"  {mine} driver ms per batch (batches 1..{batches - 1} of each run): {cells}; "
+              f"fixed (all but tasks) {fixed:.0f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -273,3 +273,29 @@ def _fails_once(complete: Callable[..., str]) -> Callable[..., str]:
         return complete(*args, **kwargs)
 
     return fail_once
+
+
+def test_a_spark_batch_whose_checkpoint_completed_before_it_failed_is_skipped_when_run_again(
+    session: Any, tmp_path: Path, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver knows its newest checkpoint without listing, except after a failed batch: then it looks."""
+    conf = {"statekit.checkpoints.dir": str(tmp_path / "ckpt"), "statekit.parallelism": 2}
+    run = SparkRun(session, conf, job_id, None)
+    run.batch(PARTS[0])
+    driver = run.driver
+    complete = driver.coordinator.complete
+
+    def completes_then_fails(*args: Any, **kwargs: Any) -> str:
+        complete(*args, **kwargs)  # _metadata is written: checkpoint 2 exists
+        raise OSError("a completion hook fails")
+
+    monkeypatch.setattr(driver.coordinator, "complete", completes_then_fails)
+    df = session.createDataFrame(PARTS[1], SCHEMA)
+    with pytest.raises(OSError, match="a completion hook fails"):
+        driver.process_batch(df, 1, STATIC_QUERY)
+    monkeypatch.undo()
+    again = driver.process_batch(df, 1, STATIC_QUERY)  # Spark runs the batch again: it was done
+    assert again.skipped and _names([str(again.location)]) == ["chk-2"]
+    assert _names([run.batch(PARTS[2])]) == ["chk-3"]
+    run.end()
+    assert_exact_state(_storage(tmp_path), job_id, PARTS[0] + PARTS[1] + PARTS[2])

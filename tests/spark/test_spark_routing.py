@@ -43,6 +43,29 @@ def test_spark_sql_key_groups_equal_statekit_key_groups(spark: Any, max_parallel
         assert got == expected, sql_type
 
 
+@pytest.mark.parametrize("max_parallelism", [128, 32768])
+def test_jvm_key_groups_equal_statekit_key_groups(spark: Any, max_parallelism: int) -> None:
+    """The helper's one-call key group (what a classic session routes with) is statekit's, null for null."""
+    from pyspark.sql import Column
+
+    from statekit.spark._routing import jvm_key_group
+
+    cases: list[tuple[list[Any], str, Any]] = [
+        (STR_KEYS, "string", StrSerializer()),
+        (INT_KEYS, "bigint", IntSerializer()),
+        ([k for k in INT_KEYS if -(2**31) <= k < 2**31], "int", IntSerializer()),
+        ([k for k in INT_KEYS if -128 <= k < 128], "tinyint", IntSerializer()),
+    ]
+    for keys, sql_type, serializer in cases:
+        df = spark.createDataFrame([(k,) for k in [*keys, None]], f"k {sql_type}")
+        key_group = jvm_key_group(spark, serializer, df.schema["k"].dataType, max_parallelism)
+        assert key_group is not None, "the helper jar did not load: the routing would fall back to SQL"
+        rows = df.select("k", Column(key_group(df["k"]._jc)).alias("kg")).collect()
+        got = {r["k"]: r["kg"] for r in rows}
+        expected = {k: key_group_for_bytes(serializer.serialize(k), max_parallelism) for k in keys}
+        assert got == {**expected, None: None}, sql_type
+
+
 def _partitions_hold_their_subtasks(spark: Any, df: Any, serializer: Any, p: int, maxp: int) -> None:
     import pyarrow as pa
     from pyspark import TaskContext

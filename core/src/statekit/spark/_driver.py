@@ -38,6 +38,7 @@ import hashlib
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,7 @@ from ..checkpoints._coordinator import (
     start_point,
 )
 from ..checkpoints._fencing import RunFence, takeover_note
+from ..checkpoints._metadata import metadata_at, naming_damage
 from ..checkpoints._restore import CompletedCheckpoint
 from ..checkpoints._restore_rules import RestoreRules
 from ..checkpoints._source_position import (
@@ -198,6 +200,10 @@ class MicroBatchDriver:
         self._origin: dict[str, Any] | None = None  # the explicit restore this run's history descends from
         self.run_id = uuid.uuid4().hex
         self.connect = is_connect(session)
+        # The checkpoint this run completed last (its location, then its metadata once read): the
+        # job's newest while this run holds the fence, so no batch lists the storage to find it.
+        self._completed: str | None = None
+        self._completed_read: tuple[CompletedCheckpoint, bytes] | None = None
         # What the run starts from, chosen as the LocalRunner chooses (one path, never falling back):
         # its parallelism and max parallelism come from it; every batch then decides afresh (_decide).
         taken: list[CompletedCheckpoint] = []
@@ -291,8 +297,43 @@ class MicroBatchDriver:
         Raises:
             CorruptCheckpointError: If the latest checkpoint's metadata is damaged.
         """
+        if self._completed is not None and self.fence.epoch is not None:
+            return self._newest(self._own_newest)
+        return self._newest(self.coordinator.newest)
+
+    def _own_newest(self) -> CompletedCheckpoint:
+        """The checkpoint this run completed last, which is the job's newest: read once, not listed.
+
+        This run holds the job's fence (checked at the start of every batch, before
+        this): a newer run must claim the fence before it completes a checkpoint,
+        and an older run it displaced numbers its checkpoints below this run's
+        (see ``CheckpointCoordinator.claim``). So no other checkpoint can be newer;
+        its files are still checked before a batch starts from it (``check``).
+        """
+        location = self._completed
+        assert location is not None
+        if self._completed_read is None or self._completed_read[0].location != location:
+            with naming_damage(location):
+                data = self.storage.read_metadata(location)
+            try:
+                cp = CompletedCheckpoint(self.storage, location, metadata_at(location, data))
+            except CorruptCheckpointError as e:
+                raise CorruptCheckpointError(e.location, e.problem + SPARK_WAYS_OUT) from e
+            self._completed_read = (cp, data)
+        return self._completed_read[0]
+
+    def _metadata_of(self, source: CompletedCheckpoint | None) -> bytes:
+        """``source``'s ``_metadata`` bytes for the tasks (read once if this run completed it)."""
+        if source is None:
+            return b""
+        read = self._completed_read
+        if read is not None and read[0].location == source.location:
+            return read[1]
+        return self.storage.read_metadata(source.location)
+
+    def _newest(self, newest: Callable[[], CompletedCheckpoint | None]) -> CompletedCheckpoint | None:
         try:
-            return self.coordinator.newest()
+            return newest()
         except CorruptCheckpointError:
             if self.restore not in (None, "latest"):
                 return None
@@ -423,6 +464,9 @@ class MicroBatchDriver:
             reports, locations = self._run_tasks(batch)
             location, watermark = self._complete(batch, reports)
         except BaseException as e:
+            # Whether or not this batch's checkpoint completed before the failure, the next batch
+            # finds the newest one in the storage (a completed one means the batch is done).
+            self._completed = self._completed_read = None
             if self.coordinator.last_completed != batch.pending.checkpoint_id:
                 self.coordinator.abort(batch.pending, [r.state for r in reports], e)
             self.metrics.failed(batch_id, e, self.coordinator.history.attempts())  # the UI's last failure
@@ -509,7 +553,7 @@ class MicroBatchDriver:
         """
         clock, spec, df = time.perf_counter, self.spec, batch.df
         source = batch.source
-        data = self.storage.read_metadata(source.location) if source else b""
+        data = self._metadata_of(source)
         metadata = self._ship_metadata(data, source)
         plan = self._plan(batch)
         routed = self.router.route(df)
@@ -587,6 +631,7 @@ class MicroBatchDriver:
             batch.pending, [r.state for r in reports], properties,
             snapshot=slowest.get("snapshot", 0.0), upload=slowest.get("upload", 0.0),
         )  # fmt: skip
+        self._completed = location
         batch.phases["checkpoint"] = time.perf_counter() - t
         return location, watermark
 

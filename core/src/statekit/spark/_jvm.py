@@ -227,17 +227,24 @@ class JvmLocality:
             ) from e
         self._jvm, self._gateway, self._cls = jvm, gateway, cls
         self._acc: Any = None  # one accumulator per query run, reset before each batch
+        self._methods: dict[str, Any] = {}  # the helper's static methods, by name, as found
         #: subtask -> the executor location ("executor_<host>_<id>") that ran it last.
         self.last: dict[int, str] = {}
 
     def _static(self, name: str, *args: Any) -> Any:
-        for method in self._cls.getMethods():
-            if method.getName() == name:
-                params = self._gateway.new_array(self._jvm.java.lang.Object, len(args))
-                for i, a in enumerate(args):
-                    params[i] = a
-                return method.invoke(None, params)
-        raise LocalityUnavailable(f"statekit.spark.locality: the helper has no method {name}")
+        """Calls the helper's static method ``name`` (found once: listing them costs a Py4J call each)."""
+        method = self._methods.get(name)
+        if method is None:
+            for m in self._cls.getMethods():
+                if m.getName() == name:
+                    method = self._methods[name] = m
+                    break
+            else:
+                raise LocalityUnavailable(f"statekit.spark.locality: the helper has no method {name}")
+        params = self._gateway.new_array(self._jvm.java.lang.Object, len(args))
+        for i, a in enumerate(args):
+            params[i] = a
+        return method.invoke(None, params)
 
     def prefer(self, df: DataFrame, parallelism: int) -> DataFrame:
         """``df`` (routed: partition i holds subtask i) with subtask i preferring where it ran last."""

@@ -39,6 +39,7 @@ from pyspark.sql import types as T
 from ..serialization._keygroups import key_group_for_bytes
 from ..serialization._serializers import IntSerializer, StrSerializer, TypeSerializer
 from ._arrow_values import Unconvertible, values_of
+from ._sparkconf import is_connect
 
 __all__ = [
     "KEY_GROUP_COLUMN",
@@ -206,13 +207,47 @@ def routing_values(session: SparkSession, parallelism: int) -> list[int]:
     return [found[i] for i in range(parallelism)]
 
 
+def jvm_key_group(session: SparkSession, serializer: TypeSerializer, data_type: T.DataType,
+                  max_parallelism: int) -> Callable[[Any], Any] | None:  # fmt: skip
+    """The key group as one JVM call (statekit's helper jar), for keys SQL routing takes; None without it.
+
+    Returns a function from a JVM ``Column`` (the key) to the JVM ``Column`` of
+    its key group. The SQL expression (:func:`key_group_exprs`) computes the
+    same value, exactly, in a dozen steps whose analysis costs the driver tens
+    of milliseconds every micro-batch; without the helper (a Connect session,
+    an installation without its jar) the routing uses that.
+    """
+    from ._jvm import LocalityUnavailable, load_helper_class
+
+    if is_connect(session) or not supports_sql_routing(serializer, data_type):
+        return None
+    try:
+        cls = load_helper_class(session, "KeyGroups")
+    except LocalityUnavailable:
+        return None
+    name = "ofString" if isinstance(data_type, T.StringType) else "ofLong"
+    method = next(m for m in cls.getMethods() if m.getName() == name)
+    gateway: Any = session.sparkContext._gateway
+    jvm: Any = session.sparkContext._jvm
+
+    def key_group(key: Any) -> Any:
+        params = gateway.new_array(jvm.java.lang.Object, 2)
+        params[0] = key
+        params[1] = max_parallelism
+        return method.invoke(None, params)
+
+    return key_group
+
+
 class Router:
     """Routes the micro-batches of one query run: everything that does not depend on the rows, made once.
 
-    The routing expressions are SQL text and the marker rows one DataFrame,
-    built for the input's schema when the router is made, so that routing a
-    batch costs a handful of Py4J calls (a ``selectExpr``, a ``select``, a
-    ``union`` and a ``repartition``), not the analysis of a freshly built plan.
+    The routing expressions and the marker rows are built for the input's
+    schema when the router is made, as JVM columns ready to project, so that
+    routing a batch costs three Py4J calls (a ``select``, a ``union`` and a
+    ``repartition``) on a classic session, not the parsing and analysis of
+    freshly written expressions. The key group is one call into statekit's
+    JVM helper (:func:`jvm_key_group`) where it is loaded, else Spark SQL.
     """
 
     def __init__(
@@ -257,6 +292,12 @@ class Router:
             PLACE_COLUMN,
         ]
         self.marker_rows: DataFrame | None = None
+        # A classic session's batches are routed by JVM calls on prepared column lists (see route).
+        self._select: Any = None
+        self._keep: Any = None
+        self._route: Any = None
+        if self.sql and not is_connect(session):
+            self._prepare_jvm(session, schema, key_column, serializer, max_parallelism)
         if markers:
             # One partition: one small task in the scan stage, not one per subtask.
             self.marker_rows = session.range(0, parallelism, 1, 1).selectExpr(
@@ -268,8 +309,32 @@ class Router:
                 f"CAST(NULL AS STRING) AS {PLACE_COLUMN}",
             )
 
+    def _prepare_jvm(self, session: SparkSession, schema: T.StructType, key_column: str,
+                     serializer: TypeSerializer, max_parallelism: int) -> None:  # fmt: skip
+        """The JVM columns :meth:`route` projects: made (parsed) once, reused by every batch."""
+        sc = session.sparkContext
+        functions: Any = sc._jvm.org.apache.spark.sql.functions  # type: ignore[union-attr]
+        key_group = jvm_key_group(session, serializer, schema[key_column].dataType, max_parallelism)
+        if key_group is not None:
+            # The columns, the key group (one call), then the tail naming it (a lateral alias).
+            head = [functions.col(c) for c in self.columns]
+            head.append(key_group(functions.col(_quote(key_column))).alias(KEY_GROUP_COLUMN))
+            self._select = _seq(sc, head + [functions.expr(e) for e in self.tail])
+        else:
+            exprs = ["*", *self.key_group, *self.tail]
+            self._select = _seq(sc, [functions.expr(e) for e in exprs])
+            self._keep = _seq(sc, [functions.col(c) for c in self.keep])
+        self._route = _seq(sc, [functions.col(ROUTE_COLUMN)])
+
     def route(self, df: DataFrame) -> DataFrame:
         """``df`` (of the router's schema) plus key group and subtask; partition ``i`` holds subtask ``i``."""
+        if self._select is not None and hasattr(df, "_jdf"):
+            jdf: Any = df._jdf.select(self._select)
+            if self._keep is not None:
+                jdf = jdf.select(self._keep)
+            if self.marker_rows is not None:
+                jdf = jdf.union(self.marker_rows._jdf)
+            return DataFrame(jdf.repartition(self.parallelism, self._route), df.sparkSession)
         if self.sql:
             rows = df.selectExpr("*", *self.key_group, *self.tail).select(*self.keep)
         else:
@@ -280,3 +345,10 @@ class Router:
         if self.marker_rows is not None:
             rows = rows.union(self.marker_rows)
         return rows.repartition(self.parallelism, ROUTE_COLUMN)
+
+
+def _seq(sc: Any, columns: list[Any]) -> Any:
+    """A JVM Scala ``Seq`` of JVM columns (converted once: every element costs a Py4J call)."""
+    from pyspark.sql.classic.column import _to_seq
+
+    return _to_seq(sc, columns)
