@@ -72,9 +72,12 @@ def test_checkpoints_after_small_changes_upload_about_the_change_only_with_unive
 
 
 @pytest.mark.parametrize(
-    ("before", "after"), [("level", "universal"), pytest.param("universal", "level", marks=pytest.mark.nightly)]
+    ("before", "after"),
+    [("level", "universal"), pytest.param("universal", "level", marks=pytest.mark.nightly)],
 )
-def test_a_checkpoint_restores_under_the_other_compaction_style(make_backend: Any, before: str, after: str) -> None:
+def test_a_checkpoint_restores_under_the_other_compaction_style(
+    make_backend: Any, before: str, after: str
+) -> None:
     """Checkpoints of earlier statekit versions (level) restore under universal, and back, exactly.
 
     The instance has several sorted runs when the checkpoint is taken (level:
