@@ -28,6 +28,7 @@ from rocksdict import (
     BlockBasedOptions,
     Cache,
     Checkpoint,
+    DBCompactionStyle,
     DBCompressionType,
     Options,
     Rdict,
@@ -61,6 +62,8 @@ _COMPRESSION = {
     "zstd": DBCompressionType.zstd,
     "snappy": DBCompressionType.snappy,
 }
+# Sorted runs (memtable flushes and merged runs) of a state before universal compaction merges some.
+_UNIVERSAL_RUNS = 8
 
 
 class _Engine:
@@ -100,6 +103,15 @@ class _Engine:
         o.set_max_write_buffer_number(int(self.options["write-buffer-count"]))
         o.set_max_background_jobs(2)
         o.set_keep_log_file_num(2)
+        if self.options["compaction-style"] == "universal":
+            # See docs/backends/rocksdb.md, "Compaction": every checkpoint flushes a sorted run;
+            # runs of similar size merge (size ratio) once there are this many, the whole state is
+            # rewritten only when the newer runs outweigh the oldest twice (size amplification
+            # 200 %, RocksDB's default), so a checkpoint uploads about what changed.
+            o.set_compaction_style(DBCompactionStyle.universal())
+            o.set_level_zero_file_num_compaction_trigger(_UNIVERSAL_RUNS)
+            o.set_level_zero_slowdown_writes_trigger(3 * _UNIVERSAL_RUNS)
+            o.set_level_zero_stop_writes_trigger(4 * _UNIVERSAL_RUNS)
         table = BlockBasedOptions()
         table.set_block_cache(self.cache)
         table.set_bloom_filter(10, False)

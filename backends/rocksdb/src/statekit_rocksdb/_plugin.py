@@ -29,6 +29,13 @@ OPTIONS = (
         "compression", str, "lz4", "Block compression.", choices=("none", "lz4", "zstd", "snappy")
     ),
     ConfigOption(
+        "compaction-style", str, "universal",
+        "RocksDB's compaction: universal (few large rewrites: a checkpoint after a small change uploads "
+        "about that change) or level (less space and fewer files to read, but every few checkpoints "
+        "rewrite most of the state, which the next checkpoint uploads).",
+        choices=("universal", "level"),
+    ),
+    ConfigOption(
         "wal", bool, False,
         "Write RocksDB's write-ahead log. Off by default: checkpoints are the durability.",
     ),

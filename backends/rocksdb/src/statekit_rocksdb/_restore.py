@@ -147,7 +147,8 @@ def _clip(backend: RestoreTarget, below: bytes | None, above: bytes | None) -> N
     to): a compaction reads every deleted entry, about 60 % of a 2 -> 3
     rescale's time at 1M keys, while reads and iterators skip a range
     tombstone without visiting what it covers and RocksDB's own compactions
-    drop the covered entries (they weigh range deletions when picking files).
+    drop the covered entries when they merge the files holding them (under
+    universal compaction, the large run at the latest in its next full merge).
     Until then the base's files keep the deleted entries on disk, and the next
     checkpoint references those files as they are (or, unclaimed, uploads them).
     """
@@ -188,6 +189,9 @@ def _ingest_range(
             src = other.get_column_family(cf_name)
             try:
                 read = ReadOptions()
+                # A throwaway instance read once: its blocks would only push the live ones out of
+                # the block cache the process's instances share. (rocksdict's stub omits the argument.)
+                read.fill_cache(False)  # type: ignore[call-arg]
                 if upper is not None:
                     read.set_iterate_upper_bound(upper)
                 peek = src.iter(read)
