@@ -7,6 +7,18 @@ writes reaching the engine every ``--batch`` updates. It runs with entry
 counting off (``EntryCounts.enabled = False``: no counting and no bookkeeping
 of engine reads, the baseline) and on.
 
+Two workloads (``--workload``):
+
+- ``loop`` (the default): the record loop above, on the backend alone;
+- ``task``: the per-record throughput benchmark's task path
+  (``bench_spark_urlcount.py``'s statekit job without the JVM, as
+  ``profile_spark_task.py`` runs it: Arrow batches of subtask 0 of 2 in,
+  routing, ``CountPerUrl``, state, output rows, a snapshot per micro-batch) on
+  ``--backend``, ``--batches`` micro-batches of ``--records`` records (both
+  subtasks) over ``--urls`` URLs, the subtask reused from batch to batch as on
+  an executor. The "setup" run makes the first micro-batch only (it opens
+  the subtask and the engine), so the difference is the later micro-batches'.
+
 Two measures:
 
 - ``callgrind`` (the default): each mode runs in a child process under
@@ -20,7 +32,7 @@ Two measures:
   ``--repeats`` runs each per round, two rounds; the best wall and main-thread
   CPU time of each and the ratio on/off. Noisy on a shared machine.
 
-Run: ``python bench/bench_count_cost.py [--backend rocksdb|lmdb] [--ops 100000] [--wall]``
+Run: ``python bench/bench_count_cost.py [--workload loop|task] [--backend rocksdb|lmdb] [--ops N] [--wall]``
 (valgrind installed for the default).
 """
 
@@ -90,6 +102,37 @@ def child(args: argparse.Namespace) -> None:
         raise SystemExit(f"entries counted {got}, expected {want}")
 
 
+def _task_input(args: argparse.Namespace) -> list[Any]:
+    from profile_spark_task import batches_for
+
+    return [batches_for(args.records, args.urls, 0, 2, seed=b) for b in range(args.batches)]
+
+
+def child_task(args: argparse.Namespace) -> None:
+    """The task path: micro-batch 0 (the setup), then the others unless ``--setup-only``."""
+    from profile_spark_task import run_task, task_plans
+
+    from statekit.spark._cache import _CACHE, reset_cache
+
+    if EntryCounts is not None:
+        EntryCounts.enabled = args.mode == "on"
+    data = _task_input(args)
+    done = data[:1] if args.setup_only else data
+    distinct = len({u for batch in done for d in batch for u in d.column("url").to_pylist()})
+    with tempfile.TemporaryDirectory(prefix="bench-count-cost-") as work:
+        reset_cache()
+        plan = task_plans(work, args.backend, vectorized=False)
+        attempts: dict[int, str] = {}
+        for b, batch in enumerate(done):
+            run_task(plan, b, batch, attempts)
+        (held,) = _CACHE.values()
+        got = held.subtask.keyed.kv_exact_entries() if EntryCounts is not None else None
+        reset_cache()
+    want = distinct if EntryCounts is not None and EntryCounts.enabled else None
+    if got != want:
+        raise SystemExit(f"entries counted {got}, expected {want}")
+
+
 def _callgrind(args: argparse.Namespace, mode: str, ops: int, out_dir: str) -> int:
     out = os.path.join(out_dir, f"callgrind.{mode}.{ops}")
     cmd = [
@@ -110,6 +153,14 @@ def _callgrind(args: argparse.Namespace, mode: str, ops: int, out_dir: str) -> i
         str(args.batch),
         "--backend",
         args.backend,
+        "--workload",
+        args.workload,
+        "--records",
+        str(args.records),
+        "--urls",
+        str(args.urls),
+        "--batches",
+        str(args.batches),
     ]
     env = dict(os.environ, PYTHONHASHSEED="0")
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -128,22 +179,31 @@ def callgrind(args: argparse.Namespace) -> None:
     for mode in ("off", "on"):
         for ops in (0, args.ops):
             ir[mode, ops] = _callgrind(args, mode, ops, out_dir)
-    print(
-        f"Exact entry counts, {args.backend}: per-record read-modify-write of a ValueState, {args.ops:,} ops "
-        f"over {args.keys:,} keys (Zipf s=1.1), write batch {args.batch}; callgrind instructions"
-    )
-    print(f"{'counting':<10}{'setup only':>16}{'whole run':>16}{'record loop':>16}{'per op':>9}")
+    if args.workload == "task":
+        rows = sum(d.num_rows for batch in _task_input(args)[1:] for d in batch)
+        print(
+            f"Exact entry counts, {args.backend}: the url-count task path (CountPerUrl, subtask 0 of 2), "
+            f"{args.batches} micro-batches of {args.records:,} records over {args.urls:,} URLs (Zipf s=1.1), "
+            f"the first one the setup; callgrind instructions"
+        )
+        what, per = "later batches", rows
+    else:
+        print(
+            f"Exact entry counts, {args.backend}: per-record read-modify-write of a ValueState, {args.ops:,} "
+            f"ops over {args.keys:,} keys (Zipf s=1.1), write batch {args.batch}; callgrind instructions"
+        )
+        what, per = "record loop", args.ops
+    print(f"{'counting':<10}{'setup only':>16}{'whole run':>16}{what:>16}{'per rec':>9}")
     loop = {}
     for mode in ("off", "on"):
         loop[mode] = ir[mode, args.ops] - ir[mode, 0]
         print(
-            f"{mode:<10}{ir[mode, 0]:>16,}{ir[mode, args.ops]:>16,}{loop[mode]:>16,}"
-            f"{loop[mode] / args.ops:>9,.0f}"
+            f"{mode:<10}{ir[mode, 0]:>16,}{ir[mode, args.ops]:>16,}{loop[mode]:>16,}{loop[mode] / per:>9,.0f}"
         )
     whole = ir["on", args.ops] / ir["off", args.ops]
     print(
         f"on/off: whole run {whole:.4f} ({(whole - 1) * 100:+.2f} %), "
-        f"record loop {loop['on'] / loop['off']:.4f} ({(loop['on'] / loop['off'] - 1) * 100:+.2f} %)"
+        f"{what} {loop['on'] / loop['off']:.4f} ({(loop['on'] / loop['off'] - 1) * 100:+.2f} %)"
     )
     if args.keep:
         print(f"callgrind files in {out_dir} (callgrind_annotate them)")
@@ -195,6 +255,10 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=100_000)
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--workload", default="loop", choices=["loop", "task"], help="see the module doc")
+    ap.add_argument("--records", type=int, default=100_000, help="task: records of a micro-batch")
+    ap.add_argument("--urls", type=int, default=100_000, help="task: distinct URLs drawn from")
+    ap.add_argument("--batches", type=int, default=3, help="task: micro-batches, the first the setup")
     ap.add_argument("--wall", action="store_true", help="wall-clock ratios, alternating (not callgrind)")
     ap.add_argument("--repeats", type=int, default=3, help="with --wall: runs of each mode per round")
     ap.add_argument("--keep", metavar="DIR", help="keep the callgrind files in DIR")
@@ -203,7 +267,7 @@ def main() -> None:
     ap.add_argument("--setup-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args)
+        (child_task if args.workload == "task" else child)(args)
     elif args.wall:
         wall(args)
     else:
