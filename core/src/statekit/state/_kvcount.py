@@ -220,7 +220,7 @@ class EntryCounts:
             return None
         out = {}
         for name in names:
-            counts = self.by_state.get(name, {})
+            counts: Mapping[bytes, int] = self.by_state.get(name, {})
             per_group = {int.from_bytes(p, "big"): n for p, n in counts.items() if n}
             out[name] = {str(kg): per_group[kg] for kg in sorted(per_group)}
         return out
