@@ -52,9 +52,9 @@ class KVColumn:
     def __init__(self, name: str) -> None:
         self.name = name
         self.buffer: dict[bytes, bytes | None] = {}
-        #: Whether the engine holds keys, as reads found them and writes left them (see _kvcount: no
-        #: lookup to count a write); kept across writes of a column of values, forgotten
-        #: (:meth:`forget_presence`) wherever the engine changes other than by writing the buffer.
+        #: Whether engine reads found keys, since the last write (see _kvcount: no lookup to count a
+        #: write); forgotten (:meth:`forget_presence`) at each write and wherever the engine changes
+        #: besides the write path (a read-only stretch, then a load, then blind writes).
         self.known: dict[bytes, bool] = {}
         #: The keys of ``known`` the engine does not hold (an entry appears where one is put).
         self.absent: set[bytes] = set()

@@ -75,12 +75,10 @@ class EntryCounts:
         if counts is None:
             counts = self.by_state[name] = Counter()
         if col.grouped is False:  # value entries only: the record is the entry
-            self._values(col, counts)  # known/absent then say what the engine holds after the write
-            if len(col.known) >= col.known_limit:
-                col.forget_presence()  # bounded: noted afresh by the reads that follow
+            self._values(col, counts)
         else:
             self._groups(col, counts)
-            col.forget_presence()
+        col.forget_presence()
 
     def _values(self, col: KVColumn, counts: Counter[bytes]) -> None:
         """A column of value entries: which buffered writes make an entry appear or go.
@@ -92,11 +90,6 @@ class EntryCounts:
         (``absent``) is put: without deletes, that is every buffered key of
         ``absent`` (a set intersection), counted per key-group prefix by one
         ``Counter.update``; one goes where a key that existed is deleted.
-
-        Afterwards ``known``/``absent`` hold what the engine holds once the batch
-        is written (new keys present, deleted keys absent): they stay valid
-        across writes, so the reads of the next batch note only keys not known
-        yet (``KVColumn.forget_presence`` wherever the engine changes otherwise).
         """
         buf, known, absent = col.buffer, col.known, col.absent
         keys = buf.keys()
@@ -115,14 +108,8 @@ class EntryCounts:
             if deletes:
                 new = {k for k in new if buf[k] is not None}
             counts.update(map(group, new))
-            if new:
-                known.update(dict.fromkeys(new, True))
-                absent.difference_update(new)
         if deletes:
-            gone = [k for k, v in buf.items() if v is None]
-            counts.subtract(map(group, [k for k in gone if known[k]]))
-            known.update(dict.fromkeys(gone, False))
-            absent.update(gone)
+            counts.subtract(map(group, [k for k, v in buf.items() if v is None and known[k]]))
 
     def _groups(self, col: KVColumn, counts: Counter[bytes]) -> None:
         """A column whose entries may be groups of records (list, map, or not known yet)."""

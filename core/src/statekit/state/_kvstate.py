@@ -190,7 +190,7 @@ class KVValueState(_Handle):
         if raw is _MISSING:
             raw = col.get(k)
             known = col.known
-            if len(known) < col.known_limit and k not in known:  # the entry count needs no lookup (_kvcount)
+            if len(known) < col.known_limit:  # the entry count's write needs no lookup (_kvcount)
                 if raw is None:
                     known[k] = False
                     col.absent.add(k)
@@ -237,7 +237,7 @@ class KVValueState(_Handle):
             raw: Any = buf.get(ck, _MISSING)
             if raw is _MISSING:
                 raw = col.get(ck)  # looked up each time: a write (by fn, too) may rebind it
-                if len(known) < limit and ck not in known:
+                if len(known) < limit:
                     if raw is None:
                         known[ck] = False
                         absent.add(ck)
