@@ -240,7 +240,7 @@ def test_entries_are_exact_through_blind_writes_ttl_expiry_and_namespace_merges(
 def test_what_reads_noted_is_forgotten_when_the_engine_loads_besides_the_write_path(
     tmp_path: Path, engine: str
 ) -> None:
-    """Reads note which keys the engine lacks; a bulk load (a restore) after a read-only stretch voids that."""
+    """Reads note which keys the engine lacks; a bulk load (a restore) after only reads voids that."""
     keys = [f"k{i}" for i in range(24)]
     src = _ordered_backend(engine, tmp_path / "src", None)
     b = _ordered_backend(engine, tmp_path / "dst", None)
