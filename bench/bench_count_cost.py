@@ -7,6 +7,21 @@ writes reaching the engine every ``--batch`` updates. It runs with entry
 counting off (``EntryCounts.enabled = False``: no counting and no bookkeeping
 of engine reads, the baseline) and on.
 
+Two workloads (``--workload``):
+
+- ``loop`` (the default): the record loop above, on the backend alone;
+- ``task``: the per-record throughput benchmark's task path
+  (``bench_spark_urlcount.py``'s statekit job without the JVM, as
+  ``profile_spark_task.py`` runs it: Arrow batches of subtask 0 of 2 in,
+  routing, ``CountPerUrl``, state, output rows, a snapshot per micro-batch) on
+  ``--backend``, ``--batches`` micro-batches of ``--records`` records (both
+  subtasks) over ``--urls`` URLs, the subtask reused from batch to batch as on
+  an executor. Measured: the later micro-batches alone. The first one (it
+  opens the subtask and the engine) and the imports run uninstrumented
+  (``--instr-atstart=no``); a helper compiled from valgrind's
+  ``callgrind.h`` (``cc`` needed) starts the instrumentation after it and
+  stops it after the last, so one run per mode gives their instructions.
+
 Two measures:
 
 - ``callgrind`` (the default): each mode runs in a child process under
@@ -18,15 +33,17 @@ Two measures:
   loop alone.
 - ``--wall``: in one process, counting off and on alternating run by run,
   ``--repeats`` runs each per round, two rounds; the best wall and main-thread
-  CPU time of each and the ratio on/off. Noisy on a shared machine.
+  CPU time of each and the ratio on/off (the task path: each run from empty
+  state, micro-batches 2.. timed). Noisy on a shared machine.
 
-Run: ``python bench/bench_count_cost.py [--backend rocksdb|lmdb] [--ops 100000] [--wall]``
+Run: ``python bench/bench_count_cost.py [--workload loop|task] [--backend rocksdb|lmdb] [--ops N] [--wall]``
 (valgrind installed for the default).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import os
 import re
@@ -90,12 +107,64 @@ def child(args: argparse.Namespace) -> None:
         raise SystemExit(f"entries counted {got}, expected {want}")
 
 
-def _callgrind(args: argparse.Namespace, mode: str, ops: int, out_dir: str) -> int:
-    out = os.path.join(out_dir, f"callgrind.{mode}.{ops}")
+def _task_input(args: argparse.Namespace) -> list[Any]:
+    from profile_spark_task import batches_for
+
+    return [batches_for(args.records, args.urls, 0, 2, seed=b) for b in range(args.batches)]
+
+
+_INSTRUMENT_C = """#include <valgrind/callgrind.h>
+void start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
+void stop(void) { CALLGRIND_STOP_INSTRUMENTATION; }
+"""
+
+
+def _instrument_lib(out_dir: str) -> str:
+    """A shared library whose ``start``/``stop`` switch callgrind's instrumentation (client requests)."""
+    src, lib = os.path.join(out_dir, "instrument.c"), os.path.join(out_dir, "instrument.so")
+    with open(src, "w") as f:
+        f.write(_INSTRUMENT_C)
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", lib, src], check=True)
+    return lib
+
+
+def child_task(args: argparse.Namespace) -> None:
+    """The task path: micro-batch 0 (the setup), then the others, instrumented when ``--instrument``."""
+    from profile_spark_task import run_task, task_plans
+
+    from statekit.spark._cache import _CACHE, reset_cache
+
+    if EntryCounts is not None:
+        EntryCounts.enabled = args.mode == "on"
+    data = _task_input(args)
+    distinct = len({u for batch in data for d in batch for u in d.column("url").to_pylist()})
+    lib = ctypes.CDLL(args.instrument) if args.instrument else None
+    with tempfile.TemporaryDirectory(prefix="bench-count-cost-") as work:
+        reset_cache()
+        plan = task_plans(work, args.backend, vectorized=False)
+        attempts: dict[int, str] = {}
+        for b, batch in enumerate(data):
+            if b == 1 and lib is not None:
+                gc.collect()
+                lib.start()
+            run_task(plan, b, batch, attempts)
+        if lib is not None:
+            lib.stop()
+        (held,) = _CACHE.values()
+        got = held.subtask.keyed.kv_exact_entries() if EntryCounts is not None else None
+        reset_cache()
+    want = distinct if EntryCounts is not None and EntryCounts.enabled else None
+    if got != want:
+        raise SystemExit(f"entries counted {got}, expected {want}")
+
+
+def _callgrind(args: argparse.Namespace, mode: str, ops: int, out_dir: str, lib: str = "") -> int:
+    out = os.path.join(out_dir, f"callgrind.{args.workload}.{mode}.{ops}")
     cmd = [
         "valgrind",
         "--tool=callgrind",
         f"--callgrind-out-file={out}",
+        *(["--instr-atstart=no"] if lib else []),
         sys.executable,
         os.path.abspath(__file__),
         "--child",
@@ -110,12 +179,21 @@ def _callgrind(args: argparse.Namespace, mode: str, ops: int, out_dir: str) -> i
         str(args.batch),
         "--backend",
         args.backend,
+        "--workload",
+        args.workload,
+        "--records",
+        str(args.records),
+        "--urls",
+        str(args.urls),
+        "--batches",
+        str(args.batches),
+        *(["--instrument", lib] if lib else []),
     ]
     env = dict(os.environ, PYTHONHASHSEED="0")
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with open(out) as f:
+    with open(out) as f:  # "totals": what was instrumented ("summary" says 0 when started late)
         for line in f:
-            m = re.match(r"(?:summary|totals): (\d+)", line)
+            m = re.match(r"totals: (\d+)", line)
             if m:
                 return int(m.group(1))
     raise SystemExit(f"no instruction total in {out}")
@@ -125,28 +203,94 @@ def callgrind(args: argparse.Namespace) -> None:
     out_dir = args.keep or tempfile.mkdtemp(prefix="bench-count-cost-")
     os.makedirs(out_dir, exist_ok=True)
     ir: dict[tuple[str, int], int] = {}
+    if args.workload == "task":
+        lib = _instrument_lib(out_dir)
+        loop = {mode: _callgrind(args, mode, args.ops, out_dir, lib) for mode in ("off", "on")}
+        rows = sum(d.num_rows for batch in _task_input(args)[1:] for d in batch)
+        print(
+            f"Exact entry counts, {args.backend}: the url-count task path (CountPerUrl, subtask 0 of 2), "
+            f"{args.batches} micro-batches of {args.records:,} records over {args.urls:,} URLs (Zipf s=1.1); "
+            f"callgrind instructions of micro-batches 2..{args.batches} ({rows:,} rows), the first one "
+            "uninstrumented"
+        )
+        for mode in ("off", "on"):
+            print(f"{mode:<10}{loop[mode]:>16,} instructions{loop[mode] / rows:>9,.0f} per row")
+        print(f"on/off: {loop['on'] / loop['off']:.4f} ({(loop['on'] / loop['off'] - 1) * 100:+.2f} %)")
+        if args.keep:
+            print(f"callgrind files in {out_dir} (callgrind_annotate them)")
+        return
     for mode in ("off", "on"):
         for ops in (0, args.ops):
             ir[mode, ops] = _callgrind(args, mode, ops, out_dir)
     print(
-        f"Exact entry counts, {args.backend}: per-record read-modify-write of a ValueState, {args.ops:,} ops "
-        f"over {args.keys:,} keys (Zipf s=1.1), write batch {args.batch}; callgrind instructions"
+        f"Exact entry counts, {args.backend}: per-record read-modify-write of a ValueState, {args.ops:,} "
+        f"ops over {args.keys:,} keys (Zipf s=1.1), write batch {args.batch}; callgrind instructions"
     )
-    print(f"{'counting':<10}{'setup only':>16}{'whole run':>16}{'record loop':>16}{'per op':>9}")
+    what, per = "record loop", args.ops
+    print(f"{'counting':<10}{'setup only':>16}{'whole run':>16}{what:>16}{'per rec':>9}")
     loop = {}
     for mode in ("off", "on"):
         loop[mode] = ir[mode, args.ops] - ir[mode, 0]
         print(
-            f"{mode:<10}{ir[mode, 0]:>16,}{ir[mode, args.ops]:>16,}{loop[mode]:>16,}"
-            f"{loop[mode] / args.ops:>9,.0f}"
+            f"{mode:<10}{ir[mode, 0]:>16,}{ir[mode, args.ops]:>16,}{loop[mode]:>16,}{loop[mode] / per:>9,.0f}"
         )
     whole = ir["on", args.ops] / ir["off", args.ops]
     print(
         f"on/off: whole run {whole:.4f} ({(whole - 1) * 100:+.2f} %), "
-        f"record loop {loop['on'] / loop['off']:.4f} ({(loop['on'] / loop['off'] - 1) * 100:+.2f} %)"
+        f"{what} {loop['on'] / loop['off']:.4f} ({(loop['on'] / loop['off'] - 1) * 100:+.2f} %)"
     )
     if args.keep:
         print(f"callgrind files in {out_dir} (callgrind_annotate them)")
+
+
+def _task_seconds(args: argparse.Namespace, data: list[Any], work: str) -> tuple[float, float]:
+    """One run of the task path from empty: main-thread CPU and wall seconds of micro-batches 2..N."""
+    from profile_spark_task import run_task, task_plans
+
+    from statekit.spark._cache import reset_cache
+
+    reset_cache()
+    plan = task_plans(work, args.backend, vectorized=False)
+    attempts: dict[int, str] = {}
+    cpu = wall_ = 0.0
+    for b, batch in enumerate(data):
+        gc.collect()
+        c0, w0 = time.thread_time(), time.perf_counter()
+        run_task(plan, b, batch, attempts)
+        if b:
+            cpu += time.thread_time() - c0
+            wall_ += time.perf_counter() - w0
+    reset_cache()
+    return cpu, wall_
+
+
+def wall_task(args: argparse.Namespace) -> None:
+    data = _task_input(args)
+    print(
+        f"Exact entry counts, {args.backend}: the url-count task path, {args.batches} micro-batches of "
+        f"{args.records:,} records (micro-batches 2..{args.batches} timed), counting off and on alternating "
+        f"run by run, best of {args.repeats} each; wall-clock, noisy on a shared machine"
+    )
+    head = f"{'round':<8}{'off cpu s':>11}{'on cpu s':>10}{'on/off':>8}"
+    print(f"{head}{'off wall s':>12}{'on wall s':>11}{'on/off':>8}")
+    with tempfile.TemporaryDirectory(prefix="bench-count-cost-") as work:
+        try:
+            _task_seconds(args, data, work)  # warm-up, not timed
+            for round_ in (1, 2):
+                cpu = {False: float("inf"), True: float("inf")}
+                wall_ = dict(cpu)
+                for _ in range(args.repeats):
+                    for enabled in (False, True):
+                        EntryCounts.enabled = enabled
+                        c, w = _task_seconds(args, data, work)
+                        cpu[enabled] = min(cpu[enabled], c)
+                        wall_[enabled] = min(wall_[enabled], w)
+                print(
+                    f"{round_:<8}{cpu[False]:>11.3f}{cpu[True]:>10.3f}{cpu[True] / cpu[False]:>8.3f}"
+                    f"{wall_[False]:>12.3f}{wall_[True]:>11.3f}{wall_[True] / wall_[False]:>8.3f}"
+                )
+        finally:
+            EntryCounts.enabled = True
 
 
 def wall(args: argparse.Namespace) -> None:
@@ -195,17 +339,22 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=100_000)
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--workload", default="loop", choices=["loop", "task"], help="see the module doc")
+    ap.add_argument("--records", type=int, default=100_000, help="task: records of a micro-batch")
+    ap.add_argument("--urls", type=int, default=100_000, help="task: distinct URLs drawn from")
+    ap.add_argument("--batches", type=int, default=3, help="task: micro-batches, the first the setup")
     ap.add_argument("--wall", action="store_true", help="wall-clock ratios, alternating (not callgrind)")
     ap.add_argument("--repeats", type=int, default=3, help="with --wall: runs of each mode per round")
     ap.add_argument("--keep", metavar="DIR", help="keep the callgrind files in DIR")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
     ap.add_argument("--setup-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--instrument", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args)
+        (child_task if args.workload == "task" else child)(args)
     elif args.wall:
-        wall(args)
+        (wall_task if args.workload == "task" else wall)(args)
     else:
         callgrind(args)
 

@@ -8,18 +8,23 @@ cProfile: converting input rows, the record loop, state access, the user
 function, building output rows and Arrow batches, the snapshot.
 
     python bench/profile_spark_task.py [--records 100000] [--urls 100000] [--batches 3]
-        [--no-profile] [--vectorized]
+        [--no-profile] [--vectorized] [--backend heap|rocksdb|lmdb|...]
+
+``bench_count_cost.py --workload task`` runs this task path under callgrind
+(:func:`task_plans`, :func:`run_task`), entry counting on and off.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import pstats
 import random
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -64,43 +69,34 @@ def batches_for(records: int, urls: int, subtask: int, parallelism: int, seed: i
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--records", type=int, default=100_000, help="records of one micro-batch (both subtasks)")
-    ap.add_argument("--urls", type=int, default=100_000)
-    ap.add_argument("--batches", type=int, default=3)
-    ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--no-profile", action="store_true", help="time only (cProfile slows the loop down)")
-    ap.add_argument("--vectorized", action="store_true", help="CountPerUrlVectorized instead of CountPerUrl")
-    args = ap.parse_args()
+def task_plans(work: str, backend: str, vectorized: bool) -> Callable[[int, dict[int, str]], TaskPlan]:
+    """The plan of micro-batch ``b`` (0-based) of one run, subtask 0 of 2, on ``backend``."""
     from pyspark.sql import types as T
 
-    work = tempfile.mkdtemp(prefix="profile-task-")
     config = Configuration.from_mapping(
-        {"statekit.checkpoints.dir": f"{work}/ck", "statekit.parallelism": 2, "statekit.backend": "heap"}
+        {"statekit.checkpoints.dir": f"{work}/ck", "statekit.parallelism": 2, "statekit.backend": backend}
     )
-    reset_cache()
     run_id = uuid.uuid4().hex
-    attempts: dict[int, str] = {}
-    prof = cProfile.Profile()
-    total = 0.0
-    rows = 0
-    for b in range(args.batches):
-        data = batches_for(args.records, args.urls, 0, 2, seed=b)
-        plan = TaskPlan(
+    tokens: dict[int, str] = {}
+
+    def plan(b: int, attempts: dict[int, str]) -> TaskPlan:
+        # The previous batch's token and attempt: the cached subtask holds that state, and is reused
+        # (restore_location stays None: nothing is ever restored from the checkpoint itself).
+        token = tokens.setdefault(b, uuid.uuid4().hex)
+        return TaskPlan(
             job_id="profile",
             operator_id="process",
             run_id=run_id,
             checkpoint_id=b + 1,
-            token=uuid.uuid4().hex,
+            token=token,
             restore_location=None,
-            restore_token=None,
+            restore_token=tokens.get(b - 1),
             restore_attempts=dict(attempts),
             parallelism=2,
             max_parallelism=128,
             config=config,
-            function_factory=CountPerUrlVectorized if args.vectorized else CountPerUrl,
-            vectorized=args.vectorized,
+            function_factory=CountPerUrlVectorized if vectorized else CountPerUrl,
+            vectorized=vectorized,
             key_column="url",
             key_serializer=StrSerializer(),
             input_columns=("url",),
@@ -109,21 +105,52 @@ def main() -> None:
             ),
             spark_local_dir=work,
         )
-        task = make_task(plan, None)
+
+    return plan
+
+
+def run_task(
+    plan: Callable[[int, dict[int, str]], TaskPlan],
+    b: int,
+    data: list[pa.RecordBatch],
+    attempts: dict[int, str],
+) -> list[Any]:
+    """Micro-batch ``b``: the task over ``data`` as an executor runs it; ``attempts`` gets its snapshot's."""
+    out: list[Any] = list(make_task(plan(b, attempts), None)(iter(data)))
+    handle = out[-1].column("__statekit_handle").to_pylist()[-1]
+    attempts[0] = json.loads(handle)["attempt"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=100_000, help="records of one micro-batch (both subtasks)")
+    ap.add_argument("--urls", type=int, default=100_000)
+    ap.add_argument("--batches", type=int, default=3)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--no-profile", action="store_true", help="time only (cProfile slows the loop down)")
+    ap.add_argument("--vectorized", action="store_true", help="CountPerUrlVectorized instead of CountPerUrl")
+    ap.add_argument("--backend", default="heap", help="statekit.backend (the Spark benchmark's: heap)")
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="profile-task-")
+    reset_cache()
+    plan = task_plans(work, args.backend, args.vectorized)
+    attempts: dict[int, str] = {}
+    prof = cProfile.Profile()
+    total = 0.0
+    rows = 0
+    for b in range(args.batches):
+        data = batches_for(args.records, args.urls, 0, 2, seed=b)
         t0 = time.perf_counter()
         profiled = b and not args.no_profile
         if profiled:
             prof.enable()
-        out: list[Any] = list(task(iter(data)))
+        run_task(plan, b, data, attempts)
         if profiled:
             prof.disable()
         if b:
             total += time.perf_counter() - t0
             rows += sum(d.num_rows for d in data)
-        handle = out[-1].column("__statekit_handle").to_pylist()[-1]
-        import json
-
-        attempts[0] = json.loads(handle)["attempt"]
     print(
         f"{rows:,} rows of subtask 0 over {args.batches - 1} profiled batches: {total:.3f} s, "
         f"{rows / total:,.0f} rows/s"

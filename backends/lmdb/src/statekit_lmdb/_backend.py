@@ -214,6 +214,7 @@ class LMDBKeyedStateBackend(KeyGroupNativeSnapshots, LMDBWrites, OrderedKVBacken
         self._lmdb_end_reads()
         for col in self.kv_columns:
             col.buffer.clear()
+            col.forget_presence()  # what the reopened (or replaced) environment holds is read afresh
         self.kv_pending = 0
         env, self._lmdb_env = self._lmdb_env, None
         if env is not None:

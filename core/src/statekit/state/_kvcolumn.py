@@ -52,11 +52,13 @@ class KVColumn:
     def __init__(self, name: str) -> None:
         self.name = name
         self.buffer: dict[bytes, bytes | None] = {}
-        #: Whether engine reads found keys, since the last write (see _kvcount: no lookup to count a write).
+        #: Whether engine reads found keys, since the last write (see _kvcount: no lookup to count a
+        #: write); forgotten (:meth:`forget_presence`) at each write and wherever the engine changes
+        #: besides the write path (a read-only stretch, then a load, then blind writes).
         self.known: dict[bytes, bool] = {}
-        #: The keys of ``known`` the reads found absent (an entry appears where one is put).
+        #: The keys of ``known`` the engine does not hold (an entry appears where one is put).
         self.absent: set[bytes] = set()
-        #: How many reads ``known`` notes at most (0: entries are not counted, nothing is noted).
+        #: How many keys ``known`` notes at most (0: entries are not counted, nothing is noted).
         self.known_limit = KNOWN_LIMIT
         #: False: value entries only; True: lists or maps (groups of records); None: not known yet.
         self.grouped: bool | None = None
@@ -83,6 +85,11 @@ class KVColumn:
                 return
             yield k, v
 
+    def forget_presence(self) -> None:
+        """Forget which keys the engine holds: it changed besides the write path (a load, a restore)."""
+        self.known.clear()
+        self.absent.clear()
+
     def close(self) -> None:
         """Unbind from the engine (pending writes dropped) until ``kv_bind`` binds it again.
 
@@ -91,8 +98,7 @@ class KVColumn:
         them again; the backend's own close seals them (:meth:`seal`).
         """
         self.buffer.clear()
-        self.known.clear()
-        self.absent.clear()
+        self.forget_presence()
         self.get, self.iterate, self.engine = self._closed_get, self._closed_iterate, None
 
     def seal(self) -> None:

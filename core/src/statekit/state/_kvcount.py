@@ -14,8 +14,8 @@ column's buffer):
   that preceded the write (the handles note each engine read in
   ``KVColumn.known``, and the keys it found absent in ``KVColumn.absent``:
   a read-modify-write costs no extra lookup), else looked up, once per key
-  per write batch. A batch of a column of values costs two C-level passes
-  over its buffer and Python work only per new or deleted entry
+  per write batch. A batch of a column of values costs C-level passes over
+  its buffer and its new keys, and Python work only per deleted entry
   (:meth:`EntryCounts._values`; ``bench/bench_count_cost.py`` measures it);
 - a list or map entry is a group of records under one (key, namespace)
   prefix: for each prefix a batch touches, one seek says whether the engine
@@ -58,37 +58,38 @@ class EntryCounts:
     def __init__(self, layout: KeyLayout) -> None:
         self.layout = layout
         self._group = itemgetter(slice(0, layout.group_width))  # a key's key-group prefix
-        self.by_state: dict[str, dict[int, int]] = {}
+        #: Per state, entries per key group, by the key group's prefix (``KeyLayout.group_prefix``):
+        #: a write batch adds its new entries with one ``Counter.update`` over their keys' prefixes.
+        self.by_state: dict[str, Counter[bytes]] = {}
         self.unknown: set[str] = set()
 
     # --- writes ---------------------------------------------------------------------------------
 
     def before_write(self, col: KVColumn) -> None:
         """Count what ``col``'s buffer changes, before the engine applies it."""
-        known = col.known
         name = col.name
         if not self.enabled or name in self.unknown:
-            known.clear()
-            col.absent.clear()
+            col.forget_presence()
             return
         counts = self.by_state.get(name)
         if counts is None:
-            counts = self.by_state[name] = {}
+            counts = self.by_state[name] = Counter()
         if col.grouped is False:  # value entries only: the record is the entry
             self._values(col, counts)
         else:
             self._groups(col, counts)
-        known.clear()
-        col.absent.clear()
+        col.forget_presence()
 
-    def _values(self, col: KVColumn, counts: dict[int, int]) -> None:
+    def _values(self, col: KVColumn, counts: Counter[bytes]) -> None:
         """A column of value entries: which buffered writes make an entry appear or go.
 
-        No Python code runs per buffered key: one C-level pass checks that the
-        reads noted every key (``known``; a blind write's key is looked up in
-        the engine first) and one whether the buffer deletes anything. An entry
-        appears where a key the reads found absent (``absent``: new keys, few
-        in a steady state) is put; one goes where a key that existed is deleted.
+        No Python code runs per buffered key, nor per new key or key group: one
+        C-level pass checks that the reads noted every key (``known``; a blind
+        write's key is looked up in the engine first) and one whether the buffer
+        deletes anything. An entry appears where a key the reads found absent
+        (``absent``) is put: without deletes, that is every buffered key of
+        ``absent`` (a set intersection), counted per key-group prefix by one
+        ``Counter.update``; one goes where a key that existed is deleted.
         """
         buf, known, absent = col.buffer, col.known, col.absent
         keys = buf.keys()
@@ -101,36 +102,33 @@ class EntryCounts:
                 else:
                     known[k] = True
         group = self._group
+        deletes = any(map(is_, buf.values(), repeat(None)))
         if absent:
-            get = buf.get
-            self._add(counts, Counter([group(k) for k in absent if get(k) is not None]), 1)
-        if any(map(is_, buf.values(), repeat(None))):
-            self._add(counts, Counter([group(k) for k, v in buf.items() if v is None and known[k]]), -1)
+            new = absent.intersection(keys)  # absent keys the batch writes (reads alone write nothing)
+            if deletes:
+                new = {k for k in new if buf[k] is not None}
+            counts.update(map(group, new))
+        if deletes:
+            counts.subtract(map(group, [k for k, v in buf.items() if v is None and known[k]]))
 
-    @staticmethod
-    def _add(counts: dict[int, int], by_group: Counter[bytes], sign: int) -> None:
-        for prefix, n in by_group.items():
-            kg = int.from_bytes(prefix, "big")
-            counts[kg] = counts.get(kg, 0) + sign * n
-
-    def _groups(self, col: KVColumn, counts: dict[int, int]) -> None:
+    def _groups(self, col: KVColumn, counts: Counter[bytes]) -> None:
         """A column whose entries may be groups of records (list, map, or not known yet)."""
-        split = self.layout.split
-        touched: dict[bytes, list[Any]] = {}  # prefix -> [key group, any put, values by key]
+        split, group = self.layout.split, self._group
+        touched: dict[bytes, list[Any]] = {}  # prefix -> [key-group prefix, any put]
         values: dict[bytes, bytes | None] = {}
         for k, v in col.buffer.items():
-            kg, _, _, suffix = split(k)
+            suffix = split(k)[3]
             if not suffix:  # a value entry
                 old = col.known.pop(k, _MISSING)
                 if old is _MISSING:
                     old = col.get(k) is not None
                 if old is (v is None):
-                    counts[kg] = counts.get(kg, 0) + (1 if v is not None else -1)
+                    counts[group(k)] += 1 if v is not None else -1
                 continue
             prefix = k[: len(k) - len(suffix)]
             t = touched.get(prefix)
             if t is None:
-                t = touched[prefix] = [kg, False]
+                t = touched[prefix] = [group(k), False]
             if v is not None:
                 t[1] = True
             values[k] = v
@@ -143,7 +141,7 @@ class EntryCounts:
             else:  # only deletes under the prefix: does a record the batch leaves remain?
                 after = any(values.get(k, _MISSING) is _MISSING for k, _ in col.scan(prefix))
             if after != before:
-                counts[kg] = counts.get(kg, 0) + (1 if after else -1)
+                counts[kg] += 1 if after else -1
 
     # --- loads and restores ---------------------------------------------------------------------
 
@@ -151,17 +149,17 @@ class EntryCounts:
         """``items`` (sorted, distinct) were bulk-loaded into state ``name``'s column."""
         if not self.enabled or name in self.unknown:
             return
-        counts = self.by_state.setdefault(name, {})
+        counts = self.by_state.setdefault(name, Counter())
         if any(counts.values()):
             self.unknown.add(name)  # loaded over entries: they may overlap, so the count is unknown
             return
-        split = self.layout.split
+        split, group = self.layout.split, self._group
         last = b""
         for k, _ in items:
-            kg, _, _, suffix = split(k)
+            suffix = split(k)[3]
             prefix = k[: len(k) - len(suffix)]
             if prefix != last:
-                counts[kg] = counts.get(kg, 0) + 1
+                counts[group(k)] += 1
                 last = prefix
         # A group split across loads of one state is not a case: a state loads once per restore.
 
@@ -179,10 +177,10 @@ class EntryCounts:
             return
         for meta in metas:
             for name, per_group in meta[ENTRY_COUNTS].items():
-                counts = self.by_state.setdefault(str(name), {})
+                counts = self.by_state.setdefault(str(name), Counter())
                 for kg, n in per_group.items():
                     if int(kg) in owned:
-                        counts[int(kg)] = counts.get(int(kg), 0) + int(n)
+                        counts[self.layout.group_prefix(int(kg))] += int(n)
 
     def forget(self, name: str) -> None:
         """State ``name``'s column was dropped or replaced: it holds nothing (exactly)."""
@@ -199,13 +197,17 @@ class EntryCounts:
         for name in names:
             if name in self.unknown:
                 return None
-            out[name] = sum(self.by_state.get(name, {}).values())
+            counts = self.by_state.get(name)
+            out[name] = 0 if counts is None else sum(counts.values())
         return out
 
     def meta(self, names: Iterable[str]) -> dict[str, dict[str, int]] | None:
         """What a native snapshot records (``entry_counts``): per state and key group; None if unknown."""
         if self.exact(names) is None:
             return None
-        return {
-            name: {str(kg): n for kg, n in sorted(self.by_state.get(name, {}).items()) if n} for name in names
-        }
+        out = {}
+        for name in names:
+            counts: Mapping[bytes, int] = self.by_state.get(name, {})
+            per_group = {int.from_bytes(p, "big"): n for p, n in counts.items() if n}
+            out[name] = {str(kg): per_group[kg] for kg in sorted(per_group)}
+        return out

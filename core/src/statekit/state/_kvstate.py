@@ -775,6 +775,7 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
         dedup = [kv for i, kv in enumerate(items) if i + 1 == len(items) or items[i + 1][0] != kv[0]]
         self.kv_counts.loaded(name, dedup)
         self.kv_load(name, dedup)
+        col.forget_presence()  # loaded besides the write path
 
     def _load_entries(
         self, reg: RegisteredState, key_group: int, keys: list[Any], namespaces: list[Any], values: list[Any]
@@ -922,6 +923,8 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
         own = self.key_group_range
         names = {str(s["name"]) for h in plan.parts for s in h.states if isinstance(s, dict) and "name" in s}
         self.kv_counts.restored([h.meta for h in plan.parts], range(own.start, own.end + 1), names)
+        for col in self._kv_columns.values():
+            col.forget_presence()  # the engine loaded (and maybe clipped) the parts besides the write path
         # As a canonical snapshot taken at that moment would: no entry expired at snapshot time is restored.
         # First: a declared state whose TTL is turned off loses the timestamps the purge reads.
         for h in plan.parts:
