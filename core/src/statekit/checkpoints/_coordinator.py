@@ -499,10 +499,6 @@ class CheckpointCoordinator:
             raise CorruptCheckpointError(cp.location, e.problem + self.policy.ways_out) from e
         self._checked.add(cp.location)
 
-    def checked(self, cp: CompletedCheckpoint) -> None:
-        """``cp``'s files were found there (by :func:`start_point`): :meth:`check` need not look again."""
-        self._checked.add(cp.location)
-
     def claims(self, cp: CompletedCheckpoint | None, newest: CompletedCheckpoint | None = None) -> bool:
         """Whether ``cp`` is a completed checkpoint of this job in this storage (not a savepoint).
 
@@ -552,8 +548,11 @@ def start_point(
 
     ``restore`` is a checkpoint's or savepoint's location, or ``"latest"``:
     the job's newest completed checkpoint. Each candidate's metadata is read
-    (its identity checked against where it sits) and every file it names
-    checked for presence and size before ``take`` gets it; ``take`` (the
+    (its identity checked against where it sits); with ``"latest"`` every file
+    it names is checked for presence and size too before ``take`` gets it (a
+    fallback skips it then), while a named location goes to ``take`` as
+    loaded, whose restore names the operator and subtask of what it finds
+    damaged; ``take`` (the
     LocalRunner restores there, verifying every block as it reads; the Spark
     driver keeps it, to size the run and validate it before any task
     restores) raises without changing anything on damage. With ``"latest"``
@@ -571,7 +570,7 @@ def start_point(
     """
     if restore != "latest":
         try:
-            cp = _checked(load_checkpoint(storage, restore))
+            cp = load_checkpoint(storage, restore)
         except CorruptCheckpointError as e:
             raise CorruptCheckpointError(e.location, e.problem + ways_out) from e
         take(cp)

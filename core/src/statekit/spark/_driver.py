@@ -248,7 +248,7 @@ class MicroBatchDriver:
         )
         if base is not None:
             self._validate(base)
-            self.coordinator.checked(base)  # start_point found its files: the first batch need not look again
+            self.coordinator.check(base)  # its files, at start as the LocalRunner's restore finds them
         self.metrics = QueryMetrics(session, conf, spec.job_id, spec.operator_id)
         with self.metrics.describe(None, "routing"):
             values = routing_values(session, self.parallelism)
