@@ -302,6 +302,7 @@ def test_the_readmes_spark_job_from_a_connect_client(connect_server: ConnectServ
             write_inputs(logs, records[400:], 1, start=5)
 
 
+@pytest.mark.nightly  # the README's Spark job from a Connect client (ci) takes the same path
 def test_the_demo_from_a_connect_client(connect_server: ConnectServer, tmp_path: Path) -> None:
     """``statekit-urlcount demo --remote``: both runs on the Connect server, every check passes."""
     done = subprocess.run(
