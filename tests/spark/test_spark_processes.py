@@ -366,6 +366,9 @@ def test_a_second_driver_on_the_same_job_fences_off_the_first(tmp_path: Path) ->
     assert restored_state(storage, "twice") == model_state(records)
 
 
+# Rotation (test_spark_log_source) and a driver killed in the sink (the windowed case) each run in
+# ci; this composition of both runs nightly (ci's time: about 45 s).
+@pytest.mark.nightly
 def test_log_source_driver_killed_in_the_sink_then_files_rotate_counts_exactly(tmp_path: Path) -> None:
     """read_logs, driver killed: offsets in Spark's log, the batch replayed, the file rotated meanwhile."""
     records = make_records(1600, seed=13)
