@@ -57,7 +57,7 @@ from ._keyed_snapshots import cancelled_error
 from ._kvcount import ENTRY_COUNTS
 from ._kvdelta import Ops, apply_ops, decode_delta_file, encode_delta_block, encode_delta_file
 from ._kvlayout import decode_varint, encode_varint
-from ._kvviews import TrackedView
+from ._kvviews import TrackedView, lookup
 from ._registered import RegisteredState
 from ._state import StateKind
 from ._uploads import UploadTracker
@@ -306,7 +306,7 @@ class KeyGroupSnapshot:
             by_state: dict[str, Ops] = {}
             for name, touched in changed[kg].items():
                 # Each key's value at the checkpoint, or None: removed.
-                by_state[name] = list(zip(touched, _lookup(view, name, touched)))
+                by_state[name] = list(zip(touched, lookup(view, name, touched)))
             block = encode_delta_block(by_state)
             key = str(kg)
             base = files.get(groups.get(key, ""))
@@ -374,18 +374,6 @@ class KeyGroupSnapshot:
         view, self._view = self._view, None
         if view is not None:
             view.release()
-
-
-def _lookup(view: KVFrozenView, name: str, keys: list[bytes]) -> list[bytes | None]:
-    """Point reads of ``keys`` in a view: its ``lookup`` (a TrackedView's, an engine's), else ranges."""
-    fast = getattr(view, "lookup", None)
-    if fast is not None:
-        return list(fast(name, keys))
-    out: list[bytes | None] = []
-    for k in keys:
-        got = list(view.items(name, k, k + b"\x00"))
-        out.append(got[0][1] if got and got[0][0] == k else None)
-    return out
 
 
 def _count(items: list[tuple[bytes, bytes]], layout: KeyLayout, kind: StateKind) -> int:

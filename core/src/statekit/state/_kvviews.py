@@ -22,7 +22,7 @@ from typing import Any
 
 from .._errors import SnapshotCancelledError
 
-__all__ = ["TrackedView"]
+__all__ = ["TrackedView", "lookup"]
 
 
 class TrackedView:
@@ -39,13 +39,7 @@ class TrackedView:
     def items(self, name: str, lower: bytes, upper: bytes | None) -> list[tuple[bytes, bytes]]:
         """State ``name``'s entries in ``[lower, upper)`` of the view, in key order (a list)."""
         with self._lock:
-            view = self._view
-            if view is None:
-                raise SnapshotCancelledError(
-                    f"state {name!r} is read from a frozen view that was released: its backend closed "
-                    "while the snapshot was being written, and close() cancelled it"
-                )
-            out: Iterable[tuple[bytes, bytes]] = view.items(name, lower, upper)
+            out: Iterable[tuple[bytes, bytes]] = self._live(name).items(name, lower, upper)
             return out if isinstance(out, list) else list(out)
 
     def lookup(self, name: str, keys: list[bytes]) -> list[bytes | None]:
@@ -55,20 +49,16 @@ class TrackedView:
         one ``items(name, key, key + b"\\x00")`` per key.
         """
         with self._lock:
-            view = self._view
-            if view is None:
-                raise SnapshotCancelledError(
-                    f"state {name!r} is read from a frozen view that was released: its backend closed "
-                    "while the snapshot was being written, and close() cancelled it"
-                )
-            fast = getattr(view, "lookup", None)
-            if fast is not None:
-                return list(fast(name, keys))
-            out: list[bytes | None] = []
-            for k in keys:
-                got = list(view.items(name, k, k + b"\x00"))
-                out.append(got[0][1] if got and got[0][0] == k else None)
-            return out
+            return lookup(self._live(name), name, keys)
+
+    def _live(self, name: str) -> Any:
+        """The engine's view, if not released (under the lock)."""
+        if self._view is None:
+            raise SnapshotCancelledError(
+                f"state {name!r} is read from a frozen view that was released: its backend closed "
+                "while the snapshot was being written, and close() cancelled it"
+            )
+        return self._view
 
     def release(self) -> None:
         """Let the engine reclaim the view: after any ``items()`` in progress; once."""
@@ -77,3 +67,15 @@ class TrackedView:
         if view is not None:
             self._owner.discard(self)
             view.release()
+
+
+def lookup(view: Any, name: str, keys: list[bytes]) -> list[bytes | None]:
+    """Point reads of ``keys`` of state ``name`` in a view: its ``lookup`` if it has one, else ranges."""
+    fast = getattr(view, "lookup", None)
+    if fast is not None:
+        return list(fast(name, keys))
+    out: list[bytes | None] = []
+    for k in keys:
+        got = list(view.items(name, k, k + b"\x00"))
+        out.append(got[0][1] if got and got[0][0] == k else None)
+    return out
