@@ -539,7 +539,7 @@ def start_point(
     storage: CheckpointStorage,
     job_id: str,
     restore: str,
-    take: Callable[[CompletedCheckpoint], None],
+    take: Callable[[CompletedCheckpoint], None] | None = None,
     *,
     fallback: bool,
     ways_out: str,
@@ -552,10 +552,10 @@ def start_point(
     it names is checked for presence and size too before ``take`` gets it (a
     fallback skips it then), while a named location goes to ``take`` as
     loaded, whose restore names the operator and subtask of what it finds
-    damaged; ``take`` (the
+    damaged; ``take``, if given (the
     LocalRunner restores there, verifying every block as it reads; the Spark
-    driver keeps it, to size the run and validate it before any task
-    restores) raises without changing anything on damage. With ``"latest"``
+    driver passes none and sizes the run from what was chosen, validating it
+    before any task restores) raises without changing anything on damage. With ``"latest"``
     and ``fallback`` (the LocalRunner's ``statekit.restore.fallback``) a
     damaged candidate is skipped with a warning and the next older tried; a
     Spark query never falls back (its offset log must match the checkpoint it
@@ -573,7 +573,8 @@ def start_point(
             cp = load_checkpoint(storage, restore)
         except CorruptCheckpointError as e:
             raise CorruptCheckpointError(e.location, e.problem + ways_out) from e
-        take(cp)
+        if take is not None:
+            take(cp)
         return StartPoint(cp, True, [])
     candidates = storage.list_checkpoints(job_id)
     skipped: list[tuple[str, str]] = []
@@ -581,7 +582,8 @@ def start_point(
     for candidate in reversed(candidates):
         try:
             cp = _checked(load_checkpoint(storage, candidate))
-            take(cp)
+            if take is not None:
+                take(cp)
         except (CorruptCheckpointError, CheckpointNotFoundError) as e:
             skipped.append((candidate, str(e)))
             damage.append(_problem_of(e))

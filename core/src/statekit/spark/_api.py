@@ -392,9 +392,8 @@ class ProcessedStream:
                 )
             storage = driver_storage(conf, default_registry())
             # Chosen as the server's driver will choose it (start_point), here only to seed the location.
-            restored = start_point(
-                storage, spec.job_id, restore, lambda cp: None, fallback=False, ways_out=SPARK_WAYS_OUT
-            ).checkpoint
+            start = start_point(storage, spec.job_id, restore, fallback=False, ways_out=SPARK_WAYS_OUT)
+            restored = start.checkpoint
             assert restored is not None  # an explicit location loads or raises
             try:
                 latest = newest_checkpoint(storage, spec.job_id)

@@ -206,11 +206,9 @@ class MicroBatchDriver:
         self._completed_read: tuple[CompletedCheckpoint, bytes] | None = None
         # What the run starts from, chosen as the LocalRunner chooses (one path, never falling back):
         # its parallelism and max parallelism come from it; every batch then decides afresh (_decide).
-        taken: list[CompletedCheckpoint] = []
         start = start_point(
-            self.storage, spec.job_id, restore or "latest", taken.append, fallback=False,
-            ways_out=SPARK_WAYS_OUT,
-        )  # fmt: skip
+            self.storage, spec.job_id, restore or "latest", fallback=False, ways_out=SPARK_WAYS_OUT
+        )
         base = start.checkpoint
         self.restored: CompletedCheckpoint | None = base if start.explicit else None  # loaded once
         p = conf.get("statekit.parallelism")
