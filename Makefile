@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 PACKAGES := -e ./core -e ./backends/heap -e ./backends/rocksdb -e ./backends/lmdb -e "./storage[s3,hdfs]" -e ./examples/statekit-sqlite \
 	-e ./examples/urlcount -e ".[test]"
 HYPOTHESIS_PROFILE ?= ci
+# Test processes (pytest-xdist); a test file stays in one process, so its module fixtures start once.
+# Half of a serial run is waiting on JVMs and child processes: two processes halve it on two cores.
+PYTEST_WORKERS ?= 2
 # Every distribution of this repository, for `make wheels`; the umbrella (.) last.
 DISTRIBUTIONS := ./core ./backends/heap ./backends/rocksdb ./backends/lmdb ./storage ./examples/statekit-sqlite \
 	./examples/urlcount .
@@ -57,7 +60,8 @@ typecheck: install
 	$(VENV)/bin/mypy --strict -p statekit -p statekit_heap -p statekit_rocksdb -p statekit_lmdb -p statekit_storage -p statekit_sqlite -p statekit_urlcount
 
 pytest: install
-	$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=$(HYPOTHESIS_PROFILE) --durations=25
+	$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=$(HYPOTHESIS_PROFILE) --durations=25 \
+		-n $(PYTEST_WORKERS) --dist loadfile
 
 ## Benchmarks print ratios against a baseline measured in the same run.
 bench: install

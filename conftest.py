@@ -156,5 +156,9 @@ def second_user() -> SecondUser:
     try:
         pwd.getpwnam(name)
     except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+        useradd = ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name]
+        made = subprocess.run(useradd, check=False)
+        # Another test process (make pytest runs two) may have made it meanwhile: then it exists now.
+        if made.returncode != 0:
+            pwd.getpwnam(name)
     return SecondUser(name)

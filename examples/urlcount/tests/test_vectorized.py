@@ -44,22 +44,17 @@ def test_local_runner_outputs_the_same_counts_per_request(tmp_path, batch_size):
     assert sorted(vectorized) == sorted(outputs["per-record"]) and len(vectorized) == len(records)
 
 
-def test_spark_job_gives_the_same_counts_and_dead_letters(tmp_path):
-    pytest.importorskip("pyspark")
-    from statekit_urlcount import local_spark_session, run_job
+def test_spark_job_gives_the_same_counts_and_dead_letters(tmp_path, local_spark):
+    from statekit_urlcount import run_job
 
     generate_logs(tmp_path / "logs", records=4000, files=2, n_urls=300, malformed_fraction=0.02, seed=4)
-    spark = local_spark_session()
-    try:
-        reports = {}
-        for vectorized in (False, True):
-            settings = JobSettings(
-                logs_dir=str(tmp_path / "logs"), state_dir=str(tmp_path / f"state-{vectorized}"),
-                vectorized=vectorized,
-            )  # fmt: skip
-            reports[vectorized] = (run_job(spark, settings), settings)
-    finally:
-        spark.stop()
+    reports = {}
+    for vectorized in (False, True):
+        settings = JobSettings(
+            logs_dir=str(tmp_path / "logs"), state_dir=str(tmp_path / f"state-{vectorized}"),
+            vectorized=vectorized,
+        )  # fmt: skip
+        reports[vectorized] = (run_job(local_spark, settings), settings)
 
     def outputs(settings):
         # A dead letter records when it was written; the two runs wrote theirs at other times.

@@ -13,7 +13,6 @@ from statekit_urlcount import (  # noqa: E402
     MALFORMED_KEY,
     WindowedSettings,
     generate_logs,
-    local_spark_session,
     read_output,
     read_timed_lines,
     run_windowed_job,
@@ -53,7 +52,7 @@ def spark_model(files, delay=DELAY, size=MINUTE):
     return emitted, late, watermark
 
 
-def test_streaming_windows_equal_the_model(tmp_path):
+def test_streaming_windows_equal_the_model(tmp_path, local_spark):
     logs = tmp_path / "logs"
     gen = generate_logs(
         logs, records=1_800, files=3, n_urls=20, malformed_fraction=0.01, late_fraction=0.25, seed=9
@@ -66,11 +65,7 @@ def test_streaming_windows_equal_the_model(tmp_path):
     assert emitted and sum(map(len, late)) > 5  # lines stamped back into the previous file
 
     settings = WindowedSettings(str(logs), str(tmp_path / "state"), delay="10 seconds")
-    spark = local_spark_session()
-    try:
-        report = run_windowed_job(spark, settings)
-    finally:
-        spark.stop()
+    report = run_windowed_job(local_spark, settings)
 
     assert [b.batch_id for b in report.batches] == [0, 1, 2]
     assert [b.records for b in report.batches] == [len(f) for f in files]
