@@ -342,6 +342,28 @@ def test_deeply_nested_json_is_corrupt_not_a_recursion_error(chk: Path) -> None:
     restore_fails(chk, r"_metadata: malformed metadata \(RecursionError")
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("ttl", True, "its ttl is bool"),  # found by the fuzz below: an AttributeError, not a StateError
+        ("ttl", {"ttl_ms": "1", "update_type": "x", "visibility": "y"}, "its ttl_ms is str"),
+        ("name", 5, "a state's name is int"),
+        ("serializer", [], "its serializer is list"),
+        ("lineage", {"serializer": {}}, "its lineage is dict"),
+        ("schema_version", "2", "its schema_version is str"),
+    ],
+)
+def test_a_state_entry_of_the_wrong_shape_is_corrupt_and_names_it(
+    chk: Path, field: str, value: Any, match: str
+) -> None:
+    original = (chk / "_metadata").read_bytes()
+    craft(chk, lambda m: m["operators"]["process"][0]["states"][0].update({field: value}))
+    try:
+        restore_fails(chk, rf"_metadata: .*{match}")
+    finally:
+        (chk / "_metadata").write_bytes(original)
+
+
 def test_a_huge_metadata_file_is_refused_without_loading_it(
     chk: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -94,7 +94,7 @@ class SubtaskState:
             KeyGroupRange.of(typed(s, int, "key group"), typed(e, int, "key group")),
             obj.get("keyed"),
             obj.get("operator"),
-            list(obj.get("states") or []),
+            [_checked_state_entry(m) for m in typed(obj.get("states") or [], list, "states")],
             obj.get("raw"),
         )
 
@@ -249,6 +249,42 @@ def typed(value: Any, kind: type[Any], what: str) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise CorruptSnapshotError(f"{what} is {type(value).__name__}, expected {kind.__name__}")
     return value
+
+
+def _checked_state_entry(meta: Any) -> dict[str, Any]:
+    """One entry of a subtask's ``states`` (a state's descriptor as stored), its shape checked.
+
+    Every reader of an entry (restore, the schema checks, the state processor,
+    ``inspect``) may then rely on the types of its fields: a crafted or damaged
+    entry is a CorruptSnapshotError here, never a Python error deeper down.
+    """
+    entry: dict[str, Any] = typed(meta, dict, "a state's entry")
+    name = typed(entry.get("name"), str, "a state's name")
+    typed(entry.get("kind"), str, f"state {name!r}: its kind")
+    _checked_schema(entry, f"state {name!r}")
+    for key in ("stored_serializer", "namespace_serializer"):
+        if entry.get(key) is not None:
+            typed(entry[key], dict, f"state {name!r}: its {key}")
+    lineage = entry.get("lineage")
+    steps = typed(lineage, list, f"state {name!r}: its lineage") if lineage is not None else []
+    for i, step in enumerate(steps):
+        what = f"state {name!r}, lineage entry {i}"
+        _checked_schema(typed(step, dict, what), what)
+    return entry
+
+
+def _checked_schema(schema: Mapping[str, Any], what: str) -> None:
+    """The fields a schema (an entry or a lineage step) has: serializer, TTL, version."""
+    if schema.get("serializer") is not None:
+        typed(schema["serializer"], dict, f"{what}: its serializer")
+    if schema.get("schema_version") is not None:
+        typed(schema["schema_version"], int, f"{what}: its schema_version")
+    ttl = schema.get("ttl")
+    if ttl is not None:
+        ttl = typed(ttl, dict, f"{what}: its ttl")
+        typed(ttl.get("ttl_ms"), int, f"{what}: its ttl_ms")
+        typed(ttl.get("update_type"), str, f"{what}: its TTL update_type")
+        typed(ttl.get("visibility"), str, f"{what}: its TTL visibility")
 
 
 @contextlib.contextmanager
