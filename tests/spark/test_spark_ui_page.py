@@ -45,6 +45,10 @@ def test_a_section_is_well_formed_and_names_its_numbers() -> None:
     history = [tr for tr in root.iter("tr") if tr.get("data-checkpoint")]
     assert [tr.get("data-checkpoint") for tr in history] == ["8", "7"]  # newest first
     assert "disk <full> &" in "".join(history[0].itertext())
+    # The words and times of the CLI's history: UTC, named, whatever the driver's zone.
+    assert "2023-11-14 22:13:20 UTC" in "".join(history[1].itertext())
+    heads = ["".join(th.itertext()) for th in root.iter("th")]
+    assert {"duration ms", "duration s", "checkpoint s", "started from"} <= set(heads)
 
 
 def test_a_section_before_any_batch_says_so() -> None:

@@ -65,7 +65,8 @@ def _table(caption: str, table_id: str, head: Sequence[str], rows: Iterable[str]
 
 
 def _when(ms: int) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+    """A time as ``statekit checkpoints history`` prints it: UTC, named (not the driver's zone)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
 
 
 def _state(info: BatchInfo) -> str:
@@ -165,9 +166,9 @@ def render_section(
         "id", "kind", "status", "triggered", "duration ms", "snapshot ms", "upload ms", "metadata ms",
         "bytes", "written", "uploaded", "referenced", "batch", "location or failure",
     )  # fmt: skip
-    batch_head = ("batch", "checkpoint", "restored from", "records in", "records out", "dead letters", "late",
+    batch_head = ("batch", "checkpoint", "started from", "records in", "records out", "dead letters", "late",
                   "reused", "handed off", "restored locally", "restored remotely", "bytes downloaded",
-                  "checkpoint s", "batch s", "locality")  # fmt: skip
+                  "checkpoint s", "duration s", "locality")  # fmt: skip
     parts = [
         f'<div class="statekit-job" data-job="{_e(job_id)}" data-operator="{_e(operator_id)}">',
         f"<h4>job {_e(job_id)} · operator {_e(operator_id)}</h4>",
