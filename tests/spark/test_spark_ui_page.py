@@ -39,6 +39,8 @@ def test_a_section_is_well_formed_and_names_its_numbers() -> None:
     assert root.get("data-job") == 'job "<x>"'
     cells = {td.get("data-field"): td.get("data-value") for td in root.iter("td") if td.get("data-field")}
     assert cells["state_entries"] == "12" and cells["dead_letters"] == "3" and cells["subtasks_reused"] == "2"
+    entries = next(td for td in root.iter("td") if td.get("data-field") == "state_entries")
+    assert entries.get("data-exact") == "1"  # the metric state_entries_exact; the heading says "(exact)"
     assert cells["snapshot_ms"] == "100" and cells["checkpoint_duration_seconds"] == "1.5"
     failure = next(e for e in root.iter("pre") if e.get("id") == "last-failure").text or ""
     assert failure.startswith("batch 7: RuntimeError: boom <b>")

@@ -77,7 +77,12 @@ def _state(info: BatchInfo) -> str:
     summary = (
         '<table id="state" class="table table-bordered table-sm"><tbody>'
         f"<tr><th>checkpoint</th>{_num('checkpoint_id', stats.checkpoint_id)}</tr>"
-        f"<tr><th>state entries ({_e(label)})</th>{_num('state_entries', stats.state_entries)}</tr>"
+        f"<tr><th>state entries ({_e(label)})</th>"
+        # data-exact: the metric state_entries_exact, for scripts (the heading says it in words)
+        + _num("state_entries", stats.state_entries).replace(
+            "<td ", f'<td data-exact="{int(stats.state_entries_exact)}" ', 1
+        )
+        + "</tr>"
         f"<tr><th>keyed state bytes</th>{_num('state_bytes', stats.state_bytes)}</tr>"
         f"<tr><th>operator state bytes</th>{_num('operator_state_bytes', stats.operator_state_bytes)}</tr>"
         f"<tr><th>bytes written by the checkpoint</th>"
