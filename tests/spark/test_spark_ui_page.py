@@ -53,6 +53,18 @@ def test_a_section_is_well_formed_and_names_its_numbers() -> None:
     assert {"duration ms", "duration s", "checkpoint s", "started from"} <= set(heads)
 
 
+def test_the_last_failure_names_a_failed_savepoint_as_one() -> None:
+    attempts = [
+        CheckpointAttempt(4, "checkpoint", "completed", 1_700_000_000_000, 900, "/ck/chk-4",
+                          AttemptSizes(10, 10)),
+        CheckpointAttempt(4, "savepoint", "failed", 1_700_000_001_000, 2, "-",
+                          failure="CheckpointError: full"),
+    ]  # fmt: skip
+    root = ET.fromstring(render_section("j", "process", [], attempts, None))
+    failure = next(e for e in root.iter("pre") if e.get("id") == "last-failure").text
+    assert failure == "savepoint of checkpoint 4: CheckpointError: full"
+
+
 def test_a_section_before_any_batch_says_so() -> None:
     root = ET.fromstring(render_section("j", "process", [], [], None))
     assert "No micro-batch processed yet." in "".join(root.itertext())

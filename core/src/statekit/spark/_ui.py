@@ -166,7 +166,9 @@ def render_section(
     failed = [a for a in attempts if a.status == FAILED and a.failure]
     last_failure = failure
     if last_failure is None and failed:
-        last_failure = f"checkpoint {failed[-1].checkpoint_id}: {failed[-1].failure}"
+        a = failed[-1]
+        what = "checkpoint" if a.kind == "checkpoint" else f"{a.kind} of checkpoint"
+        last_failure = f"{what} {a.checkpoint_id}: {a.failure}"
     history_head = (
         "id", "kind", "status", "triggered", "duration ms", "snapshot ms", "upload ms", "metadata ms",
         "bytes", "written", "uploaded", "referenced", "batch", "location or failure",
@@ -180,7 +182,12 @@ def render_section(
         "<h5>State</h5>",
         _state(last) if last is not None else "<p>No micro-batch processed yet.</p>",
         _table("Checkpoint history (newest first)", "history", history_head, _history_rows(attempts)),
-        _table("Micro-batches (newest first)", "batches", batch_head, _batch_rows(batches)),
+        _table(
+            "Micro-batches since the query started (newest first)",
+            "batches",
+            batch_head,
+            _batch_rows(batches),
+        ),
         "<h5>Last failure</h5>",
         f'<pre id="last-failure">{_e(last_failure or "none")}</pre>',
         "</div>",
