@@ -90,6 +90,12 @@ def prometheus(text: str, job: str = JOB, op: str = "process") -> dict[str, floa
     return out
 
 
+def last_id(listed: Any) -> int:
+    """The newest checkpoint's id in ``statekit checkpoints list --json``'s answer."""
+    rows = listed if isinstance(listed, list) else listed.get("checkpoints", [])
+    return max(int(c.get("checkpoint_id", c.get("id", -1))) for c in rows)
+
+
 def main() -> int:  # noqa: C901, PLR0915 - one walk, in the order an operator takes it
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", type=Path, required=True)
@@ -324,6 +330,9 @@ def main() -> int:  # noqa: C901, PLR0915 - one walk, in the order an operator t
             cli[name + "_head"] = sh(str(BIN / "statekit"), *cmd, pipe="head -3", cwd=work)
             cli[name + "_json"] = sh(str(BIN / "statekit"), *cmd, "--json", cwd=work)
         newest = json.loads(cli["list_json"][1])
+        chk = str(work / "state/spark" / JOB / f"chk-{last_id(newest)}")
+        cli["inspect_cat"] = sh(str(BIN / "statekit"), "checkpoints", "inspect", chk, pipe="cat", cwd=work)
+        cli["inspect_json"] = sh(str(BIN / "statekit"), "checkpoints", "inspect", chk, "--json", cwd=work)
         report["cli"] = cli
 
         query.stop()
@@ -558,10 +567,32 @@ def main() -> int:  # noqa: C901, PLR0915 - one walk, in the order an operator t
         batch_info=last.checkpoint_id,
         prometheus=int(m.get("checkpoint_id", -1)),
         page=int(state_row.get("checkpoint_id", -1)),
-        cli_list=max(
-            int(c.get("checkpoint_id", c.get("id", -1)))
-            for c in (newest if isinstance(newest, list) else newest.get("checkpoints", []))
+        cli_list=last_id(newest),
+    )
+    inspected = json.loads(cli["inspect_json"][1])["operators"]["process"]
+    same(
+        "newest checkpoint: entries, bytes, written, referenced",
+        batch_info=(stats.state_entries, stats.state_bytes, stats.bytes_written, stats.bytes_referenced),
+        cli_inspect=(
+            inspected["entries"],
+            inspected["bytes"],
+            inspected["uploaded_bytes"],
+            inspected["referenced_bytes"],
         ),
+        prometheus=tuple(
+            int(m.get(k, -1))
+            for k in (
+                "state_entries",
+                "state_bytes",
+                "checkpoint_bytes_written",
+                "checkpoint_bytes_referenced",
+            )
+        ),
+    )
+    same(
+        "newest checkpoint: exact",
+        batch_info=stats.state_entries_exact,
+        cli_inspect=not inspected["entries_estimated"],
     )
     descriptions = [j.get("description", "") for j in jobs]
     same(
