@@ -206,6 +206,17 @@ def test_cli_history_tsv_json_and_table(job_dir: Path, capsys: pytest.CaptureFix
     assert "│ subsumed" in buf.getvalue() and "referenced" in buf.getvalue()
 
 
+def test_cli_history_shows_no_backend_or_parallelism_for_a_failed_savepoint() -> None:
+    from statekit.cli._cli_history import HISTORY_COLUMNS, history_cells
+
+    failed = CheckpointAttempt(
+        4, "savepoint", "failed", 1_700_000_000_000, 2, "/sp", failure="CheckpointError: x"
+    )
+    cells = dict(zip(HISTORY_COLUMNS, history_cells(failed), strict=True))
+    assert (cells["backend"], cells["parallelism"], cells["snapshot ms"]) == ("-", "-", "-")
+    assert cells["location or failure"] == "CheckpointError: x"
+
+
 def test_cli_history_of_an_unknown_job_is_a_clear_error(
     job_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -321,22 +321,59 @@ def test_list_piped_is_tab_separated_and_never_cut(three: Path) -> None:
         assert tsv(out)[0]["operators (parallelism)"] == "__source__ (1), process (2)"
 
 
-def test_list_on_a_narrow_terminal_folds_the_location_instead_of_cutting_it(three: Path) -> None:
+def test_list_on_a_terminal_folds_the_location_and_never_breaks_a_number(three: Path) -> None:
+    """A table where it fits with every short word whole; else one record per row, as psql's \\x auto."""
     import io
 
     from rich.console import Console
 
     from statekit.cli._cli import CommandContext, build_parser
 
-    buf = io.StringIO()
-    ctx = CommandContext(console=Console(file=buf, force_terminal=True, width=70, color_system=None))
-    args = build_parser().parse_args(["checkpoints", "list", str(three)])
-    assert args.run(args, ctx) == 0
-    out = buf.getvalue()
-    assert "…" not in out
-    last_column = "".join(line.split("│")[-2].strip() for line in out.splitlines() if line.startswith("│"))
+    def listed(width: int) -> str:
+        buf = io.StringIO()
+        ctx = CommandContext(console=Console(file=buf, force_terminal=True, width=width, color_system=None))
+        args = build_parser().parse_args(["checkpoints", "list", str(three)])
+        assert args.run(args, ctx) == 0
+        out = buf.getvalue()
+        assert "…" not in out
+        return out
+
+    wide = listed(130)
+    rows = [line for line in wide.splitlines() if line.startswith("│")]
+    last_column = "".join(line.split("│")[-2].strip() for line in rows)
     for i in (1, 2, 3):
-        assert str(three / "job" / f"chk-{i}") in last_column
+        assert str(three / "job" / f"chk-{i}") in last_column  # folded over lines, every character there
+    # Each row's cells, their lines joined at spaces, are the piped form's: no word was broken.
+    piped = io.StringIO()
+    args = build_parser().parse_args(["checkpoints", "list", str(three)])
+    assert args.run(args, CommandContext(console=Console(file=piped))) == 0
+    expected = [line.split("\t")[:-1] for line in piped.getvalue().splitlines()[1:]]
+    drawn: list[list[list[str]]] = []
+    for line in rows:
+        cells = [c.strip() for c in line.split("│")[1:-2]]
+        if cells[1]:  # the id column starts a row
+            drawn.append([[] for _ in cells])
+        for parts, c in zip(drawn[-1], cells, strict=True):
+            parts.append(c) if c else None
+    assert [[" ".join(parts) for parts in row] for row in drawn] == expected
+
+    narrow = listed(70)  # nine columns do not fit: records, "column  value" lines
+    assert "┃" not in narrow and narrow.count("-[ ") == 3
+    fields: list[list[str]] = []  # [name, value]; a folded value goes on under the name's blank
+    for line in narrow.splitlines():
+        if line.startswith("-[ "):
+            continue
+        name, _, value = line.partition("  ")
+        if name.strip():
+            fields.append([name.strip(), value.strip()])
+        else:
+            fields[-1][1] += line.strip()
+    assert [v for k, v in fields if k == "location"] == [str(three / "job" / f"chk-{i}") for i in (1, 2, 3)]
+    assert [[k, v] for k, v in fields if k != "location"] == [
+        [k, v]
+        for row in expected
+        for k, v in zip(piped.getvalue().split("\n")[0].split("\t"), row, strict=False)
+    ]
 
 
 def test_unknown_storage_option_is_one_line_error_and_good_ones_list_s3(

@@ -199,6 +199,39 @@ def test_a_stop_request_whose_savepoint_fails_stops_nothing(tmp_path: Path) -> N
     assert result.records == 600 and result.stopped_with_savepoint is None
 
 
+def test_trigger_json_prints_a_failed_answer_too_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--json`` gives the answer a script parses, a failed one too; the reason is also on stderr."""
+    import json
+
+    from jobs import count_urls_runner, make_records
+    from statekit import RecordSource
+    from statekit.cli._cli import main
+
+    runner = count_urls_runner(str(tmp_path / "ckpt"), {})
+    runner.run(RecordSource(make_records(40, urls=4)))  # a completed checkpoint: the job exists
+    runner.close()
+    storage = FileSystemCheckpointStorage(str(tmp_path / "ckpt"))
+
+    def fail_next() -> None:
+        while (request := take_request(storage, runner.job_id)) is None:
+            time.sleep(0.02)
+        respond(storage, runner.job_id, SavepointResponse(request.request_id, "failed", failure="disk full",
+                                                          checkpoint_id=1, batch_id=0))  # fmt: skip
+
+    answering = threading.Thread(target=fail_next)
+    answering.start()
+    status = main(["savepoint", "trigger", str(tmp_path / "ckpt"), "--job", runner.job_id, "--json",
+                   "--timeout", "60"])  # fmt: skip
+    answering.join()
+    out, err = capsys.readouterr()
+    assert status == 2
+    answer = json.loads(out)
+    assert (answer["status"], answer["failure"], answer["location"]) == ("failed", "disk full", None)
+    assert err.startswith("statekit: error: the savepoint of job") and "disk full" in err
+
+
 # --- requests that cannot hurt the job: exclusive, validated, bounded, one at a time -------------------
 
 

@@ -39,12 +39,30 @@ def test_a_section_is_well_formed_and_names_its_numbers() -> None:
     assert root.get("data-job") == 'job "<x>"'
     cells = {td.get("data-field"): td.get("data-value") for td in root.iter("td") if td.get("data-field")}
     assert cells["state_entries"] == "12" and cells["dead_letters"] == "3" and cells["subtasks_reused"] == "2"
+    entries = next(td for td in root.iter("td") if td.get("data-field") == "state_entries")
+    assert entries.get("data-exact") == "1"  # the metric state_entries_exact; the heading says "(exact)"
     assert cells["snapshot_ms"] == "100" and cells["checkpoint_duration_seconds"] == "1.5"
     failure = next(e for e in root.iter("pre") if e.get("id") == "last-failure").text or ""
     assert failure.startswith("batch 7: RuntimeError: boom <b>")
     history = [tr for tr in root.iter("tr") if tr.get("data-checkpoint")]
     assert [tr.get("data-checkpoint") for tr in history] == ["8", "7"]  # newest first
     assert "disk <full> &" in "".join(history[0].itertext())
+    # The words and times of the CLI's history: UTC, named, whatever the driver's zone.
+    assert "2023-11-14 22:13:20 UTC" in "".join(history[1].itertext())
+    heads = ["".join(th.itertext()) for th in root.iter("th")]
+    assert {"duration ms", "duration s", "checkpoint s", "started from"} <= set(heads)
+
+
+def test_the_last_failure_names_a_failed_savepoint_as_one() -> None:
+    attempts = [
+        CheckpointAttempt(4, "checkpoint", "completed", 1_700_000_000_000, 900, "/ck/chk-4",
+                          AttemptSizes(10, 10)),
+        CheckpointAttempt(4, "savepoint", "failed", 1_700_000_001_000, 2, "-",
+                          failure="CheckpointError: full"),
+    ]  # fmt: skip
+    root = ET.fromstring(render_section("j", "process", [], attempts, None))
+    failure = next(e for e in root.iter("pre") if e.get("id") == "last-failure").text
+    assert failure == "savepoint of checkpoint 4: CheckpointError: full"
 
 
 def test_a_section_before_any_batch_says_so() -> None:

@@ -124,14 +124,23 @@ def _cell_text(cell: Cell, separator: str) -> str:
     return separator.join(printable(line) for line in cell)
 
 
+#: A word longer than this folds inside a drawn table (a path); shorter ones are never broken.
+_FOLD_WIDTH = 20
+
+
 def print_table(console: Console, columns: Sequence[str], rows: Iterable[Sequence[Cell]]) -> None:
     """Prints ``rows`` under ``columns``: a drawn table on a terminal, tab-separated lines elsewhere.
 
-    On a terminal, cells too long for it fold onto more lines; they are never
-    cut. When stdout is a pipe or a file, one header line and one line per row,
-    cells separated by tabs and nothing cut to a width, for ``cut -f`` and
-    ``awk -F'\\t'``. Either way every cell goes through :func:`printable`, and
-    none is read as rich markup.
+    On a terminal the table is drawn when it fits the terminal's width with
+    no word of 20 characters or fewer broken (cells wrap at spaces; numbers,
+    dates and names stay whole; longer words, paths, fold onto more lines,
+    never cut). When it does not fit, each row is shown as a record, one ``column
+    value`` line per column, as ``psql``'s expanded display (``\\x auto``)
+    does: a table of 16 columns in 80 would otherwise break every number
+    across lines. When stdout is a pipe or a file, one header line and one
+    line per row, cells separated by tabs and nothing cut to a width, for
+    ``cut -f`` and ``awk -F'\\t'``. Either way every cell goes through
+    :func:`printable`, and none is read as rich markup.
 
     Args:
         console: Where to print; its ``is_terminal`` chooses the form.
@@ -146,11 +155,33 @@ def print_table(console: Console, columns: Sequence[str], rows: Iterable[Sequenc
             out.write("\t".join(_cell_text(cell, ", ") for cell in row) + "\n")
         out.flush()
         return
-    # "fold": a path without spaces would otherwise be cut, ending in "…".
-    table = Table(*(Column(header=Text(printable(c)), overflow="fold") for c in columns))
-    for row in rows:
-        table.add_row(*(Text("null", style="dim") if c is None else Text(_cell_text(c, "\n")) for c in row))
-    console.print(table)
+    texts = [[None if c is None else _cell_text(c, "\n") for c in row] for row in rows]
+    headers = [printable(c) for c in columns]
+    # Per column its longest word: a cell may wrap at spaces, but a number, a
+    # date or a name is never broken; a longer word (a path) folds at _FOLD_WIDTH.
+    words = [
+        max(len(w) for cell in [h, *(r[i] or "null" for r in texts)] for w in [*cell.split(), ""])
+        for i, h in enumerate(headers)
+    ]
+    # rich's box: one border plus a space either side of each cell.
+    if sum(min(w, _FOLD_WIDTH) for w in words) + 3 * len(headers) + 1 <= console.width:
+        # "fold": a path without spaces would otherwise be cut, ending in "…".
+        table = Table(
+            *(
+                Column(header=Text(h), overflow="fold", min_width=w if w <= _FOLD_WIDTH else None)
+                for h, w in zip(headers, words, strict=True)
+            )
+        )
+        for r in texts:
+            table.add_row(*(Text("null", style="dim") if c is None else Text(c) for c in r))
+        console.print(table)
+        return
+    for n, r in enumerate(texts, 1):
+        console.print(Text(f"-[ {n} of {len(texts)} ]-", style="bold"))
+        record = Table.grid(Column(style="bold", no_wrap=True), Column(overflow="fold"), padding=(0, 2))
+        for h, c in zip(headers, r, strict=True):
+            record.add_row(Text(h), Text("null", style="dim") if c is None else Text(c))
+        console.print(record)
 
 
 @dataclass

@@ -72,7 +72,7 @@ def history_cells(a: CheckpointAttempt) -> tuple[Cell, ...]:
         bytes_cell(s.uploaded),
         bytes_cell(s.referenced),
         s.backend or "-",
-        str(s.parallelism),
+        str(s.parallelism) if s.parallelism else "-",  # a failed attempt records none: not 0 subtasks
         "-" if a.batch_id is None else str(a.batch_id),
         a.failure if a.status == FAILED and a.failure else a.location,
     )

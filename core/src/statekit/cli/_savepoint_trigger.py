@@ -61,6 +61,10 @@ def _trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
     what = "a savepoint, then a stop," if args.stop else "a savepoint"
     with working(ctx, f"waiting for the next micro-batch of job {args.job} to take {what}"):
         response = request_savepoint(storage, args.job, target, stop=args.stop, timeout=args.timeout)
+    if args.json:
+        # The answer whatever it says: a script reads "status" and "failure" (a failure also
+        # gets its one line on stderr and exit status 2 below).
+        print(json.dumps(describe(response), indent=2), flush=True)
     if response.status != COMPLETED or response.location is None:
         raise CheckpointError(
             f"the savepoint of job {args.job!r} after micro-batch {response.batch_id} {response.status}: "
@@ -68,7 +72,6 @@ def _trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
             + (" (the query is stopped all the same)" if response.stopped else " (the query goes on)")
         )
     if args.json:
-        print(json.dumps(describe(response), indent=2))
         return EXIT_OK
     done = "savepoint written to " + response.location
     ctx.console.print(printable(done), markup=False, soft_wrap=True)

@@ -65,7 +65,8 @@ def _table(caption: str, table_id: str, head: Sequence[str], rows: Iterable[str]
 
 
 def _when(ms: int) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+    """A time as ``statekit checkpoints history`` prints it: UTC, named (not the driver's zone)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
 
 
 def _state(info: BatchInfo) -> str:
@@ -76,7 +77,12 @@ def _state(info: BatchInfo) -> str:
     summary = (
         '<table id="state" class="table table-bordered table-sm"><tbody>'
         f"<tr><th>checkpoint</th>{_num('checkpoint_id', stats.checkpoint_id)}</tr>"
-        f"<tr><th>state entries ({_e(label)})</th>{_num('state_entries', stats.state_entries)}</tr>"
+        f"<tr><th>state entries ({_e(label)})</th>"
+        # data-exact: the metric state_entries_exact, for scripts (the heading says it in words)
+        + _num("state_entries", stats.state_entries).replace(
+            "<td ", f'<td data-exact="{int(stats.state_entries_exact)}" ', 1
+        )
+        + "</tr>"
         f"<tr><th>keyed state bytes</th>{_num('state_bytes', stats.state_bytes)}</tr>"
         f"<tr><th>operator state bytes</th>{_num('operator_state_bytes', stats.operator_state_bytes)}</tr>"
         f"<tr><th>bytes written by the checkpoint</th>"
@@ -160,21 +166,28 @@ def render_section(
     failed = [a for a in attempts if a.status == FAILED and a.failure]
     last_failure = failure
     if last_failure is None and failed:
-        last_failure = f"checkpoint {failed[-1].checkpoint_id}: {failed[-1].failure}"
+        a = failed[-1]
+        what = "checkpoint" if a.kind == "checkpoint" else f"{a.kind} of checkpoint"
+        last_failure = f"{what} {a.checkpoint_id}: {a.failure}"
     history_head = (
         "id", "kind", "status", "triggered", "duration ms", "snapshot ms", "upload ms", "metadata ms",
         "bytes", "written", "uploaded", "referenced", "batch", "location or failure",
     )  # fmt: skip
-    batch_head = ("batch", "checkpoint", "restored from", "records in", "records out", "dead letters", "late",
+    batch_head = ("batch", "checkpoint", "started from", "records in", "records out", "dead letters", "late",
                   "reused", "handed off", "restored locally", "restored remotely", "bytes downloaded",
-                  "checkpoint s", "batch s", "locality")  # fmt: skip
+                  "checkpoint s", "duration s", "locality")  # fmt: skip
     parts = [
         f'<div class="statekit-job" data-job="{_e(job_id)}" data-operator="{_e(operator_id)}">',
         f"<h4>job {_e(job_id)} · operator {_e(operator_id)}</h4>",
         "<h5>State</h5>",
         _state(last) if last is not None else "<p>No micro-batch processed yet.</p>",
         _table("Checkpoint history (newest first)", "history", history_head, _history_rows(attempts)),
-        _table("Micro-batches (newest first)", "batches", batch_head, _batch_rows(batches)),
+        _table(
+            "Micro-batches since the query started (newest first)",
+            "batches",
+            batch_head,
+            _batch_rows(batches),
+        ),
         "<h5>Last failure</h5>",
         f'<pre id="last-failure">{_e(last_failure or "none")}</pre>',
         "</div>",
