@@ -4,8 +4,9 @@ The workload is ``bench_rocksdb.py``'s part 1 per record: ``set_current_key(k);
 s.update(s.value() + 1)`` on a ``ValueState`` of an ordered engine, ``--ops``
 operations over ``--keys`` string keys drawn Zipf-like (s=1.1), buffered
 writes reaching the engine every ``--batch`` updates. It runs with entry
-counting off (``EntryCounts.enabled = False``: no counting and no bookkeeping
-of engine reads, the baseline) and on.
+counting off (``statekit.metrics.exact-entries=false``, the backend's
+``KeyedBackendParameters.exact_entries``: no counting and no bookkeeping of
+engine reads, the baseline) and on.
 
 Two workloads (``--workload``):
 
@@ -59,10 +60,9 @@ from statekit import ValueStateDescriptor
 from statekit.backend_api import KeyedBackendParameters, KeyGroupRange
 from statekit.serializers import StrSerializer
 
-try:
-    from statekit.state._kvcount import EntryCounts
-except ImportError:  # a statekit from before entry counts, measured as is (PYTHONPATH=<its core/src>)
-    EntryCounts = None  # type: ignore[assignment,misc]
+#: Whether this statekit counts entries (and has the option): one from before them is measured as is
+#: (PYTHONPATH=<its core/src>).
+COUNTS = "exact_entries" in getattr(KeyedBackendParameters, "__dataclass_fields__", {})
 
 DESC = ValueStateDescriptor("count", int, default=0)
 
@@ -79,30 +79,31 @@ def _engine(name: str, batch: int) -> Any:
     raise SystemExit(f"unknown backend {name!r}: rocksdb or lmdb")
 
 
-def _backend(engine: Any, scratch: str) -> Any:
+def _backend(engine: Any, scratch: str, exact: bool) -> Any:
+    counting: dict[str, Any] = {"exact_entries": exact} if COUNTS else {}
     return engine.create_keyed_backend(
         KeyedBackendParameters(
             key_serializer=StrSerializer(),
             key_group_range=KeyGroupRange(0, 127),
             max_parallelism=128,
             local_dir=scratch,
+            **counting,
         )
     )
 
 
 def child(args: argparse.Namespace) -> None:
     """One run, in the process callgrind measures: the setup, then ``--ops`` operations (maybe none)."""
-    if EntryCounts is not None:
-        EntryCounts.enabled = args.mode == "on"
+    exact = args.mode == "on"
     keys = zipf_keys(args.ops, args.keys)
     distinct = len(expected_counts(keys))  # in every run: its cost is not the counting's
     ops = [] if args.setup_only else keys
     with tempfile.TemporaryDirectory(prefix="bench-count-cost-") as scratch:
-        b = _backend(_engine(args.backend, args.batch), scratch)
+        b = _backend(_engine(args.backend, args.batch), scratch, exact)
         rmw_per_record(b, ops, DESC)
-        got = b.kv_exact_entries() if EntryCounts is not None else None
+        got = b.kv_exact_entries() if COUNTS else None
         b.close()
-    want = (distinct if ops else 0) if EntryCounts is not None and EntryCounts.enabled else None
+    want = (distinct if ops else 0) if COUNTS and exact else None
     if got != want:
         raise SystemExit(f"entries counted {got}, expected {want}")
 
@@ -134,14 +135,13 @@ def child_task(args: argparse.Namespace) -> None:
 
     from statekit.spark._cache import _CACHE, reset_cache
 
-    if EntryCounts is not None:
-        EntryCounts.enabled = args.mode == "on"
+    exact = args.mode == "on"
     data = _task_input(args)
     distinct = len({u for batch in data for d in batch for u in d.column("url").to_pylist()})
     lib = ctypes.CDLL(args.instrument) if args.instrument else None
     with tempfile.TemporaryDirectory(prefix="bench-count-cost-") as work:
         reset_cache()
-        plan = task_plans(work, args.backend, vectorized=False)
+        plan = task_plans(work, args.backend, vectorized=False, options=_options(exact))
         attempts: dict[int, str] = {}
         for b, batch in enumerate(data):
             if b == 1 and lib is not None:
@@ -151,9 +151,9 @@ def child_task(args: argparse.Namespace) -> None:
         if lib is not None:
             lib.stop()
         (held,) = _CACHE.values()
-        got = held.subtask.keyed.kv_exact_entries() if EntryCounts is not None else None
+        got = held.subtask.keyed.kv_exact_entries() if COUNTS else None
         reset_cache()
-    want = distinct if EntryCounts is not None and EntryCounts.enabled else None
+    want = distinct if COUNTS and exact else None
     if got != want:
         raise SystemExit(f"entries counted {got}, expected {want}")
 
@@ -243,14 +243,21 @@ def callgrind(args: argparse.Namespace) -> None:
         print(f"callgrind files in {out_dir} (callgrind_annotate them)")
 
 
-def _task_seconds(args: argparse.Namespace, data: list[Any], work: str) -> tuple[float, float]:
+def _options(exact: bool) -> dict[str, object]:
+    """The job's options for counting on or off (none for a statekit without the option)."""
+    return {"statekit.metrics.exact-entries": exact} if COUNTS else {}
+
+
+def _task_seconds(
+    args: argparse.Namespace, data: list[Any], work: str, exact: bool = True
+) -> tuple[float, float]:
     """One run of the task path from empty: main-thread CPU and wall seconds of micro-batches 2..N."""
     from profile_spark_task import run_task, task_plans
 
     from statekit.spark._cache import reset_cache
 
     reset_cache()
-    plan = task_plans(work, args.backend, vectorized=False)
+    plan = task_plans(work, args.backend, vectorized=False, options=_options(exact))
     attempts: dict[int, str] = {}
     cpu = wall_ = 0.0
     for b, batch in enumerate(data):
@@ -274,23 +281,19 @@ def wall_task(args: argparse.Namespace) -> None:
     head = f"{'round':<8}{'off cpu s':>11}{'on cpu s':>10}{'on/off':>8}"
     print(f"{head}{'off wall s':>12}{'on wall s':>11}{'on/off':>8}")
     with tempfile.TemporaryDirectory(prefix="bench-count-cost-") as work:
-        try:
-            _task_seconds(args, data, work)  # warm-up, not timed
-            for round_ in (1, 2):
-                cpu = {False: float("inf"), True: float("inf")}
-                wall_ = dict(cpu)
-                for _ in range(args.repeats):
-                    for enabled in (False, True):
-                        EntryCounts.enabled = enabled
-                        c, w = _task_seconds(args, data, work)
-                        cpu[enabled] = min(cpu[enabled], c)
-                        wall_[enabled] = min(wall_[enabled], w)
-                print(
-                    f"{round_:<8}{cpu[False]:>11.3f}{cpu[True]:>10.3f}{cpu[True] / cpu[False]:>8.3f}"
-                    f"{wall_[False]:>12.3f}{wall_[True]:>11.3f}{wall_[True] / wall_[False]:>8.3f}"
-                )
-        finally:
-            EntryCounts.enabled = True
+        _task_seconds(args, data, work)  # warm-up, not timed
+        for round_ in (1, 2):
+            cpu = {False: float("inf"), True: float("inf")}
+            wall_ = dict(cpu)
+            for _ in range(args.repeats):
+                for enabled in (False, True):
+                    c, w = _task_seconds(args, data, work, enabled)
+                    cpu[enabled] = min(cpu[enabled], c)
+                    wall_[enabled] = min(wall_[enabled], w)
+            print(
+                f"{round_:<8}{cpu[False]:>11.3f}{cpu[True]:>10.3f}{cpu[True] / cpu[False]:>8.3f}"
+                f"{wall_[False]:>12.3f}{wall_[True]:>11.3f}{wall_[True] / wall_[False]:>8.3f}"
+            )
 
 
 def wall(args: argparse.Namespace) -> None:
@@ -304,33 +307,29 @@ def wall(args: argparse.Namespace) -> None:
     print(f"{head}{'off wall s':>12}{'on wall s':>11}{'on/off':>8}")
     with tempfile.TemporaryDirectory(prefix="bench-count-cost-") as scratch:
         engine = _engine(args.backend, args.batch)
-        try:
-            warm = _backend(engine, scratch)
-            rmw_per_record(warm, ops, DESC)  # warm-up, not timed
-            warm.close()
-            for round_ in (1, 2):
-                cpu = {False: float("inf"), True: float("inf")}
-                wall_ = dict(cpu)
-                for _ in range(args.repeats):
-                    for enabled in (False, True):
-                        EntryCounts.enabled = enabled
-                        b = _backend(engine, scratch)
-                        gc.collect()
-                        gc.disable()
-                        c0, w0 = time.thread_time(), time.perf_counter()
-                        rmw_per_record(b, ops, DESC)
-                        c1, w1 = time.thread_time(), time.perf_counter()
-                        gc.enable()
-                        assert b.kv_exact_entries() == (expected if enabled else None)
-                        b.close()
-                        cpu[enabled] = min(cpu[enabled], c1 - c0)
-                        wall_[enabled] = min(wall_[enabled], w1 - w0)
-                print(
-                    f"{round_:<8}{cpu[False]:>11.3f}{cpu[True]:>10.3f}{cpu[True] / cpu[False]:>8.3f}"
-                    f"{wall_[False]:>12.3f}{wall_[True]:>11.3f}{wall_[True] / wall_[False]:>8.3f}"
-                )
-        finally:
-            EntryCounts.enabled = True
+        warm = _backend(engine, scratch, True)
+        rmw_per_record(warm, ops, DESC)  # warm-up, not timed
+        warm.close()
+        for round_ in (1, 2):
+            cpu = {False: float("inf"), True: float("inf")}
+            wall_ = dict(cpu)
+            for _ in range(args.repeats):
+                for enabled in (False, True):
+                    b = _backend(engine, scratch, enabled)
+                    gc.collect()
+                    gc.disable()
+                    c0, w0 = time.thread_time(), time.perf_counter()
+                    rmw_per_record(b, ops, DESC)
+                    c1, w1 = time.thread_time(), time.perf_counter()
+                    gc.enable()
+                    assert b.kv_exact_entries() == (expected if enabled else None)
+                    b.close()
+                    cpu[enabled] = min(cpu[enabled], c1 - c0)
+                    wall_[enabled] = min(wall_[enabled], w1 - w0)
+            print(
+                f"{round_:<8}{cpu[False]:>11.3f}{cpu[True]:>10.3f}{cpu[True] / cpu[False]:>8.3f}"
+                f"{wall_[False]:>12.3f}{wall_[True]:>11.3f}{wall_[True] / wall_[False]:>8.3f}"
+            )
 
 
 def main() -> None:

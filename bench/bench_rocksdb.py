@@ -125,17 +125,17 @@ def rmw(args: argparse.Namespace, scratch: str) -> None:
 
 def counts(args: argparse.Namespace, scratch: str) -> None:
     """Part 4: per-record read-modify-write with entry counting off and on, alternating, two rounds."""
-    from statekit.state._kvcount import EntryCounts
+    from statekit.backend_api import KeyedBackendParameters
 
     ops = zipf_keys(args.ops, args.keys)
     engine = RocksDBStateBackend({"write-batch-size": args.batch})
 
-    def backend() -> RocksDBKeyedStateBackend:
+    def backend(exact: bool = True) -> RocksDBKeyedStateBackend:
+        # exact_entries: the job's statekit.metrics.exact-entries, per backend instance
         return engine.create_keyed_backend(
-            key_serializer=StrSerializer(),
-            key_group_range=KeyGroupRange(0, 127),
-            max_parallelism=128,
-            local_dir=scratch,
+            KeyedBackendParameters(
+                StrSerializer(), KeyGroupRange(0, 127), 128, local_dir=scratch, exact_entries=exact
+            )
         )
 
     def per_record(b: object) -> object:
@@ -148,34 +148,29 @@ def counts(args: argparse.Namespace, scratch: str) -> None:
     )
     head = f"{'round':<8}{'off cpu s':>11}{'on cpu s':>10}{'on/off':>8}"
     print(f"{head}{'off wall s':>12}{'on wall s':>11}{'on/off':>8}")
-    try:
-        EntryCounts.enabled = True
-        warm = backend()
-        per_record(warm)  # warm-up, not timed
-        warm.close()
-        for round_ in (1, 2):
-            cpu = {False: float("inf"), True: float("inf")}
-            wall = dict(cpu)
-            for _ in range(args.repeats):  # off and on alternate run by run: the machine's load hits both
-                for enabled in (False, True):
-                    EntryCounts.enabled = enabled
-                    b = backend()
-                    gc.collect()
-                    gc.disable()
-                    c0, w0 = time.thread_time(), time.perf_counter()
-                    per_record(b)
-                    c1, w1 = time.thread_time(), time.perf_counter()
-                    gc.enable()
-                    assert b.kv_exact_entries() == (expected if enabled else None)
-                    b.close()
-                    cpu[enabled] = min(cpu[enabled], c1 - c0)
-                    wall[enabled] = min(wall[enabled], w1 - w0)
-            print(
-                f"{round_:<8}{cpu[False]:>11.3f}{cpu[True]:>10.3f}{cpu[True] / cpu[False]:>8.3f}"
-                f"{wall[False]:>12.3f}{wall[True]:>11.3f}{wall[True] / wall[False]:>8.3f}"
-            )
-    finally:
-        EntryCounts.enabled = True
+    warm = backend()
+    per_record(warm)  # warm-up, not timed
+    warm.close()
+    for round_ in (1, 2):
+        cpu = {False: float("inf"), True: float("inf")}
+        wall = dict(cpu)
+        for _ in range(args.repeats):  # off and on alternate run by run: the machine's load hits both
+            for enabled in (False, True):
+                b = backend(enabled)
+                gc.collect()
+                gc.disable()
+                c0, w0 = time.thread_time(), time.perf_counter()
+                per_record(b)
+                c1, w1 = time.thread_time(), time.perf_counter()
+                gc.enable()
+                assert b.kv_exact_entries() == (expected if enabled else None)
+                b.close()
+                cpu[enabled] = min(cpu[enabled], c1 - c0)
+                wall[enabled] = min(wall[enabled], w1 - w0)
+        print(
+            f"{round_:<8}{cpu[False]:>11.3f}{cpu[True]:>10.3f}{cpu[True] / cpu[False]:>8.3f}"
+            f"{wall[False]:>12.3f}{wall[True]:>11.3f}{wall[True] / wall[False]:>8.3f}"
+        )
 
 
 def _dir_size(path: str) -> int:

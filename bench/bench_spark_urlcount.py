@@ -17,6 +17,13 @@ the same directory:
   provider;
 - the ceiling: Spark's stateless batch ``read.json(dir).groupBy("url").count()``.
 
+``--rounds N --entry-counts`` measures what exact ``state_entries`` cost: the
+per-record statekit job on the rocksdb backend with
+``spark.statekit.metrics.exact-entries`` true (exact) and false (estimate),
+beside the floors, in one session, the order reversed every other round and
+the pair run A B B A within each round (each runs first and second once); it
+prints the ratio of the two medians and each round's ratio.
+
 The three stateful jobs are streaming queries over the same file source with
 ``maxFilesPerTrigger`` (same files, same micro-batches) and the
 ``availableNow`` trigger, writing through the same ``foreachBatch`` sink. Each
@@ -160,12 +167,18 @@ def run_statekit(
     files_per_trigger: int,
     infos: list[Any] | None = None,
     vectorized: bool = False,
+    backend: str = "heap",
+    exact_entries: bool = True,
 ) -> Outcome:
-    """statekit's CountPerUrl (or CountPerUrlVectorized) on statekit.spark: heap, filesystem checkpoints."""
+    """statekit's CountPerUrl (or CountPerUrlVectorized) on statekit.spark, filesystem checkpoints.
+
+    ``backend`` (heap) and ``exact_entries`` (``spark.statekit.metrics.exact-entries``) are the job's.
+    """
     from statekit.spark import keyed
     from statekit_urlcount import CountPerUrl, CountPerUrlVectorized
 
-    spark.conf.set("spark.statekit.backend", "heap")
+    spark.conf.set("spark.statekit.backend", backend)
+    spark.conf.set("spark.statekit.metrics.exact-entries", str(exact_entries).lower())
     spark.conf.set("spark.statekit.checkpoint.storage", "filesystem")
     spark.conf.set("spark.statekit.checkpoints.dir", os.path.join(work, "statekit-checkpoints"))
     sink = CountingSink()
@@ -462,7 +475,12 @@ LABELS = {
     "keyfloor": "keyfloor: shuffled by URL into a Python mapInArrow emitting (url, 1)",
     "pyfloor": "Python floor: a Python mapInArrow emitting (url, 1), no shuffle",
     "native": "Spark native groupBy('url').count(), update mode (RocksDB state store)",
+    "exact": "statekit CountPerUrl, rocksdb backend, exact entry counts (metrics.exact-entries=true)",
+    "estimate": "statekit CountPerUrl, rocksdb backend, counts off (metrics.exact-entries=false)",
 }
+#: The pair ``--entry-counts`` compares: what exact ``state_entries`` cost the per-record job.
+ENTRY_COUNT_JOBS = ("exact", "estimate")
+STATEKIT_JOBS = ("statekit", "vectorized", *ENTRY_COUNT_JOBS)
 #: What ``--rounds`` compares statekit with, each in every round.
 FLOORS = ("keyfloor", "pyfloor", "native")
 
@@ -502,6 +520,14 @@ def main(argv: list[str] | None = None) -> int:
         "medians and the ratios to keyfloor and native per round are reported. Default jobs with it: "
         "keyfloor, pyfloor, native, statekit, vectorized",
     )
+    ap.add_argument(
+        "--entry-counts",
+        action="store_true",
+        help="with --rounds: the statekit per-record job on rocksdb with exact entry counts on (exact) and "
+        "off (estimate), beside the floors, the order alternating round by round and the pair run A B B A "
+        "within each round (a round's rate: records over the mean of its two runs' seconds); prints the "
+        "ratio of their medians and the per-round ratios (what statekit.metrics.exact-entries costs)",
+    )
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
     ap.add_argument("--workdir", help="where logs and checkpoints go (default: a temporary directory)")
     ap.add_argument(
@@ -510,7 +536,15 @@ def main(argv: list[str] | None = None) -> int:
         help="after the runs, print where statekit's time went per micro-batch (see BatchInfo.phases)",
     )
     args = ap.parse_args(argv)
-    default = ("keyfloor", "pyfloor", "native", "statekit", "vectorized") if args.rounds else tuple(LABELS)
+    if args.entry_counts and not args.rounds:
+        ap.error("--entry-counts needs --rounds (alternating rounds)")
+    default: tuple[str, ...] = (
+        (*FLOORS, *ENTRY_COUNT_JOBS)
+        if args.entry_counts
+        else ("keyfloor", "pyfloor", "native", "statekit", "vectorized")
+        if args.rounds
+        else tuple(n for n in LABELS if n not in ENTRY_COUNT_JOBS)
+    )
     only = set(args.only or default)
     per_record = args.baseline_output == "per-record"
     partitions = [int(p) for p in args.shuffle_partitions.split(",")]
@@ -544,8 +578,10 @@ def main(argv: list[str] | None = None) -> int:
         spark.conf.set("spark.sql.shuffle.partitions", str(shuffle))
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB if name == "tws" else HDFS)
         fpt = args.files_per_trigger
-        if name in ("statekit", "vectorized"):
+        if name in STATEKIT_JOBS:
             record = infos.setdefault(name, []) if tag != "warmup" else None
+            if name in ENTRY_COUNT_JOBS:
+                return run_statekit(spark, logs_dir, d, fpt, record, False, "rocksdb", name == "exact")
             return run_statekit(spark, logs_dir, d, fpt, record, name == "vectorized")
         if name == "floor":
             return run_streaming_floor(spark, logs_dir, d, fpt)
@@ -563,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     # statekit routes by key group to spark.statekit.parallelism partitions: the shuffle setting
     # does not apply to it, so it runs once.
     plan = [(n, p) for p in partitions for n in ("stateless", "apply", "tws") if n in only]
-    plan += [(n, partitions[0]) for n in ("floor", *FLOORS, "statekit", "vectorized") if n in only]
+    plan += [(n, partitions[0]) for n in ("floor", *FLOORS, *STATEKIT_JOBS) if n in only]
     if not args.no_warmup:
         for name in dict.fromkeys(n for n, _ in plan):
             print(f"warm-up: {LABELS[name]} ...", flush=True)
@@ -577,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
             len(truth)
             if name == "stateless"
             else args.records
-            if name in ("statekit", "vectorized", "floor", "keyfloor", "pyfloor") or per_record
+            if name in (*STATEKIT_JOBS, "floor", "keyfloor", "pyfloor") or per_record
             else None
         )
         outcome = run(name, logs, tag, shuffle)
@@ -588,6 +624,8 @@ def main(argv: list[str] | None = None) -> int:
                                  f"expected {native_expected}")  # fmt: skip
         else:
             _check(name, outcome, truth, rows)
+        if name in ENTRY_COUNT_JOBS:
+            _check_entries(name, infos[name][-1], len(truth))
         rate = args.records / outcome.seconds
         print(
             f"  {name:<10} {outcome.seconds:8.2f} s  {rate:>12,.0f} records/s  "
@@ -601,7 +639,21 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             order = plan if r % 2 == 0 else plan[::-1]
             print(f"round {r + 1} of {args.rounds}: {', '.join(n for n, _ in order)}", flush=True)
-            rounds.append({name: timed(name, shuffle, f"round{r}") for name, shuffle in order})
+            rd: dict[str, float] = {}
+            for name, shuffle in order:
+                if name in rd:
+                    continue
+                if args.entry_counts and name in ENTRY_COUNT_JOBS:
+                    # A B B A within the round: each of the pair runs first and second once, so
+                    # what the order gives the second run (a warmer worker) cancels in the round.
+                    other = next(n for n in ENTRY_COUNT_JOBS if n != name)
+                    secs: dict[str, list[float]] = {name: [], other: []}
+                    for n in (name, other, other, name):
+                        secs[n].append(args.records / timed(n, shuffle, f"round{r}"))
+                    rd.update({n: args.records / (sum(t) / len(t)) for n, t in secs.items()})
+                else:
+                    rd[name] = timed(name, shuffle, f"round{r}")
+            rounds.append(rd)
         for name, shuffle in plan:
             rates[(name, shuffle)] = _median([rd[name] for rd in rounds])
     else:
@@ -647,9 +699,38 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  streaming floor / stateless ceiling: {floor:.2f}x")
     if rounds:
         print_rounds(rounds, infos, args.files // args.files_per_trigger)
+    if rounds and args.entry_counts:
+        print_entry_counts(rounds)
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _check_entries(name: str, last: Any, urls: int) -> None:
+    """The run's last micro-batch reports its state as the job asked: exact (every URL), or an estimate."""
+    stats = last.checkpoint_stats
+    if stats is None:
+        raise SystemExit(f"{name}: the last micro-batch reports no checkpoint stats")
+    if name == "exact" and (not stats.state_entries_exact or stats.state_entries != urls):
+        raise SystemExit(
+            f"exact: state_entries {stats.state_entries} (exact={stats.state_entries_exact}), expected "
+            f"{urls} exactly"
+        )
+    if name == "estimate" and stats.state_entries_exact:
+        raise SystemExit(f"estimate: state_entries {stats.state_entries} labelled exact with counting off")
+
+
+def print_entry_counts(rounds: list[dict[str, float]]) -> None:
+    """What exact entry counts cost: the ratio of the medians (off / on rates) and the per-round ratios."""
+    on = _median([rd["exact"] for rd in rounds])
+    off = _median([rd["estimate"] for rd in rounds])
+    ratios = [rd["estimate"] / rd["exact"] for rd in rounds]
+    per_round = ", ".join(f"{r:.3f}" for r in ratios)
+    print(
+        f"exact entry counts (rocksdb, per-record job): {on:,.0f} records/s on, {off:,.0f} off; "
+        f"cost (off/on medians - 1) {(off / on - 1) * 100:+.2f} %; off/on per round: {per_round} "
+        f"(median {(_median(ratios) - 1) * 100:+.2f} %)"
+    )
 
 
 def _median(values: list[float]) -> float:
@@ -672,7 +753,7 @@ def print_rounds(rounds: list[dict[str, float]], infos: dict[str, list[Any]], ba
     print("| " + " | ".join(names) + " |")
     print("|" + "---|" * len(names))
     print("| " + " | ".join(f"{_median([rd[n] for rd in rounds]):,.0f}" for n in names) + " |")
-    for mine in ("statekit", "vectorized"):
+    for mine in STATEKIT_JOBS:
         for base in FLOORS:
             if mine in names and base in names:
                 per_round = [rd[mine] / rd[base] for rd in rounds]

@@ -24,7 +24,7 @@ import random
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -69,12 +69,19 @@ def batches_for(records: int, urls: int, subtask: int, parallelism: int, seed: i
     return out
 
 
-def task_plans(work: str, backend: str, vectorized: bool) -> Callable[[int, dict[int, str]], TaskPlan]:
-    """The plan of micro-batch ``b`` (0-based) of one run, subtask 0 of 2, on ``backend``."""
+def task_plans(
+    work: str, backend: str, vectorized: bool, options: Mapping[str, object] | None = None
+) -> Callable[[int, dict[int, str]], TaskPlan]:
+    """The plan of micro-batch ``b`` (0-based) of one run, subtask 0 of 2: ``backend``, ``options``."""
     from pyspark.sql import types as T
 
     config = Configuration.from_mapping(
-        {"statekit.checkpoints.dir": f"{work}/ck", "statekit.parallelism": 2, "statekit.backend": backend}
+        {
+            "statekit.checkpoints.dir": f"{work}/ck",
+            "statekit.parallelism": 2,
+            "statekit.backend": backend,
+            **(options or {}),
+        }
     )
     run_id = uuid.uuid4().hex
     tokens: dict[int, str] = {}

@@ -17,7 +17,17 @@ from typing import Any
 
 import pytest
 
-from statekit import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+from statekit import (
+    Configuration,
+    KeyedProcessFunction,
+    ListStateDescriptor,
+    LocalRunner,
+    MapStateDescriptor,
+    ProcessContext,
+    RecordSource,
+    RuntimeContext,
+    ValueStateDescriptor,
+)
 from statekit._contracts import create_keyed_backend
 from statekit.backend_api import (
     ConfigOption,
@@ -35,8 +45,10 @@ from statekit.ordered_kv import (
     PrefixedKVBackendBase,
     column_prefix,
 )
+from statekit.plugins._registry import default_registry
 from statekit.serializers import StrSerializer
 from statekit.snapshot_codec import NativeFile, UploadTracker
+from statekit.state._kvcount import ENTRY_COUNTS
 from statekit.testing import KitNativeOutput, ManualClock, snapshot_handle
 
 OPTIONS = (
@@ -639,3 +651,87 @@ def test_a_release_waits_for_a_read_in_progress_on_another_thread(tmp_path: Any)
     # the released view at its next read: never a read of a released view.
     assert len(outcome) == 1
     assert isinstance(outcome[0], SnapshotCancelledError) or outcome[0].checkpoint_id == 1
+
+
+# --- exact entry counts, per instance (statekit.metrics.exact-entries) ------------------------------
+
+
+def make_counting(exact: bool, backend: DictKVBackend | None = None) -> DictKV:
+    b = backend or DictKVBackend()
+    keyed: DictKV = b.create_keyed_backend(
+        KeyedBackendParameters(StrSerializer(), KeyGroupRange.of(0, 15), 16, exact_entries=exact)
+    )
+    return keyed
+
+
+def test_two_instances_in_one_process_count_or_not_each_as_its_parameters_say() -> None:
+    """As two jobs in one reused Python worker: one counts exactly, the other keeps nothing."""
+    factory = DictKVBackend()
+    on, off = make_counting(True, factory), make_counting(False, factory)
+    for b in (on, off, on):  # interleaved: neither instance's setting leaks into the other
+        fill(b, range(30))
+        b.kv_write_buffered()
+    assert on.kv_exact_entries() == 90 == on.num_entries()  # 30 keys x (value, list, map)
+    assert sum(on.kv_counts.by_state["v"].values()) == 30
+    assert off.kv_exact_entries() is None and off.num_entries() == 90
+    # Off: no bookkeeping on the hot path: no counts, and no engine read noted for them.
+    assert off.kv_counts.by_state == {} and not off.kv_counts.enabled
+    assert all(not c.known and not c.absent and c.known_limit == 0 for c in off.kv_columns)
+    assert on.kv_counts.enabled and all(c.known_limit > 0 for c in on.kv_columns)
+    # What a native snapshot records: the counts, or no counts and the label tools read.
+    assert on.kv_native_meta()[ENTRY_COUNTS] == on.kv_counts.meta(on.stored_state_names)
+    assert "entries_estimated" not in on.kv_native_meta()
+    meta = off.kv_native_meta()
+    assert ENTRY_COUNTS not in meta and meta["entries_estimated"] is True
+    h = _write(off, 1, KitNativeOutput(1))
+    assert h.meta["entries_estimated"] is True and h.entries == 90  # whole files count as they go
+    on.close()
+    off.close()
+
+
+class _Count(KeyedProcessFunction):
+    def open(self, ctx: RuntimeContext) -> None:
+        self.n = ctx.get_state(ValueStateDescriptor("n", int, default=0))
+
+    def process(self, record: dict[str, Any], ctx: ProcessContext) -> Any:
+        self.n.update(self.n.value() + 1)
+        yield record["k"]
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_the_job_option_reaches_the_local_runner_s_backends_and_its_metrics(
+    tmp_path: Any, exact: bool
+) -> None:
+    """statekit.metrics.exact-entries: exact state_entries, or the engine's estimate labelled one."""
+    runner = LocalRunner(
+        _Count,
+        key_selector=lambda r: r["k"],
+        job_id="counts",
+        backend=DictKVBackend(),
+        config={
+            "statekit.checkpoints.dir": str(tmp_path / "ckpt"),
+            "statekit.parallelism": 2,
+            "statekit.checkpoint.interval-records": 100,
+            "statekit.metrics.exact-entries": str(exact).lower(),  # as Spark's conf carries it
+        },
+    )
+    with runner:
+        result = runner.run(RecordSource([{"k": f"k{i % 37}"} for i in range(300)]))
+    assert len(result.checkpoint_infos) >= 3
+    for info in result.checkpoint_infos:
+        assert info.stats.state_entries_exact is exact, info.location
+        if exact:
+            assert info.stats.state_entries == 37
+
+
+def test_a_misspelled_exact_entries_key_is_refused_with_the_right_one_named() -> None:
+    conf = Configuration({"spark.statekit.metrics.exact-entrys": "false"})
+    with pytest.raises(ConfigurationError, match=r"Did you mean statekit\.metrics\.exact-entries\?"):
+        conf.validate(default_registry(), backend_given=True, storage_given=True)
+    with pytest.raises(ConfigurationError, match="expected a boolean"):
+        Configuration({"statekit.metrics.exact-entries": "sometimes"}).get("statekit.metrics.exact-entries")
+    assert (
+        Configuration({"spark.statekit.metrics.exact-entries": "false"}).get("statekit.metrics.exact-entries")
+        is False
+    )
+    assert Configuration().get("statekit.metrics.exact-entries") is True

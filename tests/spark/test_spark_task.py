@@ -254,6 +254,30 @@ def test_another_query_run_with_another_configuration_never_reuses(tmp_path: Pat
     assert driver.state() == model_state(RECORDS)
 
 
+def test_two_jobs_in_one_worker_count_entries_or_not_as_each_job_s_configuration_says(tmp_path: Path) -> None:
+    """spark.statekit.metrics.exact-entries reaches the task's backend, per job: a reused Python worker
+    holding both jobs' subtasks keeps each setting apart (issue 43)."""
+    pytest.importorskip("statekit_rocksdb")
+    from statekit.runtime._metrics import checkpoint_stats
+    from statekit.spark._cache import _CACHE
+
+    exact = Driver(tmp_path / "a", config={"statekit.backend": "rocksdb"}, job_id="exact")
+    estimate = Driver(
+        tmp_path / "b",
+        config={"statekit.backend": "rocksdb", "spark.statekit.metrics.exact-entries": "false"},
+        job_id="estimate",
+    )
+    for records in (RECORDS[:300], RECORDS[300:]):  # interleaved, in this one process
+        reports = {d.job_id: d.batch(records) for d in (exact, estimate)}
+    urls = len(model_state(RECORDS))
+    stats = {j: checkpoint_stats(1, [SubtaskState.from_json(r["state"])]) for j, r in reports.items()}
+    # Three keyed states per URL (count, methods, bytes), each counted exactly.
+    assert stats["exact"].state_entries_exact and stats["exact"].state_entries == 3 * urls
+    assert not stats["estimate"].state_entries_exact  # the engine's estimate, labelled
+    counting = {job: held.subtask.keyed.kv_counts.enabled for (job, _, _), held in _CACHE.items()}
+    assert counting == {"exact": True, "estimate": False}
+
+
 def test_output_records_are_tuples_rows_dicts_or_single_values() -> None:
     from pyspark.sql import Row
 

@@ -133,6 +133,27 @@ def test_key_group_checkpoints_upload_only_what_changed(tmp_path: Path) -> None:
     again.close()
 
 
+def test_without_exact_counts_deltas_go_on_with_lmdb_s_estimate_labelled(tmp_path: Path) -> None:
+    """statekit.metrics.exact-entries=false: no counts kept, yet the second checkpoint is a delta.
+
+    Its entries are LMDB's record count (exact for value state), labelled an
+    estimate (``entries_estimated``, no ``entry_counts``) as the metrics and
+    ``statekit checkpoints`` read it.
+    """
+    r = runner(tmp_path, **{"statekit.metrics.exact-entries": "false"})
+    feed(r, [(f"user-{i:04d}", 1) for i in range(2_000)])
+    first = keyed_checkpoint_part(r, r.checkpoint())
+    feed(r, [("user-0007", 2), ("user-2001", 1)])
+    second = keyed_checkpoint_part(r, r.checkpoint())
+    for part, entries in ((first, 2_000), (second, 2_001)):
+        meta = part["native"]["meta"]
+        assert meta["entries_estimated"] is True and "entry_counts" not in meta
+        assert part["entries"] == entries
+    new = [f for f in second["native"]["files"] if f["checkpoint_id"] == 2]
+    assert [f["name"] for f in new] == ["kg-delta-2"]
+    r.close()
+
+
 @pytest.mark.parametrize("p", [1, 3])
 def test_chains_are_written_whole_again_and_retention_keeps_what_the_latest_references(
     tmp_path: Path, p: int

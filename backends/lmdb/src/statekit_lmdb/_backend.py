@@ -323,6 +323,16 @@ class LMDBKeyedStateBackend(KeyGroupNativeSnapshots, LMDBWrites, OrderedKVBacken
         self.kv_write_column(col)
         return int(col.engine.reader.stat(col.engine.db)["entries"])
 
+    def kv_estimated_entries(self) -> int | None:
+        """LMDB's records of every stored state: exact for values, every list element or map entry else."""
+        total = 0
+        for name in self.stored_state_names:
+            col = self.kv_column(name, create=False)
+            if col is not None:
+                self.kv_write_column(col)
+                total += int(col.engine.reader.stat(col.engine.db)["entries"])
+        return total
+
     # --- snapshots --------------------------------------------------------------------------------
 
     def lmdb_pin(self, kind: str) -> PinnedView:

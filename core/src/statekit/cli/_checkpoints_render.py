@@ -137,7 +137,11 @@ def print_inspection(
     else:
         line("bytes", f"{full:,}, all written by this {meta.kind}")
     if any(s["entries_estimated"] for s in subtasks):
-        line("entries", "RocksDB's estimate (counts a key once per SST file holding a version of it)")
+        line(
+            "entries",
+            "the engine's estimate (RocksDB counts a key once per SST file holding a version of it, LMDB "
+            "each list element and map entry; statekit.metrics.exact-entries=true counts exactly)",
+        )
     if meta.properties:
         line("properties", json.dumps(meta.properties))
     if problems:

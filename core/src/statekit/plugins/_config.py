@@ -280,6 +280,12 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "(JMX, the Prometheus servlet, any configured sink) and job descriptions in the Spark UI. "
         "false: none of these (BatchInfo and the LocalRunner's CheckpointInfo carry the numbers "
         "either way)."),
+    ConfigOption("statekit.metrics.exact-entries", bool, True,
+        "Ordered key-value backends (rocksdb, lmdb): count each state's (key, namespace) entries "
+        "exactly as writes reach the engine, so state_entries is exact in every channel (as Spark's "
+        "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows). false: the backend instances "
+        "of the job keep no counts (no bookkeeping per write) and state_entries is the engine's "
+        "estimate, labelled as such (state_entries_exact=0). Heap counts natively, either way."),
     ConfigOption("statekit.checkpoint.interval-records", int, 0,
         "Embedded runner: records between checkpoints; off (or 0, the default) turns periodic "
         "checkpoints off.", minimum=1, off=0),

@@ -8,9 +8,10 @@ driver: nothing is scanned and the tasks send nothing extra. A canonical
 snapshot counts its (key, namespace) entries and bytes exactly, per state; a
 native snapshot of an ordered key-value engine (RocksDB, LMDB) records the
 entries its backend counted on write (``state/_kvcount``), exact as well; one
-without them (an older statekit's, or restored from one) records the
-engine's own count, an estimate (RocksDB's ``estimate-num-keys`` counts
-stored records, not entries), and the checkpoint says
+without them (an older statekit's, or restored from one, or a job with
+``statekit.metrics.exact-entries=false``) records the engine's own count, an
+estimate (RocksDB's ``estimate-num-keys`` counts stored records, not
+entries), and the checkpoint says
 ``state_entries_exact=0``. Native parts name no per-state bytes.
 
 :func:`log_checkpoint` writes one line per checkpoint at INFO on the

@@ -181,6 +181,7 @@ def _operator_of(runner: LocalRunner, conf: Configuration) -> OperatorSubtasks:
         clock=runner.clock,
         key_cache_size=int(conf.get("statekit.key-cache-size")),
         local_dir_parent=conf.get("statekit.local-dir"),
+        exact_entries=bool(conf.get("statekit.metrics.exact-entries")),
         hint=runner._time.processing_hint,
         migration_progress=runner.on_migration_progress,
         registry=runner.registry,

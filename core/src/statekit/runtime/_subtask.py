@@ -160,6 +160,7 @@ class Subtask:
         clock: Clock,
         key_cache_size: int,
         local_dir: str,
+        exact_entries: bool = True,
         operator_backend: StateBackend | None = None,
         operator_id: str | None = None,
         migration_progress: MigrationProgress | None = None,
@@ -186,6 +187,7 @@ class Subtask:
             clock=clock,
             key_cache_size=key_cache_size,
             local_dir=local_dir,
+            exact_entries=exact_entries,
         )
         st = cls.create(
             index,

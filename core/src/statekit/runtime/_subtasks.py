@@ -55,6 +55,7 @@ class OperatorSubtasks:
         clock: Clock,
         key_cache_size: int,
         local_dir_parent: str | None,
+        exact_entries: bool = True,
         hint: ProcessingTimeHint,
         migration_progress: MigrationProgress | None = None,
         registry: PluginRegistry | None = None,
@@ -69,6 +70,7 @@ class OperatorSubtasks:
         self.clock = clock
         self.key_cache_size = key_cache_size
         self.local_dir_parent = local_dir_parent
+        self.exact_entries = exact_entries
         self.hint = hint
         self.migration_progress = migration_progress
         self.registry = registry or default_registry()  # its statekit_restore_done hooks hear of each subtask
@@ -112,6 +114,7 @@ class OperatorSubtasks:
             clock=self.clock,
             key_cache_size=self.key_cache_size,
             local_dir=self._local_dir(i),
+            exact_entries=self.exact_entries,
             operator_id=self.operator_id,
             migration_progress=self.migration_progress,
             function=self.function_factory,

@@ -241,6 +241,7 @@ def _create(plan: TaskPlan, index: int) -> OpenSubtask:
         max_parallelism=plan.max_parallelism,
         clock=system_clock,
         key_cache_size=int(plan.config.get("statekit.key-cache-size")),
+        exact_entries=bool(plan.config.get("statekit.metrics.exact-entries")),
         local_dir=tempfile.mkdtemp(prefix=f"{plan.job_id}-{plan.operator_id}-{index}-", dir=root),
         operator_id=plan.operator_id,
         function=plan.function_factory,

@@ -27,8 +27,15 @@ per state and key group in its meta (``entry_counts``), so a restore, at the
 same or another parallelism, sums those of the key groups it owns; a
 snapshot without them (an older statekit's) leaves the count unknown until
 the state is written anew from empty, and the backend then reports the
-engine's estimate, labelled. :attr:`EntryCounts.enabled` off (the benchmark's
-baseline) keeps no counts, and the reads of columns made meanwhile note nothing.
+engine's estimate, labelled.
+
+Counting is per backend instance: :attr:`EntryCounts.enabled` comes from the
+instance's :class:`~statekit.backend_api.KeyedBackendParameters`
+(``exact_entries``: the job's ``statekit.metrics.exact-entries``, as Spark's
+``spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows``). Off, the
+instance keeps no counts, its columns' reads note nothing (no bookkeeping on
+the hot path), its snapshots record no ``entry_counts``, and what it reports
+is the engine's estimate, labelled as such.
 """
 
 from __future__ import annotations
@@ -52,10 +59,9 @@ _MISSING: Any = object()
 class EntryCounts:
     """(key, namespace) entries per state and key group of one backend instance; see the module doc."""
 
-    #: Off: no counting at all (what a benchmark's baseline measures against).
-    enabled = True
-
-    def __init__(self, layout: KeyLayout) -> None:
+    def __init__(self, layout: KeyLayout, enabled: bool = True) -> None:
+        #: Off: no counting at all, for this instance only (``statekit.metrics.exact-entries=false``).
+        self.enabled = enabled
         self.layout = layout
         self._group = itemgetter(slice(0, layout.group_width))  # a key's key-group prefix
         #: Per state, entries per key group, by the key group's prefix (``KeyLayout.group_prefix``):

@@ -54,7 +54,7 @@ from ..snapshots._digest import sha256_of
 from ..snapshots._native import NativeFile, NativeSnapshotOutput, NativeStateHandle
 from ..snapshots._snapshot import ProgressCallback
 from ._keyed_snapshots import cancelled_error
-from ._kvcount import ENTRY_COUNTS
+from ._kvcount import ENTRY_COUNTS, EntryCounts
 from ._kvdelta import Ops, apply_ops, decode_delta_file, encode_delta_block, encode_delta_file
 from ._kvlayout import decode_varint, encode_varint
 from ._kvviews import TrackedView, lookup
@@ -420,6 +420,7 @@ class KeyGroupNativeSnapshots:
     native_uploads: UploadTracker
     kv_options: dict[str, Any]
     kv_changes: dict[str, set[bytes]] | None
+    kv_counts: EntryCounts
 
     if TYPE_CHECKING:
 
@@ -432,6 +433,7 @@ class KeyGroupNativeSnapshots:
         def kv_column(self, name: str, create: bool = True) -> Any: ...
         def kv_load(self, name: str, items: list[tuple[bytes, bytes]]) -> None: ...
         def kv_native_meta(self) -> dict[str, Any]: ...
+        def kv_estimated_entries(self) -> int | None: ...
         def track_snapshot(self, snapshot: _S) -> _S: ...
         def kv_plan_native_restore(self, handles: Sequence[NativeStateHandle], native_format: str) -> Any: ...
         def kv_finish_native_restore(self, plan: Any) -> None: ...
@@ -500,9 +502,18 @@ class KeyGroupNativeSnapshots:
                 return None
             epochs = [e for c, e in st.epochs if c > confirmed.checkpoint_id]
         counts = meta.get(ENTRY_COUNTS)
-        if not isinstance(counts, dict) or self._kgd_due_whole(confirmed, states):
+        if self._kgd_due_whole(confirmed, states):
             return None
-        entries = sum(int(n) for by_kg in counts.values() for n in by_kg.values())
+        if isinstance(counts, dict):
+            entries = sum(int(n) for by_kg in counts.values() for n in by_kg.values())
+        else:
+            # No counts: unknown (an older snapshot restored: the whole files count them), or
+            # counting off (statekit.metrics.exact-entries=false): the engine's estimate, which
+            # the snapshot's meta labels (no entry_counts), rather than whole files each time.
+            estimate = None if self.kv_counts.enabled else self.kv_estimated_entries()
+            if estimate is None:
+                return None
+            entries = estimate
         return _DeltaPlan(confirmed.checkpoint_id, epochs, entries)
 
     def _kgd_due_whole(self, chain: _Chain, states: list[dict[str, Any]]) -> bool:

@@ -485,8 +485,9 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
         self._kv_columns: dict[str, KVColumn] = {}
         self._kv_bulk: dict[str, list[tuple[bytes, bytes]]] | None = None
         self._kv_views: set[TrackedView] = set()
-        #: Exact (key, namespace) entries per state and key group, kept on write (_kvcount).
-        self.kv_counts = EntryCounts(self.layout)
+        #: Exact (key, namespace) entries per state and key group, kept on write (_kvcount), unless
+        #: the parameters turn counting off for this instance (``statekit.metrics.exact-entries``).
+        self.kv_counts = EntryCounts(self.layout, enabled=self.parameters.exact_entries)
         #: The instance directory the base made (``kv_dir_prefix``) and ``close`` removes; else None.
         self.kv_dir: str | None = None
         if self.kv_dir_prefix:
@@ -943,7 +944,19 @@ class OrderedKVBackendBase(KVTtl, KeyedBackendBase):
         counts = self.kv_counts.meta(self.stored_state_names)
         if counts is not None:
             meta[ENTRY_COUNTS] = counts  # exact (key, namespace) entries per state and key group
+        else:  # not counted (statekit.metrics.exact-entries=false, or unknown): tools label an estimate
+            meta["entries_estimated"] = True
         return meta
+
+    def kv_estimated_entries(self) -> int | None:
+        """The engine's own cheap estimate of every stored state's entries, or None if it has none.
+
+        Optional: what an instance that keeps no exact counts (``statekit.metrics.exact-entries``
+        false) records in a key-group delta snapshot, labelled an estimate (no ``entry_counts``
+        in its meta). None (the default) makes such an instance write whole key-group files,
+        which count their entries as they go.
+        """
+        return None
 
     def kv_exact_entries(self) -> int | None:
         """Every stored state's (key, namespace) entries, exactly (buffered writes included); None if unknown.

@@ -37,6 +37,9 @@ class KeyedBackendParameters:
         clock: Processing time for TTL (None: the system clock).
         key_cache_size: Keys whose key group the backend remembers.
         local_dir: Where an on-disk backend keeps its files (None: it chooses).
+        exact_entries: Count (key, namespace) entries exactly on write, where the backend
+            would have to (ordered key-value engines; ``statekit.metrics.exact-entries``).
+            False: no counting, the engine's estimate is reported, labelled.
     """
 
     key_serializer: TypeSerializer
@@ -45,6 +48,7 @@ class KeyedBackendParameters:
     clock: Clock | None = None
     key_cache_size: int = DEFAULT_KEY_CACHE_SIZE
     local_dir: str | None = None
+    exact_entries: bool = True
 
     @classmethod
     def of_subtask(
@@ -57,6 +61,7 @@ class KeyedBackendParameters:
         clock: Clock | None = None,
         key_cache_size: int = DEFAULT_KEY_CACHE_SIZE,
         local_dir: str | None = None,
+        exact_entries: bool = True,
     ) -> KeyedBackendParameters:
         """The parameters of subtask ``index`` of ``parallelism``: it owns Flink's key-group range for it."""
         return cls(
@@ -66,6 +71,7 @@ class KeyedBackendParameters:
             clock,
             key_cache_size,
             local_dir,
+            exact_entries,
         )
 
     def in_dir(self, local_dir: str | None) -> KeyedBackendParameters:
