@@ -526,3 +526,41 @@ def test_an_idle_spark_query_answers_at_once_and_a_batch_starting_meanwhile_wait
     assert answer.status == "completed" and answer.stopped and answer.batch_id == 3
     assert answer.checkpoint_id == coordinator.last_completed and location.endswith("chk-1")
     assert not entered.is_set() and "stopped with a savepoint after micro-batch 3" in refused[0]
+
+
+def test_an_ended_watcher_answers_nothing_and_the_one_that_took_over_answers(tmp_path: Path) -> None:
+    """A Connect query's watcher before its first batch, ended by that batch: the driver's answers."""
+    from statekit.checkpoints._coordinator import CheckpointCoordinator, CheckpointPolicy
+    from statekit.plugins._registry import default_registry
+    from statekit.spark._savepoint_request import SparkSavepointRequests
+
+    storage = FileSystemCheckpointStorage(str(tmp_path / "ckpt"))
+
+    def coordinator() -> CheckpointCoordinator:
+        return CheckpointCoordinator(
+            storage, "job", max_parallelism=128, retained=2, native=False,
+            policy=CheckpointPolicy("test", ""), registry=default_registry(),
+        )  # fmt: skip
+
+    coordinator().checkpoint(
+        lambda writer, size, native: [], {"spark_query_id": "q", "spark_batch_id": 3}, lambda c, ok: None
+    )
+    before_first_batch = SparkSavepointRequests(coordinator(), str(tmp_path / "sp"), lambda q: None)
+    before_first_batch.end_watch()
+    answers: list[SavepointResponse] = []
+    asker = threading.Thread(
+        target=lambda: answers.append(request_savepoint(storage, "job", None, stop=False, timeout=120))
+    )
+    asker.start()
+    while storage.read_job_file("job", REQUEST_FILE) is None:
+        assert asker.is_alive()
+        time.sleep(0.01)
+    assert not before_first_batch.when_idle("q")  # ended: not even with a request pending
+    assert storage.read_job_file("job", REQUEST_FILE) is not None  # left for the watcher that took over
+    with before_first_batch.batch(4):  # nothing to wait for, not stopped
+        pass
+    drivers = SparkSavepointRequests(coordinator(), str(tmp_path / "sp"), lambda q: None)
+    assert drivers.when_idle("q")
+    asker.join(120)
+    (answer,) = answers
+    assert answer.status == "completed" and answer.batch_id == 3 and not answer.stopped

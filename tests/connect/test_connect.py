@@ -21,9 +21,15 @@ from typing import Any
 import pyarrow.dataset as ds
 import pytest
 from connectserver import ConnectServer
-from sparkutil import assert_exact_outputs, assert_exact_state, driver_env, write_inputs
+from sparkutil import (
+    assert_exact_outputs,
+    assert_exact_state,
+    driver_env,
+    restored_state,
+    write_inputs,
+)
 
-from jobs import make_records
+from jobs import make_records, model_state
 
 HERE = Path(__file__).resolve().parent
 CLIENT = HERE / "connect_client.py"
@@ -148,6 +154,24 @@ def test_client_killed_then_restarted_with_another_parallelism_counts_exactly(
     assert saved.kind == "savepoint" and saved.properties["spark_batch_id"] == 3
     assert_exact_state(storage, "restarted", records)
     assert_exact_outputs(tmp_path / "out", records)
+
+    # 4. The query restarted on its location with no new input: Spark runs no batch, and the process it
+    #    starts for the query (the driver side) answers a stop-with-savepoint at once all the same.
+    log = tmp_path / "client-3.log"
+    third = start_client(connect_server, [*args, *more], log)
+    wait_for(lambda: Path(f"{log}.jsonl").exists(), third, log)
+    done = subprocess.run(
+        [sys.executable, "-m", "statekit", "savepoint", "trigger", str(checkpoints), "--job", "restarted",
+         "--target", str(tmp_path / "sp-idle"), "--stop", "--timeout", "240", "--json"],
+        capture_output=True, text=True, env=driver_env(), check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    idle = json.loads(done.stdout)
+    assert idle["status"] == "completed" and idle["batch_id"] == 3 and idle["stopped"], idle
+    assert "done" in finish(third, log)[-1]
+    assert not stop.exists()
+    assert latest_batch(checkpoints, "restarted") == 3 and not (tmp_path / "out" / "batch_id=4").exists()
+    assert restored_state(storage, "restarted", location=idle["location"]) == model_state(records)
 
 
 @pytest.mark.nightly  # two more Connect clients (~30 s): tests/spark covers the path in ci

@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import threading
+import time
 import warnings
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
 from .._errors import CheckpointError
-from ._driver import MicroBatchDriver
-from ._jobspec import JobSpec
+from ..checkpoints._coordinator import CheckpointCoordinator, CheckpointPolicy, newest_checkpoint
+from ..plugins._config import Configuration
+from ..plugins._registry import default_registry
+from ._driver import QUERY_PROPERTY, SPARK_WAYS_OUT, MicroBatchDriver
+from ._jobspec import JobSpec, driver_storage
+from ._savepoint_request import WATCH_INTERVAL, SparkSavepointRequests
+from ._sparkconf import application, is_connect, spark_configuration
 
-__all__ = ["ConnectBatches", "query_id_at"]
+__all__ = ["RUN_START_WAIT", "ConnectBatches", "query_id_at"]
+
+#: Seconds the watcher made before the first batch waits to see its query run started (then gives up).
+RUN_START_WAIT = 120.0
 
 
 class ConnectBatches:
@@ -34,10 +45,19 @@ class ConnectBatches:
     (any file system the checkpoint location is on).
 
     Savepoint requests of an idle query are answered at once, as on a classic
-    driver: the driver's watcher thread (:meth:`SparkSavepointRequests.watch`)
-    runs in this server-side process, started with its first micro-batch of
-    the query run (the process lives as long as the run, and ends with it),
-    and each batch waits for a savepoint the watcher is writing.
+    driver, by a watcher thread (:meth:`SparkSavepointRequests.watch`) in this
+    server-side process (it lives as long as the query run, and ends with it);
+    each batch waits for a savepoint the watcher is writing. Spark starts the
+    process, and unpickles this object in it, when the query starts, before
+    any batch: so a query restarted with no new input (Spark runs no batch) is
+    answered too. Until the first batch, the watcher is one of its own
+    (:meth:`_watch_before_first_batch`): it needs neither a batch's DataFrame
+    nor its session (what a :class:`MicroBatchDriver` is made from), only the
+    job's storage and configuration, read from the client's session on which
+    Spark unpickles this object (the one Spark clones each batch's session
+    from, when the query starts), and the query's id. The first batch ends it
+    (waiting for a savepoint it is writing, refusing the batch after its
+    stop-with-savepoint) and starts the driver's.
     """
 
     def __init__(
@@ -62,27 +82,155 @@ class ConnectBatches:
         self._client_session_id = client_session_id
         self._driver: MicroBatchDriver | None = None
         self._query_id: str | None = None
+        self._reset_idle_watch()
+
+    def _reset_idle_watch(self) -> None:
+        self._idle_lock = threading.Lock()
+        self._idle: SparkSavepointRequests | None = None  # the watcher's before the first batch
+        self._idle_ended = False  # set by the first batch: no watcher of its own starts after it
 
     def __getstate__(self) -> dict[str, Any]:
-        # Pickled once, by the client, before any batch: no driver to carry.
-        return {**self.__dict__, "_driver": None, "_query_id": None}
+        # Pickled once, by the client, before any batch: no driver, no watcher to carry.
+        state = {**self.__dict__, "_driver": None, "_query_id": None}
+        for name in ("_idle_lock", "_idle", "_idle_ended"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_idle_watch()
+        self._watch_before_first_batch()
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         """Process one micro-batch (on the Connect server's Python process)."""
-        if self._driver is None or self._query_id is None:
-            session = batch_df.sparkSession
-            query_id = query_id_at(session, self._checkpoint_location)
-            spec = dataclasses.replace(self._spec, df=batch_df)
-            self._driver = MicroBatchDriver(
-                spec, session, restore=self._restore, checkpoint_location=self._checkpoint_location,
-                input_begins_after_savepoint=self._input_begins_after_savepoint,
-            )  # fmt: skip
-            self._query_id = query_id
-            self._driver.savepoints.stop_query = self._stop
-            # Requests of the query while it is idle, answered at once (a daemon thread of this process).
-            self._driver.savepoints.watch(_ServerSideQuery(query_id))
-        with self._driver.savepoints.batch(batch_id):  # an idle savepoint is not written meanwhile
+        with contextlib.ExitStack() as stack:
+            idle = self._end_idle_watch()
+            if idle is not None:  # waits for the savepoint it writes; refuses the batch after its stop
+                stack.enter_context(idle.batch(batch_id))
+            if self._driver is None or self._query_id is None:
+                session = batch_df.sparkSession
+                query_id = query_id_at(session, self._checkpoint_location)
+                spec = dataclasses.replace(self._spec, df=batch_df)
+                self._driver = MicroBatchDriver(
+                    spec, session, restore=self._restore, checkpoint_location=self._checkpoint_location,
+                    input_begins_after_savepoint=self._input_begins_after_savepoint,
+                )  # fmt: skip
+                self._query_id = query_id
+                self._driver.savepoints.stop_query = self._stop
+                # Requests of the query while it is idle, answered at once (a daemon thread of this process).
+                self._driver.savepoints.watch(_ServerSideQuery(query_id))
+            stack.enter_context(self._driver.savepoints.batch(batch_id))  # no idle savepoint meanwhile
             self._driver.process_batch(batch_df, batch_id, self._query_id)
+
+    def _end_idle_watch(self) -> SparkSavepointRequests | None:
+        """Ends the watcher that answers before the first batch (its requests object, if it started one).
+
+        After this it answers nothing (``end_watch``), and none starts: the
+        driver's watcher takes over. Its requests object stays, so that every
+        batch waits for a savepoint it is still writing and is refused after
+        a stop-with-savepoint it answered.
+        """
+        with self._idle_lock:
+            self._idle_ended = True
+            idle = self._idle
+        if idle is not None:
+            idle.end_watch()
+        return idle
+
+    def _watch_before_first_batch(self) -> None:
+        """In the foreachBatch process Spark starts for the query: answer requests before its first batch.
+
+        Runs while Spark unpickles this object there, with the client's
+        session (the root one: the query's) active, before Spark starts the
+        query: it reads what must be read now, statekit's configuration (the
+        session's as the query's clone of it will be; the client waits for
+        ``start()`` meanwhile) and which runs of queries the session has
+        already (so that the watcher answers only for a run started after
+        this process: if the query fails to start, as when another run of it
+        is active and Spark refuses a second one, this process answers
+        nothing; Spark then ends it). The rest goes on a thread of its own.
+        Anything that fails here starts no watcher: the first batch reports
+        it, as before, and answers requests from then on.
+        """
+        try:
+            root = _root_session(self._client_session_id)
+            if root is None:  # not the foreachBatch process of a Connect server (unpickled elsewhere)
+                return
+            conf = spark_configuration(root, self._spec.config)
+            known = {q.runId for q in root.streams.active}
+        except Exception:  # noqa: BLE001 - the first batch reports it
+            return
+        threading.Thread(
+            target=self._idle_watch, args=(root, conf, known),
+            name=f"statekit-savepoints-start-{self._spec.job_id}", daemon=True,
+        ).start()  # fmt: skip
+
+    def _idle_watch(self, root: SparkSession, conf: Configuration, known: set[str]) -> None:
+        """Starts the watcher of the query run before its first batch, if the job has anything to convert.
+
+        Nothing to convert (a query's first run: Spark has not written its
+        checkpoint location's ``metadata`` yet, or the job's newest checkpoint
+        is not this query's: it restores one at its first batch) starts none,
+        silently, as a configuration error does (the first batch reports it).
+        """
+        job = self._spec.job_id
+        try:
+            registry = default_registry()
+            conf.validate(registry)
+            storage = driver_storage(conf, registry)
+            query_id = query_id_at(root, self._checkpoint_location)
+            newest = newest_checkpoint(storage, job, SPARK_WAYS_OUT)
+        except Exception:  # noqa: BLE001 - a new location, a bad configuration: the first batch says
+            return
+        if newest is None or newest.metadata.properties.get(QUERY_PROPERTY) != query_id:
+            return
+        try:
+            if not self._run_started(root, query_id, known):
+                return
+            coordinator = CheckpointCoordinator(
+                storage,
+                job,
+                max_parallelism=newest.metadata.max_parallelism,  # it writes no checkpoint: converts one
+                retained=int(conf.get("statekit.checkpoints.retained")),
+                native=conf.get("statekit.checkpoint.format") != "canonical",
+                history_entries=int(conf.get("statekit.checkpoints.history.max-entries")),
+                policy=CheckpointPolicy(application(root), SPARK_WAYS_OUT),
+                registry=registry,
+            )
+            requests = SparkSavepointRequests(coordinator, conf.get("statekit.savepoints.dir"), self._stop)
+        except Exception as e:  # noqa: BLE001 - said once; the first batch's watcher answers
+            warnings.warn(
+                f"statekit job {job!r}: the savepoint watcher of the restarted query {query_id} could not "
+                f"start before its first micro-batch ({type(e).__name__}: {e}); a savepoint request is "
+                "answered after that batch",
+                RuntimeWarning,
+                stacklevel=1,
+            )
+            return
+        with self._idle_lock:
+            if self._idle_ended:  # the first batch came: its driver's watcher answers
+                return
+            self._idle = requests
+            requests.watch(_ServerSideQuery(query_id))
+
+    def _run_started(self, root: SparkSession, query_id: str, known: set[str]) -> bool:
+        """Whether the client's session runs query ``query_id`` in a run started after this process.
+
+        Waits up to :data:`RUN_START_WAIT` seconds (Spark starts the query
+        right after this process acknowledged its function); False if the
+        first batch came meanwhile.
+        """
+        deadline = time.monotonic() + RUN_START_WAIT
+        while True:
+            with self._idle_lock:
+                if self._idle_ended:
+                    return False
+            query = root.streams.get(query_id)
+            if query is not None and query.runId not in known:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(WATCH_INTERVAL / 4)
 
     def _stop(self, query_id: str) -> None:
         """Stop-with-savepoint: stop the query through the client's session, which holds it.
@@ -108,6 +256,20 @@ class ConnectBatches:
             )
             return
         query.stop()
+
+
+def _root_session(client_session_id: str | None) -> SparkSession | None:
+    """The client's Connect session, active in a Connect server's foreachBatch process while it unpickles.
+
+    None elsewhere (no ``SPARK_CONNECT_LOCAL_URL``, no active Connect session,
+    or one of another id).
+    """
+    if client_session_id is None or "SPARK_CONNECT_LOCAL_URL" not in os.environ:
+        return None
+    session = SparkSession.getActiveSession()
+    if session is None or not is_connect(session):
+        return None
+    return session if getattr(session, "session_id", None) == client_session_id else None
 
 
 class _ServerSideQuery:

@@ -101,7 +101,10 @@ class SparkSavepointRequests:
         return thread
 
     def end_watch(self) -> None:
-        """Ends the watcher thread."""
+        """Ends the watcher thread: from now on it answers nothing (:meth:`when_idle` returns False).
+
+        A savepoint it is writing meanwhile is finished; :meth:`batch` waits for it.
+        """
         self._watching.set()
 
     def _watch(self, query: Any, query_id: str, interval: float) -> None:
@@ -142,7 +145,8 @@ class SparkSavepointRequests:
         ):
             return False
         with self._cond:
-            if self._in_batch or self.stopped_after is not None:
+            # Ended (end_watch): a watcher that another took over from answers nothing more.
+            if self._in_batch or self.stopped_after is not None or self._watching.is_set():
                 return False
             self._idle_savepoint = True
         try:
