@@ -54,7 +54,7 @@ import tempfile
 import time
 from typing import Any
 
-from harness import expected_counts, rmw_per_record, zipf_keys
+from harness import COUNTING_HEADER, counting_off_on, counting_row, expected_counts, rmw_per_record, zipf_keys
 
 from statekit import ValueStateDescriptor
 from statekit.backend_api import KeyedBackendParameters, KeyGroupRange
@@ -278,8 +278,7 @@ def wall_task(args: argparse.Namespace) -> None:
         f"{args.records:,} records (micro-batches 2..{args.batches} timed), counting off and on alternating "
         f"run by run, best of {args.repeats} each; wall-clock, noisy on a shared machine"
     )
-    head = f"{'round':<8}{'off cpu s':>11}{'on cpu s':>10}{'on/off':>8}"
-    print(f"{head}{'off wall s':>12}{'on wall s':>11}{'on/off':>8}")
+    print(COUNTING_HEADER)
     with tempfile.TemporaryDirectory(prefix="bench-count-cost-") as work:
         _task_seconds(args, data, work)  # warm-up, not timed
         for round_ in (1, 2):
@@ -290,10 +289,7 @@ def wall_task(args: argparse.Namespace) -> None:
                     c, w = _task_seconds(args, data, work, enabled)
                     cpu[enabled] = min(cpu[enabled], c)
                     wall_[enabled] = min(wall_[enabled], w)
-            print(
-                f"{round_:<8}{cpu[False]:>11.3f}{cpu[True]:>10.3f}{cpu[True] / cpu[False]:>8.3f}"
-                f"{wall_[False]:>12.3f}{wall_[True]:>11.3f}{wall_[True] / wall_[False]:>8.3f}"
-            )
+            print(counting_row(round_, cpu, wall_))
 
 
 def wall(args: argparse.Namespace) -> None:
@@ -303,32 +299,21 @@ def wall(args: argparse.Namespace) -> None:
         f"Exact entry counts, {args.backend}: {args.ops:,} per-record read-modify-writes, counting off and "
         f"on alternating run by run, best of {args.repeats} each; wall-clock, noisy on a shared machine"
     )
-    head = f"{'round':<8}{'off cpu s':>11}{'on cpu s':>10}{'on/off':>8}"
-    print(f"{head}{'off wall s':>12}{'on wall s':>11}{'on/off':>8}")
+    print(COUNTING_HEADER)
     with tempfile.TemporaryDirectory(prefix="bench-count-cost-") as scratch:
         engine = _engine(args.backend, args.batch)
         warm = _backend(engine, scratch, True)
         rmw_per_record(warm, ops, DESC)  # warm-up, not timed
         warm.close()
         for round_ in (1, 2):
-            cpu = {False: float("inf"), True: float("inf")}
-            wall_ = dict(cpu)
-            for _ in range(args.repeats):
-                for enabled in (False, True):
-                    b = _backend(engine, scratch, enabled)
-                    gc.collect()
-                    gc.disable()
-                    c0, w0 = time.thread_time(), time.perf_counter()
-                    rmw_per_record(b, ops, DESC)
-                    c1, w1 = time.thread_time(), time.perf_counter()
-                    gc.enable()
-                    assert b.kv_exact_entries() == (expected if enabled else None)
-                    b.close()
-                    cpu[enabled] = min(cpu[enabled], c1 - c0)
-                    wall_[enabled] = min(wall_[enabled], w1 - w0)
             print(
-                f"{round_:<8}{cpu[False]:>11.3f}{cpu[True]:>10.3f}{cpu[True] / cpu[False]:>8.3f}"
-                f"{wall_[False]:>12.3f}{wall_[True]:>11.3f}{wall_[True] / wall_[False]:>8.3f}"
+                counting_off_on(
+                    round_,
+                    lambda exact: _backend(engine, scratch, exact),
+                    lambda b: rmw_per_record(b, ops, DESC),
+                    expected,
+                    args.repeats,
+                )
             )
 
 

@@ -36,7 +36,16 @@ import tempfile
 import time
 from typing import Any
 
-from harness import best_of, expected_counts, rmw_batched, rmw_per_record, run_parts, zipf_keys
+from harness import (
+    COUNTING_HEADER,
+    best_of,
+    counting_off_on,
+    expected_counts,
+    rmw_batched,
+    rmw_per_record,
+    run_parts,
+    zipf_keys,
+)
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from statekit import KeyedProcessFunction, LocalRunner, ValueStateDescriptor
@@ -146,31 +155,12 @@ def counts(args: argparse.Namespace, scratch: str) -> None:
         f"\n4. Exact entry counts on write: per-record read-modify-write, {args.ops:,} ops over "
         f"{expected:,} keys, counting off and on alternating run by run, best of {args.repeats} each"
     )
-    head = f"{'round':<8}{'off cpu s':>11}{'on cpu s':>10}{'on/off':>8}"
-    print(f"{head}{'off wall s':>12}{'on wall s':>11}{'on/off':>8}")
+    print(COUNTING_HEADER)
     warm = backend()
     per_record(warm)  # warm-up, not timed
     warm.close()
     for round_ in (1, 2):
-        cpu = {False: float("inf"), True: float("inf")}
-        wall = dict(cpu)
-        for _ in range(args.repeats):  # off and on alternate run by run: the machine's load hits both
-            for enabled in (False, True):
-                b = backend(enabled)
-                gc.collect()
-                gc.disable()
-                c0, w0 = time.thread_time(), time.perf_counter()
-                per_record(b)
-                c1, w1 = time.thread_time(), time.perf_counter()
-                gc.enable()
-                assert b.kv_exact_entries() == (expected if enabled else None)
-                b.close()
-                cpu[enabled] = min(cpu[enabled], c1 - c0)
-                wall[enabled] = min(wall[enabled], w1 - w0)
-        print(
-            f"{round_:<8}{cpu[False]:>11.3f}{cpu[True]:>10.3f}{cpu[True] / cpu[False]:>8.3f}"
-            f"{wall[False]:>12.3f}{wall[True]:>11.3f}{wall[True] / wall[False]:>8.3f}"
-        )
+        print(counting_off_on(round_, backend, per_record, expected, args.repeats))
 
 
 def _dir_size(path: str) -> int:

@@ -26,7 +26,10 @@ from statekit import ValueStateDescriptor
 from statekit.checkpointing import complete_checkpoint, write_subtask_state
 
 __all__ = [
+    "COUNTING_HEADER",
     "best_of",
+    "counting_off_on",
+    "counting_row",
     "digests_off",
     "expected_counts",
     "hashing_seconds",
@@ -71,6 +74,53 @@ def best_of(
         best = min(best, time.perf_counter() - t0)
         gc.enable()
     return best, result
+
+
+COUNTING_HEADER = (
+    f"{'round':<8}{'off cpu s':>11}{'on cpu s':>10}{'on/off':>8}"
+    f"{'off wall s':>12}{'on wall s':>11}{'on/off':>8}"
+)
+"""The header of :func:`counting_row`'s rows."""
+
+
+def counting_row(round_: int, cpu: Mapping[bool, float], wall: Mapping[bool, float]) -> str:
+    """A round's best seconds with entry counting off (False) and on (True), and their ratios."""
+    return (
+        f"{round_:<8}{cpu[False]:>11.3f}{cpu[True]:>10.3f}{cpu[True] / cpu[False]:>8.3f}"
+        f"{wall[False]:>12.3f}{wall[True]:>11.3f}{wall[True] / wall[False]:>8.3f}"
+    )
+
+
+def counting_off_on(
+    round_: int,
+    backend: Callable[[bool], Any],
+    run: Callable[[Any], object],
+    expected: int,
+    repeats: int,
+) -> str:
+    """One round of exact entry counts off and on, alternating run by run: a row under COUNTING_HEADER.
+
+    ``backend(exact)`` makes a fresh keyed backend with counting on or off
+    (``KeyedBackendParameters.exact_entries``); ``run`` works on it (GC off
+    while timed). Best thread-CPU and wall seconds of ``repeats`` runs each;
+    every run's count is checked: ``expected`` entries exactly when on, None when off.
+    """
+    cpu = {False: float("inf"), True: float("inf")}
+    wall = dict(cpu)
+    for _ in range(repeats):  # off and on alternate run by run: the machine's load hits both
+        for enabled in (False, True):
+            b = backend(enabled)
+            gc.collect()
+            gc.disable()
+            c0, w0 = time.thread_time(), time.perf_counter()
+            run(b)
+            c1, w1 = time.thread_time(), time.perf_counter()
+            gc.enable()
+            assert b.kv_exact_entries() == (expected if enabled else None)
+            b.close()
+            cpu[enabled] = min(cpu[enabled], c1 - c0)
+            wall[enabled] = min(wall[enabled], w1 - w0)
+    return counting_row(round_, cpu, wall)
 
 
 def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:

@@ -56,6 +56,18 @@ def finish(proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> li
     return [json.loads(line) for line in Path(f"{log}.jsonl").read_text().splitlines()]
 
 
+def stop_with_savepoint_cli(checkpoints: Path, job_id: str, target: Path, timeout: int) -> dict[str, Any]:
+    """``statekit savepoint trigger --stop --json``, as an operator runs it: its answer (exit 0 asserted)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "statekit", "savepoint", "trigger", str(checkpoints), "--job", job_id,
+         "--target", str(target), "--stop", "--timeout", str(timeout), "--json"],
+        capture_output=True, text=True, env=driver_env(), check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answer: dict[str, Any] = json.loads(done.stdout)
+    return answer
+
+
 def completed(checkpoints: Path, job_id: str) -> list[int]:
     """The ids of the job's completed checkpoints (those with ``_metadata``)."""
     return sorted(int(p.parent.name[4:]) for p in (checkpoints / job_id).glob("chk-*/_metadata"))
@@ -133,13 +145,7 @@ def test_client_killed_then_restarted_with_another_parallelism_counts_exactly(
     # 3. Issue 43: the query is idle (no new input, no micro-batch). A stop-with-savepoint request is
     #    answered by the watcher of the server-side process, with the newest checkpoint (no input came,
     #    so no batch ran to answer it), and the query stops: the client's loop ends without its stop file.
-    done = subprocess.run(
-        [sys.executable, "-m", "statekit", "savepoint", "trigger", str(checkpoints), "--job", "restarted",
-         "--target", str(tmp_path / "sp"), "--stop", "--timeout", "300", "--json"],
-        capture_output=True, text=True, env=driver_env(), check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    answer = json.loads(done.stdout)
+    answer = stop_with_savepoint_cli(checkpoints, "restarted", tmp_path / "sp", timeout=300)
     assert answer["status"] == "completed" and answer["batch_id"] == 3 and answer["stopped"], answer
     assert "done" in finish(second, log)[-1]
     assert not stop.exists()
@@ -160,13 +166,7 @@ def test_client_killed_then_restarted_with_another_parallelism_counts_exactly(
     log = tmp_path / "client-3.log"
     third = start_client(connect_server, [*args, *more], log)
     wait_for(lambda: Path(f"{log}.jsonl").exists(), third, log)
-    done = subprocess.run(
-        [sys.executable, "-m", "statekit", "savepoint", "trigger", str(checkpoints), "--job", "restarted",
-         "--target", str(tmp_path / "sp-idle"), "--stop", "--timeout", "240", "--json"],
-        capture_output=True, text=True, env=driver_env(), check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    idle = json.loads(done.stdout)
+    idle = stop_with_savepoint_cli(checkpoints, "restarted", tmp_path / "sp-idle", timeout=240)
     assert idle["status"] == "completed" and idle["batch_id"] == 3 and idle["stopped"], idle
     assert "done" in finish(third, log)[-1]
     assert not stop.exists()
