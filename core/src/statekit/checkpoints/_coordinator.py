@@ -485,13 +485,19 @@ class CheckpointCoordinator:
         """
         return newest_checkpoint(self.storage, self.job_id, self.policy.ways_out)
 
-    def check(self, cp: CompletedCheckpoint) -> None:
+    def check(self, cp: CompletedCheckpoint, *, found: bool = False) -> None:
         """Once per checkpoint: every file ``cp`` names is there with its size, before anything reads it.
+
+        ``found``: the caller's :func:`start_point` already found them (it does
+        for ``"latest"``, :attr:`StartPoint.files_found`): recorded, not looked at again.
 
         Raises:
             CorruptCheckpointError: Naming each damaged file, with the policy's ways out.
         """
         if cp.location in self._checked:
+            return
+        if found:
+            self._checked.add(cp.location)
             return
         try:
             _checked(cp)
@@ -533,6 +539,16 @@ class StartPoint:
     checkpoint: CompletedCheckpoint | None
     explicit: bool
     skipped: list[tuple[str, str]]
+
+    @property
+    def files_found(self) -> bool:
+        """Whether :func:`start_point` found every file of the checkpoint with its size.
+
+        It does for ``"latest"`` (so that a fallback can skip a damaged one); a
+        named location goes to the restore as loaded, which names the operator
+        and subtask of a damaged file.
+        """
+        return self.checkpoint is not None and not self.explicit
 
 
 def start_point(

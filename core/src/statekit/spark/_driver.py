@@ -246,7 +246,9 @@ class MicroBatchDriver:
         )
         if base is not None:
             self._validate(base)
-            self.coordinator.check(base)  # its files, at start as the LocalRunner's restore finds them
+            # Its files, at start as the LocalRunner's restore finds them (once: start_point found
+            # those of the latest checkpoint already).
+            self.coordinator.check(base, found=start.files_found)
         self.metrics = QueryMetrics(session, conf, spec.job_id, spec.operator_id)
         with self.metrics.describe(None, "routing"):
             values = routing_values(session, self.parallelism)
