@@ -17,6 +17,7 @@ import pytest
 
 from statekit.checkpoints._savepoint_requests import (
     REQUEST_FILE,
+    RESPONSE_FILE,
     SavepointRequest,
     SavepointResponse,
     request_savepoint,
@@ -86,7 +87,8 @@ def test_a_request_found_after_its_deadline_is_answered_expired_and_not_honoured
     assert take_request(storage, "job") is None  # a forgotten --stop stops nothing
     answer = SavepointResponse.from_bytes(storage.read_job_file("job", "savepoint-response.json") or b"")
     assert (answer.request_id, answer.status) == ("b" * 32, "expired")
-    assert storage.read_job_file("job", REQUEST_FILE) is None
+    # Left for the requester that replaces it (deleting it here raced with that replacement).
+    assert storage.read_job_file("job", REQUEST_FILE) == stale.to_bytes()
 
 
 def test_a_damaged_request_is_answered_failed(storage: FileSystemCheckpointStorage) -> None:
@@ -322,6 +324,20 @@ def test_a_requester_replaces_only_an_expired_request(storage: FileSystemCheckpo
     runner = answer_next(storage, "/sp/savepoint-2")
     assert request_savepoint(storage, "job", "/sp", stop=False, timeout=60).status == "completed"
     runner.join()
+
+
+def test_a_runner_answers_an_expired_request_once_and_leaves_it_for_its_replacement(
+    storage: FileSystemCheckpointStorage,
+) -> None:
+    """A runner that deleted an expired request could delete the new one that just replaced it."""
+    stale = SavepointRequest("c" * 32, None, True, 0, 1, "pid 1 on host h")
+    storage.write_job_file("job", REQUEST_FILE, stale.to_bytes())
+    assert take_request(storage, "job") is None
+    assert storage.read_job_file("job", REQUEST_FILE) == stale.to_bytes()
+    first = storage.read_job_file("job", RESPONSE_FILE)
+    assert first is not None and SavepointResponse.from_bytes(first).status == "expired"
+    assert take_request(storage, "job") is None
+    assert storage.read_job_file("job", RESPONSE_FILE) == first  # answered once, not every batch
 
 
 @pytest.mark.parametrize("timeout", [float("inf"), float("nan"), 0.0, -1.0, 1e12])

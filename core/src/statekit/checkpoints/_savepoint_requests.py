@@ -339,9 +339,10 @@ def _withdraw(files: SupportsJobFiles, job_id: str, request: SavepointRequest) -
 def take_request(storage: CheckpointStorage, job_id: str) -> SavepointRequest | None:
     """The pending request of ``job_id``, deleted so that it is honoured once; None if none is pending.
 
-    A request past its deadline is answered ``expired`` here and None
-    returned; one that is not a request statekit writes (see
-    :meth:`SavepointRequest.from_bytes`) is deleted and answered ``failed`` with the reason.
+    A request past its deadline is answered ``expired`` here (once) and None
+    returned; it is left for the requester that replaces it to delete. One
+    that is not a request statekit writes (see :meth:`SavepointRequest.from_bytes`)
+    is deleted and answered ``failed`` with the reason.
 
     Raises:
         CheckpointError: If the store fails (the request stays for the next batch).
@@ -355,18 +356,23 @@ def take_request(storage: CheckpointStorage, job_id: str) -> SavepointRequest | 
     # meanwhile (a new request after an expired one) is left for the next checkpoint.
     if storage.read_job_file(job_id, REQUEST_FILE) != data:
         return None
-    storage.delete_job_file(job_id, REQUEST_FILE)
     try:
         request = SavepointRequest.from_bytes(data)
     except ValueError as e:
+        storage.delete_job_file(job_id, REQUEST_FILE)
         respond(
             storage, job_id,
             SavepointResponse(request_id_of(data), FAILED, failure=f"refused: {e}; nothing was done"),
         )  # fmt: skip
         return None
     if request.deadline_ms <= _now_ms():
-        respond(storage, job_id, SavepointResponse(request.request_id, EXPIRED))
+        # Not deleted here: a new requester replaces an expired request (delete, then create), and a
+        # delete of ours landing after that would delete the new one unanswered. Answered once.
+        answered = storage.read_job_file(job_id, RESPONSE_FILE)
+        if answered is None or request_id_of(answered) != request.request_id:
+            respond(storage, job_id, SavepointResponse(request.request_id, EXPIRED))
         return None
+    storage.delete_job_file(job_id, REQUEST_FILE)
     return request
 
 
