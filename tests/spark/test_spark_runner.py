@@ -218,6 +218,53 @@ def test_a_batch_that_failed_after_its_sink_wrote_runs_again_exactly(
     assert_exact_outputs(tmp_path / "out", RECORDS)
 
 
+def _job_descriptions(session: Any, job_id: str) -> list[str]:
+    """The descriptions of the Spark jobs statekit ran for ``job_id`` (Spark's status store)."""
+    found = []
+    jobs = session.sparkContext._jsc.sc().statusStore().jobsList(None)  # a Scala Seq
+    for i in range(jobs.length()):
+        d = jobs.apply(i).description()
+        if d.isDefined() and f"statekit {job_id} " in d.get():
+            found.append(d.get())
+    return found
+
+
+@pytest.mark.parametrize("reads", ["every row", "one row", "nothing"])
+def test_the_sinks_job_runs_the_tasks_and_every_batch_commits_exactly(
+    session: Any, tmp_path: Path, job_id: str, reads: str
+) -> None:
+    """A batch is one Spark job when the sink reads every partition; else the handle column is read."""
+    configure(
+        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 2}
+    )
+    write_inputs(tmp_path / "in", RECORDS, 2)
+    seen: list[int] = []
+
+    def sink(df: Any, batch_id: int) -> None:
+        if reads == "every row":
+            seen.append(len(df.collect()))
+        elif reads == "one row":
+            seen.append(len(df.limit(1).collect()))
+
+    infos: list[BatchInfo] = []
+    processed = (
+        keyed(stream_of(session, tmp_path / "in"), "url")
+        .process(CountUrls, OUTPUT, job_id=job_id, on_batch=infos.append)
+        .foreach_batch(sink)
+    )
+    run_to_end(processed, tmp_path / "spark")
+    assert [(i.batch_id, i.checkpoint_id, i.skipped) for i in infos] == [(0, 1, False), (1, 2, False)]
+    assert sum(i.records for i in infos) == sum(i.outputs for i in infos) == len(RECORDS)
+    assert all("sink" not in i.phases and i.phases["tasks"] > 0 for i in infos)  # the sink's job ran them
+    assert_exact_state(processed.checkpoint_storage(), job_id, RECORDS)
+    jobs = _job_descriptions(session, job_id)
+    for b in (0, 1):
+        assert (f"statekit {job_id} batch {b}: tasks and sink" in jobs) == (reads != "nothing")
+        # The handle column is read only when the sink's jobs did not run every partition.
+        assert (f"statekit {job_id} batch {b}: tasks" in jobs) == (reads != "every row")
+    assert seen == {"every row": [i.outputs for i in infos], "one row": [1, 1], "nothing": []}[reads]
+
+
 def test_a_replayed_batch_that_was_completed_is_skipped(session: Any, tmp_path: Path, job_id: str) -> None:
     """The driver died after completing checkpoint n, before Spark committed the batch."""
     configure(

@@ -38,11 +38,12 @@ import hashlib
 import time
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark import StorageLevel
+from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -93,6 +94,7 @@ from ._plan import (
 )
 from ._recent import record_batch
 from ._report import TaskReport
+from ._report_channel import Reports, ReportsParam
 from ._routing import Router, routing_values
 from ._savepoint_request import SparkSavepointRequests
 from ._sparkconf import application, default_parallelism, is_connect, local_dir, spark_configuration
@@ -200,6 +202,10 @@ class MicroBatchDriver:
         self._origin: dict[str, Any] | None = None  # the explicit restore this run's history descends from
         self.run_id = uuid.uuid4().hex
         self.connect = is_connect(session)
+        # Where the tasks' reports come by accumulator, so a batch is one job (none on Connect).
+        self._report_channel: Accumulator[Reports] | None = (
+            None if self.connect else session.sparkContext.accumulator([], ReportsParam())
+        )
         # The checkpoint this run completed last (its location, then its metadata once read): the
         # job's newest while this run holds the fence, so no batch lists the storage to find it.
         self._completed: str | None = None
@@ -547,20 +553,29 @@ class MicroBatchDriver:
         return df.schema if spec.event_time is not None and spec.late_sink is not None else None
 
     def _run_tasks(self, batch: _Batch) -> tuple[list[TaskReport], dict[int, str]]:
-        """Run the batch's tasks, then its sinks; the tasks' reports and where each subtask ran.
+        """Run the batch's tasks and its sinks; the tasks' reports and where each subtask ran.
 
-        One pass computes (and caches) every partition; the sinks then read the cache.
+        One pass computes (and caches) every partition, and the sinks read the
+        cache. On classic Spark with a sink, that pass is the sink's own first
+        job, and the reports come by accumulator (:mod:`._report_channel`): one
+        Spark job per batch, as for a stateless query. Otherwise (Spark Connect,
+        no sink, or not one report per subtask by accumulator) a job reads the
+        handle column, from the cache where the sink filled it. Either way the
+        sink runs before the checkpoint completes, as the module doc says.
         """
         clock, spec, df = time.perf_counter, self.spec, batch.df
         source = batch.source
         data = self._metadata_of(source)
         metadata = self._ship_metadata(data, source)
         plan = self._plan(batch)
+        channel = self._report_channel
+        if spec.sink is None and plan.late_schema is None:
+            channel = None  # nothing would run the tasks before the handle column is read
         routed = self.router.route(df)
         if self.locality is not None:
             routed = self.locality.prefer(routed, self.parallelism)
         processed = routed.mapInArrow(
-            make_task(plan, metadata), internal_schema(spec.output_schema, plan.late_schema)
+            make_task(plan, metadata, channel), internal_schema(spec.output_schema, plan.late_schema)
         )
         if batch.query != STATIC_QUERY:
             _as_stateful_query(df.sparkSession)
@@ -570,21 +585,23 @@ class MicroBatchDriver:
         try:
             t = clock()
             batch.phases["prepare"] = t - batch.started
-            try:
-                with self.metrics.describe(batch.batch_id, "tasks"):
+            reports: list[TaskReport] | None = None
+            if channel is not None:
+                channel.value = []
+                with self.metrics.describe(batch.batch_id, "tasks and sink"), _task_errors(source):
+                    self._sink(processed, batch.batch_id, plan.late_schema)
+                reports = self._channelled(channel.value, plan.token)
+            if reports is None:
+                with self.metrics.describe(batch.batch_id, "tasks"), _task_errors(source):
                     rows = processed.where(F.col(HANDLE_COLUMN).isNotNull()).select(HANDLE_COLUMN).collect()
-            except Exception as e:
-                damage = _task_damage(e, source)
-                if damage is None:
-                    raise
-                raise damage from e
+                reports = self._reports([r[0] for r in rows])
             batch.phases["tasks"] = clock() - t
             locations = self.locality.ran() if self.locality is not None else {}
-            reports = self._reports([r[0] for r in rows])
-            t = clock()
-            with self.metrics.describe(batch.batch_id, "sink"):
-                self._sink(processed, batch.batch_id, plan.late_schema)
-            batch.phases["sink"] = clock() - t
+            if channel is None:
+                t = clock()
+                with self.metrics.describe(batch.batch_id, "sink"):
+                    self._sink(processed, batch.batch_id, plan.late_schema)
+                batch.phases["sink"] = clock() - t
         finally:
             processed.unpersist()
             if not isinstance(metadata, (InlineMetadata, StoredMetadata)):
@@ -688,6 +705,13 @@ class MicroBatchDriver:
             return current
         seen = [r.max_event_time for r in reports if r.max_event_time is not None]
         return et.watermark(current, max(seen) if seen else None)
+
+    def _channelled(self, sent: Reports, token: str) -> list[TaskReport] | None:
+        """The reports the accumulator brought for this batch, if exactly one per subtask arrived."""
+        reports = sorted((TaskReport.from_json(d) for t, d in sent if t == token), key=lambda r: r.subtask)
+        if [r.subtask for r in reports] != list(range(self.parallelism)):
+            return None
+        return reports
 
     def _reports(self, descriptions: list[str]) -> list[TaskReport]:
         """The tasks' reports, one per subtask, by subtask; else the batch is not committed."""
@@ -806,6 +830,18 @@ SPARK_WAYS_OUT = (
     "(`statekit checkpoints list` shows them with their status), into a new query (a new "
     "checkpoint_location, start(restore='<location>')); see docs/operations.md#restore-rules"
 )
+
+
+@contextlib.contextmanager
+def _task_errors(source: CompletedCheckpoint | None) -> Iterator[None]:
+    """A task's error about damage to ``source`` raised as that damage; any other error as it is."""
+    try:
+        yield
+    except Exception as e:
+        damage = _task_damage(e, source)
+        if damage is None:
+            raise
+        raise damage from e
 
 
 def _task_damage(e: Exception, source: CompletedCheckpoint | None) -> CorruptCheckpointError | None:

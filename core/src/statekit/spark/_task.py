@@ -23,6 +23,7 @@ from ._acquire import RestoreSource
 from ._cache import reset_cache
 from ._loops import fire_timers, process_groups, process_records
 from ._plan import TaskPlan
+from ._report_channel import send_handles
 from ._run import TaskRun
 from ._snapshots import task_reports, write_snapshots
 from ._task_handoff import announce, hand_off
@@ -33,24 +34,35 @@ _LOCAL_ATTEMPTS = itertools.count()  # attempt ids outside Spark (tests)
 _LOG = logging.getLogger("statekit.spark")
 
 
-def make_task(plan: TaskPlan, metadata: Any) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def make_task(plan: TaskPlan, metadata: Any, reports: Any = None) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The ``mapInArrow`` function that processes one partition of a routed micro-batch.
 
     It yields the output records, then one row per served subtask whose handle
     column describes the subtask's snapshot (written into checkpoint
     ``plan.checkpoint_id`` under stream names unique to this task attempt).
+    ``reports``: an accumulator the handle rows also go to (:mod:`._report_channel`).
     """
-    return _PartitionTask(plan, metadata)
+    return _PartitionTask(plan, metadata, reports)
 
 
 class _PartitionTask:
     """A module-level class, so that tasks unpickle it by reference and share this worker's cache."""
 
-    def __init__(self, plan: TaskPlan, metadata: Any) -> None:
+    def __init__(self, plan: TaskPlan, metadata: Any, reports: Any = None) -> None:
         self.plan = plan
         self.metadata = metadata
+        self.reports = reports
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        if self.reports is None:
+            yield from self._batches(batches)
+            return
+        channel, token = self.reports, self.plan.token
+        for b in self._batches(batches):
+            send_handles(channel, token, b)
+            yield b
+
+    def _batches(self, batches: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
 
         plan = self.plan
