@@ -86,27 +86,49 @@ def test_a_checkpoint_outside_run_counts_what_came_since(tmp_path: Path) -> None
 def test_native_checkpoints_count_their_entries_exactly(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, backend: str
 ) -> None:
-    """Issue 43: counted on write (state/_kvcount), not RocksDB's estimate; the heap's deltas count
-    each state's entries at the checkpoint. Per-state bytes stay unnamed."""
+    """Issue 43: counted on write (state/_kvcount), not RocksDB's estimate, whose snapshots name no
+    per-state bytes; the heap's base and deltas (its default checkpoint) name each state's entries
+    and bytes, as a canonical snapshot does."""
     pytest.importorskip(f"statekit_{backend}")
-    runner = count_urls_runner(
-        str(tmp_path / "ckpt"),
-        {
-            "statekit.backend": backend,
-            "statekit.checkpoint.format": "native",  # the heap's base and deltas
-            "statekit.checkpoint.interval-records": 500,
-            "statekit.checkpoints.retained": 10,
-        },
-    )
-    with caplog.at_level(logging.INFO, logger="statekit"):
+
+    def run(fmt: str, into: str) -> list[CheckpointInfo]:
+        runner = count_urls_runner(
+            str(tmp_path / into),
+            {
+                "statekit.backend": backend,
+                "statekit.checkpoint.format": fmt,
+                "statekit.checkpoint.interval-records": 500,
+                "statekit.checkpoints.retained": 10,
+            },
+        )
         result = runner.run(RecordSource(RECORDS))
-    runner.close()
-    for info in result.checkpoint_infos:
+        runner.close()
+        return result.checkpoint_infos
+
+    with caplog.at_level(logging.INFO, logger="statekit"):
+        infos = run("native", "ckpt")
+    for info in infos:
         s = info.stats
-        assert s.state_entries_exact and s.states == {}
-        assert s.state_entries == sum(entries_read(info.location).values())
+        read = entries_read(info.location)
+        assert s.state_entries_exact and s.state_entries == sum(read.values())
         assert s.bytes_written + s.bytes_referenced == s.state_bytes + s.operator_state_bytes
-    assert [f["state_entries_exact"] for f in fields_of(caplog)] == ["1", "1"]
+        if backend == "heap":
+            assert {n: z.entries for n, z in s.states.items()} == read
+            assert all(z.bytes > 0 for z in s.states.values())
+            assert sum(z.bytes for z in s.states.values()) < s.state_bytes  # the files' headers and index
+        else:
+            assert s.states == {}
+    lines = fields_of(caplog)
+    assert [f["state_entries_exact"] for f in lines] == ["1", "1"]
+    if backend == "heap":
+        assert lines[-1]["state.count.entries"] == str(infos[-1].stats.states["count"].entries)
+        # The first checkpoint is a base: each state's bytes are those of the same state written canonically.
+        canonical = run("canonical", "canonical")
+        assert infos[0].stats.states == canonical[0].stats.states
+        # The second is a delta: each state's bytes are the base's and the delta's, which a restore reads.
+        second, again = infos[1].stats.states, canonical[1].stats.states
+        assert {n: z.entries for n, z in second.items()} == {n: z.entries for n, z in again.items()}
+        assert all(second[n].bytes > again[n].bytes for n in STATES)
 
 
 def test_metrics_off_write_no_line_but_keep_the_numbers(

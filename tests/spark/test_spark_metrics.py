@@ -295,7 +295,8 @@ def _samples(text: str, name: str) -> dict[str, float]:
 
 @pytest.mark.nightly
 def test_prometheus_servlet_and_rest_api_show_statekit(tmp_path: Path) -> None:
-    """A driver of its own, UI on 127.0.0.1: the scrape's state entries match the checkpoint."""
+    """A driver of its own, UI on 127.0.0.1, the default backend and checkpoint format (the heap's base
+    and deltas): the scrape's state entries match the checkpoint, every state's as well."""
     write_inputs(tmp_path / "in", RECORDS, 3)
     report = tmp_path / "report.json"
     subprocess.run(
@@ -311,7 +312,11 @@ def test_prometheus_servlet_and_rest_api_show_statekit(tmp_path: Path) -> None:
     last = r["batches"][-1]
     read = entries_read(last["location"])
     assert gauges[prefix + "state_entries_Value"] == sum(read.values())
-    assert gauges[prefix + "state_count_entries_Value"] == read["count"]
+    for name in STATES:  # the per-state gauges of the Prometheus example in docs/spark.md
+        assert gauges[prefix + f"state_{name}_entries_Value"] == read[name]
+        assert gauges[prefix + f"state_{name}_bytes_Value"] > 0
+    per_state_bytes = sum(gauges[prefix + f"state_{name}_bytes_Value"] for name in STATES)
+    assert per_state_bytes < gauges[prefix + "state_bytes_Value"]  # the files' headers and index besides
     assert gauges[prefix + "records_in_total_Count"] == len(RECORDS)
     described = {j.get("description") for j in r["jobs"]}
     assert {f"statekit urls batch {b}: tasks and sink" for b in range(3)} <= described

@@ -155,8 +155,10 @@ def test_the_statekit_tab_shows_what_batch_info_says(tmp_path: Path) -> None:
                        ("checkpoint_bytes_written", "bytes_written")]:  # fmt: skip
         assert int(state[field]) == stats[key], field
     assert f'data-exact="{int(stats["state_entries_exact"])}"' in dom  # the "(exact)" label, for scripts
-    # Per state where BatchInfo knows it (canonical snapshots); no table where it does not (heap's deltas).
+    # Per state where BatchInfo knows it: canonical snapshots and the heap's base and deltas (this driver's
+    # default), not RocksDB's or LMDB's native ones (no table then).
     per_state = {row["@data-state"]: row for row in page.tables.get("states", []) if "@data-state" in row}
+    assert set(per_state) == {"bytes", "count", "last_methods"}
     assert {n: int(row["entries"]) for n, row in per_state.items()} == {
         n: s["entries"] for n, s in stats["states"].items()
     }

@@ -5,14 +5,17 @@ micro-batch) with the same field names, which the log line, the Spark
 metrics system and the docs share (docs/spark.md, "Where statekit shows
 up"). The state's size comes from the checkpoint's own metadata, read on the
 driver: nothing is scanned and the tasks send nothing extra. A canonical
-snapshot counts its (key, namespace) entries and bytes exactly, per state; a
-native snapshot of an ordered key-value engine (RocksDB, LMDB) records the
-entries its backend counted on write (``state/_kvcount``), exact as well; one
-without them (an older statekit's, or restored from one, or a job with
-``statekit.metrics.exact-entries=false``) records the engine's own count, an
-estimate (RocksDB's ``estimate-num-keys`` counts stored records, not
-entries), and the checkpoint says
-``state_entries_exact=0``. Native parts name no per-state bytes.
+snapshot counts its (key, namespace) entries and bytes exactly, per state; so
+does the heap's native one (a base and deltas, ``state/_delta.py``, the
+default checkpoint of the default backend), whose per-state bytes are those
+of the files a restore reads; a native snapshot of an ordered key-value
+engine (RocksDB, LMDB) records the entries its backend counted on write
+(``state/_kvcount``), exact as well; one without them (an older statekit's,
+or restored from one, or a job with ``statekit.metrics.exact-entries=false``)
+records the engine's own count, an estimate (RocksDB's ``estimate-num-keys``
+counts stored records, not entries), and the checkpoint says
+``state_entries_exact=0``. The ordered engines' parts name no per-state
+bytes, so a checkpoint with any of them has no per-state numbers.
 
 :func:`log_checkpoint` writes one line per checkpoint at INFO on the
 ``statekit`` logger::
@@ -57,12 +60,13 @@ def metric_name(name: str) -> str:
 
 @dataclass(frozen=True)
 class StateSize:
-    """One state's size in a checkpoint, summed over its subtasks (exact: canonical snapshots)."""
+    """One state's size in a checkpoint, summed over its subtasks (exact)."""
 
     entries: int
     """(key, namespace) entries; a map state's entry is a key's whole map, a list's its whole list."""
     bytes: int
-    """Bytes of the state's serialized keys, namespaces and values in the canonical format."""
+    """Bytes of the state's serialized keys, namespaces and values in the canonical format: in the
+    snapshot, or for the heap's native one in every file a restore reads (its base and deltas)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,8 @@ class CheckpointStats:
             files, a native snapshot's new uploads, operator state.
         bytes_referenced: Bytes of native files this checkpoint references from earlier
             ones instead of uploading them again (0 for canonical snapshots).
-        states: Per state, when every subtask's snapshot is canonical (else empty).
+        states: Per state, when every subtask's snapshot names them: canonical ones and the
+            heap's native base and deltas (else empty: RocksDB's and LMDB's native ones).
     """
 
     checkpoint_id: int
@@ -160,7 +165,14 @@ def checkpoint_stats(checkpoint_id: int, states: Iterable[SubtaskState]) -> Chec
             uploaded = int(k.get("uploaded", size))
             written += uploaded
             referenced += size - uploaded
-            per_state_known = False
+            named = _native_states(k)
+            if named is None:
+                per_state_known = False
+            else:
+                for name, n in named[0].items():
+                    per_entries[name] = per_entries.get(name, 0) + int(n)
+                for name, n in named[1].items():
+                    per_bytes[name] = per_bytes.get(name, 0) + int(n)
     per_state = (
         {n: StateSize(per_entries[n], per_bytes.get(n, 0)) for n in sorted(per_entries)}
         if per_state_known
@@ -176,6 +188,23 @@ def checkpoint_stats(checkpoint_id: int, states: Iterable[SubtaskState]) -> Chec
         bytes_referenced=referenced,
         states=per_state,
     )
+
+
+def _native_states(keyed: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+    """A native part's entries and bytes per state, where its format records both; None: it does not.
+
+    The heap's base and deltas (``state/_delta.py``) record each state's exact entries at the
+    checkpoint and its bytes in the files a restore reads (the base's and every delta's); the
+    ordered engines' snapshots count entries per state and key group but name no bytes.
+    """
+    native = keyed.get("native")
+    meta = native.get("meta") if isinstance(native, Mapping) else None
+    if not isinstance(meta, Mapping):
+        return None
+    entries, sizes = meta.get("state_entries"), meta.get("state_sizes")
+    if isinstance(entries, Mapping) and isinstance(sizes, Mapping):
+        return entries, sizes
+    return None
 
 
 def _counted_entries(keyed: Mapping[str, Any]) -> int | None:
