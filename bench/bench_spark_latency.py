@@ -381,7 +381,7 @@ def print_statekit_breakdown(results: dict[str, Result]) -> None:
     for p in DRIVER_PHASES:
         note = {
             "prepare": "latest checkpoint, fence, plan, routing DataFrame, broadcast",
-            "tasks": "Spark job(s): scan, route/shuffle, Python tasks, snapshots; on classic Spark the sink's",
+            "tasks": "Spark job(s): scan, route, Python tasks, snapshots; on classic Spark the sink's",
             "sink": "the sink's action on the cached output, when it did not run the tasks (Connect)",
             "checkpoint": "completing the statekit checkpoint (metadata)",
             "retention": "deleting old checkpoints",

@@ -77,9 +77,10 @@ class BatchInfo:
         phases: Where the batch's time went, in seconds. On the driver (wall
             time): ``prepare`` (the checkpoint to start from, the plan),
             ``tasks`` (the Spark job that scans, routes and processes every
-            row and writes the snapshots; on classic Spark with a sink, the
-            sink's job that runs them, and then there is no ``sink``),
-            ``sink``, ``checkpoint`` (completing it), ``retention``. Summed over the tasks: ``task_input`` (waiting
+            row and writes the snapshots; on classic Spark with a sink,
+            the sink's job that runs them, and then there is no
+            ``sink``), ``sink``, ``checkpoint`` (completing it),
+            ``retention``. Summed over the tasks: ``task_input`` (waiting
             for input rows: shuffle read and Arrow transfer), ``task_restore``
             (restoring the subtasks that did not reuse open state), ``task_convert``
             (Arrow to Python), ``task_records`` (the record loop: state access,
