@@ -17,7 +17,9 @@ match; a ``CheckpointPolicy`` holds what differs between the runners),
 function), ``_convert`` (a completed checkpoint turned into a
 self-contained canonical savepoint: ``savepoint convert`` and a running Spark
 query's savepoints), ``_history`` (every checkpoint attempt of a job, beyond
-retention), ``_savepoint_requests`` (savepoints asked of a running job), ``_honour``
+retention), ``_state_sizes`` (each state's entries and bytes as a subtask's entry
+records them, for every channel that shows them), ``_savepoint_requests``
+(savepoints asked of a running job), ``_honour``
 (a running job honouring them after a checkpoint, for both runners) and
 ``_raw`` (raw state files).
 

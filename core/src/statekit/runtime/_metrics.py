@@ -15,7 +15,9 @@ or restored from one, or a job with ``statekit.metrics.exact-entries=false``)
 records the engine's own count, an estimate (RocksDB's ``estimate-num-keys``
 counts stored records, not entries), and the checkpoint says
 ``state_entries_exact=0``. The ordered engines' parts name no per-state
-bytes, so a checkpoint with any of them has no per-state numbers.
+bytes, so a checkpoint with any of them has no per-state numbers. The
+per-state numbers are read as ``statekit state list`` and ``statekit
+checkpoints inspect`` read them (``checkpoints/_state_sizes``).
 
 :func:`log_checkpoint` writes one line per checkpoint at INFO on the
 ``statekit`` logger::
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..checkpoints._metadata import SubtaskState
+from ..checkpoints._state_sizes import StateSizes, part_state_sizes, summed_state_sizes
 from ..checkpoints._timing import CheckpointTiming
 from ..snapshots._snapshot import CANONICAL_FORMAT
 from ..state._kvcount import ENTRY_COUNTS
@@ -137,9 +140,8 @@ class CheckpointInfo:
 def checkpoint_stats(checkpoint_id: int, states: Iterable[SubtaskState]) -> CheckpointStats:
     """The size of checkpoint ``checkpoint_id`` from its subtasks' metadata entries."""
     entries = state_bytes = op_bytes = written = referenced = 0
-    exact = per_state_known = True
-    per_entries: dict[str, int] = {}
-    per_bytes: dict[str, int] = {}
+    exact = True
+    parts: list[StateSizes] = []
     for st in states:
         op = st.operator or {}
         op_bytes += int(op.get("size", 0))
@@ -149,12 +151,9 @@ def checkpoint_stats(checkpoint_id: int, states: Iterable[SubtaskState]) -> Chec
         entries += int(k.get("entries", 0))
         size = int(k.get("size", 0))
         state_bytes += size
+        parts.append(part_state_sizes(k))
         if k.get("format", CANONICAL_FORMAT) == CANONICAL_FORMAT and "state_entries" in k:
             written += size
-            for name, n in k["state_entries"].items():
-                per_entries[name] = per_entries.get(name, 0) + int(n)
-            for name, n in (k.get("state_sizes") or {}).items():
-                per_bytes[name] = per_bytes.get(name, 0) + int(n)
         else:
             # A native snapshot (or a canonical one from before per-state counts): its own total,
             # exact when the backend counted (key, namespace) entries on write (state/_kvcount).
@@ -165,17 +164,10 @@ def checkpoint_stats(checkpoint_id: int, states: Iterable[SubtaskState]) -> Chec
             uploaded = int(k.get("uploaded", size))
             written += uploaded
             referenced += size - uploaded
-            named = _native_states(k)
-            if named is None:
-                per_state_known = False
-            else:
-                for name, n in named[0].items():
-                    per_entries[name] = per_entries.get(name, 0) + int(n)
-                for name, n in named[1].items():
-                    per_bytes[name] = per_bytes.get(name, 0) + int(n)
+    named = summed_state_sizes(parts)
     per_state = (
-        {n: StateSize(per_entries[n], per_bytes.get(n, 0)) for n in sorted(per_entries)}
-        if per_state_known
+        {n: StateSize(named.entries[n], named.bytes.get(n, 0)) for n in sorted(named.entries)}
+        if named.entries is not None and named.bytes is not None
         else {}
     )
     return CheckpointStats(
@@ -188,23 +180,6 @@ def checkpoint_stats(checkpoint_id: int, states: Iterable[SubtaskState]) -> Chec
         bytes_referenced=referenced,
         states=per_state,
     )
-
-
-def _native_states(keyed: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
-    """A native part's entries and bytes per state, where its format records both; None: it does not.
-
-    The heap's base and deltas (``state/_delta.py``) record each state's exact entries at the
-    checkpoint and its bytes in the files a restore reads (the base's and every delta's); the
-    ordered engines' snapshots count entries per state and key group but name no bytes.
-    """
-    native = keyed.get("native")
-    meta = native.get("meta") if isinstance(native, Mapping) else None
-    if not isinstance(meta, Mapping):
-        return None
-    entries, sizes = meta.get("state_entries"), meta.get("state_sizes")
-    if isinstance(entries, Mapping) and isinstance(sizes, Mapping):
-        return entries, sizes
-    return None
 
 
 def _counted_entries(keyed: Mapping[str, Any]) -> int | None:
