@@ -8,12 +8,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from statekit import (
+    CheckpointInfo,
     KeyedBatchFunction,
     KeyedProcessFunction,
     ListStateDescriptor,
     LocalRunner,
     MapStateDescriptor,
     ProcessContext,
+    RecordSource,
     ReducingStateDescriptor,
     RuntimeContext,
     ValueStateDescriptor,
@@ -82,6 +84,31 @@ def count_urls_runner(checkpoints_dir: str, conf: Mapping[str, Any] | None = Non
     if config.get("statekit.backend", "heap") == "heap":
         config.setdefault("statekit.checkpoint.format", "canonical")
     return LocalRunner(CountUrls, key_selector=lambda r: r["url"], config=config)
+
+
+def default_checkpoints(checkpoints_dir: str, backend: str = "heap") -> list[CheckpointInfo]:
+    """Two checkpoints of :class:`CountUrls` on ``backend`` with its defaults, as the metrics report them.
+
+    Nothing but the directory, the parallelism (2) and the retention (both kept) is set: the heap
+    backend writes its own checkpoints, a base and deltas. chk-1 holds 600 records, chk-2 a few
+    more of one URL, so that the heap's chk-2 is a delta on chk-1's base.
+    """
+    config: dict[str, Any] = {
+        "statekit.checkpoints.dir": checkpoints_dir,
+        "statekit.parallelism": 2,
+        "statekit.checkpoints.retained": 2,
+        "statekit.backend": backend,
+    }
+    runner = LocalRunner(CountUrls, key_selector=lambda r: r["url"], config=config)
+    infos: list[CheckpointInfo] = []
+    runner.on_checkpoint = infos.append
+    records = make_records(600, urls=30, seed=11)
+    src = RecordSource(records + [{**records[0], "bytes": i} for i in range(1, 6)])
+    runner.run(src, max_records=len(records))
+    runner.checkpoint()
+    runner.run(src)  # its end of input takes chk-2
+    runner.close()
+    return infos
 
 
 def make_records(n: int, *, urls: int = 50, seed: int = 7) -> list[dict[str, Any]]:

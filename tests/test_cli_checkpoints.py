@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs import CountUrls, make_records, model_state, state_of_runner
+from jobs import CountUrls, default_checkpoints, make_records, model_state, state_of_runner
 from statekit import LocalRunner, RecordSource
 from statekit.cli._cli import main
 
@@ -494,3 +494,60 @@ def test_canonical_entries_are_counts_and_all_bytes_are_written(
     }
     assert main(["checkpoints", "list", str(ckpt)]) == 0
     assert "(estimate)" not in capsys.readouterr().out
+
+
+def states_of(out: str) -> dict[str, dict[str, str]]:
+    """``inspect``'s table of states (piped: tab-separated), by ``operator/state``."""
+    return {row["operator/state"]: row for row in tsv(out.split("\n\n")[1])}
+
+
+def test_inspect_shows_each_state_of_the_heaps_own_checkpoints_as_the_metrics_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The defect: the heap's base and deltas (its default checkpoints) record each state's entries and
+    # bytes, which the metrics showed; `inspect` showed none (its JSON an empty state_bytes).
+    infos = default_checkpoints(str(tmp_path / "ckpt"))
+    for info in infos:
+        metrics = {f"process/{n}": (z.entries, z.bytes) for n, z in info.stats.states.items()}
+        assert len(metrics) == 3 and all(b > 0 for _, b in metrics.values())
+        code, out, err = run_cli(capsys, "checkpoints", "inspect", info.location, "--json")
+        assert code == 0, err
+        got = json.loads(out)
+        assert {n: (s["entries"], s["bytes"]) for n, s in got["states"].items()} == metrics
+        subtasks = [s for s in got["subtasks"] if s["operator"] == "process"]
+        assert {s["format"] for s in subtasks} == {"heap-delta-1"}
+        for n, (entries, size) in metrics.items():
+            name = n.removeprefix("process/")
+            assert sum(s["state_entries"][name] for s in subtasks) == entries
+            assert sum(s["state_bytes"][name] for s in subtasks) == size
+        code, out, err = run_cli(capsys, "checkpoints", "inspect", info.location)
+        assert code == 0 and "not recorded" not in out + err
+        rows = states_of(out)
+        assert {n: (rows[n]["entries"], rows[n]["bytes"]) for n in metrics} == {
+            n: (f"{e:,}", f"{b:,}") for n, (e, b) in metrics.items()
+        }
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "lmdb"])
+def test_inspect_says_not_recorded_where_native_snapshots_name_no_per_state_sizes(
+    backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip(f"statekit_{backend}")
+    info = default_checkpoints(str(tmp_path / "ckpt"), backend)[-1]
+    assert info.stats.states == {}  # the metrics have none either
+    code, out, err = run_cli(capsys, "checkpoints", "inspect", info.location, "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    assert {(s["entries"], s["bytes"]) for s in got["states"].values()} == {(None, None)}
+    process = [s for s in got["subtasks"] if s["operator"] == "process"]
+    assert {(s["state_entries"], s["state_bytes"]) for s in process} == {(None, None)}
+    (source,) = (s for s in got["subtasks"] if s["operator"] == "__source__")
+    assert (source["state_entries"], source["state_bytes"]) == ({}, {})  # no keyed state: none
+    (fmt,) = {s["format"] for s in process}
+    code, out, err = run_cli(capsys, "checkpoints", "inspect", info.location)
+    assert code == 0, err
+    assert {(r["entries"], r["bytes"]) for r in states_of(out).values()} == {("not recorded", "not recorded")}
+    assert (
+        f"  per state         operator process: entries and bytes per state are not recorded in {fmt} "
+        "snapshots; a savepoint of the checkpoint records them (statekit savepoint convert)\n"
+    ) in out

@@ -17,8 +17,9 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 from rich.console import Console
 
-from jobs import count_urls_runner, expected_counts, make_records, model_state
+from jobs import count_urls_runner, default_checkpoints, expected_counts, make_records, model_state
 from statekit import (
+    CheckpointInfo,
     EventTime,
     KeyedProcessFunction,
     LocalRunner,
@@ -30,6 +31,7 @@ from statekit import (
 from statekit.backend_api import key_group_for_bytes
 from statekit.cli._cli import CommandContext, build_parser, main
 from statekit.serialization._serializers import StrSerializer
+from statekit.state_processor import SavepointReader
 
 RECORDS = make_records(1200, urls=40, seed=3)
 FIRST = 500  # chk-1 holds these records, chk-2 all of them
@@ -158,7 +160,15 @@ def test_list_table(sp: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
         "bytes",
         "format",
     ]
-    assert tables[1].split("\n")[0].split("\t") == ["operator", "state", "kind", "type", "TTL", "bytes"]
+    assert tables[1].split("\n")[0].split("\t") == [
+        "operator",
+        "state",
+        "kind",
+        "type",
+        "TTL",
+        "entries",
+        "bytes",
+    ]
     for text in (
         "last_methods",
         "list<str>",
@@ -168,6 +178,84 @@ def test_list_table(sp: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
         "rules",
     ):
         assert text in out
+
+
+def states_table(out: str) -> dict[str, dict[str, str]]:
+    """``list``'s second table (piped: tab-separated), by state name."""
+    header, *rows = out.split("\n\n")[1].splitlines()
+    cells = [dict(zip(header.split("\t"), row.split("\t"), strict=True)) for row in rows]
+    return {c["state"]: c for c in cells}
+
+
+@pytest.fixture(scope="module")
+def heap_native(tmp_path_factory: pytest.TempPathFactory) -> list[CheckpointInfo]:
+    """The heap backend's default checkpoints (a base, then a delta), with the metrics of each."""
+    return default_checkpoints(str(tmp_path_factory.mktemp("heap-native") / "ckpt"))
+
+
+def test_list_shows_each_state_of_the_heaps_own_checkpoints_as_the_metrics_do(
+    heap_native: list[CheckpointInfo], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The defect: the heap's base and deltas (its default checkpoints) record each state's entries and
+    # bytes, which the metrics showed, while `state list` read only a canonical file's and showed 0 bytes.
+    monkeypatch.setenv("COLUMNS", "200")
+    with SavepointReader.open(heap_native[-1].location) as reader:
+        chains = [
+            st.keyed["native"]["meta"]["chain"] for st in reader.checkpoint.metadata.operators["process"]
+        ]
+    assert any(chain[-1]["kind"] == "delta" for chain in chains)  # chk-2 is a delta on chk-1's base
+    for info in heap_native:
+        metrics = {n: (z.entries, z.bytes) for n, z in info.stats.states.items()}
+        assert set(metrics) == {"count", "last_methods", "bytes"} and all(b > 0 for _, b in metrics.values())
+        (process,) = (o for o in run_json(capsys, "list", info.location)["operators"] if o["id"] == "process")
+        assert process["formats"] == ["heap-delta-1"]
+        assert {s["name"]: (s["entries"], s["bytes"]) for s in process["states"]} == metrics
+        with SavepointReader.open(info.location) as reader:
+            (op,) = (o for o in reader.operators() if o.id == "process")
+            assert {s.name: (s.entries, s.bytes) for s in op.states} == metrics
+            assert reader.read_table("process", "count").num_rows == metrics["count"][0]  # a row per key
+        code, out, err = run(capsys, "list", info.location)
+        assert code == 0 and "not recorded" not in out + err
+        rows = states_table(out)
+        assert {n: (rows[n]["entries"], rows[n]["bytes"]) for n in metrics} == {
+            n: (f"{e:,}", f"{b:,}") for n, (e, b) in metrics.items()
+        }
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "lmdb"])
+def test_list_says_not_recorded_where_native_snapshots_name_no_per_state_sizes(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # RocksDB's and LMDB's native snapshots name no per-state bytes: `list` showed 0 as if measured.
+    pytest.importorskip(f"statekit_{backend}")
+    monkeypatch.setenv("COLUMNS", "200")
+    info = default_checkpoints(str(tmp_path / "ckpt"), backend)[-1]
+    assert info.stats.states == {}  # the metrics have none either
+    (process,) = (o for o in run_json(capsys, "list", info.location)["operators"] if o["id"] == "process")
+    assert [(s["entries"], s["bytes"]) for s in process["states"]] == [(None, None)] * 3
+    with SavepointReader.open(info.location) as reader:
+        (op,) = (o for o in reader.operators() if o.id == "process")
+        assert {(s.entries, s.bytes) for s in op.states} == {(None, None)}
+        fmt = op.formats[0]
+    code, out, err = run(capsys, "list", info.location)
+    assert code == 0
+    rows = states_table(out)
+    assert {(rows[n]["entries"], rows[n]["bytes"]) for n in ("count", "last_methods", "bytes")} == {
+        ("not recorded", "not recorded")
+    }
+    assert (rows["rules"]["entries"], rows["rules"]["bytes"]) == ("-", "-")  # operator state: none
+    assert (
+        f"operator process: entries and bytes per state are not recorded in {fmt} snapshots; "
+        "a savepoint of the checkpoint records them (statekit savepoint convert)"
+    ) in err
+    # The way out the note names: a savepoint of the checkpoint records them.
+    assert main(["savepoint", "convert", info.location, "--target", str(tmp_path / "sp")]) == 0
+    (sp_location,) = (tmp_path / "sp").glob("savepoint-*")
+    capsys.readouterr()
+    (process,) = (o for o in run_json(capsys, "list", str(sp_location))["operators"] if o["id"] == "process")
+    sizes = {s["name"]: (s["entries"], s["bytes"]) for s in process["states"]}
+    assert all(e is not None and e > 0 and b is not None and b > 0 for e, b in sizes.values())
+    assert sizes["count"][0] == process["entries"] // 3
 
 
 # --- show ----------------------------------------------------------------------------------

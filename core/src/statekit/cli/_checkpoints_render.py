@@ -15,7 +15,7 @@ from ..checkpoints._verify import CheckpointProblem
 from ..serialization._evolution import describe_schema
 from ..state._migration import schema_history
 from ._checkpoints_report import COMPLETE, UNREADABLE
-from ._cli import Cell, CommandContext, print_table, printable
+from ._cli import Cell, CommandContext, count_cell, not_recorded_note, print_table, printable
 
 __all__ = [
     "LIST_COLUMNS",
@@ -142,6 +142,15 @@ def print_inspection(
             "the engine's estimate (RocksDB counts a key once per SST file holding a version of it, LMDB "
             "each list element and map entry; statekit.metrics.exact-entries=true counts exactly)",
         )
+    for op in dict.fromkeys(s["operator"] for s in subtasks):
+        unknown = [
+            n
+            for n in ("entries", "bytes")
+            if any(s[f"state_{n}"] is None for s in subtasks if s["operator"] == op)
+        ]
+        if unknown:
+            formats = sorted({str(s["format"]) for s in subtasks if s["operator"] == op and s["format"]})
+            line("per state", not_recorded_note(f"operator {op}", unknown, formats))
     if meta.properties:
         line("properties", json.dumps(meta.properties))
     if problems:
@@ -192,12 +201,12 @@ def _print_subtasks(c: Console, subtasks: list[dict[str, Any]]) -> None:
 
 
 def _print_states(c: Console, states: dict[str, dict[str, Any]]) -> None:
-    """The states with their current schema; the migrated ones then with every version."""
+    """The states with their current schema and sizes; the migrated ones then with every version."""
     if not c.is_terminal:
         c.file.write("\n")  # two tab-separated tables: a blank line between them
     print_table(
         c,
-        ("operator/state", "kind", "schema", "version", "TTL"),
+        ("operator/state", "kind", "schema", "version", "TTL", "entries", "bytes"),
         [
             (
                 name,
@@ -205,6 +214,8 @@ def _print_states(c: Console, states: dict[str, dict[str, Any]]) -> None:
                 describe_schema(s.get("serializer") or {}),
                 str(schema_history(s)[-1].version),
                 ttl_cell(s.get("ttl")),
+                count_cell(s["entries"]),
+                count_cell(s["bytes"]),
             )
             for name, s in states.items()
         ],

@@ -42,6 +42,7 @@ from rich.text import Text
 
 from .._errors import ConfigurationError, StateError
 from ..plugins._registry import PluginRegistry, RegisteredPlugin, default_registry
+from ..snapshots._snapshot import CANONICAL_FORMAT
 
 __all__ = [
     "EXIT_BROKEN_PIPE",
@@ -49,12 +50,15 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_PROBLEM",
+    "NOT_RECORDED",
     "Cell",
     "CommandContext",
     "build_parser",
     "command",
+    "count_cell",
     "full_location",
     "main",
+    "not_recorded_note",
     "print_table",
     "printable",
     "unavailable_command",
@@ -122,6 +126,32 @@ def _cell_text(cell: Cell, separator: str) -> str:
     if isinstance(cell, str):
         return printable(cell)
     return separator.join(printable(line) for line in cell)
+
+
+#: A table's cell for a number the checkpoint does not record (``--json`` has null), never a 0,
+#: which would read as a measurement: RocksDB's and LMDB's native snapshots name no per-state sizes.
+NOT_RECORDED = "not recorded"
+
+
+def count_cell(n: int | None) -> str:
+    """``1,234``, or :data:`NOT_RECORDED` for a number the checkpoint does not record (None)."""
+    return NOT_RECORDED if n is None else f"{n:,}"
+
+
+def not_recorded_note(subject: str, numbers: Sequence[str], formats: Sequence[str]) -> str:
+    """The line under a table with :data:`NOT_RECORDED` cells: which numbers, where, and the way to them.
+
+    ``numbers`` are "entries" and/or "bytes", ``formats`` the snapshot formats of ``subject``.
+    A savepoint records them: ``savepoint convert`` writes native snapshots canonically, but copies
+    a canonical one as it is (one written before per-state counts records bytes only).
+    """
+    where = ", ".join(formats) or "its"
+    way_out = (
+        "a canonical one written by an older statekit records none"
+        if CANONICAL_FORMAT in formats
+        else "a savepoint of the checkpoint records them (statekit savepoint convert)"
+    )
+    return f"{subject}: {' and '.join(numbers)} per state are {NOT_RECORDED} in {where} snapshots; {way_out}"
 
 
 #: A word longer than this folds inside a drawn table (a path); shorter ones are never broken.

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._errors import CheckpointNotFoundError
 from ..checkpoints._locations import parent_location
 from ..checkpoints._metadata import CheckpointMetadata
 from ..checkpoints._restore import load_checkpoint
+from ..checkpoints._state_sizes import StateSizes, part_state_sizes, summed_state_sizes
 from ..checkpoints._verify import CRC_ONLY, verify_loaded
 from ._checkpoints_find import jobs_under, storage_for, verify_targets
 from ._checkpoints_render import LIST_COLUMNS, list_cells, plural, print_inspection, working
@@ -146,13 +147,26 @@ def _inspect(args: argparse.Namespace, ctx: CommandContext) -> int:
 def _states_and_subtasks(
     meta: CheckpointMetadata,
 ) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
-    """What ``inspect`` shows of each state (by ``operator/state``) and of each subtask."""
+    """What ``inspect`` shows of each state (by ``operator/state``) and of each subtask.
+
+    A state's ``entries`` and ``bytes`` (and a subtask's ``state_entries`` and ``state_bytes``) are
+    read as the metrics read them; None where the snapshots do not record them (RocksDB's and
+    LMDB's native ones), never 0.
+    """
     states: dict[str, dict[str, Any]] = {}
     subtasks = []
     for op, sts in meta.operators.items():
-        for st in sts:
+        # A subtask without keyed state records that it has none: {} (and counts for no state).
+        parts = [part_state_sizes(st.keyed) if st.keyed else StateSizes({}, {}) for st in sts]
+        sizes = summed_state_sizes(parts)
+        for st, part in zip(sts, parts, strict=True):
             for s in st.states:
-                states.setdefault(f"{op}/{s['name']}", s)
+                if f"{op}/{s['name']}" not in states:
+                    states[f"{op}/{s['name']}"] = {
+                        **s,
+                        "entries": None if sizes.entries is None else sizes.entries.get(s["name"], 0),
+                        "bytes": None if sizes.bytes is None else sizes.bytes.get(s["name"], 0),
+                    }
             k = st.keyed or {}
             uploaded = uploaded_bytes(k)
             subtasks.append(
@@ -169,13 +183,18 @@ def _states_and_subtasks(
                     "referenced_bytes": None if uploaded is None else int(k.get("size", 0)) - uploaded,
                     "format": k.get("format"),
                     "backend": k.get("backend"),
-                    "state_bytes": k.get("state_sizes", {}),
+                    "state_entries": _plain(part.entries),
+                    "state_bytes": _plain(part.bytes),
                     "handle": k.get("handle", {}).get("type"),
                     "operator_state_bytes": int((st.operator or {}).get("size", 0)),
                     **raw_sizes(st.raw),
                 }
             )
     return states, subtasks
+
+
+def _plain(counts: Mapping[str, int] | None) -> dict[str, int] | None:
+    return None if counts is None else dict(counts)
 
 
 def _verify(args: argparse.Namespace, ctx: CommandContext) -> int:

@@ -286,13 +286,15 @@ def _operator_summary(info: OperatorInfo) -> dict[str, Any]:
                     None if s.namespace_serializer is None else describe_serializer(s.namespace_serializer)
                 ),
                 "ttl": s.ttl,
+                # None (null): the snapshots do not record it (RocksDB's, LMDB's native ones), never 0.
+                "entries": s.entries,
                 "bytes": s.bytes,
             }
             for s in info.states
             if s.timer_domain is None
         ],
         "timers": [
-            {"domain": s.timer_domain, "state": s.name, "bytes": s.bytes}
+            {"domain": s.timer_domain, "state": s.name, "entries": s.entries, "bytes": s.bytes}
             for s in info.states
             if s.timer_domain is not None
         ],

@@ -9,7 +9,7 @@ from typing import Any
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ._cli import Cell, CommandContext, print_table
+from ._cli import Cell, CommandContext, count_cell, not_recorded_note, print_table
 from ._state_json import dumps
 
 __all__ = ["Progressed", "cell", "print_list", "progress_bar", "rows_text"]
@@ -81,11 +81,21 @@ def print_list(ctx: CommandContext, summary: dict[str, Any]) -> None:
                 s["type"] if s["namespace_type"] is None else f"{s['type']} (namespace {s['namespace_type']})"
             )
             ttl_text = "-" if not ttl else f"{ttl['ttl_ms']} ms, {ttl['update_type']}"
-            state_rows.append((o["id"], s["name"], s["kind"], typ, ttl_text, f"{s['bytes']:,}"))
+            state_rows.append((o["id"], s["name"], s["kind"], typ, ttl_text, *_sizes(s)))
         for t in o["timers"]:
-            state_rows.append((o["id"], t["state"], "timers", t["domain"], "-", f"{t['bytes']:,}"))
+            state_rows.append((o["id"], t["state"], "timers", t["domain"], "-", *_sizes(t)))
         for name in o["operator_states"]:
-            state_rows.append((o["id"], name, "operator state", "-", "-", "-"))
+            state_rows.append((o["id"], name, "operator state", "-", "-", "-", "-"))
     if not c.is_terminal:
         c.file.write("\n")  # two tab-separated tables: a blank line between them
-    print_table(c, ("operator", "state", "kind", "type", "TTL", "bytes"), state_rows)
+    print_table(c, ("operator", "state", "kind", "type", "TTL", "entries", "bytes"), state_rows)
+    for o in operators:
+        keyed = [*o["states"], *o["timers"]]
+        unknown = [n for n in ("entries", "bytes") if any(s[n] is None for s in keyed)]
+        if unknown:
+            ctx.note(not_recorded_note(f"operator {o['id']}", unknown, o["formats"]))
+
+
+def _sizes(state: dict[str, Any]) -> tuple[str, str]:
+    """A state's entries and bytes cells: ``not recorded`` where the snapshots name none."""
+    return count_cell(state["entries"]), count_cell(state["bytes"])

@@ -26,14 +26,20 @@ class StateInfo:
     namespace_serializer: dict[str, Any] | None
     ttl: dict[str, Any] | None
     """``{"ttl_ms", "update_type", "visibility"}``, or None."""
-    bytes: int
-    """Bytes of its sections in canonical files (0 where unknown: native snapshots)."""
+    bytes: int | None
+    """Bytes of its serialized keys, namespaces and values: in a canonical snapshot, its sections';
+    in the heap's native one (a base and deltas), those in every file a restore reads. None: the
+    snapshot does not record them (RocksDB's and LMDB's native ones)."""
     timer_domain: str | None = None
     """For the internal state holding timers: its time domain."""
     schema_version: int = 1
     """The schema version the job declared (``version=`` of the descriptor)."""
     lineage: tuple[dict[str, Any], ...] = ()
     """The former schemas, oldest first, as the snapshot records them (see :attr:`history`)."""
+    entries: int | None = None
+    """Its (key, namespace) entries (a list's or map's whole list or map is one), summed over the
+    subtasks, as the metrics' ``state.<name>.entries``. None: the snapshot does not record them
+    (RocksDB's and LMDB's native ones, a canonical one written before per-state counts)."""
 
     @property
     def type_name(self) -> str:

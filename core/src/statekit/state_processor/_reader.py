@@ -23,6 +23,7 @@ from ..checkpoints._history import CheckpointAttempt, read_checkpoint_history
 from ..checkpoints._locations import filesystem_storage, parent_location
 from ..checkpoints._metadata import SubtaskState
 from ..checkpoints._restore import CompletedCheckpoint, load_checkpoint
+from ..checkpoints._state_sizes import part_state_sizes, summed_state_sizes
 from ..plugins._registry import PluginRegistry
 from ..serialization._keygroups import key_group_for_bytes
 from ..serialization._serializers import TypeSerializer
@@ -256,14 +257,12 @@ class SavepointReader(BlockReading):
 
     def _states(self, op: str, sts: Sequence[SubtaskState]) -> Iterator[StateInfo]:
         seen: dict[str, dict[str, Any]] = {}
-        sizes: dict[str, int] = {}
         key_ser: dict[str, Any] = {}
         for st in sts:
             for meta in st.states:
                 seen.setdefault(str(meta["name"]), meta)
-            k = st.keyed or {}
-            for name, n in (k.get("state_sizes") or {}).items():
-                sizes[name] = sizes.get(name, 0) + int(n)
+        # As the metrics read them: None where a part does not record them (RocksDB's, LMDB's native).
+        sizes = summed_state_sizes(part_state_sizes(st.keyed) for st in sts if st.keyed)
         domains = {name: str(d) for d, name in TIMER_STATE_NAMES.items()}
         if seen and not key_ser:
             key_ser = self._key_serializer(op)
@@ -276,7 +275,8 @@ class SavepointReader(BlockReading):
                 key_serializer=key_ser,
                 namespace_serializer=meta.get("namespace_serializer"),
                 ttl=meta.get("ttl"),
-                bytes=sizes.get(name, 0),
+                bytes=None if sizes.bytes is None else sizes.bytes.get(name, 0),
+                entries=None if sizes.entries is None else sizes.entries.get(name, 0),
                 timer_domain=domains.get(name),
                 schema_version=version_of(meta),
                 lineage=lineage_of(meta),
