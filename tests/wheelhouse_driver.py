@@ -29,8 +29,7 @@ def main() -> None:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     import pyspark
-    from cluster import standalone_cluster
-    from pyspark.sql import SparkSession
+    from cluster import cluster_app_builder, standalone_cluster
     from sparkutil import OUTPUT, restored_state, run_to_end, stream_of, write_inputs
 
     import statekit
@@ -47,19 +46,7 @@ def main() -> None:
     }
     with standalone_cluster(work / "cluster", workers=2) as cluster:
         session = (
-            SparkSession.builder.master(cluster.master_url)
-            .appName("statekit-wheelhouse")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.executor.memory", "512m")
-            .config("spark.executor.cores", "1")
-            .config("spark.cores.max", "2")
-            .config("spark.pyspark.python", sys.executable)
-            .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-            .config("spark.executor.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+            cluster_app_builder(cluster.master_url, "statekit-wheelhouse")
             .config("spark.statekit.backend", "rocksdb")
             .config("spark.statekit.parallelism", "2")
             .config("spark.statekit.checkpoints.dir", str(work / "checkpoints"))

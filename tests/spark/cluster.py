@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sparkutil import driver_env
+
+#: The JVM options of the tests' short-lived drivers and executors: start fast rather than run fast.
+FAST_START_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def free_port() -> int:
@@ -91,3 +96,29 @@ def standalone_cluster(directory: Path, workers: int = 2) -> Iterator[Cluster]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def cluster_app_builder(master: str, app: str) -> Any:
+    """A ``SparkSession`` builder of an application on a standalone cluster the tests started.
+
+    The driver listens on 127.0.0.1 only (its UI off unless the caller turns it on), the
+    executors are small (512m, one core each, two cores in all, two shuffle partitions), both
+    run this Python and start fast. Callers add their own settings to it.
+    """
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.executor.memory", "512m")
+        .config("spark.executor.cores", "1")
+        .config("spark.cores.max", "2")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.driver.extraJavaOptions", FAST_START_JVM)
+        .config("spark.executor.extraJavaOptions", FAST_START_JVM)
+    )

@@ -144,28 +144,16 @@ def main() -> int:  # noqa: C901, PLR0915 - one walk, in the order an operator t
         assert rc == 0, err
         print(out.strip())
 
-    from cluster import standalone_cluster
+    from cluster import cluster_app_builder, standalone_cluster
 
     generate(1)
     with standalone_cluster(work / "cluster") as cluster:
-        from pyspark.sql import SparkSession
         from pyspark.sql.streaming import StreamingQueryListener
 
         spark = (
-            SparkSession.builder.master(cluster.master_url)
-            .appName("statekit-operators-session")
+            cluster_app_builder(cluster.master_url, "statekit-operators-session")
             .config("spark.ui.enabled", "true")
             .config("spark.ui.port", "0")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.executor.memory", "512m")
-            .config("spark.executor.cores", "1")
-            .config("spark.cores.max", "2")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.pyspark.python", sys.executable)
-            .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-            .config("spark.executor.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
             # docs/spark.md, "The metrics system", as written
             .config("spark.ui.prometheus.enabled", "true")
             .config(

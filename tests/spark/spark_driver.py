@@ -55,24 +55,9 @@ def main() -> None:
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession
+    from cluster import cluster_app_builder
 
-    builder = (
-        SparkSession.builder.master(args.master)
-        .appName("statekit-test-driver")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.executor.memory", "512m")
-        .config("spark.executor.cores", "1")
-        .config("spark.cores.max", "2")
-        .config("spark.pyspark.python", sys.executable)
-        # Short-lived JVMs: start fast rather than run fast.
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-        .config("spark.executor.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-    )
+    builder = cluster_app_builder(args.master, "statekit-test-driver")
     builder = builder.config("spark.statekit.backend", args.backend)
     builder = builder.config("spark.statekit.checkpoints.retained", str(args.retained))
     if args.checkpoints_dir:
