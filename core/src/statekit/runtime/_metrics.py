@@ -184,11 +184,11 @@ def checkpoint_stats(checkpoint_id: int, states: Iterable[SubtaskState]) -> Chec
 
 def _counted_entries(keyed: Mapping[str, Any]) -> int | None:
     """A native part's exact entries, from the counts its backend kept on write; None: none recorded."""
+    per_state = part_state_sizes(keyed).entries
+    if per_state is not None:  # a backend that knows each state's entries (heap's deltas)
+        return sum(per_state.values())
     native = keyed.get("native")
     meta = native.get("meta") if isinstance(native, Mapping) else None
-    per_state = meta.get("state_entries") if isinstance(meta, Mapping) else None
-    if isinstance(per_state, Mapping):  # a backend that knows each state's entries (heap's deltas)
-        return sum(int(n) for n in per_state.values())
     counts = meta.get(ENTRY_COUNTS) if isinstance(meta, Mapping) else None
     if not isinstance(counts, Mapping) or meta.get("entries_estimated"):  # type: ignore[union-attr]
         return None
