@@ -9,6 +9,9 @@ the same directory:
   :mod:`statekit.spark`, heap backend, filesystem checkpoints;
 - statekit vectorized: the same with ``CountPerUrlVectorized`` (a
   ``KeyedBatchFunction``: one call per URL and micro-batch);
+- statekit columns: the same with ``CountPerUrlColumns`` (a
+  ``KeyedColumnsFunction``: one call per micro-batch and subtask, the counts
+  in one ``update_batch``);
 - the streaming floor: the same stream, micro-batches and sink without any
   state (each row becomes ``(url, 1)``), what every streaming query pays here;
 - ``applyInPandasWithState`` with a counting function (Spark's default HDFS
@@ -166,16 +169,18 @@ def run_statekit(
     work: str,
     files_per_trigger: int,
     infos: list[Any] | None = None,
-    vectorized: bool = False,
+    form: str = "statekit",
     backend: str = "heap",
     exact_entries: bool = True,
 ) -> Outcome:
-    """statekit's CountPerUrl (or CountPerUrlVectorized) on statekit.spark, filesystem checkpoints.
+    """statekit's CountPerUrl (``form`` vectorized: CountPerUrlVectorized, columns: CountPerUrlColumns).
+
+    On statekit.spark, filesystem checkpoints.
 
     ``backend`` (heap) and ``exact_entries`` (``spark.statekit.metrics.exact-entries``) are the job's.
     """
     from statekit.spark import keyed
-    from statekit_urlcount import CountPerUrl, CountPerUrlVectorized
+    from statekit_urlcount import CountPerUrl, CountPerUrlColumns, CountPerUrlVectorized
 
     spark.conf.set("spark.statekit.backend", backend)
     spark.conf.set("spark.statekit.metrics.exact-entries", str(exact_entries).lower())
@@ -183,7 +188,7 @@ def run_statekit(
     spark.conf.set("spark.statekit.checkpoints.dir", os.path.join(work, "statekit-checkpoints"))
     sink = CountingSink()
     stream = keyed(_stream(spark, logs, files_per_trigger), key="url", key_type=str).process(
-        CountPerUrlVectorized if vectorized else CountPerUrl,
+        {"vectorized": CountPerUrlVectorized, "columns": CountPerUrlColumns}.get(form, CountPerUrl),
         output_schema=OUTPUT_SCHEMA,
         job_id="bench-urlcount",
         on_batch=None if infos is None else infos.append,
@@ -468,6 +473,7 @@ HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvi
 LABELS = {
     "statekit": "statekit CountPerUrl (statekit.spark, heap backend)",
     "vectorized": "statekit CountPerUrlVectorized (KeyedBatchFunction, heap backend)",
+    "columns": "statekit CountPerUrlColumns (KeyedColumnsFunction, heap backend)",
     "floor": "Spark streaming without state: same micro-batches and sink (floor)",
     "apply": "applyInPandasWithState (HDFS state store)",
     "tws": "transformWithStateInPandas + ValueState (RocksDB state store)",
@@ -480,7 +486,7 @@ LABELS = {
 }
 #: The pair ``--entry-counts`` compares: what exact ``state_entries`` cost the per-record job.
 ENTRY_COUNT_JOBS = ("exact", "estimate")
-STATEKIT_JOBS = ("statekit", "vectorized", *ENTRY_COUNT_JOBS)
+STATEKIT_JOBS = ("statekit", "vectorized", "columns", *ENTRY_COUNT_JOBS)
 #: What ``--rounds`` compares statekit with, each in every round.
 FLOORS = ("keyfloor", "pyfloor", "native")
 
@@ -518,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="alternating rounds (every job once a round, the order reversed every other round); the "
         "medians and the ratios to keyfloor and native per round are reported. Default jobs with it: "
-        "keyfloor, pyfloor, native, statekit, vectorized",
+        "keyfloor, pyfloor, native, statekit, vectorized, columns",
     )
     ap.add_argument(
         "--entry-counts",
@@ -541,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     default: tuple[str, ...] = (
         (*FLOORS, *ENTRY_COUNT_JOBS)
         if args.entry_counts
-        else ("keyfloor", "pyfloor", "native", "statekit", "vectorized")
+        else ("keyfloor", "pyfloor", "native", "statekit", "vectorized", "columns")
         if args.rounds
         else tuple(n for n in LABELS if n not in ENTRY_COUNT_JOBS)
     )
@@ -581,8 +587,8 @@ def main(argv: list[str] | None = None) -> int:
         if name in STATEKIT_JOBS:
             record = infos.setdefault(name, []) if tag != "warmup" else None
             if name in ENTRY_COUNT_JOBS:
-                return run_statekit(spark, logs_dir, d, fpt, record, False, "rocksdb", name == "exact")
-            return run_statekit(spark, logs_dir, d, fpt, record, name == "vectorized")
+                return run_statekit(spark, logs_dir, d, fpt, record, "statekit", "rocksdb", name == "exact")
+            return run_statekit(spark, logs_dir, d, fpt, record, name)
         if name == "floor":
             return run_streaming_floor(spark, logs_dir, d, fpt)
         if name in ("keyfloor", "pyfloor"):
@@ -678,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
     for (name, shuffle), rate in rates.items():
         where = f" [shuffle partitions {shuffle}]" if name in ("apply", "tws", "stateless") else ""
         print(f"  {LABELS[name] + where:<88} {rate:>10,.0f} records/s")
-    for mine in ("statekit", "vectorized"):
+    for mine in ("statekit", "vectorized", "columns"):
         if (mine, partitions[0]) not in rates:
             continue
         sk = rates[(mine, partitions[0])]

@@ -8,7 +8,10 @@ cProfile: converting input rows, the record loop, state access, the user
 function, building output rows and Arrow batches, the snapshot.
 
     python bench/profile_spark_task.py [--records 100000] [--urls 100000] [--batches 3]
-        [--no-profile] [--vectorized] [--backend heap|rocksdb|lmdb|...]
+        [--no-profile] [--vectorized | --columns] [--backend heap|rocksdb|lmdb|...]
+
+``--vectorized`` runs ``CountPerUrlVectorized`` (a call per URL), ``--columns``
+``CountPerUrlColumns`` (a call per micro-batch and subtask).
 
 ``bench_count_cost.py --workload task`` runs this task path under callgrind
 (:func:`task_plans`, :func:`run_task`), entry counting on and off.
@@ -35,7 +38,7 @@ from statekit.serialization._serializers import StrSerializer
 from statekit.spark._plan import TaskPlan
 from statekit.spark._routing import MARKER_COLUMN, SUBTASK_COLUMN
 from statekit.spark._task import make_task, reset_cache
-from statekit_urlcount import CountPerUrl, CountPerUrlVectorized
+from statekit_urlcount import CountPerUrl, CountPerUrlColumns, CountPerUrlVectorized
 
 
 def batches_for(records: int, urls: int, subtask: int, parallelism: int, seed: int) -> list[pa.RecordBatch]:
@@ -70,9 +73,18 @@ def batches_for(records: int, urls: int, subtask: int, parallelism: int, seed: i
 
 
 def task_plans(
-    work: str, backend: str, vectorized: bool, options: Mapping[str, object] | None = None
+    work: str,
+    backend: str,
+    vectorized: bool,
+    options: Mapping[str, object] | None = None,
+    *,
+    columns: bool = False,
 ) -> Callable[[int, dict[int, str]], TaskPlan]:
-    """The plan of micro-batch ``b`` (0-based) of one run, subtask 0 of 2: ``backend``, ``options``."""
+    """The plan of micro-batch ``b`` (0-based) of one run, subtask 0 of 2: ``backend``, ``options``.
+
+    ``vectorized``: CountPerUrlVectorized; ``columns``: CountPerUrlColumns; else CountPerUrl.
+    """
+    factory = CountPerUrlColumns if columns else CountPerUrlVectorized if vectorized else CountPerUrl
     from pyspark.sql import types as T
 
     config = Configuration.from_mapping(
@@ -102,8 +114,8 @@ def task_plans(
             parallelism=2,
             max_parallelism=128,
             config=config,
-            function_factory=CountPerUrlVectorized if vectorized else CountPerUrl,
-            vectorized=vectorized,
+            function_factory=factory,
+            vectorized=vectorized or columns,
             key_column="url",
             key_serializer=StrSerializer(),
             input_columns=("url",),
@@ -136,12 +148,14 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--no-profile", action="store_true", help="time only (cProfile slows the loop down)")
-    ap.add_argument("--vectorized", action="store_true", help="CountPerUrlVectorized instead of CountPerUrl")
+    form = ap.add_mutually_exclusive_group()
+    form.add_argument("--vectorized", action="store_true", help="CountPerUrlVectorized, not CountPerUrl")
+    form.add_argument("--columns", action="store_true", help="CountPerUrlColumns, not CountPerUrl")
     ap.add_argument("--backend", default="heap", help="statekit.backend (the Spark benchmark's: heap)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="profile-task-")
     reset_cache()
-    plan = task_plans(work, args.backend, args.vectorized)
+    plan = task_plans(work, args.backend, args.vectorized, columns=args.columns)
     attempts: dict[int, str] = {}
     prof = cProfile.Profile()
     total = 0.0

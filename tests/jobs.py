@@ -9,7 +9,9 @@ from typing import Any
 
 from statekit import (
     CheckpointInfo,
+    ColumnsContext,
     KeyedBatchFunction,
+    KeyedColumnsFunction,
     KeyedProcessFunction,
     ListStateDescriptor,
     LocalRunner,
@@ -65,6 +67,29 @@ class CountUrlsBatch(KeyedBatchFunction):
         if n == 0:
             self.seen.add(self.index)
         return {"url": [ctx.current_key] * m, "n": range(n + 1, n + m + 1)}
+
+
+class CountUrlsColumns(KeyedColumnsFunction):
+    """:class:`CountUrls` with one call per micro-batch and subtask: the count in bulk, the rest per row."""
+
+    def open(self, ctx: RuntimeContext) -> None:
+        CountUrls.open(self, ctx)  # type: ignore[arg-type]
+
+    def process_columns(self, rows: Any, keys: list[Any], ctx: ColumnsContext) -> Any:
+        counts = self.count.update_batch(keys, _plus_one)
+        for key, n, method, size in zip(
+            keys, counts, rows.column("request").to_pylist(), rows.column("bytes").to_pylist()
+        ):
+            ctx.set_current_key(key)
+            self.methods.add(method)
+            self.bytes.add(size)
+            if n == 1:
+                self.seen.add(self.index)
+        return {"url": keys, "n": counts}
+
+
+def _plus_one(n: int) -> int:
+    return n + 1
 
 
 def count_urls_runner(checkpoints_dir: str, conf: Mapping[str, Any] | None = None) -> LocalRunner:

@@ -1,4 +1,8 @@
-"""KeyedBatchFunction on the LocalRunner: the same state and outputs as per record, a key's rows at once."""
+"""Batch functions on the LocalRunner: the same state and outputs as per record.
+
+A KeyedBatchFunction gets a key's rows at once; a KeyedColumnsFunction all of a
+micro-batch's rows of a subtask.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +19,10 @@ pa = pytest.importorskip("pyarrow")
 
 from statekit import (  # noqa: E402
     AggregatingStateDescriptor,
+    ColumnsContext,
     EventTime,
     KeyedBatchFunction,
+    KeyedColumnsFunction,
     KeyedProcessFunction,
     ListStateDescriptor,
     LocalRunner,
@@ -110,6 +116,34 @@ class Vectorized(KeyedBatchFunction):
         return pa.table({"url": [ctx.current_key] * m, "count": list(range(n + 1, n + m + 1)), "seq": seqs})
 
 
+class Columns(KeyedColumnsFunction):
+    """:class:`PerRecord` a micro-batch and subtask at a time: the count in bulk, the rest per row."""
+
+    calls: list[tuple[int, list[str], list[int]]] = []
+
+    def open(self, ctx: RuntimeContext) -> None:
+        PerRecord.open(self, ctx)  # type: ignore[arg-type]
+        self.index = ctx.subtask_index
+
+    def process_columns(self, rows: Any, keys: list[Any], ctx: ColumnsContext) -> Any:
+        assert isinstance(rows, pa.RecordBatch) and ctx.current_key in (None, *keys)
+        assert rows.column("url").to_pylist() == keys
+        seqs = rows.column("seq").to_pylist()
+        Columns.calls.append((self.index, keys, seqs))
+        counts = self.count.update_batch(keys, lambda n: n + 1)
+        for key, n, record in zip(keys, counts, rows.to_pylist()):
+            ctx.set_current_key(key)
+            self.seqs.add(record["seq"])
+            self.total.add(record["bytes"])
+            m = record["method"]
+            self.by_method.put(m, (self.by_method.get(m) or 0) + 1)
+            self.mean.add(record["bytes"])
+            self.recent.update(record["seq"])
+            if n == 1:
+                self.seen.add(key)
+        return {"url": keys, "count": counts, "seq": seqs}
+
+
 def state_of(runner: LocalRunner) -> dict[str, Any]:
     out: dict[str, Any] = {}
     seen: list[str] = []
@@ -151,7 +185,36 @@ def test_vectorized_state_and_outputs_equal_per_record(tmp_path: Path, batch_siz
     assert sorted(Vectorized.calls) == want_calls
 
 
-def test_checkpoint_crash_restore_and_rescale_are_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("batch_size", [1, 7, 10_000])
+def test_columns_state_and_outputs_equal_per_record(tmp_path: Path, batch_size: int) -> None:
+    recs = records(500)
+    want_out, want_state = run(PerRecord, recs, tmp_path / "a")
+    Columns.calls = []
+    got_out, got_state = run(Columns, recs, tmp_path / "b", **{"statekit.batch-size": batch_size})
+    assert got_state == want_state
+    assert sorted(got_out, key=lambda o: o["seq"]) == want_out
+    # One call per subtask and micro-batch, its rows in arrival order; a key stays on its subtask.
+    subtask_of: dict[str, set[int]] = {}
+    for index, keys, _ in Columns.calls:
+        for key in keys:
+            subtask_of.setdefault(key, set()).add(index)
+    assert all(len(s) == 1 for s in subtask_of.values()) and len({i for i, _, _ in Columns.calls}) == 2
+    calls = iter(Columns.calls)
+    for start in range(0, len(recs), batch_size):
+        want: dict[int, list[int]] = {}
+        for r in recs[start : start + batch_size]:
+            (index,) = subtask_of[r["url"]]
+            want.setdefault(index, []).append(r["seq"])
+        got = {}
+        for _ in want:
+            index, _, seqs = next(calls)
+            got[index] = seqs
+        assert got == want
+    assert next(calls, None) is None
+
+
+@pytest.mark.parametrize("function", [Vectorized, Columns])
+def test_checkpoint_crash_restore_and_rescale_are_exact(tmp_path: Path, function: Any) -> None:
     recs = records(900)
     conf = {
         "statekit.checkpoints.dir": str(tmp_path),
@@ -160,7 +223,7 @@ def test_checkpoint_crash_restore_and_rescale_are_exact(tmp_path: Path) -> None:
     }
     out: list[Any] = []
     first = LocalRunner(
-        Vectorized,
+        function,
         key_selector=lambda r: r["url"],
         sink=out.append,
         config={**conf, "statekit.parallelism": 2},
@@ -170,7 +233,7 @@ def test_checkpoint_crash_restore_and_rescale_are_exact(tmp_path: Path) -> None:
     first.close()  # a crash after 450: the 50 records after the last checkpoint come again
     out = [o for o in out if o["seq"] < 400]
     second = LocalRunner(
-        Vectorized,
+        function,
         key_selector=lambda r: r["url"],
         sink=out.append,
         config={**conf, "statekit.parallelism": 3},
@@ -202,7 +265,29 @@ class SessionTotals(KeyedBatchFunction):
         return {"url": [ctx.current_key], "total": [self.total.get()], "at": [timestamp]}
 
 
-def test_event_time_timers_and_late_rows(tmp_path: Path) -> None:
+class SessionTotalsColumns(KeyedColumnsFunction):
+    """:class:`SessionTotals` a micro-batch and subtask at a time; a timer per key after ``set_current_key``."""
+
+    def open(self, ctx: RuntimeContext) -> None:
+        self.total = ctx.get_state(TOTAL)
+
+    def process_columns(self, rows: Any, keys: list[Any], ctx: ColumnsContext) -> Any:
+        assert ctx.timestamp is None
+        last: dict[str, int] = {}
+        for key, size, ts in zip(keys, rows.column("bytes").to_pylist(), rows.column("ts").to_pylist()):
+            ctx.set_current_key(key)
+            self.total.add(size)
+            last[key] = max(ts, last.get(key, ts))
+        for key, ts in last.items():
+            ctx.set_current_key(key)
+            ctx.timer_service.register_event_time_timer(ts + 10_000)
+        return None
+
+    on_timer = SessionTotals.on_timer
+
+
+@pytest.mark.parametrize("function", [SessionTotals, SessionTotalsColumns])
+def test_event_time_timers_and_late_rows(tmp_path: Path, function: Any) -> None:
     recs = [
         {"url": "/a", "ts": 1_000, "bytes": 1},
         {"url": "/b", "ts": 2_000, "bytes": 2},
@@ -213,7 +298,7 @@ def test_event_time_timers_and_late_rows(tmp_path: Path) -> None:
     out: list[Any] = []
     late: list[Any] = []
     runner = LocalRunner(
-        SessionTotals,
+        function,
         key_selector=lambda r: r["url"],
         sink=out.append,
         late_sink=late.append,
@@ -232,8 +317,9 @@ def test_event_time_timers_and_late_rows(tmp_path: Path) -> None:
     ]
 
 
-def test_process_of_one_record_is_a_batch_of_one(tmp_path: Path) -> None:
-    with LocalRunner(Vectorized, key_selector=lambda r: r["url"]) as runner:
+@pytest.mark.parametrize("function", [Vectorized, Columns])
+def test_process_of_one_record_is_a_batch_of_one(tmp_path: Path, function: Any) -> None:
+    with LocalRunner(function, key_selector=lambda r: r["url"]) as runner:
         assert runner.process({"url": "/a", "seq": 1, "method": "GET", "bytes": 3}) == [
             {"url": "/a", "count": 1, "seq": 1}
         ]
@@ -245,6 +331,16 @@ def test_process_of_one_record_is_a_batch_of_one(tmp_path: Path) -> None:
 class Bad(KeyedBatchFunction):
     def process_batch(self, rows: Any, ctx: ProcessContext) -> Any:
         return ["not", "columns"]
+
+
+def test_a_columns_functions_process_batch_needs_its_context() -> None:
+    with LocalRunner(Columns, key_selector=lambda r: r["url"]) as runner:
+        runner.process({"url": "/a", "seq": 1, "method": "GET", "bytes": 3})  # opens the subtasks
+        st = runner._operator.ensure()[0]
+        plain = ProcessContext(st.ctx, st.timers)
+        plain.current_key = "/a"
+        with pytest.raises(TypeError, match="runs with a ColumnsContext"):
+            st.function.process_batch(pa.RecordBatch.from_pylist([{"url": "/a"}]), plain)
 
 
 def test_bad_records_outputs_and_settings_are_named() -> None:

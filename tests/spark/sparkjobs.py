@@ -7,8 +7,8 @@ import random
 from collections.abc import Iterable
 from typing import Any
 
-from jobs import CountUrls, CountUrlsBatch
-from statekit import ProcessContext, RuntimeContext
+from jobs import CountUrls, CountUrlsBatch, CountUrlsColumns
+from statekit import ColumnsContext, ProcessContext, RuntimeContext
 
 
 class FailFirstAttempts:
@@ -73,6 +73,19 @@ class FlakyCountUrlsBatch(CountUrlsBatch):
     def process_batch(self, rows: Any, ctx: ProcessContext) -> Any:
         self.fail()
         return super().process_batch(rows, ctx)
+
+
+class FlakyCountUrlsColumns(CountUrlsColumns):
+    """CountUrlsColumns whose tasks fail on their first attempt, after their first call changed state."""
+
+    def __init__(self, marker_dir: str, seed: str = "") -> None:
+        self.fail = FailFirstAttempts(marker_dir, seed)
+
+    def process_columns(self, rows: Any, keys: list[Any], ctx: ColumnsContext) -> Any:
+        out = super().process_columns(rows, keys, ctx)
+        for _ in range(FailFirstAttempts.FAIL_AT):  # the call counts as FAIL_AT records
+            self.fail()
+        return out
 
 
 def flaky_windowed_count(marker_dir: str, seed: str = "") -> Any:

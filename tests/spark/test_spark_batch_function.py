@@ -1,4 +1,7 @@
-"""KeyedBatchFunction on a real local Spark: exact across rescales, task failures, restarts and event time."""
+"""Batch functions (KeyedBatchFunction, KeyedColumnsFunction) on a real local Spark.
+
+Exact across rescales, task failures, restarts and event time.
+"""
 
 from __future__ import annotations
 
@@ -29,17 +32,27 @@ RECORDS = make_records(1800)
 
 # The heap's bulk update (update_batch, over lazily restored key groups) runs in ci; rocksdb's goes
 # through the ordered engines' path the per-record Spark tests cover, and runs nightly (ci's time).
-@pytest.mark.parametrize("backend", ["heap", pytest.param("rocksdb", marks=pytest.mark.nightly)])
+# "columns" is a KeyedColumnsFunction: one call per batch and subtask.
+@pytest.mark.parametrize(
+    ("backend", "form"),
+    [
+        ("heap", "batch"),
+        ("heap", "columns"),
+        pytest.param("rocksdb", "batch", marks=pytest.mark.nightly),
+        pytest.param("rocksdb", "columns", marks=pytest.mark.nightly),
+    ],
+)
 def test_vectorized_count_is_exact_across_rescales_and_task_failures(
-    session: Any, tmp_path: Path, job_id: str, backend: str
+    session: Any, tmp_path: Path, job_id: str, backend: str, form: str
 ) -> None:
-    from sparkjobs import FlakyCountUrlsBatch
+    from sparkjobs import FlakyCountUrlsBatch, FlakyCountUrlsColumns
 
     session.conf.set("spark.statekit.checkpoints.dir", str(tmp_path / "statekit"))
     session.conf.set("spark.statekit.backend", backend)
     markers = tmp_path / "failures"
     markers.mkdir()
-    flaky = functools.partial(FlakyCountUrlsBatch, str(markers), uuid.uuid4().hex)
+    function = FlakyCountUrlsColumns if form == "columns" else FlakyCountUrlsBatch
+    flaky = functools.partial(function, str(markers), uuid.uuid4().hex)
     infos: list[BatchInfo] = []
     done = 0
     for run, (p, size) in enumerate([(2, 1000), (3, 800)]):

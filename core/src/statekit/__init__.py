@@ -27,7 +27,9 @@ from ._errors import warn_moved
 from .plugins._config import Configuration
 from .plugins._registry import default_registry
 from .runtime._function import (
+    ColumnsContext,
     KeyedBatchFunction,
+    KeyedColumnsFunction,
     KeyedProcessFunction,
     OnTimerContext,
     ProcessContext,
@@ -72,11 +74,13 @@ __all__ = [
     "BadRecord",
     "BadRecordPolicy",
     "CheckpointInfo",
+    "ColumnsContext",
     "Configuration",
     "EventTime",
     "FileSource",
     "InputLostWarning",
     "KeyedBatchFunction",
+    "KeyedColumnsFunction",
     "KeyedProcessFunction",
     "ListState",
     "ListStateDescriptor",

@@ -11,6 +11,7 @@ pytest.importorskip("pyarrow")
 from statekit import LocalRunner, RecordSource  # noqa: E402
 from statekit_urlcount import (  # noqa: E402
     CountPerUrl,
+    CountPerUrlColumns,
     CountPerUrlVectorized,
     JobSettings,
     generate_logs,
@@ -34,14 +35,20 @@ def test_local_runner_outputs_the_same_counts_per_request(tmp_path, batch_size):
     generate_logs(tmp_path / "logs", records=3000, files=2, n_urls=200, malformed_fraction=0.0, seed=3)
     records = _records(tmp_path / "logs")
     outputs = {}
-    for name, function in (("per-record", CountPerUrl), ("vectorized", CountPerUrlVectorized)):
+    functions = (
+        ("per-record", CountPerUrl),
+        ("vectorized", CountPerUrlVectorized),
+        ("columns", CountPerUrlColumns),
+    )
+    for name, function in functions:
         got = []
         config = {"statekit.parallelism": 2, "statekit.batch-size": batch_size}
         with LocalRunner(function, key_selector=lambda r: r["url"], config=config, sink=got.append) as runner:
             runner.run(RecordSource(records))
         outputs[name] = got
-    vectorized = [(o["url"], o["count"]) for o in outputs["vectorized"]]
-    assert sorted(vectorized) == sorted(outputs["per-record"]) and len(vectorized) == len(records)
+    for name in ("vectorized", "columns"):
+        got = [(o["url"], o["count"]) for o in outputs[name]]
+        assert sorted(got) == sorted(outputs["per-record"]) and len(got) == len(records), name
 
 
 def test_spark_job_gives_the_same_counts_and_dead_letters(tmp_path, local_spark):

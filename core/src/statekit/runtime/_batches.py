@@ -1,4 +1,4 @@
-"""A micro-batch of records on the LocalRunner for a batch function: bad records out, then one call per key.
+"""A micro-batch of records on the LocalRunner for a batch function: bad records out, then the calls.
 
 :meth:`LocalRunner.process_batch <statekit.LocalRunner.process_batch>` (and
 a source read in micro-batches) hands a :class:`~statekit.KeyedBatchFunction`
@@ -7,7 +7,7 @@ found before any state is touched: event times and keys that cannot be
 computed, records that are no dicts, and records whose column values clash
 with the rows before them in Arrow (found by bisection). Then the kept
 records are grouped by subtask and key, in arrival order, and each group is
-one call.
+one call; for a :class:`~statekit.KeyedColumnsFunction`, by subtask alone.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 
 from ..sources._badrecords import BadRecord
 from ..timers import NO_TIMER
-from ._columnar import group_runs, output_rows, require_pyarrow
+from ._columnar import group_runs, output_rows, require_pyarrow, subtask_runs
+from ._function import ColumnsContext, KeyedColumnsFunction
 from ._sources import RejectedRecordError
 from ._subtasks import OperatorSubtasks
 from ._time import TimeCoordinator
@@ -45,10 +46,14 @@ def process_as_batch(
     kept, stamps, routes = _kept(records, rejected, subtasks=subtasks, time=time, key_selector=key_selector)
     outputs: list[Any] = []
     serialize = subtasks.key_serializer.serialize
+    by_subtask = isinstance(subtasks.subtasks[0].function, KeyedColumnsFunction)
     table: Any = None
-    runs: list[tuple[tuple[int, Any], int, int]] = []
+    runs: list[tuple[Any, int, int]] = []
     while kept:
-        order, runs = group_runs(routes, fallback=lambda sk: (sk[0], serialize(sk[1])))
+        if by_subtask:
+            order, runs = subtask_runs([index for index, _ in routes])
+        else:
+            order, runs = group_runs(routes, fallback=lambda sk: (sk[0], serialize(sk[1])))
         rows = [records[kept[j]] for j in order]
         try:
             table = pa.RecordBatch.from_pylist(rows)
@@ -62,7 +67,17 @@ def process_as_batch(
             _reject(rejected, kept[j], RejectedRecordError.of("arrow", records[kept[j]], problem))
             del kept[j], stamps[j], routes[j]
     max_ts = max((t for t in stamps if t is not None), default=None)
-    if kept and table is not None:
+    if kept and table is not None and by_subtask:
+        for index, offset, length in runs:
+            st = subtasks.subtasks[index]
+            pctx = st.pctx
+            pctx.current_key = None
+            pctx.timestamp = None
+            keys = [routes[j][1] for j in order[offset : offset + length]]
+            columns_fn = st.function
+            assert isinstance(columns_fn, KeyedColumnsFunction) and isinstance(pctx, ColumnsContext)
+            outputs.extend(output_rows(columns_fn.process_columns(table.slice(offset, length), keys, pctx)))
+    elif kept and table is not None:
         for (index, key), offset, length in runs:
             st = subtasks.subtasks[index]
             st.keyed.set_current_key(key)

@@ -20,7 +20,7 @@ from typing import Any
 
 from .._errors import install_hint
 
-__all__ = ["group_runs", "is_columnar", "output_columns", "output_rows", "require_pyarrow"]
+__all__ = ["group_runs", "is_columnar", "output_columns", "output_rows", "require_pyarrow", "subtask_runs"]
 
 
 def require_pyarrow() -> Any:
@@ -69,6 +69,23 @@ def group_runs(
     for gkey, group in groups.items():
         runs.append((firsts[gkey], len(order), len(group)))
         order.extend(group)
+    return order, runs
+
+
+def subtask_runs(indexes: Sequence[int]) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """Rows grouped by subtask: ``(order, runs)`` with runs ``(subtask, offset, length)``, subtasks ascending.
+
+    Each subtask's rows keep their arrival order (a stable sort).
+    """
+    order = sorted(range(len(indexes)), key=indexes.__getitem__)
+    runs: list[tuple[int, int, int]] = []
+    for pos, j in enumerate(order):
+        index = indexes[j]
+        if runs and runs[-1][0] == index:
+            last = runs[-1]
+            runs[-1] = (index, last[1], last[2] + 1)
+        else:
+            runs.append((index, pos, 1))
     return order, runs
 
 

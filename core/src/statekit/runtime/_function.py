@@ -18,7 +18,9 @@ watermark (event time) or the clock (processing time) reaches it.
 
 A :class:`KeyedBatchFunction` is the vectorized form: it gets all of one
 key's rows of a micro-batch at once, as a ``pyarrow.RecordBatch``, and returns
-columns instead of records.
+columns instead of records. A :class:`KeyedColumnsFunction` gets all the rows
+of a micro-batch and subtask in one call, with their keys as one list, for
+work that is cheap per record when keys rarely repeat within a batch.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ from ._columnar import is_columnar, output_rows, require_pyarrow
 from ._raw import RawStateRestoreContext, RawStateSnapshotContext
 
 __all__ = [
+    "ColumnsContext",
     "KeyedBatchFunction",
+    "KeyedColumnsFunction",
     "KeyedProcessFunction",
     "OnTimerContext",
     "ProcessContext",
@@ -146,6 +150,23 @@ class ProcessContext:
     def current_watermark(self) -> int:
         """The current event-time watermark in milliseconds."""
         return self.timer_service.current_watermark()
+
+
+class ColumnsContext(ProcessContext):
+    """What ``process_columns`` gets: a :class:`ProcessContext` whose key the function sets.
+
+    ``current_key`` is None when a runner's call starts, since the rows have
+    many keys (it is the one key when ``process`` or ``process_batch`` passes
+    one key's rows). :meth:`set_current_key` makes a key current for the state
+    handles and the timer service, as the runner does before each ``process``.
+    """
+
+    __slots__ = ()
+
+    def set_current_key(self, key: Any) -> None:
+        """Make ``key`` (one of the call's keys) the key state handles and timers act on."""
+        self.runtime.keyed_backend.set_current_key(key)
+        self.current_key = key
 
 
 class OnTimerContext(ProcessContext):
@@ -314,3 +335,49 @@ class KeyedBatchFunction(KeyedProcessFunction):
                 f"a KeyedBatchFunction's records are dicts of column values, not {type(record).__name__}"
             )
         return output_rows(self.process_batch(pa.RecordBatch.from_pylist([record]), ctx))
+
+
+class KeyedColumnsFunction(KeyedBatchFunction):
+    """A keyed function that gets all the rows of a micro-batch and subtask in one call, as Arrow.
+
+    For work that is cheap per record when keys rarely repeat within a batch,
+    where :class:`KeyedBatchFunction`'s call per key costs more than the work
+    (Spark's ``mapInArrow`` shape, with statekit's state). The runner calls
+    ``process_columns(rows, keys, ctx)`` once per micro-batch and subtask with
+    rows: a ``pyarrow.RecordBatch`` of the subtask's rows, in arrival order,
+    and keys: a list of their keys (``keys[i]`` is row ``i``'s key, as
+    ``ctx.current_key`` would be in ``process``). Bulk state access does the
+    per-key work in one frame: a value state's ``update_batch(keys, fn)``
+    (backends with :class:`~statekit.backend_api.SupportsBatchUpdate`: heap,
+    rocksdb, lmdb). Any other state or timer access sets the key first with
+    ``ctx.set_current_key(key)``. Example::
+
+        class CountPerUrl(KeyedColumnsFunction):
+            def open(self, ctx):
+                self.count = ctx.get_state(ValueStateDescriptor("count", int, default=0))
+
+            def process_columns(self, rows, keys, ctx):
+                counts = self.count.update_batch(keys, lambda n: n + 1)
+                return {"url": keys, "count": counts}
+
+    Everything else (late rows taken out first, ``on_timer``, operator state,
+    checkpoints, rescaling, what may be returned) is as for
+    :class:`KeyedBatchFunction`. It is a :class:`KeyedBatchFunction`:
+    ``process_batch`` (one key's rows) calls ``process_columns`` with that key
+    for every row.
+    """
+
+    @abstractmethod
+    def process_columns(self, rows: Any, keys: list[Any], ctx: ColumnsContext) -> Any:
+        """Handle the rows of one micro-batch and subtask, whose keys are ``keys``; return output columns.
+
+        Returns:
+            What :meth:`KeyedBatchFunction.process_batch` returns, for all the rows.
+        """
+
+    def process_batch(self, rows: Any, ctx: ProcessContext) -> Any:
+        """One key's rows: :meth:`process_columns` with ``ctx.current_key`` for each of them."""
+        if not isinstance(ctx, ColumnsContext):
+            raise TypeError("a KeyedColumnsFunction runs with a ColumnsContext (a runner makes it)")
+        key = ctx.current_key
+        return self.process_columns(rows, [key] * rows.num_rows, ctx)

@@ -44,6 +44,8 @@ from ..state._ttl import Clock
 from ..timers import ProcessingTimeHint
 from ..timers._service import TimeDomain, TimerService
 from ._function import (
+    ColumnsContext,
+    KeyedColumnsFunction,
     KeyedProcessFunction,
     OnTimerContext,
     ProcessContext,
@@ -241,7 +243,11 @@ class Subtask:
         )
         timers = timer_service_for(function, ctx, params.key_serializer, timer_clock or clock, hint)
         self.function, self.ctx, self.timers = function, ctx, timers
-        self.pctx = ProcessContext(ctx, timers)
+        self.pctx = (
+            ColumnsContext(ctx, timers)
+            if isinstance(function, KeyedColumnsFunction)
+            else ProcessContext(ctx, timers)
+        )
         self.tctx = OnTimerContext(ctx, timers)
 
     def restore(

@@ -19,8 +19,8 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from ..runtime._columnar import group_runs
-from ..runtime._function import KeyedBatchFunction, fire_timer_results
+from ..runtime._columnar import group_runs, subtask_runs
+from ..runtime._function import ColumnsContext, KeyedBatchFunction, KeyedColumnsFunction, fire_timer_results
 from ..runtime._subtask import Subtask
 from ..timers import MAX_WATERMARK
 from ..timers._eventtime import EventTime
@@ -108,7 +108,11 @@ def process_records(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
 
 
 def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
-    """The vectorized loop: every input row first, then ``process_batch`` once per subtask and key."""
+    """The vectorized loop: every input row first, then ``process_batch`` once per subtask and key.
+
+    A :class:`~statekit.KeyedColumnsFunction`'s ``process_columns`` runs once
+    per subtask instead, on its rows in arrival order.
+    """
     plan, out, phases, bad_keys = run.plan, run.out, run.phases, run.bad_keys
     clock = time.perf_counter
     t = clock()
@@ -148,7 +152,18 @@ def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
                 continue
             rows.append(row)
     serialize = plan.key_serializer.serialize
-    if len(served) == 1:  # the usual case: one subtask per partition, group on the key alone
+    by_subtask = isinstance(run.active[min(served)].subtask.function, KeyedColumnsFunction)
+    runs: list[tuple[tuple[int, Any], int, int]] = []  # (subtask, key), offset, length
+    calls: list[tuple[int, int, int]] = []  # a KeyedColumnsFunction's: subtask, offset, length
+    order: list[int] | None
+    if by_subtask:  # a KeyedColumnsFunction: one call per subtask, rows in arrival order
+        if len(served) == 1 and len(rows) == batch.num_rows:
+            order = None  # the usual case: every row is this subtask's, in order already
+            calls = [(min(served), 0, len(rows))]
+        else:
+            picked, calls = subtask_runs([subtasks[row] for row in rows])
+            order = [rows[j] for j in picked]
+    elif len(served) == 1:  # the usual case: one subtask per partition, group on the key alone
         (only,) = served
         order, key_runs = group_runs(keys, rows, fallback=serialize)
         runs = [((only, key), offset, length) for key, offset, length in key_runs]
@@ -156,31 +171,52 @@ def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
         order, runs = group_runs(
             list(zip(subtasks, keys)), rows, fallback=lambda sk: (sk[0], serialize(sk[1]))
         )
-    grouped = batch.select(list(plan.input_columns)).take(pa.array(order, pa.int64()))
+    grouped = batch.select(list(plan.input_columns))
+    if order is not None:
+        grouped = grouped.take(pa.array(order, pa.int64()))
     t_loop = clock()
     phases["convert"] += t_loop - t - (phases["restore"] - restoring)
-    cur: Any = _NO_SUBTASK
-    for (index, key), offset, length in runs:
-        if index != cur:
+    if by_subtask:
+        for index, offset, length in calls:
             st = run.active[index].subtask
-            counts = run.counts[index]
-            cur = index
-            function = st.function
-            assert isinstance(function, KeyedBatchFunction)  # plan.vectorized says so
-            set_key, pctx, process_batch = st.keyed.set_current_key, st.pctx, function.process_batch
-            pctx.timestamp = None
-        set_key(key)
-        pctx.current_key = key
-        counts.records += length
-        result = process_batch(grouped.slice(offset, length), pctx)
-        if result is not None:
-            counts.outputs += out.add_columns(result)
-            if out.size >= FLUSH_ROWS:
-                t = clock()
-                flushed = out.flush()
-                phases["output"] += clock() - t
-                yield flushed
-                t_loop += clock() - t
+            columns_fn, cctx = st.function, st.pctx
+            assert isinstance(columns_fn, KeyedColumnsFunction) and isinstance(cctx, ColumnsContext)
+            cctx.current_key = None
+            cctx.timestamp = None
+            run.counts[index].records += length
+            some = keys if order is None else [keys[row] for row in order[offset : offset + length]]
+            result = columns_fn.process_columns(grouped.slice(offset, length), some, cctx)
+            if result is not None:
+                run.counts[index].outputs += out.add_columns(result)
+                if out.size >= FLUSH_ROWS:
+                    t = clock()
+                    flushed = out.flush()
+                    phases["output"] += clock() - t
+                    yield flushed
+                    t_loop += clock() - t
+    else:
+        cur: Any = _NO_SUBTASK
+        for (index, key), offset, length in runs:
+            if index != cur:
+                st = run.active[index].subtask
+                counts = run.counts[index]
+                cur = index
+                function = st.function
+                assert isinstance(function, KeyedBatchFunction)  # plan.vectorized says so
+                set_key, pctx, process_batch = st.keyed.set_current_key, st.pctx, function.process_batch
+                pctx.timestamp = None
+            set_key(key)
+            pctx.current_key = key
+            counts.records += length
+            result = process_batch(grouped.slice(offset, length), pctx)
+            if result is not None:
+                counts.outputs += out.add_columns(result)
+                if out.size >= FLUSH_ROWS:
+                    t = clock()
+                    flushed = out.flush()
+                    phases["output"] += clock() - t
+                    yield flushed
+                    t_loop += clock() - t
     phases["records"] += clock() - t_loop
     if late_rows:
         yield out.late(batch, late_rows)
