@@ -19,6 +19,19 @@ from statekit_urlcount import (  # noqa: E402
 )
 
 
+class _ValueOnly:
+    """A value state handle with value and update only: a backend without bulk updates."""
+
+    def __init__(self, state):
+        self.value, self.update = state.value, state.update
+
+
+class CountPerUrlColumnsKeyByKey(CountPerUrlColumns):
+    def open(self, ctx):
+        super().open(ctx)
+        self.count = _ValueOnly(self.count)
+
+
 def _records(logs):
     out = []
     for name in sorted(os.listdir(logs)):
@@ -39,6 +52,7 @@ def test_local_runner_outputs_the_same_counts_per_request(tmp_path, batch_size):
         ("per-record", CountPerUrl),
         ("vectorized", CountPerUrlVectorized),
         ("columns", CountPerUrlColumns),
+        ("key by key", CountPerUrlColumnsKeyByKey),
     )
     for name, function in functions:
         got = []
@@ -46,7 +60,7 @@ def test_local_runner_outputs_the_same_counts_per_request(tmp_path, batch_size):
         with LocalRunner(function, key_selector=lambda r: r["url"], config=config, sink=got.append) as runner:
             runner.run(RecordSource(records))
         outputs[name] = got
-    for name in ("vectorized", "columns"):
+    for name in ("vectorized", "columns", "key by key"):
         got = [(o["url"], o["count"]) for o in outputs[name]]
         assert sorted(got) == sorted(outputs["per-record"]) and len(got) == len(records), name
 
