@@ -266,7 +266,7 @@ class SessionTotals(KeyedBatchFunction):
 
 
 class SessionTotalsColumns(KeyedColumnsFunction):
-    """:class:`SessionTotals` a micro-batch and subtask at a time; a timer per key after ``set_current_key``."""
+    """:class:`SessionTotals` a micro-batch and subtask at a time; a timer per key after set_current_key."""
 
     def open(self, ctx: RuntimeContext) -> None:
         self.total = ctx.get_state(TOTAL)

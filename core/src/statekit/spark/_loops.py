@@ -14,7 +14,7 @@ or below the watermark are late: counted, and handed to the late-records sink
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -125,16 +125,22 @@ def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
     subtasks = batch.column(SUBTASK_COLUMN).to_pylist()
     markers = batch.column(MARKER_COLUMN).to_pylist()
     keys = values_of(batch.column(plan.key_column))
-    bad_keys.rows_read += len(markers) - sum(markers)
-    if None in subtasks:  # rows without a key group: bad records, never in a group
+    marked = sum(markers)
+    bad_keys.rows_read += len(markers) - marked
+    unrouted = None in subtasks
+    if unrouted:  # rows without a key group: bad records, never in a group
         _reject_unrouted(run, batch, subtasks)
-    served = {index for index in subtasks if index is not None}
+    served = set(subtasks)
+    served.discard(None)
     restoring = phases["restore"]
     for index in sorted(served):
         run.subtask(index)  # every subtask whose rows (or marker) came here runs and snapshots
     late_rows: list[int] = []
     et = plan.event_time
-    if et is None:
+    rows: Sequence[int]
+    if et is None and not marked and not unrouted:
+        rows = range(len(subtasks))  # the usual case: every row is a record to process
+    elif et is None:
         rows = [
             row
             for row, (index, marker) in enumerate(zip(subtasks, markers))
