@@ -404,7 +404,7 @@ def spark_side(spark: Any, logs: str, parallelism: int) -> list[tuple[float, flo
     from statekit.serializers import serializer_for
     from statekit.spark._routing import Router, routing_values
 
-    values = routing_values(spark, parallelism)
+    values = routing_values(parallelism)
     router: Any = None
     out = []
     for name in sorted(os.listdir(logs)):

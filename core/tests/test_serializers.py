@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -260,6 +261,56 @@ def test_str_column_edge_cases(values: list[str]) -> None:
     roundtrip_column(StrSerializer(), values)
     for v in values:
         roundtrip(StrSerializer(), v)
+
+
+def _spy_columnar(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the str columns split by Arrow (:func:`_ascii_strings` answering, not declining)."""
+    from statekit.serialization import _serializers
+
+    calls: list[int] = []
+    real = _serializers._ascii_strings
+
+    def spy(lengths: Any, blob: Any, size: int) -> Any:
+        out = real(lengths, blob, size)
+        if out is not None:
+            calls.append(len(lengths))
+        return out
+
+    monkeypatch.setattr(_serializers, "_ascii_strings", spy)
+    return calls
+
+
+@given(st.lists(st.text(alphabet=st.characters(max_codepoint=127), max_size=6), min_size=256, max_size=600))
+def test_long_ascii_str_columns_split_by_arrow_are_exact(values: list[str]) -> None:
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("numpy")
+    with pytest.MonkeyPatch.context() as mp:
+        calls = _spy_columnar(mp)
+        roundtrip_column(StrSerializer(), values)
+    assert calls and set(calls) == {len(values)}  # the Arrow path ran, and gave back exactly what was written
+
+
+def test_long_str_columns_not_ascii_or_without_arrow_are_sliced(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("pyarrow")
+    calls = _spy_columnar(monkeypatch)
+    mixed = [f"k{i}" for i in range(300)] + ["\u00e9", "\ud800", "\U0001f600"]
+    roundtrip_column(StrSerializer(), mixed)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as in a process that never imported it
+    roundtrip_column(StrSerializer(), [f"k{i}" for i in range(300)])
+    assert calls == []
+
+
+def test_long_ascii_str_column_whose_lengths_do_not_add_up_is_refused() -> None:
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("numpy")
+    from array import array
+
+    from statekit.serialization._serializers import pack_parts
+
+    for lengths in ([1] * 299 + [2], [1] * 299 + [0]):  # one byte short, one byte over
+        data = pack_parts([array("I", lengths).tobytes(), b"x" * 300])
+        with pytest.raises(SerializationError, match="lengths do not add up"):
+            StrSerializer().decode_column(data, 300)
 
 
 @given(st.binary(max_size=40))

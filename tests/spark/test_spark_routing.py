@@ -73,7 +73,7 @@ def _partitions_hold_their_subtasks(spark: Any, df: Any, serializer: Any, p: int
     from statekit.spark._routing import MARKER_COLUMN, SUBTASK_COLUMN, Router, routing_values
 
     routed = Router(spark, df.schema, key_column="k", serializer=serializer, parallelism=p,
-                    max_parallelism=maxp, route_values=routing_values(spark, p)).route(df)  # fmt: skip
+                    max_parallelism=maxp, route_values=routing_values(p)).route(df)  # fmt: skip
 
     def check(batches: Any) -> Any:
         part = TaskContext.get().partitionId()
@@ -146,3 +146,22 @@ def test_int_keys_count_exactly(spark: Any, tmp_path: Any) -> None:
             kb.set_current_key(key)
             got[key] = count.value()
     assert got == dict(Counter(keys))
+
+
+def test_routing_hash_is_sparks_hash_of_a_bigint(spark: Any) -> None:
+    # routing_values computes Spark's hash() of a bigint in Python: it must be Spark's, bit for bit.
+    from pyspark.sql import functions as F
+
+    from statekit.spark._routing import routing_values, spark_hash_long
+
+    values = [0, 1, 2, 3, -1, -2, 2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**32, 2**63 - 1, -(2**63),
+              123456789012, -987654321098765, *range(4, 300)]  # fmt: skip
+    df = spark.createDataFrame([(v,) for v in values], "x bigint")
+    rows = df.select("x", F.hash("x").alias("h")).collect()
+    assert {r["x"]: r["h"] for r in rows} == {v: spark_hash_long(v) for v in values}
+    for p in (1, 2, 3, 7, 64, 200):
+        got = routing_values(p)
+        parts = spark.createDataFrame([(v,) for v in got], "x bigint").select(
+            F.pmod(F.hash("x"), F.lit(p)).alias("part")
+        )
+        assert [r["part"] for r in parts.collect()] == list(range(p)), p

@@ -833,3 +833,22 @@ def test_a_local_recovery_directory_another_user_prepared_turns_local_recovery_o
         assert driver.state() == model_state(RECORDS)
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_worker_unpickling_its_task_imports_none_of_the_drivers_modules() -> None:
+    # A Spark worker imports statekit.spark to unpickle its task: the package's public names (the
+    # driver's API, its runner, the savepoint writer, the log source) come on first use, not then.
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import statekit.spark._task
+driver = sorted(m for m in ("statekit.spark._api", "statekit.spark._driver", "statekit.spark._bootstrap",
+                            "statekit.spark._log_source", "statekit.spark._state_source") if m in sys.modules)
+assert not driver, driver
+from statekit.spark import keyed, write_savepoint, BatchInfo
+import statekit.spark
+assert statekit.spark.keyed is keyed and set(statekit.spark.__all__) <= set(dir(statekit.spark))
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -332,3 +332,50 @@ def test_a_state_failing_to_decode_leaves_nothing_restored(make_backend, monkeyp
     with pytest.raises(ValueError, match="undecodable"):
         b.restore([handle])
     assert b.num_entries() == 0 and not b._tables["v"].lazy
+
+
+def test_key_groups_of_many_keys_decode_exactly_where_arrow_splits_them(make_backend, monkeypatch):
+    # A Spark worker has pyarrow loaded: key columns of 256 keys or more are split by Arrow. Keys
+    # ASCII and not, overwritten and removed by a delta: every entry as written, none twice.
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("numpy")
+    from statekit.serialization import _serializers
+
+    split: list[int] = []
+    real = _serializers._ascii_strings
+
+    def spy(lengths: Any, blob: Any, size: int) -> Any:
+        out = real(lengths, blob, size)
+        split.append(0 if out is None else len(out))
+        return out
+
+    monkeypatch.setattr(_serializers, "_ascii_strings", spy)
+    b = make_backend(max_parallelism=4, key_group_range=KeyGroupRange.of(0, 3))
+    b.delta_max_ratio = 100.0
+    keys = [f"k{i}" for i in range(3000)] + [f"\u00e9{i}" for i in range(3)] + [""]
+    v = b.get_state(VALUE)
+    model = {}
+    for i, k in enumerate(keys):
+        b.set_current_key(k)
+        v.update(i)
+        model[k] = i
+    checkpoint(b, 1)
+    for i, k in enumerate(keys[::7]):
+        b.set_current_key(k)
+        if i % 2:
+            v.clear()
+            del model[k]
+        else:
+            v.update(-i)
+            model[k] = -i
+    h = checkpoint(b, 2)
+    r = make_backend(max_parallelism=4, key_group_range=KeyGroupRange.of(0, 3))
+    r.restore_native([h])
+    rv = r.get_state(VALUE)
+    got = {}
+    for k in keys:
+        r.set_current_key(k)
+        if rv.value() is not None:
+            got[k] = rv.value()
+    assert got == model and r.num_entries() == len(model)
+    assert any(split)  # Arrow split the key columns of the key groups whose keys are all ASCII

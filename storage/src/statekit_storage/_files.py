@@ -16,7 +16,7 @@ from statekit.backend_api import redact_urls
 from statekit.errors import CheckpointError, CheckpointNotFoundError, ConfigurationError, CorruptSnapshotError
 from statekit.snapshot_codec import StreamStateHandle
 
-from ._handles import FS_ERRORS, FileStreamHandle, InlineStreamHandle
+from ._handles import FileStreamHandle, InlineStreamHandle, fs_errors
 from ._localfiles import PrivateLocalFileSystem
 from ._paths import (
     CHECKPOINT_DIR,
@@ -39,9 +39,10 @@ _HDFS_HINT = (
 )
 
 
-#: What opening a filesystem raises for a bad URL or options (a keyword its client does not take:
-#: ``TypeError``), or when its store fails.
-_OPEN_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, *FS_ERRORS)
+def _open_errors() -> tuple[type[Exception], ...]:
+    """What opening a filesystem raises for a bad URL or options (a keyword its client does not take:
+    ``TypeError``), or when its store fails."""
+    return (ValueError, TypeError, *fs_errors())
 
 
 def _make_client(fs: Any) -> None:
@@ -118,7 +119,7 @@ class Files:
                 f"{redact_urls(url)} needs support for the {protocol!r} protocol, which is not installed "
                 f"({redact_urls(str(exc))}). {advice}"
             ) from exc
-        except _OPEN_ERRORS as exc:
+        except _open_errors() as exc:
             # The first line only: libhdfs lists every path it tried; the cause keeps them.
             reason = redact_urls((str(exc).strip() or repr(exc)).splitlines()[0])
             hint = _HDFS_HINT if _EXTRAS.get(protocol) == "hdfs" else ""
@@ -144,7 +145,7 @@ class Files:
             for i in ids:
                 fs.invalidate_cache(f"{path}/chk-{i}")
                 out.append((i, bool(fs.exists(f"{path}/chk-{i}/{METADATA_FILE}"))))
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             raise CheckpointError(f"cannot list the checkpoints in {job_url}: {exc}") from exc
         return out
 
@@ -164,7 +165,7 @@ class Files:
                 f"no completed checkpoint or savepoint at {location}: "
                 f"{join_url(location, METADATA_FILE)} does not exist"
             ) from None
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             raise CheckpointError(f"cannot read {join_url(location, METADATA_FILE)}: {exc}") from exc
         if len(data) > MAX_METADATA_SIZE:
             raise CorruptSnapshotError(
@@ -203,6 +204,6 @@ class Files:
                 size = int(fs.size(path))
             except FileNotFoundError:
                 raise CorruptSnapshotError(f"{fs.unstrip_protocol(path)}: the file is missing") from None
-            except FS_ERRORS as exc:
+            except fs_errors() as exc:
                 raise CheckpointError(f"cannot read state file {fs.unstrip_protocol(path)}: {exc}") from exc
         return FileStreamHandle(fs, path, str(relative), size)

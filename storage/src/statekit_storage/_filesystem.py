@@ -38,7 +38,7 @@ from statekit.errors import CheckpointError, ConfigurationError
 from statekit.snapshot_codec import StreamStateHandle
 
 from ._files import Files, list_names, remove_tree
-from ._handles import FS_ERRORS, FileStreamHandle
+from ._handles import FileStreamHandle, fs_errors
 from ._jobfiles import JobFiles
 from ._options import parse_storage_options
 from ._paths import (
@@ -175,7 +175,7 @@ class FileSystemCheckpointStorage:
         fs, root = self._files.open(self.checkpoints_dir)
         try:
             names = list_names(fs, root)
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             raise CheckpointError(f"cannot list {self.checkpoints_dir}: {exc}") from exc
         return [
             name
@@ -225,7 +225,7 @@ class FileSystemCheckpointStorage:
             with contextlib.suppress(FileNotFoundError):
                 fs.rm_file(f"{path}/{METADATA_FILE}")
             remove_tree(fs, path)
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             raise CheckpointError(f"cannot discard {location}: {exc}") from exc
 
     def discard_shared(self, location: str, description: Mapping[str, Any]) -> None:
@@ -294,7 +294,7 @@ class FileSystemCheckpointStorage:
                     with contextlib.suppress(FileNotFoundError):
                         fs.rm_file(path)
                     deleted.append(str(fs.unstrip_protocol(path)))
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             raise CheckpointError(f"cannot delete what failed checkpoints left in {job}: {exc}") from exc
         return deleted
 

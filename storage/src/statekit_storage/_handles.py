@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -14,33 +14,37 @@ from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-
 from statekit.errors import CheckpointError, CorruptSnapshotError
 from statekit.snapshot_codec import BytesStreamHandle
 
-__all__ = ["FS_ERRORS", "FileStreamHandle", "InlineStreamHandle"]
+__all__ = ["FileStreamHandle", "InlineStreamHandle", "fs_errors"]
 
 
-def _filesystem_errors() -> tuple[type[Exception], ...]:
-    """What fsspec filesystems raise when their store fails.
+def fs_errors() -> tuple[type[Exception], ...]:
+    """What fsspec filesystems raise when their store fails (for ``except``; evaluated where it is).
 
     Mostly ``OSError``; but s3fs lets botocore's connection errors and timeouts
     (``EndpointConnectionError``, ``ReadTimeoutError``: ``BotoCoreError``) and
     aiohttp's through untranslated, and a checkpoint must fail with statekit's
     error, not another, when an endpoint is down.
+
+    Their classes are taken from the modules already imported, never imported
+    here: an exception of a module no one imported cannot be raised, and
+    importing aiohttp cost every process that reads a local checkpoint (a
+    Spark worker restoring its first subtask) an eighth of a second.
     """
-    errors: list[type[Exception]] = [OSError]
-    with contextlib.suppress(ImportError):
-        from botocore.exceptions import BotoCoreError  # type: ignore[import-untyped]
+    errors: tuple[type[Exception], ...] = (OSError,)
+    botocore = sys.modules.get("botocore.exceptions")
+    boto_error = getattr(botocore, "BotoCoreError", None)
+    if isinstance(boto_error, type) and issubclass(boto_error, Exception):
+        errors += (boto_error,)
+    aiohttp = sys.modules.get("aiohttp.client_exceptions")
+    client_error = getattr(aiohttp, "ClientError", None)
+    if isinstance(client_error, type) and issubclass(client_error, Exception):
+        errors += (client_error,)
+    return errors
 
-        errors.append(BotoCoreError)
-    with contextlib.suppress(ImportError):
-        from aiohttp import ClientError
 
-        errors.append(ClientError)
-    return tuple(errors)
-
-
-#: Exceptions of a failing store, turned into :class:`statekit.errors.CheckpointError` naming the file.
-FS_ERRORS = _filesystem_errors()
-#: What asking a file's size may raise besides a missing file (an odd answer of a store).
-_SIZE_ERRORS: tuple[type[Exception], ...] = (*FS_ERRORS, TypeError, ValueError)
+def _size_errors() -> tuple[type[Exception], ...]:
+    """What asking a file's size may raise besides a missing file (an odd answer of a store)."""
+    return (*fs_errors(), TypeError, ValueError)
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,7 +124,7 @@ class FileStreamHandle:
         except FileNotFoundError:
             # A file its checkpoint names is gone: the checkpoint is damaged, not the store down.
             raise CorruptSnapshotError(f"{self.url}: the file is missing") from None
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             # Object stores refuse a range past the end (S3: InvalidRange) instead of reading short.
             raise self._shorter_than_recorded(end) or CheckpointError(
                 f"cannot read state file {self.url}: {exc}"
@@ -138,7 +142,7 @@ class FileStreamHandle:
             actual = int(self.fs.size(self.path))
         except FileNotFoundError:
             return CorruptSnapshotError(f"{self.url}: the file is missing")
-        except _SIZE_ERRORS:
+        except _size_errors():
             return None
         if actual >= end:
             return None
@@ -156,7 +160,7 @@ class FileStreamHandle:
             self.fs.rm_file(self.path)
         except FileNotFoundError:
             pass
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             raise CheckpointError(f"cannot delete state file {self.url}: {exc}") from exc
 
     def to_json(self) -> dict[str, Any]:

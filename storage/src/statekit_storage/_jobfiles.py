@@ -14,7 +14,7 @@ from collections.abc import Callable
 from statekit.errors import CheckpointError
 
 from ._files import Files
-from ._handles import FS_ERRORS
+from ._handles import fs_errors
 from ._paths import join_url
 from ._publishing import has_directories, publish
 
@@ -53,9 +53,9 @@ class JobFiles:
         fs, path = self._files.open(url)
         try:
             publish(fs, path, data, exclusive=False, has_directories=has_directories(fs))
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             raise CheckpointError(f"cannot write {url}: {exc}") from exc
-        with contextlib.suppress(*FS_ERRORS):
+        with contextlib.suppress(*fs_errors()):
             fs.invalidate_cache(path)
 
     def create(self, job_id: str, name: str, data: bytes) -> bool:
@@ -70,10 +70,10 @@ class JobFiles:
             publish(fs, path, data, exclusive=True, has_directories=has_directories(fs))
         except FileExistsError:
             return False
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             raise CheckpointError(f"cannot create {url}: {exc}") from exc
         finally:
-            with contextlib.suppress(*FS_ERRORS):
+            with contextlib.suppress(*fs_errors()):
                 fs.invalidate_cache(path)
         return True
 
@@ -85,7 +85,7 @@ class JobFiles:
             data = bytes(fs.cat_file(path, start=0, end=MAX_JOB_FILE + 1))
         except FileNotFoundError:
             return None
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             raise CheckpointError(f"cannot read {url}: {exc}") from exc
         if len(data) > MAX_JOB_FILE:
             raise CheckpointError(
@@ -101,5 +101,5 @@ class JobFiles:
             fs.rm_file(path)
         except FileNotFoundError:
             pass
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             raise CheckpointError(f"cannot delete {url}: {exc}") from exc

@@ -11,7 +11,7 @@ from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
-from ._handles import FS_ERRORS
+from ._handles import fs_errors
 
 __all__ = ["has_directories", "publish"]
 
@@ -64,7 +64,7 @@ def publish(fs: Any, path: str, data: bytes, *, exclusive: bool, has_directories
             raise FileExistsError(path)
         fs.mv(temp, path)
     except BaseException:
-        with contextlib.suppress(*FS_ERRORS):
+        with contextlib.suppress(*fs_errors()):
             fs.rm_file(temp)
         raise
 

@@ -17,7 +17,7 @@ from typing import Any
 from statekit.errors import CheckpointError
 
 from ._files import Files, list_names
-from ._handles import FS_ERRORS
+from ._handles import fs_errors
 from ._paths import join_url
 from ._publishing import has_directories, publish
 
@@ -42,7 +42,7 @@ class RunRecords:
         fs, path = self._files.open(runs)
         try:
             names = list_names(fs, path)
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             raise CheckpointError(f"cannot list the runs of job {job_id!r} in {runs}: {exc}") from exc
         return fs, path, sorted((int(m[1]), m[2]) for n in names if (m := _RUN_RECORD.fullmatch(n)))
 
@@ -56,12 +56,12 @@ class RunRecords:
         data = json.dumps({**description, "run_id": run_id, "epoch": epoch}, sort_keys=True).encode()
         try:
             publish(fs, record, data, exclusive=False, has_directories=has_directories(fs))
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             where = fs.unstrip_protocol(record)
             raise CheckpointError(f"cannot record a run of job {job_id!r} at {where}: {exc}") from exc
         for old_epoch, old_run in runs:
             if old_epoch < epoch - 1:
-                with contextlib.suppress(*FS_ERRORS):
+                with contextlib.suppress(*fs_errors()):
                     fs.rm_file(f"{path}/run-{old_epoch}-{old_run}.json")
         fs.invalidate_cache(path)
         return epoch
@@ -80,7 +80,7 @@ class RunRecords:
             obj = json.loads(bytes(fs.cat_file(record, start=0, end=_MAX_RUN_RECORD)))
         except FileNotFoundError:
             return {"runner": "a run whose record was deleted"}
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             return {"runner": f"a run whose record {fs.unstrip_protocol(record)} cannot be read ({exc})"}
         except ValueError:
             return {"runner": f"a run whose record {fs.unstrip_protocol(record)} is damaged"}
@@ -96,5 +96,5 @@ class RunRecords:
                 data = json.dumps(description, sort_keys=True).encode()
                 try:
                     publish(fs, record, data, exclusive=False, has_directories=has_directories(fs))
-                except FS_ERRORS as exc:
+                except fs_errors() as exc:
                     raise CheckpointError(f"cannot record the end of a run at {record}: {exc}") from exc

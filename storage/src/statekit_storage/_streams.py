@@ -9,7 +9,7 @@ from typing import Any
 from statekit.errors import CheckpointError
 from statekit.snapshot_codec import StreamStateHandle
 
-from ._handles import FS_ERRORS, FileStreamHandle, InlineStreamHandle
+from ._handles import FileStreamHandle, InlineStreamHandle, fs_errors
 
 __all__ = ["FileOutputStream", "MemoryOutputStream"]
 
@@ -77,7 +77,7 @@ class FileOutputStream(MemoryOutputStream):
                 self._file.write(bytes(self._buffer))
                 self._buffer = bytearray()
             self._file.write(data)
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             raise self._fail(exc, "write") from exc
         self._written += len(data)
         return len(data)
@@ -90,7 +90,7 @@ class FileOutputStream(MemoryOutputStream):
         self._closed = True
         try:
             self._file.close()
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             raise self._fail(exc, "write") from exc
         return FileStreamHandle(self._fs, self._path, self._name, self._written)
 
@@ -102,8 +102,8 @@ class FileOutputStream(MemoryOutputStream):
         """
         file, self._file = self._file, None
         if file is not None:
-            with contextlib.suppress(*FS_ERRORS):
+            with contextlib.suppress(*fs_errors()):
                 file.close()
-            with contextlib.suppress(*FS_ERRORS):
+            with contextlib.suppress(*fs_errors()):
                 self._fs.rm_file(self._path)
         super().discard()

@@ -9,7 +9,7 @@ from statekit.backend_api import CheckpointOutputStream
 from statekit.errors import CheckpointError, ConfigurationError
 
 from ._files import Files, remove_tree
-from ._handles import FS_ERRORS
+from ._handles import fs_errors
 from ._paths import METADATA_FILE, check_job_id, check_name, join_url, normalize_dir
 from ._publishing import has_directories, publish
 from ._streams import FileOutputStream
@@ -39,7 +39,7 @@ class FileWriter:
             path = posixpath.normpath(f"{self._path}/{rel}")
             try:
                 self._fs.makedirs(path, exist_ok=True)
-            except FS_ERRORS as exc:
+            except fs_errors() as exc:
                 raise CheckpointError(f"cannot create {self._fs.unstrip_protocol(path)}: {exc}") from exc
 
     def create_stream(self, name: str, *, shared: bool = False) -> CheckpointOutputStream:
@@ -63,7 +63,7 @@ class FileWriter:
         try:
             self._fs.invalidate_cache(self._path)
             complete = bool(self._fs.exists(meta))
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             raise CheckpointError(f"cannot read {join_url(self._url, METADATA_FILE)}: {exc}") from exc
         if complete:
             raise CheckpointError(
@@ -91,7 +91,7 @@ class FileWriter:
             publish(fs, meta, bytes(metadata), exclusive=True, has_directories=self.has_directories)
         except FileExistsError:
             raise already from None
-        except FS_ERRORS as exc:
+        except fs_errors() as exc:
             raise CheckpointError(f"cannot write {join_url(self._url, METADATA_FILE)}: {exc}") from exc
         finally:
             fs.invalidate_cache(self._path)
@@ -113,7 +113,7 @@ class FileWriter:
             if self._fs.exists(f"{self._path}/{METADATA_FILE}"):
                 raise CheckpointError(f"{self._url} is complete; abort() deletes only unfinished ones")
             remove_tree(self._fs, self._path)
-        except FS_ERRORS:
+        except fs_errors():
             pass
 
 

@@ -33,6 +33,9 @@ See ``docs/spark.md``.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .._errors import install_hint
 
 try:
@@ -45,13 +48,44 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installa
         name=exc.name,
     ) from exc
 
-from ._api import KeyedDataFrame, ProcessedStream, keyed
-from ._batchinfo import BatchInfo
-from ._bootstrap import write_savepoint
-from ._log_source import LOG_SOURCE_NAME, read_logs, register_log_source
-from ._recent import batch_info_for
-from ._sparkconf import spark_configuration
-from ._state_source import register_state_source
+if TYPE_CHECKING:
+    from ._api import KeyedDataFrame, ProcessedStream, keyed
+    from ._batchinfo import BatchInfo
+    from ._bootstrap import write_savepoint
+    from ._log_source import LOG_SOURCE_NAME, read_logs, register_log_source
+    from ._recent import batch_info_for
+    from ._sparkconf import spark_configuration
+    from ._state_source import register_state_source
+
+# The public names, imported on first use: a Spark worker imports this package to unpickle its
+# task (``._task``) and needs none of the driver's modules these pull in.
+_LAZY = {
+    "KeyedDataFrame": "._api",
+    "ProcessedStream": "._api",
+    "keyed": "._api",
+    "BatchInfo": "._batchinfo",
+    "write_savepoint": "._bootstrap",
+    "LOG_SOURCE_NAME": "._log_source",
+    "read_logs": "._log_source",
+    "register_log_source": "._log_source",
+    "batch_info_for": "._recent",
+    "spark_configuration": "._sparkconf",
+    "register_state_source": "._state_source",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "LOG_SOURCE_NAME",

@@ -126,7 +126,7 @@ def write_savepoint(
     writer = store.begin_savepoint(job_id, target_dir)
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     try:
-        route_values = routing_values(session, p)
+        route_values = routing_values(p)
         sections = _sections(frames, metas, ks, now, p, max_parallelism, route_values)
         return _write_files(
             sections, store, writer, job_id, operator, ks, metas, max_parallelism, route_values

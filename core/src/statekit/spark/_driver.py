@@ -256,8 +256,7 @@ class MicroBatchDriver:
             # those of the latest checkpoint already).
             self.coordinator.check(base, found=start.files_found)
         self.metrics = QueryMetrics(session, conf, spec.job_id, spec.operator_id)
-        with self.metrics.describe(None, "routing"):
-            values = routing_values(session, self.parallelism)
+        values = routing_values(self.parallelism)
         self.router = Router(
             session,
             spec.df.schema,
