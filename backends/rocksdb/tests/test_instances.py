@@ -3,7 +3,8 @@
 The subtask that takes key groups from two old subtasks holds two instances;
 every read, write and scan goes to the one holding the key's key group, its
 snapshots carry both (``statekit-rocksdb-2``), and they restore at any
-parallelism. Past ``MAX_INSTANCES`` the smallest part is copied into a
+parallelism and read through the tools (verify, convert, the state
+processor). Past ``MAX_INSTANCES`` the smallest part is copied into a
 neighbour. A malformed instance list, or a reader of format 1 only, stops
 with an error naming the snapshot.
 """
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 import statekit_rocksdb._restore as restore_module
-from statekit import ValueStateDescriptor
+from statekit import KeyedProcessFunction, LocalRunner, ValueStateDescriptor
 from statekit.backend_api import key_group_for_bytes
 from statekit.checkpointing import (
     complete_checkpoint,
@@ -27,8 +28,11 @@ from statekit.checkpointing import (
     load_checkpoint,
     write_subtask_state,
 )
+from statekit.cli._cli import main
 from statekit.errors import CheckpointError, CorruptSnapshotError
 from statekit.serializers import StrSerializer
+from statekit.state_processor import SavepointReader
+from statekit.testing import keyed_checkpoint_part
 from statekit_rocksdb import ROCKSDB_INSTANCES_FORMAT, ROCKSDB_NATIVE_FORMAT, RocksDBKeyedStateBackend
 from statekit_storage import FileSystemCheckpointStorage
 
@@ -237,3 +241,61 @@ def test_a_reader_of_format_1_only_names_the_format_it_cannot_read(job: Job) -> 
     old.readable_native_formats = (ROCKSDB_NATIVE_FORMAT,)  # type: ignore[misc]  # as statekit before it
     with pytest.raises(CheckpointError, match=ROCKSDB_INSTANCES_FORMAT):
         load_checkpoint(job.storage, loc).restore_subtask("op", 1, 3, old, None)
+
+
+class Put(KeyedProcessFunction):
+    """Records are (key, value): the key's count becomes value."""
+
+    def open(self, ctx: Any) -> None:
+        self.v = ctx.get_state(COUNT)
+
+    def process(self, record: Any, ctx: Any) -> None:
+        self.v.update(record[1])
+
+
+def test_tools_read_a_checkpoint_of_several_instances(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def runner(p: int) -> LocalRunner:
+        return LocalRunner(
+            Put,
+            key_selector=lambda r: r[0],
+            config={
+                "statekit.backend": "rocksdb",
+                "statekit.checkpoints.dir": str(tmp_path / "chk"),
+                "statekit.local-dir": str(tmp_path / "local"),
+                "statekit.parallelism": p,
+            },
+            job_id="tools",
+        )
+
+    expected = {k: i for i, k in enumerate(KEYS[:3000])}
+    first = runner(2)
+    for item in expected.items():
+        first.process(item)
+    first.checkpoint()
+    first.close()
+    up = runner(3)
+    up.restore("latest")
+    chk = up.checkpoint()
+    assert keyed_checkpoint_part(up, chk, 1)["format"] == ROCKSDB_INSTANCES_FORMAT
+    up.close()
+
+    assert main(["checkpoints", "verify", chk]) == 0
+    reader = SavepointReader.latest(str(tmp_path / "chk"), "tools")  # through the backend
+    t = reader.read_table("process", COUNT.name)
+    reader.close()
+    assert dict(zip(t["key"].to_pylist(), t["value"].to_pylist())) == expected
+    capsys.readouterr()
+    assert main(["savepoint", "convert", chk, "--target", str(tmp_path / "sp"), "--no-progress"]) == 0
+    location = capsys.readouterr().out.strip().rsplit(" ", 1)[-1]
+    back = runner(1)
+    back.restore(location)
+    kb = back.subtasks[0].keyed_backend
+    s = kb.get_state(COUNT)
+    got = {}
+    for k in kb.keys(COUNT.name):
+        kb.set_current_key(k)
+        got[k] = s.value()
+    back.close()
+    assert got == expected
