@@ -31,8 +31,14 @@ rocksdict 0.3.29 lacks keeps that rewrite: RocksDB ingests only SST files an
 instance's own files are refused, "External file version not found"), and it
 has no column-family export/import (Flink's ``useIngestDbRestoreMode``).
 
-Measured (``bench/bench_checkpoint_scaling.py``, 2 cores shared): see
-docs/backends/rocksdb.md, "Rescaling".
+Measured (``bench/bench_checkpoint_scaling.py --backends rocksdb``, one
+process, 2 cores shared; docs/backends/rocksdb.md, "Restore and rescale",
+has the tables): copying the other instances' keys was 43 % of a 2 -> 3
+rescale at 4M keys and 62-66 % at 16M (1.05-1.50 s), 70-85 % of a 3 -> 2;
+the rescale took 13.3x a same-parallelism restore at 16M (2 -> 3) and 6.95x
+(3 -> 2). Without the copy, 1.54x and 0.76x in the same bench; what is left
+is downloading and opening more instances (2 -> 3: four for three subtasks,
+against two for a restore at p=2).
 
 A RocksDB instance cannot be opened without all of its files, so an
 overlapping instance is downloaded whole (hard-linked when task-local recovery
