@@ -319,7 +319,7 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
         out = []
         with self._rocksdb_writing():
             for col in self.kv_columns:
-                for cf, _ in col.engine:
+                for cf, _ in col.engine or ():
                     cf.flush(True)
             os.makedirs(directory)
             for i, inst in enumerate(insts):
@@ -546,7 +546,7 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
         for name in self.stored_state_names:
             col = self.kv_column(name, create=False)
             if col is not None and col.engine:
-                for cf, _ in col.engine:
+                for cf, _ in col.engine or ():
                     total += int(cf.property_int_value("rocksdb.estimate-num-keys") or 0)
         return total
 

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from itertools import starmap
 from typing import Any, Protocol
 
-from rocksdict import AccessType, Options, Rdict, ReadOptions, SstFileWriter
+from rocksdict import AccessType, Options, Rdict, ReadOptions, SstFileWriter, WriteBatch
 
 from statekit.backend_api import KeyGroupRange
 from statekit.errors import CorruptSnapshotError
@@ -275,9 +275,11 @@ def _state_families(path: str) -> list[str]:
 def _clip(db: Any, path: str, group_width: int, below: bytes | None, above: bytes | None) -> None:
     """Drop every key before ``below`` and from ``above`` on, in every state's column family of ``db``.
 
-    A range deletion each, whatever the size. The deleted ranges are not
-    compacted away here (Flink neither compacts after a rescale unless told
-    to): a compaction reads every deleted entry, about 60 % of a 2 -> 3
+    A range deletion each, whatever the size, all in one WriteBatch (closing
+    a column family's handle instead would flush its memtable: an SST file
+    per family, 30-40 ms of a 2 -> 3 rescale at 4M keys). The deleted ranges
+    are not compacted away here (Flink neither compacts after a rescale unless
+    told to): a compaction reads every deleted entry, about 60 % of a 2 -> 3
     rescale's time at 1M keys, while reads and iterators skip a range
     tombstone without visiting what it covers and RocksDB's own compactions
     drop the covered entries when they merge the files holding them (under
@@ -286,15 +288,15 @@ def _clip(db: Any, path: str, group_width: int, below: bytes | None, above: byte
     next checkpoint references those files as they are (or, unclaimed, uploads them).
     """
     top = b"\xff" * (group_width + 1)
+    batch = WriteBatch(raw_mode=True)
     for cf_name in _state_families(path):
-        cf = db.get_column_family(cf_name)
-        try:
-            if below:
-                cf.delete_range(b"", below)
-            if above is not None:
-                cf.delete_range(above, top)
-        finally:
-            cf.close()
+        handle = db.get_column_family_handle(cf_name)
+        if below:
+            batch.delete_range(b"", below, handle)
+        if above is not None:
+            batch.delete_range(above, top, handle)
+    if not batch.is_empty():
+        db.write(batch)
 
 
 def _ingest_range(
