@@ -31,6 +31,7 @@ from statekit.checkpointing import (
 from statekit.cli._cli import main
 from statekit.errors import CheckpointError, CorruptSnapshotError
 from statekit.serializers import StrSerializer
+from statekit.snapshot_codec import NativeFile
 from statekit.state_processor import SavepointReader
 from statekit.testing import keyed_checkpoint_part
 from statekit_rocksdb import ROCKSDB_INSTANCES_FORMAT, ROCKSDB_NATIVE_FORMAT, RocksDBKeyedStateBackend
@@ -299,3 +300,39 @@ def test_tools_read_a_checkpoint_of_several_instances(
         got[k] = s.value()
     back.close()
     assert got == expected
+
+
+def test_a_rescale_downloads_each_sst_file_once_per_process_and_links_only_an_unchanged_copy(
+    job: Job, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = job.subtasks(2)
+    fill(first, KEYS, lambda _: 4)
+    loc = job.checkpoint(first)
+    expected = contents(first)
+    copied: list[str] = []
+    copy_to = NativeFile.copy_to
+
+    def counted(self: NativeFile, path: Any, *, link: bool = False) -> None:
+        if self.name.endswith(".sst"):
+            copied.append(self.name)
+        copy_to(self, path, link=link)
+
+    monkeypatch.setattr(NativeFile, "copy_to", counted)
+    up = job.restore(loc, 3)  # the middle subtask links what its neighbours downloaded
+    ssts = [f.name for h in job.handles(loc, up[1]) for f in h.files if f.name.endswith(".sst")]
+    assert sorted(copied) == sorted(ssts)
+    assert contents(up) == expected
+
+    # A copy that is gone (its instance closed), or whose modification time changed, is downloaded.
+    old = job.handles(loc, up[1])
+    first_ssts = [f.name for h in old if h.meta["range"][0] == 0 for f in h.files if f.name.endswith(".sst")]
+    expected_mid = contents([up[1]])
+    up[0].close()
+    up[1].close()
+    touched = next(n for n in sorted(os.listdir(up[2].db_path)) if n.endswith(".sst"))
+    os.utime(os.path.join(up[2].db_path, touched), ns=(1, 1))
+    copied.clear()
+    again = job.make(key_group_range=key_group_range_for_operator(MAXP, 3, 1))
+    load_checkpoint(job.storage, loc).restore_subtask("op", 1, 3, again, None)
+    assert sorted(copied) == sorted([*first_ssts, touched])
+    assert contents([again]) == expected_mid

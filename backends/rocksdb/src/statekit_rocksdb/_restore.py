@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -164,6 +165,66 @@ def instances_of(h: NativeStateHandle, held: KeyGroupRange) -> list[tuple[str, K
     return out
 
 
+class _CheckedFiles:
+    """SST files this process downloaded and checked, still in a live instance: a later download links them.
+
+    A rescale downloads an old instance once per new subtask that overlaps it
+    (2 -> 3: the middle subtask downloads both old instances, which its
+    neighbours download too). An SST file is immutable: RocksDB writes it once
+    and deletes it, never rewrites it. A copy whose bytes were checked against
+    the file's SHA-256 when it was downloaded is still those bytes while its
+    inode, size and modification time are the same, so a later download of
+    the same file in this process hard-links that copy instead of reading and
+    hashing it again (issue 46: "bound to its inode, size and time"). A copy
+    gone (its instance closed, or compacted away), replaced or on another file
+    system is downloaded as usual.
+    """
+
+    #: Files remembered at most (the oldest are forgotten first).
+    LIMIT = 8192
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._files: dict[str, tuple[str, int, int, int]] = {}  # sha256 -> path, inode, size, mtime_ns
+
+    def link(self, sha256: str, size: int, dst: str) -> bool:
+        """Hard-link the checked copy of the file with ``sha256`` and ``size`` at ``dst``; False: download."""
+        with self._lock:
+            entry = self._files.get(sha256)
+        if entry is None:
+            return False
+        path, ino, known_size, mtime = entry
+        try:
+            st = os.stat(path)
+            if (st.st_ino, st.st_size, st.st_mtime_ns) != (ino, known_size, mtime) or known_size != size:
+                raise FileNotFoundError(path)
+            os.link(path, dst)
+            if os.stat(dst).st_ino != ino:  # replaced between the check and the link
+                os.unlink(dst)
+                raise FileNotFoundError(path)
+        except OSError:
+            with self._lock:
+                if self._files.get(sha256) == entry:
+                    del self._files[sha256]
+            return False
+        return True
+
+    def add(self, sha256: str, path: str) -> None:
+        """``path`` holds the bytes of the file with ``sha256``, checked (downloaded or linked)."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        with self._lock:
+            self._files.pop(sha256, None)
+            self._files[sha256] = (path, st.st_ino, st.st_size, st.st_mtime_ns)
+            while len(self._files) > self.LIMIT:
+                del self._files[next(iter(self._files))]
+
+
+_CHECKED = _CheckedFiles()
+
+
 def _download(piece: _Piece, directory: str) -> dict[str, NativeFile]:
     """Every file of the piece's instance into ``directory``, each checked; its SST files by local name."""
     os.makedirs(directory)
@@ -177,8 +238,12 @@ def _download(piece: _Piece, directory: str) -> dict[str, NativeFile]:
             raise CorruptSnapshotError(
                 f"native RocksDB snapshot names a file {f.name!r} outside its directory"
             )
-        # SST files are immutable: a local copy from an earlier checkpoint on this machine is linked.
-        f.copy_to(os.path.join(directory, name), link=name.endswith(".sst"))
+        # SST files are immutable: a copy this process checked, or a local copy from an earlier
+        # checkpoint on this machine (task-local recovery), is linked.
+        dst = os.path.join(directory, name)
+        sst = name.endswith(".sst")
+        if not (sst and f.sha256 is not None and _CHECKED.link(f.sha256, f.size, dst)):
+            f.copy_to(dst, link=sst)
         if f.shared and name.endswith(".sst"):
             ssts[name] = f
     if not os.path.exists(os.path.join(directory, "CURRENT")):
@@ -226,12 +291,14 @@ def restore_instances(backend: RestoreTarget, parts: Sequence[NativeStateHandle]
     staging = os.path.join(backend.instance_dir, f"restore-{os.urandom(4).hex()}")
     dirs = []
     adopted: dict[str, NativeFile] = {}
+    kept: list[dict[str, NativeFile]] = []
     names = [""] if len(targets) == 1 else [f"{i}-" for i in range(len(targets))]
     try:
         merges: list[list[tuple[_Piece, str]]] = []
         for i, t in enumerate(targets):
             d = os.path.join(staging, f"db-{i}")
-            for name, f in _download(t.base, d).items():
+            kept.append(_download(t.base, d))
+            for name, f in kept[i].items():
                 adopted[names[i] + name] = dataclasses.replace(f, name=names[i] + name)
             dirs.append(d)
             copies = []
@@ -250,6 +317,9 @@ def restore_instances(backend: RestoreTarget, parts: Sequence[NativeStateHandle]
             path = os.path.join(backend.instance_dir, "db" if i == 0 else f"db-{i}")
             os.replace(d, path)
             placed.append((path, own.start if i == 0 else targets[i].start))
+            for name, f in kept[i].items():
+                if f.sha256 is not None:
+                    _CHECKED.add(f.sha256, os.path.join(path, name))
         backend.rocksdb_open(placed)
         layout = backend.layout
         dbs = backend.databases
