@@ -336,3 +336,28 @@ def test_a_rescale_downloads_each_sst_file_once_per_process_and_links_only_an_un
     load_checkpoint(job.storage, loc).restore_subtask("op", 1, 3, again, None)
     assert sorted(copied) == sorted([*first_ssts, touched])
     assert contents([again]) == expected_mid
+
+
+def test_a_rescale_back_downloads_each_sst_file_once_also_within_one_subtask(
+    job: Job, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = job.subtasks(2)
+    fill(first, KEYS, lambda _: 6)
+    up = job.restore(job.checkpoint(first), 3)
+    loc = job.checkpoint(up)  # old subtask 1 holds two instances that share files with its neighbours
+    expected = contents(up)
+    for b in up:
+        b.close()
+    copied: list[str | None] = []
+    copy_to = NativeFile.copy_to
+
+    def counted(self: NativeFile, path: Any, *, link: bool = False) -> None:
+        if self.name.endswith(".sst"):
+            copied.append(self.sha256)
+        copy_to(self, path, link=link)
+
+    monkeypatch.setattr(NativeFile, "copy_to", counted)
+    down = job.restore(loc, 2)  # subtask 0 holds the old subtask 0 and part of 1: the same SST files
+    files = {f.sha256 for b in down for h in job.handles(loc, b) for f in h.files if f.name.endswith(".sst")}
+    assert sorted(copied, key=str) == sorted(files, key=str)
+    assert contents(down) == expected

@@ -244,6 +244,8 @@ def _download(piece: _Piece, directory: str) -> dict[str, NativeFile]:
         sst = name.endswith(".sst")
         if not (sst and f.sha256 is not None and _CHECKED.link(f.sha256, f.size, dst)):
             f.copy_to(dst, link=sst)
+        if sst and f.sha256 is not None:  # the next instance of this restore may hold it too
+            _CHECKED.add(f.sha256, dst)
         if f.shared and name.endswith(".sst"):
             ssts[name] = f
     if not os.path.exists(os.path.join(directory, "CURRENT")):
@@ -317,7 +319,7 @@ def restore_instances(backend: RestoreTarget, parts: Sequence[NativeStateHandle]
             path = os.path.join(backend.instance_dir, "db" if i == 0 else f"db-{i}")
             os.replace(d, path)
             placed.append((path, own.start if i == 0 else targets[i].start))
-            for name, f in kept[i].items():
+            for name, f in kept[i].items():  # where the checked copies are from now on
                 if f.sha256 is not None:
                     _CHECKED.add(f.sha256, os.path.join(path, name))
         backend.rocksdb_open(placed)
