@@ -36,9 +36,12 @@ process, 2 cores shared; docs/backends/rocksdb.md, "Restore and rescale",
 has the tables): copying the other instances' keys was 43 % of a 2 -> 3
 rescale at 4M keys and 62-66 % at 16M (1.05-1.50 s), 70-85 % of a 3 -> 2;
 the rescale took 13.3x a same-parallelism restore at 16M (2 -> 3) and 6.95x
-(3 -> 2). Without the copy, 1.54x and 0.76x in the same bench; what is left
-is downloading and opening more instances (2 -> 3: four for three subtasks,
-against two for a restore at p=2).
+(3 -> 2). Without the copy, 1.5-2.4x and 0.76-1.03x; what was left was
+downloading the same files twice (2 -> 3: the middle subtask overlaps both
+old instances) and closing column-family handles in the clip, which flushed
+them. An SST file this process already downloaded and checked is linked
+(:class:`_CheckedFiles`), and the clip is one WriteBatch: 1.04x and 1.00x at
+16M.
 
 A RocksDB instance cannot be opened without all of its files, so an
 overlapping instance is downloaded whole (hard-linked when task-local recovery
