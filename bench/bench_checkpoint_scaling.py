@@ -12,7 +12,10 @@ writes every checkpoint. Per size, in one process:
   full one's (the goal: <= 3 % of the bytes, <= 5 % of the time on heap);
 - **restore** at p=2 from that checkpoint, and **rescale** 2 -> 3 (three new
   subtasks, each restoring its key groups), and their ratio; the restore of
-  the canonical checkpoint at p=2 is the baseline (what a restore cost before).
+  the canonical checkpoint at p=2 is the baseline (what a restore cost before);
+- then the p=3 subtasks of a rescale take a native checkpoint of their own:
+  **restore** at p=3 from it and **rescale** 3 -> 2, and their ratio (a
+  rescale back, from instances that were themselves rescaled).
 
 Times are best of ``--repeats`` where the step can be repeated without
 changing what it measures (restores); checkpoints are taken once per round
@@ -128,6 +131,26 @@ def run(name: str, n: int, repeats: int, root: str) -> dict[str, float]:
             del bs
             gc.collect()
         r[f"{label}_s"] = best
+    # A checkpoint at p=3 of rescaled subtasks, then back to p=2.
+    _, rescaled = restore(storage, loc, factory, 3, local)
+    loc3, _, _ = checkpoint(storage, 4, rescaled, native=True)
+    for b in rescaled:
+        b.close()
+    del rescaled
+    gc.collect()
+    for label, p in (("restore3", 3), ("rescale32", 2)):
+        best = float("inf")
+        for _ in range(repeats):
+            secs, bs = restore(storage, loc3, factory, p, local)
+            best = min(best, secs)
+            if _ == 0:
+                total = sum(b.num_entries() for b in bs)
+                assert total == n, (label, total, n)
+            for b in bs:
+                b.close()
+            del bs
+            gc.collect()
+        r[f"{label}_s"] = best
     shutil.rmtree(local, ignore_errors=True)
     return r
 
@@ -143,9 +166,9 @@ def main() -> None:
         print(
             "| backend | keys | full MB | full s | canonical s | 1% ckpt MB | bytes ratio | 1% ckpt s | "
             "time / full | time / canonical | canonical restore s | restore s | rescale 2->3 s | "
-            "rescale/restore | load before / after |"
+            "rescale/restore | restore p=3 s | rescale 3->2 s | rescale/restore | load before / after |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name in args.backends.split(","):
             for n in (int(x) for x in args.keys.split(",")):
                 before = load()
@@ -156,7 +179,9 @@ def main() -> None:
                     f"{r['delta_bytes'] / r['full_bytes']:.1%} | {r['delta_s']:.3f} | "
                     f"{r['delta_s'] / r['full_s']:.1%} | {r['delta_s'] / r['canonical_s']:.1%} | "
                     f"{r['canonical_restore_s']:.2f} | {r['restore_s']:.2f} | {r['rescale_s']:.2f} | "
-                    f"{r['rescale_s'] / r['restore_s']:.2f} | {before} / {load()} |",
+                    f"{r['rescale_s'] / r['restore_s']:.2f} | "
+                    f"{r['restore3_s']:.2f} | {r['rescale32_s']:.2f} | "
+                    f"{r['rescale32_s'] / r['restore3_s']:.2f} | {before} / {load()} |",
                     flush=True,
                 )
     finally:

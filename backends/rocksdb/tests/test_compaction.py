@@ -21,9 +21,9 @@ def settle(backend: Any) -> None:
     db = backend.db
     while True:
         pending = sum(
-            int(col.engine[0].property_int_value("rocksdb.compaction-pending") or 0)
+            int(cf.property_int_value("rocksdb.compaction-pending") or 0)
             for col in backend.kv_columns
-            if col.engine is not None
+            for cf, _ in col.engine or ()
         )
         if not pending and not db.property_int_value("rocksdb.num-running-compactions"):
             return
@@ -93,7 +93,7 @@ def test_a_checkpoint_restores_under_the_other_compaction_style(
         checkpoint(b, n)
         change_one_percent(b, rng, n)
     handle = checkpoint(b, 11)
-    cf = b.kv_column(COUNT.name).engine[0]
+    cf = b.kv_column(COUNT.name).engine[0][0]
     levels = [int(cf.property_int_value(f"rocksdb.num-files-at-level{i}") or 0) for i in range(7)]
     assert sum(1 for n in levels if n) >= 2 if before == "level" else levels[0] >= 2, levels
     target = make_backend(options={"compaction-style": after})

@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
-from ._backend import ROCKSDB_NATIVE_FORMAT, RocksDBKeyedStateBackend, RocksDBStateBackend
+from ._backend import (
+    ROCKSDB_INSTANCES_FORMAT,
+    ROCKSDB_NATIVE_FORMAT,
+    RocksDBKeyedStateBackend,
+    RocksDBStateBackend,
+)
 
-__all__ = ["ROCKSDB_NATIVE_FORMAT", "RocksDBKeyedStateBackend", "RocksDBStateBackend"]
+__all__ = [
+    "ROCKSDB_INSTANCES_FORMAT",
+    "ROCKSDB_NATIVE_FORMAT",
+    "RocksDBKeyedStateBackend",
+    "RocksDBStateBackend",
+]

@@ -1,4 +1,4 @@
-"""The RocksDB keyed state backend: one RocksDB instance per subtask, one column family per state.
+"""The RocksDB keyed state backend: an instance per subtask (a few after a rescale), a family per state.
 
 Every entry is stored under a composite key of the shared layout
 (``statekit.ordered_kv.KeyLayout``), values as statekit's serializers encode
@@ -6,7 +6,10 @@ them (rocksdict's raw mode: the engine never pickles). Writes wait in a
 buffer and reach RocksDB in WriteBatches. Snapshots are
 taken while processing goes on: canonical ones iterate RocksDB snapshots,
 native ones are RocksDB checkpoints (hard links) uploaded incrementally
-(``_incremental``); restores and rescales are in ``_restore``. The handles, the
+(``_incremental``); restores and rescales are in ``_restore``. A rescale may
+leave a subtask with several instances, each holding a contiguous part of its
+key groups: every read, write, scan and snapshot goes to the instance that
+holds the key's key group (:class:`_Instance`). The handles, the
 write buffer and what else every ordered key-value engine shares are core's
 (``statekit.ordered_kv.OrderedKVBackendBase``).
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import functools
 import itertools
 import os
@@ -38,20 +42,22 @@ from rocksdict import (
     WriteOptions,
 )
 
-from statekit.backend_api import DeclaredStateBackend, KeyedBackendParameters, StateEntries
+from statekit.backend_api import DeclaredStateBackend, KeyedBackendParameters, KeyGroupRange, StateEntries
 from statekit.errors import StateAccessError
 from statekit.ordered_kv import KVColumn, OrderedKVBackendBase, create_instance_dir, local_write_error
 from statekit.snapshot_codec import NativeStateHandle
 
 from ._incremental import RocksDBNativeSnapshot, UploadTracker
-from ._layout import CF_PREFIX
+from ._layout import CF_PREFIX, INSTANCES_META, ROCKSDB_INSTANCES_FORMAT, ROCKSDB_NATIVE_FORMAT
 from ._plugin import OPTIONS
-from ._restore import restore_instance
+from ._restore import restore_instances
 
-__all__ = ["ROCKSDB_NATIVE_FORMAT", "RocksDBKeyedStateBackend", "RocksDBStateBackend"]
-
-#: The native snapshot format: a RocksDB checkpoint's files (see docs/backends/rocksdb.md).
-ROCKSDB_NATIVE_FORMAT = "statekit-rocksdb-1"
+__all__ = [
+    "ROCKSDB_INSTANCES_FORMAT",
+    "ROCKSDB_NATIVE_FORMAT",
+    "RocksDBKeyedStateBackend",
+    "RocksDBStateBackend",
+]
 # Entries loaded at once above which a restore writes SST files and ingests them.
 _INGEST_THRESHOLD = 20_000
 # Entries (RocksDB's estimate) up to which a canonical snapshot copies the state into memory.
@@ -159,20 +165,56 @@ class RocksDBStateBackend(DeclaredStateBackend):
         return RocksDBKeyedStateBackend(parameters, engine=self._shared())
 
 
+class _Instance:
+    """One RocksDB database of a subtask and the key groups it holds: from ``start`` to the next one's start.
+
+    A subtask holds one instance, or after a rescale a few (``_restore``): each
+    an old subtask's instance clipped to the key groups the new one took from it.
+    Old subtasks owned disjoint key groups, so each key group lives in exactly one.
+    """
+
+    __slots__ = ("db", "families", "lower", "path", "start")
+
+    def __init__(self, path: str, start: int, lower: bytes) -> None:
+        self.path = path
+        #: The first key group it holds, and the smallest composite key of that key group.
+        self.start = start
+        self.lower = lower
+        self.db: Any = None
+        self.families: set[str] = set()
+
+    def open(self, opts: Callable[[], Options]) -> None:
+        """Open (or create) the database; its existing column families too."""
+        families = {}
+        if os.path.exists(os.path.join(self.path, "CURRENT")):
+            families = {name: opts() for name in Rdict.list_cf(self.path) if name != "default"}
+        self.db = Rdict(self.path, opts(), column_families=families)
+        self.families = {"default", *families}
+
+    def close(self) -> None:
+        db, self.db = self.db, None
+        if db is not None:
+            db.close()
+
+
 class RocksDBKeyedStateBackend(OrderedKVBackendBase):
-    """Keyed state of one subtask in a RocksDB instance under its local directory.
+    """Keyed state of one subtask in a RocksDB instance (a few after a rescale) under its local directory.
 
     The instance lives in ``<local dir>/rocksdb-<random>/``: ``db/`` is the live
-    database, ``chk-*`` are native snapshots waiting to be uploaded,
-    ``snap-*`` the sources of pending canonical snapshots and ``restore-*``
-    downloads; all of it is deleted by :meth:`close`. Handles, the write buffer,
-    key listing, bulk loads and TTL sweeps are statekit's
+    database (after a rescale, ``db-1/``, ``db-2/`` ... hold the key groups from
+    the next instance's start on), ``chk-*`` are native snapshots waiting to be
+    uploaded, ``snap-*`` the sources of pending canonical snapshots and
+    ``restore-*`` downloads; all of it is deleted by :meth:`close`. Handles, the
+    write buffer, key listing, bulk loads and TTL sweeps are statekit's
     :class:`~statekit.ordered_kv.OrderedKVBackendBase`; this class binds them to
-    column families.
+    column families, routing each key to the instance of its key group.
     """
 
     backend_name = "rocksdb"
+    #: ``statekit-rocksdb-1`` with one instance, ``statekit-rocksdb-2`` with several (set by a restore).
     native_format = ROCKSDB_NATIVE_FORMAT
+    #: Native formats restored: both.
+    readable_native_formats = (ROCKSDB_NATIVE_FORMAT, ROCKSDB_INSTANCES_FORMAT)
 
     def __init__(self, parameters: KeyedBackendParameters, engine: _Engine | None = None) -> None:
         self._rocksdb_engine = engine or _Engine({o.name: o.default for o in OPTIONS})
@@ -183,73 +225,108 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
         self._rocksdb_frozen: dict[int, _Frozen] = {}  # sources of pending canonical snapshots
         self._rocksdb_tokens: dict[int, object] = {}
         self.uploads = UploadTracker()
-        self._rocksdb_db: Any = None  # opened on first use: a backend that is only restored into
-        self._rocksdb_families: set[str] = set()  # (or fails a check) never creates an empty one
+        # Opened on first use: a backend that is only restored into (or fails a check) never creates one.
+        self._rocksdb_instances = [
+            _Instance(os.path.join(self.instance_dir, "db"), self.key_group_range.start, b"")
+        ]
+        self._rocksdb_bounds: list[bytes] = []  # the lower key of every instance but the first
 
-    # --- the instance -----------------------------------------------------------------------
+    # --- the instances ----------------------------------------------------------------------
 
     @property
     def db_path(self) -> str:
-        """The live database's directory."""
-        return os.path.join(self.instance_dir, "db")
+        """The (first) live database's directory."""
+        return self._rocksdb_instances[0].path
 
     @property
     def db(self) -> Any:
-        """The live rocksdict database, opened if needed (for tests and tools; writes bypass the buffer)."""
-        return self._rocksdb_live()
+        """The (first) live rocksdict database, opened if needed (tests, tools; writes bypass the buffer)."""
+        return self._rocksdb_live()[0].db
 
-    def _rocksdb_live(self) -> Any:
-        db = self._rocksdb_db
-        if db is None:
+    @property
+    def databases(self) -> list[tuple[KeyGroupRange, Any]]:
+        """Every live rocksdict database and the key groups it holds, in key-group order (tests, tools)."""
+        insts = self._rocksdb_live()
+        ends = [i.start - 1 for i in insts[1:]] + [self.key_group_range.end]
+        return [(KeyGroupRange.of(i.start, end), i.db) for i, end in zip(insts, ends)]
+
+    def _rocksdb_live(self) -> list[_Instance]:
+        insts = self._rocksdb_instances
+        if insts[0].db is None:
             if self._closed:
                 raise StateAccessError("the backend is closed")
-            self.rocksdb_open(self.db_path)
-            db = self._rocksdb_db
-        return db
+            self.rocksdb_open([(i.path, i.start) for i in insts])
+        return self._rocksdb_instances
 
     def engine_options(self) -> Options:
         """The rocksdict Options every column family and SST writer of this instance uses."""
         return self._rocksdb_engine.db_options()
 
-    def rocksdb_open(self, path: str) -> None:
-        """Open (or create) the live database at ``path``; existing state columns bind to it."""
-        opts = self._rocksdb_engine.db_options
-        families = {}
-        if os.path.exists(os.path.join(path, "CURRENT")):
-            families = {name: opts() for name in Rdict.list_cf(path) if name != "default"}
-        self._rocksdb_db = Rdict(path, opts(), column_families=families)
-        self._rocksdb_families = {"default", *families}
+    def rocksdb_open(self, instances: Sequence[tuple[str, int]]) -> None:
+        """Open (or create) the live databases: ``(directory, first key group)`` each, in key-group order.
+
+        The first starts at the subtask's first key group; each holds the key
+        groups up to the next one's start. Existing state columns bind to them.
+        """
+        group_range = self.layout.group_range
+        insts = [_Instance(path, start, group_range(start, start)[0]) for path, start in instances]
+        if not insts or insts[0].start != self.key_group_range.start:
+            raise StateAccessError(
+                f"RocksDB instances {list(instances)} do not start at {self.key_group_range}"
+            )
+        opened: list[_Instance] = []
+        try:
+            for inst in insts:
+                inst.open(self._rocksdb_engine.db_options)
+                opened.append(inst)
+        except BaseException:
+            for inst in opened:
+                inst.close()
+            raise
+        self._rocksdb_instances = insts
+        self._rocksdb_bounds = [i.lower for i in insts[1:]]
+        self.native_format = ROCKSDB_INSTANCES_FORMAT if len(insts) > 1 else ROCKSDB_NATIVE_FORMAT
         for col in self.kv_columns:
             self.kv_bind(col, True)
 
     def rocksdb_close_db(self) -> None:
-        """Close the live database, releasing its files (buffered writes are dropped).
+        """Close the live databases, releasing their files (buffered writes are dropped).
 
-        Every reference to the instance goes (column families, the sources of
+        Every reference to an instance goes (column families, the sources of
         pending canonical snapshots), or RocksDB would keep its files open.
         """
         for frozen in self._rocksdb_frozen.values():
             frozen.close()
         self._rocksdb_frozen.clear()
         for col in self.kv_columns:
-            cf = col.engine[0] if col.engine else None
+            pairs = col.engine or ()
             col.close()
-            if cf is not None:
+            for cf, _ in pairs:
                 cf.close()
-        db, self._rocksdb_db = self._rocksdb_db, None
-        if db is not None:
-            db.close()
+        for inst in self._rocksdb_instances:
+            inst.close()
 
-    def checkpoint_locally(self, kind: str) -> str:
-        """Write buffered updates, flush every memtable, hard-link a RocksDB checkpoint; its directory."""
+    def checkpoint_locally(self, kind: str) -> tuple[str, list[tuple[str, str]]]:
+        """Write buffered updates, flush every memtable, hard-link a RocksDB checkpoint of each instance.
+
+        Returns the directory holding them, and each instance's file-name prefix
+        in a native snapshot (none with one instance) with its checkpoint's
+        directory, in key-group order.
+        """
         self.kv_write_buffered()
-        db = self._rocksdb_live()
+        insts = self._rocksdb_live()
         directory = os.path.join(self.instance_dir, f"{kind}-{os.urandom(6).hex()}")
+        out = []
         with self._rocksdb_writing():
             for col in self.kv_columns:
-                col.engine[0].flush(True)
-            Checkpoint(db).create_checkpoint(directory)
-        return directory
+                for cf, _ in col.engine or ():
+                    cf.flush(True)
+            os.makedirs(directory)
+            for i, inst in enumerate(insts):
+                sub = os.path.join(directory, str(i))
+                Checkpoint(inst.db).create_checkpoint(sub)
+                out.append(("" if len(insts) == 1 else f"{i}-", sub))
+        return directory, out
 
     @contextlib.contextmanager
     def _rocksdb_writing(self) -> Iterator[None]:
@@ -267,53 +344,83 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
     # --- the engine under OrderedKVBackendBase ------------------------------------------------------
 
     def kv_bind(self, col: KVColumn, create: bool) -> bool:
-        if self._rocksdb_db is None and not self._closed:
+        if self._rocksdb_instances[0].db is None and not self._closed:
             # Never opened, so empty: the column reads as empty until the first write opens the
             # instance (backends that are only declared on and restored into never create one).
             if not create:
                 return False
-            col.engine, col.get, col.iterate = None, _empty_get, _empty_iterate
+            col.engine, col.get, col.iterate = (), _empty_get, _empty_iterate
             return True
-        db = self._rocksdb_live()
+        insts = self._rocksdb_live()
         cf_name = CF_PREFIX + col.name
-        if cf_name in self._rocksdb_families:
-            cf = db.get_column_family(cf_name)
-        elif create:
-            cf = db.create_column_family(cf_name, self._rocksdb_engine.db_options())
-            self._rocksdb_families.add(cf_name)
-        else:
+        if not create and not any(cf_name in i.families for i in insts):
             return False
-        col.engine = (cf, db.get_column_family_handle(cf_name))
-        col.get = cf.get
-        col.iterate = functools.partial(_iterate, cf)
+        pairs = []
+        for inst in insts:  # a state one old subtask never wrote has no column family in its instance
+            if cf_name in inst.families:
+                cf = inst.db.get_column_family(cf_name)
+            else:
+                cf = inst.db.create_column_family(cf_name, self._rocksdb_engine.db_options())
+                inst.families.add(cf_name)
+            pairs.append((cf, inst.db.get_column_family_handle(cf_name)))
+        col.engine = tuple(pairs)
+        if len(pairs) == 1:
+            col.get = pairs[0][0].get
+            col.iterate = functools.partial(_iterate, pairs[0][0])
+        else:
+            col.get = _routed_get(self._rocksdb_bounds, [cf.get for cf, _ in pairs])
+            col.iterate = functools.partial(_iterate_routed, self._rocksdb_bounds, [cf for cf, _ in pairs])
         return True
 
     def kv_write(self, columns: Sequence[KVColumn]) -> None:
-        db = self._rocksdb_live()  # binds columns that waited for the first write
-        batch = WriteBatch(raw_mode=True)
+        insts = self._rocksdb_live()  # binds columns that waited for the first write
+        bounds = self._rocksdb_bounds
+        batches = [WriteBatch(raw_mode=True) for _ in insts]
         for col in columns:
-            handle = col.engine[1]
-            put, delete = batch.put, batch.delete
+            if not bounds:
+                handle = col.engine[0][1]
+                put, delete = batches[0].put, batches[0].delete
+                for k, v in col.buffer.items():
+                    if v is None:
+                        delete(k, handle)
+                    else:
+                        put(k, v, handle)
+                continue
+            handles = [h for _, h in col.engine]
+            route = bisect.bisect_right
             for k, v in col.buffer.items():
+                i = route(bounds, k)
                 if v is None:
-                    delete(k, handle)
+                    batches[i].delete(k, handles[i])
                 else:
-                    put(k, v, handle)
+                    batches[i].put(k, v, handles[i])
+        # One batch per instance: each is atomic; a write that fails leaves the buffers to the next
+        # attempt, which writes the same entries again.
         with self._rocksdb_writing():
-            db.write(batch, self._rocksdb_engine.write_options)
+            for inst, batch in zip(insts, batches):
+                if not batch.is_empty():
+                    inst.db.write(batch, self._rocksdb_engine.write_options)
 
     def kv_load(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
         """One WriteBatch for a few entries; else an SST file written and ingested (no write path)."""
-        db = self._rocksdb_live()
+        insts = self._rocksdb_live()
         col = self.kv_column(name)
         assert col is not None
-        cf, handle = col.engine
+        bounds = self._rocksdb_bounds
+        cuts = [0, *(bisect.bisect_left(items, (b,)) for b in bounds), len(items)]
+        for i, inst in enumerate(insts):  # sorted entries: each instance's are a slice
+            part = items[cuts[i] : cuts[i + 1]] if bounds else items
+            if part:
+                self._rocksdb_load(inst, col.engine[i], part)
+
+    def _rocksdb_load(self, inst: _Instance, pair: tuple[Any, Any], items: list[tuple[bytes, bytes]]) -> None:
+        cf, handle = pair
         if len(items) < _INGEST_THRESHOLD:
             batch = WriteBatch(raw_mode=True)
             for k, v in items:
                 batch.put(k, v, handle)
             with self._rocksdb_writing():
-                db.write(batch, self._rocksdb_engine.write_options)
+                inst.db.write(batch, self._rocksdb_engine.write_options)
             return
         path = os.path.join(self.instance_dir, f"ingest-{os.urandom(6).hex()}.sst")
         writer = SstFileWriter(self._rocksdb_engine.db_options())
@@ -344,7 +451,7 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
         def read(name: str, kg: int) -> StateEntries:
             # Looked up each time: closing the backend closes the frozen copy.
             frozen = frozen_by_token.get(id(token))
-            cf = None if frozen is None else frozen.families.get(name)
+            cf = None if frozen is None else frozen.family(name, kg)
             if cf is None:
                 return [], [], []
             prefix = group_prefix(kg)
@@ -399,13 +506,19 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
 
     def restore_native(self, handles: Sequence[NativeStateHandle]) -> None:
         """Restore RocksDB checkpoints of any parallelism; see ``_restore``."""
-        plan = self.kv_plan_native_restore(handles, self.native_format)
+        readable = set(self.readable_native_formats)
+        # Core checks one format; both of this backend's are read (``_restore`` reads their layouts).
+        checked = [
+            dataclasses.replace(h, format=ROCKSDB_NATIVE_FORMAT) if h.format in readable else h
+            for h in handles
+        ]
+        plan = self.kv_plan_native_restore(checked, ROCKSDB_NATIVE_FORMAT)
         if plan.base is not None:
-            restore_instance(self, plan.base, plan.parts, plan.ranges[id(plan.base)])
-            # The base's SST files are the instance's own (same names, same bytes; a clip or an
-            # ingest adds new files and compacts some away, which `take` forgets): referenced by
-            # later checkpoints once the runner claims the restored checkpoint, else uploaded again.
-            restored = {f.name: f for f in plan.base.files if f.shared and f.name.endswith(".sst")}
+            restored = restore_instances(self, plan.parts)
+            # The kept instances' SST files are the instances' own (same bytes, named as the next
+            # snapshot names them; a clip or an ingest adds new files and compacts some away, which
+            # `take` forgets): referenced by later checkpoints once the runner claims the restored
+            # checkpoint, else uploaded again.
             self.uploads.restored(plan.base.checkpoint_id, restored)
         self.kv_finish_native_restore(plan)
 
@@ -416,7 +529,13 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
         # the handle's entries are RocksDB's estimate-num-keys, which counts every version of a key in
         # SST files not yet compacted together: tools label them an estimate (entries_estimated).
         estimated = self.kv_exact_entries() is None
-        return {**self.kv_native_meta(), "column_family_prefix": CF_PREFIX, "entries_estimated": estimated}
+        meta = {**self.kv_native_meta(), "column_family_prefix": CF_PREFIX, "entries_estimated": estimated}
+        dbs = self.databases
+        if len(dbs) > 1:  # statekit-rocksdb-2: each instance's files (named with its prefix) and key groups
+            meta[INSTANCES_META] = [
+                {"files": f"{i}-", "range": [r.start, r.end]} for i, (r, _) in enumerate(dbs)
+            ]
+        return meta
 
     def estimate_entries(self) -> int:
         """The (key, namespace) entries: exact as the base counts them on write, else RocksDB's estimate."""
@@ -426,8 +545,9 @@ class RocksDBKeyedStateBackend(OrderedKVBackendBase):
         total = 0
         for name in self.stored_state_names:
             col = self.kv_column(name, create=False)
-            if col is not None and col.engine is not None:
-                total += int(col.engine[0].property_int_value("rocksdb.estimate-num-keys") or 0)
+            if col is not None and col.engine:
+                for cf, _ in col.engine or ():
+                    total += int(cf.property_int_value("rocksdb.estimate-num-keys") or 0)
         return total
 
     # --- life cycle -------------------------------------------------------------------------------
@@ -460,34 +580,74 @@ def _iterate(cf: Any, start: bytes) -> Iterator[tuple[bytes, bytes]]:
         it.next()
 
 
-class _Frozen:
-    """A hard-link RocksDB checkpoint of the instance, opened read-only: a canonical snapshot's source."""
+def _routed_get(bounds: list[bytes], gets: list[Callable[[bytes], Any]]) -> Callable[[bytes], Any]:
+    """A point read of the instance holding the key: ``gets[i]`` holds keys from ``bounds[i - 1]`` on."""
+    route = bisect.bisect_right
 
-    def __init__(self, directory: str, db: Any, families: dict[str, Any]) -> None:
+    def get(key: bytes) -> Any:
+        return gets[route(bounds, key)](key)
+
+    return get
+
+
+def _iterate_routed(bounds: list[bytes], cfs: list[Any], start: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """Entries of a column split over instances, in key order from ``start``.
+
+    Each instance holds only its key groups (a restore clipped the rest away),
+    and they follow each other in key order, so their scans are chained.
+    """
+    for cf in cfs[bisect.bisect_right(bounds, start) :]:
+        yield from _iterate(cf, start)
+
+
+class _Frozen:
+    """Hard-link RocksDB checkpoints of the instances, opened read-only: a canonical snapshot's source."""
+
+    def __init__(
+        self, directory: str, starts: list[int], dbs: list[Any], families: list[dict[str, Any]]
+    ) -> None:
         self.directory = directory
-        self.db = db
+        self.starts = starts
+        self.dbs = dbs
         self.families = families
 
     @classmethod
     def take(cls, backend: RocksDBKeyedStateBackend) -> _Frozen:
         names = backend.stored_state_names
-        directory = backend.checkpoint_locally("snap")
+        starts = [i.start for i in backend._rocksdb_live()]
+        directory, parts = backend.checkpoint_locally("snap")
         opts = backend.engine_options
-        present = set(Rdict.list_cf(directory))
-        cf_names = [CF_PREFIX + n for n in names if CF_PREFIX + n in present]
-        db = Rdict(
-            directory,
-            opts(),
-            column_families={n: opts() for n in present if n != "default"},
-            access_type=AccessType.read_only(),
-        )
-        return cls(directory, db, {n[len(CF_PREFIX) :]: db.get_column_family(n) for n in cf_names})
+        frozen = cls(directory, starts, [], [])
+        try:
+            for _, sub in parts:
+                present = set(Rdict.list_cf(sub))
+                db = Rdict(
+                    sub,
+                    opts(),
+                    column_families={n: opts() for n in present if n != "default"},
+                    access_type=AccessType.read_only(),
+                )
+                frozen.dbs.append(db)
+                frozen.families.append(
+                    {n: db.get_column_family(CF_PREFIX + n) for n in names if CF_PREFIX + n in present}
+                )
+        except BaseException:
+            frozen.close()
+            raise
+        return frozen
+
+    def family(self, name: str, kg: int) -> Any:
+        """The column family of state ``name`` in the instance holding key group ``kg`` (None: no entry)."""
+        if not self.families:
+            return None
+        return self.families[bisect.bisect_right(self.starts, kg) - 1].get(name)
 
     def close(self) -> None:
-        for cf in self.families.values():
-            cf.close()
-        self.families.clear()
-        if self.db is not None:
-            self.db.close()
-            self.db = None
+        for families in self.families:
+            for cf in families.values():
+                cf.close()
+        self.families = []
+        for db in self.dbs:
+            db.close()
+        self.dbs = []
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -1,9 +1,11 @@
 """What a native checkpoint uploads, and what it references instead.
 
-A native snapshot is a RocksDB checkpoint of the live instance: every column
-family flushed, then hard links to its immutable SST files plus copies of
-MANIFEST, CURRENT, OPTIONS (and rocksdict's config), taken on the task thread
-in milliseconds. ``write`` uploads it later, possibly on another thread:
+A native snapshot is a RocksDB checkpoint of the live instance (of each, when
+a rescale left the subtask several: their files named with the instance's
+prefix, ``0-000012.sst``): every column family flushed, then hard links to its
+immutable SST files plus copies of MANIFEST, CURRENT, OPTIONS (and rocksdict's
+config), taken on the task thread in milliseconds. ``write`` uploads it later,
+possibly on another thread:
 
 - an SST file that a checkpoint this instance was told completed already
   uploaded is *referenced* (its :class:`~statekit.snapshot_codec.NativeFile` is
@@ -19,6 +21,7 @@ uploads per pending checkpoint, and the confirmed ones that may be referenced.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import threading
@@ -27,6 +30,8 @@ from typing import Any, Protocol
 
 from statekit.errors import SnapshotCancelledError, StateAccessError
 from statekit.snapshot_codec import NativeFile, NativeSnapshotOutput, NativeStateHandle, ProgressCallback
+
+from ._layout import ROCKSDB_INSTANCES_FORMAT
 
 __all__ = ["RocksDBNativeSnapshot", "SnapshotSource", "UploadTracker"]
 
@@ -104,8 +109,8 @@ class SnapshotSource(Protocol):
         """The instance's upload bookkeeping."""
         ...
 
-    def checkpoint_locally(self, kind: str) -> str:
-        """Flush and hard-link a RocksDB checkpoint of the instance; its directory."""
+    def checkpoint_locally(self, kind: str) -> tuple[str, list[tuple[str, str]]]:
+        """Flush and hard-link a checkpoint of each instance: the directory; each's prefix and directory."""
         ...
 
     def stored_state_metas(self) -> list[dict[str, Any]]:
@@ -141,6 +146,7 @@ class RocksDBNativeSnapshot:
         backend: SnapshotSource,
         checkpoint_id: int,
         directory: str,
+        parts: list[tuple[str, str]],
         states: list[dict[str, Any]],
         meta: dict[str, Any],
         entries: int,
@@ -148,6 +154,7 @@ class RocksDBNativeSnapshot:
         self._backend = backend
         self.checkpoint_id = checkpoint_id
         self.directory: str | None = directory
+        self._parts = parts
         self._states = states
         self._meta = meta
         #: Set by the backend's close() while pending: ``write`` raises SnapshotCancelledError.
@@ -157,13 +164,14 @@ class RocksDBNativeSnapshot:
     @classmethod
     def take(cls, backend: SnapshotSource, checkpoint_id: int) -> RocksDBNativeSnapshot:
         """Flush buffered writes and memtables, then create the checkpoint (hard links) locally."""
-        directory = backend.checkpoint_locally(f"chk-{checkpoint_id}")
-        files = set(os.listdir(directory))
+        directory, parts = backend.checkpoint_locally(f"chk-{checkpoint_id}")
+        files = {prefix + name for prefix, sub in parts for name in os.listdir(sub)}
         backend.uploads.keep_only({f for f in files if f.endswith(".sst")})
         return cls(
             backend,
             checkpoint_id,
             directory,
+            parts,
             backend.stored_state_metas(),
             backend.native_meta(),
             backend.estimate_entries(),
@@ -182,11 +190,14 @@ class RocksDBNativeSnapshot:
             raise StateAccessError("this native snapshot was already written or released")
         try:
             b = self._backend
-            names = sorted(os.listdir(self.directory))
+            names = [
+                (prefix + n, os.path.join(sub, n))
+                for prefix, sub in self._parts
+                for n in sorted(os.listdir(sub))
+            ]
             files: list[NativeFile] = []
             new: dict[str, NativeFile] = {}
-            for i, name in enumerate(names):
-                path = os.path.join(self.directory, name)
+            for i, (name, path) in enumerate(names):
                 if name.endswith(".sst"):
                     f = b.uploads.reusable(name)
                     if f is None:
@@ -197,13 +208,16 @@ class RocksDBNativeSnapshot:
                 if progress is not None:
                     progress(i + 1, len(names))
             b.uploads.uploaded(self.checkpoint_id, new)
-            return b.native_handle(
+            handle = b.native_handle(
                 self.checkpoint_id,
                 tuple(files),
                 states=self._states,
                 meta=self._meta,
                 entries=self._entries,
             )
+            if len(self._parts) > 1:  # the format of the instances taken, whatever the backend holds now
+                handle = dataclasses.replace(handle, format=ROCKSDB_INSTANCES_FORMAT)
+            return handle
         finally:
             self.release()
 
