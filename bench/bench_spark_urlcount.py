@@ -10,7 +10,7 @@ the same directory:
 - statekit vectorized: the same with ``CountPerUrlVectorized`` (a
   ``KeyedBatchFunction``: one call per URL and micro-batch);
 - statekit columns: the same with ``CountPerUrlColumns`` (a
-  ``KeyedColumnsFunction``: one call per micro-batch and subtask, the counts
+  ``KeyedColumnsFunction``: one call per Arrow batch of a subtask's rows, the counts
   in one ``update_batch``);
 - the streaming floor: the same stream, micro-batches and sink without any
   state (each row becomes ``(url, 1)``), what every streaming query pays here;

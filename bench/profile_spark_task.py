@@ -11,7 +11,7 @@ function, building output rows and Arrow batches, the snapshot.
         [--no-profile] [--vectorized | --columns] [--backend heap|rocksdb|lmdb|...]
 
 ``--vectorized`` runs ``CountPerUrlVectorized`` (a call per URL), ``--columns``
-``CountPerUrlColumns`` (a call per micro-batch and subtask).
+``CountPerUrlColumns`` (a call per Arrow batch of a subtask's rows).
 
 ``bench_count_cost.py --workload task`` runs this task path under callgrind
 (:func:`task_plans`, :func:`run_task`), entry counting on and off.
@@ -116,6 +116,7 @@ def task_plans(
             config=config,
             function_factory=factory,
             vectorized=vectorized or columns,
+            columns=columns,
             key_column="url",
             key_serializer=StrSerializer(),
             input_columns=("url",),

@@ -70,7 +70,7 @@ class CountUrlsBatch(KeyedBatchFunction):
 
 
 class CountUrlsColumns(KeyedColumnsFunction):
-    """:class:`CountUrls` with one call per micro-batch and subtask: the count in bulk, the rest per row."""
+    """:class:`CountUrls` with one call for many rows: the count in bulk, the rest per row."""
 
     def open(self, ctx: RuntimeContext) -> None:
         CountUrls.open(self, ctx)  # type: ignore[arg-type]

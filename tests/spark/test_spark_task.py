@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
 
-from jobs import CountUrls, CountUrlsBatch, make_records, model_state, state_of_runner
-from statekit import Configuration, LocalRunner, ProcessContext
+from jobs import CountUrls, CountUrlsBatch, CountUrlsColumns, make_records, model_state, state_of_runner
+from statekit import ColumnsContext, Configuration, LocalRunner, ProcessContext
 from statekit.checkpoints._metadata import SubtaskState
 from statekit.checkpoints._writing import complete_checkpoint
 from statekit.serializers import StrSerializer
@@ -62,6 +62,23 @@ class FailOnceBatch(CountUrlsBatch):
         return super().process_batch(rows, ctx)
 
 
+class CountUrlsColumnsCalls(CountUrlsColumns):
+    """CountUrlsColumns that records how many rows each call got; once armed, fails at its second call."""
+
+    calls: list[int] = []
+    countdown = 0
+
+    def process_columns(self, rows: Any, keys: list[Any], ctx: ColumnsContext) -> Any:
+        assert rows.num_rows == len(keys) and rows.column("url").to_pylist() == keys
+        CountUrlsColumnsCalls.calls.append(len(keys))
+        out = super().process_columns(rows, keys, ctx)
+        if CountUrlsColumnsCalls.countdown > 0:
+            CountUrlsColumnsCalls.countdown -= 1
+            if CountUrlsColumnsCalls.countdown == 0:
+                raise RuntimeError("injected")  # after this call changed the state
+        return out
+
+
 class StopOnce(CountUrls):
     """Once armed, stops its own process (SIGSTOP) at the third record it sees: a hung worker."""
 
@@ -89,12 +106,15 @@ class Driver:
         function: Any = CountUrls,
         *,
         vectorized: bool = False,
+        columns: bool = False,
         config: dict[str, Any] | None = None,
         local_dir: str | None = None,
         job_id: str = "unit",
     ) -> None:
         self.job_id = job_id
-        self.vectorized = vectorized
+        self.vectorized = vectorized or columns
+        self.columns = columns
+        self.chunks = 1  # the Arrow batches a task's rows arrive in
         self.local_dir = local_dir or str(tmp_path / "executor")  # one executor's local directory
         self.config = config or {}
         self.dir = str(tmp_path / "ckpt")
@@ -112,7 +132,7 @@ class Driver:
             config=Configuration({"statekit.checkpoints.dir": self.dir, "statekit.local-dir": self.local_dir,
                                   **self.config}), function_factory=self.function,
             key_column="url", key_serializer=StrSerializer(), input_columns=COLUMNS, output_schema=OUTPUT,
-            vectorized=self.vectorized,
+            vectorized=self.vectorized, columns=self.columns,
         )  # fmt: skip
 
     def run_task(self, plan: TaskPlan, records: list[dict[str, Any]]) -> tuple[list[Any], dict[str, Any]]:
@@ -121,7 +141,11 @@ class Driver:
         metadata = _Broadcast(
             self.storage.read_metadata(plan.restore_location) if plan.restore_location else b""
         )
-        out = list(make_task(plan, metadata)(iter([pa.RecordBatch.from_pylist(rows, schema=INPUT)])))
+        size = -(-len(rows) // self.chunks)
+        batches = [
+            pa.RecordBatch.from_pylist(rows[i : i + size], schema=INPUT) for i in range(0, len(rows), size)
+        ]
+        out = list(make_task(plan, metadata)(iter(batches)))
         table = pa.Table.from_batches(out)
         handles = [json.loads(h) for h in table.column(HANDLE_COLUMN).to_pylist() if h is not None]
         outputs = [
@@ -158,7 +182,8 @@ class Driver:
 @pytest.fixture(autouse=True)
 def _fresh_cache() -> Any:
     reset_cache()
-    FailOnce.countdown = FailOnceBatch.countdown = StopOnce.countdown = 0
+    FailOnce.countdown = FailOnceBatch.countdown = StopOnce.countdown = CountUrlsColumnsCalls.countdown = 0
+    CountUrlsColumnsCalls.calls = []
     yield
     reset_cache()
 
@@ -216,6 +241,44 @@ def test_a_batch_function_task_that_fails_midway_leaves_nothing_behind(tmp_path:
     driver = Driver(tmp_path, FailOnceBatch, vectorized=True)
     driver.batch(RECORDS[:300])
     FailOnceBatch.countdown = 3
+    plan = driver.plan()
+    with pytest.raises(RuntimeError, match="injected"):
+        driver.run_task(plan, RECORDS[300:])
+    outputs, report = driver.run_task(plan, RECORDS[300:])
+    assert report["reused"] is False and len(outputs) == 300
+    driver.complete(plan, report)
+    assert driver.state() == model_state(RECORDS)
+
+
+def test_a_columns_function_gets_each_arriving_batch_with_the_per_record_outcome(tmp_path: Path) -> None:
+    want, want_out = Driver(tmp_path / "a"), []
+    for part in (RECORDS[:300], RECORDS[300:]):
+        plan = want.plan()
+        out, report = want.run_task(plan, part)
+        want.complete(plan, report)
+        want_out.append(sorted(out))
+    reset_cache()  # the two drivers' subtasks have the same cache key
+    driver = Driver(tmp_path / "b", CountUrlsColumnsCalls, columns=True)
+    driver.chunks = 4  # 301 rows (the last a marker) in four Arrow batches: 76, 76, 76, 73
+    got = []
+    for part in (RECORDS[:300], RECORDS[300:]):
+        plan = driver.plan()
+        out, report = driver.run_task(plan, part)
+        assert report["records"] == report["outputs"] == len(part)
+        driver.complete(plan, report)
+        got.append(sorted(out))
+    assert report["reused"] is True
+    # A call per arriving batch, the marker row left out of the last.
+    assert CountUrlsColumnsCalls.calls == [76, 76, 76, 72] * 2
+    assert got == want_out
+    assert driver.state() == model_state(RECORDS)
+
+
+def test_a_columns_function_task_that_fails_midway_leaves_nothing_behind(tmp_path: Path) -> None:
+    driver = Driver(tmp_path, CountUrlsColumnsCalls, columns=True)
+    driver.chunks = 3
+    driver.batch(RECORDS[:300])
+    CountUrlsColumnsCalls.countdown = 2
     plan = driver.plan()
     with pytest.raises(RuntimeError, match="injected"):
         driver.run_task(plan, RECORDS[300:])

@@ -18,9 +18,9 @@ watermark (event time) or the clock (processing time) reaches it.
 
 A :class:`KeyedBatchFunction` is the vectorized form: it gets all of one
 key's rows of a micro-batch at once, as a ``pyarrow.RecordBatch``, and returns
-columns instead of records. A :class:`KeyedColumnsFunction` gets all the rows
-of a micro-batch and subtask in one call, with their keys as one list, for
-work that is cheap per record when keys rarely repeat within a batch.
+columns instead of records. A :class:`KeyedColumnsFunction` gets a subtask's
+rows many at a time (on Spark each Arrow batch a task receives), with their
+keys as one list, for work that is cheap per record when keys rarely repeat.
 """
 
 from __future__ import annotations
@@ -338,15 +338,20 @@ class KeyedBatchFunction(KeyedProcessFunction):
 
 
 class KeyedColumnsFunction(KeyedBatchFunction):
-    """A keyed function that gets all the rows of a micro-batch and subtask in one call, as Arrow.
+    """A keyed function that gets a subtask's rows many at a time, as Arrow, with their keys as a list.
 
     For work that is cheap per record when keys rarely repeat within a batch,
     where :class:`KeyedBatchFunction`'s call per key costs more than the work
     (Spark's ``mapInArrow`` shape, with statekit's state). The runner calls
-    ``process_columns(rows, keys, ctx)`` once per micro-batch and subtask with
-    rows: a ``pyarrow.RecordBatch`` of the subtask's rows, in arrival order,
-    and keys: a list of their keys (``keys[i]`` is row ``i``'s key, as
-    ``ctx.current_key`` would be in ``process``). Bulk state access does the
+    ``process_columns(rows, keys, ctx)`` with rows: a ``pyarrow.RecordBatch``
+    of the subtask's rows, in arrival order, and keys: a list of their keys
+    (``keys[i]`` is row ``i``'s key, as ``ctx.current_key`` would be in
+    ``process``). On Spark it calls it once per Arrow batch a task receives
+    (at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows, as
+    ``mapInArrow`` gets them), so the Python work overlaps the JVM's reading
+    of the next; on the :class:`~statekit.LocalRunner` once per micro-batch
+    (``statekit.batch-size`` records) and subtask. One call need not hold all
+    of a micro-batch's rows. Bulk state access does the
     per-key work in one frame: a value state's ``update_batch(keys, fn)``
     (backends with :class:`~statekit.backend_api.SupportsBatchUpdate`: heap,
     rocksdb, lmdb). Any other state or timer access sets the key first with
@@ -369,7 +374,7 @@ class KeyedColumnsFunction(KeyedBatchFunction):
 
     @abstractmethod
     def process_columns(self, rows: Any, keys: list[Any], ctx: ColumnsContext) -> Any:
-        """Handle the rows of one micro-batch and subtask, whose keys are ``keys``; return output columns.
+        """Handle some of a subtask's rows, in arrival order, whose keys are ``keys``; return output columns.
 
         Returns:
             What :meth:`KeyedBatchFunction.process_batch` returns, for all the rows.

@@ -70,7 +70,12 @@ from ..plugins._config import Configuration
 from ..plugins._registry import PluginRegistry, default_registry
 from ..runtime._configured import state_backend_from_config
 from ..runtime._declared import DeclaredStates, declared_states
-from ..runtime._function import KeyedBatchFunction, KeyedProcessFunction, declares_raw_restore
+from ..runtime._function import (
+    KeyedBatchFunction,
+    KeyedColumnsFunction,
+    KeyedProcessFunction,
+    declares_raw_restore,
+)
 from ..runtime._migration_log import DROPPED_PROPERTY, warn_of_dropped, warn_of_undeclared
 from ..runtime._sources import SOURCE_OPERATOR
 from ..runtime._time import end_of_time_message
@@ -194,6 +199,7 @@ class MicroBatchDriver:
         self.config = conf = _configuration(spec, session, self.registry)
         function = _made_function(spec)
         self.vectorized = isinstance(function, KeyedBatchFunction)
+        self.columns = isinstance(function, KeyedColumnsFunction)
         self.storage = driver_storage(conf, self.registry)
         self.restore = restore
         self.spark_location = absolute_location(checkpoint_location) if checkpoint_location else None
@@ -541,6 +547,7 @@ class MicroBatchDriver:
             end_of_input=batch.end_of_input,
             late_schema=self._late_schema(batch.df),
             vectorized=self.vectorized,
+            columns=self.columns,
             restore_claimed=self.coordinator.claims(source, batch.latest),
             batch_id=batch.batch_id,
             query_id=batch.query,

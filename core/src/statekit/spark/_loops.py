@@ -1,4 +1,4 @@
-"""The loops of a task: the per-record loop, the vectorized one, and firing the batch's timers.
+"""The loops of a task: per record, per key (vectorized), per batch and subtask (columns), and timers.
 
 The per-record loop is the hot path: every name it uses per row is bound to
 a local variable before the loop, and a subtask's state and function once
@@ -30,7 +30,7 @@ from ._output import FLUSH_ROWS, TaskOutput
 from ._routing import MARKER_COLUMN, PLACE_COLUMN, SUBTASK_COLUMN
 from ._run import SubtaskCounts, TaskRun
 
-__all__ = ["event_times", "fire_timers", "process_groups", "process_records"]
+__all__ = ["event_times", "fire_timers", "process_columns", "process_groups", "process_records"]
 
 _NO_SUBTASK = object()
 
@@ -108,12 +108,8 @@ def process_records(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
 
 
 def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
-    """The vectorized loop: every input row first, then ``process_batch`` once per subtask and key.
-
-    A :class:`~statekit.KeyedColumnsFunction`'s ``process_columns`` runs once
-    per subtask instead, on its rows in arrival order.
-    """
-    plan, out, phases, bad_keys = run.plan, run.out, run.phases, run.bad_keys
+    """The vectorized loop: every input row first, then ``process_batch`` once per subtask and key."""
+    plan, out, phases = run.plan, run.out, run.phases
     clock = time.perf_counter
     t = clock()
     received = [b for b in batches if b.num_rows]
@@ -121,7 +117,113 @@ def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
     if not received:
         return
     t = clock()
+    restoring = phases["restore"]
     batch = pa.Table.from_batches(received).combine_chunks().to_batches()[0]
+    subtasks, served, keys, rows, late_rows = _routed(run, batch)
+    serialize = plan.key_serializer.serialize
+    runs: list[tuple[tuple[int, Any], int, int]]  # (subtask, key), offset, length
+    if len(served) == 1:  # the usual case: one subtask per partition, group on the key alone
+        (only,) = served
+        order, key_runs = group_runs(keys, rows, fallback=serialize)
+        runs = [((only, key), offset, length) for key, offset, length in key_runs]
+    else:
+        order, runs = group_runs(
+            list(zip(subtasks, keys)), rows, fallback=lambda sk: (sk[0], serialize(sk[1]))
+        )
+    grouped = batch.select(list(plan.input_columns)).take(pa.array(order, pa.int64()))
+    t_loop = clock()
+    phases["convert"] += t_loop - t - (phases["restore"] - restoring)
+    cur: Any = _NO_SUBTASK
+    for (index, key), offset, length in runs:
+        if index != cur:
+            st = run.active[index].subtask
+            counts = run.counts[index]
+            cur = index
+            function = st.function
+            assert isinstance(function, KeyedBatchFunction)  # plan.vectorized says so
+            set_key, pctx, process_batch = st.keyed.set_current_key, st.pctx, function.process_batch
+            pctx.timestamp = None
+        set_key(key)
+        pctx.current_key = key
+        counts.records += length
+        result = process_batch(grouped.slice(offset, length), pctx)
+        if result is not None:
+            counts.outputs += out.add_columns(result)
+            if out.size >= FLUSH_ROWS:
+                t = clock()
+                flushed = out.flush()
+                phases["output"] += clock() - t
+                yield flushed
+                t_loop += clock() - t
+    phases["records"] += clock() - t_loop
+    if late_rows:
+        yield out.late(batch, late_rows)
+
+
+def process_columns(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
+    """A :class:`~statekit.KeyedColumnsFunction`'s loop: ``process_columns`` per arriving batch and subtask.
+
+    Each Arrow batch Spark hands over (up to
+    ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows) is processed as it
+    arrives, its rows per subtask in arrival order, so the JVM's shuffle read
+    and Arrow conversion of the next batch overlap the Python work on this one.
+    """
+    plan, out, phases = run.plan, run.out, run.phases
+    clock = time.perf_counter
+    columns = list(plan.input_columns)
+    it = iter(batches)
+    while True:
+        t = clock()
+        batch = next(it, None)
+        phases["input"] += clock() - t
+        if batch is None:
+            return
+        if not batch.num_rows:
+            continue
+        t = clock()
+        restoring = phases["restore"]
+        subtasks, served, keys, rows, late_rows = _routed(run, batch)
+        calls: list[tuple[int, int, int]] = []  # subtask, offset, length
+        order: list[int] | None = None
+        chosen = batch.select(columns)
+        if len(rows) == batch.num_rows and len(served) == 1:
+            calls = [(subtasks[0], 0, len(rows))]  # the usual case: all rows are one subtask's records
+        elif rows:
+            picked, calls = subtask_runs([subtasks[row] for row in rows])
+            order = [rows[j] for j in picked]
+            chosen = chosen.take(pa.array(order, pa.int64()))
+        t_loop = clock()
+        phases["convert"] += t_loop - t - (phases["restore"] - restoring)
+        for index, offset, length in calls:
+            st = run.active[index].subtask
+            function, ctx = st.function, st.pctx
+            assert isinstance(function, KeyedColumnsFunction) and isinstance(ctx, ColumnsContext)
+            ctx.current_key = None
+            ctx.timestamp = None
+            run.counts[index].records += length
+            some = keys if order is None else [keys[row] for row in order[offset : offset + length]]
+            result = function.process_columns(chosen.slice(offset, length), some, ctx)
+            if result is not None:
+                run.counts[index].outputs += out.add_columns(result)
+        phases["records"] += clock() - t_loop
+        if out.size >= FLUSH_ROWS:
+            t = clock()
+            flushed = out.flush()
+            phases["output"] += clock() - t
+            yield flushed
+        if late_rows:
+            yield out.late(batch, late_rows)
+
+
+def _routed(run: TaskRun, batch: Any) -> tuple[list[Any], set[int], list[Any], Sequence[int], list[int]]:
+    """What a vectorized loop needs of a routed Arrow batch: subtask per row, subtasks, keys, rows, late rows.
+
+    Rows without a key group go to the bad-records policy; marker rows and
+    late rows are left out of the rows to process (late ones listed apart);
+    every subtask with a row (a marker's too) is acquired, so it runs and
+    snapshots.
+    """
+    plan, bad_keys = run.plan, run.bad_keys
     subtasks = batch.column(SUBTASK_COLUMN).to_pylist()
     markers = batch.column(MARKER_COLUMN).to_pylist()
     keys = values_of(batch.column(plan.key_column))
@@ -130,9 +232,7 @@ def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
     unrouted = None in subtasks
     if unrouted:  # rows without a key group: bad records, never in a group
         _reject_unrouted(run, batch, subtasks)
-    served = set(subtasks)
-    served.discard(None)
-    restoring = phases["restore"]
+    served: set[int] = {index for index in set(subtasks) if index is not None}
     for index in sorted(served):
         run.subtask(index)  # every subtask whose rows (or marker) came here runs and snapshots
     late_rows: list[int] = []
@@ -147,7 +247,7 @@ def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
             if not marker and index is not None
         ]
     else:
-        rows = []
+        kept: list[int] = []
         times = event_times(batch, et)
         counts_of = run.counts
         for row, (index, marker) in enumerate(zip(subtasks, markers)):
@@ -156,76 +256,9 @@ def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
             ts = times[row]
             if ts is not None and run.late(counts_of[index], ts, row, late_rows):
                 continue
-            rows.append(row)
-    serialize = plan.key_serializer.serialize
-    by_subtask = isinstance(run.active[min(served)].subtask.function, KeyedColumnsFunction)
-    runs: list[tuple[tuple[int, Any], int, int]] = []  # (subtask, key), offset, length
-    calls: list[tuple[int, int, int]] = []  # a KeyedColumnsFunction's: subtask, offset, length
-    order: list[int] | None
-    if by_subtask:  # a KeyedColumnsFunction: one call per subtask, rows in arrival order
-        if len(served) == 1 and len(rows) == batch.num_rows:
-            order = None  # the usual case: every row is this subtask's, in order already
-            calls = [(min(served), 0, len(rows))]
-        else:
-            picked, calls = subtask_runs([subtasks[row] for row in rows])
-            order = [rows[j] for j in picked]
-    elif len(served) == 1:  # the usual case: one subtask per partition, group on the key alone
-        (only,) = served
-        order, key_runs = group_runs(keys, rows, fallback=serialize)
-        runs = [((only, key), offset, length) for key, offset, length in key_runs]
-    else:
-        order, runs = group_runs(
-            list(zip(subtasks, keys)), rows, fallback=lambda sk: (sk[0], serialize(sk[1]))
-        )
-    grouped = batch.select(list(plan.input_columns))
-    if order is not None:
-        grouped = grouped.take(pa.array(order, pa.int64()))
-    t_loop = clock()
-    phases["convert"] += t_loop - t - (phases["restore"] - restoring)
-    if by_subtask:
-        for index, offset, length in calls:
-            st = run.active[index].subtask
-            columns_fn, cctx = st.function, st.pctx
-            assert isinstance(columns_fn, KeyedColumnsFunction) and isinstance(cctx, ColumnsContext)
-            cctx.current_key = None
-            cctx.timestamp = None
-            run.counts[index].records += length
-            some = keys if order is None else [keys[row] for row in order[offset : offset + length]]
-            result = columns_fn.process_columns(grouped.slice(offset, length), some, cctx)
-            if result is not None:
-                run.counts[index].outputs += out.add_columns(result)
-                if out.size >= FLUSH_ROWS:
-                    t = clock()
-                    flushed = out.flush()
-                    phases["output"] += clock() - t
-                    yield flushed
-                    t_loop += clock() - t
-    else:
-        cur: Any = _NO_SUBTASK
-        for (index, key), offset, length in runs:
-            if index != cur:
-                st = run.active[index].subtask
-                counts = run.counts[index]
-                cur = index
-                function = st.function
-                assert isinstance(function, KeyedBatchFunction)  # plan.vectorized says so
-                set_key, pctx, process_batch = st.keyed.set_current_key, st.pctx, function.process_batch
-                pctx.timestamp = None
-            set_key(key)
-            pctx.current_key = key
-            counts.records += length
-            result = process_batch(grouped.slice(offset, length), pctx)
-            if result is not None:
-                counts.outputs += out.add_columns(result)
-                if out.size >= FLUSH_ROWS:
-                    t = clock()
-                    flushed = out.flush()
-                    phases["output"] += clock() - t
-                    yield flushed
-                    t_loop += clock() - t
-    phases["records"] += clock() - t_loop
-    if late_rows:
-        yield out.late(batch, late_rows)
+            kept.append(row)
+        rows = kept
+    return subtasks, served, keys, rows, late_rows
 
 
 def _reject_unrouted(run: TaskRun, batch: Any, subtasks: list[int | None]) -> None:

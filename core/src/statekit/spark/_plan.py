@@ -76,6 +76,8 @@ class TaskPlan:
     """The input schema, when late rows go to a late-records sink."""
     vectorized: bool = False
     """The function is a :class:`~statekit.KeyedBatchFunction`: one call per key and batch."""
+    columns: bool = False
+    """The function is a :class:`~statekit.KeyedColumnsFunction`: one call per arriving batch and subtask."""
     restore_claimed: bool = False
     """The restore checkpoint is a completed checkpoint of this job in this storage: a restored
     native instance may reference its files (``notify_checkpoint_complete`` after the restore)."""

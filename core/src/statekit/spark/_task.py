@@ -4,7 +4,7 @@ A task runs its steps in order, each in a module named for it: it hands its
 rows to the sibling Python worker that holds its subtask open, if one does
 (:mod:`._task_handoff`); otherwise it acquires each subtask on its first row,
 reused from this worker's cache (:mod:`._cache`) or restored
-(:mod:`._acquire`), runs the per-record or vectorized loop and fires the
+(:mod:`._acquire`), runs the per-record, vectorized or columns loop and fires the
 batch's timers (:mod:`._loops`), writes every subtask's snapshot
 (:mod:`._snapshots`) and reports each to the driver (:mod:`._report`) in the
 handle column of its output (:mod:`._output`, schema in :mod:`._plan`). A task that does not finish
@@ -21,7 +21,7 @@ from typing import Any
 from . import _handoff
 from ._acquire import RestoreSource
 from ._cache import reset_cache
-from ._loops import fire_timers, process_groups, process_records
+from ._loops import fire_timers, process_columns, process_groups, process_records
 from ._plan import TaskPlan
 from ._report_channel import send_handles
 from ._run import TaskRun
@@ -97,7 +97,9 @@ def _run_partition(
     run.handed_from = handed_from
     done = False
     try:
-        if plan.vectorized:
+        if plan.columns:
+            yield from process_columns(run, batches)
+        elif plan.vectorized:
             yield from process_groups(run, batches)
         else:
             yield from process_records(run, batches)

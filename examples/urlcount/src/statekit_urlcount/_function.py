@@ -93,10 +93,10 @@ class CountPerUrlVectorized(KeyedBatchFunction):
 
 
 class CountPerUrlColumns(KeyedColumnsFunction):
-    """:class:`CountPerUrl` with one call per micro-batch and subtask: the same output.
+    """:class:`CountPerUrl` with one call for many requests (a KeyedColumnsFunction): the same output.
 
-    It gets every request of a micro-batch that its subtask serves at once, as
-    Arrow columns with the URLs as one list, and counts them in arrival order
+    It gets its subtask's requests many at a time, as Arrow columns with the
+    URLs as one list, and counts them in arrival order
     with one bulk update of the count (``update_batch``), so it pays per
     request, not per URL: the form for logs where URLs rarely repeat within a
     batch. A backend without bulk updates gets the same counts key by key.
