@@ -37,8 +37,13 @@ import time
 from typing import Any
 
 from statekit import ValueStateDescriptor
-from statekit.backend_api import key_group_for_bytes, key_group_range_for_operator
-from statekit.checkpointing import complete_checkpoint, load_checkpoint, write_subtask_state
+from statekit.backend_api import KeyedBackendParameters, key_group_for_bytes
+from statekit.checkpointing import (
+    complete_checkpoint,
+    key_group_range_for_operator,
+    load_checkpoint,
+    write_subtask_state,
+)
 from statekit.plugins._registry import default_registry
 from statekit.serializers import StrSerializer
 from statekit_storage import FileSystemCheckpointStorage
@@ -50,10 +55,12 @@ MAXP = 128
 def backend(factory: Any, p: int, i: int, local: str) -> Any:
     d = tempfile.mkdtemp(dir=local)
     return factory.create_keyed_backend(
-        key_serializer=StrSerializer(),
-        key_group_range=key_group_range_for_operator(MAXP, p, i),
-        max_parallelism=MAXP,
-        local_dir=d,
+        KeyedBackendParameters(
+            key_serializer=StrSerializer(),
+            key_group_range=key_group_range_for_operator(MAXP, p, i),
+            max_parallelism=MAXP,
+            local_dir=d,
+        )
     )
 
 
@@ -119,18 +126,7 @@ def run(name: str, n: int, repeats: int, root: str) -> dict[str, float]:
     del subtasks
     gc.collect()
     for label, at, p in (("canonical_restore", canonical, 2), ("restore", loc, 2), ("rescale", loc, 3)):
-        best = float("inf")
-        for _ in range(repeats):
-            secs, bs = restore(storage, at, factory, p, local)
-            best = min(best, secs)
-            if _ == 0:
-                total = sum(b.num_entries() for b in bs)
-                assert total == n, (label, total, n)
-            for b in bs:
-                b.close()
-            del bs
-            gc.collect()
-        r[f"{label}_s"] = best
+        r[f"{label}_s"] = best_restore(storage, at, factory, p, local, repeats, n, label)
     # A checkpoint at p=3 of rescaled subtasks, then back to p=2.
     _, rescaled = restore(storage, loc, factory, 3, local)
     loc3, _, _ = checkpoint(storage, 4, rescaled, native=True)
@@ -139,20 +135,27 @@ def run(name: str, n: int, repeats: int, root: str) -> dict[str, float]:
     del rescaled
     gc.collect()
     for label, p in (("restore3", 3), ("rescale32", 2)):
-        best = float("inf")
-        for _ in range(repeats):
-            secs, bs = restore(storage, loc3, factory, p, local)
-            best = min(best, secs)
-            if _ == 0:
-                total = sum(b.num_entries() for b in bs)
-                assert total == n, (label, total, n)
-            for b in bs:
-                b.close()
-            del bs
-            gc.collect()
-        r[f"{label}_s"] = best
+        r[f"{label}_s"] = best_restore(storage, loc3, factory, p, local, repeats, n, label)
     shutil.rmtree(local, ignore_errors=True)
     return r
+
+
+def best_restore(
+    storage: Any, at: str, factory: Any, p: int, local: str, repeats: int, n: int, label: str
+) -> float:
+    """The best of ``repeats`` restores of ``at`` at parallelism ``p``; the first must hold ``n`` entries."""
+    best = float("inf")
+    for attempt in range(repeats):
+        secs, bs = restore(storage, at, factory, p, local)
+        best = min(best, secs)
+        if attempt == 0:
+            total = sum(b.num_entries() for b in bs)
+            assert total == n, (label, total, n)
+        for b in bs:
+            b.close()
+        del bs
+        gc.collect()
+    return best
 
 
 def main() -> None:

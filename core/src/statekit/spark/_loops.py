@@ -43,13 +43,7 @@ def process_records(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
     append, width = pending.append, len(out.names)
     key_column = plan.key_column
     clock = time.perf_counter
-    it = iter(batches)
-    while True:
-        t = clock()
-        batch = next(it, None)
-        phases["input"] += clock() - t
-        if batch is None:
-            return
+    for batch in _arriving(batches, phases):
         t = clock()
         subtasks = batch.column(SUBTASK_COLUMN).to_pylist()
         markers = batch.column(MARKER_COLUMN).to_pylist()
@@ -105,6 +99,19 @@ def process_records(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
         phases["records"] += clock() - t_loop - (phases["restore"] - restoring)
         if late_rows:
             yield out.late(batch, late_rows)
+
+
+def _arriving(batches: Iterator[Any], phases: dict[str, float]) -> Iterator[Any]:
+    """``batches`` as Spark hands them over, the wait for each counted as the ``input`` phase."""
+    clock = time.perf_counter
+    it = iter(batches)
+    while True:
+        t = clock()
+        batch = next(it, None)
+        phases["input"] += clock() - t
+        if batch is None:
+            return
+        yield batch
 
 
 def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
@@ -171,13 +178,7 @@ def process_columns(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
     plan, out, phases = run.plan, run.out, run.phases
     clock = time.perf_counter
     columns = list(plan.input_columns)
-    it = iter(batches)
-    while True:
-        t = clock()
-        batch = next(it, None)
-        phases["input"] += clock() - t
-        if batch is None:
-            return
+    for batch in _arriving(batches, phases):
         if not batch.num_rows:
             continue
         t = clock()
