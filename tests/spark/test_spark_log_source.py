@@ -194,6 +194,8 @@ def test_keyed_count_over_growing_rotating_logs_is_exact(session: Any, tmp_path:
     assert sum(logs.model.values()) == 77
     letters = [json.loads(x) for p in dead.glob("part-*") for x in p.read_text().splitlines()]
     assert [(x["stage"], x["raw"], x["line"]) for x in letters] == [("parse", "{not json", 8)]
+    # read_logs was given no job id: its letters name the statekit job whose batch read them.
+    assert [x["job_id"] for x in letters] == [job_id]
     # The dead letter the reading task wrote is counted for its batch (issue 43), and its tally is gone.
     done = [i for i in infos if not i.skipped]
     assert [(i.bad_records, i.source_bad_records) for i in done if i.bad_records] == [(1, 1)]

@@ -34,7 +34,18 @@ import threading
 
 from ..sources._deadletters import DeadLetterDir, file_part
 
-__all__ = ["COUNT_PREFIX", "count_source_letters", "tally_letters", "watch_directory"]
+__all__ = [
+    "COUNT_PREFIX",
+    "JOB_ID_PROPERTY",
+    "batch_job_id",
+    "count_source_letters",
+    "tally_letters",
+    "watch_directory",
+]
+
+#: The local property statekit's driver gives the Spark jobs it runs for a micro-batch: its job id.
+#: A reading task writes it into its dead letters when ``read_logs`` was given no ``job_id``.
+JOB_ID_PROPERTY = "statekit.job.id"
 
 #: How a tally's (hidden) file name in the dead-letter directory begins.
 COUNT_PREFIX = ".count-"
@@ -48,6 +59,15 @@ def watch_directory(path: str) -> None:
     """The driver counts the tallies under dead-letter directory ``path`` (called by ``read_logs``)."""
     with _lock:
         _watched.add(os.path.abspath(path))
+
+
+def batch_job_id() -> str | None:
+    """In a task: the statekit job whose micro-batch it runs for (:data:`JOB_ID_PROPERTY`), or None."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    job = None if ctx is None else ctx.getLocalProperty(JOB_ID_PROPERTY)
+    return job or None
 
 
 def tally_letters(directory: str, letters_file: str, count: int) -> None:

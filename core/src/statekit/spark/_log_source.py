@@ -60,7 +60,7 @@ from .._errors import ConfigurationError, SourceError
 from ..plugins._config import Configuration
 from ..sources import FOLLOW_SYMLINKS_KEY, MAX_LINE_BYTES_KEY
 from ..sources._badrecords import BadRecord, BadRecordPolicy
-from ..sources._deadletters import DeadLetterDir
+from ..sources._deadletters import DeadLetterDir, file_part
 from ..sources._files import (
     IN_LONG_LINE,
     PARTIAL_END,
@@ -80,7 +80,7 @@ from ..sources._files import (
 )
 from ..sources._logsource import LogSource
 from ._input_lost import note_log_source
-from ._letter_tally import tally_letters, watch_directory
+from ._letter_tally import batch_job_id, tally_letters, watch_directory
 
 __all__ = ["LOG_SOURCE_NAME", "LogDataSource", "LogRange", "read_logs", "register_log_source"]
 
@@ -681,18 +681,24 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._write_letters(partition, letters)
 
     def _write_letters(self, partition: LogRange, letters: Sequence[BadRecord]) -> None:
-        """The range's dead letters, in a file named by the range: a retried task replaces it.
+        """The range's dead letters, in a file named by the job and the range: a retried task replaces it.
 
-        Written exclusively under a hidden name and renamed (see DeadLetterDir), in a private directory.
+        The job is ``read_logs``' ``job_id``, else the statekit job whose micro-batch
+        reads the range (its driver says so in a local property of the batch's
+        Spark jobs), else none: two jobs that read the same files into one
+        directory keep a file each. Written exclusively under a hidden name and
+        renamed (see DeadLetterDir), in a private directory.
         """
         directory = self.options.dead_letter_path
         assert directory is not None
         e = partition.entry
-        name = f"part-{e[4]}-{e[1]}-{e[2]}-{partition.start:012d}-{e[5]:012d}.json"
+        job_id = self.options.job_id or batch_job_id()
+        job = "" if job_id is None else f"{file_part(job_id)}-"
+        name = f"part-{job}{e[4]}-{e[1]}-{e[2]}-{partition.start:012d}-{e[5]:012d}.json"
         now = time.time()
         ordered = sorted(letters, key=lambda b: b.offset or 0)  # in file order, whatever found them
         DeadLetterDir(directory).publish(
-            name, ({"job_id": self.options.job_id, "time": now, **bad.to_json()} for bad in ordered)
+            name, ({"job_id": job_id, "time": now, **bad.to_json()} for bad in ordered)
         )
         tally_letters(directory, name, len(ordered))  # for the micro-batch's BatchInfo (_letter_tally)
 

@@ -42,6 +42,7 @@ from ..plugins._config import Configuration
 from ..runtime._metrics import LOGGER, checkpoint_fields, log_checkpoint, metric_name
 from ._batchinfo import BatchInfo
 from ._jvm import LocalityUnavailable, load_helper_class
+from ._letter_tally import JOB_ID_PROPERTY
 from ._sparkconf import is_connect
 from ._ui import QueryPage
 
@@ -130,19 +131,23 @@ class QueryMetrics:
     def describe(self, batch_id: int | None, what: str) -> Iterator[None]:
         """The Spark jobs run inside are described as ``statekit <job> batch <n>: <what>`` in the UI.
 
-        Without a batch (the query's setup): ``statekit <job>: <what>``.
+        Without a batch (the query's setup): ``statekit <job>: <what>``. Their
+        tasks also get the job id as a local property (:data:`JOB_ID_PROPERTY`).
         """
         sc = self._sc
         if sc is None:
             yield
             return
         before = sc.getLocalProperty(_DESCRIPTION)
+        job_before = sc.getLocalProperty(JOB_ID_PROPERTY)
         batch = "" if batch_id is None else f" batch {batch_id}"
         sc.setJobDescription(f"statekit {self.job_id}{batch}: {what}")
+        sc.setLocalProperty(JOB_ID_PROPERTY, self.job_id)  # read_logs' letters name the job (_letter_tally)
         try:
             yield
         finally:
             sc.setLocalProperty(_DESCRIPTION, before)  # None unsets it
+            sc.setLocalProperty(JOB_ID_PROPERTY, job_before)
 
     def report(self, info: BatchInfo, attempts: Sequence[CheckpointAttempt] = ()) -> None:
         """The batch's log line, metrics and UI page (for a skipped batch, the log line and page).
