@@ -566,3 +566,35 @@ def test_keyed_count_under_logrotate_with_a_writer_is_exact(
     assert max(seqs.values()) == 1 and not set(held) - set(seqs)
     assert not any(lost), lost
     assert any(p.name.endswith(".gz") for p in logs.dir.iterdir())
+
+
+def test_a_new_session_on_the_same_context_reads_with_its_own_parse(spark: Any, tmp_path: Path) -> None:
+    """Spark refuses a new session a data source name the context's first session registered: it gets its own.
+
+    Both parse functions have one qualified name (as a function redefined in a
+    notebook has), so both read_logs calls want one data source name. (The
+    shared first session, ``spark``, keeps the first registration: only a name.)
+    """
+    logs = LogDir(tmp_path)
+    logs.write("access.log", 4)
+
+    def parser(suffix: str) -> Any:
+        def parse(line: str) -> Any:
+            record = json.loads(line)
+            record["url"] += suffix
+            return record
+
+        return parse
+
+    read_logs(spark, logs.path("access.log"), parse=parser(""), schema=SCHEMA)
+    other = spark.newSession()
+    lines = read_logs(other, logs.path("access.log"), parse=parser("!"), schema=SCHEMA)
+    urls: list[str] = []
+    query = (
+        lines.writeStream.foreachBatch(lambda df, _: urls.extend(r.url for r in df.collect()))
+        .option("checkpointLocation", str(tmp_path / "spark"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    assert len(urls) == 4 and all(u.endswith("!") for u in urls)  # the second session's parse

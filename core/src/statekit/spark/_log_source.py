@@ -39,6 +39,7 @@ import json
 import os
 import stat
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -207,8 +208,7 @@ def read_logs(
         raise ConfigurationError(f"read_logs: schema must be a struct, not {schema!r}")
     if key is not None and key not in struct.names:
         raise ConfigurationError(f"read_logs: key {key!r} is not a column of the schema: {struct.names}")
-    source = _source_class(parse, struct)
-    spark.dataSource.register(source)
+    source = _register(spark, _source_class(parse, struct))
     note_log_source()  # this process's drivers read what the source planned as lost (_input_lost)
     return spark.readStream.format(source.name()).options(**options).load()
 
@@ -271,6 +271,30 @@ def register_log_source(spark: SparkSession) -> None:
         lines = spark.readStream.format("statekit-logs").load("/var/log/nginx/access.log")
     """
     spark.dataSource.register(LogDataSource)
+
+
+def _register(spark: SparkSession, source: type[LogDataSource]) -> type[LogDataSource]:
+    """``source`` registered in ``spark``; under a name of its own if another session holds its name.
+
+    A session replaces a data source it registered itself, but Spark refuses
+    a name that a session sharing its SparkContext registered before
+    (``DATA_SOURCE_ALREADY_EXISTS``), as ``SparkSession.newSession()`` and a
+    second application built on the same context do. That registration may
+    carry another ``parse`` of the same name (a function redefined in a
+    notebook), so it is not reused: this session's source gets a name of its own.
+    """
+    from pyspark.errors import AnalysisException
+
+    try:
+        spark.dataSource.register(source)
+        return source
+    except AnalysisException as e:
+        if e.getCondition() != "DATA_SOURCE_ALREADY_EXISTS":
+            raise
+    unique = f"{source.source_name}-{uuid.uuid4().hex[:12]}"
+    again = type("LogDataSourceOf", (source,), {"source_name": unique})
+    spark.dataSource.register(again)
+    return again
 
 
 def _source_class(parse: Callable[[str], Any] | None, schema: T.StructType) -> type[LogDataSource]:
