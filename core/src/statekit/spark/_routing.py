@@ -36,6 +36,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from ..serialization._keygroups import _rotl as _rotl_int
 from ..serialization._keygroups import key_group_for_bytes
 from ..serialization._serializers import IntSerializer, StrSerializer, TypeSerializer
 from ._arrow_values import Unconvertible, values_of
@@ -194,19 +195,12 @@ class _PythonKeyGroups:
             yield batch.append_column(KEY_GROUP_COLUMN, pa.array(out, type=pa.int32()))
 
 
-_M32 = 0xFFFFFFFF
-
-
-def _rotl32(x: int, r: int) -> int:
-    return ((x << r) | (x >> (32 - r))) & _M32
-
-
 def _mix_k1(k1: int) -> int:
-    return (_rotl32((k1 * 0xCC9E2D51) & _M32, 15) * 0x1B873593) & _M32
+    return (_rotl_int((k1 * 0xCC9E2D51) & _M32, 15) * 0x1B873593) & _M32
 
 
 def _mix_h1(h1: int, k1: int) -> int:
-    return (_rotl32(h1 ^ k1, 13) * 5 + 0xE6546B64) & _M32
+    return (_rotl_int(h1 ^ k1, 13) * 5 + 0xE6546B64) & _M32
 
 
 def spark_hash_long(value: int, seed: int = 42) -> int:
