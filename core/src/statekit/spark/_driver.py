@@ -105,6 +105,7 @@ from ._savepoint_request import SparkSavepointRequests
 from ._sparkconf import application, default_parallelism, is_connect, local_dir, spark_configuration
 from ._task import make_task
 from ._upgrade import Decision, absolute_location, decide, no_position_error, restore_origin
+from ._warmup import start_warm_up
 
 __all__ = [
     "ATTEMPTS_PROPERTY",
@@ -197,6 +198,7 @@ class MicroBatchDriver:
         self.session = session
         self.registry = default_registry()
         self.config = conf = _configuration(spec, session, self.registry)
+        start_warm_up(session, conf, spec.job_id)  # the workers start while the rest of this runs
         function = _made_function(spec)
         self.vectorized = isinstance(function, KeyedBatchFunction)
         self.columns = isinstance(function, KeyedColumnsFunction)

@@ -1,0 +1,86 @@
+"""The Python workers warmed when a query starts (statekit.spark._warmup).
+
+A fresh interpreter shows what a warm-up imports; the shared session shows the
+job, its once-per-application rule, the switch, and a failure said, not raised.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+
+
+def test_a_warmed_worker_holds_what_a_task_imports() -> None:
+    """In a fresh interpreter, the warm-up imports the task's modules, the plugins' and pandas via pyarrow."""
+    code = (
+        "import json, sys\n"
+        "from statekit.spark._warmup import _warm\n"
+        "before = set(sys.modules)\n"
+        "out = list(_warm(iter(()), backend='heap', storage='filesystem'))\n"
+        "mods = ('statekit.spark._task', 'statekit_heap', 'statekit_storage', 'pyarrow', 'pandas')\n"
+        "print(json.dumps({'before': [m for m in mods if m in before], 'after': [m for m in mods if m in "
+        "sys.modules], 'rows': out[0].num_rows}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["before"] == ["pyarrow"], got  # statekit.spark loads pyarrow; none of the rest
+    assert got["after"] == ["statekit.spark._task", "statekit_heap", "statekit_storage", "pyarrow", "pandas"]
+    assert got["rows"] == 1
+
+
+def _config(**options: object) -> Any:
+    from statekit.plugins._config import Configuration
+
+    return Configuration.from_mapping({"statekit.backend": "heap", **options})
+
+
+def test_once_per_application_and_off_by_configuration(spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first query of an application starts the job; later ones, and warm-up=false, do not."""
+    from statekit.spark import _warmup
+
+    monkeypatch.setattr(_warmup, "_warmed", set())
+    assert _warmup.start_warm_up(spark, _config(**{"statekit.spark.warm-up": False}), "off") is None
+    thread = _warmup.start_warm_up(spark, _config(), "first")
+    assert isinstance(thread, threading.Thread)
+    thread.join(timeout=600)
+    assert not thread.is_alive()
+    assert _warmup.start_warm_up(spark, _config(), "second") is None  # the same application
+    assert _warmup._warmed == {spark.sparkContext.applicationId}
+
+
+def test_the_job_runs_in_the_application_s_python_workers(spark: Any) -> None:
+    """One task per core, in Python workers, not the driver; the caller's job description is kept."""
+    from statekit.spark._warmup import warm_up
+
+    sc = spark.sparkContext
+    sc.setLocalProperty("spark.job.description", "the caller's")
+    try:
+        pids = warm_up(spark, "described", "heap", "filesystem")
+        assert sc.getLocalProperty("spark.job.description") == "the caller's"
+    finally:
+        sc.setLocalProperty("spark.job.description", None)
+    assert len(pids) == sc.defaultParallelism
+    assert os.getpid() not in pids
+
+
+def test_a_failed_warm_up_is_logged_with_its_job_and_cause(
+    spark: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A backend a worker cannot load fails the warm-up: logged at WARNING, naming the job and the backend."""
+    from statekit.spark import _warmup
+
+    monkeypatch.setattr(_warmup, "_warmed", set())
+    with caplog.at_level(logging.WARNING, logger="statekit.spark"):
+        _warmup._run(spark, "broken", "no-such-backend", "filesystem")
+    [record] = [r for r in caplog.records if r.name == "statekit.spark"]
+    text = record.getMessage()
+    assert "statekit job 'broken'" in text and "no-such-backend" in text, text
