@@ -266,7 +266,8 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "On Spark: when a query (or a static run) starts, a small job on a thread of its own starts "
         "the application's Python workers and imports statekit, pyarrow, the backend and the storage "
         "in them, while the driver reads the checkpoint and Spark plans the first micro-batch (once "
-        "per application; Spark reuses its workers). false: the first batch's tasks start them."),
+        "per application; Spark reuses its workers). false: the first batch's tasks start them. "
+        "Never from a Spark Connect client, nor with spark.python.worker.reuse=false."),
     ConfigOption("statekit.spark.worker-handoff", bool, True,
         "On Spark: a task whose subtask's state is open in another Python worker of the same "
         "executor hands its rows to that worker over a private Unix socket, instead of restoring "

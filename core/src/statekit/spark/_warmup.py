@@ -56,11 +56,14 @@ def start_warm_up(session: SparkSession, config: Configuration, job_id: str) -> 
     """Start warming the application's Python workers for job ``job_id``, once per application.
 
     Returns the warm-up's thread, or None where there is none to start: off by
-    configuration, a Spark Connect session, or an application already warmed.
+    configuration, a Spark Connect session, workers not reused
+    (``spark.python.worker.reuse=false``), or an application already warmed.
     """
     if is_connect(session) or not config.get("statekit.spark.warm-up"):
         return None
     sc = session.sparkContext
+    if sc.getConf().get("spark.python.worker.reuse", "true").strip().lower() == "false":
+        return None  # every task starts a worker of its own: nothing to start ahead
     app = str(sc.applicationId)
     with _lock:
         if app in _warmed:
