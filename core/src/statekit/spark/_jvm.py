@@ -66,6 +66,7 @@ from ._jvm_build import (
     find_spark_jars,
     sources_digest,
 )
+from ._sparkconf import app_setting
 
 __all__ = ["Helper", "JvmLocality", "LocalityUnavailable", "helper_jar", "load_helper_class"]
 
@@ -309,7 +310,7 @@ def _single_executor(sc: Any) -> str | None:
     if master != "local" and not master.startswith("local["):
         return None
     # The driver's block manager is that executor: its id is "driver", its host the driver's.
-    return f"executor_{sc.getConf().get('spark.driver.host')}_driver"
+    return f"executor_{app_setting(sc, 'spark.driver.host')}_driver"
 
 
 #: One class loader per JVM (gateway) and jar: Py4J caches the methods it calls by class
@@ -372,7 +373,7 @@ def _check_no_other_jar(sc: Any, jar: str) -> None:
     """
     import zipfile
 
-    listed = str(sc.getConf().get("spark.jars", "") or "")
+    listed = app_setting(sc, "spark.jars") or ""
     prefix = _PACKAGE.replace(".", "/") + "/"
     mine = os.path.realpath(jar)
     for entry in filter(None, (j.strip() for j in listed.split(","))):

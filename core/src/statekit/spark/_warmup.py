@@ -38,7 +38,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from ..plugins._config import Configuration
-from ._sparkconf import is_connect
+from ._sparkconf import app_setting, is_connect
 
 __all__ = ["start_warm_up", "warm_up"]
 
@@ -62,7 +62,7 @@ def start_warm_up(session: SparkSession, config: Configuration, job_id: str) -> 
     if is_connect(session) or not config.get("statekit.spark.warm-up"):
         return None
     sc = session.sparkContext
-    if sc.getConf().get("spark.python.worker.reuse", "true").strip().lower() == "false":
+    if (app_setting(sc, "spark.python.worker.reuse") or "true").strip().lower() == "false":
         return None  # every task starts a worker of its own: nothing to start ahead
     app = str(sc.applicationId)
     with _lock:
