@@ -51,9 +51,10 @@ def spark_configuration(
         app: dict[str, object] = {}
         redaction = session.conf.get("spark.redaction.regex", SPARK_DEFAULT_REDACTION)
     else:
-        spark_conf = session.sparkContext.getConf()
-        app = {k: v for k, v in spark_conf.getAll() if _ours(k)}
-        redaction = spark_conf.get("spark.redaction.regex", SPARK_DEFAULT_REDACTION)
+        # The JVM's copy, read once (SparkContext.getConf() would copy it entry by entry first).
+        jconf = session.sparkContext._jsc.getConf()
+        app = {k: v for k, v in ((str(e._1()), str(e._2())) for e in jconf.getAll()) if _ours(k)}
+        redaction = jconf.get("spark.redaction.regex", SPARK_DEFAULT_REDACTION)
     runtime_conf = session.conf.getAll
     runtime = runtime_conf() if callable(runtime_conf) else runtime_conf
     runtime = {k: v for k, v in runtime.items() if _ours(k)}
