@@ -169,14 +169,20 @@ def run(
         return got, state_of(runner)
 
 
-@pytest.mark.parametrize("batch_size", [1, 7, 10_000])
-def test_vectorized_state_and_outputs_equal_per_record(tmp_path: Path, batch_size: int) -> None:
+def _same_as_per_record(function: Any, tmp_path: Path, batch_size: int) -> list[dict[str, Any]]:
+    """500 records through ``function`` and through the per-record job: the same state and outputs."""
     recs = records(500)
     want_out, want_state = run(PerRecord, recs, tmp_path / "a")
-    Vectorized.calls = []
-    got_out, got_state = run(Vectorized, recs, tmp_path / "b", **{"statekit.batch-size": batch_size})
+    got_out, got_state = run(function, recs, tmp_path / "b", **{"statekit.batch-size": batch_size})
     assert got_state == want_state
     assert sorted(got_out, key=lambda o: o["seq"]) == want_out
+    return recs
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 10_000])
+def test_vectorized_state_and_outputs_equal_per_record(tmp_path: Path, batch_size: int) -> None:
+    Vectorized.calls = []
+    recs = _same_as_per_record(Vectorized, tmp_path, batch_size)
     # One call per key and micro-batch, its rows in arrival order.
     batches = [recs[i : i + batch_size] for i in range(0, len(recs), batch_size)]
     want_calls = sorted(
@@ -187,12 +193,8 @@ def test_vectorized_state_and_outputs_equal_per_record(tmp_path: Path, batch_siz
 
 @pytest.mark.parametrize("batch_size", [1, 7, 10_000])
 def test_columns_state_and_outputs_equal_per_record(tmp_path: Path, batch_size: int) -> None:
-    recs = records(500)
-    want_out, want_state = run(PerRecord, recs, tmp_path / "a")
     Columns.calls = []
-    got_out, got_state = run(Columns, recs, tmp_path / "b", **{"statekit.batch-size": batch_size})
-    assert got_state == want_state
-    assert sorted(got_out, key=lambda o: o["seq"]) == want_out
+    recs = _same_as_per_record(Columns, tmp_path, batch_size)
     # One call per subtask and micro-batch, its rows in arrival order; a key stays on its subtask.
     subtask_of: dict[str, set[int]] = {}
     for index, keys, _ in Columns.calls:

@@ -237,10 +237,20 @@ def test_a_batch_function_gets_each_key_once_with_the_per_record_outcome(tmp_pat
     assert vectorized.state() == model_state(RECORDS)
 
 
-def test_a_batch_function_task_that_fails_midway_leaves_nothing_behind(tmp_path: Path) -> None:
-    driver = Driver(tmp_path, FailOnceBatch, vectorized=True)
+@pytest.mark.parametrize("form", ["batch", "columns"])
+def test_a_batch_or_columns_function_task_that_fails_midway_leaves_nothing_behind(
+    tmp_path: Path, form: str
+) -> None:
+    if form == "batch":
+        driver = Driver(tmp_path, FailOnceBatch, vectorized=True)
+    else:
+        driver = Driver(tmp_path, CountUrlsColumnsCalls, columns=True)
+        driver.chunks = 3
     driver.batch(RECORDS[:300])
-    FailOnceBatch.countdown = 3
+    if form == "batch":
+        FailOnceBatch.countdown = 3
+    else:
+        CountUrlsColumnsCalls.countdown = 2
     plan = driver.plan()
     with pytest.raises(RuntimeError, match="injected"):
         driver.run_task(plan, RECORDS[300:])
@@ -271,20 +281,6 @@ def test_a_columns_function_gets_each_arriving_batch_with_the_per_record_outcome
     # A call per arriving batch, the marker row left out of the last.
     assert CountUrlsColumnsCalls.calls == [76, 76, 76, 72] * 2
     assert got == want_out
-    assert driver.state() == model_state(RECORDS)
-
-
-def test_a_columns_function_task_that_fails_midway_leaves_nothing_behind(tmp_path: Path) -> None:
-    driver = Driver(tmp_path, CountUrlsColumnsCalls, columns=True)
-    driver.chunks = 3
-    driver.batch(RECORDS[:300])
-    CountUrlsColumnsCalls.countdown = 2
-    plan = driver.plan()
-    with pytest.raises(RuntimeError, match="injected"):
-        driver.run_task(plan, RECORDS[300:])
-    outputs, report = driver.run_task(plan, RECORDS[300:])
-    assert report["reused"] is False and len(outputs) == 300
-    driver.complete(plan, report)
     assert driver.state() == model_state(RECORDS)
 
 

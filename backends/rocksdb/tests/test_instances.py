@@ -302,6 +302,20 @@ def test_tools_read_a_checkpoint_of_several_instances(
     assert got == expected
 
 
+def _sst_copies(monkeypatch: pytest.MonkeyPatch, what: Callable[[NativeFile], Any]) -> list[Any]:
+    """``what`` of every SST file copied (downloaded or linked) into an instance from now on."""
+    copied: list[Any] = []
+    copy_to = NativeFile.copy_to
+
+    def counted(self: NativeFile, path: Any, *, link: bool = False) -> None:
+        if self.name.endswith(".sst"):
+            copied.append(what(self))
+        copy_to(self, path, link=link)
+
+    monkeypatch.setattr(NativeFile, "copy_to", counted)
+    return copied
+
+
 def test_a_rescale_downloads_each_sst_file_once_per_process_and_links_only_an_unchanged_copy(
     job: Job, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -309,15 +323,7 @@ def test_a_rescale_downloads_each_sst_file_once_per_process_and_links_only_an_un
     fill(first, KEYS, lambda _: 4)
     loc = job.checkpoint(first)
     expected = contents(first)
-    copied: list[str] = []
-    copy_to = NativeFile.copy_to
-
-    def counted(self: NativeFile, path: Any, *, link: bool = False) -> None:
-        if self.name.endswith(".sst"):
-            copied.append(self.name)
-        copy_to(self, path, link=link)
-
-    monkeypatch.setattr(NativeFile, "copy_to", counted)
+    copied = _sst_copies(monkeypatch, lambda f: f.name)
     up = job.restore(loc, 3)  # the middle subtask links what its neighbours downloaded
     ssts = [f.name for h in job.handles(loc, up[1]) for f in h.files if f.name.endswith(".sst")]
     assert sorted(copied) == sorted(ssts)
@@ -348,15 +354,7 @@ def test_a_rescale_back_downloads_each_sst_file_once_also_within_one_subtask(
     expected = contents(up)
     for b in up:
         b.close()
-    copied: list[str | None] = []
-    copy_to = NativeFile.copy_to
-
-    def counted(self: NativeFile, path: Any, *, link: bool = False) -> None:
-        if self.name.endswith(".sst"):
-            copied.append(self.sha256)
-        copy_to(self, path, link=link)
-
-    monkeypatch.setattr(NativeFile, "copy_to", counted)
+    copied = _sst_copies(monkeypatch, lambda f: f.sha256)
     down = job.restore(loc, 2)  # subtask 0 holds the old subtask 0 and part of 1: the same SST files
     files = {f.sha256 for b in down for h in job.handles(loc, b) for f in h.files if f.name.endswith(".sst")}
     assert sorted(copied, key=str) == sorted(files, key=str)
