@@ -78,6 +78,11 @@ class PerRecord(KeyedProcessFunction):
     def process(self, record: dict[str, Any], ctx: ProcessContext) -> Iterable[Any]:
         n = self.count.value() + 1
         self.count.update(n)
+        self.others(ctx.current_key, n, record)
+        yield {"url": ctx.current_key, "count": n, "seq": record["seq"]}
+
+    def others(self, key: str, n: int, record: dict[str, Any]) -> None:
+        """Every state but the count, for one record of ``key`` (its ``n``-th), the current key's."""
         self.seqs.add(record["seq"])
         self.total.add(record["bytes"])
         m = record["method"]
@@ -85,8 +90,7 @@ class PerRecord(KeyedProcessFunction):
         self.mean.add(record["bytes"])
         self.recent.update(record["seq"])
         if n == 1:
-            self.seen.add(ctx.current_key)
-        yield {"url": ctx.current_key, "count": n, "seq": record["seq"]}
+            self.seen.add(key)
 
 
 class Vectorized(KeyedBatchFunction):
@@ -133,14 +137,7 @@ class Columns(KeyedColumnsFunction):
         counts = self.count.update_batch(keys, lambda n: n + 1)
         for key, n, record in zip(keys, counts, rows.to_pylist()):
             ctx.set_current_key(key)
-            self.seqs.add(record["seq"])
-            self.total.add(record["bytes"])
-            m = record["method"]
-            self.by_method.put(m, (self.by_method.get(m) or 0) + 1)
-            self.mean.add(record["bytes"])
-            self.recent.update(record["seq"])
-            if n == 1:
-                self.seen.add(key)
+            PerRecord.others(self, key, n, record)  # type: ignore[arg-type]
         return {"url": keys, "count": counts, "seq": seqs}
 
 

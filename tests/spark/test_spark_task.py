@@ -218,18 +218,21 @@ def test_a_task_that_fails_midway_leaves_nothing_behind(tmp_path: Path) -> None:
     assert driver.state() == model_state(RECORDS)
 
 
-def test_a_batch_function_gets_each_key_once_with_the_per_record_outcome(tmp_path: Path) -> None:
-    def outputs(driver: Driver) -> list[list[Any]]:
-        got = []
-        for part in (RECORDS[:300], RECORDS[300:]):
-            plan = driver.plan()
-            out, report = driver.run_task(plan, part)
-            assert report["records"] == report["outputs"] == len(part)
-            driver.complete(plan, report)
-            got.append(sorted(out))
-        assert report["reused"] is True
-        return got
+def _outputs_in_two_parts(driver: Driver) -> list[list[Any]]:
+    """``RECORDS`` in two batches through ``driver``'s tasks: each batch's outputs, sorted."""
+    got = []
+    for part in (RECORDS[:300], RECORDS[300:]):
+        plan = driver.plan()
+        out, report = driver.run_task(plan, part)
+        assert report["records"] == report["outputs"] == len(part)
+        driver.complete(plan, report)
+        got.append(sorted(out))
+    assert report["reused"] is True
+    return got
 
+
+def test_a_batch_function_gets_each_key_once_with_the_per_record_outcome(tmp_path: Path) -> None:
+    outputs = _outputs_in_two_parts
     want = outputs(Driver(tmp_path / "a"))
     reset_cache()  # the two drivers' subtasks have the same cache key
     vectorized = Driver(tmp_path / "b", CountUrlsBatch, vectorized=True)
@@ -261,23 +264,11 @@ def test_a_batch_or_columns_function_task_that_fails_midway_leaves_nothing_behin
 
 
 def test_a_columns_function_gets_each_arriving_batch_with_the_per_record_outcome(tmp_path: Path) -> None:
-    want, want_out = Driver(tmp_path / "a"), []
-    for part in (RECORDS[:300], RECORDS[300:]):
-        plan = want.plan()
-        out, report = want.run_task(plan, part)
-        want.complete(plan, report)
-        want_out.append(sorted(out))
+    want_out = _outputs_in_two_parts(Driver(tmp_path / "a"))
     reset_cache()  # the two drivers' subtasks have the same cache key
     driver = Driver(tmp_path / "b", CountUrlsColumnsCalls, columns=True)
     driver.chunks = 4  # 301 rows (the last a marker) in four Arrow batches: 76, 76, 76, 73
-    got = []
-    for part in (RECORDS[:300], RECORDS[300:]):
-        plan = driver.plan()
-        out, report = driver.run_task(plan, part)
-        assert report["records"] == report["outputs"] == len(part)
-        driver.complete(plan, report)
-        got.append(sorted(out))
-    assert report["reused"] is True
+    got = _outputs_in_two_parts(driver)
     # A call per arriving batch, the marker row left out of the last.
     assert CountUrlsColumnsCalls.calls == [76, 76, 76, 72] * 2
     assert got == want_out

@@ -105,13 +105,17 @@ def fill(backends: list[RocksDBKeyedStateBackend], keys: list[str], fn: Callable
         b.get_state(COUNT).update_batch([k for k in keys if group(k) in own], fn)
 
 
+def checkpointed(job: Job, parallelism: int, value: int) -> tuple[str, dict[Any, Any]]:
+    """``parallelism`` subtasks holding ``value`` for every key, checkpointed: its location and contents."""
+    first = job.subtasks(parallelism)
+    fill(first, KEYS, lambda _: value)
+    return job.checkpoint(first), contents(first)
+
+
 def test_a_rescale_copies_no_entry_and_routes_every_access_by_key_group(
     job: Job, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = job.subtasks(2)
-    fill(first, KEYS, lambda _: 1)
-    loc = job.checkpoint(first)
-    expected = contents(first)
+    loc, expected = checkpointed(job, 2, 1)
 
     def no_copy(*args: Any) -> None:
         raise AssertionError("a rescale within MAX_INSTANCES copied entries")
@@ -186,10 +190,7 @@ def test_a_canonical_snapshot_of_several_instances_is_exact(job: Job) -> None:
 def test_past_the_limit_the_smallest_part_is_copied_into_a_neighbour(
     job: Job, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = job.subtasks(5)
-    fill(first, KEYS, lambda _: 2)
-    loc = job.checkpoint(first)
-    expected = contents(first)
+    loc, expected = checkpointed(job, 5, 2)
     copies = []
     ingest = restore_module._ingest_range
 
@@ -319,10 +320,7 @@ def _sst_copies(monkeypatch: pytest.MonkeyPatch, what: Callable[[NativeFile], An
 def test_a_rescale_downloads_each_sst_file_once_per_process_and_links_only_an_unchanged_copy(
     job: Job, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = job.subtasks(2)
-    fill(first, KEYS, lambda _: 4)
-    loc = job.checkpoint(first)
-    expected = contents(first)
+    loc, expected = checkpointed(job, 2, 4)
     copied = _sst_copies(monkeypatch, lambda f: f.name)
     up = job.restore(loc, 3)  # the middle subtask links what its neighbours downloaded
     ssts = [f.name for h in job.handles(loc, up[1]) for f in h.files if f.name.endswith(".sst")]
