@@ -6,6 +6,7 @@ import functools
 import json
 import shutil
 import tempfile
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -267,6 +268,97 @@ def test_the_sinks_job_runs_the_tasks_and_every_batch_commits_exactly(
         # The handle column is read only when the sink's jobs did not run every partition.
         assert (f"statekit {job_id} batch {b}: tasks" in jobs) == (reads != "every row")
     assert seen == {"every row": [i.outputs for i in infos], "one row": [1, 1], "nothing": []}[reads]
+
+
+def test_every_subtask_snapshots_each_batch_also_without_rows(
+    session: Any, tmp_path: Path, job_id: str
+) -> None:
+    """The routing is in the query's plan, without marker rows: partition i is subtask i, rows or not."""
+    configure(
+        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 4}
+    )
+    few = RECORDS[:2]  # two files of one record: at least two of the four subtasks get no row per batch
+    write_inputs(tmp_path / "in", few, 2)
+    infos: list[BatchInfo] = []
+    processed = counting(session, tmp_path, job_id, infos)
+    run_to_end(processed, tmp_path / "spark")
+    assert [(i.batch_id, i.records, sorted(i.subtask_locations)) for i in infos] == [
+        (0, 1, [0, 1, 2, 3]),
+        (1, 1, [0, 1, 2, 3]),
+    ]
+    latest = infos[-1].location  # the one checkpoint retained
+    assert latest is not None
+    assert len(load_checkpoint(processed.checkpoint_storage(), latest).metadata.operators["process"]) == 4
+    assert restored_state(processed.checkpoint_storage(), job_id, parallelism=4) == model_state(few)
+    assert_exact_outputs(tmp_path / "out", few)
+
+
+@pytest.mark.parametrize("storage", ["filesystem", "jobmanager"])
+def test_restore_metadata_too_large_for_the_batch_plan_is_read_from_the_storage(
+    session: Any, tmp_path: Path, job_id: str, storage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tasks in the query's plan take no broadcast: metadata past the inline limit comes from the storage,
+    except from the jobmanager storage (in the driver only), whose metadata travels in the plan whatever
+    its size."""
+    import statekit.spark._driver as driver_module
+
+    monkeypatch.setattr(driver_module, "_INLINE_METADATA", 0)
+    conf: dict[str, Any] = {"spark.statekit.parallelism": 2}
+    if storage == "filesystem":
+        conf["spark.statekit.checkpoints.dir"] = tmp_path / "statekit"
+    else:
+        conf["spark.statekit.checkpoint.storage"] = "jobmanager"
+    configure(session, conf)
+    write_inputs(tmp_path / "in", RECORDS, 3)
+    infos: list[BatchInfo] = []
+    processed = counting(session, tmp_path, job_id, infos)
+    run_to_end(processed, tmp_path / "spark")
+    assert [(i.batch_id, i.restored_from is not None) for i in infos] == [(0, False), (1, True), (2, True)]
+    assert_exact_state(processed.checkpoint_storage(), job_id, RECORDS)
+    assert_exact_outputs(tmp_path / "out", RECORDS)
+
+
+@pytest.mark.parametrize("thread", ["plain", "inheritable"])
+def test_a_sink_acting_on_another_thread_needs_one_that_carries_spark_s_local_properties(
+    session: Any, tmp_path: Path, job_id: str, thread: str
+) -> None:
+    """Each batch's part of the task plan travels with its Spark jobs, as a local property of the thread."""
+    from pyspark import InheritableThread
+
+    configure(
+        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 2}
+    )
+    write_inputs(tmp_path / "in", RECORDS, 2)
+    counted: list[int] = []
+
+    def sink(df: Any, batch_id: int) -> None:
+        errors: list[BaseException] = []
+
+        def act() -> None:
+            try:
+                counted.append(df.count())
+            except BaseException as e:  # noqa: BLE001 - raised again on the sink's thread
+                errors.append(e)
+
+        worker = (InheritableThread if thread == "inheritable" else threading.Thread)(target=act)
+        worker.start()
+        worker.join()
+        if errors:
+            raise errors[0]
+
+    processed = (
+        keyed(stream_of(session, tmp_path / "in"), "url").process(CountUrls, OUTPUT, job_id=job_id)
+    ).foreach_batch(sink)
+    if thread == "inheritable":
+        run_to_end(processed, tmp_path / "spark")
+        assert sum(counted) == len(RECORDS)
+        assert_exact_state(processed.checkpoint_storage(), job_id, RECORDS)
+        return
+    with pytest.raises(Exception) as e:
+        run_to_end(processed, tmp_path / "spark")
+    assert "local property statekit.batch.plan missing" in str(e.value)
+    assert "pyspark.InheritableThread" in str(e.value)
+    assert counted == [] and processed.checkpoint_storage().latest_checkpoint(job_id) is None
 
 
 def test_a_replayed_batch_that_was_completed_is_skipped(session: Any, tmp_path: Path, job_id: str) -> None:

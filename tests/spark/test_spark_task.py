@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Iterable
@@ -16,10 +17,18 @@ from jobs import CountUrls, CountUrlsBatch, CountUrlsColumns, make_records, mode
 from statekit import ColumnsContext, Configuration, LocalRunner, ProcessContext
 from statekit.checkpoints._metadata import SubtaskState
 from statekit.checkpoints._writing import complete_checkpoint
+from statekit.errors import CheckpointError
 from statekit.serializers import StrSerializer
 from statekit.spark._driver import ATTEMPTS_PROPERTY, TOKEN_PROPERTY
 from statekit.spark._output import TaskOutput
-from statekit.spark._plan import HANDLE_COLUMN, TaskPlan
+from statekit.spark._plan import (
+    HANDLE_COLUMN,
+    InlineMetadata,
+    StoredMetadata,
+    TaskPlan,
+    batch_plan,
+    batch_property,
+)
 from statekit.spark._routing import MARKER_COLUMN, SUBTASK_COLUMN
 from statekit.spark._task import make_task, reset_cache
 from statekit_storage import FileSystemCheckpointStorage
@@ -902,3 +911,32 @@ import statekit.spark
 assert statekit.spark.keyed is keyed and set(statekit.spark.__all__) <= set(dir(statekit.spark))
 """
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_batch_plan_travels_in_the_local_property_whole(tmp_path: Path) -> None:
+    driver = Driver(tmp_path)
+    driver.batch(RECORDS[:300])
+    plan = dataclasses.replace(driver.plan(), watermark=-(2**63), end_of_input=True, restore_claimed=True,
+                               batch_id=7, query_id="q", partition_subtask=True)  # fmt: skip
+    query_plan = dataclasses.replace(plan, checkpoint_id=0, token="", restore_location=None,
+                                     restore_token=None, restore_attempts={}, watermark=0,
+                                     end_of_input=False, restore_claimed=False, batch_id=0,
+                                     query_id="")  # fmt: skip
+    for metadata in (InlineMetadata(b"\x00\xffmeta"), StoredMetadata("s3://b/ckpt/chk-1", "ab" * 32)):
+        again, shipped = batch_plan(query_plan, batch_property(plan, metadata))
+        assert again == plan and shipped == metadata
+        assert again.restore_attempts == {0: driver.latest[2][0]}  # type: ignore[index]
+
+
+def test_a_task_whose_job_lacks_the_batch_plan_processes_nothing_and_says_why(tmp_path: Path) -> None:
+    driver = Driver(tmp_path)
+    plan = dataclasses.replace(driver.plan(), partition_subtask=True)
+    other = batch_property(dataclasses.replace(plan, run_id="run-2"), InlineMetadata(b""))
+    for text in (None, other):
+        with pytest.raises(CheckpointError) as e:
+            batch_plan(plan, text)
+        assert "local property statekit.batch.plan" in str(e.value)
+        assert "pyspark.InheritableThread" in str(e.value)
+    with pytest.raises(CheckpointError, match="missing"):
+        list(make_task(plan, None)(iter([])))  # outside Spark: no job, no plan
+    assert not Path(driver.dir).exists()  # nothing written

@@ -318,7 +318,9 @@ class ProcessedStream:
             with driver.savepoints.batch(batch_id):  # an idle query's savepoint is not written meanwhile
                 driver.process_batch(batch_df, batch_id, query_id)
 
-        query: StreamingQuery = self._writer(on_micro_batch, checkpoint_location, trigger, query_name).start()
+        streamed = driver.streamed(spec.df)  # routing and tasks in its plan, where they can be
+        writer = self._writer(streamed, on_micro_batch, checkpoint_location, trigger, query_name)
+        query: StreamingQuery = writer.start()
         query_ids.append(str(query.id))
         started.set()
         driver.savepoints.watch(query)  # savepoint requests of an idle query, answered at once
@@ -327,12 +329,13 @@ class ProcessedStream:
 
     def _writer(
         self,
+        df: DataFrame,
         on_micro_batch: Callable[[DataFrame, int], None],
         checkpoint_location: str | None,
         trigger: str | Mapping[str, Any] | None,
         query_name: str | None,
     ) -> Any:
-        writer = self._spec.df.writeStream.foreachBatch(on_micro_batch)
+        writer = df.writeStream.foreachBatch(on_micro_batch)
         if checkpoint_location is not None:
             writer = writer.option("checkpointLocation", checkpoint_location)
         if isinstance(trigger, str):
@@ -417,7 +420,8 @@ class ProcessedStream:
             input_begins_after_savepoint=input_begins_after_savepoint,
             client_session_id=getattr(session, "session_id", None),
         )  # fmt: skip
-        query: StreamingQuery = self._writer(batches, checkpoint_location, trigger, query_name).start()
+        writer = self._writer(self._spec.df, batches, checkpoint_location, trigger, query_name)
+        query: StreamingQuery = writer.start()
         self._query = query
         return query
 

@@ -92,9 +92,11 @@ from ._plan import (
     HANDLE_COLUMN,
     LATE_COLUMN,
     LATE_PREFIX,
+    PLAN_PROPERTY,
     InlineMetadata,
     StoredMetadata,
     TaskPlan,
+    batch_property,
     internal_schema,
 )
 from ._recent import record_batch
@@ -274,6 +276,9 @@ class MicroBatchDriver:
             max_parallelism=self.max_parallelism,
             route_values=values,
         )
+        self.in_plan = False  # the routing and the tasks are in the streaming query's plan (streamed)
+        self.input_columns = tuple(spec.df.columns)
+        self.late_schema = self._late_schema(spec.df)
         self.timezone = session.conf.get("spark.sql.session.timeZone")
         self.local_dir = local_dir(session)
         self.locality, self.locality_status = _locality(session, str(conf.get("statekit.spark.locality")))
@@ -281,6 +286,38 @@ class MicroBatchDriver:
         self.savepoints = SparkSavepointRequests(
             self.coordinator, conf.get("statekit.savepoints.dir"), self._stop
         )
+        self._query_plan = self._make_query_plan()
+
+    def streamed(self, df: DataFrame) -> DataFrame:
+        """The streaming DataFrame a query writes: its micro-batches routed and processed in its own plan.
+
+        Spark analyses a query's plan once, at its start, and each micro-batch
+        then only replaces its sources' data; routing and running the tasks as
+        DataFrame operations of each batch instead cost the driver an analysis
+        per operation and batch (tens of ms, a fifth of a small batch's time).
+        So on a classic session whose tasks need no preferred executor (a local
+        master, or ``statekit.spark.locality=off``) the routing and the tasks
+        are in the query's plan, with no marker rows: partition ``i`` of the
+        routed plan is subtask ``i``, which its task serves even when no row
+        came, and each batch's part of the task plan travels in a Spark local
+        property (:data:`~._plan.PLAN_PROPERTY`) of the batch's jobs. The
+        driver still checks that each subtask reported exactly once. Otherwise
+        (Spark Connect, a cluster with locality) ``df`` is returned as it is
+        and each batch is routed by :meth:`_run_tasks`.
+        """
+        single = self.locality is None or self.locality.single_executor
+        if self.connect or not single:
+            return df
+        router = Router(
+            self.session, df.schema, key_column=self.spec.key_column, serializer=self.spec.key_serializer,
+            parallelism=self.parallelism, max_parallelism=self.max_parallelism,
+            route_values=routing_values(self.parallelism), markers=False,
+        )  # fmt: skip
+        self.in_plan = True
+        self._query_plan = dataclasses.replace(self._query_plan, partition_subtask=True)
+        function = make_task(self._query_plan, None, self._report_channel)
+        schema = internal_schema(self.spec.output_schema, self.late_schema)
+        return router.route(df).mapInArrow(function, schema)
 
     @property
     def fence(self) -> RunFence:
@@ -522,37 +559,49 @@ class MicroBatchDriver:
             query.stop()
 
     def _plan(self, batch: _Batch) -> TaskPlan:
-        """What every task of ``batch`` is told."""
-        spec, source = self.spec, batch.source
-        return TaskPlan(
-            job_id=spec.job_id,
-            operator_id=spec.operator_id,
-            run_id=self.run_id,
+        """What every task of ``batch`` is told: the query run's plan with the batch's fields."""
+        source = batch.source
+        return dataclasses.replace(
+            self._query_plan,
             checkpoint_id=batch.pending.checkpoint_id,
             token=batch.token,
             restore_location=source.location if source else None,
             restore_token=source.metadata.properties.get(TOKEN_PROPERTY) if source else None,
             restore_attempts=_attempts(source),
+            watermark=batch.watermark,
+            batch_timestamp_ms=batch.timestamp_ms,
+            end_of_input=batch.end_of_input,
+            restore_claimed=self.coordinator.claims(source, batch.latest),
+            batch_id=batch.batch_id,
+            query_id=batch.query,
+        )
+
+    def _make_query_plan(self) -> TaskPlan:
+        """What every task of this query run is told; the per-batch fields at their defaults."""
+        spec = self.spec
+        return TaskPlan(
+            job_id=spec.job_id,
+            operator_id=spec.operator_id,
+            run_id=self.run_id,
+            checkpoint_id=0,
+            token="",
+            restore_location=None,
+            restore_token=None,
+            restore_attempts={},
             parallelism=self.parallelism,
             max_parallelism=self.max_parallelism,
             config=self.config,
             function_factory=spec.function_factory,
             key_column=spec.key_column,
             key_serializer=spec.key_serializer,
-            input_columns=tuple(batch.df.columns),
+            input_columns=self.input_columns,
             output_schema=spec.output_schema,
             timezone=self.timezone,
             spark_local_dir=self.local_dir,
             event_time=spec.event_time,
-            watermark=batch.watermark,
-            batch_timestamp_ms=batch.timestamp_ms,
-            end_of_input=batch.end_of_input,
-            late_schema=self._late_schema(batch.df),
+            late_schema=self.late_schema,
             vectorized=self.vectorized,
             columns=self.columns,
-            restore_claimed=self.coordinator.claims(source, batch.latest),
-            batch_id=batch.batch_id,
-            query_id=batch.query,
         )
 
     def _late_schema(self, df: DataFrame) -> T.StructType | None:
@@ -579,12 +628,21 @@ class MicroBatchDriver:
         channel = self._report_channel
         if spec.sink is None and plan.late_schema is None:
             channel = None  # nothing would run the tasks before the handle column is read
-        routed = self.router.route(df)
-        if self.locality is not None:
-            routed = self.locality.prefer(routed, self.parallelism)
-        processed = routed.mapInArrow(
-            make_task(plan, metadata, channel), internal_schema(spec.output_schema, plan.late_schema)
-        )
+        sc = df.sparkSession.sparkContext
+        if self.in_plan:  # df is the tasks' output already (streamed); the job carries the batch's plan
+            processed = df
+            sc.setLocalProperty(PLAN_PROPERTY, batch_property(plan, metadata))
+            if self._report_channel is not None:
+                self._report_channel.value = []  # also without a sink: the tasks send to it every batch
+            if self.locality is not None:
+                self.locality.prefer(df, self.parallelism)  # a single executor: where every subtask ran
+        else:
+            routed = self.router.route(df)
+            if self.locality is not None:
+                routed = self.locality.prefer(routed, self.parallelism)
+            processed = routed.mapInArrow(
+                make_task(plan, metadata, channel), internal_schema(spec.output_schema, plan.late_schema)
+            )
         if batch.query != STATIC_QUERY:
             _as_stateful_query(df.sparkSession)
             processed = _persist_uncompressed(processed, df.sparkSession)
@@ -612,6 +670,8 @@ class MicroBatchDriver:
                 batch.phases["sink"] = clock() - t
         finally:
             processed.unpersist()
+            if self.in_plan:
+                sc.setLocalProperty(PLAN_PROPERTY, None)  # type: ignore[arg-type]  # None unsets it
             if not isinstance(metadata, (InlineMetadata, StoredMetadata)):
                 with contextlib.suppress(Exception):
                     metadata.destroy()
@@ -676,14 +736,16 @@ class MicroBatchDriver:
         """How the tasks get the restore checkpoint's metadata: inside the task, a broadcast, or the storage.
 
         Small metadata travels inside the task; a broadcast costs the driver a
-        few ms per batch. A Connect session has no broadcast: the tasks read
+        few ms per batch. Tasks in the query's own plan (:meth:`streamed`) take
+        no broadcast made after the query started: they read larger metadata
+        from the storage too. A Connect session has no broadcast: the tasks read
         larger metadata from the checkpoint storage themselves (they reach it:
         they write there), except from the ``jobmanager`` storage, which lives
         in the coordinating process only and so always travels inside.
         """
         if len(data) <= _INLINE_METADATA:
             return InlineMetadata(data)
-        if not self.connect:
+        if not self.connect and not self.in_plan:  # a query's own plan takes no broadcast made later
             return self.session.sparkContext.broadcast(data)
         if source is None or self.config.storage_name == "jobmanager":
             return InlineMetadata(data)

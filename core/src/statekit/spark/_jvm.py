@@ -235,6 +235,11 @@ class JvmLocality:
         #: subtask -> the executor location ("executor_<host>_<id>") that ran it last.
         self.last: dict[int, str] = {}
 
+    @property
+    def single_executor(self) -> bool:
+        """Whether one executor runs every task (a local master): there is nothing to prefer."""
+        return self._single is not None
+
     def _static(self, name: str, *args: Any) -> Any:
         """Calls the helper's static method ``name`` (found once: listing them costs a Py4J call each)."""
         method = self._methods.get(name)

@@ -13,10 +13,13 @@ statekit's owner of a key is ``operator_index(murmur(crc32(key bytes)) % max_par
    ``repartition(p, x)`` then puts subtask ``i``'s rows, and only them, in
    partition ``i``.
 
-One *marker* row per subtask joins the batch, so that every subtask runs (and
-snapshots) even when it receives no record. Tasks never trust the partition id:
-they serve every subtask whose rows they receive, and the driver checks that
-each subtask reported exactly once.
+Every subtask runs (and snapshots) even when it receives no record. Where the
+routing is part of the streaming query's plan (see ``MicroBatchDriver.streamed``),
+the task of partition ``i`` serves subtask ``i`` with or without rows (Spark runs
+a task per shuffle partition, empty ones included). Where each micro-batch is
+routed on its own, one *marker* row per subtask joins it instead and the tasks
+do not rely on the partition id. Either way a task serves every subtask whose
+rows it receives, and the driver checks that each subtask reported exactly once.
 
 A row without a key group (its key is null, a value Arrow cannot convert to
 Python, or a Python key its serializer refuses) gets no subtask and a null

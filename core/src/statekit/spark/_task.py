@@ -22,7 +22,7 @@ from . import _handoff
 from ._acquire import RestoreSource
 from ._cache import reset_cache
 from ._loops import fire_timers, process_columns, process_groups, process_records
-from ._plan import TaskPlan
+from ._plan import PLAN_PROPERTY, TaskPlan, batch_plan
 from ._report_channel import send_handles
 from ._run import TaskRun
 from ._snapshots import task_reports, write_snapshots
@@ -54,34 +54,38 @@ class _PartitionTask:
         self.reports = reports
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        plan, metadata, partition = self.plan, self.metadata, None
+        if plan.partition_subtask:  # in the query's plan: the batch's part comes with the job
+            plan, metadata = batch_plan(plan, tc.getLocalProperty(PLAN_PROPERTY) if tc is not None else None)
+            partition = tc.partitionId() if tc is not None else None
         if self.reports is None:
-            yield from self._batches(batches)
+            yield from _batches(plan, metadata, partition, batches, tc)
             return
-        channel, token = self.reports, self.plan.token
-        for b in self._batches(batches):
+        channel, token = self.reports, plan.token
+        for b in _batches(plan, metadata, partition, batches, tc):
             send_handles(channel, token, b)
             yield b
 
-    def _batches(self, batches: Iterator[Any]) -> Iterator[Any]:
-        from pyspark import TaskContext
 
-        plan = self.plan
-        tc = TaskContext.get()
-        attempt_id = tc.taskAttemptId() if tc is not None else f"local{next(_LOCAL_ATTEMPTS)}"
-        attempt_number = tc.attemptNumber() if tc is not None else 0
-        if plan.restore_attempts and plan.config.get("statekit.spark.worker-handoff"):
-            it = iter(batches)
-            first = next(it, None)
-            handed = (
-                None
-                if first is None
-                else hand_off(plan, self.metadata, first, it, attempt_id, attempt_number)
-            )
-            if handed is not None:
-                yield from handed
-                return
-            batches = it if first is None else itertools.chain((first,), it)
-        yield from _run_partition(plan, self.metadata, batches, attempt_id, attempt_number)
+def _batches(plan: TaskPlan, metadata: Any, partition: int | None, batches: Iterator[Any],
+             tc: Any) -> Iterator[Any]:  # fmt: skip
+    """The partition's output: handed to the sibling worker holding its subtask open, or run here."""
+    attempt_id = tc.taskAttemptId() if tc is not None else f"local{next(_LOCAL_ATTEMPTS)}"
+    attempt_number = tc.attemptNumber() if tc is not None else 0
+    if plan.restore_attempts and plan.config.get("statekit.spark.worker-handoff"):
+        it = iter(batches)
+        first = next(it, None)
+        handed = (
+            None if first is None else hand_off(plan, metadata, first, it, attempt_id, attempt_number)
+        )
+        if handed is not None:
+            yield from handed
+            return
+        batches = it if first is None else itertools.chain((first,), it)
+    yield from _run_partition(plan, metadata, batches, attempt_id, attempt_number, partition=partition)
 
 
 def _run_partition(
@@ -91,8 +95,13 @@ def _run_partition(
     attempt_id: Any,
     attempt_number: int,
     handed_from: int | None = None,
+    *,
+    partition: int | None = None,
 ) -> Iterator[Any]:
-    """Process one partition in this process: its output batches, then its snapshots' handle rows."""
+    """Process one partition in this process: its output batches, then its snapshots' handle rows.
+
+    ``partition``: the subtask the partition is (routing in the query's plan), served even without rows.
+    """
     run = TaskRun(plan, RestoreSource(plan, metadata), f"{plan.token[:12]}-{attempt_id}")
     run.handed_from = handed_from
     done = False
@@ -103,6 +112,8 @@ def _run_partition(
             yield from process_groups(run, batches)
         else:
             yield from process_records(run, batches)
+        if partition is not None:
+            run.subtask(partition)  # its snapshot even when no row came: no marker row stands for it
         yield from fire_timers(run)
         bad = run.bad_keys.commit()
         states, local_recovery = write_snapshots(run)
