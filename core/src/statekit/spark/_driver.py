@@ -102,7 +102,7 @@ from ._plan import (
 from ._recent import record_batch
 from ._report import TaskReport
 from ._report_channel import Reports, ReportsParam
-from ._routing import Router, routing_values
+from ._routing import Router, jvm_seq, quote, routing_values
 from ._savepoint_request import SparkSavepointRequests
 from ._sparkconf import application, default_parallelism, is_connect, local_dir, spark_configuration
 from ._task import make_task
@@ -277,6 +277,7 @@ class MicroBatchDriver:
             route_values=values,
         )
         self.in_plan = False  # the routing and the tasks are in the streaming query's plan (streamed)
+        self._output_columns: tuple[Any, Any] | None = None  # JVM columns of _outputs, made once
         self.input_columns = tuple(spec.df.columns)
         self.late_schema = self._late_schema(spec.df)
         self.timezone = session.conf.get("spark.sql.session.timeZone")
@@ -628,8 +629,9 @@ class MicroBatchDriver:
         channel = self._report_channel
         if spec.sink is None and plan.late_schema is None:
             channel = None  # nothing would run the tasks before the handle column is read
-        sc = df.sparkSession.sparkContext
+        sc = None if self.connect else df.sparkSession.sparkContext  # Connect has none: never in_plan
         if self.in_plan:  # df is the tasks' output already (streamed); the job carries the batch's plan
+            assert sc is not None
             processed = df
             sc.setLocalProperty(PLAN_PROPERTY, batch_property(plan, metadata))
             if self._report_channel is not None:
@@ -670,7 +672,7 @@ class MicroBatchDriver:
                 batch.phases["sink"] = clock() - t
         finally:
             processed.unpersist()
-            if self.in_plan:
+            if sc is not None and self.in_plan:
                 sc.setLocalProperty(PLAN_PROPERTY, None)  # type: ignore[arg-type]  # None unsets it
             if not isinstance(metadata, (InlineMetadata, StoredMetadata)):
                 with contextlib.suppress(Exception):
@@ -680,6 +682,9 @@ class MicroBatchDriver:
     def _sink(self, processed: DataFrame, batch_id: int, late_schema: T.StructType | None) -> None:
         """The batch's late rows to the late-records sink, its outputs to the sink."""
         spec = self.spec
+        if late_schema is None and spec.sink is not None:
+            spec.sink(self._outputs(processed), batch_id)
+            return
         outputs = processed.where(F.col(HANDLE_COLUMN).isNull())
         if late_schema is not None:
             assert spec.late_sink is not None
@@ -690,6 +695,26 @@ class MicroBatchDriver:
             outputs = outputs.where(F.col(LATE_COLUMN).isNull())
         if spec.sink is not None:
             spec.sink(outputs.select(*spec.output_schema.names), batch_id)
+
+    def _outputs(self, processed: DataFrame) -> DataFrame:
+        """``processed``'s output rows in the user's columns (no handle rows).
+
+        On a classic session two JVM calls on columns made once per query run:
+        writing ``where(col(...).isNull()).select(...)`` afresh cost some 40
+        Py4J round trips per batch (each step of a JVM name is one).
+        """
+        names = self.spec.output_schema.names
+        if not hasattr(processed, "_jdf"):
+            return processed.where(F.col(HANDLE_COLUMN).isNull()).select(*names)
+        if self._output_columns is None:
+            sc = self.session.sparkContext
+            functions: Any = sc._jvm.org.apache.spark.sql.functions  # type: ignore[union-attr]
+            self._output_columns = (
+                functions.col(HANDLE_COLUMN).isNull(),
+                jvm_seq(sc, [functions.col(quote(n)) for n in names]),
+            )
+        handle_is_null, columns = self._output_columns
+        return DataFrame(processed._jdf.where(handle_is_null).select(columns), processed.sparkSession)
 
     def _complete(self, batch: _Batch, reports: list[TaskReport]) -> tuple[str, int]:
         """Complete the batch's checkpoint from the tasks' reports; its location and the new watermark."""

@@ -53,7 +53,9 @@ __all__ = [
     "ROUTE_COLUMN",
     "SUBTASK_COLUMN",
     "Router",
+    "jvm_seq",
     "key_group_exprs",
+    "quote",
     "routing_values",
     "spark_hash_long",
     "sql_key_group",
@@ -100,7 +102,7 @@ _MURMUR_STEPS: tuple[Callable[[str], str], ...] = (
 )
 
 
-def _quote(name: str) -> str:
+def quote(name: str) -> str:
     """A column name as a Spark SQL identifier."""
     return "`" + name.replace("`", "``") + "`"
 
@@ -124,7 +126,7 @@ def key_group_exprs(key_column: str, serializer: TypeSerializer, max_parallelism
     ``<out>__*`` columns after.
     """
     names = [f"{out}__h{i}" for i in range(len(_MURMUR_STEPS) + 1)]
-    key = _quote(key_column)
+    key = quote(key_column)
     exprs = []
     if type(serializer) is StrSerializer:
         key_bytes = f"CAST({key} AS BINARY)"  # Spark strings are UTF-8: the serializer's bytes
@@ -296,7 +298,7 @@ class Router:
         self.serializer = serializer
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
-        self.columns = [_quote(n) for n in schema.names]
+        self.columns = [quote(n) for n in schema.names]
         self.sql = supports_sql_routing(serializer, schema[key_column].dataType)
         self.key_group = (
             key_group_exprs(key_column, serializer, max_parallelism, KEY_GROUP_COLUMN) if self.sql else []
@@ -331,7 +333,7 @@ class Router:
         if markers:
             # One partition: one small task in the scan stage, not one per subtask.
             self.marker_rows = session.range(0, parallelism, 1, 1).selectExpr(
-                *(f"CAST(NULL AS {f.dataType.simpleString()}) AS {_quote(f.name)}" for f in schema.fields),
+                *(f"CAST(NULL AS {f.dataType.simpleString()}) AS {quote(f.name)}" for f in schema.fields),
                 f"CAST(NULL AS INT) AS {KEY_GROUP_COLUMN}",
                 f"CAST(id AS INT) AS {SUBTASK_COLUMN}",
                 f"true AS {MARKER_COLUMN}",
@@ -348,13 +350,13 @@ class Router:
         if key_group is not None:
             # The columns, the key group (one call), then the tail naming it (a lateral alias).
             head = [functions.col(c) for c in self.columns]
-            head.append(key_group(functions.col(_quote(key_column))).alias(KEY_GROUP_COLUMN))
-            self._select = _seq(sc, head + [functions.expr(e) for e in self.tail])
+            head.append(key_group(functions.col(quote(key_column))).alias(KEY_GROUP_COLUMN))
+            self._select = jvm_seq(sc, head + [functions.expr(e) for e in self.tail])
         else:
             exprs = ["*", *self.key_group, *self.tail]
-            self._select = _seq(sc, [functions.expr(e) for e in exprs])
-            self._keep = _seq(sc, [functions.col(c) for c in self.keep])
-        self._route = _seq(sc, [functions.col(ROUTE_COLUMN)])
+            self._select = jvm_seq(sc, [functions.expr(e) for e in exprs])
+            self._keep = jvm_seq(sc, [functions.col(c) for c in self.keep])
+        self._route = jvm_seq(sc, [functions.col(ROUTE_COLUMN)])
 
     def route(self, df: DataFrame) -> DataFrame:
         """``df`` (of the router's schema) plus key group and subtask; partition ``i`` holds subtask ``i``."""
@@ -377,7 +379,7 @@ class Router:
         return rows.repartition(self.parallelism, ROUTE_COLUMN)
 
 
-def _seq(sc: Any, columns: list[Any]) -> Any:
+def jvm_seq(sc: Any, columns: list[Any]) -> Any:
     """A JVM Scala ``Seq`` of JVM columns (converted once: every element costs a Py4J call)."""
     from pyspark.sql.classic.column import _to_seq
 
