@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import time
 import uuid
@@ -266,16 +267,6 @@ class MicroBatchDriver:
             # those of the latest checkpoint already).
             self.coordinator.check(base, found=start.files_found)
         self.metrics = QueryMetrics(session, conf, spec.job_id, spec.operator_id)
-        values = routing_values(self.parallelism)
-        self.router = Router(
-            session,
-            spec.df.schema,
-            key_column=spec.key_column,
-            serializer=spec.key_serializer,
-            parallelism=self.parallelism,
-            max_parallelism=self.max_parallelism,
-            route_values=values,
-        )
         self.in_plan = False  # the routing and the tasks are in the streaming query's plan (streamed)
         self._output_columns: tuple[Any, Any] | None = None  # JVM columns of _outputs, made once
         self.input_columns = tuple(spec.df.columns)
@@ -288,6 +279,20 @@ class MicroBatchDriver:
             self.coordinator, conf.get("statekit.savepoints.dir"), self._stop
         )
         self._query_plan = self._make_query_plan()
+
+    def _router(self, *, markers: bool) -> Router:
+        """The routing of this run's input: with marker rows for per-batch routing, without in the plan."""
+        spec = self.spec
+        return Router(
+            self.session, spec.df.schema, key_column=spec.key_column, serializer=spec.key_serializer,
+            parallelism=self.parallelism, max_parallelism=self.max_parallelism,
+            route_values=routing_values(self.parallelism), markers=markers,
+        )  # fmt: skip
+
+    @functools.cached_property
+    def router(self) -> Router:
+        """The per-batch routing (made on the first batch that needs it: not in the query's plan)."""
+        return self._router(markers=True)
 
     def streamed(self, df: DataFrame) -> DataFrame:
         """The streaming DataFrame a query writes: its micro-batches routed and processed in its own plan.
@@ -309,11 +314,7 @@ class MicroBatchDriver:
         single = self.locality is None or self.locality.single_executor
         if self.connect or not single:
             return df
-        router = Router(
-            self.session, df.schema, key_column=self.spec.key_column, serializer=self.spec.key_serializer,
-            parallelism=self.parallelism, max_parallelism=self.max_parallelism,
-            route_values=routing_values(self.parallelism), markers=False,
-        )  # fmt: skip
+        router = self._router(markers=False)
         self.in_plan = True
         self._query_plan = dataclasses.replace(self._query_plan, partition_subtask=True)
         function = make_task(self._query_plan, None, self._report_channel)
