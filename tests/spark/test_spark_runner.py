@@ -41,6 +41,14 @@ def configure(session: Any, values: dict[str, Any]) -> None:
         session.conf.set(key, str(value))
 
 
+def two_subtasks_over_two_files(session: Any, tmp_path: Path) -> None:
+    """Filesystem checkpoints under ``tmp_path``, parallelism 2, and RECORDS in two input files."""
+    configure(
+        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 2}
+    )
+    write_inputs(tmp_path / "in", RECORDS, 2)
+
+
 @pytest.fixture(params=["jobmanager", "filesystem", "s3"])
 def storage_conf(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
     """Spark configuration selecting one checkpoint storage, by name."""
@@ -239,10 +247,7 @@ def test_the_sinks_job_runs_the_tasks_and_every_batch_commits_exactly(
     session: Any, tmp_path: Path, job_id: str, reads: str
 ) -> None:
     """A batch is one Spark job when the sink reads every partition; else the handle column is read."""
-    configure(
-        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 2}
-    )
-    write_inputs(tmp_path / "in", RECORDS, 2)
+    two_subtasks_over_two_files(session, tmp_path)
     seen: list[int] = []
 
     def sink(df: Any, batch_id: int) -> None:
@@ -325,10 +330,7 @@ def test_a_sink_acting_on_another_thread_needs_one_that_carries_spark_s_local_pr
     """Each batch's part of the task plan travels with its Spark jobs, as a local property of the thread."""
     from pyspark import InheritableThread
 
-    configure(
-        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 2}
-    )
-    write_inputs(tmp_path / "in", RECORDS, 2)
+    two_subtasks_over_two_files(session, tmp_path)
     counted: list[int] = []
 
     def sink(df: Any, batch_id: int) -> None:
@@ -363,10 +365,7 @@ def test_a_sink_acting_on_another_thread_needs_one_that_carries_spark_s_local_pr
 
 def test_a_replayed_batch_that_was_completed_is_skipped(session: Any, tmp_path: Path, job_id: str) -> None:
     """The driver died after completing checkpoint n, before Spark committed the batch."""
-    configure(
-        session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 2}
-    )
-    write_inputs(tmp_path / "in", RECORDS, 2)
+    two_subtasks_over_two_files(session, tmp_path)
     infos: list[BatchInfo] = []
     run_to_end(counting(session, tmp_path, job_id, infos), tmp_path / "spark")
     for name in ("1", ".1.crc"):  # Spark forgets it finished batch 1
