@@ -363,6 +363,25 @@ def test_a_sink_acting_on_another_thread_needs_one_that_carries_spark_s_local_pr
     assert counted == [] and processed.checkpoint_storage().latest_checkpoint(job_id) is None
 
 
+def test_the_first_batch_runs_no_job_of_spark_s_own_and_the_user_s_aqe_setting_stays(
+    session: Any, tmp_path: Path, job_id: str
+) -> None:
+    """With AQE in the query's session, Spark's planning of batch 0 ran the routing's shuffle as a job of
+    its own, before foreachBatch, outside the batch's local properties; the query's clone has it off."""
+    two_subtasks_over_two_files(session, tmp_path)
+    session.conf.set("spark.sql.adaptive.enabled", "true")
+    query = run_to_end(counting(session, tmp_path, job_id, []), tmp_path / "spark")
+    assert session.conf.get("spark.sql.adaptive.enabled") == "true"
+    jobs = session.sparkContext._jsc.sc().statusStore().jobsList(None)
+    spark_own = []
+    for i in range(jobs.length()):
+        d = jobs.apply(i).description()
+        if d.isDefined() and f"runId = {query.runId}" in d.get():
+            spark_own.append(d.get())
+    assert spark_own == []
+    assert len([d for d in _job_descriptions(session, job_id) if " batch " in d]) == 2
+
+
 def test_a_replayed_batch_that_was_completed_is_skipped(session: Any, tmp_path: Path, job_id: str) -> None:
     """The driver died after completing checkpoint n, before Spark committed the batch."""
     two_subtasks_over_two_files(session, tmp_path)

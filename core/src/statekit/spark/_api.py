@@ -24,7 +24,14 @@ from ..serialization._serializers import serializer_for
 from ..timers._eventtime import EventTime
 from ._batchinfo import BatchInfo
 from ._connect import ConnectBatches
-from ._driver import BATCH_PROPERTY, QUERY_PROPERTY, SPARK_WAYS_OUT, STATIC_QUERY, MicroBatchDriver
+from ._driver import (
+    BATCH_PROPERTY,
+    QUERY_PROPERTY,
+    SPARK_WAYS_OUT,
+    STATIC_QUERY,
+    MicroBatchDriver,
+    aqe_off_for_the_query,
+)
 from ._jobspec import JobSpec, Sink, check_columns, check_key_type, driver_storage, resolve_dead_letters
 from ._shipping import ship_by_value
 from ._sparkconf import is_connect, spark_configuration
@@ -320,7 +327,8 @@ class ProcessedStream:
 
         streamed = driver.streamed(spec.df)  # routing and tasks in its plan, where they can be
         writer = self._writer(streamed, on_micro_batch, checkpoint_location, trigger, query_name)
-        query: StreamingQuery = writer.start()
+        with aqe_off_for_the_query(spec.df.sparkSession):  # the query's clone of the session keeps it
+            query: StreamingQuery = writer.start()
         query_ids.append(str(query.id))
         started.set()
         driver.savepoints.watch(query)  # savepoint requests of an idle query, answered at once

@@ -118,6 +118,7 @@ __all__ = [
     "STATIC_QUERY",
     "TOKEN_PROPERTY",
     "MicroBatchDriver",
+    "aqe_off_for_the_query",
 ]
 
 #: Checkpoint metadata properties written by the Spark runner.
@@ -897,6 +898,29 @@ def _as_stateful_query(session: SparkSession) -> None:
     key = "spark.sql.adaptive.enabled"
     if session.conf.get(key, "true") != "false":
         session.conf.set(key, "false")
+
+
+@contextlib.contextmanager
+def aqe_off_for_the_query(session: SparkSession) -> Iterator[None]:
+    """Inside: a streaming query started from ``session`` runs its micro-batches without AQE.
+
+    A query clones its session when it starts, so the setting is set on
+    ``session`` for the ``start()`` alone and then restored (``session`` is the
+    user's). With AQE, Spark's own planning of the first micro-batch of a plan
+    with the routing's shuffle (``toRdd``, before ``foreachBatch`` is called)
+    ran the shuffle's map stage as a job of its own, outside the batch's jobs
+    and their local properties (read_logs' dead letters lost their job id).
+    """
+    key = "spark.sql.adaptive.enabled"
+    before = session.conf.get(key, None)
+    session.conf.set(key, "false")
+    try:
+        yield
+    finally:
+        if before is None:
+            session.conf.unset(key)
+        else:
+            session.conf.set(key, before)
 
 
 def _persist_uncompressed(processed: DataFrame, session: SparkSession) -> DataFrame:
