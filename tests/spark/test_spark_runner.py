@@ -363,25 +363,6 @@ def test_a_sink_acting_on_another_thread_needs_one_that_carries_spark_s_local_pr
     assert counted == [] and processed.checkpoint_storage().latest_checkpoint(job_id) is None
 
 
-def test_the_first_batch_runs_no_job_of_spark_s_own_and_the_user_s_aqe_setting_stays(
-    session: Any, tmp_path: Path, job_id: str
-) -> None:
-    """With AQE in the query's session, Spark's planning of batch 0 ran the routing's shuffle as a job of
-    its own, before foreachBatch, outside the batch's local properties; the query's clone has it off."""
-    two_subtasks_over_two_files(session, tmp_path)
-    session.conf.set("spark.sql.adaptive.enabled", "true")
-    query = run_to_end(counting(session, tmp_path, job_id, []), tmp_path / "spark")
-    assert session.conf.get("spark.sql.adaptive.enabled") == "true"
-    jobs = session.sparkContext._jsc.sc().statusStore().jobsList(None)
-    spark_own = []
-    for i in range(jobs.length()):
-        d = jobs.apply(i).description()
-        if d.isDefined() and f"runId = {query.runId}" in d.get():
-            spark_own.append(d.get())
-    assert spark_own == []
-    assert len([d for d in _job_descriptions(session, job_id) if " batch " in d]) == 2
-
-
 def test_a_replayed_batch_that_was_completed_is_skipped(session: Any, tmp_path: Path, job_id: str) -> None:
     """The driver died after completing checkpoint n, before Spark committed the batch."""
     two_subtasks_over_two_files(session, tmp_path)
@@ -627,7 +608,8 @@ def test_a_subtask_that_moved_restores_from_its_executors_local_copies(
 def test_a_streaming_query_turns_aqe_off_in_its_own_session_only(
     session: Any, tmp_path: Path, job_id: str
 ) -> None:
-    """As Spark does for stateful queries: AQE off for the query's batches, the user's session unchanged."""
+    """As Spark does for stateful queries: AQE off for the query's batches from batch 0, the user's session
+    unchanged, and no Spark job of the query outside statekit's jobs of each batch."""
     configure(
         session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 2}
     )
@@ -641,10 +623,20 @@ def test_a_streaming_query_turns_aqe_off_in_its_own_session_only(
                      conf.get("spark.sql.inMemoryColumnarStorage.compressed"), df.count()))  # fmt: skip
 
     processed = keyed(stream_of(session, tmp_path / "in"), "url").process(CountUrls, OUTPUT, job_id=job_id)
-    run_to_end(processed.foreach_batch(sink), tmp_path / "spark")
+    query = run_to_end(processed.foreach_batch(sink), tmp_path / "spark")
     # The batch's own cache is made uncompressed; the setting is back before the sink runs.
     assert seen == [(0, "false", "true", 300), (1, "false", "true", 300)]
     assert session.conf.get("spark.sql.adaptive.enabled") == "true"
+    # The clone had AQE off from batch 0: under AQE, Spark's planning of batch 0 ran the routing's
+    # shuffle as a job of its own before foreachBatch, outside the batch's jobs and local properties.
+    jobs = session.sparkContext._jsc.sc().statusStore().jobsList(None)
+    spark_own = []
+    for i in range(jobs.length()):
+        d = jobs.apply(i).description()
+        if d.isDefined() and f"runId = {query.runId}" in d.get():
+            spark_own.append(d.get())
+    assert spark_own == []
+    assert len([d for d in _job_descriptions(session, job_id) if " batch " in d]) == 2
 
 
 def test_state_moves_between_spark_and_the_embedded_runner(session: Any, tmp_path: Path, job_id: str) -> None:

@@ -901,7 +901,20 @@ def _as_stateful_query(session: SparkSession) -> None:
 
 
 @contextlib.contextmanager
-def aqe_off_for_the_query(session: SparkSession) -> Iterator[None]:
+def _session_setting(session: SparkSession, key: str, value: str) -> Iterator[None]:
+    """Inside: ``session``'s setting ``key`` is ``value``; after, what it was (unset if it was unset)."""
+    before = session.conf.get(key, None)
+    session.conf.set(key, value)
+    try:
+        yield
+    finally:
+        if before is None:
+            session.conf.unset(key)
+        else:
+            session.conf.set(key, before)
+
+
+def aqe_off_for_the_query(session: SparkSession) -> contextlib.AbstractContextManager[None]:
     """Inside: a streaming query started from ``session`` runs its micro-batches without AQE.
 
     A query clones its session when it starts, so the setting is set on
@@ -911,16 +924,7 @@ def aqe_off_for_the_query(session: SparkSession) -> Iterator[None]:
     ran the shuffle's map stage as a job of its own, outside the batch's jobs
     and their local properties (read_logs' dead letters lost their job id).
     """
-    key = "spark.sql.adaptive.enabled"
-    before = session.conf.get(key, None)
-    session.conf.set(key, "false")
-    try:
-        yield
-    finally:
-        if before is None:
-            session.conf.unset(key)
-        else:
-            session.conf.set(key, before)
+    return _session_setting(session, "spark.sql.adaptive.enabled", "false")
 
 
 def _persist_uncompressed(processed: DataFrame, session: SparkSession) -> DataFrame:
@@ -932,16 +936,8 @@ def _persist_uncompressed(processed: DataFrame, session: SparkSession) -> DataFr
     for the ``persist`` alone and restored (a sink's own caches are compressed
     as configured).
     """
-    key = "spark.sql.inMemoryColumnarStorage.compressed"
-    before = session.conf.get(key, None)
-    session.conf.set(key, "false")
-    try:
+    with _session_setting(session, "spark.sql.inMemoryColumnarStorage.compressed", "false"):
         return processed.persist(StorageLevel.MEMORY_AND_DISK)
-    finally:
-        if before is None:
-            session.conf.unset(key)
-        else:
-            session.conf.set(key, before)
 
 
 SPARK_WAYS_OUT = (
