@@ -19,8 +19,9 @@ from statekit.checkpoints._metadata import SubtaskState
 from statekit.checkpoints._writing import complete_checkpoint
 from statekit.errors import CheckpointError
 from statekit.serializers import StrSerializer
+from statekit.spark import _loops
 from statekit.spark._driver import ATTEMPTS_PROPERTY, TOKEN_PROPERTY
-from statekit.spark._output import TaskOutput
+from statekit.spark._output import FLUSH_ROWS, TaskOutput
 from statekit.spark._plan import (
     HANDLE_COLUMN,
     InlineMetadata,
@@ -124,6 +125,7 @@ class Driver:
         self.vectorized = vectorized or columns
         self.columns = columns
         self.chunks = 1  # the Arrow batches a task's rows arrive in
+        self.marker = True  # a marker row after the records (per-batch routing); False: as in the plan
         self.local_dir = local_dir or str(tmp_path / "executor")  # one executor's local directory
         self.config = config or {}
         self.dir = str(tmp_path / "ckpt")
@@ -146,7 +148,8 @@ class Driver:
 
     def run_task(self, plan: TaskPlan, records: list[dict[str, Any]]) -> tuple[list[Any], dict[str, Any]]:
         rows = [{**{c: r[c] for c in COLUMNS}, SUBTASK_COLUMN: 0, MARKER_COLUMN: False} for r in records]
-        rows.append({"url": None, "request": None, "bytes": None, SUBTASK_COLUMN: 0, MARKER_COLUMN: True})
+        if self.marker:
+            rows.append({"url": None, "request": None, "bytes": None, SUBTASK_COLUMN: 0, MARKER_COLUMN: True})
         metadata = _Broadcast(
             self.storage.read_metadata(plan.restore_location) if plan.restore_location else b""
         )
@@ -282,6 +285,43 @@ def test_a_columns_function_gets_each_arriving_batch_with_the_per_record_outcome
     assert CountUrlsColumnsCalls.calls == [76, 76, 76, 72] * 2
     assert got == want_out
     assert driver.state() == model_state(RECORDS)
+
+
+def test_rows_of_one_subtask_take_the_short_loop_with_the_general_loop_s_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Arrow batches of one subtask's records and no marker (the routing in the query's plan) run a
+    shorter per-record loop: the same outputs in the same order, the same counts, the same state."""
+    records = make_records(2 * FLUSH_ROWS + 300)  # the outputs are flushed twice within the batch
+
+    def two_batches(driver: Driver) -> list[tuple[list[Any], dict[str, Any]]]:
+        got = []
+        for part in (records[:FLUSH_ROWS], records[FLUSH_ROWS:]):
+            plan = driver.plan()
+            out, report = driver.run_task(plan, part)
+            driver.complete(plan, report)
+            got.append((out, {k: report[k] for k in ("records", "outputs", "late")}))
+        assert driver.state() == model_state(records)
+        return got
+
+    short: list[int] = []
+    original = _loops._records_of_one_subtask
+
+    def counted(run: Any, batch: Any, index: int, started: float) -> Any:
+        short.append(batch.num_rows)
+        return original(run, batch, index, started)
+
+    monkeypatch.setattr(_loops, "_records_of_one_subtask", counted)
+    want = two_batches(Driver(tmp_path / "general"))  # a marker row in every batch: the general loop
+    assert short == []
+    for chunks in (1, 3):
+        reset_cache()  # the drivers' subtasks have the same cache key
+        driver = Driver(tmp_path / f"short-{chunks}")
+        driver.marker, driver.chunks = False, chunks
+        assert two_batches(driver) == want
+        assert sum(short) == len(records) and len(short) == 2 * chunks
+        short.clear()
+    assert [r["records"] for _, r in want] == [FLUSH_ROWS, FLUSH_ROWS + 300]
 
 
 def test_only_the_attempt_whose_snapshot_completed_is_reused(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from ..runtime._columnar import group_runs, subtask_runs
 from ..runtime._function import ColumnsContext, KeyedBatchFunction, KeyedColumnsFunction, fire_timer_results
@@ -45,6 +46,10 @@ def process_records(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
     clock = time.perf_counter
     for batch in _arriving(batches, phases):
         t = clock()
+        only = _one_subtask(batch) if et is None else None
+        if only is not None:
+            yield from _records_of_one_subtask(run, batch, only, t)
+            continue
         subtasks = batch.column(SUBTASK_COLUMN).to_pylist()
         markers = batch.column(MARKER_COLUMN).to_pylist()
         records, whole = rows_of(batch.select(list(plan.input_columns)))
@@ -99,6 +104,77 @@ def process_records(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
         phases["records"] += clock() - t_loop - (phases["restore"] - restoring)
         if late_rows:
             yield out.late(batch, late_rows)
+
+
+def _one_subtask(batch: Any) -> int | None:
+    """The subtask of every row of ``batch`` when they share one and none is a marker, else None.
+
+    The usual batch when the routing is in the query's plan (a partition is its
+    subtask, and no marker rows are sent): checked in Arrow, in C.
+    """
+    n = batch.num_rows
+    if not n:
+        return None
+    subtasks = batch.column(SUBTASK_COLUMN)
+    markers = batch.column(MARKER_COLUMN)
+    if subtasks.null_count or markers.null_count or markers.true_count:
+        return None
+    bounds = pc.min_max(subtasks)
+    low = bounds["min"].as_py()
+    return low if low == bounds["max"].as_py() else None
+
+
+def _records_of_one_subtask(run: TaskRun, batch: Any, index: int, started: float) -> Iterator[Any]:
+    """:func:`process_records` for a batch of records of subtask ``index`` alone, without event time.
+
+    The same calls in the same order as the general loop; what it leaves out
+    is what such a batch never needs per row: a subtask, marker and late check.
+    Its handling of a result repeats the general loop's on purpose: a helper
+    would cost a call per row, which is what this loop exists to save.
+    """
+    plan, out, phases, bad_keys = run.plan, run.out, run.phases, run.bad_keys
+    pending = out.rows
+    append, width = pending.append, len(out.names)
+    key_column = plan.key_column
+    clock = time.perf_counter
+    records, whole = rows_of(batch.select(list(plan.input_columns)))
+    if not whole:
+        _refuse_unconvertible(records, [index] * len(records))
+    bad_keys.rows_read += len(records)
+    t_loop = clock()
+    phases["convert"] += t_loop - started
+    restoring = phases["restore"]  # a restore inside the loop is the restore's time
+    st = run.subtask(index)
+    counts = run.counts[index]
+    set_key, pctx, process = st.keyed.set_current_key, st.pctx, st.function.process
+    pctx.timestamp = None
+    outputs = 0
+    done = 0
+    for record in records:
+        key = record[key_column]
+        set_key(key)
+        pctx.current_key = key
+        done += 1
+        result = process(record, pctx)
+        if result is not None:
+            for o in result:
+                if type(o) is tuple and len(o) == width:  # out.add's common case, inline
+                    append(o)
+                else:
+                    out.add(o)
+                outputs += 1
+            if len(pending) >= FLUSH_ROWS:
+                counts.records += done
+                counts.outputs += outputs
+                done = outputs = 0
+                t = clock()
+                flushed = out.flush()
+                phases["output"] += clock() - t
+                yield flushed
+                t_loop += clock() - t  # the flush and the consumer's turn are not the loop's
+    counts.records += done
+    counts.outputs += outputs
+    phases["records"] += clock() - t_loop - (phases["restore"] - restoring)
 
 
 def _arriving(batches: Iterator[Any], phases: dict[str, float]) -> Iterator[Any]:
