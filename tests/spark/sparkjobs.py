@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -160,3 +161,15 @@ class StallOnceCountUrls(CountUrls):
         deadline = time.monotonic() + 120
         while not os.path.exists(release) and time.monotonic() < deadline:
             time.sleep(0.1)
+
+
+class StampedCountUrls(CountUrls):
+    """CountUrls whose outputs differ between two runs of a batch: each URL carries a random stamp.
+
+    What a function that reads the clock or a random source emits; its state is
+    CountUrls' own, exact however often a batch runs.
+    """
+
+    def process(self, record: dict[str, Any], ctx: ProcessContext) -> Iterable[Any]:
+        for url, n in super().process(record, ctx):
+            yield (f"{url}#{uuid.uuid4().hex[:8]}", n)

@@ -363,6 +363,65 @@ def test_a_sink_acting_on_another_thread_needs_one_that_carries_spark_s_local_pr
     assert counted == [] and processed.checkpoint_storage().latest_checkpoint(job_id) is None
 
 
+def test_a_sink_with_two_actions_runs_the_batch_again_from_its_checkpoint_and_counts_exactly(
+    session: Any, tmp_path: Path, job_id: str
+) -> None:
+    """As Spark's foreachBatch, the sink's DataFrame is not cached: a second action runs the batch's
+    tasks again, and the subtasks they find open already hold the batch, so they restore; the runs
+    agree and the batch commits once, with one run's counts."""
+    two_subtasks_over_two_files(session, tmp_path)
+    seen: list[tuple[int, int]] = []
+
+    def sink(df: Any, batch_id: int) -> None:
+        seen.append((df.count(), len(df.collect())))
+
+    infos: list[BatchInfo] = []
+    processed = (
+        keyed(stream_of(session, tmp_path / "in"), "url").process(
+            CountUrls, OUTPUT, job_id=job_id, on_batch=infos.append
+        )
+    ).foreach_batch(sink)
+    run_to_end(processed, tmp_path / "spark")
+    assert [a == b for a, b in seen] == [True, True] and sum(a for a, _ in seen) == len(RECORDS)
+    assert [(i.batch_id, i.records, i.outputs) for i in infos] == [(b, n, n) for b, (n, _) in enumerate(seen)]
+    assert infos[1].restored_subtasks == 2 and infos[1].reused_subtasks == 0  # the second run restored
+    assert_exact_state(processed.checkpoint_storage(), job_id, RECORDS)
+
+
+@pytest.mark.parametrize("cache", ["auto", "always"])
+def test_runs_of_a_batch_that_emit_different_rows_fail_it_uncommitted_unless_it_is_cached(
+    session: Any, tmp_path: Path, job_id: str, cache: str
+) -> None:
+    """A function whose outputs are not determined by its records and state (here a random stamp),
+    under a sink with two actions: with the outputs not cached the two runs differ and the batch fails
+    before its checkpoint, naming the way out; cached (the way out), the batch runs once."""
+    from sparkjobs import StampedCountUrls
+
+    two_subtasks_over_two_files(session, tmp_path)
+    configure(session, {"spark.statekit.spark.cache-output": cache})
+    seen: list[set[str]] = []
+
+    def sink(df: Any, batch_id: int) -> None:
+        first = {r[0] for r in df.collect()}
+        seen.append(first ^ {r[0] for r in df.collect()})  # the rows one action saw and the other not
+
+    processed = (
+        keyed(stream_of(session, tmp_path / "in"), "url").process(StampedCountUrls, OUTPUT, job_id=job_id)
+    ).foreach_batch(sink)
+    if cache == "always":
+        run_to_end(processed, tmp_path / "spark")
+        assert seen == [set(), set()]
+        assert_exact_state(processed.checkpoint_storage(), job_id, RECORDS)
+        return
+    with pytest.raises(Exception) as e:
+        run_to_end(processed, tmp_path / "spark")
+    message = str(e.value)
+    assert "micro-batch 0: the task of subtask" in message and "ran 2 times in this batch" in message
+    assert "spark.statekit.spark.cache-output=always" in message and "df.persist()" in message
+    assert len(seen) == 1 and seen[0]  # the sink saw two different outputs
+    assert processed.checkpoint_storage().latest_checkpoint(job_id) is None
+
+
 def test_a_replayed_batch_that_was_completed_is_skipped(session: Any, tmp_path: Path, job_id: str) -> None:
     """The driver died after completing checkpoint n, before Spark committed the batch."""
     two_subtasks_over_two_files(session, tmp_path)

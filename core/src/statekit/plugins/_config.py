@@ -262,6 +262,14 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "major.minor version and its SHA-256), else off with a warning (BatchInfo.locality says "
         "why); on: a helper that does not load is an error; off: Spark places tasks anywhere.",
         choices=("auto", "on", "off")),
+    ConfigOption("statekit.spark.cache-output", str, "auto",
+        "On Spark: whether a micro-batch's outputs are cached for the sink. auto: only where statekit "
+        "itself reads them twice (a late-records sink, Spark Connect); the DataFrame foreach_batch "
+        "hands your sink is then not cached, as in Spark's foreachBatch: a sink that runs several "
+        "actions on it runs the batch's tasks again for each (restored from the checkpoint, so the "
+        "state stays exact), and a batch whose runs give different outputs fails uncommitted. "
+        "always: cached in every batch (each batch pays for building the cache).",
+        choices=("auto", "always")),
     ConfigOption("statekit.spark.warm-up", bool, True,
         "On Spark: when a query (or a static run) starts, a small job on a thread of its own starts "
         "the application's Python workers and imports statekit, pyarrow, the backend and the storage "

@@ -615,13 +615,14 @@ class MicroBatchDriver:
     def _run_tasks(self, batch: _Batch) -> tuple[list[TaskReport], dict[int, str]]:
         """Run the batch's tasks and its sinks; the tasks' reports and where each subtask ran.
 
-        One pass computes (and caches) every partition, and the sinks read the
-        cache. On classic Spark with a sink, that pass is the sink's own first
-        job, and the reports come by accumulator (:mod:`._report_channel`): one
+        On classic Spark with a sink, the sink's own first job runs the tasks,
+        and the reports come by accumulator (:mod:`._report_channel`): one
         Spark job per batch, as for a stateless query. Otherwise (Spark Connect,
         no sink, or not one report per subtask by accumulator) a job reads the
-        handle column, from the cache where the sink filled it. Either way the
-        sink runs before the checkpoint completes, as the module doc says.
+        handle column. The outputs are cached only where statekit reads them
+        twice (:meth:`_cache_outputs`); a subtask whose task ran more than once
+        must have emitted the same rows each time (:meth:`_agreeing`). Either
+        way the sink runs before the checkpoint completes, as the module doc says.
         """
         clock, spec, df = time.perf_counter, self.spec, batch.df
         source = batch.source
@@ -649,22 +650,27 @@ class MicroBatchDriver:
             )
         if batch.query != STATIC_QUERY:
             _as_stateful_query(df.sparkSession)
-            processed = _persist_uncompressed(processed, df.sparkSession)
+            if self._cache_outputs(channel, plan.late_schema):
+                processed = _persist_uncompressed(processed, df.sparkSession)
         else:
             processed = processed.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             t = clock()
             batch.phases["prepare"] = t - batch.started
             reports: list[TaskReport] | None = None
+            runs: dict[int, list[TaskReport]] = {}
             if channel is not None:
                 channel.value = []
                 with self.metrics.describe(batch.batch_id, "tasks and sink"), _task_errors(source):
                     self._sink(processed, batch.batch_id, plan.late_schema)
-                reports = self._channelled(channel.value, plan.token)
+                runs = self._runs(channel.value, plan.token)
+                reports = self._channelled(runs, batch.batch_id)
             if reports is None:
                 with self.metrics.describe(batch.batch_id, "tasks"), _task_errors(source):
                     rows = processed.where(F.col(HANDLE_COLUMN).isNotNull()).select(HANDLE_COLUMN).collect()
                 reports = self._reports([r[0] for r in rows])
+                for r in reports:  # the sink's runs of a subtask, if any, must agree with this one
+                    self._agreeing(r.subtask, [*runs.get(r.subtask, ()), r], batch.batch_id)
             batch.phases["tasks"] = clock() - t
             locations = self.locality.ran() if self.locality is not None else {}
             if channel is None:
@@ -803,12 +809,72 @@ class MicroBatchDriver:
         seen = [r.max_event_time for r in reports if r.max_event_time is not None]
         return et.watermark(current, max(seen) if seen else None)
 
-    def _channelled(self, sent: Reports, token: str) -> list[TaskReport] | None:
-        """The reports the accumulator brought for this batch, if exactly one per subtask arrived."""
-        reports = sorted((TaskReport.from_json(d) for t, d in sent if t == token), key=lambda r: r.subtask)
-        if [r.subtask for r in reports] != list(range(self.parallelism)):
+    def _cache_outputs(self, channel: Any, late_schema: T.StructType | None) -> bool:
+        """Whether a streaming batch's outputs are cached: always, or where statekit reads them twice.
+
+        Twice: a late-records sink besides the sink, or the sink and then the
+        handle column (no report channel: Spark Connect). Otherwise the sink's
+        actions are the only readers, and a sink that runs several recomputes
+        the batch as Spark's ``foreachBatch`` does (:meth:`_agreeing` checks it).
+        """
+        if self.config.get("statekit.spark.cache-output") == "always" or late_schema is not None:
+            return True
+        return channel is None and self.spec.sink is not None
+
+    @staticmethod
+    def _runs(sent: Reports, token: str) -> dict[int, list[TaskReport]]:
+        """The reports the accumulator brought for this batch, per subtask, in arrival order."""
+        runs: dict[int, list[TaskReport]] = {}
+        for t, d in sent:
+            if t == token:
+                r = TaskReport.from_json(d)
+                runs.setdefault(r.subtask, []).append(r)
+        return runs
+
+    def _channelled(self, runs: dict[int, list[TaskReport]], batch_id: int) -> list[TaskReport] | None:
+        """One report per subtask from the accumulator's, if every subtask ran; None if one did not.
+
+        A subtask whose task ran more than once in the batch (a sink's second
+        action on outputs that are not cached, a partition Spark computed again)
+        is taken from its last run, once every run agrees (:meth:`_agreeing`).
+        """
+        for index, reports in runs.items():
+            self._agreeing(index, reports, batch_id)
+        if sorted(runs) != list(range(self.parallelism)):
             return None
-        return reports
+        return [runs[i][-1] for i in range(self.parallelism)]
+
+    def _agreeing(self, index: int, reports: list[TaskReport], batch_id: int) -> None:
+        """Check that every run of subtask ``index``'s task in this batch emitted the same rows.
+
+        Raises:
+            CheckpointError: If two runs emitted different rows: the sink may
+                have written the outputs of either, and the checkpoint stands for
+                one; the batch is not committed.
+        """
+        digests = {r.outputs_digest for r in reports}
+        if len(digests) < 2:
+            return
+        if self.config.get("statekit.spark.cache-output") == "always":
+            why = "Spark computed a partition of the cached outputs again"
+            way = "make the function's outputs depend on its records and state alone"
+        else:
+            why = (
+                "the sink ran more than one action on the batch's outputs, which "
+                "spark.statekit.spark.cache-output=auto does not cache"
+            )
+            way = (
+                "cache the batch's DataFrame in the sink before its actions (df.persist(), and "
+                "df.unpersist() at its end), or set spark.statekit.spark.cache-output=always"
+            )
+        raise CheckpointError(
+            f"statekit job {self.spec.job_id!r}, micro-batch {batch_id}: the task of subtask {index} ran "
+            f"{len(reports)} times in this batch ({why}) and the runs emitted different rows: the "
+            "function's outputs are not determined by its records and its state alone (processing "
+            "time, randomness, reads from outside). Nothing of this batch is committed; the sink may "
+            f"have written the outputs of any of the runs. Way out: {way}; then start the query "
+            "again: it runs this batch again"
+        )
 
     def _reports(self, descriptions: list[str]) -> list[TaskReport]:
         """The tasks' reports, one per subtask, by subtask; else the batch is not committed."""

@@ -7,6 +7,7 @@ report each subtask's snapshot to the driver (see :mod:`._plan`).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -16,7 +17,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from ..runtime._columnar import is_columnar, output_columns
 from ._plan import TaskPlan, internal_schema
 
-__all__ = ["FLUSH_ROWS", "TaskOutput"]
+__all__ = ["FLUSH_ROWS", "OutputDigest", "TaskOutput"]
 
 #: Output rows gathered before they go out as one Arrow batch.
 FLUSH_ROWS = 8192
@@ -179,3 +180,32 @@ class TaskOutput:
         arrays = [pa.nulls(n, typ) for typ in self.schema.types[:-1]]
         arrays.append(pa.array(list(descriptions), type=pa.string()))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+class OutputDigest:
+    """A digest of the Arrow batches a task emits: equal for two runs that emitted the same rows.
+
+    Two runs of a micro-batch's task (a sink's second action on outputs that are
+    not cached) must emit the same rows, or the sink wrote outputs the
+    checkpoint does not stand for; the driver compares the runs' digests. It
+    reads each column's buffers as built (Arrow zero-fills what no value uses),
+    so a deterministic function's runs agree byte for byte.
+    """
+
+    __slots__ = ("_h",)
+
+    def __init__(self) -> None:
+        self._h = hashlib.blake2b(digest_size=16)
+
+    def add(self, batch: Any) -> None:
+        """Count ``batch`` (an output or late-rows batch) in."""
+        h = self._h
+        h.update(batch.num_rows.to_bytes(8, "little"))
+        for column in batch.columns:
+            h.update(column.offset.to_bytes(8, "little"))
+            for buffer in column.buffers():
+                if buffer is not None:
+                    h.update(buffer)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()

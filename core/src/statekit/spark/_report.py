@@ -67,6 +67,8 @@ class TaskReport:
         handoff: ``"on"`` or ``"off: <why>"``.
         phases: Seconds the task spent per phase (``BatchInfo.phases``, summed over tasks).
         undeclared_states: Restored states the function does not declare, by kind.
+        outputs_digest: A digest of every output and late row the task emitted (its run's
+            fingerprint: two runs of a batch's task agree when their digests are equal).
     """
 
     subtask: int
@@ -89,6 +91,7 @@ class TaskReport:
     handoff: str = "on"
     phases: Mapping[str, float] = field(default_factory=dict)
     undeclared_states: Mapping[str, list[str]] = field(default_factory=dict)
+    outputs_digest: str = ""
 
     @property
     def reused(self) -> bool:
@@ -125,6 +128,7 @@ class TaskReport:
                 "phases": dict(self.phases),
                 "handoff": self.handoff,
                 "undeclared_states": dict(self.undeclared_states),
+                "outputs_digest": self.outputs_digest,
             },
             separators=(",", ":"),
         )
@@ -166,6 +170,7 @@ class TaskReport:
                 undeclared_states={
                     str(k): [str(n) for n in v] for k, v in (r.get("undeclared_states") or {}).items()
                 },
+                outputs_digest=str(r.get("outputs_digest") or ""),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(

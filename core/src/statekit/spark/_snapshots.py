@@ -113,6 +113,7 @@ def task_reports(
     bad: int,
     local_recovery: str,
     handoff: str,
+    outputs_digest: str = "",
 ) -> list[TaskReport]:
     """The report of every subtask the task served; the task's ``bad`` rows go with its first."""
     reports = []
@@ -143,6 +144,7 @@ def task_reports(
                 handoff=handoff,
                 phases=run.phases,
                 undeclared_states=acquired.undeclared,
+                outputs_digest=outputs_digest,
             )
         )
         bad = 0

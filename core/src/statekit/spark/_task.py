@@ -22,6 +22,7 @@ from . import _handoff
 from ._acquire import RestoreSource
 from ._cache import reset_cache
 from ._loops import fire_timers, process_columns, process_groups, process_records
+from ._output import OutputDigest
 from ._plan import PLAN_PROPERTY, TaskPlan, batch_plan
 from ._report_channel import send_handles
 from ._run import TaskRun
@@ -78,9 +79,7 @@ def _batches(plan: TaskPlan, metadata: Any, partition: int | None, batches: Iter
     if plan.restore_attempts and plan.config.get("statekit.spark.worker-handoff"):
         it = iter(batches)
         first = next(it, None)
-        handed = (
-            None if first is None else hand_off(plan, metadata, first, it, attempt_id, attempt_number)
-        )
+        handed = None if first is None else hand_off(plan, metadata, first, it, attempt_id, attempt_number)
         if handed is not None:
             yield from handed
             return
@@ -104,17 +103,23 @@ def _run_partition(
     """
     run = TaskRun(plan, RestoreSource(plan, metadata), f"{plan.token[:12]}-{attempt_id}")
     run.handed_from = handed_from
+    digest = OutputDigest()
     done = False
     try:
         if plan.columns:
-            yield from process_columns(run, batches)
+            outputs = process_columns(run, batches)
         elif plan.vectorized:
-            yield from process_groups(run, batches)
+            outputs = process_groups(run, batches)
         else:
-            yield from process_records(run, batches)
+            outputs = process_records(run, batches)
+        for b in outputs:
+            digest.add(b)
+            yield b
         if partition is not None:
             run.subtask(partition)  # its snapshot even when no row came: no marker row stands for it
-        yield from fire_timers(run)
+        for b in fire_timers(run):
+            digest.add(b)
+            yield b
         bad = run.bad_keys.commit()
         states, local_recovery = write_snapshots(run)
         handoff = announce(plan, sorted(run.active), run.attempt, _serve_handoff)
@@ -125,6 +130,7 @@ def _run_partition(
             bad=bad,
             local_recovery=local_recovery,
             handoff=handoff,
+            outputs_digest=digest.hexdigest(),
         )
         handles = run.out.handles([r.to_json() for r in reports])
         done = True
