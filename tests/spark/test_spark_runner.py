@@ -89,6 +89,7 @@ def test_every_backend_and_storage_counts_exactly(
 
     assert [(i.batch_id, i.checkpoint_id, i.skipped) for i in infos] == [(b, b + 1, False) for b in range(3)]
     assert sum(i.records for i in infos) == sum(i.outputs for i in infos) == len(RECORDS)
+    assert [i.task_runs for i in infos] == [1, 1, 1]  # the sink's one action ran the tasks once
     storage = processed.checkpoint_storage()
     assert storage.name == ("jobmanager" if "jobmanager" in storage_conf.values() else "filesystem")
     meta = load_checkpoint(storage, storage.latest_checkpoint(job_id)).metadata
@@ -385,6 +386,7 @@ def test_a_sink_with_two_actions_runs_the_batch_again_from_its_checkpoint_and_co
     assert [a == b for a, b in seen] == [True, True] and sum(a for a, _ in seen) == len(RECORDS)
     assert [(i.batch_id, i.records, i.outputs) for i in infos] == [(b, n, n) for b, (n, _) in enumerate(seen)]
     assert infos[1].restored_subtasks == 2 and infos[1].reused_subtasks == 0  # the second run restored
+    assert [i.task_runs for i in infos] == [2, 2]
     assert_exact_state(processed.checkpoint_storage(), job_id, RECORDS)
 
 
@@ -431,10 +433,10 @@ def test_a_replayed_batch_that_was_completed_is_skipped(session: Any, tmp_path: 
         (tmp_path / "spark" / "commits" / name).unlink()
     processed = counting(session, tmp_path, job_id, infos)
     run_to_end(processed, tmp_path / "spark")
-    assert [(i.batch_id, i.skipped, i.checkpoint_id) for i in infos] == [
-        (0, False, 1),
-        (1, False, 2),
-        (1, True, 2),
+    assert [(i.batch_id, i.skipped, i.checkpoint_id, i.task_runs) for i in infos] == [
+        (0, False, 1, 1),
+        (1, False, 2, 1),
+        (1, True, 2, 0),
     ]
     assert_exact_state(processed.checkpoint_storage(), job_id, RECORDS)
     assert_exact_outputs(tmp_path / "out", RECORDS)

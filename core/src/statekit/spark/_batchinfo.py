@@ -112,6 +112,10 @@ class BatchInfo:
             again); the driver also warns with each (``InputLostWarning``).
         checkpoint_stats: What the checkpoint holds (state entries and bytes, per state
             when known, bytes written and referenced), from its metadata; None when skipped.
+        task_runs: How often the busiest subtask's task ran in the batch: 1, or more when
+            the sink ran several actions on outputs that are not cached (each ran the
+            tasks again) or Spark computed a partition again; 0 when skipped. The
+            counts above are one run's.
     """
 
     batch_id: int
@@ -148,6 +152,7 @@ class BatchInfo:
     restore_origin: str | None = None
     checkpoint_timing: CheckpointTiming | None = None
     input_lost: tuple[str, ...] = ()
+    task_runs: int = 1
 
 
 def local_recovery_status(statuses: Sequence[str]) -> str:

@@ -152,6 +152,7 @@ class _Batch:
     started: float
     timestamp_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    task_runs: int = 1  # how often the busiest subtask's task ran (BatchInfo.task_runs)
     phases: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -504,6 +505,7 @@ class MicroBatchDriver:
             skipped = BatchInfo(
                 batch_id, done.checkpoint_id, done.location, True, None, self.parallelism,
                 watermark=_watermark_of(done), restore_origin=_origin_location(done, self._origin),
+                task_runs=0,
             )  # fmt: skip
             self.metrics.report(skipped, self.coordinator.history.attempts())
             self._notify(skipped, query)
@@ -534,7 +536,9 @@ class MicroBatchDriver:
             source_bad_records=count_source_letters(query, batch_id) if query != STATIC_QUERY else 0,
             timing=self.coordinator.last_timing,
         )  # fmt: skip
-        info = dataclasses.replace(info, restore_origin=_origin_location(source, self._origin))
+        info = dataclasses.replace(
+            info, restore_origin=_origin_location(source, self._origin), task_runs=batch.task_runs
+        )
         lost = input_lost(self.spark_location, batch_id) if query != STATIC_QUERY else ()
         if lost:
             info = dataclasses.replace(info, input_lost=lost)
@@ -665,12 +669,14 @@ class MicroBatchDriver:
                     self._sink(processed, batch.batch_id, plan.late_schema)
                 runs = self._runs(channel.value, plan.token)
                 reports = self._channelled(runs, batch.batch_id)
+                batch.task_runs = max((len(r) for r in runs.values()), default=1)
             if reports is None:
                 with self.metrics.describe(batch.batch_id, "tasks"), _task_errors(source):
                     rows = processed.where(F.col(HANDLE_COLUMN).isNotNull()).select(HANDLE_COLUMN).collect()
                 reports = self._reports([r[0] for r in rows])
                 for r in reports:  # the sink's runs of a subtask, if any, must agree with this one
                     self._agreeing(r.subtask, [*runs.get(r.subtask, ()), r], batch.batch_id)
+                batch.task_runs = max(len(runs.get(r.subtask, ())) + 1 for r in reports)
             batch.phases["tasks"] = clock() - t
             locations = self.locality.ran() if self.locality is not None else {}
             if channel is None:
