@@ -10,7 +10,13 @@ process (two rounds, the order swapped in the second):
 - **eager**: what restores did before, every entry decoded before the first
   record (the heap's ``_load_sections`` declines, so core decodes and loads all);
 - **lazy**: the heap keeps each key group's checked sections as bytes and
-  decodes a key group when a record first touches it.
+  decodes a key group when a record first touches it;
+- **by key**: lazy, and a record's key is first looked up in its key group's
+  bytes (``SectionLookup``: Arrow's ``index`` over the key column), the key
+  group decoded after 64 scans or when it must be. It needs pyarrow's compute
+  module and numpy loaded, as in a Spark worker: the bench imports them when
+  installed (so every mode splits key columns by Arrow, as there), else this
+  mode is left out. ``lazy`` is then run with no key column searchable.
 
 Measured per mode: **ready** (load the checkpoint, restore both subtasks,
 declare the state: the first record can be processed), **first record** (one
@@ -53,6 +59,7 @@ from statekit.backend_api import key_group_for_bytes
 from statekit.checkpointing import load_checkpoint
 from statekit.plugins._registry import default_registry
 from statekit.serializers import StrSerializer
+from statekit.snapshots import _lookup as section_lookup
 from statekit_heap import HeapKeyedStateBackend
 from statekit_storage import FileSystemCheckpointStorage
 
@@ -66,6 +73,30 @@ def eager() -> Iterator[None]:
         yield
     finally:
         HeapKeyedStateBackend._load_sections = saved  # type: ignore[method-assign]
+
+
+@contextmanager
+def decoded_on_first_use() -> Iterator[None]:
+    """Lazy restores without reads by key: no key column can be searched undecoded."""
+    saved = section_lookup.column_finder
+    section_lookup.column_finder = lambda *args: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        section_lookup.column_finder = saved
+
+
+def arrow_loaded() -> bool:
+    """Import pyarrow's compute module and numpy, as a Spark worker has them; False if not installed."""
+    try:
+        import numpy  # noqa: F401
+        import pyarrow.compute  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+MODES = {"eager": eager, "lazy": decoded_on_first_use, "by key": nullcontext}
 
 
 def prepare(n: int, root: str) -> tuple[Any, Any, str, str, list[str], list[bool]]:
@@ -170,6 +201,9 @@ def main() -> None:
         "--touch-max", type=int, default=4_000_000, help="touch every key (twice) only up to this many keys"
     )
     args = ap.parse_args()
+    modes = list(MODES) if arrow_loaded() else ["eager", "lazy"]
+    if "by key" not in modes:
+        print("pyarrow or numpy not installed: the 'by key' mode is left out")
     sizes = [int(x) for x in args.keys.split(",")]
     root = tempfile.mkdtemp(dir=args.root)
     results: dict[int, dict[str, list[dict[str, float]]]] = {}
@@ -180,11 +214,11 @@ def main() -> None:
             touch = n <= args.touch_max
             at_canonical = canonical if n <= args.canonical_max else ""
             gc.collect()
-            got: dict[str, list[dict[str, float]]] = {"eager": [], "lazy": []}
+            got: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
             for rnd in range(2):
-                order = ["eager", "lazy"] if rnd == 0 else ["lazy", "eager"]
+                order = modes if rnd == 0 else modes[::-1]
                 for mode in order:
-                    with eager() if mode == "eager" else nullcontext():
+                    with MODES[mode]():
                         at = (chain, at_canonical)
                         got[mode].append(one_mode(factory, storage, at, keys, low, args.batch, touch, root))
             results[n] = got
@@ -205,7 +239,7 @@ def main() -> None:
         small, large = min(results), max(results)
         f = math.log(large / small)
         print(f"\ngrowth exponents {small / 1e6:g}M -> {large / 1e6:g}M (per round):")
-        for mode in ("eager", "lazy"):
+        for mode in modes:
             for what in ("ready", "ready+batch", "first_batch", "steady"):
                 exps = []
                 if what == "steady" and "steady" not in results[large][mode][0]:
@@ -214,7 +248,7 @@ def main() -> None:
                     ta = a["ready"] + a["first_batch"] if what == "ready+batch" else a[what]
                     tb = b["ready"] + b["first_batch"] if what == "ready+batch" else b[what]
                     exps.append(math.log(tb / ta) / f)
-                print(f"  {mode:5} {what:12} " + " / ".join(f"{e:.2f}" for e in exps))
+                print(f"  {mode:6} {what:12} " + " / ".join(f"{e:.2f}" for e in exps))
 
 
 if __name__ == "__main__":

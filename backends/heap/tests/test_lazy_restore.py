@@ -4,6 +4,11 @@ The kit (``tests/test_conformance.py``) holds every backend to exact restores;
 these cases reach into the heap's own tables to check what stays undecoded and
 that every way of reading the state (handles, counts, iteration, snapshots of
 both kinds, rescales) sees exactly the restored entries meanwhile.
+
+Every case runs twice (the ``by_key`` fixture): with value states read and
+written by key while their key groups stay bytes (pyarrow's compute module
+loaded, as in a Spark worker), and with every key group decoded at its first
+use (no key column searchable).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from statekit.backend_api import KeyGroupRange
 from statekit.errors import CorruptSnapshotError, StateAccessError
 from statekit.serializers import StrSerializer
 from statekit.snapshot_codec import NativeStateHandle
+from statekit.snapshots import _lookup as snapshot_lookup
 from statekit.testing import KitNativeOutput
 from statekit_heap import HeapKeyedStateBackend
 
@@ -29,6 +35,17 @@ WINDOWED = ValueStateDescriptor("w", int)
 NAMESPACES = ["w1", "w2", "w3"]
 
 Model = dict[tuple[str, Any, str], Any]  # (state, namespace or None, key) -> value
+
+
+@pytest.fixture(autouse=True, params=["by key", "decoded"])
+def by_key(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """True: str key columns are searchable (Arrow loaded); False: no key column is."""
+    if request.param == "by key":
+        pytest.importorskip("pyarrow.compute")
+        pytest.importorskip("numpy")
+        return True
+    monkeypatch.setattr(snapshot_lookup, "column_finder", lambda *args: None)
+    return False
 
 
 def declare(b: HeapKeyedStateBackend) -> dict[str, Any]:
@@ -107,7 +124,8 @@ def counts(model: Model) -> dict[str, int]:
 
 
 def lazy_groups(b: HeapKeyedStateBackend) -> dict[str, int]:
-    return {name: len(t.lazy) for name, t in b._tables.items()}
+    """Per state, its key groups still bytes and never read (a key group read by key is still bytes)."""
+    return {name: len(t.lazy.keys() - t.partial.keys()) for name, t in b._tables.items()}
 
 
 def checkpoint(b: HeapKeyedStateBackend, cid: int) -> NativeStateHandle:
@@ -132,7 +150,7 @@ def chain_of(make_backend: Any, seed: int, deltas: int) -> tuple[NativeStateHand
 
 
 @pytest.mark.parametrize("deltas", [0, 3])
-def test_a_restore_decodes_nothing_until_a_key_group_is_used(make_backend, deltas):
+def test_a_restore_decodes_nothing_until_a_key_group_is_used(make_backend, deltas, by_key):
     h, model = chain_of(make_backend, 7, deltas)
     b = make_backend()
     declare(b)
@@ -145,7 +163,9 @@ def test_a_restore_decodes_nothing_until_a_key_group_is_used(make_backend, delta
     b.set_current_key(keys[0])
     kg = b.current_key_group
     assert declare(b)["v"].value() == model.get(("v", None, keys[0]))
-    assert kg not in b._tables["v"].lazy and b._tables["v"].lazy  # only this key group of this state
+    v = b._tables["v"]
+    assert (kg in v.partial) if by_key else (kg not in v.lazy)  # read by key, or decoded
+    assert lazy_groups(b)["v"] == held["v"] - 1  # only this key group of this state
     assert all(len(b._tables[s].lazy) == held[s] for s in "lmw")
     assert read_all(b, keys) == model
     assert lazy_groups(b) == dict.fromkeys("vlmw", 0)
@@ -298,10 +318,10 @@ def test_update_batch_decodes_the_key_groups_it_reaches(make_backend):
     b.restore_native([h])
     s = declare(b)["v"]
     keys = sorted(k for st, _, k in model if st == "v")[:5]
-    before = len(b._tables["v"].lazy)
+    before = lazy_groups(b)["v"]
     got = s.update_batch(keys, lambda v: (v or 0) + 1000)
     assert got == [model["v", None, k] + 1000 for k in keys]
-    assert 0 < before - len(b._tables["v"].lazy) <= len(keys)  # only the key groups of these keys
+    assert 0 < before - lazy_groups(b)["v"] <= len(keys)  # only the key groups of these keys
     for k in keys:
         model["v", None, k] += 1000
     assert b.num_entries("v") == counts(model)["v"]
@@ -350,6 +370,7 @@ def test_key_groups_of_many_keys_decode_exactly_where_arrow_splits_them(make_bac
         return out
 
     monkeypatch.setattr(_serializers, "_ascii_strings", spy)
+    monkeypatch.setattr(snapshot_lookup, "column_finder", lambda *args: None)  # decoded, to be split
     b = make_backend(max_parallelism=4, key_group_range=KeyGroupRange.of(0, 3))
     b.delta_max_ratio = 100.0
     keys = [f"k{i}" for i in range(3000)] + [f"\u00e9{i}" for i in range(3)] + [""]
@@ -379,3 +400,125 @@ def test_key_groups_of_many_keys_decode_exactly_where_arrow_splits_them(make_bac
             got[k] = rv.value()
     assert got == model and r.num_entries() == len(model)
     assert any(split)  # Arrow split the key columns of the key groups whose keys are all ASCII
+
+
+@pytest.mark.parametrize("key_type", [str, int])
+@pytest.mark.parametrize("deltas", [0, 2])
+def test_value_state_read_and_written_by_key_follows_a_model_through_checkpoints(
+    make_backend, by_key, key_type, deltas
+):
+    """Reads, writes of known and new keys, batches and removals on lazy key groups; every checkpoint kind."""
+    from statekit.serializers import IntSerializer
+
+    def key(i: int) -> Any:
+        return f"/u/{i}" if key_type is str else i * 7919 - 300_000
+
+    kser = IntSerializer() if key_type is int else None
+    mk = (lambda: make_backend(key_serializer=kser)) if kser else make_backend
+    rng = random.Random(31 + deltas)
+    src = mk()
+    src.delta_max_ratio = 100.0
+    sv = src.get_state(VALUE)
+    model: dict[Any, int] = {}
+    h = None
+    for round_ in range(deltas + 1):
+        for i in rng.sample(range(3000), 2000 if round_ == 0 else 200):
+            src.set_current_key(key(i))
+            if round_ and i % 5 == 0:
+                sv.clear()
+                model.pop(key(i), None)
+            else:
+                sv.update(i + round_)
+                model[key(i)] = i + round_
+        h = checkpoint(src, 1 + round_)
+    assert h is not None
+    b = mk()
+    b.delta_max_ratio = 100.0
+    v = b.get_state(VALUE)
+    b.restore_native([h])
+    b.notify_checkpoint_complete(h.checkpoint_id)
+    t = b._tables["v"]
+    universe = [key(i) for i in range(3600)]  # 600 keys no checkpoint holds
+    snapshots = []
+    for step in range(600):
+        k = rng.choice(universe)
+        b.set_current_key(k)
+        op = rng.randrange(10)
+        if op < 4:
+            assert v.value() == model.get(k)
+        elif op < 8:
+            v.update(step)
+            model[k] = step
+        elif op == 8:
+            ks = rng.sample(universe, 5)
+            got = v.update_batch(ks, lambda x: (x or 0) + 1)
+            for kk, g in zip(ks, got):
+                model[kk] = model.get(kk, 0) + 1
+                assert g == model[kk]
+        else:
+            v.clear()
+            model.pop(k, None)
+        if step % 150 == 75:
+            snapshots.append((b.snapshot(), dict(model)))
+    assert b.num_entries("v") == len(model)
+    if by_key:
+        assert t.partial and t.lazy  # read and written by key, still bytes
+    delta = checkpoint(b, h.checkpoint_id + 1)
+    assert delta.meta["chain"][-1]["kind"] == "delta"
+    canonical = b.snapshot().to_handle()
+    b._delta_forget_chain()
+    base = checkpoint(b, h.checkpoint_id + 2)
+    assert base.meta["chain"][-1]["kind"] == "base"
+
+    def read(r: HeapKeyedStateBackend) -> dict[Any, int]:
+        rv = r.get_state(VALUE)
+        out = {}
+        for k in universe:
+            r.set_current_key(k)
+            x = rv.value()
+            if x is not None:
+                out[k] = x
+        return out
+
+    for handle in (delta, base):
+        r = mk()
+        r.restore_native([handle])
+        assert r.num_entries("v") == len(model)
+        assert read(r) == model
+    for snap_handle, expected in [(canonical, model)] + [(s.to_handle(), m) for s, m in snapshots]:
+        r = mk()
+        r.restore([snap_handle])
+        assert read(r) == expected
+    assert read(b) == model
+    assert sorted(b.keys("v")) == sorted(model)  # iterating decodes every key group, writes kept
+    assert not t.lazy and not t.partial and b.num_entries("v") == len(model)
+
+
+def test_a_key_group_scanned_often_is_decoded_with_what_was_written(make_backend, by_key):
+    from statekit_heap._backend import _LOOKUPS_BEFORE_DECODE
+
+    one = KeyGroupRange.of(0, 0)
+    src = make_backend(max_parallelism=1, key_group_range=one)
+    s = src.get_state(VALUE)
+    for i in range(500):
+        src.set_current_key(f"k{i}")
+        s.update(i)
+    h = checkpoint(src, 1)
+    b = make_backend(max_parallelism=1, key_group_range=one)
+    v = b.get_state(VALUE)
+    b.restore_native([h])
+    t = b._tables["v"]
+    b.set_current_key("k3")
+    v.update(-3)
+    b.set_current_key("new")
+    v.update(7)
+    assert b.num_entries("v") == 501
+    for i in range(_LOOKUPS_BEFORE_DECODE - 2):  # "k3" and "new" took two scans
+        b.set_current_key(f"absent{i}")
+        assert v.value() is None
+        assert (0 in t.partial) == by_key
+    b.set_current_key("k4")
+    assert v.value() == 4  # a scan over the limit: decoded whole, with what was written
+    assert not t.lazy and not t.partial
+    assert dict(t.void[0]) == {**{f"k{i}": i for i in range(500)}, "k3": -3, "new": 7}
+    assert b.num_entries("v") == 501

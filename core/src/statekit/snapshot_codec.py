@@ -8,12 +8,14 @@ handles, files and outputs of native snapshots (:class:`NativeStateHandle`,
 :class:`NativeFile`, :class:`NativeSnapshotOutput`, the completion
 bookkeeping :class:`UploadTracker`), and what a delta checkpoint holds
 (:class:`DeltaChanges` per key group; :data:`REMOVED`, the values of a
-decoded removal section). A backend on ``KeyedBackendBase`` needs
+decoded removal section), and :class:`SectionLookup` (one key's entry in a
+restored section, found without decoding it). A backend on ``KeyedBackendBase`` needs
 none of it for canonical snapshots: the base writes and reads them.
 """
 
 from __future__ import annotations
 
+from .snapshots._lookup import SectionLookup
 from .snapshots._native import (
     NativeFile,
     NativeSnapshot,
@@ -54,6 +56,7 @@ __all__ = [
     "NativeStateHandle",
     "ProgressCallback",
     "Section",
+    "SectionLookup",
     "SnapshotHeader",
     "SnapshotWriteResult",
     "StreamStateHandle",

@@ -1,0 +1,76 @@
+"""One key's entry in a restored section, found without decoding the section."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..serialization._lookup import column_finder
+from ..serialization._serializers import TypeSerializer
+from ._snapshot import Section
+
+__all__ = ["SectionLookup"]
+
+
+class SectionLookup:
+    """Finds the entry of one key in a void-namespace :class:`Section` without decoding its keys.
+
+    For a backend that keeps restored key groups as their checked bytes and
+    decodes one only when it must (the heap): a record that reads or writes a
+    few keys of a key group costs a scan in C of its key column (about 0.2 ms
+    for 125,000 keys), where decoding the key group costs a Python object and
+    a dict insertion per entry (about 1 µs each). A value is decoded when it is
+    first asked for, with the rest of its column. Made by :meth:`of`.
+    """
+
+    __slots__ = ("_find", "_section", "_value_serializer", "_values")
+
+    def __init__(
+        self, section: Section, find: Callable[[Any], int], value_serializer: TypeSerializer
+    ) -> None:
+        self._section = section
+        self._find = find
+        self._value_serializer = value_serializer
+        self._values: list[Any] | None = None
+
+    @classmethod
+    def of(
+        cls, section: Section, key_serializer: TypeSerializer, value_serializer: TypeSerializer
+    ) -> SectionLookup | None:
+        """A lookup over ``section``, or None when its keys cannot be searched undecoded.
+
+        None for sections with namespaces other than the void one, and for key
+        columns :func:`~statekit.serialization._lookup.column_finder` cannot
+        search (keys that are not str or int; strings beyond ASCII; pyarrow's
+        compute module or numpy not loaded in this process).
+
+        Raises:
+            SerializationError: If the key column is malformed.
+        """
+        if bytes(memoryview(section.namespaces)) != b"\x00":
+            return None
+        find = column_finder(key_serializer, section.keys, section.count)
+        if find is None:
+            return None
+        return cls(section, find, value_serializer)
+
+    @property
+    def removal(self) -> bool:
+        """True for a delta's removals: a key found here is gone."""
+        return self._section.removal
+
+    def index(self, key: Any) -> int:
+        """The position of ``key`` in the section, -1 when it holds no entry of it."""
+        return self._find(key)
+
+    def value(self, i: int) -> Any:
+        """The value at position ``i`` (of :meth:`index`); not for removal sections.
+
+        Raises:
+            SerializationError: If the value column cannot be decoded.
+        """
+        values = self._values
+        if values is None:
+            sec = self._section
+            values = self._values = self._value_serializer.decode_column(sec.values, sec.count)
+        return values[i]

@@ -1,0 +1,99 @@
+"""Finding one key in a section's column bytes without decoding them (``SectionLookup``)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from statekit import VOID_NAMESPACE
+from statekit.errors import SerializationError
+from statekit.serialization._lookup import column_finder
+from statekit.serializers import FloatSerializer, IntSerializer, StrSerializer, TupleSerializer
+from statekit.snapshot_codec import Section, SectionLookup
+from statekit.snapshots._snapshot import encode_namespaces
+
+
+@pytest.fixture
+def arrow() -> None:
+    pytest.importorskip("pyarrow.compute")
+    pytest.importorskip("numpy")
+
+
+def test_int_keys_are_found_at_their_position_and_only_there():
+    keys = [0, 1, -1, 2**63 - 1, -(2**63), 256, 1 << 40]
+    find = column_finder(IntSerializer(), IntSerializer().encode_column(keys), len(keys))
+    assert find is not None
+    assert [find(k) for k in keys] == list(range(len(keys)))
+    assert find(True) == 1  # True == 1 as a dict key: the same entry
+    assert find(5) == -1 and find(1.0) == -1 and find("1") == -1  # floats and strs are never int keys
+    # The bytes of a value that occur across two stored values (the high half of one, the low of the next).
+    a, b = 0x0102030405060708, 0x1112131415161718
+    pair = column_finder(IntSerializer(), IntSerializer().encode_column([a, b]), 2)
+    assert pair is not None
+    straddle = struct.unpack("<q", struct.pack("<q", a)[4:] + struct.pack("<q", b)[:4])[0]
+    assert pair(straddle) == -1 and pair(b) == 1
+
+
+def test_ints_beyond_64_bits_are_not_searched():
+    data = IntSerializer().encode_column([1, 1 << 70])
+    assert column_finder(IntSerializer(), data, 2) is None
+
+
+@pytest.mark.usefixtures("arrow")
+def test_ascii_str_keys_are_found_exactly_not_as_prefixes():
+    keys = ["k1", "k10", "k100", "", "/a/b?c=1", "k"]
+    find = column_finder(StrSerializer(), StrSerializer().encode_column(keys), len(keys))
+    assert find is not None
+    assert [find(k) for k in keys] == list(range(len(keys)))
+    assert find("k1000") == -1 and find("1") == -1 and find("K1") == -1
+    assert find("\u00e9") == -1 and find("k\udc80") == -1  # beyond ASCII: in no ASCII column
+    assert find(1) == -1 and find(b"k1") == -1
+
+
+@pytest.mark.usefixtures("arrow")
+def test_str_columns_beyond_ascii_are_not_searched():
+    keys = ["a", "\u00e9t\u00e9"]
+    assert column_finder(StrSerializer(), StrSerializer().encode_column(keys), 2) is None
+
+
+def test_other_key_types_are_not_searched():
+    ser = TupleSerializer((StrSerializer(), IntSerializer()))
+    assert column_finder(ser, ser.encode_column([("a", 1)]), 1) is None
+
+
+@pytest.mark.usefixtures("arrow")
+def test_a_malformed_column_is_an_error_not_a_miss():
+    data = StrSerializer().encode_column(["a", "bb"])
+    with pytest.raises(SerializationError):
+        column_finder(StrSerializer(), data, 3)
+    with pytest.raises(SerializationError):
+        column_finder(IntSerializer(), IntSerializer().encode_column([1, 2]), 3)
+
+
+def section(
+    keys: list[int], values: list[float], *, removal: bool = False, namespaces: bytes = b"\x00"
+) -> Section:
+    return Section(
+        "s",
+        len(keys),
+        IntSerializer().encode_column(keys),
+        namespaces,
+        b"" if removal else FloatSerializer().encode_column(values),
+        removal=removal,
+    )
+
+
+def test_section_lookup_finds_a_key_and_decodes_its_value():
+    look = SectionLookup.of(section([5, 9, 2], [0.5, 9.5, 2.5]), IntSerializer(), FloatSerializer())
+    assert look is not None and not look.removal
+    assert look.index(9) == 1 and look.value(1) == 9.5
+    assert look.index(3) == -1
+    gone = SectionLookup.of(section([9], [], removal=True), IntSerializer(), FloatSerializer())
+    assert gone is not None and gone.removal and gone.index(9) == 0
+
+
+def test_sections_with_namespaces_get_no_lookup():
+    ns = encode_namespaces(["w1", VOID_NAMESPACE], StrSerializer(), VOID_NAMESPACE, "s")
+    sec = section([1, 2], [1.0, 2.0], namespaces=ns)
+    assert SectionLookup.of(sec, IntSerializer(), FloatSerializer()) is None
