@@ -8,7 +8,7 @@ import pytest
 
 from statekit import VOID_NAMESPACE
 from statekit.errors import SerializationError
-from statekit.serialization._lookup import column_finder
+from statekit.serialization._lookup import column_finder, column_reader
 from statekit.serializers import FloatSerializer, IntSerializer, StrSerializer, TupleSerializer
 from statekit.snapshot_codec import Section, SectionLookup
 from statekit.snapshots._snapshot import encode_namespaces
@@ -97,3 +97,26 @@ def test_sections_with_namespaces_get_no_lookup():
     ns = encode_namespaces(["w1", VOID_NAMESPACE], StrSerializer(), VOID_NAMESPACE, "s")
     sec = section([1, 2], [1.0, 2.0], namespaces=ns)
     assert SectionLookup.of(sec, IntSerializer(), FloatSerializer()) is None
+
+
+@pytest.mark.parametrize(
+    ("serializer", "values"),
+    [
+        (IntSerializer(), [3, -(2**63), 2**63 - 1]),
+        (IntSerializer(), [1, 1 << 80]),  # framed one by one: decoded whole
+        (FloatSerializer(), [0.5, float("inf"), -0.0]),
+        (StrSerializer(), ["a", "\u00e9", ""]),
+    ],
+)
+def test_a_value_is_read_as_the_column_decodes_it(serializer, values):
+    read = column_reader(serializer, serializer.encode_column(values), len(values))
+    assert [read(i) for i in range(len(values))] == serializer.decode_column(
+        serializer.encode_column(values), len(values)
+    )
+
+
+def test_a_fixed_width_column_of_the_wrong_length_is_an_error():
+    with pytest.raises(SerializationError):
+        column_reader(IntSerializer(), IntSerializer().encode_column([1, 2]), 3)
+    with pytest.raises(SerializationError):
+        column_reader(FloatSerializer(), FloatSerializer().encode_column([1.0]), 2)

@@ -6,7 +6,9 @@ decoding the column makes a Python object per entry. Only the encodings that
 can be searched exactly are: strings of an ASCII column (by Arrow's ``index``
 kernel, when this process has loaded pyarrow's compute module and numpy, as a
 Spark worker has: they are never imported for this) and 64-bit ints. Every
-other column gets no finder, and its caller decodes it.
+other column gets no finder, and its caller decodes it. A value is read alone
+from a column of 64-bit ints or floats, and from others by decoding the column
+once.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 from .._errors import SerializationError
-from ._serializers import IntSerializer, StrSerializer, TypeSerializer, _frames
+from ._serializers import FloatSerializer, IntSerializer, StrSerializer, TypeSerializer, _frames
 
-__all__ = ["column_finder"]
+__all__ = ["column_finder", "column_reader"]
 
 _INT64 = struct.Struct("<q").pack
+_INT64_AT = struct.Struct("<q").unpack_from
+_FLOAT_AT = struct.Struct("<d").unpack_from
 
 
 def column_finder(
@@ -97,3 +101,35 @@ def _int_finder(data: bytes | memoryview, count: int) -> Callable[[Any], int] | 
         return -1 if pos < 0 else pos // 8
 
     return find
+
+
+def column_reader(serializer: TypeSerializer, data: bytes | memoryview, count: int) -> Callable[[int], Any]:
+    """A function giving the value at a position of the column ``data`` of ``count`` values.
+
+    64-bit ints and floats are read alone; other columns are decoded whole on
+    the first read, and kept.
+
+    Raises:
+        SerializationError: If ``data`` is not a column of ``count`` values (when read, for
+            columns decoded whole).
+    """
+    kind = type(serializer)
+    mv = memoryview(data)
+    if kind is IntSerializer and bytes(mv[:1]) == b"\x00":
+        if len(mv) != 1 + 8 * count:
+            raise SerializationError(f"malformed int column: {len(mv) - 1} bytes for {count} ints")
+        body = bytes(mv)
+        return lambda i: _INT64_AT(body, 1 + 8 * i)[0]
+    if kind is FloatSerializer:
+        if len(mv) != 8 * count:
+            raise SerializationError(f"malformed float column: {len(mv)} bytes for {count} floats")
+        body = bytes(mv)
+        return lambda i: _FLOAT_AT(body, 8 * i)[0]
+    decoded: list[list[Any]] = []
+
+    def read(i: int) -> Any:
+        if not decoded:
+            decoded.append(serializer.decode_column(data, count))
+        return decoded[0][i]
+
+    return read
