@@ -495,7 +495,7 @@ def test_value_state_read_and_written_by_key_follows_a_model_through_checkpoints
 
 
 def test_a_key_group_scanned_often_is_decoded_with_what_was_written(make_backend, by_key):
-    from statekit_heap._backend import _LOOKUPS_BEFORE_DECODE
+    from statekit_heap._backend import _scans_before_decode
 
     one = KeyGroupRange.of(0, 0)
     src = make_backend(max_parallelism=1, key_group_range=one)
@@ -513,12 +513,25 @@ def test_a_key_group_scanned_often_is_decoded_with_what_was_written(make_backend
     b.set_current_key("new")
     v.update(7)
     assert b.num_entries("v") == 501
-    for i in range(_LOOKUPS_BEFORE_DECODE - 2):  # "k3" and "new" took two scans
+    scans = _scans_before_decode(500)
+    assert 16 <= scans < 500
+    b.set_current_key("k3")
+    assert v.value() == -3  # read beside the bytes: no scan
+    for i in range(scans - 2):  # "k3" and "new" took two scans
         b.set_current_key(f"absent{i}")
         assert v.value() is None
         assert (0 in t.partial) == by_key
     b.set_current_key("k4")
-    assert v.value() == 4  # a scan over the limit: decoded whole, with what was written
+    assert v.value() == 4  # the scans used up: decoded whole, with what was written
     assert not t.lazy and not t.partial
     assert dict(t.void[0]) == {**{f"k{i}": i for i in range(500)}, "k3": -3, "new": 7}
     assert b.num_entries("v") == 501
+
+
+def test_scans_before_a_decode_cost_about_half_of_it():
+    from statekit_heap._backend import _scans_before_decode
+
+    assert _scans_before_decode(0) == _scans_before_decode(100) == 16
+    assert 300 <= _scans_before_decode(125_000) <= 375
+    sizes = [10**k for k in range(2, 8)]
+    assert [_scans_before_decode(n) for n in sizes] == sorted(_scans_before_decode(n) for n in sizes)

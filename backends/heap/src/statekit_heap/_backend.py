@@ -21,8 +21,9 @@ aside, after deltas), and iterating a state decodes all of it first.
 A value state's lazy key group is first read and written key by key, still as
 bytes (:class:`_Partial`): a lookup scans its key columns in C
 (:class:`~statekit.snapshot_codec.SectionLookup`), and what is read or written
-is kept aside until the key group is decoded, after
-``_LOOKUPS_BEFORE_DECODE`` scans or at the first access that needs all of it.
+is kept aside until the key group is decoded, once its scans have cost about
+half a decode (:func:`_scans_before_decode`) or at the first access that needs
+all of it.
 A restarted job whose first records touch a few keys of every key group so
 does not decode every key group before its first output.
 """
@@ -55,10 +56,21 @@ __all__ = ["HeapKeyedStateBackend", "HeapStateBackend"]
 _Dicts = list[dict[Any, Any] | None]
 _Over = dict[Any, Any]
 
-#: Scans of a lazy key group's sections by key before it is decoded whole. A scan
-#: costs about 0.2 ms per 125,000 entries, decoding them about 150 ms: 64 scans
-#: stay well under one decode, and a key group read by many keys is decoded soon.
-_LOOKUPS_BEFORE_DECODE = 64
+#: A key group's decode costs about this many scans of all its entries (measured:
+#: 150 ms to decode 125,000 str keys and int values, 0.2 ms to scan them).
+_DECODE_IN_SCANS = 750
+#: A scan's fixed cost (a kernel call), in entries scanned: about 20 µs.
+_SCAN_CALL_ENTRIES = 12_000
+
+
+def _scans_before_decode(entries: int) -> int:
+    """How many scans by key a lazy key group of ``entries`` entries takes before it is decoded.
+
+    As many as cost about half its decode: a key group read by many keys is
+    decoded having paid at most 1.5 decodes, one read by a few never is
+    (about 340 scans at 125,000 entries, 16 at 100).
+    """
+    return max(16, _DECODE_IN_SCANS * entries // (2 * (entries + _SCAN_CALL_ENTRIES)))
 
 
 def _copier(reg: RegisteredState) -> Callable[[Any], Any] | None:
@@ -177,14 +189,14 @@ class _Partial:
     remove an entry decode the key group first, so ``over`` has no removals.
     """
 
-    __slots__ = ("added", "lookups", "missing", "over", "sections")
+    __slots__ = ("added", "lookups", "missing", "over", "scans_left")
 
-    def __init__(self, sections: list[SectionLookup]) -> None:
-        self.sections = sections  # newest first: a later section's entry wins
+    def __init__(self, sections: list[SectionLookup], entries: int) -> None:
+        self.lookups = sections  # newest first: a later section's entry wins
         self.over: dict[Any, Any] = {}
         self.missing: set[Any] = set()
         self.added = 0
-        self.lookups = 0
+        self.scans_left = _scans_before_decode(entries)
 
 
 class _Handle:
@@ -755,7 +767,7 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
 
         Only a value state's key groups whose sections hold the void namespace
         alone and whose keys can be searched undecoded are read by key; others,
-        and one scanned ``_LOOKUPS_BEFORE_DECODE`` times, are decoded here.
+        and one whose scans used up :func:`_scans_before_decode`, are decoded here.
         """
         if kg not in t.lazy:
             return None
@@ -776,8 +788,8 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
                 except SerializationError:
                     looks = None  # decoding reports what is wrong, naming the state and key group
             if looks is not None:
-                p = t.partial[kg] = _Partial(looks)
-        if p is None or p.lookups >= _LOOKUPS_BEFORE_DECODE:
+                p = t.partial[kg] = _Partial(looks, t.lazy[kg][1])
+        if p is None or p.scans_left <= 0:
             self._heap_materialize(t, kg)
             return None
         return p
@@ -787,9 +799,9 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
         v = p.over.get(key)
         if v is not None or key in p.missing:
             return v
-        p.lookups += 1
+        p.scans_left -= 1
         try:
-            for look in p.sections:
+            for look in p.lookups:
                 i = look.index(key)
                 if i >= 0:
                     if look.removal:
