@@ -324,6 +324,43 @@ def test_rows_of_one_subtask_take_the_short_loop_with_the_general_loop_s_outcome
     assert [r["records"] for _, r in want] == [FLUSH_ROWS, FLUSH_ROWS + 300]
 
 
+def test_columns_of_one_subtask_skip_the_per_row_routing_with_the_same_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A KeyedColumnsFunction's Arrow batches of one subtask's records and no marker are told so by
+    Arrow: no per-row subtask and marker lists, the same outputs, counts and state."""
+    records = make_records(2 * FLUSH_ROWS + 300)
+
+    def two_batches(driver: Driver) -> list[tuple[list[Any], dict[str, Any]]]:
+        got = []
+        for part in (records[:FLUSH_ROWS], records[FLUSH_ROWS:]):
+            plan = driver.plan()
+            out, report = driver.run_task(plan, part)
+            driver.complete(plan, report)
+            got.append((out, {k: report[k] for k in ("records", "outputs", "late")}))
+        assert driver.state() == model_state(records)
+        return got
+
+    routed: list[int] = []
+    original = _loops._routed
+
+    def counted(run: Any, batch: Any) -> Any:
+        routed.append(batch.num_rows)
+        return original(run, batch)
+
+    monkeypatch.setattr(_loops, "_routed", counted)
+    want = two_batches(Driver(tmp_path / "general", CountUrlsColumns, columns=True))  # with marker rows
+    assert routed
+    for chunks in (1, 3):
+        routed.clear()
+        reset_cache()
+        driver = Driver(tmp_path / f"short-{chunks}", CountUrlsColumns, columns=True)
+        driver.marker, driver.chunks = False, chunks
+        assert two_batches(driver) == want
+        assert routed == []
+    assert [r["records"] for _, r in want] == [FLUSH_ROWS, FLUSH_ROWS + 300]
+
+
 def test_only_the_attempt_whose_snapshot_completed_is_reused(tmp_path: Path) -> None:
     """Two attempts of one task may both succeed (speculation, zombie tasks): one of them is checkpointed."""
     driver = Driver(tmp_path)

@@ -259,16 +259,24 @@ def process_columns(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
             continue
         t = clock()
         restoring = phases["restore"]
-        subtasks, served, keys, rows, late_rows = _routed(run, batch)
         calls: list[tuple[int, int, int]] = []  # subtask, offset, length
         order: list[int] | None = None
         chosen = batch.select(columns)
-        if len(rows) == batch.num_rows and len(served) == 1:
-            calls = [(subtasks[0], 0, len(rows))]  # the usual case: all rows are one subtask's records
-        elif rows:
-            picked, calls = subtask_runs([subtasks[row] for row in rows])
-            order = [rows[j] for j in picked]
-            chosen = chosen.take(pa.array(order, pa.int64()))
+        only = _one_subtask(batch) if plan.event_time is None else None
+        if only is not None:  # the usual case, told by Arrow: all rows are records of one subtask
+            run.subtask(only)
+            run.bad_keys.rows_read += batch.num_rows
+            keys = values_of(batch.column(plan.key_column))
+            calls = [(only, 0, batch.num_rows)]
+            late_rows: list[int] = []
+        else:
+            subtasks, served, keys, rows, late_rows = _routed(run, batch)
+            if len(rows) == batch.num_rows and len(served) == 1:
+                calls = [(subtasks[0], 0, len(rows))]  # all rows are one subtask's records
+            elif rows:
+                picked, calls = subtask_runs([subtasks[row] for row in rows])
+                order = [rows[j] for j in picked]
+                chosen = chosen.take(pa.array(order, pa.int64()))
         t_loop = clock()
         phases["convert"] += t_loop - t - (phases["restore"] - restoring)
         for index, offset, length in calls:
