@@ -287,22 +287,24 @@ def test_a_columns_function_gets_each_arriving_batch_with_the_per_record_outcome
     assert driver.state() == model_state(RECORDS)
 
 
+def two_batches(records: list[dict[str, Any]], driver: Driver) -> list[tuple[list[Any], dict[str, Any]]]:
+    """Two micro-batches of ``records`` (split at FLUSH_ROWS) through ``driver``: outputs and counts."""
+    got = []
+    for part in (records[:FLUSH_ROWS], records[FLUSH_ROWS:]):
+        plan = driver.plan()
+        out, report = driver.run_task(plan, part)
+        driver.complete(plan, report)
+        got.append((out, {k: report[k] for k in ("records", "outputs", "late")}))
+    assert driver.state() == model_state(records)
+    return got
+
+
 def test_rows_of_one_subtask_take_the_short_loop_with_the_general_loop_s_outcome(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Arrow batches of one subtask's records and no marker (the routing in the query's plan) run a
     shorter per-record loop: the same outputs in the same order, the same counts, the same state."""
     records = make_records(2 * FLUSH_ROWS + 300)  # the outputs are flushed twice within the batch
-
-    def two_batches(driver: Driver) -> list[tuple[list[Any], dict[str, Any]]]:
-        got = []
-        for part in (records[:FLUSH_ROWS], records[FLUSH_ROWS:]):
-            plan = driver.plan()
-            out, report = driver.run_task(plan, part)
-            driver.complete(plan, report)
-            got.append((out, {k: report[k] for k in ("records", "outputs", "late")}))
-        assert driver.state() == model_state(records)
-        return got
 
     short: list[int] = []
     original = _loops._records_of_one_subtask
@@ -312,13 +314,13 @@ def test_rows_of_one_subtask_take_the_short_loop_with_the_general_loop_s_outcome
         return original(run, batch, index, started)
 
     monkeypatch.setattr(_loops, "_records_of_one_subtask", counted)
-    want = two_batches(Driver(tmp_path / "general"))  # a marker row in every batch: the general loop
+    want = two_batches(records, Driver(tmp_path / "general"))  # a marker row in every batch: the general loop
     assert short == []
     for chunks in (1, 3):
         reset_cache()  # the drivers' subtasks have the same cache key
         driver = Driver(tmp_path / f"short-{chunks}")
         driver.marker, driver.chunks = False, chunks
-        assert two_batches(driver) == want
+        assert two_batches(records, driver) == want
         assert sum(short) == len(records) and len(short) == 2 * chunks
         short.clear()
     assert [r["records"] for _, r in want] == [FLUSH_ROWS, FLUSH_ROWS + 300]
@@ -331,16 +333,6 @@ def test_columns_of_one_subtask_skip_the_per_row_routing_with_the_same_outcome(
     Arrow: no per-row subtask and marker lists, the same outputs, counts and state."""
     records = make_records(2 * FLUSH_ROWS + 300)
 
-    def two_batches(driver: Driver) -> list[tuple[list[Any], dict[str, Any]]]:
-        got = []
-        for part in (records[:FLUSH_ROWS], records[FLUSH_ROWS:]):
-            plan = driver.plan()
-            out, report = driver.run_task(plan, part)
-            driver.complete(plan, report)
-            got.append((out, {k: report[k] for k in ("records", "outputs", "late")}))
-        assert driver.state() == model_state(records)
-        return got
-
     routed: list[int] = []
     original = _loops._routed
 
@@ -349,14 +341,15 @@ def test_columns_of_one_subtask_skip_the_per_row_routing_with_the_same_outcome(
         return original(run, batch)
 
     monkeypatch.setattr(_loops, "_routed", counted)
-    want = two_batches(Driver(tmp_path / "general", CountUrlsColumns, columns=True))  # with marker rows
+    general = Driver(tmp_path / "general", CountUrlsColumns, columns=True)  # a marker row in every batch
+    want = two_batches(records, general)
     assert routed
     for chunks in (1, 3):
         routed.clear()
         reset_cache()
         driver = Driver(tmp_path / f"short-{chunks}", CountUrlsColumns, columns=True)
         driver.marker, driver.chunks = False, chunks
-        assert two_batches(driver) == want
+        assert two_batches(records, driver) == want
         assert routed == []
     assert [r["records"] for _, r in want] == [FLUSH_ROWS, FLUSH_ROWS + 300]
 
