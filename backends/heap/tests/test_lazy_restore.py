@@ -514,7 +514,7 @@ def test_a_key_group_scanned_often_is_decoded_with_what_was_written(make_backend
     v.update(7)
     assert b.num_entries("v") == 501
     scans = _scans_before_decode(500)
-    assert 16 <= scans < 500
+    assert 8 <= scans < 500
     b.set_current_key("k3")
     assert v.value() == -3  # read beside the bytes: no scan
     for i in range(scans - 2):  # "k3" and "new" took two scans
@@ -531,7 +531,7 @@ def test_a_key_group_scanned_often_is_decoded_with_what_was_written(make_backend
 def test_scans_before_a_decode_cost_about_half_of_it():
     from statekit_heap._backend import _scans_before_decode
 
-    assert _scans_before_decode(0) == _scans_before_decode(100) == 16
-    assert 300 <= _scans_before_decode(125_000) <= 375
+    assert _scans_before_decode(0) == _scans_before_decode(100) == 8
+    assert 30 <= _scans_before_decode(125_000) <= 40
     sizes = [10**k for k in range(2, 8)]
     assert [_scans_before_decode(n) for n in sizes] == sorted(_scans_before_decode(n) for n in sizes)

@@ -56,10 +56,12 @@ __all__ = ["HeapKeyedStateBackend", "HeapStateBackend"]
 _Dicts = list[dict[Any, Any] | None]
 _Over = dict[Any, Any]
 
-#: A key group's decode costs about this many scans of all its entries (measured:
-#: 150 ms to decode 125,000 str keys and int values, 0.2 ms to scan them).
-_DECODE_IN_SCANS = 750
-#: A scan's fixed cost (a kernel call), in entries scanned: about 20 µs.
+#: A key group's decode costs about this many scans of all its entries: the ratio
+#: measured on 2 cores with pyarrow loaded (bench_heap_restore.py, str keys and int
+#: values): about 65 at 125,000 entries (a decode 30 ms, a scan 0.46 ms), 33 at
+#: 7,800 (2.2 ms, 65 µs), which this and a scan's fixed cost fit.
+_DECODE_IN_SCANS = 80
+#: A scan's fixed cost (a kernel call and the Python around it), in entries scanned.
 _SCAN_CALL_ENTRIES = 12_000
 
 
@@ -67,10 +69,10 @@ def _scans_before_decode(entries: int) -> int:
     """How many scans by key a lazy key group of ``entries`` entries takes before it is decoded.
 
     As many as cost about half its decode: a key group read by many keys is
-    decoded having paid at most 1.5 decodes, one read by a few never is
-    (about 340 scans at 125,000 entries, 16 at 100).
+    decoded having paid at most about 1.5 decodes, one read by a few keys never
+    is (about 36 scans at 125,000 entries, 16 at 8,000, 8 at the fewest).
     """
-    return max(16, _DECODE_IN_SCANS * entries // (2 * (entries + _SCAN_CALL_ENTRIES)))
+    return max(8, _DECODE_IN_SCANS * entries // (2 * (entries + _SCAN_CALL_ENTRIES)))
 
 
 def _copier(reg: RegisteredState) -> Callable[[Any], Any] | None:
