@@ -120,3 +120,30 @@ def test_a_fixed_width_column_of_the_wrong_length_is_an_error():
         column_reader(IntSerializer(), IntSerializer().encode_column([1, 2]), 3)
     with pytest.raises(SerializationError):
         column_reader(FloatSerializer(), FloatSerializer().encode_column([1.0]), 2)
+
+
+@pytest.mark.usefixtures("arrow")
+def test_a_str_column_looked_up_often_is_indexed_and_finds_the_same():
+    twins = ["abcdefgh" + "X" * 5 + "abcdefgh", "abcdefgh" + "Y" * 5 + "abcdefgh"]  # one signature
+    keys = [f"/api/v1/items/{i}" for i in range(3000)] + ["", "a", "ab", "abcdefgh", "abcdefghi", *twins]
+    find = column_finder(StrSerializer(), StrSerializer().encode_column(keys), len(keys))
+    assert find is not None
+    probes = [
+        *keys,
+        "/api/v1/items/3000",
+        "abcdefgh" + "Z" * 5 + "abcdefgh",
+        "abcdefg",
+        "b",
+        "/api/v1/items/",
+    ]
+    work, indexed_at = 0, None
+    for round_ in range(3):
+        for probe in probes:
+            want = keys.index(probe) if probe in keys else -1
+            assert find(probe) == want, probe
+            assert find.work > work  # every lookup is counted
+            work = find.work
+            if indexed_at is None and find._signatures is not None:
+                indexed_at = round_
+    assert indexed_at == 0  # scanned first, indexed once the scans cost about an index
+    assert find("\u00e9") == -1 and find(1) == -1

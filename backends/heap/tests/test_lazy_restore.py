@@ -402,13 +402,22 @@ def test_key_groups_of_many_keys_decode_exactly_where_arrow_splits_them(make_bac
     assert any(split)  # Arrow split the key columns of the key groups whose keys are all ASCII
 
 
+@pytest.mark.parametrize("budget", ["default", "never decode"])
 @pytest.mark.parametrize("key_type", [str, int])
 @pytest.mark.parametrize("deltas", [0, 2])
 def test_value_state_read_and_written_by_key_follows_a_model_through_checkpoints(
-    make_backend, by_key, key_type, deltas
+    make_backend, by_key, key_type, deltas, budget, monkeypatch
 ):
-    """Reads, writes of known and new keys, batches and removals on lazy key groups; every checkpoint kind."""
+    """Reads, writes of known and new keys, batches and removals on lazy key groups; every checkpoint kind.
+
+    With the default budget key groups are decoded along the way; with an endless one they stay
+    bytes until something needs all of them.
+    """
     from statekit.serializers import IntSerializer
+    from statekit_heap import _backend
+
+    if budget != "default":
+        monkeypatch.setattr(_backend, "_LOOKUP_BUDGET", 1e9)
 
     def key(i: int) -> Any:
         return f"/u/{i}" if key_type is str else i * 7919 - 300_000
@@ -461,7 +470,7 @@ def test_value_state_read_and_written_by_key_follows_a_model_through_checkpoints
         if step % 150 == 75:
             snapshots.append((b.snapshot(), dict(model)))
     assert b.num_entries("v") == len(model)
-    if by_key:
+    if by_key and budget != "default":
         assert t.partial and t.lazy  # read and written by key, still bytes
     delta = checkpoint(b, h.checkpoint_id + 1)
     assert delta.meta["chain"][-1]["kind"] == "delta"
@@ -494,13 +503,11 @@ def test_value_state_read_and_written_by_key_follows_a_model_through_checkpoints
     assert not t.lazy and not t.partial and b.num_entries("v") == len(model)
 
 
-def test_a_key_group_scanned_often_is_decoded_with_what_was_written(make_backend, by_key):
-    from statekit_heap._backend import _scans_before_decode
-
+def test_a_key_group_read_by_many_keys_is_decoded_with_what_was_written(make_backend, by_key):
     one = KeyGroupRange.of(0, 0)
     src = make_backend(max_parallelism=1, key_group_range=one)
     s = src.get_state(VALUE)
-    for i in range(500):
+    for i in range(5000):
         src.set_current_key(f"k{i}")
         s.update(i)
     h = checkpoint(src, 1)
@@ -512,26 +519,19 @@ def test_a_key_group_scanned_often_is_decoded_with_what_was_written(make_backend
     v.update(-3)
     b.set_current_key("new")
     v.update(7)
-    assert b.num_entries("v") == 501
-    scans = _scans_before_decode(500)
-    assert 8 <= scans < 500
     b.set_current_key("k3")
-    assert v.value() == -3  # read beside the bytes: no scan
-    for i in range(scans - 2):  # "k3" and "new" took two scans
-        b.set_current_key(f"absent{i}")
+    assert v.value() == -3  # read beside the bytes: no lookup
+    assert b.num_entries("v") == 5001
+    if by_key:
+        p = t.partial[0]
+        assert 0 < p.spent < p.budget
+    looked = 0
+    while 0 in t.lazy:  # absent keys, each looked up in the bytes
+        b.set_current_key(f"absent{looked}")
         assert v.value() is None
-        assert (0 in t.partial) == by_key
-    b.set_current_key("k4")
-    assert v.value() == 4  # the scans used up: decoded whole, with what was written
-    assert not t.lazy and not t.partial
-    assert dict(t.void[0]) == {**{f"k{i}": i for i in range(500)}, "k3": -3, "new": 7}
-    assert b.num_entries("v") == 501
-
-
-def test_scans_before_a_decode_cost_about_half_of_it():
-    from statekit_heap._backend import _scans_before_decode
-
-    assert _scans_before_decode(0) == _scans_before_decode(100) == 8
-    assert 30 <= _scans_before_decode(125_000) <= 40
-    sizes = [10**k for k in range(2, 8)]
-    assert [_scans_before_decode(n) for n in sizes] == sorted(_scans_before_decode(n) for n in sizes)
+        looked += 1
+        assert looked < 1000
+    assert (looked > 10) == by_key  # by key: decoded once the lookups cost half a decode
+    assert not t.partial
+    assert dict(t.void[0]) == {**{f"k{i}": i for i in range(5000)}, "k3": -3, "new": 7}
+    assert b.num_entries("v") == 5001

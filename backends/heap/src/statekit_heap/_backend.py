@@ -21,9 +21,9 @@ aside, after deltas), and iterating a state decodes all of it first.
 A value state's lazy key group is first read and written key by key, still as
 bytes (:class:`_Partial`): a lookup scans its key columns in C
 (:class:`~statekit.snapshot_codec.SectionLookup`), and what is read or written
-is kept aside until the key group is decoded, once its scans have cost about
-half a decode (:func:`_scans_before_decode`) or at the first access that needs
-all of it.
+is kept aside until the key group is decoded, once its lookups have cost
+``_LOOKUP_BUDGET`` of a decode (``SectionLookup.work`` against its
+``decode_work``) or at the first access that needs all of it.
 A restarted job whose first records touch a few keys of every key group so
 does not decode every key group before its first output.
 """
@@ -56,23 +56,8 @@ __all__ = ["HeapKeyedStateBackend", "HeapStateBackend"]
 _Dicts = list[dict[Any, Any] | None]
 _Over = dict[Any, Any]
 
-#: A key group's decode costs about this many scans of all its entries: the ratio
-#: measured on 2 cores with pyarrow loaded (bench_heap_restore.py, str keys and int
-#: values): about 65 at 125,000 entries (a decode 30 ms, a scan 0.46 ms), 33 at
-#: 7,800 (2.2 ms, 65 µs), which this and a scan's fixed cost fit.
-_DECODE_IN_SCANS = 80
-#: A scan's fixed cost (a kernel call and the Python around it), in entries scanned.
-_SCAN_CALL_ENTRIES = 12_000
-
-
-def _scans_before_decode(entries: int) -> int:
-    """How many scans by key a lazy key group of ``entries`` entries takes before it is decoded.
-
-    As many as cost about half its decode: a key group read by many keys is
-    decoded having paid at most about 1.5 decodes, one read by a few keys never
-    is (about 36 scans at 125,000 entries, 16 at 8,000, 8 at the fewest).
-    """
-    return max(8, _DECODE_IN_SCANS * entries // (2 * (entries + _SCAN_CALL_ENTRIES)))
+#: The share of a key group's decode its lookups by key may cost before it is decoded.
+_LOOKUP_BUDGET = 0.5
 
 
 def _copier(reg: RegisteredState) -> Callable[[Any], Any] | None:
@@ -191,14 +176,17 @@ class _Partial:
     remove an entry decode the key group first, so ``over`` has no removals.
     """
 
-    __slots__ = ("added", "lookups", "missing", "over", "scans_left")
+    __slots__ = ("added", "budget", "lookups", "missing", "over", "spent")
 
-    def __init__(self, sections: list[SectionLookup], entries: int) -> None:
+    def __init__(self, sections: list[SectionLookup]) -> None:
         self.lookups = sections  # newest first: a later section's entry wins
         self.over: dict[Any, Any] = {}
         self.missing: set[Any] = set()
         self.added = 0
-        self.scans_left = _scans_before_decode(entries)
+        # Lookups may cost half a decode before the key group is decoded: one read by many
+        # keys pays at most about 1.5 decodes, one read by a few never decodes.
+        self.budget = int(sum(look.decode_work for look in sections) * _LOOKUP_BUDGET)
+        self.spent = 0  # the lookups' work so far (SectionLookup.work)
 
 
 class _Handle:
@@ -769,7 +757,7 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
 
         Only a value state's key groups whose sections hold the void namespace
         alone and whose keys can be searched undecoded are read by key; others,
-        and one whose scans used up :func:`_scans_before_decode`, are decoded here.
+        and one whose lookups have cost half a decode, are decoded here.
         """
         if kg not in t.lazy:
             return None
@@ -790,8 +778,8 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
                 except SerializationError:
                     looks = None  # decoding reports what is wrong, naming the state and key group
             if looks is not None:
-                p = t.partial[kg] = _Partial(looks, t.lazy[kg][1])
-        if p is None or p.scans_left <= 0:
+                p = t.partial[kg] = _Partial(looks)
+        if p is None or p.spent >= p.budget:
             self._heap_materialize(t, kg)
             return None
         return p
@@ -801,15 +789,13 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
         v = p.over.get(key)
         if v is not None or key in p.missing:
             return v
-        p.scans_left -= 1
         try:
             for look in p.lookups:
                 i = look.index(key)
                 if i >= 0:
-                    if look.removal:
-                        break
-                    v = p.over[key] = look.value(i)
-                    return v
+                    if not look.removal:  # else the newest section with the key removed it
+                        v = p.over[key] = look.value(i)
+                    break
         except SerializationError as e:
             reg = t.reg
             assert reg is not None
@@ -818,8 +804,10 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
                 f"cannot be read by its serializer {reg.serializer!r}: {e}. Fix the serializer and "
                 "restore again (the checkpoint is unchanged)"
             ) from e
-        p.missing.add(key)
-        return None
+        p.spent = sum(look.work for look in p.lookups)
+        if v is None:
+            p.missing.add(key)
+        return v
 
     def _heap_get(self, t: _Table, kg: int, key: Any) -> Any:
         """The value of ``key`` in lazy key group ``kg`` of ``t`` (void namespace; None: no entry)."""
