@@ -12,8 +12,9 @@ process (two rounds, the order swapped in the second):
 - **lazy**: the heap keeps each key group's checked sections as bytes and
   decodes a key group when a record first touches it;
 - **by key**: lazy, and a record's key is first looked up in its key group's
-  bytes (``SectionLookup``: Arrow's ``index`` over the key column), the key
-  group decoded after 64 scans or when it must be. It needs pyarrow's compute
+  bytes (``SectionLookup``: Arrow's ``index`` over the key column, then an
+  index of it), the key group decoded once the lookups cost half a decode or
+  when it must be. It needs pyarrow's compute
   module and numpy loaded, as in a Spark worker: the bench imports them when
   installed (so every mode splits key columns by Arrow, as there), else this
   mode is left out. ``lazy`` is then run with no key column searchable.

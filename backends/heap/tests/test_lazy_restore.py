@@ -27,6 +27,7 @@ from statekit.snapshot_codec import NativeStateHandle
 from statekit.snapshots import _lookup as snapshot_lookup
 from statekit.testing import KitNativeOutput
 from statekit_heap import HeapKeyedStateBackend
+from statekit_heap import _backend as heap_backend
 
 VALUE = ValueStateDescriptor("v", int)
 LIST = ListStateDescriptor("l", int)
@@ -39,10 +40,12 @@ Model = dict[tuple[str, Any, str], Any]  # (state, namespace or None, key) -> va
 
 @pytest.fixture(autouse=True, params=["by key", "decoded"])
 def by_key(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """True: str key columns are searchable (Arrow loaded); False: no key column is."""
+    """True: str key columns are searchable (Arrow loaded) and lookups never decode a key group
+    (these states are small: a few lookups would cost more than decoding); False: no key column is."""
     if request.param == "by key":
         pytest.importorskip("pyarrow.compute")
         pytest.importorskip("numpy")
+        monkeypatch.setattr(heap_backend, "_LOOKUP_BUDGET", 1e9)
         return True
     monkeypatch.setattr(snapshot_lookup, "column_finder", lambda *args: None)
     return False
@@ -402,7 +405,7 @@ def test_key_groups_of_many_keys_decode_exactly_where_arrow_splits_them(make_bac
     assert any(split)  # Arrow split the key columns of the key groups whose keys are all ASCII
 
 
-@pytest.mark.parametrize("budget", ["default", "never decode"])
+@pytest.mark.parametrize("budget", ["default", "endless"])
 @pytest.mark.parametrize("key_type", [str, int])
 @pytest.mark.parametrize("deltas", [0, 2])
 def test_value_state_read_and_written_by_key_follows_a_model_through_checkpoints(
@@ -414,10 +417,9 @@ def test_value_state_read_and_written_by_key_follows_a_model_through_checkpoints
     bytes until something needs all of them.
     """
     from statekit.serializers import IntSerializer
-    from statekit_heap import _backend
 
-    if budget != "default":
-        monkeypatch.setattr(_backend, "_LOOKUP_BUDGET", 1e9)
+    if budget == "default":
+        monkeypatch.setattr(heap_backend, "_LOOKUP_BUDGET", 0.5)
 
     def key(i: int) -> Any:
         return f"/u/{i}" if key_type is str else i * 7919 - 300_000
@@ -503,7 +505,16 @@ def test_value_state_read_and_written_by_key_follows_a_model_through_checkpoints
     assert not t.lazy and not t.partial and b.num_entries("v") == len(model)
 
 
-def test_a_key_group_read_by_many_keys_is_decoded_with_what_was_written(make_backend, by_key):
+def test_a_key_group_read_by_many_keys_is_decoded_with_what_was_written(make_backend, by_key, monkeypatch):
+    # The default budget, a decode estimated at 30 µs an entry: lookups may take 75 ms in all,
+    # far more than the first three take even on a busy machine.
+    monkeypatch.setattr(heap_backend, "_LOOKUP_BUDGET", 0.5)
+    monkeypatch.setattr(heap_backend, "_DECODE_SECONDS", 30e-6)
+    if by_key:  # Arrow's compute functions load on their first call (0.6 s): not in this budget
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        pc.index(pa.array(["a"], pa.large_string()), "a")
     one = KeyGroupRange.of(0, 0)
     src = make_backend(max_parallelism=1, key_group_range=one)
     s = src.get_state(VALUE)
@@ -530,8 +541,8 @@ def test_a_key_group_read_by_many_keys_is_decoded_with_what_was_written(make_bac
         b.set_current_key(f"absent{looked}")
         assert v.value() is None
         looked += 1
-        assert looked < 1000
-    assert (looked > 10) == by_key  # by key: decoded once the lookups cost half a decode
+        assert looked < 200_000  # a lookup takes more than 0.4 µs, even indexed
+    assert (looked > 1) == by_key  # by key: decoded once the lookups took half a decode's time
     assert not t.partial
     assert dict(t.void[0]) == {**{f"k{i}": i for i in range(5000)}, "k3": -3, "new": 7}
     assert b.num_entries("v") == 5001

@@ -21,9 +21,9 @@ aside, after deltas), and iterating a state decodes all of it first.
 A value state's lazy key group is first read and written key by key, still as
 bytes (:class:`_Partial`): a lookup scans its key columns in C
 (:class:`~statekit.snapshot_codec.SectionLookup`), and what is read or written
-is kept aside until the key group is decoded, once its lookups have cost
-``_LOOKUP_BUDGET`` of a decode (``SectionLookup.work`` against its
-``decode_work``) or at the first access that needs all of it.
+is kept aside until the key group is decoded, once its lookups have taken
+``_LOOKUP_BUDGET`` of the time its decode would (timed, against the table's
+own decodes) or at the first access that needs all of it.
 A restarted job whose first records touch a few keys of every key group so
 does not decode every key group before its first output.
 """
@@ -31,6 +31,7 @@ does not decode every key group before its first output.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from time import perf_counter
 from typing import Any
 
 from statekit import VOID_NAMESPACE
@@ -56,8 +57,13 @@ __all__ = ["HeapKeyedStateBackend", "HeapStateBackend"]
 _Dicts = list[dict[Any, Any] | None]
 _Over = dict[Any, Any]
 
-#: The share of a key group's decode its lookups by key may cost before it is decoded.
+#: The share of a key group's decode time its lookups by key may take before it is decoded.
 _LOOKUP_BUDGET = 0.5
+#: Seconds to decode one entry, until a table has timed its own decodes (str keys and
+#: int values on 2 cores with pyarrow loaded: 250-470 ns).
+_DECODE_SECONDS = 300e-9
+#: Decodes of fewer entries are not timed: their fixed costs would dominate.
+_TIMED_DECODE_MIN = 1_000
 
 
 def _copier(reg: RegisteredState) -> Callable[[Any], Any] | None:
@@ -81,6 +87,7 @@ class _Table:
         "cleanup_kg",
         "cleanup_todo",
         "copy",
+        "decode_seconds",
         "deep",
         "kgr",
         "lazy",
@@ -119,6 +126,8 @@ class _Table:
         self.lazy_entries = 0
         # Lazy key groups read or written by key so far (value states, void namespace only).
         self.partial: dict[int, _Partial] = {}
+        # Seconds to decode one entry of this state, as its own decodes took (else the default).
+        self.decode_seconds = _DECODE_SECONDS
         self.reg: RegisteredState | None = None
 
     def track(self) -> tuple[list[set[Any] | None] | None, list[set[Any] | None] | None]:
@@ -178,15 +187,15 @@ class _Partial:
 
     __slots__ = ("added", "budget", "lookups", "missing", "over", "spent")
 
-    def __init__(self, sections: list[SectionLookup]) -> None:
+    def __init__(self, sections: list[SectionLookup], budget: float) -> None:
         self.lookups = sections  # newest first: a later section's entry wins
         self.over: dict[Any, Any] = {}
         self.missing: set[Any] = set()
         self.added = 0
-        # Lookups may cost half a decode before the key group is decoded: one read by many
-        # keys pays at most about 1.5 decodes, one read by a few never decodes.
-        self.budget = int(sum(look.decode_work for look in sections) * _LOOKUP_BUDGET)
-        self.spent = 0  # the lookups' work so far (SectionLookup.work)
+        # Lookups may take half of a decode's time before the key group is decoded: one
+        # read by many keys pays about 1.5 decodes, one read by a few never decodes.
+        self.budget = budget
+        self.spent = 0.0  # seconds the lookups (and making them) took so far
 
 
 class _Handle:
@@ -723,6 +732,7 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
         reg = t.reg
         assert reg is not None
         p = t.partial.get(kg)
+        started = perf_counter()
         try:
             decoded = [self._decode(reg, sec) for sec in secs]
         except Exception as e:
@@ -751,18 +761,21 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
             void = t.void[kg]
             assert void is not None
             void.update(p.over)  # what was read or written since the restore: the newest values
+        if n >= _TIMED_DECODE_MIN:
+            t.decode_seconds = (perf_counter() - started) / n
 
     def _heap_partial(self, t: _Table, kg: int) -> _Partial | None:
         """Lazy key group ``kg`` of ``t`` to be read by key, or None once it is decoded (now or before).
 
         Only a value state's key groups whose sections hold the void namespace
         alone and whose keys can be searched undecoded are read by key; others,
-        and one whose lookups have cost half a decode, are decoded here.
+        and one whose lookups have taken half of a decode's time, are decoded here.
         """
         if kg not in t.lazy:
             return None
         p = t.partial.get(kg)
         if p is None:
+            started = perf_counter()
             reg = t.reg
             assert reg is not None
             looks: list[SectionLookup] | None = None
@@ -778,7 +791,9 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
                 except SerializationError:
                     looks = None  # decoding reports what is wrong, naming the state and key group
             if looks is not None:
-                p = t.partial[kg] = _Partial(looks)
+                budget = t.lazy[kg][1] * t.decode_seconds * _LOOKUP_BUDGET
+                p = t.partial[kg] = _Partial(looks, budget)
+                p.spent = perf_counter() - started
         if p is None or p.spent >= p.budget:
             self._heap_materialize(t, kg)
             return None
@@ -789,6 +804,7 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
         v = p.over.get(key)
         if v is not None or key in p.missing:
             return v
+        started = perf_counter()
         try:
             for look in p.lookups:
                 i = look.index(key)
@@ -804,7 +820,7 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
                 f"cannot be read by its serializer {reg.serializer!r}: {e}. Fix the serializer and "
                 "restore again (the checkpoint is unchanged)"
             ) from e
-        p.spent = sum(look.work for look in p.lookups)
+        p.spent += perf_counter() - started
         if v is None:
             p.missing.add(key)
         return v

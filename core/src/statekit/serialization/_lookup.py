@@ -12,9 +12,7 @@ decoding the column once.
 A string column is first scanned (Arrow's ``index`` kernel); once its scans
 have cost about what an index costs to build, it is indexed: a sorted array of
 a 64-bit signature per string (its length and its first and last 8 bytes,
-mixed), searched by bisection, every candidate compared byte for byte. A
-finder reports its ``work`` in entries compared, so its caller can weigh it
-against decoding the column.
+mixed), searched by bisection, every candidate compared byte for byte.
 """
 
 from __future__ import annotations
@@ -50,15 +48,12 @@ class ColumnFinder(ABC):
     """Finds a value's position in one encoded column (-1: absent); ``work`` says what it cost.
 
     ``work`` counts entries compared (a scan compares every entry, plus
-    ``SCAN_CALL_WORK`` for the call); ``DECODE_WORK`` is what decoding one entry
-    of such a column into a dict costs in the same unit, so a caller can weigh
-    the lookups so far against decoding the column.
+    ``SCAN_CALL_WORK`` for the call): a string column is indexed once its scans
+    have cost about what the index costs.
     """
 
     #: A scan's fixed cost (the call and the Python around it), in entries compared.
     SCAN_CALL_WORK: int = 0
-    #: Decoding one entry (key and value, into a dict), in entries compared.
-    DECODE_WORK: int = 0
 
     __slots__ = ("count", "work")
 
@@ -93,9 +88,8 @@ def column_finder(serializer: TypeSerializer, data: bytes | memoryview, count: i
 class _StrFinder(ColumnFinder):
     """An ASCII string column: scanned by Arrow, then indexed by signature."""
 
-    # A kernel call about 40 µs; a decode about 300 ns per entry, a scan about 3.7 ns.
+    # A kernel call about 40 µs, a scan about 3.7 ns per entry.
     SCAN_CALL_WORK = 12_000
-    DECODE_WORK = 80
 
     __slots__ = ("_blob", "_ends", "_np", "_order", "_scan", "_signatures", "_starts")
 
@@ -207,9 +201,8 @@ def _first_masks(np: Any) -> Any:
 class _IntFinder(ColumnFinder):
     """A column of 64-bit ints, searched as bytes."""
 
-    # A call about 1.3 µs; a decode about 100 ns per entry, a scan about 4.7 ns.
+    # A call about 1.3 µs, a scan about 4.7 ns per entry.
     SCAN_CALL_WORK = 300
-    DECODE_WORK = 20
 
     __slots__ = ("_locate",)
 

@@ -20,10 +20,9 @@ class SectionLookup:
     few keys of a key group costs a scan in C of its key column (about 0.46 ms
     for 125,000 str keys; a str column looked up often is indexed, each lookup
     then about 3.5 µs), where decoding the key group costs a Python object and
-    a dict insertion per entry (about 0.3 µs each). :attr:`work` and
-    :attr:`decode_work` let the caller weigh one against the other. A value is
-    read alone (64-bit ints and floats) or with the rest of its column, decoded
-    on the first read. Made by :meth:`of`.
+    a dict insertion per entry (about 0.3 µs each). A value is read alone
+    (64-bit ints and floats) or with the rest of its column, decoded on the
+    first read. Made by :meth:`of`.
     """
 
     __slots__ = ("_find", "_read", "_section", "_value_serializer")
@@ -63,17 +62,6 @@ class SectionLookup:
     def index(self, key: Any) -> int:
         """The position of ``key`` in the section, -1 when it holds no entry of it."""
         return self._find(key)
-
-    @property
-    def work(self) -> int:
-        """What the lookups so far cost, in key entries compared (a scan compares every key of the
-        section, plus a call's fixed cost; an index, once built, far fewer)."""
-        return self._find.work
-
-    @property
-    def decode_work(self) -> int:
-        """What decoding the section would cost, in the unit of :attr:`work`."""
-        return self._find.DECODE_WORK * self._section.count
 
     def value(self, i: int) -> Any:
         """The value at position ``i`` (of :meth:`index`); not for removal sections.
