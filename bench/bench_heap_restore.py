@@ -12,12 +12,12 @@ process (two rounds, the order swapped in the second):
 - **lazy**: the heap keeps each key group's checked sections as bytes and
   decodes a key group when a record first touches it;
 - **by key**: lazy, and a record's key is first looked up in its key group's
-  bytes (``SectionLookup``: Arrow's ``index`` over the key column, then an
-  index of it), the key group decoded once the lookups cost half a decode or
-  when it must be. It needs pyarrow's compute
-  module and numpy loaded, as in a Spark worker: the bench imports them when
-  installed (so every mode splits key columns by Arrow, as there), else this
-  mode is left out. ``lazy`` is then run with no key column searchable.
+  bytes (``SectionLookup``: an index of the key column built by numpy), the
+  key group decoded once the lookups took half of its decode's time or when it
+  must be. It needs numpy loaded, as in a Spark worker: the bench imports
+  pyarrow and numpy when installed (so every mode splits key columns by
+  Arrow, as there), else this mode is left out. ``lazy`` is then run with no
+  key column searchable.
 
 Measured per mode: **ready** (load the checkpoint, restore both subtasks,
 declare the state: the first record can be processed), **first record** (one
@@ -88,10 +88,10 @@ def decoded_on_first_use() -> Iterator[None]:
 
 
 def arrow_loaded() -> bool:
-    """Import pyarrow's compute module and numpy, as a Spark worker has them; False if not installed."""
+    """Import pyarrow and numpy, as a Spark worker has them; False if not installed."""
     try:
         import numpy  # noqa: F401
-        import pyarrow.compute  # noqa: F401
+        import pyarrow  # noqa: F401
     except ImportError:
         return False
     return True

@@ -6,9 +6,9 @@ that every way of reading the state (handles, counts, iteration, snapshots of
 both kinds, rescales) sees exactly the restored entries meanwhile.
 
 Every case runs twice (the ``by_key`` fixture): with value states read and
-written by key while their key groups stay bytes (pyarrow's compute module
-loaded, as in a Spark worker), and with every key group decoded at its first
-use (no key column searchable).
+written by key while their key groups stay bytes (numpy loaded, as in a
+Spark worker), and with every key group decoded at its first use (no key
+column searchable).
 """
 
 from __future__ import annotations
@@ -40,10 +40,9 @@ Model = dict[tuple[str, Any, str], Any]  # (state, namespace or None, key) -> va
 
 @pytest.fixture(autouse=True, params=["by key", "decoded"])
 def by_key(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """True: str key columns are searchable (Arrow loaded) and lookups never decode a key group
+    """True: str key columns are searchable (numpy loaded) and lookups never decode a key group
     (these states are small: a few lookups would cost more than decoding); False: no key column is."""
     if request.param == "by key":
-        pytest.importorskip("pyarrow.compute")
         pytest.importorskip("numpy")
         monkeypatch.setattr(heap_backend, "_LOOKUP_BUDGET", 1e9)
         return True
@@ -510,11 +509,6 @@ def test_a_key_group_read_by_many_keys_is_decoded_with_what_was_written(make_bac
     # far more than the first three take even on a busy machine.
     monkeypatch.setattr(heap_backend, "_LOOKUP_BUDGET", 0.5)
     monkeypatch.setattr(heap_backend, "_DECODE_SECONDS", 30e-6)
-    if by_key:  # Arrow's compute functions load on their first call (0.6 s): not in this budget
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        pc.index(pa.array(["a"], pa.large_string()), "a")
     one = KeyGroupRange.of(0, 0)
     src = make_backend(max_parallelism=1, key_group_range=one)
     s = src.get_state(VALUE)

@@ -3,76 +3,47 @@
 A backend that keeps restored key groups as their checked column bytes (the
 heap) answers a record's lookup here, in C, where decoding the column makes a
 Python object per entry. Only the encodings that can be searched exactly are:
-strings of an ASCII column (when this process has loaded pyarrow's compute
-module and numpy, as a Spark worker has: they are never imported for this) and
-64-bit ints. Every other column gets no finder, and its caller decodes it. A
-value is read alone from a column of 64-bit ints or floats, and from others by
-decoding the column once.
+strings of an ASCII column (when this process has loaded numpy, as a Spark
+worker has: it is never imported for this) and 64-bit ints. Every other column
+gets no finder, and its caller decodes it. A value is read alone from a column
+of 64-bit ints or floats, and from others by decoding the column once.
 
-A string column is first scanned (Arrow's ``index`` kernel); once its scans
-have cost about what an index costs to build, it is indexed: a sorted array of
-a 64-bit signature per string (its length and its first and last 8 bytes,
-mixed), searched by bisection, every candidate compared byte for byte.
+A string column is indexed at its first lookup: a 64-bit signature per string
+(its length and its first and last 8 bytes, mixed) sorted by numpy (about 8 ms
+for 125,000 strings, a quarter of decoding them), searched by bisection, every
+candidate compared byte for byte (about 3.5 µs a lookup). An int column is
+searched as packed bytes (about 0.6 ms for 125,000 ints).
 """
 
 from __future__ import annotations
 
 import struct
 import sys
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
 from .._errors import SerializationError
 from ._serializers import FloatSerializer, IntSerializer, StrSerializer, TypeSerializer, _frames
 
-__all__ = ["ColumnFinder", "column_finder", "column_reader"]
+__all__ = ["column_finder", "column_reader"]
 
 _INT64 = struct.Struct("<q").pack
 _INT64_AT = struct.Struct("<q").unpack_from
 _FLOAT_AT = struct.Struct("<d").unpack_from
 
-# The costs below are in entries compared by a scan of the column, measured on 2 cores
-# (bench_heap_restore.py and a microbenchmark of the heap's key groups, pyarrow loaded).
-#: Building a string column's index, per string (8 ms for 125,000 strings, whose scan
-#: takes 0.46 ms).
-_INDEX_BUILD_WORK = 17
-#: A lookup in the index (about 3.5 µs).
-_INDEX_LOOKUP_WORK = 1_000
-
 _M64 = (1 << 64) - 1
 _MIX = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9)
 
 
-class ColumnFinder(ABC):
-    """Finds a value's position in one encoded column (-1: absent); ``work`` says what it cost.
-
-    ``work`` counts entries compared (a scan compares every entry, plus
-    ``SCAN_CALL_WORK`` for the call): a string column is indexed once its scans
-    have cost about what the index costs.
-    """
-
-    #: A scan's fixed cost (the call and the Python around it), in entries compared.
-    SCAN_CALL_WORK: int = 0
-
-    __slots__ = ("count", "work")
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-        #: Entries compared so far, counting each call's fixed cost and any index built.
-        self.work = 0
-
-    @abstractmethod
-    def __call__(self, value: Any) -> int:
-        """The position of ``value`` in the column, -1 when it is not there."""
-
-
-def column_finder(serializer: TypeSerializer, data: bytes | memoryview, count: int) -> ColumnFinder | None:
-    """A finder of values in the column ``data``, or None when it cannot be searched undecoded.
+def column_finder(
+    serializer: TypeSerializer, data: bytes | memoryview, count: int
+) -> Callable[[Any], int] | None:
+    """A function giving the position of a value in the column ``data`` (-1: absent), or None.
 
     ``data`` holds ``count`` distinct values written by ``serializer``'s
-    ``encode_column``; the finder compares as the column's decoded values
-    would compare with the value asked (equal values, equal bytes).
+    ``encode_column``; the function compares as the column's decoded values
+    would compare with the value asked (equal values, equal bytes). None when
+    the column cannot be searched undecoded.
 
     Raises:
         SerializationError: If ``data`` is not a column of ``count`` values.
@@ -81,24 +52,19 @@ def column_finder(serializer: TypeSerializer, data: bytes | memoryview, count: i
     if kind is StrSerializer:
         return _StrFinder.of(data, count)
     if kind is IntSerializer:
-        return _IntFinder.of(data, count)
+        return _int_finder(data, count)
     return None
 
 
-class _StrFinder(ColumnFinder):
-    """An ASCII string column: scanned by Arrow, then indexed by signature."""
+class _StrFinder:
+    """An ASCII string column, indexed by signature at its first lookup."""
 
-    # A kernel call about 40 µs, a scan about 3.7 ns per entry.
-    SCAN_CALL_WORK = 12_000
-
-    __slots__ = ("_blob", "_ends", "_np", "_order", "_scan", "_signatures", "_starts")
+    __slots__ = ("_blob", "_count", "_ends", "_np", "_order", "_signatures", "_starts")
 
     @classmethod
     def of(cls, data: bytes | memoryview, count: int) -> _StrFinder | None:
-        pa: Any = sys.modules.get("pyarrow")
-        pc: Any = sys.modules.get("pyarrow.compute")
         np: Any = sys.modules.get("numpy")
-        if pa is None or pc is None or not hasattr(np, "cumsum"):
+        if not hasattr(np, "argsort"):
             return None
         raw_lengths, blob = _frames(data, 2, "str")
         if len(raw_lengths) != 4 * count:
@@ -112,18 +78,14 @@ class _StrFinder(ColumnFinder):
         np.cumsum(np.frombuffer(raw_lengths, dtype="<u4"), out=offsets[1:])
         if int(offsets[-1]) != len(blob):
             raise SerializationError("malformed str column: lengths do not add up to the text")
-        strings = pa.LargeStringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(blob))
-        large = pa.large_string()
-        index, scalar = pc.index, pa.scalar
-        return cls(count, np, body, offsets, lambda value: int(index(strings, scalar(value, large)).as_py()))
+        return cls(count, np, body, offsets)
 
-    def __init__(self, count: int, np: Any, body: Any, offsets: Any, scan: Callable[[str], int]) -> None:
-        super().__init__(count)
+    def __init__(self, count: int, np: Any, body: Any, offsets: Any) -> None:
+        self._count = count
         self._np = np
         self._blob: Any = body  # the strings' bytes: a numpy array, then (indexed) bytes
         self._starts = offsets[:-1]
         self._ends = offsets[1:]
-        self._scan = scan
         self._signatures: Any = None  # once indexed: the strings' signatures, sorted
         self._order: Any = None  # and the position of each
 
@@ -132,13 +94,25 @@ class _StrFinder(ColumnFinder):
         if not isinstance(value, str) or not value.isascii():
             return -1
         if self._signatures is None:
-            n = self.count
-            if self.work < _INDEX_BUILD_WORK * n:  # scanning has cost less than an index so far
-                self.work += n + self.SCAN_CALL_WORK
-                return self._scan(value)
             self._build()
-        self.work += _INDEX_LOOKUP_WORK
-        return self._indexed(value)
+        raw = value.encode("ascii")
+        size = len(raw)
+        sig = (
+            int.from_bytes(raw[-8:].rjust(8, b"\0"), "little") * _MIX[0]
+            + int.from_bytes(raw[:8].ljust(8, b"\0"), "little") * _MIX[1]
+            + size * _MIX[2]
+        ) & _M64
+        target = self._np.uint64(sig)
+        signatures, order, blob = self._signatures, self._order, self._blob
+        starts, ends = self._starts, self._ends
+        pos = int(signatures.searchsorted(target))
+        n = self._count
+        while pos < n and signatures[pos] == target:
+            i = int(order[pos])
+            if ends[i] - starts[i] == size and blob[starts[i] : ends[i]] == raw:
+                return i
+            pos += 1
+        return -1
 
     def _build(self) -> None:
         np = self._np
@@ -158,34 +132,6 @@ class _StrFinder(ColumnFinder):
         self._order = order
         self._signatures = signatures[order]
         self._blob = self._blob.tobytes()  # compared byte for byte against candidates
-        self.work += _INDEX_BUILD_WORK * self.count
-
-    def _indexed(self, value: str) -> int:
-        raw = value.encode("ascii")
-        size = len(raw)
-        sig = (
-            int.from_bytes(raw[-8:].rjust(8, b"\0"), "little") * _MIX[0]
-            + int.from_bytes(raw[:8].ljust(8, b"\0"), "little") * _MIX[1]
-            + size * _MIX[2]
-        ) & _M64
-        np = self._np
-        target = np.uint64(sig)
-        signatures, order, starts, ends, blob = (
-            self._signatures,
-            self._order,
-            self._starts,
-            self._ends,
-            self._blob,
-        )
-        assert signatures is not None and order is not None
-        pos = int(np.searchsorted(signatures, target))
-        n = self.count
-        while pos < n and signatures[pos] == target:
-            i = int(order[pos])
-            if ends[i] - starts[i] == size and blob[starts[i] : ends[i]] == raw:
-                return i
-            pos += 1
-        return -1
 
 
 def _last_masks(np: Any) -> Any:
@@ -198,41 +144,28 @@ def _first_masks(np: Any) -> Any:
     return np.array([(1 << (8 * k)) - 1 if k < 8 else _M64 for k in range(9)], dtype=np.uint64)
 
 
-class _IntFinder(ColumnFinder):
-    """A column of 64-bit ints, searched as bytes."""
+def _int_finder(data: bytes | memoryview, count: int) -> Callable[[Any], int] | None:
+    head = bytes(memoryview(data)[:1])
+    if head != b"\x00":
+        return None  # ints beyond 64 bits are framed one by one
+    body = bytes(memoryview(data)[1:])
+    if len(body) != 8 * count:
+        raise SerializationError(f"malformed int column: {len(body)} bytes for {count} ints")
+    if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
+        return None
+    locate = body.find
 
-    # A call about 1.3 µs, a scan about 4.7 ns per entry.
-    SCAN_CALL_WORK = 300
-
-    __slots__ = ("_locate",)
-
-    @classmethod
-    def of(cls, data: bytes | memoryview, count: int) -> _IntFinder | None:
-        head = bytes(memoryview(data)[:1])
-        if head != b"\x00":
-            return None  # ints beyond 64 bits are framed one by one
-        body = bytes(memoryview(data)[1:])
-        if len(body) != 8 * count:
-            raise SerializationError(f"malformed int column: {len(body)} bytes for {count} ints")
-        if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
-            return None
-        return cls(count, body.find)
-
-    def __init__(self, count: int, locate: Callable[..., int]) -> None:
-        super().__init__(count)
-        self._locate = locate
-
-    def __call__(self, value: Any) -> int:
+    def find(value: Any) -> int:
         try:
             packed = _INT64(value)  # as the serializer packs it: ints and __index__ objects, never floats
         except (struct.error, TypeError):
             return -1
-        self.work += self.count + self.SCAN_CALL_WORK
-        locate = self._locate
         pos = locate(packed)
         while pos > 0 and pos % 8:  # a match across two values: look further
             pos = locate(packed, pos + 1)
         return -1 if pos < 0 else pos // 8
+
+    return find
 
 
 def column_reader(serializer: TypeSerializer, data: bytes | memoryview, count: int) -> Callable[[int], Any]:
