@@ -60,7 +60,7 @@ from statekit.backend_api import key_group_for_bytes
 from statekit.checkpointing import load_checkpoint
 from statekit.plugins._registry import default_registry
 from statekit.serializers import StrSerializer
-from statekit.snapshots import _lookup as section_lookup
+from statekit.snapshot_codec import SectionLookup
 from statekit_heap import HeapKeyedStateBackend
 from statekit_storage import FileSystemCheckpointStorage
 
@@ -79,12 +79,12 @@ def eager() -> Iterator[None]:
 @contextmanager
 def decoded_on_first_use() -> Iterator[None]:
     """Lazy restores without reads by key: no key column can be searched undecoded."""
-    saved = section_lookup.column_finder
-    section_lookup.column_finder = lambda *args: None  # type: ignore[assignment]
+    saved = SectionLookup.__dict__["of"]
+    SectionLookup.of = classmethod(lambda cls, *args: None)  # type: ignore[assignment, method-assign]
     try:
         yield
     finally:
-        section_lookup.column_finder = saved
+        SectionLookup.of = saved  # type: ignore[method-assign]
 
 
 def arrow_loaded() -> bool:

@@ -23,8 +23,7 @@ from statekit import ListStateDescriptor, MapStateDescriptor, StateTtlConfig, Va
 from statekit.backend_api import KeyGroupRange
 from statekit.errors import CorruptSnapshotError, StateAccessError
 from statekit.serializers import StrSerializer
-from statekit.snapshot_codec import NativeStateHandle
-from statekit.snapshots import _lookup as snapshot_lookup
+from statekit.snapshot_codec import NativeStateHandle, SectionLookup
 from statekit.testing import KitNativeOutput
 from statekit_heap import HeapKeyedStateBackend
 from statekit_heap import _backend as heap_backend
@@ -46,7 +45,7 @@ def by_key(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> b
         pytest.importorskip("numpy")
         monkeypatch.setattr(heap_backend, "_LOOKUP_BUDGET", 1e9)
         return True
-    monkeypatch.setattr(snapshot_lookup, "column_finder", lambda *args: None)
+    monkeypatch.setattr(SectionLookup, "of", classmethod(lambda cls, *args: None))
     return False
 
 
@@ -372,7 +371,7 @@ def test_key_groups_of_many_keys_decode_exactly_where_arrow_splits_them(make_bac
         return out
 
     monkeypatch.setattr(_serializers, "_ascii_strings", spy)
-    monkeypatch.setattr(snapshot_lookup, "column_finder", lambda *args: None)  # decoded, to be split
+    monkeypatch.setattr(SectionLookup, "of", classmethod(lambda cls, *args: None))  # decoded, to be split
     b = make_backend(max_parallelism=4, key_group_range=KeyGroupRange.of(0, 3))
     b.delta_max_ratio = 100.0
     keys = [f"k{i}" for i in range(3000)] + [f"\u00e9{i}" for i in range(3)] + [""]

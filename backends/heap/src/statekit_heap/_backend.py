@@ -788,8 +788,8 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
                             looks = None
                             break
                         looks.append(look)
-                except SerializationError:
-                    looks = None  # decoding reports what is wrong, naming the state and key group
+                except Exception:  # noqa: BLE001 - decoding the key group next reports it
+                    looks = None  # with the state and key group named
             if looks is not None:
                 budget = t.lazy[kg][1] * t.decode_seconds * _LOOKUP_BUDGET
                 p = t.partial[kg] = _Partial(looks, budget)

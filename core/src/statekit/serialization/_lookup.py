@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import struct
 import sys
+from array import array
+from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
@@ -59,7 +61,7 @@ def column_finder(
 class _StrFinder:
     """An ASCII string column, indexed by signature at its first lookup."""
 
-    __slots__ = ("_blob", "_count", "_ends", "_np", "_order", "_signatures", "_starts")
+    __slots__ = ("_blob", "_count", "_np", "_order", "_signatures", "_starts")
 
     @classmethod
     def of(cls, data: bytes | memoryview, count: int) -> _StrFinder | None:
@@ -84,10 +86,11 @@ class _StrFinder:
         self._count = count
         self._np = np
         self._blob: Any = body  # the strings' bytes: a numpy array, then (indexed) bytes
-        self._starts = offsets[:-1]
-        self._ends = offsets[1:]
-        self._signatures: Any = None  # once indexed: the strings' signatures, sorted
-        self._order: Any = None  # and the position of each
+        self._starts: Any = offsets  # numpy, then (indexed) an array("q") of the n + 1 offsets
+        # Once indexed: the strings' signatures, sorted, and the position of each (arrays, whose
+        # items are Python ints: bisect and compare them without numpy's scalars).
+        self._signatures: array[int] | None = None
+        self._order: array[int] | None = None
 
     def __call__(self, value: Any) -> int:
         # A str with a character beyond ASCII (lone surrogates too) is in no ASCII column.
@@ -102,21 +105,22 @@ class _StrFinder:
             + int.from_bytes(raw[:8].ljust(8, b"\0"), "little") * _MIX[1]
             + size * _MIX[2]
         ) & _M64
-        target = self._np.uint64(sig)
-        signatures, order, blob = self._signatures, self._order, self._blob
-        starts, ends = self._starts, self._ends
-        pos = int(signatures.searchsorted(target))
+        signatures, order, blob, offsets = self._signatures, self._order, self._blob, self._starts
+        assert signatures is not None and order is not None
+        pos = bisect_left(signatures, sig)
         n = self._count
-        while pos < n and signatures[pos] == target:
-            i = int(order[pos])
-            if ends[i] - starts[i] == size and blob[starts[i] : ends[i]] == raw:
+        while pos < n and signatures[pos] == sig:
+            i = order[pos]
+            start = offsets[i]
+            if offsets[i + 1] - start == size and blob[start : start + size] == raw:
                 return i
             pos += 1
         return -1
 
     def _build(self) -> None:
         np = self._np
-        starts, ends = self._starts, self._ends
+        offsets = self._starts
+        starts, ends = offsets[:-1], offsets[1:]
         lengths = ends - starts
         pad = np.zeros(len(self._blob) + 16, dtype=np.uint8)  # 8 bytes either side: every window exists
         pad[8 : 8 + len(self._blob)] = self._blob
@@ -129,8 +133,9 @@ class _StrFinder:
         a, b, c = (np.uint64(m) for m in _MIX)
         signatures = last * a + first * b + lengths.astype(np.uint64) * c  # wraps: modulo 2**64
         order = np.argsort(signatures)
-        self._order = order
-        self._signatures = signatures[order]
+        self._signatures = array("Q", signatures[order].astype("=u8").tobytes())
+        self._order = array("q", order.astype("=i8").tobytes())
+        self._starts = array("q", offsets.astype("=i8").tobytes())
         self._blob = self._blob.tobytes()  # compared byte for byte against candidates
 
 

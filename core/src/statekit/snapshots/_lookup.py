@@ -11,6 +11,10 @@ from ._snapshot import Section
 
 __all__ = ["SectionLookup"]
 
+#: Sections of at most this many keys are looked up in a dict of their decoded keys (a
+#: delta's, mostly): cheaper than an index, and for keys of any type.
+_DECODED_KEYS_MAX = 1024
+
 
 class SectionLookup:
     """Finds the entry of one key in a void-namespace :class:`Section` without decoding its keys.
@@ -40,16 +44,22 @@ class SectionLookup:
     ) -> SectionLookup | None:
         """A lookup over ``section``, or None when its keys cannot be searched undecoded.
 
-        None for sections with namespaces other than the void one, and for key
-        columns :func:`~statekit.serialization._lookup.column_finder` cannot
-        search (keys that are not str or int; strings beyond ASCII, or numpy
-        not loaded in this process; ints beyond 64 bits).
+        A section of at most 1,024 keys is looked up in a dict of its decoded
+        keys (of any type). None for sections with namespaces other than the
+        void one, and for larger key columns
+        :func:`~statekit.serialization._lookup.column_finder` cannot search
+        (keys that are not str or int; strings beyond ASCII, or numpy not
+        loaded in this process; ints beyond 64 bits).
 
         Raises:
             SerializationError: If the key column is malformed.
         """
         if bytes(memoryview(section.namespaces)) != b"\x00":
             return None
+        if section.count <= _DECODED_KEYS_MAX:
+            keys = key_serializer.decode_column(section.keys, section.count)
+            positions = dict(zip(keys, range(len(keys))))
+            return cls(section, lambda key: positions.get(key, -1), value_serializer)
         find = column_finder(key_serializer, section.keys, section.count)
         if find is None:
             return None
