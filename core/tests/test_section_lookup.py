@@ -123,12 +123,20 @@ def test_a_fixed_width_column_of_the_wrong_length_is_an_error():
 
 
 @pytest.mark.usefixtures("arrow")
-def test_a_str_column_s_index_finds_every_key_and_tells_keys_of_one_signature_apart():
+@pytest.mark.parametrize("scans", [True, False], ids=["scanned by Arrow, then indexed", "indexed at once"])
+def test_a_str_column_s_index_finds_every_key_and_tells_keys_of_one_signature_apart(scans, monkeypatch):
+    import sys
+
+    if scans:
+        pytest.importorskip("pyarrow.compute")
+    else:
+        monkeypatch.setitem(sys.modules, "pyarrow.compute", None)
     twins = ["abcdefgh" + "X" * 5 + "abcdefgh", "abcdefgh" + "Y" * 5 + "abcdefgh"]  # one signature
     keys = [f"/api/v1/items/{i}" for i in range(3000)] + ["", "a", "ab", "abcdefgh", "abcdefghi", *twins]
     find = column_finder(StrSerializer(), StrSerializer().encode_column(keys), len(keys))
     assert find is not None
     assert [find(k) for k in keys] == list(range(len(keys)))
+    assert find._signatures is not None  # indexed by now, however it began
     misses = [
         "/api/v1/items/3000",
         "abcdefgh" + "Z" * 5 + "abcdefgh",

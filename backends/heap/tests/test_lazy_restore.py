@@ -417,7 +417,7 @@ def test_value_state_read_and_written_by_key_follows_a_model_through_checkpoints
     from statekit.serializers import IntSerializer
 
     if budget == "default":
-        monkeypatch.setattr(heap_backend, "_LOOKUP_BUDGET", 0.5)
+        monkeypatch.setattr(heap_backend, "_LOOKUP_BUDGET", 1.0)
 
     def key(i: int) -> Any:
         return f"/u/{i}" if key_type is str else i * 7919 - 300_000
@@ -506,7 +506,7 @@ def test_value_state_read_and_written_by_key_follows_a_model_through_checkpoints
 def test_a_key_group_read_by_many_keys_is_decoded_with_what_was_written(make_backend, by_key, monkeypatch):
     # The default budget, a decode estimated at 30 µs an entry: lookups may take 75 ms in all,
     # far more than the first three take even on a busy machine.
-    monkeypatch.setattr(heap_backend, "_LOOKUP_BUDGET", 0.5)
+    monkeypatch.setattr(heap_backend, "_LOOKUP_BUDGET", 1.0)
     monkeypatch.setattr(heap_backend, "_DECODE_SECONDS", 30e-6)
     one = KeyGroupRange.of(0, 0)
     src = make_backend(max_parallelism=1, key_group_range=one)

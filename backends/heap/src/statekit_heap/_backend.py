@@ -19,7 +19,7 @@ count answers counts, a snapshot copies its bytes through (or decodes them
 aside, after deltas), and iterating a state decodes all of it first.
 
 A value state's lazy key group is first read and written key by key, still as
-bytes (:class:`_Partial`): a lookup scans its key columns in C
+bytes (:class:`_Partial`): a lookup searches its key columns in C
 (:class:`~statekit.snapshot_codec.SectionLookup`), and what is read or written
 is kept aside until the key group is decoded, once its lookups have taken
 ``_LOOKUP_BUDGET`` of the time its decode would (timed, against the table's
@@ -57,8 +57,9 @@ __all__ = ["HeapKeyedStateBackend", "HeapStateBackend"]
 _Dicts = list[dict[Any, Any] | None]
 _Over = dict[Any, Any]
 
-#: The share of a key group's decode time its lookups by key may take before it is decoded.
-_LOOKUP_BUDGET = 0.5
+#: The share of a key group's decode time its lookups by key may take before it is decoded:
+#: all of it (an index costs a third of it, so a smaller share would leave little for lookups).
+_LOOKUP_BUDGET = 1.0
 #: Seconds to decode one entry, until a table has timed its own decodes (str keys and
 #: int values on 2 cores with pyarrow loaded: 250-470 ns).
 _DECODE_SECONDS = 300e-9
@@ -192,8 +193,8 @@ class _Partial:
         self.over: dict[Any, Any] = {}
         self.missing: set[Any] = set()
         self.added = 0
-        # Lookups may take half of a decode's time before the key group is decoded: one
-        # read by many keys pays about 1.5 decodes, one read by a few never decodes.
+        # Lookups may take a decode's time before the key group is decoded: one read by
+        # very many keys pays about 2 decodes, one read by a few thousand never decodes.
         self.budget = budget
         self.spent = 0.0  # seconds the lookups (and making them) took so far
 
@@ -769,7 +770,7 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
 
         Only a value state's key groups whose sections hold the void namespace
         alone and whose keys can be searched undecoded are read by key; others,
-        and one whose lookups have taken half of a decode's time, are decoded here.
+        and one whose lookups have taken as long as its decode would, are decoded here.
         """
         if kg not in t.lazy:
             return None
