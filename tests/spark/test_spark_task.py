@@ -334,13 +334,13 @@ def test_columns_of_one_subtask_skip_the_per_row_routing_with_the_same_outcome(
     records = make_records(2 * FLUSH_ROWS + 300)
 
     routed: list[int] = []
-    original = _loops._routed
+    original = _loops._routed_rows
 
     def counted(run: Any, batch: Any) -> Any:
         routed.append(batch.num_rows)
         return original(run, batch)
 
-    monkeypatch.setattr(_loops, "_routed", counted)
+    monkeypatch.setattr(_loops, "_routed_rows", counted)
     general = Driver(tmp_path / "general", CountUrlsColumns, columns=True)  # a marker row in every batch
     want = two_batches(records, general)
     assert routed

@@ -259,24 +259,16 @@ def process_columns(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
             continue
         t = clock()
         restoring = phases["restore"]
+        subtasks, served, keys, rows, late_rows = _routed(run, batch)
         calls: list[tuple[int, int, int]] = []  # subtask, offset, length
         order: list[int] | None = None
         chosen = batch.select(columns)
-        only = _one_subtask(batch) if plan.event_time is None else None
-        if only is not None:  # the usual case, told by Arrow: all rows are records of one subtask
-            run.subtask(only)
-            run.bad_keys.rows_read += batch.num_rows
-            keys = values_of(batch.column(plan.key_column))
-            calls = [(only, 0, batch.num_rows)]
-            late_rows: list[int] = []
-        else:
-            subtasks, served, keys, rows, late_rows = _routed(run, batch)
-            if len(rows) == batch.num_rows and len(served) == 1:
-                calls = [(subtasks[0], 0, len(rows))]  # all rows are one subtask's records
-            elif rows:
-                picked, calls = subtask_runs([subtasks[row] for row in rows])
-                order = [rows[j] for j in picked]
-                chosen = chosen.take(pa.array(order, pa.int64()))
+        if len(rows) == batch.num_rows and len(served) == 1:
+            calls = [(subtasks[0], 0, len(rows))]  # the usual case: all rows are one subtask's records
+        elif rows:
+            picked, calls = subtask_runs([subtasks[row] for row in rows])
+            order = [rows[j] for j in picked]
+            chosen = chosen.take(pa.array(order, pa.int64()))
         t_loop = clock()
         phases["convert"] += t_loop - t - (phases["restore"] - restoring)
         for index, offset, length in calls:
@@ -306,8 +298,22 @@ def _routed(run: TaskRun, batch: Any) -> tuple[list[Any], set[int], list[Any], S
     Rows without a key group go to the bad-records policy; marker rows and
     late rows are left out of the rows to process (late ones listed apart);
     every subtask with a row (a marker's too) is acquired, so it runs and
-    snapshots.
+    snapshots. A batch that Arrow says is one subtask's records without a
+    marker (the routing in the query's plan) and a job without event time
+    skip the per-row lists (:func:`_routed_rows`).
     """
+    plan = run.plan
+    only = _one_subtask(batch) if plan.event_time is None else None
+    if only is None:
+        return _routed_rows(run, batch)
+    n = batch.num_rows
+    run.bad_keys.rows_read += n
+    run.subtask(only)
+    return [only] * n, {only}, values_of(batch.column(plan.key_column)), range(n), []
+
+
+def _routed_rows(run: TaskRun, batch: Any) -> tuple[list[Any], set[int], list[Any], Sequence[int], list[int]]:
+    """:func:`_routed` row by row: subtask and marker of every row as Python values."""
     plan, bad_keys = run.plan, run.bad_keys
     subtasks = batch.column(SUBTASK_COLUMN).to_pylist()
     markers = batch.column(MARKER_COLUMN).to_pylist()
