@@ -27,7 +27,14 @@ from collections.abc import Callable
 from typing import Any
 
 from .._errors import SerializationError
-from ._serializers import FloatSerializer, IntSerializer, StrSerializer, TypeSerializer, _frames
+from ._serializers import (
+    FloatSerializer,
+    IntSerializer,
+    StrSerializer,
+    TypeSerializer,
+    _ascii_offsets,
+    _frames,
+)
 
 __all__ = ["column_finder", "column_reader"]
 
@@ -83,10 +90,7 @@ class _StrFinder:
         body = np.frombuffer(blob, dtype=np.uint8)
         if len(body) and int(body.max()) >= 0x80:
             return None  # not ASCII: character lengths are not byte offsets
-        offsets = np.zeros(count + 1, dtype=np.int64)
-        np.cumsum(np.frombuffer(raw_lengths, dtype="<u4"), out=offsets[1:])
-        if int(offsets[-1]) != len(blob):
-            raise SerializationError("malformed str column: lengths do not add up to the text")
+        offsets = _ascii_offsets(np, raw_lengths, len(blob))
         scan: Callable[[str], int] | None = None
         pa: Any = sys.modules.get("pyarrow")
         pc: Any = sys.modules.get("pyarrow.compute")

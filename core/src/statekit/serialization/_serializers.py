@@ -112,6 +112,23 @@ def _array(typecode: str, data: bytes | memoryview, what: str) -> array[Any]:
 _COLUMNAR_MIN = 256
 
 
+def _ascii_offsets(np: Any, lengths: Any, size: int) -> Any:
+    """The ``len + 1`` int64 offsets (numpy) of an ASCII str column's strings, from their lengths.
+
+    ``lengths`` is the column's little-endian u32 lengths (bytes or an array);
+    ``size`` its text's bytes.
+
+    Raises:
+        SerializationError: If the lengths do not add up to the text.
+    """
+    counts = np.frombuffer(lengths, dtype="<u4")
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    if int(offsets[-1]) != size:
+        raise SerializationError("malformed str column: lengths do not add up to the text")
+    return offsets
+
+
 def _ascii_strings(lengths: array[Any], blob: memoryview, size: int) -> list[str] | None:
     """The strings of an ASCII column (``lengths`` characters each, ``blob`` of ``size`` bytes), split in C.
 
@@ -130,10 +147,7 @@ def _ascii_strings(lengths: array[Any], blob: memoryview, size: int) -> list[str
     large = getattr(pa, "LargeStringArray", None)
     if large is None or not hasattr(np, "cumsum"):
         return None
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(np.frombuffer(lengths, dtype=np.uint32), out=offsets[1:])
-    if int(offsets[-1]) != size:
-        raise SerializationError("malformed str column: lengths do not add up to the text")
+    offsets = _ascii_offsets(np, lengths, size)
     strings: list[str] = large.from_buffers(
         len(lengths), pa.py_buffer(offsets), pa.py_buffer(blob)
     ).to_pylist()
