@@ -463,6 +463,11 @@ def test_native_file_entries_round_trip_with_and_without_a_digest(tmp_path: Path
     with pytest.raises(CorruptSnapshotError, match=re.escape(NOT_RECORDED)):
         wrong.copy_to(tmp_path / "copy.sst")
     assert not (tmp_path / "copy.sst").exists()
+    with pytest.raises(CorruptSnapshotError, match=f"native file 000001.sst: {re.escape(NOT_RECORDED)}"):
+        wrong.read()  # read whole in one request, checked before it is returned
+    longer = NativeFile.from_json({**f.to_json(), "size": 10_001}, resolve)
+    with pytest.raises(CorruptSnapshotError, match="has 10000 bytes, the checkpoint says 10001"):
+        longer.read()
 
 
 # --- local copies: named by content, read only when their bytes are the recorded ones ---------
@@ -709,6 +714,12 @@ def test_a_native_file_read_from_a_checked_copy_is_not_hashed_again(
     through = LocalRecoveryStorage(storage, copies, Downloads(), digests_of(f.to_json()))
     assert b"".join(_restored_file(f, through).chunks(chunk_size=1000)) == DATA
     assert hashed == [] and through.downloads.local_bytes == len(DATA) and through.downloads.remote_bytes == 0
+    assert _restored_file(f, through).read() == DATA  # whole, from the copy
+    assert (
+        hashed == []
+        and through.downloads.local_bytes == 2 * len(DATA)
+        and through.downloads.remote_bytes == 0
+    )
     # From the storage, every byte is hashed as it is read.
     assert _restored_file(f, LocalRecoveryStorage(storage, None, Downloads())).read() == DATA
     assert sum(hashed) == len(DATA)
@@ -755,6 +766,20 @@ def test_a_native_copy_rejected_part_way_is_finished_from_the_storage_and_checke
     assert d.rejected == 1 and d.local_bytes == 1000 and d.remote_bytes == len(DATA)
     (reason,) = d.reasons
     assert "replaced or changed after it was checked" in reason
+
+
+def test_a_native_file_read_whole_from_a_copy_deleted_after_it_was_checked_comes_from_the_storage(
+    tmp_path: Path,
+) -> None:
+    storage = ReferenceCheckpointStorage()
+    root = str(tmp_path / "lr" / "job" / "op")
+    src = tmp_path / "data.mdb"
+    src.write_bytes(DATA)
+    f = _uploaded(LocalCopies(root), storage, src)
+    through = LocalRecoveryStorage(storage, _Vanishing(root), Downloads(), digests_of(f.to_json()))
+    assert _restored_file(f, through).read() == DATA
+    assert through.downloads.rejected == 1 and through.downloads.remote_bytes == len(DATA)
+    assert through.downloads.local_bytes == 0
 
 
 def test_a_linked_copy_deleted_after_it_was_checked_is_downloaded(tmp_path: Path) -> None:

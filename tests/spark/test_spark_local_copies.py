@@ -50,15 +50,19 @@ def storage_of(session: Any, job_id: str) -> Any:
     return keyed(df, "url").process(CountUrls, OUTPUT, job_id=job_id).checkpoint_storage()
 
 
-@pytest.mark.parametrize("backend", ["heap", "rocksdb"], ids=["canonical", "native"])
+@pytest.mark.parametrize(
+    ("backend", "fmt"),
+    [("heap", "canonical"), ("rocksdb", "native"), ("heap", "native")],
+    ids=["canonical", "native", "heap-delta"],
+)
 def test_a_local_copy_swapped_from_another_checkpoint_is_rejected_and_the_state_exact(
-    session: Any, tmp_path: Path, job_id: str, backend: str
+    session: Any, tmp_path: Path, job_id: str, backend: str, fmt: str
 ) -> None:
     configure(session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit",
                         "spark.statekit.checkpoint.storage.filesystem.inline-threshold": 0,
                         "spark.statekit.parallelism": 2, "spark.statekit.backend": backend,
-                        # heap here writes canonical keyed files (its checkpoints are deltas otherwise)
-                        "spark.statekit.checkpoint.format": "canonical" if backend == "heap" else "native",
+                        # heap writes a base then deltas natively, canonical keyed files with "canonical"
+                        "spark.statekit.checkpoint.format": fmt,
                         })  # fmt: skip
     first = run(session, job_id, RECORDS[:600])
     assert first.local_recovery == "on" and first.local_copies_rejected == 0
@@ -75,7 +79,10 @@ def test_a_local_copy_swapped_from_another_checkpoint_is_rejected_and_the_state_
             recorded = recorded_digest(keyed_part)
             assert recorded is not None
             return recorded.name
-        ours = [f for f in keyed_part["native"]["files"] if f["name"].startswith("MANIFEST")]
+        files = keyed_part["native"]["files"]
+        if backend == "heap":  # the file this checkpoint wrote: chk-1's base, chk-2's delta
+            return str(max(files, key=lambda f: f["checkpoint_id"])["sha256"])
+        ours = [f for f in files if f["name"].startswith("MANIFEST")]
         return str(ours[0]["sha256"])
 
     # The executor's local directory: Spark's (statekit.local-dir stays unset, as a worker's hand-off

@@ -154,11 +154,7 @@ class NativeFile:
         Raises:
             CorruptSnapshotError: Naming the file, if its bytes are not what was uploaded.
         """
-        if self.stream.size != self.size:
-            raise CorruptSnapshotError(
-                f"{describe_stream(self.stream)}: native file {self.name} has {self.stream.size} bytes, "
-                f"the checkpoint says {self.size}; the file is truncated or was replaced"
-            )
+        self._check_size()
         sha = new_sha256() if self.sha256 is not None else None
         # A local copy checked whole against this digest (task-local recovery) vouches for the
         # bytes it gives: they are not hashed again. If it is rejected part-way, the bytes it
@@ -197,6 +193,13 @@ class NativeFile:
                 "the file is corrupt"
             )
 
+    def _check_size(self) -> None:
+        if self.stream.size != self.size:
+            raise CorruptSnapshotError(
+                f"{describe_stream(self.stream)}: native file {self.name} has {self.stream.size} bytes, "
+                f"the checkpoint says {self.size}; the file is truncated or was replaced"
+            )
+
     def _hash_from_storage(self, sha: Any, length: int, chunk_size: int) -> None:
         """Hash the file's first ``length`` bytes as :meth:`read <StreamStateHandle.read>` gives them now."""
         pos = 0
@@ -208,8 +211,30 @@ class NativeFile:
             pos += len(data)
 
     def read(self) -> bytes:
-        """The whole file, checked (see :meth:`chunks`)."""
-        return b"".join(self.chunks())
+        """The whole file, checked (see :meth:`chunks`).
+
+        A file with a SHA-256 is read in one request and hashed after, as one
+        object: joining chunks held the file twice in memory and copied it
+        once more (at 290 MB a file, 0.3-0.7 s of a restore on a 2-core
+        machine). A local copy checked whole gives its bytes as they are.
+        """
+        if self.sha256 is None:
+            return b"".join(self.chunks())
+        self._check_size()
+        read_verified = getattr(self.stream, "read_verified", None)
+        if read_verified is not None:
+            trusted = read_verified(0, self.size)
+            if trusted is not None and len(trusted) == self.size:
+                return bytes(trusted)
+            return b"".join(self.chunks())  # the copy was rejected: the storage's bytes, chunk by chunk
+        data = self.stream.read(0, self.size) if self.size else b""
+        sha = new_sha256()
+        sha.update(data)
+        if len(data) != self.size or sha.hexdigest() != self.sha256:
+            raise CorruptSnapshotError(
+                f"{describe_stream(self.stream)}: native file {self.name}: {NOT_RECORDED}"
+            )
+        return data
 
     def copy_to(self, path: str | os.PathLike[str], *, link: bool = False) -> None:
         """Download the file to local ``path``, checked; nothing is left at ``path`` on error.
