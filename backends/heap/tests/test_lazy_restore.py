@@ -262,6 +262,66 @@ def test_a_rescale_restores_each_half_lazily_and_exactly(make_backend):
     assert got == model
 
 
+def test_a_base_written_after_a_rescale_merges_each_key_groups_base_and_deltas(make_backend):
+    """A rescaled subtask's first checkpoint is a base: its lazy key groups' base, changes and removals
+    merged (by key in the void namespace, by namespace and key otherwise), with what it wrote since."""
+    b = make_backend()
+    b.delta_max_ratio = 100.0
+    hs = declare(b)
+    model: Model = {}
+    keys = [f"k{i}" for i in range(200)]
+    for i, key in enumerate(keys):
+        b.set_current_key(key)
+        hs["v"].update(i)
+        model["v", None, key] = i
+        for ns in NAMESPACES:
+            hs["w"].set_current_namespace(ns)
+            hs["w"].update(i)
+            model["w", ns, key] = i
+    checkpoint(b, 1)
+    for i, key in enumerate(keys):
+        b.set_current_key(key)
+        hs["w"].set_current_namespace(NAMESPACES[i % 3])
+        if i % 4 == 0:  # removals of base entries, in both states
+            hs["v"].clear()
+            hs["w"].clear()
+            model.pop(("v", None, key))
+            model.pop(("w", NAMESPACES[i % 3], key))
+        elif i % 4 == 1:  # changes
+            hs["v"].update(-i)
+            hs["w"].update(-i)
+            model["v", None, key] = -i
+            model["w", NAMESPACES[i % 3], key] = -i
+    h = checkpoint(b, 2)
+    assert [link["kind"] for link in h.meta["chain"]] == ["base", "delta"]
+    halves = [KeyGroupRange.of(0, 63), KeyGroupRange.of(64, 127)]
+    got: Model = {}
+    for r in halves:
+        sub = make_backend(key_group_range=r)
+        sub.restore_native([h])  # another parallelism: no chain to write deltas against
+        sh = declare(sub)
+        mine = []
+        for key in keys:
+            try:
+                sub.set_current_key(key)
+            except StateAccessError:
+                continue
+            mine.append(key)
+        sub.set_current_key(mine[0])  # one write by key since the restore, in each state
+        sh["v"].update(1000)
+        sh["w"].set_current_namespace("w2")
+        sh["w"].update(1000)
+        model["v", None, mine[0]] = 1000
+        model["w", "w2", mine[0]] = 1000
+        base = checkpoint(sub, 3)
+        assert [link["kind"] for link in base.meta["chain"]] == ["base"]
+        r2 = make_backend(key_group_range=r)
+        r2.restore_native([base])
+        got.update(read_all(r2, mine))
+        assert r2.num_entries() == sum(1 for _, _, k in model if k in set(mine))
+    assert got == model
+
+
 def test_a_corrupt_chain_file_is_refused_at_restore_and_nothing_is_restored(make_backend):
     h, _ = chain_of(make_backend, 13, 1)
     base = next(f for f in h.files if f.name == h.meta["chain"][0]["file"])

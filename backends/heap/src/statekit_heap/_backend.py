@@ -65,6 +65,8 @@ _LOOKUP_BUDGET = 1.0
 _DECODE_SECONDS = 300e-9
 #: Decodes of fewer entries are not timed: their fixed costs would dominate.
 _TIMED_DECODE_MIN = 1_000
+#: A section's namespace column when every entry is in the void namespace (one byte).
+_VOID_COLUMN = b"\x00"
 
 
 def _copier(reg: RegisteredState) -> Callable[[Any], Any] | None:
@@ -877,6 +879,21 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
         """
         if not over and len(secs) == 1 and not secs[0].removal:
             return secs[0]
+        if all(bytes(memoryview(sec.namespaces)) == _VOID_COLUMN for sec in secs):
+            # The void namespace throughout (all value states, most others): merged by key alone,
+            # without a (namespace, key) tuple per entry (a third of the time).
+            by_key: dict[Any, Any] = {}
+            for sec in secs:
+                keys, _, vals = self._decode(reg, sec)
+                if sec.removal:
+                    pop = by_key.pop
+                    for k in keys:
+                        pop(k, None)
+                else:
+                    by_key.update(zip(keys, vals))
+            if over:
+                by_key.update(over)
+            return list(by_key), [VOID_NAMESPACE] * len(by_key), list(by_key.values())
         merged: dict[tuple[Any, Any], Any] = {}
         for sec in secs:
             keys, nss, vals = self._decode(reg, sec)
