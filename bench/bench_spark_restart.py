@@ -13,12 +13,20 @@ For each method and key count ``N`` (``--keys``, default 1M and 4M):
    from ``start()`` until the first batch has committed (``availableNow``: the
    only batch) is the restart. The SparkSession's own start is not in it.
 
+``--rescale P`` (statekit methods only: Spark's own store cannot change its
+number of partitions) then restarts twice more, each time after one more small
+file: at parallelism ``P`` (a rescale 2 → P of the checkpoint the restart above
+wrote) and back at 2 (P → 2). The table then gives each restart with the
+rescales' ratio to the restart at the same parallelism, and the tasks' restore
+(``task_restore``, summed over the subtasks) of each.
+
 Every method's first batch is checked: the counts the sink sees for the new
 file's keys are the counts of both files together. Each restart runs ``--repeats``
 times (the first file's state is rebuilt each time); the medians are reported,
 with statekit's per-phase seconds of the first batch (``BatchInfo.phases``).
 
-Run: ``python bench/bench_spark_restart.py [--keys 1000000,4000000] [--methods heap,rocksdb,native]``.
+Run: ``python bench/bench_spark_restart.py [--keys 1000000,4000000] [--methods heap,rocksdb,native]
+[--rescale 3]``.
 """
 
 from __future__ import annotations
@@ -85,14 +93,14 @@ def _query(spark: Any, method: str, work: str, seen: dict[str, int], infos: list
     return Writer()
 
 
-def child(method: str, work: str) -> None:
+def child(method: str, work: str, parallelism: int = 2) -> None:
     """One application: run the query over whatever input is new, print its seconds and first batch."""
     from statekit_urlcount import local_spark_session
 
     spark = local_spark_session(
         "statekit-bench-restart",
         conf={
-            "spark.statekit.parallelism": "2",
+            "spark.statekit.parallelism": str(parallelism),
             "spark.driver.memory": "6g",
             "spark.sql.shuffle.partitions": "2",
         },
@@ -111,9 +119,9 @@ def child(method: str, work: str) -> None:
     spark.stop()
 
 
-def _run_child(method: str, work: str) -> dict[str, Any]:
+def _run_child(method: str, work: str, parallelism: int = 2) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, __file__, "--child", method, "--workdir", work],
+        [sys.executable, __file__, "--child", method, "--workdir", work, "--parallelism", str(parallelism)],
         capture_output=True,
         text=True,
         check=False,
@@ -125,27 +133,46 @@ def _run_child(method: str, work: str) -> dict[str, Any]:
     return result
 
 
-def measure(method: str, keys: int, new: int, root: str) -> dict[str, Any]:
+def add_file(work: str, index: int, new: int) -> list[str]:
+    """Input file ``index``: ``new`` known keys (counted once more) and ``new`` probes twice; the probes."""
+    probes = [f"probe{index}-{i}" for i in range(new)]
+    path = os.path.join(work, "input", f"part-{index}.csv")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write("".join(f"k{i}\n" for i in range(new)))
+        f.write("".join(f"{p}\n{p}\n" for p in probes))
+    os.replace(path + ".tmp", path)
+    return probes
+
+
+def restart(method: str, work: str, index: int, new: int, parallelism: int) -> dict[str, Any]:
+    """Add input file ``index``, restart the query at ``parallelism``, check the probes' counts."""
+    probes = add_file(work, index, new)
+    got = _run_child(method, work, parallelism)
+    if got["seen"] != dict.fromkeys(probes, 2):
+        raise SystemExit(
+            f"{method} at p={parallelism}: the restarted query's counts are wrong: {got['seen']}"
+        )
+    return got
+
+
+def measure(method: str, keys: int, new: int, root: str, rescale: int | None = None) -> dict[str, Any]:
     """Build ``keys`` keys of state with ``method``, add a small file, time the restart to the first batch."""
     work = os.path.join(root, f"{method}-{keys}")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(os.path.join(work, "input"))
     write_keys(os.path.join(work, "input", "part-0.csv"), 0, keys)
-    probes = [f"probe{i}" for i in range(new)]
     t0 = time.perf_counter()
     built = _run_child(method, work)
     build = time.perf_counter() - t0
-    # The new file: known keys (counted twice now) and the probes; the probes are checked.
-    with open(os.path.join(work, "input", "part-1.csv.tmp"), "w", encoding="utf-8") as f:
-        f.write("".join(f"k{i}\n" for i in range(new)))
-        f.write("".join(f"{p}\n{p}\n" for p in probes))
-    os.replace(os.path.join(work, "input", "part-1.csv.tmp"), os.path.join(work, "input", "part-1.csv"))
-    restarted = _run_child(method, work)
-    if restarted["seen"] != dict.fromkeys(probes, 2):
-        raise SystemExit(f"{method} {keys}: the restarted query's counts are wrong: {restarted['seen']}")
+    restarted = restart(method, work, 1, new, 2)
+    got = {"restart": restarted["seconds"], "build": build, "first_build_batch": built["seconds"],
+           "phases": restarted["phases"]}  # fmt: skip
+    if rescale is not None and method != "native":
+        up = restart(method, work, 2, new, rescale)
+        down = restart(method, work, 3, new, 2)
+        got.update(up=up["seconds"], up_phases=up["phases"], down=down["seconds"], down_phases=down["phases"])
     shutil.rmtree(work, ignore_errors=True)
-    return {"restart": restarted["seconds"], "build": build, "first_build_batch": built["seconds"],
-            "phases": restarted["phases"]}  # fmt: skip
+    return got
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,10 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new", type=int, default=1000, help="keys of the file the restart processes")
     ap.add_argument("--repeats", type=int, default=1, help="restarts per method and size (medians)")
     ap.add_argument("--workdir", help="where inputs and checkpoints go (default: a temporary directory)")
+    ap.add_argument("--rescale", type=int, help="also restart at this parallelism, then back at 2 (statekit)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--parallelism", type=int, default=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        child(args.child, args.workdir)
+        child(args.child, args.workdir, args.parallelism)
         return 0
     root = args.workdir or tempfile.mkdtemp(prefix="statekit-bench-restart-")
     methods = args.methods.split(",")
@@ -167,10 +196,16 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.repeats):
             for method in methods if r % 2 == 0 else methods[::-1]:
                 print(f"{method}, {keys:,} keys, round {r + 1}: building and restarting ...", flush=True)
-                got = measure(method, keys, args.new, root)
+                got = measure(method, keys, args.new, root, args.rescale)
                 results.setdefault((method, keys), []).append(got)
                 print(f"  restart to the first batch {got['restart']:.2f} s (build {got['build']:.0f} s) "
                       f"{got['phases']}", flush=True)  # fmt: skip
+                if "up" in got:
+                    print(
+                        f"  rescale 2 -> {args.rescale} {got['up']:.2f} s {got['up_phases']}\n"
+                        f"  rescale {args.rescale} -> 2 {got['down']:.2f} s {got['down_phases']}",
+                        flush=True,
+                    )
     print()
     print("| keys | " + " | ".join(f"{m}: restart to first batch (s)" for m in methods) + " |")
     print("|---|" + "---|" * len(methods))
@@ -180,9 +215,27 @@ def main(argv: list[str] | None = None) -> int:
             runs = sorted(x["restart"] for x in results.get((m, keys), []))
             cells.append(f"{runs[len(runs) // 2]:.2f}" if runs else "-")
         print(f"| {keys:,} | " + " | ".join(cells) + " |")
+    if args.rescale is not None:
+        print_rescales(results, methods, args.rescale)
     if not args.workdir:
         shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def print_rescales(results: dict[tuple[str, int], list[dict[str, Any]]], methods: list[str], to: int) -> None:
+    """Per method and size: the restart at 2, the rescales, their ratios to it, the tasks' restore seconds."""
+    print()
+    print(f"| method | keys | restart at 2 (s) | 2 -> {to} (s) | ratio | {to} -> 2 (s) | ratio "
+          f"| task_restore at 2 / 2 -> {to} / {to} -> 2 (s) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for (m, keys), runs in sorted(results.items(), key=lambda kv: (methods.index(kv[0][0]), kv[0][1])):
+        for x in runs:
+            if "up" not in x:
+                continue
+            restores = " / ".join(f"{p.get('task_restore', 0.0):.2f}" for p in (x["phases"], x["up_phases"],
+                                                                              x["down_phases"]))  # fmt: skip
+            print(f"| {m} | {keys:,} | {x['restart']:.2f} | {x['up']:.2f} | {x['up'] / x['restart']:.2f}x "
+                  f"| {x['down']:.2f} | {x['down'] / x['restart']:.2f}x | {restores} |")  # fmt: skip
 
 
 if __name__ == "__main__":
