@@ -768,30 +768,21 @@ def test_a_native_copy_rejected_part_way_is_finished_from_the_storage_and_checke
     assert "replaced or changed after it was checked" in reason
 
 
-def test_a_native_file_read_whole_from_a_copy_deleted_after_it_was_checked_comes_from_the_storage(
-    tmp_path: Path,
-) -> None:
-    storage = ReferenceCheckpointStorage()
-    root = str(tmp_path / "lr" / "job" / "op")
-    src = tmp_path / "data.mdb"
-    src.write_bytes(DATA)
-    f = _uploaded(LocalCopies(root), storage, src)
-    through = LocalRecoveryStorage(storage, _Vanishing(root), Downloads(), digests_of(f.to_json()))
-    assert _restored_file(f, through).read() == DATA
-    assert through.downloads.rejected == 1 and through.downloads.remote_bytes == len(DATA)
-    assert through.downloads.local_bytes == 0
-
-
-def test_a_linked_copy_deleted_after_it_was_checked_is_downloaded(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["linked", "read whole"])
+def test_a_native_copy_deleted_after_it_was_checked_comes_from_the_storage(tmp_path: Path, how: str) -> None:
     storage = ReferenceCheckpointStorage()
     root = str(tmp_path / "lr" / "job" / "op")
     sst = tmp_path / "000012.sst"
     sst.write_bytes(DATA)
     f = _uploaded(LocalCopies(root), storage, sst)
     through = LocalRecoveryStorage(storage, _Vanishing(root), Downloads(), digests_of(f.to_json()))
-    _restored_file(f, through).copy_to(tmp_path / "restored.sst", link=True)
-    assert (tmp_path / "restored.sst").read_bytes() == DATA
+    if how == "linked":
+        _restored_file(f, through).copy_to(tmp_path / "restored.sst", link=True)
+        assert (tmp_path / "restored.sst").read_bytes() == DATA
+    else:
+        assert _restored_file(f, through).read() == DATA
     assert through.downloads.rejected == 1 and through.downloads.remote_bytes == len(DATA)
+    assert through.downloads.local_bytes == 0
 
 
 def test_a_source_changed_after_its_upload_is_never_used(tmp_path: Path, copies: LocalCopies) -> None:
