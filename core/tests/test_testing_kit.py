@@ -320,6 +320,11 @@ CI = kit_settings(
 )
 
 
+#: Every target's scratch directory lives under this one, removed when the test process exits
+#: (they were left in the temporary directory: some 500 a test run).
+_SCRATCH = tempfile.TemporaryDirectory(prefix="kit-")
+
+
 def _violations(e: BaseException) -> list[PropertyViolation]:
     if isinstance(e, PropertyViolation):
         return [e]
@@ -329,7 +334,9 @@ def _violations(e: BaseException) -> list[PropertyViolation]:
 
 
 def _target(factory: Callable[[], Any], storage: Any, others: dict[str, Any]) -> ConformanceTarget:
-    return ConformanceTarget(factory, factory().name, others, storage, Path(tempfile.mkdtemp(prefix="kit-")))
+    return ConformanceTarget(
+        factory, factory().name, others, storage, Path(tempfile.mkdtemp(dir=_SCRATCH.name))
+    )
 
 
 def violation(

@@ -313,6 +313,11 @@ CI = kit_settings(
 )
 
 
+#: Every target's scratch directory lives under this one, removed when the test process exits
+#: (they were left in the temporary directory: some 500 a test run).
+_SCRATCH = tempfile.TemporaryDirectory(prefix="kit-buffered-")
+
+
 def _violations(e: BaseException) -> list[PropertyViolation]:
     if isinstance(e, PropertyViolation):
         return [e]
@@ -322,7 +327,7 @@ def _violations(e: BaseException) -> list[PropertyViolation]:
 
 
 def _target(factory: Callable[[], Any], others: dict[str, Any]) -> ConformanceTarget:
-    scratch = Path(tempfile.mkdtemp(prefix="kit-buffered-"))
+    scratch = Path(tempfile.mkdtemp(dir=_SCRATCH.name))
     return ConformanceTarget(factory, factory().name, others, ReferenceCheckpointStorage, scratch)
 
 
