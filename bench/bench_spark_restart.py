@@ -225,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
 def print_rescales(results: dict[tuple[str, int], list[dict[str, Any]]], methods: list[str], to: int) -> None:
     """Per method and size: the restart at 2, the rescales, their ratios to it, the tasks' restore seconds."""
     print()
+    if "native" in methods:
+        print("native has no rescale row: Spark's own state store cannot change its number of partitions")
     print(f"| method | keys | restart at 2 (s) | 2 -> {to} (s) | ratio | {to} -> 2 (s) | ratio "
           f"| task_restore at 2 / 2 -> {to} / {to} -> 2 (s) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
