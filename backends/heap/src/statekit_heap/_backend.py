@@ -631,6 +631,11 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
     def _snapshot_entries(self) -> Callable[[str, int], StateEntries]:
         token = object()
         frozen: dict[str, dict[Any, list[Any]]] = {}
+        # The registered states the snapshot writes (core's, as it takes them): a state without a
+        # TTL whose key group is all in the void namespace is encoded here, as core would encode it,
+        # without a namespace per entry to build and then check (a quarter of a base's time).
+        ks = self.key_serializer
+        plain = {r.name: r for r in (*self._states.values(), *self._restored.values()) if r.ttl is None}
         # Key groups still held as restored bytes: immutable, so the snapshot reads them as they are.
         lazy: dict[str, tuple[RegisteredState, dict[int, tuple[list[Section], int]], dict[int, _Over]]] = {}
         for name, t in self._tables.items():
@@ -650,12 +655,17 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
         def read(name: str, kg: int) -> Any:
             held = lazy.get(name)
             if held is not None and kg in held[1]:
-                return self._heap_restored_entries(held[0], held[1][kg][0], held[2].get(kg))
+                return self._heap_restored_entries(held[0], held[1][kg][0], held[2].get(kg), plain.get(name))
             nsl = frozen[name]
             if len(nsl) == 1:
                 d = nsl[VOID_NAMESPACE][kg]
                 if not d:
                     return [], [], []
+                reg = plain.get(name)
+                if reg is not None:
+                    n = len(d)
+                    return Section(name, n, ks.encode_column(list(d)), _VOID_COLUMN,
+                                   reg.serializer.encode_column(list(d.values())))  # fmt: skip
                 return list(d), [VOID_NAMESPACE] * len(d), list(d.values())
             keys: list[Any] = []
             nss: list[Any] = []
@@ -870,12 +880,18 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
         return new
 
     def _heap_restored_entries(
-        self, reg: RegisteredState, secs: list[Section], over: dict[Any, Any] | None = None
+        self,
+        reg: RegisteredState,
+        secs: list[Section],
+        over: dict[Any, Any] | None = None,
+        encode_with: RegisteredState | None = None,
     ) -> Any:
         """A lazy key group's entries for a snapshot: its one section as it is, or decoded aside.
 
         Decoded aside after deltas, or with ``over``, the values read or written by
-        key since the restore (void namespace), which win.
+        key since the restore (void namespace), which win. A merge in the void
+        namespace is encoded here with ``encode_with`` (the snapshot's registered
+        state, without a TTL), as the snapshot would encode it.
         """
         if not over and len(secs) == 1 and not secs[0].removal:
             return secs[0]
@@ -893,7 +909,11 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
                     by_key.update(zip(keys, vals))
             if over:
                 by_key.update(over)
-            return list(by_key), [VOID_NAMESPACE] * len(by_key), list(by_key.values())
+            if encode_with is None or not by_key:
+                return list(by_key), [VOID_NAMESPACE] * len(by_key), list(by_key.values())
+            keys_column = self.key_serializer.encode_column(list(by_key))
+            values_column = encode_with.serializer.encode_column(list(by_key.values()))
+            return Section(encode_with.name, len(by_key), keys_column, _VOID_COLUMN, values_column)
         merged: dict[tuple[Any, Any], Any] = {}
         for sec in secs:
             keys, nss, vals = self._decode(reg, sec)
