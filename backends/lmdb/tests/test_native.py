@@ -9,7 +9,7 @@ import pytest
 
 from statekit import KeyedProcessFunction, LocalRunner, ValueStateDescriptor
 from statekit.testing import keyed_checkpoint_part, value_state_contents
-from statekit_lmdb import LMDBKeyedStateBackend
+from statekit_lmdb import LMDBKeyedStateBackend, LMDBStateBackend
 
 COUNT = ValueStateDescriptor("count", int, default=0)
 FORMAT = "statekit.backend.lmdb.native-format"
@@ -227,3 +227,57 @@ def test_a_mistyped_native_format_is_refused_naming_the_choices() -> None:
     choices = "'Full' for statekit.backend.lmdb.native-format: .*key-groups, full"
     with pytest.raises(ConfigurationError, match=choices):
         LMDBStateBackend({"native-format": "Full"})
+
+
+def test_a_native_snapshot_written_after_a_later_checkpoint_shows_only_what_it_took(tmp_path: Path) -> None:
+    """A snapshot taken at checkpoint 3, written after checkpoint 4 completed: never a delta on 4's chain.
+
+    The kit's snapshot-isolation property found this at random: the delta of 3's
+    changes was written against the newest confirmed chain (4's), which holds
+    writes made after 3 was taken.
+    """
+    from statekit.backend_api import KeyedBackendParameters
+    from statekit.checkpointing import key_group_range_for_operator
+    from statekit.serializers import StrSerializer
+    from statekit.testing import KitNativeOutput
+
+    desc = ValueStateDescriptor("v", int)
+
+    def make(name: str) -> Any:
+        return LMDBStateBackend().create_keyed_backend(
+            KeyedBackendParameters(
+                key_serializer=StrSerializer(), key_group_range=key_group_range_for_operator(8, 1, 0),
+                max_parallelism=8, local_dir=str(tmp_path / name),
+            )
+        )  # fmt: skip
+
+    b = make("writer")
+    state = b.get_state(desc)
+
+    def put(key: str, value: int) -> None:
+        b.set_current_key(key)
+        state.update(value)
+
+    def checkpoint(cid: int) -> Any:
+        h = b.native_snapshot(cid).write(KitNativeOutput(cid))
+        b.notify_checkpoint_complete(cid)
+        return h
+
+    put("a", 1)
+    checkpoint(1)
+    put("a", 2)
+    checkpoint(2)
+    taken = b.native_snapshot(3)  # taken now, written last
+    put("a", 3)
+    put("b", 30)
+    checkpoint(4)
+    h3 = taken.write(KitNativeOutput(3))
+    r = make("reader")
+    r.restore_native([h3])
+    got = {}
+    for key in ("a", "b"):
+        r.set_current_key(key)
+        got[key] = r.get_state(desc).value()
+    assert got == {"a": 2, "b": None}
+    b.close()
+    r.close()

@@ -231,7 +231,7 @@ class KeyGroupSnapshot:
         if view is None:
             raise StateAccessError("this native snapshot was already written or released")
         try:
-            chain = self._backend.kgd_chain_for(self._delta)
+            chain = self._backend.kgd_chain_for(self._delta, self.checkpoint_id)
             if chain is not None and self._delta is not None:
                 return self._write_delta(view, out, chain, self._delta, progress)
             return self._write_whole(view, out, progress)
@@ -528,14 +528,20 @@ class KeyGroupNativeSnapshots:
         # A state declared with another schema since: the chain holds its old bytes.
         return any(now.get(str(m.get("name"))) != m for m in chain.states)
 
-    def kgd_chain_for(self, plan: _DeltaPlan | None) -> _Chain | None:
-        """The confirmed chain a delta of ``plan`` is written against, if every file may be referenced."""
+    def kgd_chain_for(self, plan: _DeltaPlan | None, checkpoint_id: int) -> _Chain | None:
+        """The confirmed chain a delta of ``plan`` (snapshot ``checkpoint_id``) is written against, if any.
+
+        None (whole files) unless every file of the chain may be referenced and
+        the chain lies between the plan's start and the snapshot: a chain
+        confirmed after the snapshot was taken (a later checkpoint written
+        first) holds writes made after it, which the snapshot must not show.
+        """
         if plan is None:
             return None
         st = self.kgd_state()
         with st.lock:
             chain = st.confirmed
-        if chain is None or chain.checkpoint_id < plan.since:
+        if chain is None or not plan.since <= chain.checkpoint_id < checkpoint_id:
             return None
         referenceable = {id(f) for f in self.native_uploads.referenceable.values()}
         if any(id(f) not in referenceable for f in chain.files.values()):
