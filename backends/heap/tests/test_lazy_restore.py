@@ -322,6 +322,43 @@ def test_a_base_written_after_a_rescale_merges_each_key_groups_base_and_deltas(m
     assert got == model
 
 
+def test_a_delta_written_after_a_later_checkpoint_applies_on_the_chain_it_was_taken_on(make_backend):
+    """Snapshot 3 taken, checkpoint 4 written and completed, then 3 written: 3 shows its own state,
+    and 3 completing late does not replace 4's chain."""
+    b = make_backend()
+    b.delta_max_ratio = 100.0
+    v = declare(b)["v"]
+
+    def put(key: str, value: int) -> None:
+        b.set_current_key(key)
+        v.update(value)
+
+    def values(h: NativeStateHandle) -> dict[str, Any]:
+        r = make_backend()
+        r.restore_native([h])
+        rv = declare(r)["v"]
+        out = {}
+        for key in ("a", "b", "c"):
+            r.set_current_key(key)
+            out[key] = rv.value()
+        return out
+
+    put("a", 1)
+    checkpoint(b, 1)
+    put("a", 2)
+    checkpoint(b, 2)
+    taken = b.native_snapshot(3)
+    put("a", 3)
+    put("b", 30)
+    checkpoint(b, 4)
+    h3 = taken.write(KitNativeOutput(3))
+    assert [link["kind"] for link in h3.meta["chain"]][-1] == "delta"
+    assert values(h3) == {"a": 2, "b": None, "c": None}
+    b.notify_checkpoint_complete(3)
+    put("c", 5)
+    assert values(checkpoint(b, 5)) == {"a": 3, "b": 30, "c": 5}
+
+
 def test_a_corrupt_chain_file_is_refused_at_restore_and_nothing_is_restored(make_backend):
     h, _ = chain_of(make_backend, 13, 1)
     base = next(f for f in h.files if f.name == h.meta["chain"][0]["file"])

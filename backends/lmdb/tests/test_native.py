@@ -279,5 +279,17 @@ def test_a_native_snapshot_written_after_a_later_checkpoint_shows_only_what_it_t
         r.set_current_key(key)
         got[key] = r.get_state(desc).value()
     assert got == {"a": 2, "b": None}
+    # Checkpoint 3 completing late does not replace 4's chain: the next delta still holds 4's changes.
+    b.notify_checkpoint_complete(3)
+    put("c", 5)
+    h5 = checkpoint(5)
+    r5 = make("reader-5")
+    r5.restore_native([h5])
+    got = {}
+    for key in ("a", "b", "c"):
+        r5.set_current_key(key)
+        got[key] = r5.get_state(desc).value()
+    assert got == {"a": 3, "b": 30, "c": 5}
     b.close()
     r.close()
+    r5.close()

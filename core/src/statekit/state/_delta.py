@@ -98,6 +98,7 @@ class DeltaSnapshot:
         base: KeyedSnapshot | None = None,
         delta: tuple[int, SnapshotHeader, dict[int, list[tuple[int, bytes, bytes, bytes, int]]]]
         | None = None,
+        chain: tuple[int, list[dict[str, Any]], dict[str, NativeFile]] | None = None,
     ) -> None:
         self._backend = backend
         self.checkpoint_id = checkpoint_id
@@ -106,6 +107,8 @@ class DeltaSnapshot:
         self._state_entries = state_entries
         self._base = base
         self._delta = delta
+        #: The chain confirmed when the delta was taken: what it applies on (a later one holds later writes).
+        self._chain = chain
         self._done = False
 
     @property
@@ -132,7 +135,8 @@ class DeltaSnapshot:
             else:
                 assert self._delta is not None
                 since, header, blocks = self._delta
-                files, links = b._delta_reference(since, cid)
+                assert self._chain is not None
+                files, links = b._delta_reference(since, cid, self._chain)
                 r = write_canonical(buf, header, lambda kg: _delta_block(blocks, kg), progress=progress)
                 kind = "delta"
         finally:
@@ -258,7 +262,9 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
                 KG_ENTRIES: counts,
             },
         )
-        return DeltaSnapshot(self, checkpoint_id, states, entries, per_state, delta=(since, header, blocks))
+        return DeltaSnapshot(
+            self, checkpoint_id, states, entries, per_state, delta=(since, header, blocks), chain=confirmed
+        )
 
     def _delta_due_base(self, chain: list[dict[str, Any]]) -> bool:
         deltas = [link for link in chain if link["kind"] == "delta"]
@@ -331,16 +337,21 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         return out
 
     def _delta_reference(
-        self, since: int, checkpoint_id: int
+        self,
+        since: int,
+        checkpoint_id: int,
+        confirmed: tuple[int, list[dict[str, Any]], dict[str, NativeFile]],
     ) -> tuple[list[NativeFile], list[dict[str, Any]]]:
-        """The confirmed chain a delta of the changes since ``since`` is written against, checked."""
-        confirmed = self._delta_confirmed
-        if confirmed is None or not since <= confirmed[0] < checkpoint_id:
+        """The chain ``confirmed`` when the delta was taken, which it is written against, checked.
+
+        Not the newest confirmed chain: a checkpoint that completed after this
+        snapshot was taken holds writes made after it.
+        """
+        if not since <= confirmed[0] < checkpoint_id:
             raise SnapshotError(
                 f"the delta of checkpoint {checkpoint_id} holds the changes since checkpoint {since}, but "
-                f"the "
-                f"last confirmed checkpoint is {None if confirmed is None else confirmed[0]}: write native "
-                "snapshots in the order they were taken"
+                f"it was taken on checkpoint {confirmed[0]}'s chain: write native snapshots in the order "
+                "they were taken"
             )
         cid, chain, files = confirmed
         out = []
@@ -382,7 +393,8 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         done = self._delta_chains.pop(checkpoint_id, None)
         for cid in [c for c in self._delta_chains if c < checkpoint_id]:
             del self._delta_chains[cid]
-        if done is not None:
+        newer = self._delta_confirmed is not None and self._delta_confirmed[0] > checkpoint_id
+        if done is not None and not newer:  # an older checkpoint completing late never replaces a newer chain
             self._delta_confirmed = (checkpoint_id, *done)
             self._delta_epochs = [(c, e) for c, e in self._delta_epochs if c > checkpoint_id]
 

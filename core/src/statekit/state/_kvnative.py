@@ -563,7 +563,9 @@ class KeyGroupNativeSnapshots:
             done = st.pending.pop(checkpoint_id, None)
             for cid in [c for c in st.pending if c < checkpoint_id]:
                 del st.pending[cid]
-            if done is not None:
+            newer = st.confirmed is not None and st.confirmed.checkpoint_id > checkpoint_id
+            # An older checkpoint completing late never replaces a newer one.
+            if done is not None and not newer:
                 st.confirmed = done
                 st.epochs = [(c, e) for c, e in st.epochs if c > checkpoint_id]
 

@@ -40,6 +40,7 @@ class UploadTracker:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._confirmed: dict[str, NativeFile] = {}
+        self._confirmed_id = -1  # the checkpoint whose files _confirmed are (-1: none yet)
         self._pending: dict[int, dict[str, NativeFile]] = {}
 
     def reusable(self, key: str) -> NativeFile | None:
@@ -66,14 +67,16 @@ class UploadTracker:
         """Checkpoint ``checkpoint_id`` completed: its files become the referenceable set.
 
         An older pending checkpoint can no longer become the newest confirmed one:
-        it is forgotten. A confirmation of a checkpoint this instance wrote nothing
-        for (its snapshot held no shared file, or it is not this instance's)
-        leaves the referenceable set as it is.
+        it is forgotten, and one confirmed after a newer one (a snapshot written
+        late) leaves the newer one's set. A confirmation of a checkpoint this
+        instance wrote nothing for (its snapshot held no shared file, or it is
+        not this instance's) leaves the referenceable set as it is.
         """
         with self._lock:
             done = self._pending.pop(checkpoint_id, None)
-            if done is not None:
+            if done is not None and checkpoint_id > self._confirmed_id:
                 self._confirmed = done
+                self._confirmed_id = checkpoint_id
             for cid in [c for c in self._pending if c < checkpoint_id]:
                 del self._pending[cid]
 
@@ -96,6 +99,7 @@ class UploadTracker:
         """
         with self._lock:
             self._confirmed = {}
+            self._confirmed_id = -1
             self._pending.clear()
             if checkpoint_id is not None and files:
                 self._pending[checkpoint_id] = {k: f for k, f in files.items() if f.shared}
