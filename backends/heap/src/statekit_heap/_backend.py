@@ -634,7 +634,6 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
         # The registered states the snapshot writes (core's, as it takes them): a state without a
         # TTL whose key group is all in the void namespace is encoded here, as core would encode it,
         # without a namespace per entry to build and then check (a quarter of a base's time).
-        ks = self.key_serializer
         plain = {r.name: r for r in (*self._states.values(), *self._restored.values()) if r.ttl is None}
         # Key groups still held as restored bytes: immutable, so the snapshot reads them as they are.
         lazy: dict[str, tuple[RegisteredState, dict[int, tuple[list[Section], int]], dict[int, _Over]]] = {}
@@ -661,12 +660,7 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
                 d = nsl[VOID_NAMESPACE][kg]
                 if not d:
                     return [], [], []
-                reg = plain.get(name)
-                if reg is not None:
-                    n = len(d)
-                    return Section(name, n, ks.encode_column(list(d)), _VOID_COLUMN,
-                                   reg.serializer.encode_column(list(d.values())))  # fmt: skip
-                return list(d), [VOID_NAMESPACE] * len(d), list(d.values())
+                return self._heap_void_entries(d, plain.get(name))
             keys: list[Any] = []
             nss: list[Any] = []
             vals: list[Any] = []
@@ -879,6 +873,24 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
             self._heap_put(t, kg, key, new)
         return new
 
+    def _heap_void_entries(self, d: dict[Any, Any], encode_with: RegisteredState | None) -> Any:
+        """A snapshot's entries of a void-namespace key group ``d`` (key to value).
+
+        Encoded with ``encode_with`` (the snapshot's registered state, without a
+        TTL) as core would encode them, with the one-byte void column instead
+        of a namespace per entry for core to build and check; as lists without it.
+        """
+        if encode_with is None:
+            return list(d), [VOID_NAMESPACE] * len(d), list(d.values())
+        keys = self.key_serializer.encode_column(list(d))
+        return Section(
+            encode_with.name,
+            len(d),
+            keys,
+            _VOID_COLUMN,
+            encode_with.serializer.encode_column(list(d.values())),
+        )
+
     def _heap_restored_entries(
         self,
         reg: RegisteredState,
@@ -909,11 +921,7 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
                     by_key.update(zip(keys, vals))
             if over:
                 by_key.update(over)
-            if encode_with is None or not by_key:
-                return list(by_key), [VOID_NAMESPACE] * len(by_key), list(by_key.values())
-            keys_column = self.key_serializer.encode_column(list(by_key))
-            values_column = encode_with.serializer.encode_column(list(by_key.values()))
-            return Section(encode_with.name, len(by_key), keys_column, _VOID_COLUMN, values_column)
+            return self._heap_void_entries(by_key, encode_with)
         merged: dict[tuple[Any, Any], Any] = {}
         for sec in secs:
             keys, nss, vals = self._decode(reg, sec)
