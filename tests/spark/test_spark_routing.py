@@ -101,19 +101,51 @@ def _partitions_hold_their_subtasks(spark: Any, df: Any, serializer: Any, p: int
     assert set(owners.values()) <= set(range(p))
 
 
+@pytest.fixture(params=["by-id", "by-hash"])
+def placement(request: Any, spark: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Rows placed by subtask id (Spark 4.1 and later) or by a routing value's hash (Spark 4.0's way)."""
+    from statekit.spark import _routing
+
+    if request.param == "by-id":
+        assert _routing.routes_by_id(spark), f"Spark {spark.version} places rows by id from 4.1 on"
+    else:
+        monkeypatch.setattr(_routing, "routes_by_id", lambda session: False)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("p", [1, 3, 7])
-def test_partition_i_holds_subtask_i_with_sql_routing(spark: Any, p: int) -> None:
+def test_partition_i_holds_subtask_i_with_sql_routing(spark: Any, p: int, placement: str) -> None:
     df = spark.createDataFrame([(k,) for k in STR_KEYS[:500]], "k string")
     _partitions_hold_their_subtasks(spark, df, StrSerializer(), p, 128)
 
 
-def test_partition_i_holds_subtask_i_with_python_routing(spark: Any) -> None:
+def test_partition_i_holds_subtask_i_with_python_routing(spark: Any, placement: str) -> None:
     """Keys Spark SQL cannot serialize (here bytes) take the Python pass."""
     df = spark.createDataFrame([(k.encode(),) for k in STR_KEYS[:500]], "k binary")
     from statekit.spark._routing import supports_sql_routing
 
     assert not supports_sql_routing(BytesSerializer(), df.schema["k"].dataType)
     _partitions_hold_their_subtasks(spark, df, BytesSerializer(), 3, 128)
+
+
+def test_rows_without_a_key_group_land_in_one_partition(spark: Any, placement: str) -> None:
+    """Null keys get no subtask: every such row of a batch goes to one task, the bad-records policy's."""
+    from pyspark import TaskContext
+
+    from statekit.spark._routing import KEY_GROUP_COLUMN, Router, routing_values
+
+    df = spark.createDataFrame([(k,) for k in [*STR_KEYS[:200], *([None] * 50)]], "k string")
+    routed = Router(spark, df.schema, key_column="k", serializer=StrSerializer(), parallelism=3,
+                    max_parallelism=128, route_values=routing_values(3), markers=False).route(df)  # fmt: skip
+
+    def nulls(batches: Any) -> Any:
+        import pyarrow as pa
+
+        n = sum(b.column(KEY_GROUP_COLUMN).null_count for b in batches)
+        yield pa.RecordBatch.from_pylist([{"part": TaskContext.get().partitionId(), "n": n}])
+
+    got = {r["part"]: r["n"] for r in routed.mapInArrow(nulls, "part long, n long").collect() if r["n"]}
+    assert list(got.values()) == [50], got
 
 
 def test_int_keys_count_exactly(spark: Any, tmp_path: Any) -> None:
