@@ -36,7 +36,7 @@ from statekit import Configuration
 from statekit.serialization._keygroups import key_group_for_bytes, operator_index_for_key_group
 from statekit.serialization._serializers import StrSerializer
 from statekit.spark._plan import TaskPlan
-from statekit.spark._routing import MARKER_COLUMN, SUBTASK_COLUMN
+from statekit.spark._routing import KEY_GROUP_COLUMN, MARKER_COLUMN, SUBTASK_COLUMN
 from statekit.spark._task import make_task, reset_cache
 from statekit_urlcount import CountPerUrl, CountPerUrlColumns, CountPerUrlVectorized
 
@@ -51,19 +51,16 @@ def batches_for(records: int, urls: int, subtask: int, parallelism: int, seed: i
         cum[i] = acc
     keys = rng.choices(names, cum_weights=cum, k=records)
     ser = StrSerializer()
-    mine = [
-        k
-        for k in keys
-        if operator_index_for_key_group(128, parallelism, key_group_for_bytes(ser.serialize(k), 128))
-        == subtask
-    ]
+    groups = [(k, key_group_for_bytes(ser.serialize(k), 128)) for k in keys]
+    mine = [(k, kg) for k, kg in groups if operator_index_for_key_group(128, parallelism, kg) == subtask]
     out = []
     for i in range(0, len(mine), 10_000):
         part = mine[i : i + 10_000]
         out.append(
             pa.RecordBatch.from_pydict(
                 {
-                    "url": pa.array(part, pa.string()),
+                    "url": pa.array([k for k, _ in part], pa.string()),
+                    KEY_GROUP_COLUMN: pa.array([kg for _, kg in part], pa.int32()),
                     SUBTASK_COLUMN: pa.array([subtask] * len(part), pa.int32()),
                     MARKER_COLUMN: pa.array([False] * len(part), pa.bool_()),
                 }

@@ -58,3 +58,66 @@ def test_the_hooks_and_own_names_may_be_defined() -> None:
         {"_ttl_hook": lambda self, reg: None, "_mydb_decode": lambda self: None, "helper": 1},
     )
     assert ok.helper == 1
+
+
+def _groups(keys: list[tuple[int, str]]) -> list[int]:
+    return [key_group_for_bytes(KEYS.serialize(k), 128) for k in keys]
+
+
+def _hashes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The key bytes the base hashes from now on (each key switch it computes a key group for)."""
+    from statekit.state import _keyed
+
+    hashed: list[bytes] = []
+
+    def counted(raw: bytes, max_parallelism: int) -> int:
+        hashed.append(raw)
+        return key_group_for_bytes(raw, max_parallelism)
+
+    monkeypatch.setattr(_keyed, "key_group_for_bytes", counted)
+    return hashed
+
+
+def test_key_groups_a_runner_routed_by_are_not_computed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = ReferenceKeyedStateBackend(key_serializer=KEYS, key_group_range=KeyGroupRange.of(0, 127),
+                                   max_parallelism=128, key_cache_size=100)  # fmt: skip
+    keys = [(i, "k") for i in range(10)]
+    hashed = _hashes(monkeypatch)
+    b.remember_key_groups(keys, _groups(keys))
+    for key, kg in zip(keys, _groups(keys)):
+        b.set_current_key(key)
+        assert b.current_key_group == kg
+        assert b.current_key_bytes == KEYS.serialize(key)  # serialized when asked, as before
+    assert hashed == []
+    b.set_current_key((99, "new"))  # a key it was not told: computed as before
+    assert hashed == [KEYS.serialize((99, "new"))]
+
+
+def test_key_groups_outside_the_range_or_null_are_not_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records that did not come by key group: each key's group is computed, and a foreign one refused."""
+    b = ReferenceKeyedStateBackend(key_serializer=KEYS, key_group_range=KeyGroupRange.of(0, 63),
+                                   max_parallelism=128, key_cache_size=100)  # fmt: skip
+    outside = next((i, "k") for i in range(1000) if _groups([(i, "k")])[0] >= 64)
+    inside = next((i, "k") for i in range(1000) if _groups([(i, "k")])[0] < 64)
+    hashed = _hashes(monkeypatch)
+    b.remember_key_groups([inside, outside], _groups([inside, outside]))  # one of them not this backend's
+    b.remember_key_groups([inside, outside], [_groups([inside])[0], None])  # type: ignore[list-item]
+    b.set_current_key(inside)
+    assert hashed == [KEYS.serialize(inside)]
+    with pytest.raises(StateAccessError, match="does not own"):
+        b.set_current_key(outside)
+
+
+def test_remembered_key_groups_keep_the_cache_bound_and_end_with_the_backend() -> None:
+    b = ReferenceKeyedStateBackend(key_serializer=KEYS, key_group_range=KeyGroupRange.of(0, 127),
+                                   max_parallelism=128, key_cache_size=4)  # fmt: skip
+    keys = [(i, "k") for i in range(6)]
+    b.remember_key_groups(keys[:3], _groups(keys[:3]))
+    b.remember_key_groups(keys[3:], _groups(keys[3:]))  # 3 + 3 > 4: the cache starts over
+    assert len(b._kg_cache) == 3
+    b.remember_key_groups(keys, _groups(keys))  # more than it holds: not remembered
+    assert len(b._kg_cache) == 3
+    b.close()
+    b.remember_key_groups(keys[:2], _groups(keys[:2]))
+    with pytest.raises(StateAccessError, match="closed"):
+        b.set_current_key(keys[0])

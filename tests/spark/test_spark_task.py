@@ -18,6 +18,7 @@ from statekit import ColumnsContext, Configuration, LocalRunner, ProcessContext
 from statekit.checkpoints._metadata import SubtaskState
 from statekit.checkpoints._writing import complete_checkpoint
 from statekit.errors import CheckpointError
+from statekit.serialization._keygroups import key_group_for_bytes
 from statekit.serializers import StrSerializer
 from statekit.spark import _loops
 from statekit.spark._driver import ATTEMPTS_PROPERTY, TOKEN_PROPERTY
@@ -30,7 +31,7 @@ from statekit.spark._plan import (
     batch_plan,
     batch_property,
 )
-from statekit.spark._routing import MARKER_COLUMN, SUBTASK_COLUMN
+from statekit.spark._routing import KEY_GROUP_COLUMN, MARKER_COLUMN, SUBTASK_COLUMN
 from statekit.spark._task import make_task, reset_cache
 from statekit_storage import FileSystemCheckpointStorage
 
@@ -38,6 +39,8 @@ RECORDS = make_records(600)
 COLUMNS = ("url", "request", "bytes")
 INPUT = pa.schema([("url", pa.string()), ("request", pa.string()), ("bytes", pa.int64()),
                    (SUBTASK_COLUMN, pa.int32()), (MARKER_COLUMN, pa.bool_())])  # fmt: skip
+#: INPUT with the key group column Spark's routing adds.
+ROUTED = pa.schema([*INPUT, (KEY_GROUP_COLUMN, pa.int32())])
 OUTPUT = T.StructType([T.StructField("url", T.StringType()), T.StructField("n", T.LongType())])
 
 
@@ -126,6 +129,7 @@ class Driver:
         self.columns = columns
         self.chunks = 1  # the Arrow batches a task's rows arrive in
         self.marker = True  # a marker row after the records (per-batch routing); False: as in the plan
+        self.key_groups = False  # each row with its key group, as Spark's routing sends it
         self.local_dir = local_dir or str(tmp_path / "executor")  # one executor's local directory
         self.config = config or {}
         self.dir = str(tmp_path / "ckpt")
@@ -153,9 +157,15 @@ class Driver:
         metadata = _Broadcast(
             self.storage.read_metadata(plan.restore_location) if plan.restore_location else b""
         )
+        if self.key_groups:
+            keys = StrSerializer()
+            for row in rows:
+                url = row["url"]
+                row[KEY_GROUP_COLUMN] = None if url is None else key_group_for_bytes(keys.serialize(url), 128)
         size = -(-len(rows) // self.chunks)
+        schema = ROUTED if self.key_groups else INPUT
         batches = [
-            pa.RecordBatch.from_pylist(rows[i : i + size], schema=INPUT) for i in range(0, len(rows), size)
+            pa.RecordBatch.from_pylist(rows[i : i + size], schema=schema) for i in range(0, len(rows), size)
         ]
         out = list(make_task(plan, metadata)(iter(batches)))
         table = pa.Table.from_batches(out)
@@ -352,6 +362,49 @@ def test_columns_of_one_subtask_skip_the_per_row_routing_with_the_same_outcome(
         assert two_batches(records, driver) == want
         assert routed == []
     assert [r["records"] for _, r in want] == [FLUSH_ROWS, FLUSH_ROWS + 300]
+
+
+@pytest.mark.parametrize("form", ["records", "batch", "columns"])
+def test_a_task_takes_the_key_groups_the_routing_computed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str
+) -> None:
+    """Rows that come with their key group (the routing in the query's plan): the backend computes
+    none of the keys' groups again, with the same outputs, counts and state."""
+    from statekit.state import _keyed
+
+    function = {"records": CountUrls, "batch": CountUrlsBatch, "columns": CountUrlsColumns}[form]
+    kw = {"vectorized": form == "batch", "columns": form == "columns"}
+    records = make_records(2 * FLUSH_ROWS + 300)
+    want = two_batches(records, Driver(tmp_path / "computed", function, **kw))
+    hashed: list[bytes] = []  # by the tasks (the state read back after them computes its own)
+    in_task = [False]
+
+    def counted(raw: bytes, max_parallelism: int) -> int:
+        if in_task[0]:
+            hashed.append(raw)
+        return key_group_for_bytes(raw, max_parallelism)
+
+    monkeypatch.setattr(_keyed, "key_group_for_bytes", counted)
+    for marker in (False, True):  # rows of one subtask alone, then with a marker (the general loops)
+        reset_cache()
+        driver = Driver(tmp_path / f"routed-{marker}", function, **kw)
+        driver.marker, driver.key_groups = marker, True
+        run_task = driver.run_task
+
+        def in_a_task(plan: TaskPlan, rows: list[dict[str, Any]], run_task: Any = run_task) -> Any:
+            in_task[0] = True
+            try:
+                return run_task(plan, rows)
+            finally:
+                in_task[0] = False
+
+        driver.run_task = in_a_task  # type: ignore[method-assign]
+        hashed.clear()
+        assert two_batches(records, driver) == want
+        if not marker:
+            assert hashed == []
+        else:  # the general loops compute them as before
+            assert len(set(hashed)) == len({r["url"] for r in records})
 
 
 def test_only_the_attempt_whose_snapshot_completed_is_reused(tmp_path: Path) -> None:

@@ -23,12 +23,13 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 from ..runtime._columnar import group_runs, subtask_runs
 from ..runtime._function import ColumnsContext, KeyedBatchFunction, KeyedColumnsFunction, fire_timer_results
 from ..runtime._subtask import Subtask
+from ..state._keyed import KeyedBackendBase
 from ..timers import MAX_WATERMARK
 from ..timers._eventtime import EventTime
 from ..timers._service import TimeDomain
 from ._arrow_values import Unconvertible, rows_of, values_of
 from ._output import FLUSH_ROWS, TaskOutput
-from ._routing import MARKER_COLUMN, PLACE_COLUMN, SUBTASK_COLUMN
+from ._routing import KEY_GROUP_COLUMN, MARKER_COLUMN, PLACE_COLUMN, SUBTASK_COLUMN
 from ._run import SubtaskCounts, TaskRun
 
 __all__ = ["event_times", "fire_timers", "process_columns", "process_groups", "process_records"]
@@ -145,6 +146,7 @@ def _records_of_one_subtask(run: TaskRun, batch: Any, index: int, started: float
     phases["convert"] += t_loop - started
     restoring = phases["restore"]  # a restore inside the loop is the restore's time
     st = run.subtask(index)
+    _remember_key_groups(st, [record[key_column] for record in records], batch)
     counts = run.counts[index]
     set_key, pctx, process = st.keyed.set_current_key, st.pctx, st.function.process
     pctx.timestamp = None
@@ -308,8 +310,22 @@ def _routed(run: TaskRun, batch: Any) -> tuple[list[Any], set[int], list[Any], S
         return _routed_rows(run, batch)
     n = batch.num_rows
     run.bad_keys.rows_read += n
-    run.subtask(only)
-    return [only] * n, {only}, values_of(batch.column(plan.key_column)), range(n), []
+    keys = values_of(batch.column(plan.key_column))
+    _remember_key_groups(run.subtask(only), keys, batch)
+    return [only] * n, {only}, keys, range(n), []
+
+
+def _remember_key_groups(st: Subtask, keys: list[Any], batch: Any) -> None:
+    """Hands the routing's key groups of ``keys`` (one subtask's rows of ``batch``) to its backend.
+
+    The JVM computed them to route the rows here; the backend then hashes no
+    new key again (:meth:`~statekit.state._keyed.KeyedBackendBase.remember_key_groups`,
+    which checks they are the subtask's). A backend of its own making, not on
+    the base, computes them itself.
+    """
+    keyed = st.keyed
+    if isinstance(keyed, KeyedBackendBase) and batch.schema.get_field_index(KEY_GROUP_COLUMN) >= 0:
+        keyed.remember_key_groups(keys, batch.column(KEY_GROUP_COLUMN).to_pylist())
 
 
 def _routed_rows(run: TaskRun, batch: Any) -> tuple[list[Any], set[int], list[Any], Sequence[int], list[int]]:

@@ -303,6 +303,35 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
         self._kg_cache[key] = kg
         return kg
 
+    def remember_key_groups(self, keys: Sequence[Any], key_groups: Sequence[int]) -> None:
+        """Remember ``key_groups[i]`` as the key group of ``keys[i]``: key groups a runner computed.
+
+        A runner that routed each record here by its key group (the Spark runner
+        computes it in the JVM, from this key serializer's bytes, with the same
+        formula) hands them over with the records it routed, so that a switch to
+        a key not seen before costs no serializing and hashing. Nothing is
+        remembered when one of them is outside :attr:`key_group_range` (the
+        records did not come by key group): :meth:`set_current_key` then
+        computes each key's and refuses one this backend does not own, naming
+        it. Keys that cannot be hashed are left to it too, as is a closed backend.
+        """
+        n = len(keys)
+        if self._closed or not n or n != len(key_groups) or n > self._key_cache_size:
+            return
+        kgr = self.key_group_range
+        try:
+            if min(key_groups) < kgr.start or max(key_groups) > kgr.end:
+                return
+        except TypeError:  # a null key group: the records did not all come by key group
+            return
+        cache = self._kg_cache
+        if len(cache) + n > self._key_cache_size:
+            cache.clear()  # as _assign does when the cache is full
+        try:
+            cache.update(zip(keys, key_groups))
+        except TypeError:  # an unhashable key: set_current_key names it
+            return
+
     def get_current_key(self) -> Any:
         """The current key (None before the first :meth:`set_current_key`)."""
         return self._key
