@@ -12,8 +12,8 @@ statekit's owner of a key is ``operator_index(murmur(crc32(key bytes)) % max_par
    only them, in partition ``i``. On Spark 4.0, ``i`` becomes a routing value
    ``x_i`` chosen once, computed as Spark computes ``hash``
    (:func:`spark_hash_long`), so that ``pmod(hash(x_i), p) == i``, and
-   ``repartition(p, x)`` does the same: one more column in every shuffled row
-   and its hash, about a tenth of the routing's time on a small batch.
+   ``repartition(p, x)`` does the same, with one more column in every shuffled
+   row to hash (a 40k-row batch's routing: 117-127 ms against 112-114 ms by id).
 
 Every subtask runs (and snapshots) even when it receives no record. Where the
 routing is part of the streaming query's plan (see ``MicroBatchDriver.streamed``),
