@@ -154,3 +154,19 @@ def test_str_columns_are_not_searched_without_numpy(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "numpy", None)
     assert column_finder(StrSerializer(), StrSerializer().encode_column(["a"]), 1) is None
+
+
+def test_a_section_tells_whether_its_entries_are_all_in_the_void_namespace() -> None:
+    from statekit import VOID_NAMESPACE
+    from statekit.serializers import StrSerializer
+    from statekit.snapshot_codec import Section
+    from statekit.snapshots._snapshot import encode_namespaces
+
+    void = Section.void("s", 2, b"keys", b"values")
+    assert void.in_void_namespace and void.namespaces == encode_namespaces(
+        [VOID_NAMESPACE, VOID_NAMESPACE], None, VOID_NAMESPACE, "s"
+    )
+    assert Section("s", 1, b"k", memoryview(b"\x00"), b"v").in_void_namespace  # as restores hold them
+    mixed = encode_namespaces([VOID_NAMESPACE, "w"], StrSerializer(), VOID_NAMESPACE, "s")
+    assert not Section("s", 2, b"k", mixed, b"v").in_void_namespace
+    assert not Section("s", 0, b"", b"", b"").in_void_namespace

@@ -22,7 +22,7 @@ import pytest
 
 from statekit import ListStateDescriptor, MapStateDescriptor, StateTtlConfig, ValueStateDescriptor
 from statekit.backend_api import KeyGroupRange
-from statekit.errors import CorruptSnapshotError, StateAccessError
+from statekit.errors import CorruptSnapshotError, SnapshotError, StateAccessError
 from statekit.serializers import StrSerializer
 from statekit.snapshot_codec import NativeStateHandle, SectionLookup
 from statekit.testing import KitNativeOutput
@@ -357,6 +357,22 @@ def test_a_delta_written_after_a_later_checkpoint_applies_on_the_chain_it_was_ta
     b.notify_checkpoint_complete(3)
     put("c", 5)
     assert values(checkpoint(b, 5)) == {"a": 3, "b": 30, "c": 5}
+
+
+def test_a_delta_written_as_a_checkpoint_not_after_its_chain_is_refused_naming_both(make_backend):
+    """A delta holds the changes since the chain it was taken on: written as an older checkpoint's
+    (or that chain's own) file, it would apply on a chain that is not before it."""
+    b = make_backend()
+    b.delta_max_ratio = 100.0
+    v = declare(b)["v"]
+    b.set_current_key("a")
+    v.update(1)
+    checkpoint(b, 2)
+    v.update(2)
+    taken = b.native_snapshot(3)
+    assert not taken.is_base
+    with pytest.raises(SnapshotError, match="checkpoint 2.*changes since checkpoint 2"):
+        taken.write(KitNativeOutput(2))
 
 
 def test_a_corrupt_chain_file_is_refused_at_restore_and_nothing_is_restored(make_backend):

@@ -65,8 +65,6 @@ _LOOKUP_BUDGET = 1.0
 _DECODE_SECONDS = 300e-9
 #: Decodes of fewer entries are not timed: their fixed costs would dominate.
 _TIMED_DECODE_MIN = 1_000
-#: A section's namespace column when every entry is in the void namespace (one byte).
-_VOID_COLUMN = b"\x00"
 
 
 def _copier(reg: RegisteredState) -> Callable[[Any], Any] | None:
@@ -877,17 +875,15 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
         """A snapshot's entries of a void-namespace key group ``d`` (key to value).
 
         Encoded with ``encode_with`` (the snapshot's registered state, without a
-        TTL) as core would encode them, with the one-byte void column instead
-        of a namespace per entry for core to build and check; as lists without it.
+        TTL) as core would encode them, a void-namespace section instead of a
+        namespace per entry for core to build and check; as lists without it.
         """
         if encode_with is None:
             return list(d), [VOID_NAMESPACE] * len(d), list(d.values())
-        keys = self.key_serializer.encode_column(list(d))
-        return Section(
+        return Section.void(
             encode_with.name,
             len(d),
-            keys,
-            _VOID_COLUMN,
+            self.key_serializer.encode_column(list(d)),
             encode_with.serializer.encode_column(list(d.values())),
         )
 
@@ -907,7 +903,7 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
         """
         if not over and len(secs) == 1 and not secs[0].removal:
             return secs[0]
-        if all(bytes(memoryview(sec.namespaces)) == _VOID_COLUMN for sec in secs):
+        if all(sec.in_void_namespace for sec in secs):
             # The void namespace throughout (all value states, most others): merged by key alone,
             # without a (namespace, key) tuple per entry (a third of the time).
             by_key: dict[Any, Any] = {}

@@ -55,7 +55,7 @@ class SectionLookup:
         Raises:
             SerializationError: If the key column is malformed.
         """
-        if bytes(memoryview(section.namespaces)) != b"\x00":
+        if not section.in_void_namespace:
             return None
         if section.count <= _DECODED_KEYS_MAX:
             keys = key_serializer.decode_column(section.keys, section.count)

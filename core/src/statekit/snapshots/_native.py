@@ -183,14 +183,18 @@ class NativeFile:
         if trusted and trusted == self.size:
             return
         if sha is not None:
-            if pos != self.size or sha.hexdigest() != self.sha256:
-                raise CorruptSnapshotError(
-                    f"{describe_stream(self.stream)}: native file {self.name}: {NOT_RECORDED}"
-                )
+            self._check_sha256(sha, pos)
         elif pos != self.size or crc != self.crc32:
             raise CorruptSnapshotError(
                 f"{describe_stream(self.stream)}: native file {self.name}: checksum mismatch; "
                 "the file is corrupt"
+            )
+
+    def _check_sha256(self, sha: Any, length: int) -> None:
+        """The bytes read (``length`` of them, hashed into ``sha``) must be the ones recorded."""
+        if length != self.size or sha.hexdigest() != self.sha256:
+            raise CorruptSnapshotError(
+                f"{describe_stream(self.stream)}: native file {self.name}: {NOT_RECORDED}"
             )
 
     def _check_size(self) -> None:
@@ -230,10 +234,7 @@ class NativeFile:
         data = self.stream.read(0, self.size) if self.size else b""
         sha = new_sha256()
         sha.update(data)
-        if len(data) != self.size or sha.hexdigest() != self.sha256:
-            raise CorruptSnapshotError(
-                f"{describe_stream(self.stream)}: native file {self.name}: {NOT_RECORDED}"
-            )
+        self._check_sha256(sha, len(data))
         return data
 
     def copy_to(self, path: str | os.PathLike[str], *, link: bool = False) -> None:

@@ -157,6 +157,10 @@ class KeyedStateHandle:
         )
 
 
+#: The namespace column of entries all in the void namespace: its mode byte alone.
+_VOID_NAMESPACES = b"\x00"
+
+
 @dataclass
 class Section:
     """One state's entries in one key group, still as column bytes."""
@@ -169,6 +173,16 @@ class Section:
     removal: bool = False
     """True for the removals of a delta (heap's native format): the keys and namespaces whose entries
     are gone; ``values`` is empty. Canonical files never hold such sections."""
+
+    @classmethod
+    def void(cls, state: str, count: int, keys: bytes, values: bytes) -> Section:
+        """The section of ``count`` entries of ``state`` all in the void namespace (encoded columns)."""
+        return cls(state, count, keys, _VOID_NAMESPACES, values)
+
+    @property
+    def in_void_namespace(self) -> bool:
+        """Whether every entry is in the void namespace (its namespace column is the one byte)."""
+        return memoryview(self.namespaces) == _VOID_NAMESPACES
 
 
 @dataclass
@@ -224,7 +238,7 @@ def encode_namespaces(
 ) -> bytes:
     """Encode a namespace column; all-void columns take one byte."""
     if all(ns is void for ns in namespaces):
-        return b"\x00"
+        return _VOID_NAMESPACES
     if serializer is None:
         raise SnapshotError(
             f"state {state!r} holds namespaces other than VOID_NAMESPACE but declares no "

@@ -68,6 +68,8 @@ REMOVAL_PREFIX = "\x00removed:"
 #: A delta header's ``extra`` key: per state, per changed key group (a string), its entries after the
 #: delta. A restore keeps a key group's sections as bytes (heap) only where it knows their exact count.
 KG_ENTRIES = "kg_entries"
+#: A confirmed checkpoint of a delta chain: its id, its chain's links and their files by name.
+_Confirmed = tuple[int, list[dict[str, Any]], dict[str, NativeFile]]
 
 
 @dataclass
@@ -96,9 +98,8 @@ class DeltaSnapshot:
         state_entries: dict[str, int],
         *,
         base: KeyedSnapshot | None = None,
-        delta: tuple[int, SnapshotHeader, dict[int, list[tuple[int, bytes, bytes, bytes, int]]]]
+        delta: tuple[_Confirmed, SnapshotHeader, dict[int, list[tuple[int, bytes, bytes, bytes, int]]]]
         | None = None,
-        chain: tuple[int, list[dict[str, Any]], dict[str, NativeFile]] | None = None,
     ) -> None:
         self._backend = backend
         self.checkpoint_id = checkpoint_id
@@ -106,9 +107,9 @@ class DeltaSnapshot:
         self._entries = entries
         self._state_entries = state_entries
         self._base = base
+        #: The chain confirmed when the delta was taken (what it applies on: a later one holds later
+        #: writes), the delta's header and its blocks.
         self._delta = delta
-        #: The chain confirmed when the delta was taken: what it applies on (a later one holds later writes).
-        self._chain = chain
         self._done = False
 
     @property
@@ -134,9 +135,8 @@ class DeltaSnapshot:
                 kind = "base"
             else:
                 assert self._delta is not None
-                since, header, blocks = self._delta
-                assert self._chain is not None
-                files, links = b._delta_reference(since, cid, self._chain)
+                confirmed, header, blocks = self._delta
+                files, links = b._delta_reference(cid, confirmed)
                 r = write_canonical(buf, header, lambda kg: _delta_block(blocks, kg), progress=progress)
                 kind = "delta"
         finally:
@@ -205,7 +205,7 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         # The chains of handles written but not confirmed, by checkpoint id.
         self._delta_chains: dict[int, tuple[list[dict[str, Any]], dict[str, NativeFile]]] = {}
         # The last confirmed checkpoint, its chain and files: what a delta is written against.
-        self._delta_confirmed: tuple[int, list[dict[str, Any]], dict[str, NativeFile]] | None = None
+        self._delta_confirmed: _Confirmed | None = None
         # Per state and key group, the exact entries the last restored chain left there where a delta
         # changed them (None: not known); kept until the state is declared (see _delta_restored_count).
         self._delta_kg_entries: dict[str, dict[int, int | None]] = {}
@@ -263,7 +263,7 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
             },
         )
         return DeltaSnapshot(
-            self, checkpoint_id, states, entries, per_state, delta=(since, header, blocks), chain=confirmed
+            self, checkpoint_id, states, entries, per_state, delta=(confirmed, header, blocks)
         )
 
     def _delta_due_base(self, chain: list[dict[str, Any]]) -> bool:
@@ -337,23 +337,19 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         return out
 
     def _delta_reference(
-        self,
-        since: int,
-        checkpoint_id: int,
-        confirmed: tuple[int, list[dict[str, Any]], dict[str, NativeFile]],
+        self, checkpoint_id: int, confirmed: _Confirmed
     ) -> tuple[list[NativeFile], list[dict[str, Any]]]:
-        """The chain ``confirmed`` when the delta was taken, which it is written against, checked.
+        """The chain ``confirmed`` when the delta was taken (its changes are since that chain), checked.
 
         Not the newest confirmed chain: a checkpoint that completed after this
         snapshot was taken holds writes made after it.
         """
-        if not since <= confirmed[0] < checkpoint_id:
-            raise SnapshotError(
-                f"the delta of checkpoint {checkpoint_id} holds the changes since checkpoint {since}, but "
-                f"it was taken on checkpoint {confirmed[0]}'s chain: write native snapshots in the order "
-                "they were taken"
-            )
         cid, chain, files = confirmed
+        if not cid < checkpoint_id:
+            raise SnapshotError(
+                f"the delta written as checkpoint {checkpoint_id} holds the changes since checkpoint {cid}: "
+                "write a native snapshot as the checkpoint it was taken for"
+            )
         out = []
         for link in chain:
             f = self.native_uploads.reusable(str(link["file"]))
