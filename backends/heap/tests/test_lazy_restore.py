@@ -13,6 +13,7 @@ column searchable).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 from datetime import timedelta
@@ -20,8 +21,15 @@ from typing import Any
 
 import pytest
 
-from statekit import ListStateDescriptor, MapStateDescriptor, StateTtlConfig, ValueStateDescriptor
+from statekit import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    StateTtlConfig,
+    TtlVisibility,
+    ValueStateDescriptor,
+)
 from statekit.backend_api import KeyGroupRange
+from statekit.checkpointing import key_group_range_for_operator
 from statekit.errors import CorruptSnapshotError, SnapshotError, StateAccessError
 from statekit.serializers import StrSerializer
 from statekit.snapshot_codec import NativeStateHandle, SectionLookup
@@ -655,3 +663,272 @@ def test_a_key_group_read_by_many_keys_is_decoded_with_what_was_written(make_bac
     assert not t.partial
     assert dict(t.void[0]) == {**{f"k{i}": i for i in range(5000)}, "k3": -3, "new": 7}
     assert b.num_entries("v") == 5001
+
+
+# --- rescaled chains: a rescaled subtask's checkpoints write what changed -------------------------
+
+MAXP = 128
+KEYS = 150
+
+
+def _subtasks(make_backend: Any, p: int, max_deltas: int = 10) -> list[HeapKeyedStateBackend]:
+    out = []
+    for i in range(p):
+        b = make_backend(key_group_range=key_group_range_for_operator(MAXP, p, i))
+        b.delta_max_ratio = 100.0  # deltas, however small the base
+        b.delta_max_deltas = max_deltas
+        out.append(b)
+    return out
+
+
+def _owner(subtasks: list[HeapKeyedStateBackend], key: str) -> HeapKeyedStateBackend:
+    for b in subtasks:
+        try:
+            b.set_current_key(key)
+        except StateAccessError:
+            continue
+        return b
+    raise AssertionError(f"no subtask owns {key}")
+
+
+def _mutate_all(
+    subtasks: list[HeapKeyedStateBackend], model: Model, rng: random.Random, n: int, keys: int = KEYS
+) -> None:
+    """About ``n`` random writes, each by the subtask that owns its key (``mutate`` draws the key)."""
+    for _ in range(n * len(subtasks)):
+        b = rng.choice(subtasks)
+        try:
+            mutate(b, {}, rng, 1, keys)
+        except StateAccessError:  # another subtask's key: nothing was written
+            continue
+        _merge(model, b)
+
+
+def _merge(model: Model, b: HeapKeyedStateBackend) -> None:
+    """What one ``mutate`` call did, read back from ``b`` for the key it touched."""
+    key = b.get_current_key()
+    for state, ns in [("v", None), ("l", None), ("m", None)] + [("w", n) for n in NAMESPACES]:
+        model.pop((state, ns, key), None)
+    model.update(read_all(b, [key]))
+
+
+def _checkpoint(subtasks: list[HeapKeyedStateBackend], cid: int) -> list[NativeStateHandle]:
+    handles = [b.native_snapshot(cid).write(KitNativeOutput(cid)) for b in subtasks]
+    for b in subtasks:
+        b.notify_checkpoint_complete(cid)
+    return handles
+
+
+def _restore(
+    make_backend: Any,
+    handles: list[NativeStateHandle],
+    p: int,
+    *,
+    claim: bool,
+    max_deltas: int = 10,
+    limited: bool = True,
+) -> list[HeapKeyedStateBackend]:
+    """Subtasks at ``p`` restored from ``handles``: each limited to the subtask's key groups, as runners
+    hand them (``limited``), or whole where they overlap."""
+    subtasks = _subtasks(make_backend, p, max_deltas)
+    for b in subtasks:
+        own = b.key_group_range
+        mine = [
+            h.intersect(own) if limited else h for h in handles if len(h.key_group_range.intersection(own))
+        ]
+        b.restore_native([h for h in mine if h is not None])
+        if claim:
+            b.notify_checkpoint_complete(handles[0].checkpoint_id)
+    return subtasks
+
+
+def _read_back(make_backend: Any, handles: list[NativeStateHandle], keys: int = KEYS) -> Model:
+    one = make_backend(key_group_range=KeyGroupRange.of(0, MAXP - 1))
+    one.restore_native(handles)
+    return read_all(one, [f"k{i}" for i in range(keys)])
+
+
+def _uploaded(handles: list[NativeStateHandle]) -> int:
+    return sum(f.size for h in handles for f in h.files if f.checkpoint_id == h.checkpoint_id)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lineages_of_rescales_write_deltas_and_restore_exactly(make_backend, seed):
+    """Random rescales and restores, claimed or not, with writes and checkpoints between: every
+    checkpoint reads back as the model; a claimed rescale's first checkpoint is a delta (even seeds:
+    no base is ever due) and an unclaimed one's a base. Odd seeds write a base every few deltas."""
+    rng = random.Random(seed)
+    max_deltas = 10_000 if seed % 2 == 0 else 3
+    model: Model = {}
+    cid = 1
+    subtasks = _subtasks(make_backend, 2)
+    _mutate_all(subtasks, model, rng, 400)
+    handles = _checkpoint(subtasks, cid)
+    for _ in range(6):
+        p = rng.choice([1, 2, 3, 4, 5])
+        claim = rng.random() < 0.85
+        rescaled = p != len(subtasks)
+        limited = rng.random() < 0.5
+        subtasks = _restore(make_backend, handles, p, claim=claim, max_deltas=max_deltas, limited=limited)
+        for _ in range(rng.randrange(1, 4)):
+            _mutate_all(subtasks, model, rng, rng.randrange(0, 40))
+            cid += 1
+            first = [link["kind"] for h in handles for link in h.meta["chain"]]
+            handles = _checkpoint(subtasks, cid)
+            assert _read_back(make_backend, handles) == model, f"checkpoint {cid} at p={p}"
+            kinds = {
+                link["kind"] for h in handles for link in h.meta["chain"] if link["checkpoint_id"] == cid
+            }
+            if not claim and first:
+                assert kinds == {"base"}, "an unclaimed restore writes a base"
+                claim = True  # later checkpoints are the instance's own
+            elif rescaled and max_deltas > 1000:
+                assert kinds == {"delta"}, f"checkpoint {cid}: the first after a claimed rescale to p={p}"
+            rescaled = False
+    assert model, "the lineage wrote nothing"
+
+
+def test_a_rescaled_subtasks_first_checkpoint_is_a_delta_of_the_change(make_backend):
+    """2 → 3 and 3 → 2: each new subtask's first checkpoint uploads its change only, and restores exactly."""
+    rng = random.Random(7)
+    model: Model = {}
+    two = _subtasks(make_backend, 2)
+    _mutate_all(two, model, rng, 3000, keys=2000)
+    full = _checkpoint(two, 1)
+    everything = _uploaded(full)
+    for cid, p in [(2, 3), (3, 2)]:
+        new = _restore(make_backend, full, p, claim=True)
+        _mutate_all(new, model, rng, 10, keys=2000)
+        handles = _checkpoint(new, cid)
+        for h in handles:
+            own = [link for link in h.meta["chain"] if link["checkpoint_id"] == cid]
+            assert [link["kind"] for link in own] == ["delta"]
+            assert len({f.name for f in h.files}) == len(h.files)
+        # The middle subtask of three (and each of two after three) holds parts of two old ones: its
+        # chain lists both, each limited to the key groups it took over.
+        spanning = [h for h in handles if sum(link["kind"] == "base" for link in h.meta["chain"]) == 2]
+        assert len(spanning) == (1 if p == 3 else 2)
+        for h in spanning:
+            parts = [
+                KeyGroupRange.of(*link["key_groups"]) for link in h.meta["chain"] if link["kind"] == "base"
+            ]
+            assert parts[0].start == h.key_group_range.start and parts[1].end == h.key_group_range.end
+            assert parts[0].end + 1 == parts[1].start
+        assert _uploaded(handles) < everything / 5
+        assert _read_back(make_backend, handles, keys=2000) == model
+        full = handles  # 3 → 2 restores the rescaled chains
+
+
+def test_an_unclaimed_rescale_writes_a_base(make_backend):
+    rng = random.Random(3)
+    model: Model = {}
+    two = _subtasks(make_backend, 2)
+    _mutate_all(two, model, rng, 300)
+    handles = _checkpoint(two, 1)
+    three = _restore(make_backend, handles, 3, claim=False)
+    again = _checkpoint(three, 2)
+    assert all([link["kind"] for link in h.meta["chain"]] == ["base"] for h in again)
+    assert _read_back(make_backend, again) == model
+
+
+def test_a_rescaled_chain_that_leaves_key_groups_out_is_refused_naming_them(make_backend):
+    rng = random.Random(5)
+    two = _subtasks(make_backend, 2)
+    _mutate_all(two, {}, rng, 300)
+    three = _restore(make_backend, _checkpoint(two, 1), 3, claim=True)
+    h = _checkpoint(three, 2)[1]
+    chain = [dict(link) for link in h.meta["chain"]]
+    first = next(link for link in chain if "key_groups" in link)
+    first["key_groups"] = [first["key_groups"][0] + 1, first["key_groups"][1]]
+    target = make_backend(key_group_range=h.key_group_range)
+    with pytest.raises(
+        CorruptSnapshotError,
+        match=r"for key groups KeyGroupRange\[\d+, \d+\] \['delta'\] is not a base followed",
+    ):
+        target.restore_native([dataclasses.replace(h, meta={**h.meta, "chain": chain})])
+    assert target.num_entries() == 0
+    outside = [dict(link) for link in h.meta["chain"]]
+    outside[0]["key_groups"] = [10, 5]
+    with pytest.raises(CorruptSnapshotError, match="holds no key groups"):
+        target.restore_native([dataclasses.replace(h, meta={**h.meta, "chain": outside})])
+
+
+# --- a delta written late, and TTL cleanup in full snapshots, along a chain of deltas ------------------
+
+
+def test_a_delta_written_after_later_checkpoints_wrote_a_base_finds_its_chain_kept(make_backend):
+    """Snapshot 2 (a delta on checkpoint 1's base) waits while checkpoints 3 and 4 complete, 4 a base.
+    Every handle written meanwhile holds the base it applies on, so retention (keeping only what the
+    newest checkpoint holds) keeps it: 2 is written afterwards and restores its own state."""
+    b = make_backend()
+    b.delta_max_ratio = 100.0
+    v = declare(b)["v"]
+    keys = [f"k{i}" for i in range(50)]
+    for i, key in enumerate(keys):
+        b.set_current_key(key)
+        v.update(i)
+    checkpoint(b, 1)
+    b.set_current_key("k0")
+    v.update(-1)
+    at_2 = {key: (-1 if key == "k0" else i) for i, key in enumerate(keys)}
+    pending = b.native_snapshot(2)
+    b.set_current_key("k1")
+    v.update(-2)
+    checkpoint(b, 3)
+    b.delta_max_deltas = 1  # checkpoint 4 writes a base
+    newest = checkpoint(b, 4)
+    assert [link["kind"] for link in newest.meta["chain"]] == ["base"]
+    assert "base-1" in {f.name for f in newest.files}, "the waiting delta's base is held"
+    late = pending.write(KitNativeOutput(2))
+    r = make_backend()
+    r.restore_native([late])
+    rv = declare(r)["v"]
+    got = {}
+    for key in keys:
+        r.set_current_key(key)
+        got[key] = rv.value()
+    assert got == at_2
+    b.delta_max_deltas = 10
+    after = checkpoint(b, 5)
+    assert "base-1" not in {f.name for f in after.files}, "nothing waits on it any more"
+
+
+@pytest.mark.parametrize("rescale", [False, True])
+def test_entries_that_expired_without_a_write_are_dropped_by_a_restore_of_deltas(
+    make_backend, clock, rescale
+):
+    """A state whose full snapshots leave expired entries out: a restore of a base and deltas drops
+    what expired by the last delta's time, changed since the base or not, as a full snapshot would."""
+    ttl = StateTtlConfig(
+        timedelta(milliseconds=10),
+        visibility=TtlVisibility.RETURN_EXPIRED_IF_NOT_CLEANED_UP,
+        cleanup_full_snapshot=True,
+    )
+    desc = MapStateDescriptor("tm", str, int, ttl=ttl)
+    b = make_backend()
+    b.delta_max_ratio = 100.0
+    m = b.get_state(desc)
+    for key in ("old", "kept"):
+        b.set_current_key(key)
+        m.put("u", 1)
+    checkpoint(b, 1)
+    clock.advance(20)  # both expire; "kept" is written again
+    b.set_current_key("kept")
+    m.put("u", 2)
+    h = checkpoint(b, 2)
+    assert [link["kind"] for link in h.meta["chain"]] == ["base", "delta"]
+    parts = [KeyGroupRange.of(0, 63), KeyGroupRange.of(64, 127)] if rescale else [KeyGroupRange.of(0, 127)]
+    found: dict[str, Any] = {}
+    for r in parts:
+        target = make_backend(key_group_range=r)
+        target.restore_native([h])
+        tm = target.get_state(desc)
+        for key in ("old", "kept"):
+            try:
+                target.set_current_key(key)
+            except StateAccessError:
+                continue
+            found[key] = dict(tm.items())
+        found.setdefault("entries", 0)
+        found["entries"] += target.num_entries()
+    assert found == {"old": {}, "kept": {"u": 2}, "entries": 1}

@@ -29,13 +29,25 @@ checks each file's SHA-256, convert-to-savepoint and the state processor
 restore the chain into a backend and write it canonically, and a rescale gives
 each new subtask the blocks of its key groups from every file of every chain,
 applied in order.
+
+A rescale keeps the checkpoint cost in proportion to the change too. The new
+instance's chain is its predecessors' chains, each link limited to the key
+groups it holds there (the link's ``key_groups``; a link without them holds
+all of its handle's), and, once the runner claims the restored checkpoint,
+its first checkpoint writes a delta against that chain instead of a base of
+everything. Each file holds only the key groups its writer owned, so a key
+group reads its predecessor's base and deltas, then the new instance's
+deltas. Until it writes a base of its own, a restore of such a chain reads
+the predecessors' whole files; the same ``max_deltas`` and
+``max_delta_ratio`` bound it, counted per predecessor's part.
 """
 
 from __future__ import annotations
 
 import io
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import Any
 
 from .._errors import CorruptSnapshotError, SnapshotError, StateAccessError
@@ -100,6 +112,7 @@ class DeltaSnapshot:
         base: KeyedSnapshot | None = None,
         delta: tuple[_Confirmed, SnapshotHeader, dict[int, list[tuple[int, bytes, bytes, bytes, int]]]]
         | None = None,
+        ttl_cleanup: tuple[int, dict[str, int]] | None = None,
     ) -> None:
         self._backend = backend
         self.checkpoint_id = checkpoint_id
@@ -110,6 +123,8 @@ class DeltaSnapshot:
         #: The chain confirmed when the delta was taken (what it applies on: a later one holds later
         #: writes), the delta's header and its blocks.
         self._delta = delta
+        #: When it was taken, and the TTL of each state whose expired entries full snapshots leave out.
+        self._ttl_cleanup = ttl_cleanup
         self._done = False
 
     @property
@@ -142,7 +157,7 @@ class DeltaSnapshot:
         finally:
             self.release()
         f = out.upload(f"{kind}-{cid}", buf.getvalue(), shared=True)
-        files.append(f)
+        files = b._delta_pinned([*files, f])
         sizes: dict[str, int] = {}
         for name, n in r.state_sizes.items():
             name = name.removeprefix(REMOVAL_PREFIX)
@@ -160,15 +175,14 @@ class DeltaSnapshot:
         b._delta_written(cid, files, links)
         # Each state's bytes in the files a restore reads (its base's and deltas'): what storages limit.
         total: dict[str, int] = {}
-        for link in links:
+        for link in {str(link["file"]): link for link in links}.values():  # a file listed twice is read once
             for name, n in (link.get("state_sizes") or {}).items():
                 total[name] = total.get(name, 0) + int(n)
+        meta: dict[str, Any] = {"chain": links, "state_sizes": total, "state_entries": self._state_entries}
+        if self._ttl_cleanup is not None:
+            meta["time_ms"], meta["ttl_cleanup"] = self._ttl_cleanup
         return b.native_handle(
-            self.checkpoint_id,
-            files,
-            states=self._states,
-            meta={"chain": links, "state_sizes": total, "state_entries": self._state_entries},
-            entries=self._entries,
+            self.checkpoint_id, files, states=self._states, meta=meta, entries=self._entries
         )
 
     def release(self) -> None:
@@ -176,6 +190,8 @@ class DeltaSnapshot:
         self._done = True
         if self._base is not None:
             self._base.release()
+        if self._delta is not None:
+            self._backend._delta_unpin(self._delta[0][2])
         self._delta = None
 
 
@@ -209,6 +225,10 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         # Per state and key group, the exact entries the last restored chain left there where a delta
         # changed them (None: not known); kept until the state is declared (see _delta_restored_count).
         self._delta_kg_entries: dict[str, dict[int, int | None]] = {}
+        # The files of the chains that deltas taken but not written yet apply on (see _delta_pinned).
+        self._delta_pins: list[dict[str, NativeFile]] = []
+        # TTL (ms) of restored states whose expired entries full snapshots leave out, until declared.
+        self._delta_restored_ttl: dict[str, int] = {}
 
     # --- the backend's hooks ---------------------------------------------------------
 
@@ -242,8 +262,14 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         entries = self.num_entries()
         # Exact (key, namespace) entries per state at this checkpoint, for the metrics' state_entries.
         per_state = {m["name"]: self.num_entries(m["name"]) for m in states}
+        cleanup = self._delta_full_snapshot_ttl()
+        # A delta leaves unchanged entries that expired since its base in the chain: a restore drops
+        # them as of this time, as a full snapshot taken now would have.
+        ttl_cleanup = (self.clock(), cleanup) if cleanup else None
         if confirmed is None or self._delta_due_base(confirmed[1]):
-            return DeltaSnapshot(self, checkpoint_id, states, entries, per_state, base=self.snapshot())
+            return DeltaSnapshot(
+                self, checkpoint_id, states, entries, per_state, base=self.snapshot(), ttl_cleanup=ttl_cleanup
+            )
         since = confirmed[0]
         epochs = [e for cid, e in self._delta_epochs if cid > since]
         counts: dict[str, dict[str, int]] = {}
@@ -262,16 +288,47 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
                 KG_ENTRIES: counts,
             },
         )
+        self._delta_pins.append(confirmed[2])
         return DeltaSnapshot(
-            self, checkpoint_id, states, entries, per_state, delta=(confirmed, header, blocks)
+            self,
+            checkpoint_id,
+            states,
+            entries,
+            per_state,
+            delta=(confirmed, header, blocks),
+            ttl_cleanup=ttl_cleanup,
         )
 
+    def _delta_unpin(self, files: dict[str, NativeFile]) -> None:
+        """A delta applying on the chain of ``files`` was written or given up."""
+        for i, pin in enumerate(self._delta_pins):
+            if pin is files:
+                del self._delta_pins[i]
+                return
+
+    def _delta_full_snapshot_ttl(self) -> dict[str, int]:
+        """TTL (ms) of every state whose expired entries full snapshots leave out (declared or restored)."""
+        out: dict[str, int] = {}
+        for name in self.state_names:
+            reg = self._states.get(name)
+            if reg is not None:
+                if reg.ttl is not None and reg.ttl.cleanup_full_snapshot:
+                    out[name] = reg.ttl.ttl_ms
+            elif name in self._delta_restored_ttl:
+                out[name] = self._delta_restored_ttl[name]
+        return out
+
     def _delta_due_base(self, chain: list[dict[str, Any]]) -> bool:
-        deltas = [link for link in chain if link["kind"] == "delta"]
-        if len(deltas) >= self.delta_max_deltas:
-            return True
-        base = sum(int(link["size"]) for link in chain if link["kind"] == "base")
-        return sum(int(link["size"]) for link in deltas) > self.delta_max_ratio * base
+        """A base is due where some key groups' part of the chain has ``max_deltas`` deltas, or deltas
+        of more than ``max_delta_ratio`` of their base's bytes (a rescaled chain: each predecessor's part)."""
+        for _, links in _coverage(self.key_group_range, chain):
+            deltas = [link for link in links if link["kind"] == "delta"]
+            if len(deltas) >= self.delta_max_deltas:
+                return True
+            base = sum(int(link["size"]) for link in links if link["kind"] == "base")
+            if sum(int(link["size"]) for link in deltas) > self.delta_max_ratio * base:
+                return True
+        return False
 
     def _delta_blocks(
         self,
@@ -342,7 +399,9 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         """The chain ``confirmed`` when the delta was taken (its changes are since that chain), checked.
 
         Not the newest confirmed chain: a checkpoint that completed after this
-        snapshot was taken holds writes made after it.
+        snapshot was taken holds writes made after it. Its files stay
+        referenceable meanwhile: every checkpoint written while this snapshot
+        waits holds them too (:meth:`_delta_pinned`), so retention keeps them.
         """
         cid, chain, files = confirmed
         if not cid < checkpoint_id:
@@ -350,16 +409,33 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
                 f"the delta written as checkpoint {checkpoint_id} holds the changes since checkpoint {cid}: "
                 "write a native snapshot as the checkpoint it was taken for"
             )
-        out = []
+        out: dict[str, NativeFile] = {}
         for link in chain:
-            f = self.native_uploads.reusable(str(link["file"]))
-            if f is None or f is not files.get(str(link["file"])):
+            name = str(link["file"])
+            f = self.native_uploads.reusable(name)
+            if f is None or f is not files.get(name):
                 raise SnapshotError(
-                    f"checkpoint {checkpoint_id}: file {link['file']} of confirmed checkpoint {cid}'s chain "
+                    f"checkpoint {checkpoint_id}: file {name} of confirmed checkpoint {cid}'s chain "
                     "may no longer be referenced; the snapshot is not written"
                 )
-            out.append(f)
-        return out, [dict(link) for link in chain]
+            out[name] = f  # a rescaled chain may list one file for two runs of key groups
+        return list(out.values()), [dict(link) for link in chain]
+
+    def _delta_pinned(self, files: list[NativeFile]) -> list[NativeFile]:
+        """``files`` and the files of the chains that deltas taken but not written yet apply on.
+
+        A checkpoint's handle holds them besides its own chain (a restore reads
+        only the chain's), so they stay referenceable and retention keeps them
+        until such a delta is written, even after a later checkpoint wrote a base.
+        """
+        names = {f.name for f in files}
+        out = list(files)
+        for pin in self._delta_pins:
+            for f in pin.values():
+                if f.name not in names:  # a name taken by another file: that delta's write refuses, naming it
+                    names.add(f.name)
+                    out.append(f)
+        return out
 
     def _delta_written(
         self, checkpoint_id: int, files: list[NativeFile], chain: list[dict[str, Any]]
@@ -405,8 +481,12 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         """Restore chains of any parallelism: each owned key group's base, then its deltas in order.
 
         Every file is read and checked (size, SHA-256) before anything is
-        restored. A restore of one chain at the same key groups keeps its files
-        for the runner's claim: later checkpoints then write deltas against it.
+        restored. The restored chain is kept for the runner's claim, so later
+        checkpoints write deltas against it: one handle's chain at the same
+        key groups as it is, and after a rescale the chains of every handle
+        that holds some of this instance's key groups, each link limited to
+        the key groups it holds here (``key_groups``), as Flink's incremental
+        checkpoints reference a rescaled predecessor's files.
         """
         metas = self.check_native_restore(handles, self.native_format)
         own = self.key_group_range
@@ -414,22 +494,91 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
             name: (meta, []) for name, meta in metas.items()
         }
         counts: dict[str, dict[int, int | None]] = {}
-        for h in sorted(handles, key=lambda h: h.key_group_range.start):
+        ordered = sorted(handles, key=lambda h: h.key_group_range.start)
+        for h in ordered:
             for link, data in _chain_files(h):
                 _stage_file(data, h, link, own, staged, counts)
+        self._delta_purge_expired(ordered, own, staged)
         self._delta_kg_entries = counts
         self._delta_track()
         self._delta_epochs = []
         self._delta_chains = {}
         self._delta_confirmed = None
         migrated = self._restore_staged(staged)
-        if len(handles) == 1 and handles[0].key_group_range == own and not migrated:
+        ids = {h.checkpoint_id for h in handles}
+        if migrated or len(ids) != 1:
+            self.native_uploads.restored()
+            return
+        (cid,) = ids
+        if len(handles) == 1 and handles[0].key_group_range == own:
             h = handles[0]
             files = {f.name: f for f in h.files}
-            self.native_uploads.restored(h.checkpoint_id, files)
-            self._delta_chains[h.checkpoint_id] = ([dict(link) for link in h.meta["chain"]], files)
+            chain = [dict(link) for link in h.meta["chain"]]
         else:
-            self.native_uploads.restored()
+            chain, files = _rescaled_chain(ordered, own)
+        self.native_uploads.restored(cid, files)
+        self._delta_chains[cid] = (chain, files)
+
+    def _delta_purge_expired(
+        self,
+        handles: Sequence[NativeStateHandle],
+        own: KeyGroupRange,
+        staged: dict[str, tuple[dict[str, Any], list[tuple[int, Section]]]],
+    ) -> None:
+        """Drop what full-snapshot TTL cleanup would have, as of each handle's time (``ttl_cleanup``).
+
+        A state's key groups are merged (base, changes, removals) into one
+        section each, without the entries expired when the snapshot was taken.
+        """
+        self._delta_restored_ttl = {}
+        for h in handles:
+            cleanup, when = h.meta.get("ttl_cleanup"), h.meta.get("time_ms")
+            if not cleanup:
+                continue
+            where = f"native {h.backend} snapshot of {h.key_group_range} (checkpoint {h.checkpoint_id})"
+            if not (
+                isinstance(cleanup, dict)
+                and isinstance(when, int)
+                and all(isinstance(v, int) and v > 0 for v in cleanup.values())
+            ):
+                raise CorruptSnapshotError(f"{where}: its 'ttl_cleanup' or 'time_ms' is malformed")
+            mine = h.key_group_range.intersection(own)
+            for name, ttl_ms in cleanup.items():
+                self._delta_restored_ttl[name] = ttl_ms
+                item = staged.get(name)
+                if item is not None:
+                    staged[name] = (item[0], self._purged(item[0], item[1], mine, when, ttl_ms, where))
+
+    def _purged(
+        self,
+        meta: dict[str, Any],
+        secs: list[tuple[int, Section]],
+        mine: KeyGroupRange,
+        when: int,
+        ttl_ms: int,
+        where: str,
+    ) -> list[tuple[int, Section]]:
+        """``secs``, each key group of ``mine`` merged into one section without what expired at ``when``."""
+        name = meta["name"]
+        try:
+            reg = RegisteredState.from_meta(meta)
+            merged = self._delta_merged(reg, [(kg, sec) for kg, sec in secs if kg in mine])
+        except SnapshotError as e:
+            raise SnapshotError(
+                f"{where}: state {name!r} leaves expired entries out of full snapshots, and its serializers "
+                f"cannot be rebuilt from their configs to drop them at this restore ({e}); restore it with "
+                "serializers that describe themselves"
+            ) from e
+        out = [(kg, sec) for kg, sec in secs if kg not in mine]
+        for kg, d in merged:
+            live = {}
+            for slot, v in d.items():
+                kept = purge_expired(reg.storage_kind, v, when, ttl_ms)
+                if kept is not None:
+                    live[slot] = kept
+            if live:
+                out.append((kg, self._delta_section(reg, live)))
+        return out
 
     def _delta_restored_count(self, name: str, key_group: int, sections: Sequence[Section]) -> int | None:
         """The exact entries of state ``name`` that ``sections`` (a key group's, in order) restore, if known.
@@ -503,52 +652,151 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
                 continue
             try:
                 reg = RegisteredState.from_meta(meta)
-                merged: dict[int, dict[tuple[Any, Any], Any]] = {}
-                for kg, s in secs:
-                    keys, nss, vals = self._decode(reg, s)
-                    d = merged.setdefault(kg, {})
-                    if s.removal:
-                        for k, n in zip(keys, nss):
-                            d.pop((n, k), None)
-                    else:
-                        d.update(zip(zip(nss, keys), vals))
+                merged = self._delta_merged(reg, secs)
             except SnapshotError:
                 continue  # a custom serializer: merged when declared; a snapshot before that refuses
-            out = []
-            for kg in sorted(merged):
-                d = merged[kg]
-                if d:
-                    nss = [n for n, _ in d]
-                    out.append(
-                        (
-                            kg,
-                            Section(
-                                name,
-                                len(d),
-                                self.key_serializer.encode_column([k for _, k in d]),
-                                encode_namespaces(nss, reg.namespace_serializer, VOID_NAMESPACE, name),
-                                reg.serializer.encode_column(list(d.values())),
-                            ),
-                        )
-                    )
-            self._pending[name] = (meta, out)
+            self._pending[name] = (meta, [(kg, self._delta_section(reg, d)) for kg, d in merged if d])
+
+    def _delta_merged(
+        self, reg: RegisteredState, secs: Iterable[tuple[int, Section]]
+    ) -> list[tuple[int, dict[tuple[Any, Any], Any]]]:
+        """Per key group (in order), the entries ``secs`` restore: values replace, removals remove.
+
+        Raises:
+            SnapshotError: If a section cannot be decoded with ``reg``'s serializers.
+        """
+        merged: dict[int, dict[tuple[Any, Any], Any]] = {}
+        for kg, sec in secs:
+            keys, nss, vals = self._decode(reg, sec)
+            d = merged.setdefault(kg, {})
+            if sec.removal:
+                for k, n in zip(keys, nss):
+                    d.pop((n, k), None)
+            else:
+                d.update(zip(zip(nss, keys), vals))
+        return sorted(merged.items())
+
+    def _delta_section(self, reg: RegisteredState, entries: dict[tuple[Any, Any], Any]) -> Section:
+        """One plain section of ``entries`` (by namespace and key) of state ``reg``."""
+        nss = [n for n, _ in entries]
+        return Section(
+            reg.name,
+            len(entries),
+            self.key_serializer.encode_column([k for _, k in entries]),
+            encode_namespaces(nss, reg.namespace_serializer, VOID_NAMESPACE, reg.name),
+            reg.serializer.encode_column(list(entries.values())),
+        )
+
+
+def _link_range(whole: KeyGroupRange, link: dict[str, Any]) -> KeyGroupRange:
+    """The key groups a chain link holds for its handle (of ``whole``): its ``key_groups``, else all.
+
+    A runner may hand a backend a handle limited to the key groups it restores
+    (:meth:`NativeStateHandle.intersect`), so a link's own range is limited too.
+    """
+    kgs = link.get("key_groups")
+    return whole if kgs is None else KeyGroupRange.of(int(kgs[0]), int(kgs[1])).intersection(whole)
+
+
+def _coverage(
+    whole: KeyGroupRange, chain: list[dict[str, Any]]
+) -> list[tuple[KeyGroupRange, list[dict[str, Any]]]]:
+    """The runs of key groups of ``whole`` that the same links of ``chain`` hold, each with those links.
+
+    One run for a chain written at one parallelism; after a rescale, one per
+    predecessor's part (and per part a later rescale cut).
+    """
+    ranges = [_link_range(whole, link) for link in chain]
+    cuts = {whole.start, whole.end + 1}
+    for r in ranges:
+        if len(r):
+            cuts.update((r.start, r.end + 1))
+    bounds = sorted(cuts)
+    return [
+        (KeyGroupRange.of(a, b - 1), [link for link, r in zip(chain, ranges) if a in r])
+        for a, b in pairwise(bounds)
+    ]
 
 
 def _chain_files(h: NativeStateHandle) -> Iterable[tuple[dict[str, Any], bytes]]:
-    """Each file of ``h``'s chain with its checked bytes, base first; the chain itself checked."""
+    """Each link of ``h``'s chain with its file's checked bytes, in order; the chain itself checked.
+
+    Every key group of the handle's must lie in a base followed by deltas of
+    later checkpoints, none after the handle's. A file two links list (a
+    rescaled chain's) is read once.
+    """
     chain = h.meta.get("chain")
     where = f"native {h.backend} snapshot of {h.key_group_range} (checkpoint {h.checkpoint_id})"
     if not isinstance(chain, list) or not chain or not all(isinstance(link, dict) for link in chain):
         raise CorruptSnapshotError(f"{where} lists no chain of files (meta 'chain')")
-    kinds = [link.get("kind") for link in chain]
-    if kinds[0] != "base" or any(k != "delta" for k in kinds[1:]):
-        raise CorruptSnapshotError(f"{where}: its chain {kinds} is not a base followed by deltas")
-    ids = [int(link.get("checkpoint_id", -1)) for link in chain]
-    if ids != sorted(set(ids)) or ids[-1] > h.checkpoint_id:
-        raise CorruptSnapshotError(f"{where}: its chain's checkpoints {ids} are out of order")
+    whole = h.key_group_range
     for link in chain:
-        f = h.file(str(link.get("file")))
-        yield link, f.read()
+        kgs = link.get("key_groups")
+        if kgs is None:
+            continue
+        if not (
+            isinstance(kgs, list)
+            and len(kgs) == 2
+            and all(isinstance(k, int) and not isinstance(k, bool) for k in kgs)
+        ):
+            raise CorruptSnapshotError(
+                f"{where}: link {link.get('file')!r} has key groups {kgs!r}, not [start, end]"
+            )
+        if not len(KeyGroupRange.of(kgs[0], kgs[1])):
+            raise CorruptSnapshotError(f"{where}: link {link.get('file')!r} holds no key groups ({kgs!r})")
+    rescaled = any("key_groups" in link for link in chain)
+    for run, links in _coverage(whole, chain):
+        at = f" for key groups {run}" if rescaled else ""
+        kinds = [link.get("kind") for link in links]
+        if not kinds or kinds[0] != "base" or any(k != "delta" for k in kinds[1:]):
+            raise CorruptSnapshotError(f"{where}: its chain{at} {kinds} is not a base followed by deltas")
+        ids = [int(link.get("checkpoint_id", -1)) for link in links]
+        if ids != sorted(set(ids)) or ids[-1] > h.checkpoint_id:
+            raise CorruptSnapshotError(f"{where}: its chain's checkpoints{at} {ids} are out of order")
+    read: dict[str, bytes] = {}
+    for link in chain:
+        if not len(_link_range(whole, link)):
+            continue  # none of this (limited) handle's key groups: not read
+        name = str(link.get("file"))
+        data = read.get(name)
+        if data is None:
+            data = read[name] = h.file(name).read()
+        yield link, data
+
+
+def _rescaled_chain(
+    handles: Sequence[NativeStateHandle], own: KeyGroupRange
+) -> tuple[list[dict[str, Any]], dict[str, NativeFile]]:
+    """The chain of an instance of key groups ``own`` restored from ``handles`` (sorted by key group).
+
+    Each handle's links that hold some of ``own``, in order, limited to those
+    key groups; a file of another handle's under a name already taken gets a
+    name of its own (names are unique within a handle), one listed by two
+    handles keeps one name. Deltas written later hold all of ``own`` and
+    follow every link, as each file holds only its writer's key groups.
+    """
+    chain: list[dict[str, Any]] = []
+    files: dict[str, NativeFile] = {}
+    by_stream: dict[str, str] = {}
+    for h in handles:
+        mine = h.key_group_range.intersection(own)
+        if not len(mine):
+            continue
+        for link in h.meta["chain"]:
+            r = _link_range(h.key_group_range, link).intersection(mine)
+            if not len(r):
+                continue
+            f = h.file(str(link["file"]))
+            identity = f"{f.sha256}:{f.size}:{f.stream.to_json()}"
+            name = by_stream.get(identity)
+            if name is None:
+                name, n = f.name, 1
+                while name in files:
+                    name, n = f"{f.name}~{n}", n + 1
+                files[name] = f if name == f.name else replace(f, name=name)
+                by_stream[identity] = name
+            chain.append({**link, "file": name, "key_groups": [r.start, r.end]})
+    return chain, files
 
 
 def _stage_file(
@@ -567,14 +815,12 @@ def _stage_file(
     where = f"native file {link['file']} of checkpoint {h.checkpoint_id}"
     stream = BytesStreamHandle(data, where)
     header, header_length = read_header(stream)
-    if header.max_parallelism != h.max_parallelism or not (
-        header.key_group_range.start <= h.key_group_range.start
-        and h.key_group_range.end <= header.key_group_range.end
-    ):
+    holds = _link_range(h.key_group_range, link)
+    if header.max_parallelism != h.max_parallelism or header.key_group_range.intersection(holds) != holds:
         raise CorruptSnapshotError(
             f"{where}: its header's key groups or max parallelism are not its handle's"
         )
-    part = KeyedStateHandle(stream, h.key_group_range.intersection(own), read_index(stream), header_length)
+    part = KeyedStateHandle(stream, holds.intersection(own), read_index(stream), header_length)
     recorded = header.extra.get(KG_ENTRIES) if link["kind"] == "delta" else None
     if recorded is not None and not (
         isinstance(recorded, dict)

@@ -478,23 +478,31 @@ class _Machine(RuleBasedStateMachine):
         native: bool = False,
         location: str | None = None,
         keyed: Sequence[KeyedStateHandle] | None = None,
+        claim: bool = False,
     ) -> Job:
         """A new job restored from the current one (directly) or from ``location`` (through the storage).
 
-        ``keyed``: the current job's keyed snapshots, when the caller took them already.
+        ``keyed``: the current job's keyed snapshots, when the caller took them already. ``claim``
+        (native snapshots of a confirmed checkpoint): the new job is then told that checkpoint
+        completed, as a runner claims the checkpoint it restores, so its backends may reference the
+        restored files (at the same parallelism or, rescaled, the parts they hold).
         """
         new = self._new_job(backend, parallelism)
         try:
             if location is not None:
                 new.restore_checkpoint(self.storage, location, self.specs, declare_first=declare_first)
             else:
+                handles = self.job.keyed_handles(native=native) if keyed is None else keyed
                 new.restore_from(
-                    self.job.keyed_handles(native=native) if keyed is None else keyed,
+                    handles,
                     self.job.operator_snapshots(),
                     self.specs,
                     declare_first=declare_first,
                     native=native,
                 )
+                restored = {int(getattr(h, "checkpoint_id", -1)) for h in handles} if native else set()
+                if claim and len(restored) == 1 and restored <= self.native_checkpoints.completed:
+                    new.settle_native(restored.pop(), "complete")
         except BaseException:
             self._drop(new)
             raise
@@ -924,14 +932,19 @@ class OperatorRules(_Machine):
 class RoundTripRules(_Machine):
     """Snapshot every subtask and restore into a new job of the same backend and layout."""
 
-    def _round_trip(self, *, native: bool, declare_first: bool) -> None:
+    def _round_trip(self, *, native: bool, declare_first: bool, claim: bool = False) -> None:
         self._mark_range_edges(self.job.parallelism)
         job, now = self.job, self.clock()
         handles = job.keyed_handles(native=native)
         # Canonical snapshots are both what is restored and what the restored job is compared with.
         before = job.decoded() if native else [decode_canonical(h) for h in handles]
         new = self._restored_job(
-            job.backend_name, job.parallelism, declare_first=declare_first, native=native, keyed=handles
+            job.backend_name,
+            job.parallelism,
+            declare_first=declare_first,
+            native=native,
+            keyed=handles,
+            claim=claim,
         )
         kind = "native" if native else "canonical"
         try:
@@ -958,8 +971,13 @@ class RoundTripRules(_Machine):
     @precondition(lambda self: self.native)
     @rule(declare_first=st.booleans())
     def native_round_trip(self, declare_first: bool) -> None:
-        """restore_native(native_snapshot(s)), for backends with a native format."""
-        self._round_trip(native=True, declare_first=declare_first)
+        """restore_native(native_snapshot(s)), for backends with a native format.
+
+        Claimed (as a runner restoring its own checkpoint) at odd parallelisms: chosen
+        without a draw of its own, so the kit explores the same programs as before.
+        """
+        claim = self.job.parallelism % 2 == 1
+        self._round_trip(native=True, declare_first=declare_first, claim=claim)
 
     @precondition(lambda self: self.native)
     @rule(outcome=st.sampled_from(["abort", "lost"]))
@@ -1007,10 +1025,14 @@ class RescaleRules(_Machine):
         self._mark_operator_state()
         backend = data.draw(st.sampled_from(list(self.backends)), label="into backend")
         native = self.native and backend == old.backend_name and data.draw(st.booleans(), label="native")
-        new = self._restored_job(backend, p, declare_first=declare_first, native=native)
+        # Claimed (as a runner restoring its own checkpoint) between an odd and an even parallelism,
+        # where new subtasks hold parts of two old ones (3 -> 2, 2 -> 3): chosen without a draw of its
+        # own, so the kit explores the same programs as before.
+        claim = native and (p + old.parallelism) % 2 == 1
+        new = self._restored_job(backend, p, declare_first=declare_first, native=native, claim=claim)
+        kind = "claimed native" if claim else "native" if native else "canonical"
         context = (
-            f"rescaling {old} to p={p} on {backend!r}"
-            f" ({'native' if native else 'canonical'} snapshots, states declared "
+            f"rescaling {old} to p={p} on {backend!r} ({kind} snapshots, states declared "
             f"{'before' if declare_first else 'after'} the restore)"
         )
         try:
