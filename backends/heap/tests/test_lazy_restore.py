@@ -32,7 +32,7 @@ from statekit.backend_api import KeyGroupRange
 from statekit.checkpointing import key_group_range_for_operator
 from statekit.errors import CorruptSnapshotError, SnapshotError, StateAccessError
 from statekit.serializers import StrSerializer
-from statekit.snapshot_codec import NativeStateHandle, SectionLookup
+from statekit.snapshot_codec import NativeFile, NativeStateHandle, SectionLookup
 from statekit.testing import KitNativeOutput
 from statekit_heap import HeapKeyedStateBackend
 from statekit_heap import _backend as heap_backend
@@ -932,3 +932,40 @@ def test_entries_that_expired_without_a_write_are_dropped_by_a_restore_of_deltas
         found.setdefault("entries", 0)
         found["entries"] += target.num_entries()
     assert found == {"old": {}, "kept": {"u": 2}, "entries": 1}
+
+
+def test_a_file_two_handles_list_is_read_once_by_a_restore(make_backend, monkeypatch):
+    """3 → 2 after 2 → 3: the first old subtask's base is listed by two of the handles the new first
+    subtask restores (each limited to its key groups, as runners hand them); it is read, and hashed,
+    once."""
+    rng = random.Random(9)
+    model: Model = {}
+    two = _subtasks(make_backend, 2)
+    _mutate_all(two, model, rng, 300)
+    three = _restore(make_backend, _checkpoint(two, 1), 3, claim=True)
+    _mutate_all(three, model, rng, 10)
+    handles = _checkpoint(three, 2)
+    own = key_group_range_for_operator(MAXP, 2, 0)
+    views = [v for v in (h.intersect(own) for h in handles) if v is not None]
+    listing = [{f.sha256 for f in v.files} for v in views]
+    assert len(views) == 2 and listing[0] & listing[1], "one file in both handles"
+    reads: list[str | None] = []
+    real = NativeFile.read
+
+    def counted(self: NativeFile) -> bytes:
+        reads.append(self.sha256)
+        return real(self)
+
+    monkeypatch.setattr(NativeFile, "read", counted)
+    target = make_backend(key_group_range=own)
+    target.restore_native(views)
+    assert reads and len(reads) == len(set(reads)), reads
+    monkeypatch.undo()
+    mine = []
+    for key in (f"k{i}" for i in range(KEYS)):
+        try:
+            target.set_current_key(key)
+        except StateAccessError:
+            continue
+        mine.append(key)
+    assert read_all(target, mine) == {k: v for k, v in model.items() if k[2] in set(mine)}

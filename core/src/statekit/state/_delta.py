@@ -45,6 +45,7 @@ the predecessors' whole files; the same ``max_deltas`` and
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
@@ -495,8 +496,9 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         }
         counts: dict[str, dict[int, int | None]] = {}
         ordered = sorted(handles, key=lambda h: h.key_group_range.start)
+        read: dict[str, bytes] = {}
         for h in ordered:
-            for link, data in _chain_files(h):
+            for link, data in _chain_files(h, read):
                 _stage_file(data, h, link, own, staged, counts)
         self._delta_purge_expired(ordered, own, staged)
         self._delta_kg_entries = counts
@@ -718,12 +720,13 @@ def _coverage(
     ]
 
 
-def _chain_files(h: NativeStateHandle) -> Iterable[tuple[dict[str, Any], bytes]]:
+def _chain_files(h: NativeStateHandle, read: dict[str, bytes]) -> Iterable[tuple[dict[str, Any], bytes]]:
     """Each link of ``h``'s chain with its file's checked bytes, in order; the chain itself checked.
 
     Every key group of the handle's must lie in a base followed by deltas of
-    later checkpoints, none after the handle's. A file two links list (a
-    rescaled chain's) is read once.
+    later checkpoints, none after the handle's. A file that two links list (a
+    rescaled chain's), or two handles of one restore, is read once: ``read``
+    holds what was read, by the file's identity.
     """
     chain = h.meta.get("chain")
     where = f"native {h.backend} snapshot of {h.key_group_range} (checkpoint {h.checkpoint_id})"
@@ -753,15 +756,20 @@ def _chain_files(h: NativeStateHandle) -> Iterable[tuple[dict[str, Any], bytes]]
         ids = [int(link.get("checkpoint_id", -1)) for link in links]
         if ids != sorted(set(ids)) or ids[-1] > h.checkpoint_id:
             raise CorruptSnapshotError(f"{where}: its chain's checkpoints{at} {ids} are out of order")
-    read: dict[str, bytes] = {}
     for link in chain:
         if not len(_link_range(whole, link)):
             continue  # none of this (limited) handle's key groups: not read
-        name = str(link.get("file"))
-        data = read.get(name)
+        f = h.file(str(link.get("file")))
+        identity = _identity(f)
+        data = read.get(identity)
         if data is None:
-            data = read[name] = h.file(name).read()
+            data = read[identity] = f.read()
         yield link, data
+
+
+def _identity(f: NativeFile) -> str:
+    """What makes two handles' entries one file: its digest, size and where it lies."""
+    return f"{f.sha256}:{f.size}:{json.dumps(f.stream.to_json(), sort_keys=True)}"
 
 
 def _rescaled_chain(
@@ -787,7 +795,7 @@ def _rescaled_chain(
             if not len(r):
                 continue
             f = h.file(str(link["file"]))
-            identity = f"{f.sha256}:{f.size}:{f.stream.to_json()}"
+            identity = _identity(f)
             name = by_stream.get(identity)
             if name is None:
                 name, n = f.name, 1
