@@ -69,7 +69,7 @@ from ..snapshots._snapshot import (
 from ._keyed import KeyedBackendBase
 from ._keyed_snapshots import KeyedSnapshot
 from ._migration import same_schema
-from ._registered import RegisteredState
+from ._registered import RegisteredState, full_snapshot_ttl
 from ._state import VOID_NAMESPACE
 from ._timerstate import TIMER_STATE_NAMES
 from ._ttl import purge_expired
@@ -263,9 +263,10 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         entries = self.num_entries()
         # Exact (key, namespace) entries per state at this checkpoint, for the metrics' state_entries.
         per_state = {m["name"]: self.num_entries(m["name"]) for m in states}
-        cleanup = self._delta_full_snapshot_ttl()
-        # A delta leaves unchanged entries that expired since its base in the chain: a restore drops
-        # them as of this time, as a full snapshot taken now would have.
+        # A delta leaves entries that expired unwritten since its base in the chain: a restore drops
+        # them as of this time, as a full snapshot taken now would have. A base records it too, for
+        # the states a restore holds undeclared (a base itself leaves expired entries out).
+        cleanup = full_snapshot_ttl(self.state_names, self._states, self._delta_restored_ttl)
         ttl_cleanup = (self.clock(), cleanup) if cleanup else None
         if confirmed is None or self._delta_due_base(confirmed[1]):
             return DeltaSnapshot(
@@ -306,18 +307,6 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
             if pin is files:
                 del self._delta_pins[i]
                 return
-
-    def _delta_full_snapshot_ttl(self) -> dict[str, int]:
-        """TTL (ms) of every state whose expired entries full snapshots leave out (declared or restored)."""
-        out: dict[str, int] = {}
-        for name in self.state_names:
-            reg = self._states.get(name)
-            if reg is not None:
-                if reg.ttl is not None and reg.ttl.cleanup_full_snapshot:
-                    out[name] = reg.ttl.ttl_ms
-            elif name in self._delta_restored_ttl:
-                out[name] = self._delta_restored_ttl[name]
-        return out
 
     def _delta_due_base(self, chain: list[dict[str, Any]]) -> bool:
         """A base is due where some key groups' part of the chain has ``max_deltas`` deltas, or deltas
@@ -545,10 +534,12 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
             ):
                 raise CorruptSnapshotError(f"{where}: its 'ttl_cleanup' or 'time_ms' is malformed")
             mine = h.key_group_range.intersection(own)
+            # A base alone left expired entries out when it was taken: nothing to drop.
+            deltas = any(link.get("kind") == "delta" for link in h.meta["chain"])
             for name, ttl_ms in cleanup.items():
                 self._delta_restored_ttl[name] = ttl_ms
                 item = staged.get(name)
-                if item is not None:
+                if item is not None and deltas:
                     staged[name] = (item[0], self._purged(item[0], item[1], mine, when, ttl_ms, where))
 
     def _purged(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._kvcolumn import KVColumn
 from ._kvlayout import ttl_timestamp
-from ._registered import RegisteredState
+from ._registered import RegisteredState, full_snapshot_ttl
 from ._ttl import Clock
 
 __all__ = ["KVTtl"]
@@ -90,20 +90,8 @@ class KVTtl:
         self.sweep_expired(name, ttl_ms, b"", 1 << 62, now=now)
 
     def full_snapshot_ttl(self) -> dict[str, int]:
-        """TTL (ms) of every stored state whose expired entries full snapshots leave out.
-
-        Native snapshots record it, with the time they were taken, so that a
-        restore drops what a canonical snapshot taken then would have left out.
-        """
-        out = {}
-        for name in self.stored_state_names:
-            reg = self._states.get(name)
-            if reg is None:
-                if name in self.restored_ttl_cleanup:
-                    out[name] = self.restored_ttl_cleanup[name]
-            elif reg.ttl is not None and reg.ttl.cleanup_full_snapshot:
-                out[name] = reg.ttl.ttl_ms
-        return out
+        """TTL (ms) of every stored state whose expired entries full snapshots leave out."""
+        return full_snapshot_ttl(self.stored_state_names, self._states, self.restored_ttl_cleanup)
 
     def purge_as_of(self, meta: dict[str, Any]) -> None:
         """After a native restore: drop what full-snapshot cleanup would have, as of the snapshot's time."""

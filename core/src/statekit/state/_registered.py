@@ -7,6 +7,7 @@ declares it (its serializers rebuilt from their configs where they can be).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
@@ -32,7 +33,7 @@ from ._state import (
 )
 from ._ttl import ttl_serializer
 
-__all__ = ["RegisteredState", "StateEntries"]
+__all__ = ["RegisteredState", "StateEntries", "full_snapshot_ttl"]
 
 StateEntries = tuple[list[Any], list[Any], list[Any]]
 """Keys, namespaces and stored values of one state in one key group."""
@@ -188,3 +189,24 @@ def _rebuild(cfg: SerializerConfig, state: str) -> TypeSerializer:
         return layout_serializer(cfg)
     except (SerializationError, KeyError, TypeError, ValueError):
         return _OpaqueSerializer(cfg, state)
+
+
+def full_snapshot_ttl(
+    names: Iterable[str], declared: Mapping[str, RegisteredState], restored: Mapping[str, int]
+) -> dict[str, int]:
+    """TTL (ms) of each of ``names`` whose expired entries full snapshots leave out.
+
+    A declared state says so itself; an undeclared one as the snapshot it was
+    restored from recorded (``restored``). Native snapshots record the result,
+    with the time they were taken, so that a restore drops what a canonical
+    snapshot taken then would have left out.
+    """
+    out = {}
+    for name in names:
+        reg = declared.get(name)
+        if reg is None:
+            if name in restored:
+                out[name] = restored[name]
+        elif reg.ttl is not None and reg.ttl.cleanup_full_snapshot:
+            out[name] = reg.ttl.ttl_ms
+    return out
