@@ -586,7 +586,11 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
         opts = options or {}
         self._tables: dict[str, _Table] = {}
         self._heap_tracking = False
-        self._delta_setup(int(opts.get("max-deltas", 10)), float(opts.get("max-delta-ratio", 0.5)))
+        self._delta_setup(
+            int(opts.get("max-deltas", 10)),
+            float(opts.get("max-delta-ratio", 0.5)),
+            bool(opts.get("base-in-background", True)),
+        )
 
     def _table(self, reg: RegisteredState) -> _Table:
         cp = _copier(reg)

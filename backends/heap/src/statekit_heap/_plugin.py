@@ -24,6 +24,14 @@ OPTIONS: tuple[ConfigOption, ...] = (
         "A checkpoint writes a new base once the deltas since the last one pass this share of its bytes.",
         minimum=0.0,
     ),
+    ConfigOption(
+        "base-in-background",
+        bool,
+        True,
+        "Encode a due base on a thread of its own while checkpoints go on writing deltas; the first "
+        "checkpoint after it is encoded uploads it (a restore then replays at most twice max-deltas "
+        "deltas). false: the checkpoint that is due writes it.",
+    ),
 )
 
 

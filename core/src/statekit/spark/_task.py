@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..state._materialize import tasks_running
 from . import _handoff
 from ._acquire import RestoreSource
 from ._cache import reset_cache
@@ -101,6 +102,19 @@ def _run_partition(
 
     ``partition``: the subtask the partition is (routing in the query's plan), served even without rows.
     """
+    with tasks_running():  # bases encoded in the background wait meanwhile: the task has the interpreter
+        yield from _run_here(plan, metadata, batches, attempt_id, attempt_number, handed_from, partition)
+
+
+def _run_here(
+    plan: TaskPlan,
+    metadata: Any,
+    batches: Iterator[Any],
+    attempt_id: Any,
+    attempt_number: int,
+    handed_from: int | None,
+    partition: int | None,
+) -> Iterator[Any]:
     run = TaskRun(plan, RestoreSource(plan, metadata), f"{plan.token[:12]}-{attempt_id}")
     run.handed_from = handed_from
     digest = OutputDigest()

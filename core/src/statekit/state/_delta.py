@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
@@ -68,6 +69,7 @@ from ..snapshots._snapshot import (
 )
 from ._keyed import KeyedBackendBase
 from ._keyed_snapshots import KeyedSnapshot
+from ._materialize import Materialization
 from ._migration import same_schema
 from ._registered import RegisteredState, full_snapshot_ttl
 from ._state import VOID_NAMESPACE
@@ -75,6 +77,8 @@ from ._timerstate import TIMER_STATE_NAMES
 from ._ttl import purge_expired
 
 __all__ = ["REMOVAL_PREFIX", "DeltaChanges", "DeltaKeyedBackendBase", "DeltaSnapshot"]
+
+_log = logging.getLogger("statekit.state")
 
 #: Header state names of a delta's removal sections: this prefix, then the state's name.
 REMOVAL_PREFIX = "\x00removed:"
@@ -114,6 +118,7 @@ class DeltaSnapshot:
         delta: tuple[_Confirmed, SnapshotHeader, dict[int, list[tuple[int, bytes, bytes, bytes, int]]]]
         | None = None,
         ttl_cleanup: tuple[int, dict[str, int]] | None = None,
+        adopt: Materialization | None = None,
     ) -> None:
         self._backend = backend
         self.checkpoint_id = checkpoint_id
@@ -126,6 +131,8 @@ class DeltaSnapshot:
         self._delta = delta
         #: When it was taken, and the TTL of each state whose expired entries full snapshots leave out.
         self._ttl_cleanup = ttl_cleanup
+        #: A base encoded in the background (of an earlier checkpoint) this delta's chain starts with.
+        self._adopt = adopt
         self._done = False
 
     @property
@@ -152,7 +159,11 @@ class DeltaSnapshot:
             else:
                 assert self._delta is not None
                 confirmed, header, blocks = self._delta
-                files, links = b._delta_reference(cid, confirmed)
+                adopt = self._adopt
+                after = None if adopt is None else adopt.checkpoint_id
+                files, links = b._delta_reference(cid, confirmed, after)
+                if adopt is not None:
+                    files, links = _adopted(out, adopt, files, links)
                 r = write_canonical(buf, header, lambda kg: _delta_block(blocks, kg), progress=progress)
                 kind = "delta"
         finally:
@@ -194,6 +205,29 @@ class DeltaSnapshot:
         if self._delta is not None:
             self._backend._delta_unpin(self._delta[0][2])
         self._delta = None
+        self._adopt = None
+
+
+def _adopted(
+    out: NativeSnapshotOutput,
+    adopt: Materialization,
+    files: list[NativeFile],
+    links: list[dict[str, Any]],
+) -> tuple[list[NativeFile], list[dict[str, Any]]]:
+    """The chain ``links`` (of ``files``) after the base ``adopt`` encoded: it uploaded, then ``links``."""
+    data, r = adopt.data, adopt.result
+    assert data is not None and r is not None
+    f = out.upload(f"base-{adopt.checkpoint_id}", data, shared=True)
+    sizes: dict[str, int] = dict(r.state_sizes)
+    link = {
+        "file": f.name,
+        "kind": "base",
+        "checkpoint_id": adopt.checkpoint_id,
+        "size": f.size,
+        "entries": r.entries,
+        "state_sizes": sizes,
+    }
+    return [f, *files], [link, *links]
 
 
 def _delta_block(
@@ -213,10 +247,16 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
 
     native_format: str = ""
 
-    def _delta_setup(self, max_deltas: int = 10, max_delta_ratio: float = 0.5) -> None:
+    def _delta_setup(
+        self, max_deltas: int = 10, max_delta_ratio: float = 0.5, background: bool = True
+    ) -> None:
         """Set the materialization policy (see the module docstring) and the bookkeeping."""
         self.delta_max_deltas = max(1, int(max_deltas))
         self.delta_max_ratio = float(max_delta_ratio)
+        # Bases encoded on a thread of their own (see _delta_base_job), or by the checkpoint that is due.
+        self.delta_background = bool(background)
+        # The base being encoded in the background, or encoded and not yet in a confirmed chain.
+        self._delta_base_job: Materialization | None = None
         # Epochs of recorded changes by the checkpoint whose snapshot closed them, oldest first.
         self._delta_epochs: list[tuple[int, Any]] = []
         # The chains of handles written but not confirmed, by checkpoint id.
@@ -248,7 +288,15 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
     # --- snapshots -------------------------------------------------------------------
 
     def native_snapshot(self, checkpoint_id: int) -> DeltaSnapshot:
-        """Freeze the change since the last confirmed checkpoint (or, now and then, everything)."""
+        """Freeze the change since the last confirmed checkpoint (or, now and then, everything).
+
+        When a base is due and bases are encoded in the background, this
+        checkpoint still writes a delta and a base of the state as it is now
+        starts encoding on a thread of its own; the first checkpoint after it
+        finished uploads it and lists it, followed by the chain's deltas of
+        later checkpoints. A checkpoint that finds the chain at twice the
+        policy's bound (``max_deltas``, ``max_delta_ratio``) waits for it.
+        """
         if self._closed:
             raise StateAccessError("the backend is closed")
         self._refuse_broken()
@@ -268,7 +316,9 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         # the states a restore holds undeclared (a base itself leaves expired entries out).
         cleanup = full_snapshot_ttl(self.state_names, self._states, self._delta_restored_ttl)
         ttl_cleanup = (self.clock(), cleanup) if cleanup else None
-        if confirmed is None or self._delta_due_base(confirmed[1]):
+        base_now, adopt = (True, None) if confirmed is None else self._delta_plan(checkpoint_id, confirmed)
+        if confirmed is None or base_now:
+            self._delta_give_up_base()
             return DeltaSnapshot(
                 self, checkpoint_id, states, entries, per_state, base=self.snapshot(), ttl_cleanup=ttl_cleanup
             )
@@ -299,7 +349,57 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
             per_state,
             delta=(confirmed, header, blocks),
             ttl_cleanup=ttl_cleanup,
+            adopt=adopt,
         )
+
+    def _delta_plan(self, checkpoint_id: int, confirmed: _Confirmed) -> tuple[bool, Materialization | None]:
+        """Whether this checkpoint writes a base itself, and the base encoded in the background it adopts.
+
+        A base encoded in the background is adopted by the first checkpoint
+        that finds it finished: its checkpoint's state, then the confirmed
+        chain's deltas of later checkpoints, then this delta (the changes since
+        the confirmed checkpoint, as they are now) is this checkpoint's state,
+        also when the confirmed checkpoint is older than the base, since a
+        delta applies on any state from the checkpoint it follows on. One that
+        failed makes this checkpoint write a base itself, which meets the same
+        error if it lies in the state. A chain continued across a rescale
+        starts one at once: until the instance has a base of its own, a
+        restore reads its predecessors' whole files.
+        """
+        chain = confirmed[1]
+        job = self._delta_base_job
+        if job is not None:
+            if not job.finished and self._delta_due_base(chain, 2.0):
+                job.wait()  # the chain is at twice the bound: a restore would replay too much
+            if not job.finished:
+                return False, None
+            if job.data is None:
+                self._delta_base_job = None
+                _log.warning(
+                    "%s %s: encoding the base of checkpoint %s in the background failed (%s: %s); "
+                    "checkpoint %s writes a base itself",
+                    self.backend_name,
+                    self.key_group_range,
+                    job.checkpoint_id,
+                    type(job.error).__name__,
+                    job.error,
+                    checkpoint_id,
+                )
+                return True, None
+            return False, job
+        rescaled = any("key_groups" in link for link in chain)
+        if not self._delta_due_base(chain) and not (rescaled and self.delta_background):
+            return False, None
+        if not self.delta_background:
+            return True, None
+        self._delta_base_job = Materialization(checkpoint_id, self.snapshot())
+        return False, None
+
+    def _delta_give_up_base(self) -> None:
+        """The base being encoded in the background is never used (a new chain, a close)."""
+        job, self._delta_base_job = self._delta_base_job, None
+        if job is not None:
+            job.give_up()
 
     def _delta_unpin(self, files: dict[str, NativeFile]) -> None:
         """A delta applying on the chain of ``files`` was written or given up."""
@@ -308,15 +408,16 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
                 del self._delta_pins[i]
                 return
 
-    def _delta_due_base(self, chain: list[dict[str, Any]]) -> bool:
+    def _delta_due_base(self, chain: list[dict[str, Any]], scale: float = 1.0) -> bool:
         """A base is due where some key groups' part of the chain has ``max_deltas`` deltas, or deltas
-        of more than ``max_delta_ratio`` of their base's bytes (a rescaled chain: each predecessor's part)."""
+        of more than ``max_delta_ratio`` of their base's bytes (a rescaled chain: each predecessor's part);
+        ``scale`` times those bounds with ``scale``."""
         for _, links in _coverage(self.key_group_range, chain):
             deltas = [link for link in links if link["kind"] == "delta"]
-            if len(deltas) >= self.delta_max_deltas:
+            if len(deltas) >= scale * self.delta_max_deltas:
                 return True
             base = sum(int(link["size"]) for link in links if link["kind"] == "base")
-            if sum(int(link["size"]) for link in deltas) > self.delta_max_ratio * base:
+            if sum(int(link["size"]) for link in deltas) > scale * self.delta_max_ratio * base:
                 return True
         return False
 
@@ -384,9 +485,12 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         return out
 
     def _delta_reference(
-        self, checkpoint_id: int, confirmed: _Confirmed
+        self, checkpoint_id: int, confirmed: _Confirmed, after: int | None = None
     ) -> tuple[list[NativeFile], list[dict[str, Any]]]:
         """The chain ``confirmed`` when the delta was taken (its changes are since that chain), checked.
+
+        With ``after``, only its links of later checkpoints (they follow a base
+        of checkpoint ``after`` encoded in the background).
 
         Not the newest confirmed chain: a checkpoint that completed after this
         snapshot was taken holds writes made after it. Its files stay
@@ -394,6 +498,8 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         waits holds them too (:meth:`_delta_pinned`), so retention keeps them.
         """
         cid, chain, files = confirmed
+        if after is not None:
+            chain = [link for link in chain if int(link["checkpoint_id"]) > after]
         if not cid < checkpoint_id:
             raise SnapshotError(
                 f"the delta written as checkpoint {checkpoint_id} holds the changes since checkpoint {cid}: "
@@ -438,6 +544,12 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         """The next snapshot writes a base (a state's schema changed since the chain was written)."""
         self._delta_confirmed = None
         self._delta_chains.clear()
+        self._delta_give_up_base()  # it holds the old schema's bytes too
+
+    def close(self) -> None:
+        """The keyed base's, after giving up a base being encoded in the background."""
+        self._delta_give_up_base()
+        super().close()
 
     def get_state(self, descriptor: Any, *, namespace_serializer: Any = None) -> Any:
         """The keyed base's; a restored state declared with another schema makes the next snapshot a base."""
@@ -459,6 +571,11 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         if done is not None and not newer:  # an older checkpoint completing late never replaces a newer chain
             self._delta_confirmed = (checkpoint_id, *done)
             self._delta_epochs = [(c, e) for c, e in self._delta_epochs if c > checkpoint_id]
+            job = self._delta_base_job
+            if job is not None and any(
+                link["kind"] == "base" and int(link["checkpoint_id"]) >= job.checkpoint_id for link in done[0]
+            ):
+                self._delta_base_job = None  # in the confirmed chain now (or a newer base is): its bytes go
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` never completes: its changes go into the next delta."""
@@ -492,6 +609,7 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         self._delta_purge_expired(ordered, own, staged)
         self._delta_kg_entries = counts
         self._delta_track()
+        self._delta_give_up_base()
         self._delta_epochs = []
         self._delta_chains = {}
         self._delta_confirmed = None

@@ -32,6 +32,7 @@ from ..serialization._keygroups import (
 )
 from ..serialization._serializers import IntSerializer, StrSerializer, serializer_for
 from ..snapshots._snapshot import BytesStreamHandle, KeyedStateHandle
+from ..state._delta import DeltaKeyedBackendBase
 from ..state._state import (
     VOID_NAMESPACE,
     AggregatingStateDescriptor,
@@ -417,6 +418,61 @@ class SnapshotSemantics:
             assert large <= small + self.CHANGE_CONSTANT // 4, (
                 f"change {r + 1}: the same change uploaded {small} bytes over 300 keys and {large} over "
                 "3000: checkpoint bytes grow with the state, not with the change"
+            )
+
+    def test_a_base_encoded_in_the_background_restores_exactly(self, make_backend: Any, backend: Any) -> None:
+        """A :class:`~statekit.backend_api.DeltaKeyedBackendBase` encodes a due base on a thread of its own.
+
+        With ``max_deltas`` 1, the third checkpoint is due: it writes a delta,
+        and a base of the state at that checkpoint is encoded from the
+        backend's snapshot (:meth:`snapshot`, written on another thread) while
+        records go on changing, removing and adding entries. The first
+        checkpoint after it finished lists it first and uploads it; that
+        checkpoint and the due one restore exactly what the backend held.
+        """
+        if not isinstance(backend, DeltaKeyedBackendBase) or not backend.delta_background:
+            pytest.skip("bases are encoded in the background by DeltaKeyedBackendBase backends only")
+        keyed: Any = make_backend()
+        keyed.delta_max_deltas = 1
+        keyed.delta_max_ratio = 1000.0
+        cps = NativeCheckpoints()
+        keys = keys_of(300)
+        states = populate(keyed, keys)
+        native_snapshot_handle(keyed, cps)
+        for r in range(2):
+            for i in range(12):
+                keyed.set_current_key(keys[(37 * r + 5 * i) % len(keys)])
+                states["value"].update(-1 - i - 100 * r)
+                states["map"].put(f"changed-{r}-{i}", i)
+            due, _ = native_snapshot_handle(keyed, cps)
+        expected_due = dump(keyed, states)
+        job = keyed._delta_base_job
+        assert job is not None, (
+            f"{type(keyed).__name__}: checkpoint {due.checkpoint_id} was due for a base (max_deltas 1), "
+            "but none is being encoded in the background"
+        )
+        assert [link["kind"] for link in due.meta["chain"]][-1] == "delta"
+        n = 0
+        while not job.finished or n < 600:  # records go on while it is encoded, at least these
+            keyed.set_current_key(keys[n % len(keys)] if n % 3 else f"new-{n}")
+            if n % 7 == 0:
+                for st in states.values():
+                    st.clear()
+            else:
+                states["value"].update(n)
+                states["list"].add(n)
+            n += 1
+        assert job.wait(120.0)
+        assert job.error is None, f"encoding the base in the background raised {job.error!r}"
+        adopting, _ = native_snapshot_handle(keyed, cps)
+        first = adopting.meta["chain"][0]
+        assert (first["kind"], first["checkpoint_id"]) == ("base", due.checkpoint_id), adopting.meta["chain"]
+        assert first["file"] in {f.name for f in adopting.files if f.checkpoint_id == adopting.checkpoint_id}
+        for handle, want in ((due, expected_due), (adopting, dump(keyed, states))):
+            target = make_backend()
+            target.restore_native([handle])
+            assert dump(target, declare(target)) == want, (
+                f"checkpoint {handle.checkpoint_id} does not restore what the backend held"
             )
 
     def test_native_restore_references_restored_files_only_when_claimed(
