@@ -99,10 +99,8 @@ def load() -> str:
     return f"load {one:.2f} {five:.2f} {fifteen:.2f}"
 
 
-def run(name: str, n: int, repeats: int, root: str) -> dict[str, float]:
-    factory = default_registry().create_backend(name, {})
-    local = tempfile.mkdtemp(dir=root)
-    storage = FileSystemCheckpointStorage(os.path.join(root, f"{name}-{n}"))
+def build(factory: Any, n: int, local: str) -> tuple[list[str], list[bool], list[Any]]:
+    """Two subtasks holding ``n`` keys; the keys, whether each is the first subtask's, the subtasks."""
     keys = [f"/api/v1/resource/{i}" for i in range(n)]
     ser = StrSerializer()
     half = MAXP // 2
@@ -112,6 +110,15 @@ def run(name: str, n: int, repeats: int, root: str) -> dict[str, float]:
         s = b.get_state(DESC)
         s.update_batch([k for k, lo in zip(keys, low) if lo == (i == 0)], lambda _: 1)
     gc.collect()
+    return keys, low, subtasks
+
+
+def run(name: str, n: int, repeats: int, root: str) -> dict[str, float]:
+    factory = default_registry().create_backend(name, {})
+    local = tempfile.mkdtemp(dir=root)
+    storage = FileSystemCheckpointStorage(os.path.join(root, f"{name}-{n}"))
+    keys, low, subtasks = build(factory, n, local)
+    ser = StrSerializer()
     r: dict[str, float] = {}
     _, r["full_bytes"], r["full_s"] = checkpoint(storage, 1, subtasks, native=True)
     for b in subtasks:
