@@ -349,3 +349,25 @@ def test_while_a_task_runs_the_encoding_waits_unless_a_checkpoint_waits_for_it(m
         h6 = checkpoint(b, 6)  # twice the bound: it waits for the base, which runs inside the task
     assert chain(h6) == [("base", 5), ("delta", 6)]
     assert read_back(make_backend, [h6]) == model
+
+
+def test_instances_restored_at_every_checkpoint_never_let_the_chain_pass_twice_the_bound(make_backend):
+    """A base started by an instance dies with it; if every checkpoint is taken by a newly restored
+    (claimed) instance, none is ever adopted: at twice the bound the checkpoint writes the base itself."""
+    rng = random.Random(9)
+    model: Model = {}
+    b = backend(make_backend, max_deltas=2)
+    h = start(b, model, rng)
+    longest = 0
+    for cid in range(2, 14):
+        nxt = backend(make_backend, max_deltas=2)
+        nxt.restore_native([h])
+        nxt.notify_checkpoint_complete(h.checkpoint_id)  # the runner's claim
+        h = deltas(nxt, model, rng, (cid,))
+        nxt.close()
+        kinds = [k for k, _ in chain(h)]
+        assert kinds.count("base") == 1
+        longest = max(longest, kinds.count("delta"))
+        assert kinds.count("delta") <= 4, chain(h)
+        assert read_back(make_backend, [h]) == model
+    assert longest == 4, "the chain reached twice max-deltas before the base"

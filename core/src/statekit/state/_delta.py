@@ -390,7 +390,9 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         rescaled = any("key_groups" in link for link in chain)
         if not self._delta_due_base(chain) and not (rescaled and self.delta_background):
             return False, None
-        if not self.delta_background:
+        if not self.delta_background or self._delta_due_base(chain, 2.0):
+            # Twice the bound and nothing encoding (an instance restored since the last one started):
+            # written now, so a restore never replays more, however often instances are restored.
             return True, None
         self._delta_base_job = Materialization(checkpoint_id, self.snapshot())
         return False, None
