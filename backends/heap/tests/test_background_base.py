@@ -272,9 +272,10 @@ def test_a_schema_change_and_a_close_give_the_base_up(make_backend, gate):
     assert job.wait(BOUND) and job.data is None
 
 
-def test_a_claimed_rescale_encodes_a_base_of_its_own_at_once(make_backend):
-    """After 2 → 1, the chain lists both old subtasks' files; a base of its own is started at the first
-    checkpoint, so the restore after the next reads one base instead of both old chains."""
+def test_a_claimed_rescale_encodes_a_base_of_its_own_from_its_second_checkpoint(make_backend):
+    """After 2 → 1, the chain lists both old subtasks' files; the first checkpoint (the restart's) is a
+    delta and nothing more, the second starts a base of its own, which the third adopts: restores then
+    read one base instead of both old chains."""
     rng = random.Random(6)
     model: Model = {}
     two = [backend(make_backend, 10, key_group_range_for_operator(MAXP, 2, i)) for i in range(2)]
@@ -284,15 +285,16 @@ def test_a_claimed_rescale_encodes_a_base_of_its_own_at_once(make_backend):
     one = backend(make_backend, 10)
     one.restore_native(handles)
     one.notify_checkpoint_complete(1)
-    write(one, model, rng, 20)
-    h2 = checkpoint(one, 2)
+    h2 = deltas(one, model, rng, (2,))
     assert [k for k, _ in chain(h2)] == ["base", "base", "delta"]
+    assert one._delta_base_job is None, "the restart's checkpoint starts nothing"
+    h3 = deltas(one, model, rng, (3,))
+    assert [k for k, _ in chain(h3)] == ["base", "base", "delta", "delta"]
     job_done(one)
-    write(one, model, rng, 20)
-    h3 = checkpoint(one, 3)
-    assert chain(h3) == [("base", 2), ("delta", 3)]
-    assert not any("key_groups" in link for link in h3.meta["chain"])
-    assert read_back(make_backend, [h3]) == model
+    h4 = deltas(one, model, rng, (4,))
+    assert chain(h4) == [("base", 3), ("delta", 4)]
+    assert not any("key_groups" in link for link in h4.meta["chain"])
+    assert read_back(make_backend, [h4]) == model
 
 
 def test_off_the_due_checkpoint_writes_the_base(make_backend):
@@ -324,20 +326,30 @@ def test_the_option_reaches_the_backend():
         b.close()
 
 
-def test_while_a_task_runs_the_encoding_waits_unless_a_checkpoint_waits_for_it(make_backend):
+def test_while_a_task_runs_the_encoding_waits_unless_a_checkpoint_waits_for_it(make_backend, monkeypatch):
     """The Spark runner marks its tasks (``tasks_running``): an encoding advances between them only,
     so the records keep the interpreter; a checkpoint that waits for it lets it run all the same."""
+    encoded: list[int] = []
+    blocks = KeyedSnapshot._blocks
+
+    def counted(self: KeyedSnapshot, kg: int) -> Any:
+        encoded.append(kg)
+        return blocks(self, kg)
+
+    monkeypatch.setattr(KeyedSnapshot, "_blocks", counted)
     rng = random.Random(8)
     b = backend(make_backend, max_deltas=1)
     model: Model = {}
     start(b, model, rng, 600)
     deltas(b, model, rng, (2,))
     write(b, model, rng, 20)
+    encoded.clear()
     with _materialize.tasks_running():
-        checkpoint(b, 3)  # due: started, and held after its first key group while the task runs
+        checkpoint(b, 3)  # due: started, and held before its first key group while the task runs
         job = b._delta_base_job
         assert job is not None
         assert not job._done.wait(0.3), "it advanced while a task ran"
+        assert not encoded, "it encoded a key group while a task ran"
     assert job._done.wait(BOUND), "the task ended: it runs"
     write(b, model, rng, 20)
     h4 = checkpoint(b, 4)

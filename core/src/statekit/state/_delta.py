@@ -363,8 +363,9 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         delta applies on any state from the checkpoint it follows on. One that
         failed makes this checkpoint write a base itself, which meets the same
         error if it lies in the state. A chain continued across a rescale
-        starts one at once: until the instance has a base of its own, a
-        restore reads its predecessors' whole files.
+        starts one at its second checkpoint (the first, the restart's, stays
+        light): until the instance has a base of its own, a restore reads its
+        predecessors' whole files.
         """
         chain = confirmed[1]
         job = self._delta_base_job
@@ -387,7 +388,10 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
                 )
                 return True, None
             return False, job
-        rescaled = any("key_groups" in link for link in chain)
+        # After a claimed rescale, once the first checkpoint (the restart's, kept light) wrote its delta.
+        rescaled = any("key_groups" in link for link in chain) and any(
+            "key_groups" not in link for link in chain
+        )
         if not self._delta_due_base(chain) and not (rescaled and self.delta_background):
             return False, None
         if not self.delta_background or self._delta_due_base(chain, 2.0):

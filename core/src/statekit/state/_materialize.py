@@ -82,6 +82,7 @@ class Materialization:
         started = time.perf_counter()
         buf = io.BytesIO()
         try:
+            self._progress(0, 0)  # started inside a task: not a key group before it ends
             result = self._snapshot.write(buf, progress=self._progress)
             with self._lock:
                 if not self._stop:
@@ -97,7 +98,8 @@ class Materialization:
             self._done.set()
 
     def _progress(self, done: int, total: int) -> None:
-        """After each key group: stop if given up; wait while tasks run, unless a checkpoint waits."""
+        """Before the first key group and after each: stop if given up; wait while tasks run, unless a
+        checkpoint waits."""
         with _cond:
             while _tasks and not self._urgent and not self._stop:
                 _cond.wait()
