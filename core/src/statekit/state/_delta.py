@@ -17,10 +17,16 @@ and namespaces of removed entries. A checkpoint uploads only its own delta and
 references the base and deltas of the last *confirmed* checkpoint (the
 completion contract of :mod:`statekit.snapshots._native`); a delta holds every
 entry changed since that checkpoint, as it is at this one, so it applies on
-top of any checkpoint from that one on. A checkpoint writes a new base instead
-when there is no confirmed chain, when the chain has ``max_deltas`` deltas, or
-when its deltas' bytes pass ``max_delta_ratio`` of the base's: a restore
-replays at most ``max_deltas`` deltas.
+top of any checkpoint from that one on. A base is due when the chain has
+``max_deltas`` deltas, or when its deltas' bytes pass ``max_delta_ratio`` of
+the base's. With ``background`` (the default) the due checkpoint still writes
+a delta and a base of the state at that checkpoint is encoded on a thread of
+its own (:mod:`._materialize`); the first checkpoint after it finished uploads
+it and lists it first, followed by the deltas of later checkpoints. A
+checkpoint writes a base itself when there is no confirmed chain, when the
+encoding failed, or at twice the bound with nothing encoding; at twice the
+bound with an encoding running it waits for it: a restore replays at most
+``2 * max_deltas`` deltas (``max_deltas`` without ``background``).
 
 Every mechanism that understands native snapshots understands this one:
 retention counts references per shared file (a base stays while a retained
@@ -295,7 +301,9 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         starts encoding on a thread of its own; the first checkpoint after it
         finished uploads it and lists it, followed by the chain's deltas of
         later checkpoints. A checkpoint that finds the chain at twice the
-        policy's bound (``max_deltas``, ``max_delta_ratio``) waits for it.
+        policy's bound (``max_deltas``, ``max_delta_ratio``) waits for it, or
+        writes the base itself where none is being encoded (see
+        :meth:`_delta_plan`).
         """
         if self._closed:
             raise StateAccessError("the backend is closed")
