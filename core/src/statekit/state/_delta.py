@@ -67,6 +67,7 @@ from ..snapshots._snapshot import (
     ProgressCallback,
     Section,
     SnapshotHeader,
+    SnapshotWriteResult,
     encode_namespaces,
     iter_blocks,
     read_header,
@@ -174,22 +175,9 @@ class DeltaSnapshot:
                 kind = "delta"
         finally:
             self.release()
-        f = out.upload(f"{kind}-{cid}", buf.getvalue(), shared=True)
+        f, link = _uploaded_link(out, kind, cid, buf.getvalue(), r)
         files = b._delta_pinned([*files, f])
-        sizes: dict[str, int] = {}
-        for name, n in r.state_sizes.items():
-            name = name.removeprefix(REMOVAL_PREFIX)
-            sizes[name] = sizes.get(name, 0) + n
-        links.append(
-            {
-                "file": f.name,
-                "kind": kind,
-                "checkpoint_id": cid,
-                "size": f.size,
-                "entries": r.entries,
-                "state_sizes": sizes,
-            }
-        )
+        links.append(link)
         b._delta_written(cid, files, links)
         # Each state's bytes in the files a restore reads (its base's and deltas'): what storages limit.
         total: dict[str, int] = {}
@@ -221,19 +209,30 @@ def _adopted(
     links: list[dict[str, Any]],
 ) -> tuple[list[NativeFile], list[dict[str, Any]]]:
     """The chain ``links`` (of ``files``) after the base ``adopt`` encoded: it uploaded, then ``links``."""
-    data, r = adopt.data, adopt.result
-    assert data is not None and r is not None
-    f = out.upload(f"base-{adopt.checkpoint_id}", data, shared=True)
-    sizes: dict[str, int] = dict(r.state_sizes)
+    assert adopt.data is not None and adopt.result is not None
+    f, link = _uploaded_link(out, "base", adopt.checkpoint_id, adopt.data, adopt.result)
+    return [f, *files], [link, *links]
+
+
+def _uploaded_link(
+    out: NativeSnapshotOutput, kind: str, checkpoint_id: int, data: bytes, r: SnapshotWriteResult
+) -> tuple[NativeFile, dict[str, Any]]:
+    """Upload ``data`` as ``<kind>-<checkpoint_id>``; the file and its chain link (a delta's removal
+    sections counted under their state's name)."""
+    f = out.upload(f"{kind}-{checkpoint_id}", data, shared=True)
+    sizes: dict[str, int] = {}
+    for name, n in r.state_sizes.items():
+        name = name.removeprefix(REMOVAL_PREFIX)
+        sizes[name] = sizes.get(name, 0) + n
     link = {
         "file": f.name,
-        "kind": "base",
-        "checkpoint_id": adopt.checkpoint_id,
+        "kind": kind,
+        "checkpoint_id": checkpoint_id,
         "size": f.size,
         "entries": r.entries,
         "state_sizes": sizes,
     }
-    return [f, *files], [link, *links]
+    return f, link
 
 
 def _delta_block(
