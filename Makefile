@@ -57,7 +57,7 @@ lint: install
 	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: install
-	$(VENV)/bin/mypy --strict -p statekit -p statekit_heap -p statekit_rocksdb -p statekit_lmdb -p statekit_storage -p statekit_sqlite -p statekit_urlcount
+	$(VENV)/bin/mypy --strict -p statekit -p statekit_spark_daemon -p statekit_heap -p statekit_rocksdb -p statekit_lmdb -p statekit_storage -p statekit_sqlite -p statekit_urlcount
 
 pytest: install
 	$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=$(HYPOTHESIS_PROFILE) --durations=25 \

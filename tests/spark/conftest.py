@@ -50,6 +50,8 @@ def spark() -> Iterator[Any]:
         .config("spark.task.maxFailures", "4")
         .config("spark.sql.streaming.stopTimeout", "30s")
         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")  # many short jobs
+        # PySpark imported from its package, not compiled from pyspark.zip (docs/spark.md#python-daemon)
+        .config("spark.python.daemon.module", "statekit_spark_daemon")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -84,3 +84,26 @@ def test_a_failed_warm_up_is_logged_with_its_job_and_cause(
     [record] = [r for r in caplog.records if r.name == "statekit.spark"]
     text = record.getMessage()
     assert "statekit job 'broken'" in text and "no-such-backend" in text, text
+
+
+def test_workers_import_pyspark_from_its_package_under_statekit_s_daemon(spark: Any) -> None:
+    """Under ``statekit_spark_daemon`` (the shared session's) workers import the package's PySpark."""
+    import pyspark
+
+    assert spark.sparkContext.getConf().get("spark.python.daemon.module") == "statekit_spark_daemon"
+
+    def where(batches: Any) -> Any:
+        import sys
+
+        import pyarrow as pa
+        import pyspark as worker_pyspark
+
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict(
+            {"file": [worker_pyspark.__file__], "daemon": ["statekit_spark_daemon" in sys.modules]}
+        )
+
+    rows = spark.range(0, 2, 1, 2).mapInArrow(where, "file string, daemon boolean").collect()
+    assert {r["file"] for r in rows} == {pyspark.__file__}
+    assert all(r["daemon"] for r in rows)  # forked from statekit's daemon, which imported it first

@@ -31,7 +31,8 @@ def local_spark_session(
 
     The driver binds to 127.0.0.1, the web UI is off, and Python workers run
     this interpreter (``PYSPARK_PYTHON``), so the packages installed here are
-    the ones tasks see. ``conf`` adds or overrides Spark settings.
+    the ones tasks see; their daemon is ``statekit_spark_daemon``. ``conf``
+    adds or overrides Spark settings.
     """
     from pyspark.sql import SparkSession
 
@@ -48,6 +49,9 @@ def local_spark_session(
         # Two cores: Spark's default of 200 shuffle partitions is mostly scheduling overhead here.
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.streaming.schemaInference", "false")
+        # Python workers import PySpark from its installed package, not compiled afresh from
+        # pyspark.zip: a fresh application's first Python task starts sooner (docs/spark.md).
+        .config("spark.python.daemon.module", "statekit_spark_daemon")
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
