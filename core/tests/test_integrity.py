@@ -437,6 +437,32 @@ def test_native_files_carry_their_digest_and_are_checked_by_it(job: Any) -> None
         job.restored(location)
 
 
+def test_bytes_checked_by_their_digest_are_parsed_in_place_without_the_blocks_crcs(job: Any) -> None:
+    """A block of bytes vouched for by a digest over all of them is not CRC-checked again; others are.
+
+    The heap's native restore reads each file whole and checks its SHA-256
+    first; its blocks are then parsed where they lie. Every column is still
+    ``bytes`` of its own (nothing keeps a view of the file).
+    """
+    from statekit.snapshots._snapshot import BytesStreamHandle, read_block, read_header, read_index
+
+    location = job.checkpoint(1, bump=2, native=False)
+    data = bytearray(job.storage._blobs[job.blob(location, 0)])
+    header, _ = read_header(BytesStreamHandle(bytes(data), "f"))
+    names = [st["name"] for st in header.states]
+    kg, (off, ln) = min(read_index(BytesStreamHandle(bytes(data), "f")).items())
+    want = read_block(BytesStreamHandle(bytes(data), "f"), kg, off, ln, names)
+    data[off + ln - 1] ^= 0xFF  # the block's recorded CRC-32, not its sections
+    with pytest.raises(CorruptSnapshotError, match=f"f: checksum mismatch in the block of key group {kg}"):
+        read_block(BytesStreamHandle(bytes(data), "f"), kg, off, ln, names)
+    got = read_block(BytesStreamHandle(bytes(data), "f", digest_checked=True), kg, off, ln, names)
+    assert got == want and got
+    assert all(type(c) is bytes for s in got for c in (s.keys, s.namespaces, s.values))
+    short = BytesStreamHandle(bytes(data[: off + ln - 1]), "f", digest_checked=True)
+    with pytest.raises(CorruptSnapshotError, match="outside its"):
+        read_block(short, kg, off, ln, names)
+
+
 def test_native_file_entries_round_trip_with_and_without_a_digest(tmp_path: Path) -> None:
     storage = ReferenceCheckpointStorage()
     writer = storage.begin_checkpoint("job", 1)

@@ -102,10 +102,17 @@ class StreamStateHandle(Protocol):
 
 @dataclass(frozen=True, eq=False)
 class BytesStreamHandle:
-    """A :class:`StreamStateHandle` over bytes held in memory."""
+    """A :class:`StreamStateHandle` over bytes held in memory.
+
+    ``digest_checked``: the bytes matched a SHA-256 recorded over all of them
+    (a native file as :meth:`NativeFile.read` returns it), so each is what was
+    written: :func:`read_block` then parses a block where it lies, without
+    copying it first or computing its CRC-32 again.
+    """
 
     data: bytes
     name: str = "<memory>"
+    digest_checked: bool = False
 
     @property
     def size(self) -> int:
@@ -120,6 +127,15 @@ class BytesStreamHandle:
                 f"{self.name}: range [{offset}, {end}) is outside its {len(self.data)} bytes"
             )
         return self.data[offset:end]
+
+    def view(self, offset: int, length: int) -> memoryview:
+        """:meth:`read`'s range as a view of the bytes, not a copy."""
+        end = offset + length
+        if offset < 0 or end > len(self.data):
+            raise CorruptSnapshotError(
+                f"{self.name}: range [{offset}, {end}) is outside its {len(self.data)} bytes"
+            )
+        return memoryview(self.data)[offset:end]
 
     def discard(self) -> None:
         """Nothing to delete."""
@@ -556,23 +572,42 @@ def read_block(
     length: int,
     state_names: Sequence[str],
 ) -> list[Section]:
-    """Read and check one key group's block; returns its sections."""
+    """Read and check one key group's block; returns its sections.
+
+    Bytes already checked against a digest over all of them (a
+    :class:`BytesStreamHandle` with ``digest_checked``) are parsed in place,
+    their CRC-32 not computed again: every byte is the one written.
+    """
+    if isinstance(stream, BytesStreamHandle) and stream.digest_checked:
+        raw: bytes | memoryview = stream.view(offset, length)
+        return _parse_block(raw, describe_stream(stream), key_group, offset, length, state_names, crc=False)
     return _parse_block(
         stream.read(offset, length), describe_stream(stream), key_group, offset, length, state_names
     )
 
 
 def _parse_block(
-    raw: bytes, where: str, key_group: int, offset: int, length: int, state_names: Sequence[str]
+    raw: bytes | memoryview,
+    where: str,
+    key_group: int,
+    offset: int,
+    length: int,
+    state_names: Sequence[str],
+    *,
+    crc: bool = True,
 ) -> list[Section]:
-    """The sections of one key group's block ``raw``, its CRC and layout checked."""
+    """The sections of one key group's block ``raw``, its layout checked, and its CRC unless ``crc`` is False.
+
+    Each column is a copy of its bytes (``bytes``, whatever ``raw`` is).
+    """
     if len(raw) != length or length < _BLOCK_HEAD.size + 4:
         raise CorruptSnapshotError(f"{where}: key group {key_group} block is truncated")
-    (crc,) = _U32.unpack_from(raw, length - 4)
-    if zlib.crc32(memoryview(raw)[:-4]) != crc:
-        raise CorruptSnapshotError(
-            f"{where}: checksum mismatch in the block of key group {key_group}; the file is corrupt"
-        )
+    if crc:
+        (recorded,) = _U32.unpack_from(raw, length - 4)
+        if zlib.crc32(memoryview(raw)[:-4]) != recorded:
+            raise CorruptSnapshotError(
+                f"{where}: checksum mismatch in the block of key group {key_group}; the file is corrupt"
+            )
     try:
         kg, nsec = _BLOCK_HEAD.unpack_from(raw, 0)
         if kg != key_group:
@@ -590,7 +625,7 @@ def _parse_block(
                 pos += 4
                 if pos + ln > length - 4:
                     raise IndexError(f"a column of {ln} bytes overruns the block")
-                cols.append(raw[pos : pos + ln])
+                cols.append(bytes(raw[pos : pos + ln]))  # bytes: no copy; a view: its one copy
                 pos += ln
             out.append(Section(state_names[idx], count, cols[0], cols[1], cols[2]))
         if pos != length - 4:

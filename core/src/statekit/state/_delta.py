@@ -617,8 +617,8 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         ordered = sorted(handles, key=lambda h: h.key_group_range.start)
         read: dict[str, bytes] = {}
         for h in ordered:
-            for link, data in _chain_files(h, read):
-                _stage_file(data, h, link, own, staged, counts)
+            for link, data, checked in _chain_files(h, read):
+                _stage_file(data, checked, h, link, own, staged, counts)
         self._delta_purge_expired(ordered, own, staged)
         self._delta_kg_entries = counts
         self._delta_track()
@@ -842,8 +842,13 @@ def _coverage(
     ]
 
 
-def _chain_files(h: NativeStateHandle, read: dict[str, bytes]) -> Iterable[tuple[dict[str, Any], bytes]]:
+def _chain_files(
+    h: NativeStateHandle, read: dict[str, bytes]
+) -> Iterable[tuple[dict[str, Any], bytes, bool]]:
     """Each link of ``h``'s chain with its file's checked bytes, in order; the chain itself checked.
+
+    The third item says whether those bytes were checked against a SHA-256
+    (a file uploaded before digests is checked by its CRC-32).
 
     Every key group of the handle's must lie in a base followed by deltas of
     later checkpoints, none after the handle's. A file that two links list (a
@@ -886,7 +891,7 @@ def _chain_files(h: NativeStateHandle, read: dict[str, bytes]) -> Iterable[tuple
         data = read.get(identity)
         if data is None:
             data = read[identity] = f.read()
-        yield link, data
+        yield link, data, f.sha256 is not None
 
 
 def _identity(f: NativeFile) -> str:
@@ -931,6 +936,7 @@ def _rescaled_chain(
 
 def _stage_file(
     data: bytes,
+    digest_checked: bool,
     h: NativeStateHandle,
     link: dict[str, Any],
     own: KeyGroupRange,
@@ -943,7 +949,7 @@ def _stage_file(
     delta changing a state's key group says how many entries it holds.
     """
     where = f"native file {link['file']} of checkpoint {h.checkpoint_id}"
-    stream = BytesStreamHandle(data, where)
+    stream = BytesStreamHandle(data, where, digest_checked)  # checked: its blocks parsed in place
     header, header_length = read_header(stream)
     holds = _link_range(h.key_group_range, link)
     if header.max_parallelism != h.max_parallelism or header.key_group_range.intersection(holds) != holds:
