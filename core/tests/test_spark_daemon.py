@@ -86,14 +86,16 @@ def test_a_worker_path_of_the_installed_pyspark_imports_it_from_the_package() ->
         pytest.skip(f"this PySpark ships no pyspark.zip in {lib}")
     zips.sort(key=lambda z: not z.endswith("pyspark.zip"))  # as Spark orders a worker's path
     code = (
-        "import statekit_spark_daemon as d, sys; chosen = d.use_installed_pyspark(); "
-        "import pyspark.daemon, pyspark.worker; print(chosen); print(pyspark.worker.__file__)"
+        "import os, statekit_spark_daemon as d; chosen = d.use_installed_pyspark(); import pyspark.daemon; "
+        "threads = len(os.listdir('/proc/self/task')) if os.path.isdir('/proc/self/task') else 1; "
+        "import pyspark.worker; print(chosen); print(pyspark.worker.__file__); print(threads)"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(zips)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    chosen, worker = done.stdout.split()
+    chosen, worker, threads = done.stdout.split()
     assert chosen == str(Path(pyspark.__file__).parent.parent)
     assert worker == str(Path(pyspark.__file__).parent / "worker.py")
+    assert threads == "1"  # what the daemon has when it forks: no thread besides its own
     # Without it, the same path imports from the zip: what the daemon module changes.
     plain = subprocess.run(
         [sys.executable, "-c", "import pyspark.worker; print(pyspark.worker.__file__)"],
