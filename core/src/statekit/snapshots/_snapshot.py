@@ -121,21 +121,20 @@ class BytesStreamHandle:
 
     def read(self, offset: int = 0, length: int | None = None) -> bytes:
         """A slice of the bytes."""
+        return self.data[offset : self._end(offset, length)]
+
+    def view(self, offset: int, length: int) -> memoryview:
+        """:meth:`read`'s range as a view of the bytes, not a copy."""
+        return memoryview(self.data)[offset : self._end(offset, length)]
+
+    def _end(self, offset: int, length: int | None) -> int:
+        """The end of ``offset``, ``length`` (None: to the last byte), checked to lie in the bytes."""
         end = len(self.data) if length is None else offset + length
         if offset < 0 or end > len(self.data):
             raise CorruptSnapshotError(
                 f"{self.name}: range [{offset}, {end}) is outside its {len(self.data)} bytes"
             )
-        return self.data[offset:end]
-
-    def view(self, offset: int, length: int) -> memoryview:
-        """:meth:`read`'s range as a view of the bytes, not a copy."""
-        end = offset + length
-        if offset < 0 or end > len(self.data):
-            raise CorruptSnapshotError(
-                f"{self.name}: range [{offset}, {end}) is outside its {len(self.data)} bytes"
-            )
-        return memoryview(self.data)[offset:end]
+        return end
 
     def discard(self) -> None:
         """Nothing to delete."""
@@ -578,12 +577,10 @@ def read_block(
     :class:`BytesStreamHandle` with ``digest_checked``) are parsed in place,
     their CRC-32 not computed again: every byte is the one written.
     """
-    if isinstance(stream, BytesStreamHandle) and stream.digest_checked:
-        raw: bytes | memoryview = stream.view(offset, length)
-        return _parse_block(raw, describe_stream(stream), key_group, offset, length, state_names, crc=False)
-    return _parse_block(
-        stream.read(offset, length), describe_stream(stream), key_group, offset, length, state_names
-    )
+    in_place = stream if isinstance(stream, BytesStreamHandle) and stream.digest_checked else None
+    raw = stream.read(offset, length) if in_place is None else in_place.view(offset, length)
+    where = describe_stream(stream)
+    return _parse_block(raw, where, key_group, offset, length, state_names, crc=in_place is None)
 
 
 def _parse_block(
