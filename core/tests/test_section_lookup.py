@@ -149,6 +149,78 @@ def test_a_str_column_s_index_finds_every_key_and_tells_keys_of_one_signature_ap
     assert find("\u00e9") == -1 and find(1) == -1
 
 
+@pytest.mark.usefixtures("arrow")
+@pytest.mark.parametrize("how", ["is_in", "indexed", "scanned"])
+def test_str_keys_found_together_are_found_as_one_by_one(how, monkeypatch):
+    """``many``: Arrow's is_in over the column; once indexed, the index; without pyarrow.compute, each."""
+    import sys
+
+    if how == "scanned":  # without pyarrow.compute: one by one (the index)
+        monkeypatch.setitem(sys.modules, "pyarrow.compute", None)
+    else:
+        pytest.importorskip("pyarrow.compute")
+    twins = ["abcdefgh" + "X" * 5 + "abcdefgh", "abcdefgh" + "Y" * 5 + "abcdefgh"]
+    keys = [f"/api/v1/items/{i}" for i in range(3000)] + ["", "a", "abcdefgh", *twins]
+    find = column_finder(StrSerializer(), StrSerializer().encode_column(keys), len(keys))
+    assert find is not None
+    if how == "indexed":
+        find._build()
+    asked = [
+        *keys[::7], "", twins[1], keys[5], keys[5],  # a key asked twice
+        "/api/v1/items/3000", "abcdefgh" + "Z" * 5 + "abcdefgh", "\u00e9", "k\udc80", 1, b"a", None,
+    ]  # fmt: skip
+    expected = [keys.index(k) if isinstance(k, str) and k in keys else -1 for k in asked]
+    assert find.many(asked) == expected
+    assert [find(k) for k in asked] == expected
+    assert find.many([]) == [] and find.many([1, "\u00e9"]) == [-1, -1]
+
+
+def test_int_keys_found_together_are_found_as_one_by_one():
+    pytest.importorskip("numpy")
+    keys = [0, 1, -1, 2**63 - 1, -(2**63), 256, 1 << 40, *range(1000, 3000, 3)]
+    find = column_finder(IntSerializer(), IntSerializer().encode_column(keys), len(keys))
+    assert find is not None
+    a, b = keys[3], keys[4]
+    straddle = struct.unpack("<q", struct.pack("<q", a)[4:] + struct.pack("<q", b)[:4])[0]
+    asked = [*keys[::5], True, 5, 1.0, "1", 2**70, straddle, None, keys[2], keys[2]]
+    expected = [find(k) for k in asked]
+    assert find.many(asked) == expected
+    assert expected[: len(keys[::5])] == list(range(0, len(keys), 5)) and expected[-7:-2] == [-1] * 5
+
+
+def test_finding_keys_together_never_imports_pandas(tmp_path):
+    """pyarrow imports pandas to convert Python objects; a Spark worker should not pay that for a lookup."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("pyarrow.compute")
+    code = (
+        "import sys, numpy, pyarrow, pyarrow.compute\n"
+        "from statekit.serialization._lookup import column_finder\n"
+        "from statekit.serializers import StrSerializer\n"
+        "keys = [f'k{i}' for i in range(5000)]\n"
+        "find = column_finder(StrSerializer(), StrSerializer().encode_column(keys), len(keys))\n"
+        "assert find.many(['k1', 'k4999', 'nope']) == [1, 4999, -1]\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert out.stdout.strip() == "False"
+
+
+def test_a_section_lookup_finds_keys_together_in_small_and_large_sections():
+    pytest.importorskip("numpy")
+    for n in (10, 3000):  # a dict of decoded keys; the column's finder
+        keys = list(range(0, 2 * n, 2))
+        sec = section(keys, [k * 10.0 for k in keys])
+        look = SectionLookup.of(sec, IntSerializer(), FloatSerializer())
+        assert look is not None
+        asked = [keys[-1], 1, keys[0], keys[-1]]
+        assert look.index_many(asked) == [n - 1, -1, 0, n - 1]
+        assert [look.value(i) for i in look.index_many(asked) if i >= 0] == [keys[-1] * 10, 0, keys[-1] * 10]
+
+
 def test_str_columns_are_not_searched_without_numpy(monkeypatch):
     import sys
 

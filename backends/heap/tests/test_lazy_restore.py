@@ -28,11 +28,12 @@ from statekit import (
     TtlVisibility,
     ValueStateDescriptor,
 )
-from statekit.backend_api import KeyGroupRange
+from statekit.backend_api import KeyGroupRange, key_group_for_bytes
 from statekit.checkpointing import key_group_range_for_operator
 from statekit.errors import CorruptSnapshotError, SnapshotError, StateAccessError
 from statekit.serializers import StrSerializer
 from statekit.snapshot_codec import NativeFile, NativeStateHandle, SectionLookup
+from statekit.snapshots import _lookup as snapshots_lookup
 from statekit.testing import KitNativeOutput
 from statekit_heap import HeapKeyedStateBackend
 from statekit_heap import _backend as heap_backend
@@ -525,16 +526,20 @@ def test_key_groups_of_many_keys_decode_exactly_where_arrow_splits_them(make_bac
     assert any(split)  # Arrow split the key columns of the key groups whose keys are all ASCII
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["keys one by one", "keys handed over ahead"])
 @pytest.mark.parametrize("budget", ["default", "endless"])
 @pytest.mark.parametrize("key_type", [str, int])
 @pytest.mark.parametrize("deltas", [0, 2])
 def test_value_state_read_and_written_by_key_follows_a_model_through_checkpoints(
-    make_backend, by_key, key_type, deltas, budget, monkeypatch
+    make_backend, by_key, key_type, deltas, budget, ahead, monkeypatch
 ):
     """Reads, writes of known and new keys, batches and removals on lazy key groups; every checkpoint kind.
 
     With the default budget key groups are decoded along the way; with an endless one they stay
-    bytes until something needs all of them.
+    bytes until something needs all of them. ``ahead``: every 150 steps the runner hands over
+    the keys of the next 150 (as Spark's routing does per task), with keys no step reads,
+    and the backend looks them up together (``_heap_lookup_many``); sections of more than
+    4 keys are then searched by their column finders, not a dict of their decoded keys.
     """
     from statekit.serializers import IntSerializer
 
@@ -571,8 +576,26 @@ def test_value_state_read_and_written_by_key_follows_a_model_through_checkpoints
     t = b._tables["v"]
     universe = [key(i) for i in range(3600)]  # 600 keys no checkpoint holds
     snapshots = []
+    picks = [rng.choice(universe) for _ in range(600)]
+    together = []
+    if ahead:
+        if by_key and key_type is str:
+            pytest.importorskip(
+                "pyarrow.compute"
+            )  # loaded, as in a Spark worker: str columns are searched by it
+        monkeypatch.setattr(snapshots_lookup, "_DECODED_KEYS_MAX", 4)
+        many = heap_backend.HeapKeyedStateBackend._heap_lookup_many
+        monkeypatch.setattr(
+            heap_backend.HeapKeyedStateBackend,
+            "_heap_lookup_many",
+            lambda self, *a: (together.append(len(a[-1])), many(self, *a))[1],
+        )
     for step in range(600):
-        k = rng.choice(universe)
+        k = picks[step]
+        if ahead and step % 150 == 0:
+            handed = picks[step : step + 150] + rng.sample(universe, 50)  # and keys no step reads
+            groups = [key_group_for_bytes(b.key_serializer.serialize(x), b.max_parallelism) for x in handed]
+            b.remember_key_groups(handed, groups)
         b.set_current_key(k)
         op = rng.randrange(10)
         if op < 4:
@@ -594,6 +617,8 @@ def test_value_state_read_and_written_by_key_follows_a_model_through_checkpoints
     assert b.num_entries("v") == len(model)
     if by_key and budget != "default":
         assert t.partial and t.lazy  # read and written by key, still bytes
+    if by_key and ahead and budget != "default":  # (the default decodes these small key groups at once)
+        assert together and max(together) > 1  # looked up together
     delta = checkpoint(b, h.checkpoint_id + 1)
     assert delta.meta["chain"][-1]["kind"] == "delta"
     canonical = b.snapshot().to_handle()

@@ -25,7 +25,10 @@ is kept aside until the key group is decoded, once its lookups have taken
 ``_LOOKUP_BUDGET`` of the time its decode would (timed, against the table's
 own decodes) or at the first access that needs all of it.
 A restarted job whose first records touch a few keys of every key group so
-does not decode every key group before its first output.
+does not decode every key group before its first output. Keys a runner hands
+over ahead of their records (Spark's routing does, per task:
+:meth:`_keys_ahead`) are looked up together, at the first lookup in their key
+group: one pass over each section's key column for all of them.
 """
 
 from __future__ import annotations
@@ -176,6 +179,17 @@ class _Table:
         return sum(len(d) for lst in self.ns.values() for d in lst if d) + self.lazy_entries
 
 
+def _unreadable(t: _Table, kg: int, e: SerializationError) -> StateAccessError:
+    """The error for restored entries of key group ``kg`` that ``t``'s serializer cannot read by key."""
+    reg = t.reg
+    assert reg is not None
+    return StateAccessError(
+        f"state {reg.name!r}, key group {kg}: its restored entries (checked when restored) "
+        f"cannot be read by its serializer {reg.serializer!r}: {e}. Fix the serializer and "
+        "restore again (the checkpoint is unchanged)"
+    )
+
+
 class _Partial:
     """A lazy key group of a value state, read and written by key while its sections stay bytes.
 
@@ -186,13 +200,14 @@ class _Partial:
     remove an entry decode the key group first, so ``over`` has no removals.
     """
 
-    __slots__ = ("added", "budget", "lookups", "missing", "over", "spent")
+    __slots__ = ("added", "ahead", "budget", "lookups", "missing", "over", "spent")
 
     def __init__(self, sections: list[SectionLookup], budget: float) -> None:
         self.lookups = sections  # newest first: a later section's entry wins
         self.over: dict[Any, Any] = {}
         self.missing: set[Any] = set()
         self.added = 0
+        self.ahead = -1  # the round of keys ahead (HeapKeyedStateBackend._ahead_round) looked up here
         # Lookups may take a decode's time before the key group is decoded: one read by
         # very many keys pays about 2 decodes, one read by a few thousand never decodes.
         self.budget = budget
@@ -586,6 +601,9 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
         opts = options or {}
         self._tables: dict[str, _Table] = {}
         self._heap_tracking = False
+        # The keys the runner said its next records are keyed by, per lazy key group (_keys_ahead).
+        self._ahead: dict[int, list[Any]] = {}
+        self._ahead_round = 0
         self._delta_setup(
             int(opts.get("max-deltas", 10)),
             float(opts.get("max-delta-ratio", 0.5)),
@@ -808,11 +826,37 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
             return None
         return p
 
+    def _keys_ahead(self, keys: Sequence[Any], key_groups: Sequence[int]) -> None:
+        """Keep the keys of key groups still held as restored bytes, for :meth:`_heap_lookup_many`."""
+        self._ahead_round += 1
+        lazy = [t.lazy for t in self._tables.values() if t.lazy and not t.deep]
+        if not lazy:
+            self._ahead = {}
+            return
+        held = set().union(*lazy) if len(lazy) > 1 else lazy[0]
+        ahead: dict[int, list[Any]] = {}
+        for key, kg in zip(keys, key_groups):
+            if kg in held:
+                got = ahead.get(kg)
+                if got is None:
+                    ahead[kg] = [key]
+                else:
+                    got.append(key)
+        self._ahead = ahead
+
     def _heap_lookup(self, t: _Table, kg: int, p: _Partial, key: Any) -> Any:
         """The value of ``key`` in partial key group ``kg`` (None: no entry)."""
         v = p.over.get(key)
         if v is not None or key in p.missing:
             return v
+        if p.ahead != self._ahead_round:  # the first lookup here since keys were handed over
+            p.ahead = self._ahead_round
+            ahead = self._ahead.get(kg)
+            if ahead is not None and len(ahead) > 1:
+                self._heap_lookup_many(t, kg, p, ahead)
+                v = p.over.get(key)
+                if v is not None or key in p.missing:
+                    return v
         started = perf_counter()
         try:
             for look in p.lookups:
@@ -822,17 +866,39 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
                         v = p.over[key] = look.value(i)
                     break
         except SerializationError as e:
-            reg = t.reg
-            assert reg is not None
-            raise StateAccessError(
-                f"state {reg.name!r}, key group {kg}: its restored entries (checked when restored) "
-                f"cannot be read by its serializer {reg.serializer!r}: {e}. Fix the serializer and "
-                "restore again (the checkpoint is unchanged)"
-            ) from e
+            raise _unreadable(t, kg, e) from e
         p.spent += perf_counter() - started
         if v is None:
             p.missing.add(key)
         return v
+
+    def _heap_lookup_many(self, t: _Table, kg: int, p: _Partial, keys: list[Any]) -> None:
+        """Look ``keys`` up together in partial key group ``kg``: as :meth:`_heap_lookup` does each."""
+        started = perf_counter()
+        over, missing = p.over, p.missing
+        try:
+            todo = [k for k in dict.fromkeys(keys) if k not in over and k not in missing]
+        except TypeError:  # an unhashable key: each record's own lookup names it
+            return
+        try:
+            for look in p.lookups:  # newest first: the newest section holding a key decides
+                if not todo:
+                    break
+                rest: list[Any] = []
+                for key, i in zip(todo, look.index_many(todo)):
+                    if i < 0:
+                        rest.append(key)
+                        continue
+                    v = None if look.removal else look.value(i)
+                    if v is None:
+                        missing.add(key)
+                    else:
+                        over[key] = v
+                todo = rest
+        except SerializationError as e:
+            raise _unreadable(t, kg, e) from e
+        missing.update(todo)  # in no section
+        p.spent += perf_counter() - started
 
     def _heap_get(self, t: _Table, kg: int, key: Any) -> Any:
         """The value of ``key`` in lazy key group ``kg`` of ``t`` (void namespace; None: no entry)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..serialization._lookup import column_finder, column_reader
@@ -26,16 +26,21 @@ class SectionLookup:
     0.6 ms), where decoding the key group costs a Python object and a dict
     insertion per entry (about 0.3 µs each). A value is read alone
     (64-bit ints and floats) or with the rest of its column, decoded on the
-    first read. Made by :meth:`of`.
+    first read. Keys known ahead are found together (:meth:`index_many`). Made by :meth:`of`.
     """
 
-    __slots__ = ("_find", "_read", "_section", "_value_serializer")
+    __slots__ = ("_find", "_find_many", "_read", "_section", "_value_serializer")
 
     def __init__(
-        self, section: Section, find: Callable[[Any], int], value_serializer: TypeSerializer
+        self,
+        section: Section,
+        find: Callable[[Any], int],
+        value_serializer: TypeSerializer,
+        find_many: Callable[[Sequence[Any]], list[int]] | None = None,
     ) -> None:
         self._section = section
         self._find = find
+        self._find_many = find_many
         self._value_serializer = value_serializer
         self._read: Callable[[int], Any] | None = None
 
@@ -64,7 +69,7 @@ class SectionLookup:
         find = column_finder(key_serializer, section.keys, section.count)
         if find is None:
             return None
-        return cls(section, find, value_serializer)
+        return cls(section, find, value_serializer, find.many)
 
     @property
     def removal(self) -> bool:
@@ -74,6 +79,14 @@ class SectionLookup:
     def index(self, key: Any) -> int:
         """The position of ``key`` in the section, -1 when it holds no entry of it."""
         return self._find(key)
+
+    def index_many(self, keys: Sequence[Any]) -> list[int]:
+        """:meth:`index` of each of ``keys``, found together (one pass over a large section's keys)."""
+        many = self._find_many
+        if many is None:
+            find = self._find
+            return [find(key) for key in keys]
+        return many(keys)
 
     def value(self, i: int) -> Any:
         """The value at position ``i`` (of :meth:`index`); not for removal sections.

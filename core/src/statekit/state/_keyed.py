@@ -172,6 +172,7 @@ _HOOKS = frozenset(
         "_state_size",
         "_ttl_hook",
         "_migrate_restored",
+        "_keys_ahead",
     }
 )
 #: Attributes KeyedBackendBase keeps on ``self`` (docs/writing-a-backend.md lists them).
@@ -316,13 +317,16 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
         it. Keys that cannot be hashed are left to it too, as is a closed backend.
         """
         n = len(keys)
-        if self._closed or not n or n != len(key_groups) or n > self._key_cache_size:
+        if self._closed or not n or n != len(key_groups):
             return
         kgr = self.key_group_range
         try:
             if min(key_groups) < kgr.start or max(key_groups) > kgr.end:
                 return
         except TypeError:  # a null key group: the records did not all come by key group
+            return
+        self._keys_ahead(keys, key_groups)
+        if n > self._key_cache_size:
             return
         cache = self._kg_cache
         if len(cache) + n > self._key_cache_size:
@@ -331,6 +335,17 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
             cache.update(zip(keys, key_groups))
         except TypeError:  # an unhashable key: set_current_key names it
             return
+
+    def _keys_ahead(self, keys: Sequence[Any], key_groups: Sequence[int]) -> None:
+        """Optional: the keys the next records are keyed by, with their key groups (all this backend's).
+
+        Called by :meth:`remember_key_groups` once the key groups are checked
+        to be this backend's, before the records are processed; a key may
+        repeat, and a record may still read a key not handed over. A backend
+        that finds keys faster together (the heap, in key groups still held as
+        restored bytes) may look them up now or at its first read. Nothing
+        here may change what a read returns. The default does nothing.
+        """
 
     def get_current_key(self) -> Any:
         """The current key (None before the first :meth:`set_current_key`)."""

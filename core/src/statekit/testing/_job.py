@@ -395,6 +395,25 @@ class Job:
         i = operator_index_for_key_group(self.max_parallelism, self.parallelism, self.key_group(key))
         return self.subtasks[i]
 
+    def hand_over(self, keys: Sequence[Any]) -> None:
+        """Hand each subtask its keys, with their key groups, before reading them (as Spark's routing does).
+
+        ``remember_key_groups`` of a backend on ``KeyedBackendBase``, which passes them to its
+        ``_keys_ahead``: a backend that looks keys up together then serves the reads that follow.
+        """
+        mine: dict[int, tuple[list[Any], list[int]]] = {}
+        for key in keys:
+            kg = self.key_group(key)
+            ks, gs = mine.setdefault(
+                operator_index_for_key_group(self.max_parallelism, self.parallelism, kg), ([], [])
+            )
+            ks.append(key)
+            gs.append(kg)
+        for i, (ks, gs) in mine.items():
+            remember = getattr(self.subtasks[i].keyed, "remember_key_groups", None)
+            if remember is not None:
+                remember(ks, gs)
+
     def at(self, key: Any, ns: Any, name: str) -> Any:
         """The handle of state ``name`` at ``key``'s subtask, with ``key`` and ``ns`` current."""
         st = self.owner(key)

@@ -84,6 +84,8 @@ _keys = st.one_of(st.sampled_from(KEYS[:2]), st.sampled_from(KEYS))
 _namespaces = st.one_of(st.just(NAMESPACES[0]), st.sampled_from(NAMESPACES))
 _ints = st.integers(-3, 9)
 _user_keys = st.sampled_from(USER_KEYS)
+#: A key no rule writes: handed over with the keys a probe reads (``Job.hand_over``).
+_ABSENT_KEY = "key-never-written"
 
 
 @dataclass(frozen=True)
@@ -407,6 +409,11 @@ class _Machine(RuleBasedStateMachine):
         try:
             self.model = KeyedModel(self.specs, self.clock)
             self.model.restore_from(saved_model.entries, now)
+            # The keys ahead of their reads, as a runner hands them over (``_keys_ahead``), with a key
+            # that holds nothing: whatever a backend looks up together must read as one by one.
+            probe.hand_over(
+                [key for name in KEYED_STATE_NAMES for key, _ in self.model.entries[name]] + [_ABSENT_KEY]
+            )
             for name in KEYED_STATE_NAMES:
                 for key, ns in sorted(self.model.entries[name], key=repr):
                     stored = self.model.entries[name].get((key, ns))
