@@ -102,3 +102,31 @@ def test_a_worker_path_of_the_installed_pyspark_imports_it_from_the_package() ->
         env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert "pyspark.zip" in plain.stdout
+
+
+@pytest.mark.parametrize(
+    ("key", "refused"),
+    [
+        ("spark.python.deamon.module", True),
+        ("spark.pyhton.daemon.module", True),
+        ("spark.python.daemon.modules", True),
+        ("Spark.Python.Daemon.Module", True),
+        ("spark.python.daemon.module", False),  # the key itself
+        ("spark.python.worker.module", False),  # Spark's other keys near it
+        ("spark.python.use.daemon", False),
+        ("spark.python.daemon.workerModule", False),
+        ("spark.statekit.backend", False),
+    ],
+)
+def test_near_misses_of_the_daemon_module_key_are_refused_and_spark_s_own_keys_are_not(
+    key: str, refused: bool
+) -> None:
+    pytest.importorskip("pyspark")
+    from statekit.errors import ConfigurationError
+    from statekit.spark._sparkconf import _refuse_misspelt_daemon_key
+
+    if refused:
+        with pytest.raises(ConfigurationError, match=rf"unknown Spark setting {key}; Did you mean "):
+            _refuse_misspelt_daemon_key(["spark.app.name", key])
+    else:
+        _refuse_misspelt_daemon_key(["spark.app.name", key])

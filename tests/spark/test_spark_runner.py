@@ -555,6 +555,20 @@ def test_configuration_errors_are_those_outside_spark(
     assert str(on_spark.value) == str(outside.value)
 
 
+@pytest.mark.parametrize("typo", ["spark.python.deamon.module", "spark.pyhton.daemon.module"])
+def test_a_misspelt_daemon_module_key_is_refused_where_spark_would_ignore_it(session: Any, typo: str) -> None:
+    """Spark ignores a key it does not know; the daemon setting docs/spark.md asks for is checked here."""
+    session.conf.set(typo, "statekit_spark_daemon")
+    try:
+        df = session.createDataFrame(RECORDS[:10], SCHEMA)
+        processed = keyed(df, "url").process(CountUrls, OUTPUT, job_id="config")
+        with pytest.raises(ConfigurationError, match=rf"unknown Spark setting {typo}; Did you mean "
+                           r"spark\.python\.daemon\.module\?"):  # fmt: skip
+            processed.run()
+    finally:
+        session.conf.unset(typo)
+
+
 def test_jobmanager_size_limit_fails_the_batch(session: Any, job_id: str) -> None:
     configure(session, {"spark.statekit.checkpoint.storage": "jobmanager",
                         "spark.statekit.checkpoint.storage.jobmanager.max-state-size": "1k"})  # fmt: skip

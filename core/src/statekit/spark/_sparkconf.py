@@ -9,14 +9,16 @@ too) and the DataFrame API.
 
 from __future__ import annotations
 
+import difflib
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from .._errors import ConfigurationError
 from ..plugins._config import Configuration, is_statekit_key
 from ..plugins._secrets import SPARK_DEFAULT_REDACTION, secret_keys_in
 
@@ -41,10 +43,12 @@ def spark_configuration(
     3. ``overrides``, with or without the ``spark.`` prefix.
 
     Keys are the same as outside Spark, prefixed with ``spark.``; nothing is
-    validated here (see :meth:`Configuration.validate`).
+    validated here (see :meth:`Configuration.validate`), but a near miss of
+    ``spark.python.daemon.module`` is refused: Spark ignores it without a word.
 
     Raises:
-        ConfigurationError: If one source sets a key with and without ``spark.`` to different values.
+        ConfigurationError: If one source sets a key with and without ``spark.`` to different values,
+            or a key is a misspelling of ``spark.python.daemon.module``.
     """
     if is_connect(session):
         # The server's session configuration starts as a copy of its SparkConf: one source holds both.
@@ -53,10 +57,13 @@ def spark_configuration(
     else:
         # The JVM's copy, read once (SparkContext.getConf() would copy it entry by entry first).
         jconf = session.sparkContext._jsc.getConf()
-        app = {k: v for k, v in ((str(e._1()), str(e._2())) for e in jconf.getAll()) if _ours(k)}
+        entries = [(str(e._1()), str(e._2())) for e in jconf.getAll()]
+        _refuse_misspelt_daemon_key(k for k, _ in entries)
+        app = {k: v for k, v in entries if _ours(k)}
         redaction = jconf.get("spark.redaction.regex", SPARK_DEFAULT_REDACTION)
     runtime_conf = session.conf.getAll
     runtime = runtime_conf() if callable(runtime_conf) else runtime_conf
+    _refuse_misspelt_daemon_key(runtime)
     runtime = {k: v for k, v in runtime.items() if _ours(k)}
     _warn_of_shown_secrets({**app, **runtime}, redaction or SPARK_DEFAULT_REDACTION)
     conf = Configuration.from_mapping(app).with_options(runtime)
@@ -149,6 +156,24 @@ def _warn_of_shown_secrets(values: Mapping[str, object], redaction_regex: str) -
                 "see docs/configuration.md#secrets",
                 RuntimeWarning,
                 stacklevel=3,
+            )
+
+
+#: Spark's setting for the module its Python daemon runs (docs/spark.md#python-daemon).
+DAEMON_MODULE_KEY = "spark.python.daemon.module"
+
+
+def _refuse_misspelt_daemon_key(keys: Iterable[str]) -> None:
+    """Refuse a near miss of :data:`DAEMON_MODULE_KEY`, which Spark would ignore without a word."""
+    for key in keys:
+        if key == DAEMON_MODULE_KEY or abs(len(key) - len(DAEMON_MODULE_KEY)) > 3:
+            continue
+        if difflib.SequenceMatcher(None, key.lower(), DAEMON_MODULE_KEY).ratio() >= 0.9:
+            raise ConfigurationError(
+                f"unknown Spark setting {key}; Did you mean {DAEMON_MODULE_KEY}? Spark ignores keys it "
+                "does not know without a word, so its Python workers would start without the daemon "
+                "module set there (statekit_spark_daemon: slower first tasks, nothing else). Correct "
+                "the key where the session is built (see docs/spark.md#python-daemon)"
             )
 
 
