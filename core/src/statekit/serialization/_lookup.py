@@ -175,8 +175,14 @@ class _StrFinder:
         return -1
 
     def many(self, values: Sequence[Any]) -> list[int]:
-        """The position of each of ``values``: one pass of Arrow's ``is_in`` until the column is indexed."""
+        """The position of each of ``values``, found together.
+
+        One pass of Arrow's ``is_in`` for all of them, until the passes and scans
+        so far have cost what an index costs; then indexed, as :meth:`__call__` decides.
+        """
         strings = self._strings
+        if self._signatures is None and self._scanned >= _INDEX_BUILD * self._count:
+            self._build()  # the passes so far cost what the index costs, as __call__ decides
         if self._signatures is not None or strings is None or len(values) < 2:
             return [self(value) for value in values]
         wanted = [v.encode("ascii") for v in values if isinstance(v, str) and v.isascii()]
