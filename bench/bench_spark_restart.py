@@ -26,7 +26,8 @@ rescales' ratio to the restart at the same parallelism, and the tasks' restore
 (``task_restore``, summed over the subtasks) of each.
 
 Every method's first batch is checked: the counts the sink sees for the new
-file's keys are the counts of both files together. Each restart runs ``--repeats``
+file's keys (new ones, and known ones the restored state must hold) are the
+counts of every file so far. Each restart runs ``--repeats``
 times (the first file's state is rebuilt each time); the medians are reported,
 with statekit's per-phase seconds of the first batch (``BatchInfo.phases``).
 
@@ -67,7 +68,9 @@ def _query(spark: Any, method: str, work: str, seen: dict[str, int], infos: list
     )
 
     def sink(batch_df: Any, batch_id: int) -> None:
-        for row in batch_df.where("url LIKE 'probe%'").collect():
+        # After the build (batch 0): the known keys too, whose counts the restore must carry.
+        wanted = "url LIKE 'probe%'" + (" OR url LIKE 'k%'" if batch_id > 0 else "")
+        for row in batch_df.where(wanted).collect():
             seen[row["url"]] = max(seen.get(row["url"], 0), int(row["count"]))
 
     location = os.path.join(work, "spark-checkpoint")
@@ -152,12 +155,20 @@ def add_file(work: str, index: int, new: int) -> list[str]:
 
 
 def restart(method: str, work: str, index: int, new: int, parallelism: int) -> dict[str, Any]:
-    """Add input file ``index``, restart the query at ``parallelism``, check the probes' counts."""
+    """Add input file ``index``, restart the query at ``parallelism``, check the counts of its keys.
+
+    A probe is new (counted twice in the file); a known key was counted once by
+    the build and once by each file since: the restored state must hold it.
+    """
     probes = add_file(work, index, new)
     got = _run_child(method, work, parallelism)
-    if got["seen"] != dict.fromkeys(probes, 2):
+    expected = {**dict.fromkeys(probes, 2), **{f"k{i}": index + 1 for i in range(new)}}
+    if got["seen"] != expected:
+        seen = got["seen"]
+        wrong = sorted(k for k in expected.keys() | seen.keys() if seen.get(k) != expected.get(k))
         raise SystemExit(
-            f"{method} at p={parallelism}: the restarted query's counts are wrong: {got['seen']}"
+            f"{method} at p={parallelism}: the restarted query's counts are wrong for {len(wrong)} keys, "
+            f"e.g. {[(k, seen.get(k), expected.get(k)) for k in wrong[:5]]} (key, counted, expected)"
         )
     return got
 
