@@ -191,7 +191,7 @@ def test_int_keys_found_together_are_found_as_one_by_one():
     assert expected[: len(keys[::5])] == list(range(0, len(keys), 5)) and expected[-7:-2] == [-1] * 5
 
 
-def test_finding_keys_together_never_imports_pandas(tmp_path):
+def test_finding_keys_alone_or_together_never_imports_pandas(tmp_path):
     """pyarrow imports pandas to convert Python objects; a Spark worker should not pay that for a lookup."""
     import subprocess
     import sys
@@ -203,6 +203,7 @@ def test_finding_keys_together_never_imports_pandas(tmp_path):
         "from statekit.serializers import StrSerializer\n"
         "keys = [f'k{i}' for i in range(5000)]\n"
         "find = column_finder(StrSerializer(), StrSerializer().encode_column(keys), len(keys))\n"
+        "assert find('k7') == 7 and find('nope') == -1\n"  # scanned by Arrow, one key
         "assert find.many(['k1', 'k4999', 'nope']) == [1, 4999, -1]\n"
         "print('pandas' in sys.modules)\n"
     )

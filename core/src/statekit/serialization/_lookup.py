@@ -88,17 +88,7 @@ def column_finder(serializer: TypeSerializer, data: bytes | memoryview, count: i
 class _StrFinder:
     """An ASCII string column, indexed by signature at its first lookup."""
 
-    __slots__ = (
-        "_blob",
-        "_count",
-        "_np",
-        "_order",
-        "_scan",
-        "_scanned",
-        "_signatures",
-        "_starts",
-        "_strings",
-    )
+    __slots__ = ("_blob", "_count", "_np", "_order", "_scanned", "_signatures", "_starts", "_strings")
 
     @classmethod
     def of(cls, data: bytes | memoryview, count: int) -> _StrFinder | None:
@@ -114,15 +104,11 @@ class _StrFinder:
         if len(body) and int(body.max()) >= 0x80:
             return None  # not ASCII: character lengths are not byte offsets
         offsets = _ascii_offsets(np, raw_lengths, len(blob))
-        scan: Callable[[str], int] | None = None
         strings: Any = None
         pa: Any = sys.modules.get("pyarrow")
-        pc: Any = sys.modules.get("pyarrow.compute")
-        if pa is not None and pc is not None:
+        if pa is not None and sys.modules.get("pyarrow.compute") is not None:
             strings = pa.LargeStringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(blob))
-            large, index, scalar = pa.large_string(), pc.index, pa.scalar
-            scan = lambda value: int(index(strings, scalar(value, large)).as_py())  # noqa: E731
-        return cls(count, np, body, offsets, scan, strings)
+        return cls(count, np, body, offsets, strings)
 
     def __init__(
         self,
@@ -130,12 +116,12 @@ class _StrFinder:
         np: Any,
         body: Any,
         offsets: Any,
-        scan: Callable[[str], int] | None,
         strings: Any = None,
     ) -> None:
         self._count = count
-        self._scan = scan  # Arrow's index kernel over the column, when loaded
-        self._strings = strings  # the column as an Arrow array, when pyarrow.compute is loaded
+        self._strings = (
+            strings  # the column as an Arrow array, scanned by Arrow, when pyarrow.compute is loaded
+        )
         self._scanned = 0  # strings compared by scans so far
         self._np = np
         self._blob: Any = body  # the strings' bytes: a numpy array, then (indexed) bytes
@@ -151,9 +137,10 @@ class _StrFinder:
             return -1
         if self._signatures is None:
             n = self._count
-            if self._scan is not None and self._scanned < _INDEX_BUILD * n:  # scans cost less so far
+            if self._strings is not None and self._scanned < _INDEX_BUILD * n:  # scans cost less so far
                 self._scanned += n + _SCAN_CALL
-                return self._scan(value)
+                pc: Any = sys.modules["pyarrow.compute"]
+                return int(pc.index(self._strings, self._arrow([value.encode("ascii")])[0]).as_py())
             self._build()
         raw = value.encode("ascii")
         size = len(raw)
@@ -188,19 +175,24 @@ class _StrFinder:
         wanted = [v.encode("ascii") for v in values if isinstance(v, str) and v.isascii()]
         if not wanted:
             return [-1] * len(values)
-        pa: Any = sys.modules["pyarrow"]
         pc: Any = sys.modules["pyarrow.compute"]
-        np = self._np
-        # Made from buffers: pyarrow converts Python objects only after importing pandas.
-        offsets = np.zeros(len(wanted) + 1, dtype=np.int64)
-        np.cumsum([len(raw) for raw in wanted], out=offsets[1:])
-        asked = pa.LargeStringArray.from_buffers(
-            len(wanted), pa.py_buffer(offsets), pa.py_buffer(b"".join(wanted))
-        )
-        at = pc.indices_nonzero(pc.is_in(strings, value_set=asked))
+        at = pc.indices_nonzero(pc.is_in(strings, value_set=self._arrow(wanted)))
         found = dict(zip(strings.take(at).to_pylist(), at.to_pylist()))
         self._scanned += self._count + _SCAN_CALL  # one pass, as one scan
         return [found.get(v, -1) if isinstance(v, str) else -1 for v in values]
+
+    def _arrow(self, raws: list[bytes]) -> Any:
+        """ASCII strings asked for, as an Arrow array like the column's.
+
+        Made from buffers: pyarrow converts Python objects (a scalar too) only
+        after importing pandas, which a lookup in a Spark worker should not pay.
+        """
+        np, pa = self._np, sys.modules["pyarrow"]
+        offsets = np.zeros(len(raws) + 1, dtype=np.int64)
+        np.cumsum([len(raw) for raw in raws], out=offsets[1:])
+        return pa.LargeStringArray.from_buffers(
+            len(raws), pa.py_buffer(offsets), pa.py_buffer(b"".join(raws))
+        )
 
     def _build(self) -> None:
         np = self._np

@@ -392,8 +392,11 @@ class Job:
 
     def owner(self, key: Any) -> DeclaredSubtask:
         """The subtask owning ``key``'s key group."""
-        i = operator_index_for_key_group(self.max_parallelism, self.parallelism, self.key_group(key))
-        return self.subtasks[i]
+        return self.subtasks[self._index(self.key_group(key))]
+
+    def _index(self, key_group: int) -> int:
+        """The index of the subtask owning ``key_group``."""
+        return operator_index_for_key_group(self.max_parallelism, self.parallelism, key_group)
 
     def hand_over(self, keys: Sequence[Any]) -> None:
         """Hand each subtask its keys, with their key groups, before reading them (as Spark's routing does).
@@ -404,9 +407,7 @@ class Job:
         mine: dict[int, tuple[list[Any], list[int]]] = {}
         for key in keys:
             kg = self.key_group(key)
-            ks, gs = mine.setdefault(
-                operator_index_for_key_group(self.max_parallelism, self.parallelism, kg), ([], [])
-            )
+            ks, gs = mine.setdefault(self._index(kg), ([], []))
             ks.append(key)
             gs.append(kg)
         for i, (ks, gs) in mine.items():
