@@ -44,15 +44,18 @@ from statekit.errors import CorruptCheckpointError, CorruptSnapshotError, Unsafe
 from statekit.serializers import serializer_for
 from statekit.snapshot_codec import NativeFile, upload_native_file
 from statekit.snapshots._digest import (
+    INLINE_BELOW,
     NOT_RECORDED,
     FileDigest,
     check_sha256,
+    check_sha256_later,
     fd_has_digest,
     file_sha256,
     parse_sha256,
     parts_digest,
     recorded_digest,
     sha256_of,
+    sha256_soon,
 )
 from statekit.testing import ReferenceCheckpointStorage, ReferenceKeyedStateBackend
 
@@ -232,6 +235,22 @@ def test_a_mismatch_names_the_file_the_part_and_what_it_means() -> None:
         check_sha256(b"y", sha256_of(b"x"), "/ckpt/chk-3/process-0.keyed", "the block of key group 7")
     assert str(e.value) == f"/ckpt/chk-3/process-0.keyed: the block of key group 7: {NOT_RECORDED}"
     assert "another checkpoint's or subtask's file?" in NOT_RECORDED
+
+
+@pytest.mark.parametrize("size", [0, 1, INLINE_BELOW - 1, INLINE_BELOW, 3 * INLINE_BELOW])
+def test_later_digests_agree_on_either_side_of_the_inline_bound(size: int) -> None:
+    """Short bytes are hashed at once, long ones on the hashing thread: the same digest, the same errors."""
+    data = os.urandom(size)
+    soon = sha256_soon(data)
+    assert isinstance(soon, str) == (size < INLINE_BELOW)  # short: the digest itself, not a future
+    assert (soon if isinstance(soon, str) else soon.result(timeout=60)) == hashlib.sha256(data).hexdigest()
+    checked = check_sha256_later(data, sha256_of(data), "f")
+    assert checked.done() or size >= INLINE_BELOW  # short: done before the call returns
+    assert checked.result(timeout=60) is None
+    wrong = check_sha256_later(data, sha256_of(data + b"x"), "/ckpt/f", "the block of key group 3")
+    with pytest.raises(CorruptSnapshotError) as e:
+        wrong.result(timeout=60)
+    assert str(e.value) == f"/ckpt/f: the block of key group 3: {NOT_RECORDED}"
 
 
 # --- what a checkpoint records and checks -----------------------------------------------------

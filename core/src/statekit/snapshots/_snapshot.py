@@ -37,7 +37,7 @@ from typing import Any, BinaryIO, Protocol, runtime_checkable
 from .._errors import CorruptSnapshotError, SnapshotError
 from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import TypeSerializer
-from ._digest import check_sha256, check_sha256_later, sha256_later, sha256_of
+from ._digest import check_sha256, check_sha256_later, sha256_of, sha256_soon
 
 __all__ = [
     "CANONICAL_FORMAT",
@@ -321,7 +321,9 @@ def write_canonical(
     out.write(head)
     pos = len(head)
     offsets: dict[int, tuple[int, int]] = {}
-    hashing: dict[int, Future[str]] = {}  # each block's SHA-256, computed while the next is encoded
+    # Each block's SHA-256: a long block's computed on the hashing thread while the next is encoded,
+    # a short one's at once (handing it over would cost more than hashing it).
+    hashing: dict[int, Future[str] | str] = {}
     entries = 0
     names = [st["name"] for st in header.states]
     state_sizes = dict.fromkeys(names, 0)
@@ -347,7 +349,7 @@ def write_canonical(
             block = b"".join(parts)
             out.write(block)
             offsets[kg] = (pos, len(block))
-            hashing[kg] = sha256_later(block)
+            hashing[kg] = sha256_soon(block)
             pos += len(block)
         if progress is not None:
             progress(i + 1, total)
@@ -356,7 +358,7 @@ def write_canonical(
     ib = b"".join(index)
     tail = ib + _U32.pack(zlib.crc32(ib)) + _TRAILER.pack(pos, _INDEX_MAGIC)
     out.write(tail)
-    digests = {kg: f.result() for kg, f in hashing.items()}
+    digests = {kg: f if isinstance(f, str) else f.result() for kg, f in hashing.items()}
     return SnapshotWriteResult(
         offsets,
         len(head),
