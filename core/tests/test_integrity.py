@@ -48,7 +48,7 @@ from statekit.snapshots._digest import (
     NOT_RECORDED,
     FileDigest,
     check_sha256,
-    check_sha256_later,
+    check_sha256_soon,
     fd_has_digest,
     file_sha256,
     parse_sha256,
@@ -244,11 +244,12 @@ def test_later_digests_agree_on_either_side_of_the_inline_bound(size: int) -> No
     soon = sha256_soon(data)
     assert isinstance(soon, str) == (size < INLINE_BELOW)  # short: the digest itself, not a future
     assert (soon if isinstance(soon, str) else soon.result(timeout=60)) == hashlib.sha256(data).hexdigest()
-    checked = check_sha256_later(data, sha256_of(data), "f")
-    assert checked.done() or size >= INLINE_BELOW  # short: done before the call returns
-    assert checked.result(timeout=60) is None
-    wrong = check_sha256_later(data, sha256_of(data + b"x"), "/ckpt/f", "the block of key group 3")
-    with pytest.raises(CorruptSnapshotError) as e:
+    checked = check_sha256_soon(data, sha256_of(data), "f")
+    assert (checked is None) == (size < INLINE_BELOW)  # short: checked before the call returns
+    assert checked is None or checked.result(timeout=60) is None
+    with pytest.raises(CorruptSnapshotError) as e:  # short: raised at once; long: by the future
+        wrong = check_sha256_soon(data, sha256_of(data + b"x"), "/ckpt/f", "the block of key group 3")
+        assert wrong is not None
         wrong.result(timeout=60)
     assert str(e.value) == f"/ckpt/f: the block of key group 3: {NOT_RECORDED}"
 
@@ -654,7 +655,7 @@ def test_a_restore_from_local_copies_hashes_each_byte_once(
 
     for module, name in (
         (_snapshot, "check_sha256"),
-        (_snapshot, "check_sha256_later"),
+        (_snapshot, "check_sha256_soon"),
         (_restore, "sha256_of"),
     ):
         monkeypatch.setattr(module, name, counted(getattr(module, name)))

@@ -119,9 +119,8 @@ class _StrFinder:
         strings: Any = None,
     ) -> None:
         self._count = count
-        self._strings = (
-            strings  # the column as an Arrow array, scanned by Arrow, when pyarrow.compute is loaded
-        )
+        # The column as an Arrow array, scanned by Arrow, when pyarrow.compute is loaded.
+        self._strings = strings
         self._scanned = 0  # strings compared by scans so far
         self._np = np
         self._blob: Any = body  # the strings' bytes: a numpy array, then (indexed) bytes

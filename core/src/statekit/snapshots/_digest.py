@@ -33,7 +33,8 @@ next block. On a machine whose cores are all busy it costs what hashing costs
 Handing bytes to that thread costs the writer about 25-35 µs (a lock and the
 GIL passed back and forth), which is what hashing 48-64 KiB costs: smaller
 parts (a micro-batch's changes spread over 64 key groups are a few KiB each)
-are hashed on the caller's thread (:func:`sha256_soon`, :data:`INLINE_BELOW`).
+are hashed and checked on the caller's thread (:func:`sha256_soon`,
+:func:`check_sha256_soon`, :data:`INLINE_BELOW`).
 
 What it may import: ``statekit._errors`` only.
 """
@@ -58,6 +59,7 @@ __all__ = [
     "FileDigest",
     "check_sha256",
     "check_sha256_later",
+    "check_sha256_soon",
     "fd_has_digest",
     "file_sha256",
     "new_sha256",
@@ -178,21 +180,19 @@ def check_sha256(data: bytes | bytearray | memoryview, expected: str, where: str
 
 
 def check_sha256_later(data: bytes, expected: str, where: str, what: str = "") -> Future[None]:
-    """:func:`check_sha256` on the hashing thread; the future's ``result()`` raises on a mismatch.
+    """:func:`check_sha256` on the hashing thread; the future's ``result()`` raises on a mismatch."""
+    return _hasher().submit(check_sha256, data, expected, where, what)
 
-    Short ``data`` (under :data:`INLINE_BELOW`) is checked now; the future is then already done,
-    and holds the mismatch's error as one computed on the thread would.
+
+def check_sha256_soon(data: bytes, expected: str, where: str, what: str = "") -> Future[None] | None:
+    """:func:`check_sha256` at once under :data:`INLINE_BELOW` bytes (None, or it raises), else later.
+
+    Longer ``data`` is checked by :func:`check_sha256_later`, whose future is returned.
     """
     if len(data) < INLINE_BELOW:
-        checked: Future[None] = Future()
-        try:
-            check_sha256(data, expected, where, what)
-        except CorruptSnapshotError as e:
-            checked.set_exception(e)
-        else:
-            checked.set_result(None)
-        return checked
-    return _hasher().submit(check_sha256, data, expected, where, what)
+        check_sha256(data, expected, where, what)
+        return None
+    return check_sha256_later(data, expected, where, what)
 
 
 _PARTS_MAGIC = b"statekit-parts-sha256\n"

@@ -37,7 +37,7 @@ from typing import Any, BinaryIO, Protocol, runtime_checkable
 from .._errors import CorruptSnapshotError, SnapshotError
 from ..serialization._keygroups import KeyGroupRange
 from ..serialization._serializers import TypeSerializer
-from ._digest import check_sha256, check_sha256_later, sha256_of, sha256_soon
+from ._digest import check_sha256, check_sha256_soon, sha256_of, sha256_soon
 
 __all__ = [
     "CANONICAL_FORMAT",
@@ -461,7 +461,8 @@ class _CheckedParts:
         """A block's bytes now, and its digest check running on the hashing thread (see :func:`iter_blocks`).
 
         The check's ``result()`` raises :class:`CorruptSnapshotError` if the bytes
-        are not the recorded ones; None when nothing is recorded for this range.
+        are not the recorded ones; None when nothing is recorded for this range,
+        or when a short block was checked at once (a mismatch then raises here).
         """
         if self._header_sha256 is not None and offset < self._header_length:
             return self.read(offset, length), None
@@ -472,7 +473,7 @@ class _CheckedParts:
         block = self._blocks.get((offset, length))
         if block is None:
             return data, None
-        return data, check_sha256_later(
+        return data, check_sha256_soon(
             data, block[1], describe_stream(self._inner), f"the block of key group {block[0]}"
         )
 
