@@ -484,35 +484,6 @@ def test_bytes_checked_by_their_digest_are_parsed_in_place_without_the_blocks_cr
         read_block(short, kg, off, ln, names)
 
 
-def test_blocks_read_as_views_are_the_same_sections_without_a_copy(job: Any) -> None:
-    """``views=True``: each column a read-only view of the bytes read, equal to the copy; CRCs still checked.
-
-    In place (a digest-checked file held whole) the views lie in the file's own
-    bytes; a block read from a stream is still checked by its CRC-32 first.
-    """
-    from statekit.snapshots._snapshot import BytesStreamHandle, read_block, read_header, read_index
-
-    location = job.checkpoint(1, bump=2, native=False)
-    data = bytes(job.storage._blobs[job.blob(location, 0)])
-    header, _ = read_header(BytesStreamHandle(data, "f"))
-    names = [st["name"] for st in header.states]
-    kg, (off, ln) = min(read_index(BytesStreamHandle(data, "f")).items())
-    copied = read_block(BytesStreamHandle(data, "f"), kg, off, ln, names)
-    for stream in (BytesStreamHandle(data, "f", digest_checked=True), BytesStreamHandle(data, "f")):
-        viewed = read_block(stream, kg, off, ln, names, views=True)
-        assert viewed and len(viewed) == len(copied)
-        for v, c in zip(viewed, copied):
-            assert (v.state, v.count, v.removal) == (c.state, c.count, c.removal)
-            for got, want in ((v.keys, c.keys), (v.namespaces, c.namespaces), (v.values, c.values)):
-                assert type(got) is memoryview and got.readonly and bytes(got) == want
-        if stream.digest_checked:
-            assert all(v.keys.obj is data for v in viewed)  # type: ignore[attr-defined]  # no copy
-    damaged = bytearray(data)
-    damaged[off + ln - 1] ^= 0xFF
-    with pytest.raises(CorruptSnapshotError, match=f"f: checksum mismatch in the block of key group {kg}"):
-        read_block(BytesStreamHandle(bytes(damaged), "f"), kg, off, ln, names, views=True)
-
-
 def test_native_file_entries_round_trip_with_and_without_a_digest(tmp_path: Path) -> None:
     storage = ReferenceCheckpointStorage()
     writer = storage.begin_checkpoint("job", 1)

@@ -183,18 +183,6 @@ def test_a_restore_decodes_nothing_until_a_key_group_is_used(make_backend, delta
     assert {s: b.num_entries(s) for s in "vlmw"} == counts(model)
 
 
-def test_restored_key_groups_are_held_as_views_of_the_files_read(make_backend):
-    """The heap takes a restore's columns as views (``restores_column_views``): no copy of the state."""
-    assert HeapKeyedStateBackend.restores_column_views
-    h, model = chain_of(make_backend, 13, 2)
-    b = make_backend()
-    declare(b)
-    b.restore_native([h])
-    held = [sec for t in b._tables.values() for secs, _ in t.lazy.values() for sec in secs]
-    assert held and all(type(sec.keys) is memoryview and sec.keys.readonly for sec in held)
-    assert read_all(b, sorted({k for _, _, k in model})) == model
-
-
 def test_states_declared_after_the_restore_are_lazy_too(make_backend):
     h, model = chain_of(make_backend, 8, 2)
     b = make_backend()

@@ -586,8 +586,6 @@ class HeapKeyedStateBackend(DeltaKeyedBackendBase):
 
     backend_name = "heap"
     native_format = "heap-delta-1"
-    #: A restore's columns as views of the files read: held as they are until a key group is decoded.
-    restores_column_views = True
     #: Declared to the kit: a checkpoint's bytes are bounded by the change since the last one plus a constant.
     checkpoint_bytes_follow_change = True
 

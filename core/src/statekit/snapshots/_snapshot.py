@@ -178,15 +178,7 @@ _VOID_NAMESPACES = b"\x00"
 
 @dataclass
 class Section:
-    """One state's entries in one key group, still as column bytes.
-
-    The columns are ``bytes``, except where a restore asked for views
-    (:func:`iter_blocks` with ``views=True``, for a delta backend that declares
-    :attr:`~statekit.backend_api.DeltaKeyedBackendBase.restores_column_views`):
-    then they are read-only ``memoryview`` slices of the checked file's bytes,
-    not copies, and support what ``bytes`` do as a buffer (``len``, slicing,
-    ``struct``, ``bytes(...)``), not ``bytes`` methods such as ``decode``.
-    """
+    """One state's entries in one key group, still as column bytes."""
 
     state: str
     count: int
@@ -581,21 +573,17 @@ def read_block(
     offset: int,
     length: int,
     state_names: Sequence[str],
-    *,
-    views: bool = False,
 ) -> list[Section]:
     """Read and check one key group's block; returns its sections.
 
     Bytes already checked against a digest over all of them (a
     :class:`BytesStreamHandle` with ``digest_checked``) are parsed in place,
-    their CRC-32 not computed again: every byte is the one written. With
-    ``views``, the sections' columns are views of the bytes read (see
-    :class:`Section`), not copies.
+    their CRC-32 not computed again: every byte is the one written.
     """
     in_place = stream if isinstance(stream, BytesStreamHandle) and stream.digest_checked else None
     raw = stream.read(offset, length) if in_place is None else in_place.view(offset, length)
     where = describe_stream(stream)
-    return _parse_block(raw, where, key_group, offset, length, state_names, crc=in_place is None, views=views)
+    return _parse_block(raw, where, key_group, offset, length, state_names, crc=in_place is None)
 
 
 def _parse_block(
@@ -607,15 +595,11 @@ def _parse_block(
     state_names: Sequence[str],
     *,
     crc: bool = True,
-    views: bool = False,
 ) -> list[Section]:
     """The sections of one key group's block ``raw``, its layout checked, and its CRC unless ``crc`` is False.
 
-    Each column is a copy of its bytes (``bytes``, whatever ``raw`` is), or
-    with ``views`` a read-only ``memoryview`` of them in ``raw``.
+    Each column is a copy of its bytes (``bytes``, whatever ``raw`` is).
     """
-    if views:
-        raw = memoryview(raw).toreadonly()
     if len(raw) != length or length < _BLOCK_HEAD.size + 4:
         raise CorruptSnapshotError(f"{where}: key group {key_group} block is truncated")
     if crc:
@@ -635,14 +619,13 @@ def _parse_block(
         for _ in range(nsec):
             idx, count = _SECTION_HEAD.unpack_from(raw, pos)
             pos += _SECTION_HEAD.size
-            cols: list[Any] = []  # bytes, or views where asked for (typed as bytes in Section)
+            cols = []
             for _c in range(3):
                 (ln,) = _U32.unpack_from(raw, pos)
                 pos += 4
                 if pos + ln > length - 4:
                     raise IndexError(f"a column of {ln} bytes overruns the block")
-                column = raw[pos : pos + ln]
-                cols.append(column if views else bytes(column))  # bytes: no copy; a view: its one copy
+                cols.append(bytes(raw[pos : pos + ln]))  # bytes: no copy; a view: its one copy
                 pos += ln
             out.append(Section(state_names[idx], count, cols[0], cols[1], cols[2]))
         if pos != length - 4:
@@ -652,16 +635,13 @@ def _parse_block(
     return out
 
 
-def iter_blocks(
-    handle: KeyedStateHandle, header: SnapshotHeader, *, views: bool = False
-) -> Iterable[tuple[int, list[Section]]]:
+def iter_blocks(handle: KeyedStateHandle, header: SnapshotHeader) -> Iterable[tuple[int, list[Section]]]:
     """Each key group of ``handle`` with its sections, in key-group order, each block checked first.
 
     Where the checkpoint records each block's digest, the next block is read and
     hashed on the hashing thread while the caller loads this one, so a restore
     hardly waits for the digests; no block is parsed or handed out before its
-    digest matched. With ``views``, the sections' columns are views of the
-    bytes read, not copies (see :class:`Section`).
+    digest matched.
     """
     names = [s["name"] for s in header.states]
     stream = handle.stream
@@ -670,7 +650,7 @@ def iter_blocks(
     if read_later is None:
         for kg in wanted:
             off, ln = handle.offsets[kg]
-            yield kg, read_block(stream, kg, off, ln, names, views=views)
+            yield kg, read_block(stream, kg, off, ln, names)
         return
     where = describe_stream(stream)
     ahead: tuple[int, bytes, Future[None] | None] | None = None
@@ -684,4 +664,4 @@ def iter_blocks(
             if check is not None:
                 check.result()  # raises, naming the block, if its bytes are not the recorded ones
             off, ln = handle.offsets[ckg]
-            yield ckg, _parse_block(raw, where, ckg, off, ln, names, views=views)
+            yield ckg, _parse_block(raw, where, ckg, off, ln, names)

@@ -252,17 +252,6 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
 
     native_format: str = ""
 
-    restores_column_views: bool = False
-    """True if :meth:`_load_sections` takes a restore's columns as views of the files read.
-
-    A native restore then hands over each section's columns as read-only
-    ``memoryview`` slices of the checked file's bytes instead of copying them
-    out (a copy of the whole state: at 16M heap entries over a third of a
-    subtask's restore). Set it only if the backend uses the columns as
-    buffers (``len``, slicing, ``struct``, the decoders, ``bytes(...)`` to keep
-    one) and does not mind that a kept view keeps its file's bytes in memory.
-    """
-
     def _delta_setup(
         self, max_deltas: int = 10, max_delta_ratio: float = 0.5, background: bool = True
     ) -> None:
@@ -629,7 +618,7 @@ class DeltaKeyedBackendBase(KeyedBackendBase):
         read: dict[str, bytes] = {}
         for h in ordered:
             for link, data, checked in _chain_files(h, read):
-                _stage_file(data, checked, h, link, own, staged, counts, views=self.restores_column_views)
+                _stage_file(data, checked, h, link, own, staged, counts)
         self._delta_purge_expired(ordered, own, staged)
         self._delta_kg_entries = counts
         self._delta_track()
@@ -953,14 +942,11 @@ def _stage_file(
     own: KeyGroupRange,
     staged: dict[str, tuple[dict[str, Any], list[tuple[int, Section]]]],
     counts: dict[str, dict[int, int | None]],
-    *,
-    views: bool = False,
 ) -> None:
     """Append the owned key groups' sections of one chain file to ``staged``, in order.
 
     A delta's counts (its header's ``kg_entries``) go to ``counts``: the last
-    delta changing a state's key group says how many entries it holds. With
-    ``views``, the sections' columns are views of ``data``, not copies.
+    delta changing a state's key group says how many entries it holds.
     """
     where = f"native file {link['file']} of checkpoint {h.checkpoint_id}"
     stream = BytesStreamHandle(data, where, digest_checked)  # checked: its blocks parsed in place
@@ -980,7 +966,7 @@ def _stage_file(
         )
     ):
         raise CorruptSnapshotError(f"{where}: its header's {KG_ENTRIES!r} are not counts per key group")
-    for kg, sections in iter_blocks(part, header, views=views):
+    for kg, sections in iter_blocks(part, header):
         for s in sections:
             name, removal = s.state, False
             if name.startswith(REMOVAL_PREFIX):
