@@ -1,16 +1,20 @@
-"""statekit_spark_daemon: where PySpark's daemon imports pyspark from (no Spark needed)."""
+"""statekit_spark_daemon: where the daemon imports pyspark from, what it collects after a task (no Spark)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+import types
+import weakref
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from statekit_spark_daemon import COMPARED, installed_pyspark
+from statekit_spark_daemon import COMPARED, installed_pyspark, young_collections_after_tasks
 
 
 def _zip(path: Path, files: dict[str, bytes]) -> str:
@@ -130,3 +134,51 @@ def test_near_misses_of_the_daemon_module_key_are_refused_and_spark_s_own_keys_a
             _refuse_misspelt_daemon_key(["spark.app.name", key])
     else:
         _refuse_misspelt_daemon_key(["spark.app.name", key])
+
+
+class _Cycle:
+    """An object in a reference cycle of its own: only a collection frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def _old_cycle() -> weakref.ref[_Cycle]:
+    """A cycle that lived through a full collection (in the oldest generation), no longer referenced."""
+    held = _Cycle()
+    gc.collect()
+    ref = weakref.ref(held)
+    del held
+    return ref
+
+
+def test_the_daemon_s_collection_after_a_task_is_of_the_young_generations() -> None:
+    daemon = types.ModuleType("fake_daemon")
+    daemon.gc = gc  # type: ignore[attr-defined]  # as pyspark.daemon imports it
+    assert young_collections_after_tasks(daemon)
+    shim: Any = daemon.gc  # type: ignore[attr-defined]
+    assert shim is not gc
+    assert shim.get_threshold() == gc.get_threshold()  # every other name is gc's own
+    automatic = gc.isenabled()
+    gc.disable()  # no automatic collection may run between the steps below
+    try:
+        old = _old_cycle()
+        young = _Cycle()
+        young_ref = weakref.ref(young)
+        del young
+        shim.collect()  # what the daemon runs after a task: gc.collect()
+        assert young_ref() is None  # the task's garbage is collected
+        assert old() is not None  # what lived through a full collection waits for the next full one
+        gc.collect()
+        assert old() is None
+    finally:
+        if automatic:
+            gc.enable()
+
+
+def test_a_daemon_without_a_gc_global_is_left_as_it_is() -> None:
+    daemon = types.ModuleType("fake_daemon")
+    assert not young_collections_after_tasks(daemon)
+    assert not hasattr(daemon, "gc")
+    daemon.gc = object()  # type: ignore[attr-defined]  # something else under that name: not ours to replace
+    assert not young_collections_after_tasks(daemon)

@@ -107,3 +107,34 @@ def test_workers_import_pyspark_from_its_package_under_statekit_s_daemon(spark: 
     rows = spark.range(0, 2, 1, 2).mapInArrow(where, "file string, daemon boolean").collect()
     assert {r["file"] for r in rows} == {pyspark.__file__}
     assert all(r["daemon"] for r in rows)  # forked from statekit's daemon, which imported it first
+
+
+def test_a_worker_under_statekit_s_daemon_collects_the_young_generations_after_a_task(spark: Any) -> None:
+    """PySpark's daemon module, in a worker it forked, calls statekit's collection, not ``gc``'s full one."""
+
+    def collector(batches: Any) -> Any:
+        import gc
+        import sys
+
+        import pyarrow as pa
+
+        for _ in batches:
+            pass
+        daemon = sys.modules.get("pyspark.daemon")
+        used = getattr(daemon, "gc", None)
+        yield pa.RecordBatch.from_pydict(
+            {
+                "collector": [type(used).__name__],
+                "full": [used is gc],
+                "gc_names": [used.isenabled is gc.isenabled],
+            }
+        )
+
+    rows = (
+        spark.range(0, 2, 1, 2)
+        .mapInArrow(collector, "collector string, full boolean, gc_names boolean")
+        .collect()
+    )
+    assert {r["collector"] for r in rows} == {"_YoungCollections"}
+    assert not any(r["full"] for r in rows)
+    assert all(r["gc_names"] for r in rows)  # the rest of the gc module is gc's own
