@@ -39,6 +39,11 @@ Parallelism is the same everywhere: two cores, ``spark.sql.shuffle.partitions=2`
 for Spark's operators, ``spark.statekit.parallelism=2`` for statekit
 (``--shuffle-partitions 2,200`` also runs Spark's jobs with Spark's default).
 ``--repeats N`` keeps the best of N runs of each (a shared machine is noisy).
+``--cpu`` prints each streaming run's CPU seconds by process group: the JVM
+(with its JIT compiler threads apart: in a fresh JVM they take 1-4 s of a
+run's CPU for several rounds, whichever job runs first after the warm-up
+paying most), the Python workers and the driver's Python. CPU moves far less
+than wall time with the machine's load, and says which side of a gap is whose.
 
 Run: ``python bench/bench_spark_urlcount.py [--records N]``.
 """
@@ -75,6 +80,68 @@ class Outcome:
     rows: int = 0
     batches: int = 0
     checksum: tuple[int, int, int] | None = None
+    cpu: dict[str, float] | None = None  # --cpu: CPU seconds of the run per process group
+
+
+# --- CPU per process group (--cpu) -------------------------------------------------------------
+
+#: Set by --cpu: each timed run also measures the CPU time of this process's descendants.
+MEASURE_CPU = False
+
+#: HotSpot's names for its JIT compiler threads (C1, C2), as Linux shows them (15 characters).
+_JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
+
+
+def _stat(path: str) -> tuple[str, list[str]] | None:
+    """A ``/proc/.../stat`` file's command name and its fields after it; None if it is gone."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    close = text.rindex(")")
+    return text[text.index("(") + 1 : close], text[close + 2 :].split()
+
+
+def cpu_now() -> dict[str, float]:
+    """CPU seconds so far of the driver's Python, its JVM (the JIT's threads apart) and its Python workers.
+
+    Read from Linux's ``/proc`` for every descendant of this process: the JVM
+    is the ``java`` one; every other is Spark's Python daemon or one of its
+    workers, whose CPU counts with that of the children it has reaped.
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    stats: dict[int, tuple[str, list[str]]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (st := _stat(f"/proc/{name}/stat")) is not None:
+            stats[int(name)] = st
+            parent[int(name)] = int(st[1][1])
+    mine, todo = set(), [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        kids = [p for p, pp in parent.items() if pp == pid and p not in mine]
+        mine.update(kids)
+        todo.extend(kids)
+    out = {"driver Python": sum(os.times()[:2]), "JVM": 0.0, "JIT": 0.0, "Python workers": 0.0}
+    for pid in mine:
+        comm, f = stats[pid]
+        if comm == "java":
+            out["JVM"] += (int(f[11]) + int(f[12])) / tick
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                st = _stat(f"/proc/{pid}/task/{tid}/stat")
+                if st is not None and st[0] in _JIT_THREADS:
+                    out["JIT"] += (int(st[1][11]) + int(st[1][12])) / tick
+        else:
+            out["Python workers"] += sum(int(x) for x in f[11:15]) / tick
+    return out
+
+
+def _cpu_text(cpu: dict[str, float]) -> str:
+    return (
+        f"CPU s: JVM {cpu['JVM']:.2f} (its JIT compilers {cpu['JIT']:.2f}), Python workers "
+        f"{cpu['Python workers']:.2f}, driver Python {cpu['driver Python']:.2f}"
+    )
 
 
 def expected_checksum(truth: dict[str, int]) -> tuple[int, int, int]:
@@ -154,13 +221,18 @@ def _stream(spark: Any, logs: str, files_per_trigger: int) -> Any:
 
 
 def _run_query(writer_start: Callable[[], Any], sink: CountingSink) -> Outcome:
+    before = cpu_now() if MEASURE_CPU else None
     t0 = time.perf_counter()
     query = writer_start()
     query.awaitTermination()
     seconds = time.perf_counter() - t0
     if query.exception() is not None:
         raise RuntimeError(f"query failed: {query.exception()}")
-    return sink.outcome(seconds)
+    outcome = sink.outcome(seconds)
+    if before is not None:
+        after = cpu_now()
+        outcome.cpu = {k: after[k] - before[k] for k in after}
+    return outcome
 
 
 def run_statekit(
@@ -535,6 +607,12 @@ def main(argv: list[str] | None = None) -> int:
         "ratio of their medians and the per-round ratios (what statekit.metrics.exact-entries costs)",
     )
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
+    ap.add_argument(
+        "--cpu",
+        action="store_true",
+        help="print each streaming run's CPU seconds: the JVM (and its JIT compiler threads), the Python "
+        "workers and the driver's Python (Linux: read from /proc)",
+    )
     ap.add_argument("--workdir", help="where logs and checkpoints go (default: a temporary directory)")
     ap.add_argument(
         "--profile",
@@ -542,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
         help="after the runs, print where statekit's time went per micro-batch (see BatchInfo.phases)",
     )
     args = ap.parse_args(argv)
+    global MEASURE_CPU
+    MEASURE_CPU = args.cpu
     if args.entry_counts and not args.rounds:
         ap.error("--entry-counts needs --rounds (alternating rounds)")
     default: tuple[str, ...] = (
@@ -638,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
             f"({outcome.batches} batches, {outcome.rows:,} rows out, counts exact)",
             flush=True,
         )
+        if outcome.cpu is not None:
+            print(f"             {_cpu_text(outcome.cpu)}", flush=True)
         return rate
 
     rounds: list[dict[str, float]] = []
