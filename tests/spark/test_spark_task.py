@@ -507,6 +507,50 @@ def test_output_columns_and_records_keep_their_order() -> None:
         out.add_columns({"url": pa.array(["a"]), "n": pa.array(["x"])})
 
 
+class _Values(list):  # type: ignore[type-arg]  # a list subclass: the general path's, not the one-pass one
+    pass
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        {"url": ["a", "b"], "n": range(1, 3)},
+        {"n": (1, 2), "url": ["a", "b"]},  # another order
+        {"url": ["a", "b"], "n": None},  # a column given as None is null
+        {"n": [1, 2]},  # a missing column is null
+        {"url": _Values(["a", "b"]), "n": [1, 2]},
+        {"url": ["a"], "n": [1, 2]},  # lengths differ: an error
+        {"url": ["a"], "count": [1]},  # a column the schema lacks: an error
+        {"url": None, "n": None},
+        {},
+        {"url": [], "n": []},
+    ],
+)
+def test_a_dict_of_python_columns_is_added_as_the_general_path_adds_it(result: dict[str, Any]) -> None:
+    """The one-pass way of a dict output, against ``output_columns`` and the per-column extension."""
+    plan = Driver(Path("/nonexistent")).plan()
+    fast, general = TaskOutput(plan), TaskOutput(plan)
+    for out in (fast, general):
+        out.add(("x", 0))  # pending records first: a column output comes after them
+
+    def outcome(add: Any) -> Any:
+        try:
+            return add()
+        except (ValueError, TypeError) as e:
+            return type(e), str(e)
+
+    got = outcome(lambda: fast.add_columns(result))
+    want = outcome(lambda: general.add_columns(_NotADict(result)))
+    assert got == want
+    if isinstance(got, int):
+        a, b = fast.flush(), general.flush()
+        assert a.equals(b), (a.to_pydict(), b.to_pydict())
+
+
+class _NotADict(dict):  # type: ignore[type-arg]  # a dict subclass: add_columns takes the general path
+    pass
+
+
 def test_modules_executors_cannot_import_are_shipped_by_value(tmp_path: Path) -> None:
     import functools
     import importlib.util

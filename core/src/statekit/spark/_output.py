@@ -22,6 +22,9 @@ __all__ = ["FLUSH_ROWS", "OutputDigest", "TaskOutput"]
 #: Output rows gathered before they go out as one Arrow batch.
 FLUSH_ROWS = 8192
 
+#: The column types a batch function's dict output takes the one-pass way (exact types).
+_PYTHON_COLUMNS = frozenset((list, tuple, range))
+
 
 class TaskOutput:
     """Collects the user's output and turns it into Arrow batches of the internal schema.
@@ -95,6 +98,10 @@ class TaskOutput:
 
     def add_columns(self, result: Any) -> int:
         """A batch function's output (Arrow, pandas or a mapping of columns); its number of rows."""
+        if type(result) is dict:
+            n = self._add_python_columns(result)
+            if n >= 0:
+                return n
         columns, n = output_columns(result, self.names)
         if n == 0:
             return 0
@@ -112,6 +119,38 @@ class TaskOutput:
         for i, col in enumerate(cols):
             self._chunks[i].append(pa.nulls(n, self._types[i]) if col is None else self._array(i, col))
         self._chunked += n
+        return n
+
+    def _add_python_columns(self, result: dict[str, Any]) -> int:
+        """:meth:`add_columns` of its common case in one pass; -1 where ``result`` is not that case.
+
+        The case: a dict of this output's columns, each a list, tuple or range
+        (or None), all of one length, as a function called per key returns a
+        few rows. Anything else, an error among it, goes the general way, which
+        names the error.
+        """
+        n = -1
+        for col in result.values():
+            if col is None:
+                continue
+            if type(col) not in _PYTHON_COLUMNS:
+                return -1
+            m = len(col)
+            if n < 0:
+                n = m
+            elif m != n:
+                return -1
+        if not result.keys() <= self._known:
+            return -1
+        if n <= 0:
+            return 0
+        if self.rows:
+            self._materialize_rows()
+        get = result.get
+        for name, values in zip(self.names, self._values):
+            col = get(name)
+            values.extend(itertools.repeat(None, n) if col is None else col)
+        self._pending += n
         return n
 
     def _array(self, i: int, values: Any) -> Any:
