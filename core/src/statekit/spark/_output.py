@@ -22,8 +22,9 @@ __all__ = ["FLUSH_ROWS", "OutputDigest", "TaskOutput"]
 #: Output rows gathered before they go out as one Arrow batch.
 FLUSH_ROWS = 8192
 
-#: The column types a batch function's dict output takes the one-pass way (exact types).
-_PYTHON_COLUMNS = frozenset((list, tuple, range))
+#: Columns of Python values, gathered as they are and converted at flush (a dict output of
+#: exactly these types takes the one-pass way, :meth:`TaskOutput._add_python_columns`).
+_PYTHON_COLUMNS = (list, tuple, range)
 
 
 class TaskOutput:
@@ -105,15 +106,13 @@ class TaskOutput:
         columns, n = output_columns(result, self.names)
         if n == 0:
             return 0
+        cols = list(columns.values())
+        if all(c is None or isinstance(c, _PYTHON_COLUMNS) for c in cols):
+            # Python values (the cheap case for a few rows per key): gathered, converted at flush.
+            self._pend(cols, n)
+            return n
         if self.rows:
             self._materialize_rows()
-        cols = list(columns.values())
-        if all(c is None or isinstance(c, (list, tuple, range)) for c in cols):
-            # Python values (the cheap case for a few rows per key): gathered, converted at flush.
-            for values, col in zip(self._values, cols):
-                values.extend(itertools.repeat(None, n) if col is None else col)
-            self._pending += n
-            return n
         # Arrow, numpy or pandas columns: converted now, after what is pending.
         self._materialize_pending()
         for i, col in enumerate(cols):
@@ -144,14 +143,17 @@ class TaskOutput:
             return -1
         if n <= 0:
             return 0
+        get = result.get
+        self._pend([get(name) for name in self.names], n)
+        return n
+
+    def _pend(self, cols: list[Any], n: int) -> None:
+        """Gather ``n`` rows of Python columns (one per output column, in order; None is null)."""
         if self.rows:
             self._materialize_rows()
-        get = result.get
-        for name, values in zip(self.names, self._values):
-            col = get(name)
+        for values, col in zip(self._values, cols):
             values.extend(itertools.repeat(None, n) if col is None else col)
         self._pending += n
-        return n
 
     def _array(self, i: int, values: Any) -> Any:
         typ = self._types[i]
