@@ -8,7 +8,14 @@ cProfile: converting input rows, the record loop, state access, the user
 function, building output rows and Arrow batches, the snapshot.
 
     python bench/profile_spark_task.py [--records 100000] [--urls 100000] [--batches 3]
-        [--no-profile] [--vectorized | --columns] [--backend heap|rocksdb|lmdb|...]
+        [--no-profile | --callgrind] [--vectorized | --columns] [--backend heap|rocksdb|lmdb|...]
+
+``--callgrind`` counts instead of timing: the run goes under valgrind's
+callgrind with the instrumentation on for the profiled micro-batches alone
+(the first, which opens the subtask, and the imports are not counted), and
+prints their instructions per row. The machine's load does not change them,
+so two trees compare on a busy machine (``PYTHONHASHSEED=0``; a helper built
+from valgrind's ``callgrind.h``, ``cc`` needed, as ``bench_count_cost.py``).
 
 ``--vectorized`` runs ``CountPerUrlVectorized`` (a call per URL), ``--columns``
 ``CountPerUrlColumns`` (a call per Arrow batch of a subtask's rows).
@@ -21,9 +28,15 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import ctypes
+import gc
 import json
+import os
 import pstats
 import random
+import re
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -150,32 +163,69 @@ def main() -> None:
     form.add_argument("--vectorized", action="store_true", help="CountPerUrlVectorized, not CountPerUrl")
     form.add_argument("--columns", action="store_true", help="CountPerUrlColumns, not CountPerUrl")
     ap.add_argument("--backend", default="heap", help="statekit.backend (the Spark benchmark's: heap)")
+    ap.add_argument("--callgrind", action="store_true", help="instructions per row, under callgrind")
+    ap.add_argument("--instrument", default="", help=argparse.SUPPRESS)  # callgrind's run: the helper
     args = ap.parse_args()
+    if args.callgrind:
+        callgrind(args)
+        return
     work = tempfile.mkdtemp(prefix="profile-task-")
     reset_cache()
     plan = task_plans(work, args.backend, args.vectorized, columns=args.columns)
     attempts: dict[int, str] = {}
     prof = cProfile.Profile()
+    lib = ctypes.CDLL(args.instrument) if args.instrument else None
     total = 0.0
     rows = 0
-    for b in range(args.batches):
-        data = batches_for(args.records, args.urls, 0, 2, seed=b)
+    inputs = [batches_for(args.records, args.urls, 0, 2, seed=b) for b in range(args.batches)]
+    for b, data in enumerate(inputs):
         t0 = time.perf_counter()
-        profiled = b and not args.no_profile
+        profiled = b and not args.no_profile and lib is None
         if profiled:
             prof.enable()
+        if b == 1 and lib is not None:
+            gc.collect()
+            lib.start()
         run_task(plan, b, data, attempts)
         if profiled:
             prof.disable()
         if b:
             total += time.perf_counter() - t0
             rows += sum(d.num_rows for d in data)
+    if lib is not None:
+        lib.stop()
+        print(f"rows {rows}")
+        return
     print(
         f"{rows:,} rows of subtask 0 over {args.batches - 1} profiled batches: {total:.3f} s, "
         f"{rows / total:,.0f} rows/s"
     )
     if not args.no_profile:
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
+
+
+def callgrind(args: argparse.Namespace) -> None:
+    """This run's profiled micro-batches under callgrind: their instructions, and per row."""
+    from bench_count_cost import _instrument_lib
+
+    with tempfile.TemporaryDirectory(prefix="profile-task-callgrind-") as out_dir:
+        lib = _instrument_lib(out_dir)
+        out = os.path.join(out_dir, "callgrind.out")
+        form = ["--vectorized"] if args.vectorized else ["--columns"] if args.columns else []
+        cmd = [
+            "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+            sys.executable, os.path.abspath(__file__), "--instrument", lib, "--records", str(args.records),
+            "--urls", str(args.urls), "--batches", str(args.batches), "--backend", args.backend, *form,
+        ]  # fmt: skip
+        env = dict(os.environ, PYTHONHASHSEED="0")
+        done = subprocess.run(cmd, check=True, env=env, capture_output=True, text=True)
+        rows = int(re.findall(r"^rows (\d+)$", done.stdout, re.M)[-1])
+        with open(out) as f:  # "totals": what was instrumented ("summary" says 0 when started late)
+            total = int(re.findall(r"^totals: (\d+)$", f.read(), re.M)[-1])
+    print(
+        f"{rows:,} rows of subtask 0 over {args.batches - 1} counted batches: {total:,} instructions, "
+        f"{total / rows:,.0f} per row (callgrind)"
+    )
 
 
 if __name__ == "__main__":
