@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from statekit import ValueStateDescriptor
 from statekit.backend_api import KeyGroupRange, key_group_for_bytes
 from statekit.errors import StateAccessError
 from statekit.serializers import serializer_for
@@ -121,3 +122,57 @@ def test_remembered_key_groups_keep_the_cache_bound_and_end_with_the_backend() -
     b.remember_key_groups(keys[:2], _groups(keys[:2]))
     with pytest.raises(StateAccessError, match="closed"):
         b.set_current_key(keys[0])
+
+
+def test_handed_over_key_groups_make_keys_current_without_computing_or_caching_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    b = ReferenceKeyedStateBackend(key_serializer=KEYS, key_group_range=KeyGroupRange.of(0, 127),
+                                   max_parallelism=128, key_cache_size=100)  # fmt: skip
+    keys = [(i, "k") for i in range(10)]
+    ahead: list[tuple[list[object], list[int]]] = []
+    monkeypatch.setattr(b, "_keys_ahead", lambda ks, gs: ahead.append((list(ks), list(gs))))
+    hashed = _hashes(monkeypatch)
+    assert b.hand_over_key_groups(keys, _groups(keys))
+    assert ahead == [(keys, _groups(keys))]  # what a backend may look up together
+    count = b.get_state(ValueStateDescriptor("count", int, default=0))
+    for key, kg in zip(keys, _groups(keys)):
+        b.set_current_key_in_group(key, kg)
+        assert b.get_current_key() == key and b.current_key_group == kg
+        assert b.current_key_bytes == KEYS.serialize(key)  # serialized when asked, as after set_current_key
+        count.update(count.value() + key[0])
+    assert hashed == [] and b._kg_cache == {}
+    for key in keys:  # the same entries as set_current_key reaches
+        b.set_current_key(key)
+        assert count.value() == key[0]
+
+
+def test_key_groups_that_are_not_all_the_backend_s_are_not_taken() -> None:
+    b = ReferenceKeyedStateBackend(key_serializer=KEYS, key_group_range=KeyGroupRange.of(0, 63),
+                                   max_parallelism=128, key_cache_size=100)  # fmt: skip
+    outside = next((i, "k") for i in range(1000) if _groups([(i, "k")])[0] >= 64)
+    inside = next((i, "k") for i in range(1000) if _groups([(i, "k")])[0] < 64)
+    assert not b.hand_over_key_groups([inside, outside], _groups([inside, outside]))
+    assert not b.hand_over_key_groups([inside, outside], [_groups([inside])[0], None])  # type: ignore[list-item]
+    assert not b.hand_over_key_groups([inside], _groups([inside, outside]))  # lengths differ
+    assert not b.hand_over_key_groups([], [])
+    assert b.hand_over_key_groups([inside], _groups([inside]))
+    b.close()
+    assert not b.hand_over_key_groups([inside], _groups([inside]))
+
+
+def test_a_backend_with_its_own_set_current_key_is_handed_no_key_groups() -> None:
+    """Its key switch may do more than the base's: every key goes through it (remembered groups help)."""
+    switched: list[object] = []
+
+    class Watching(ReferenceKeyedStateBackend):
+        def set_current_key(self, key: object) -> None:
+            switched.append(key)
+            super().set_current_key(key)
+
+    b = Watching(key_serializer=KEYS, key_group_range=KeyGroupRange.of(0, 127), max_parallelism=128,
+                 key_cache_size=100)  # fmt: skip
+    keys = [(i, "k") for i in range(3)]
+    assert not b.hand_over_key_groups(keys, _groups(keys))
+    b.remember_key_groups(keys, _groups(keys))
+    assert set(b._kg_cache) == set(keys)

@@ -89,6 +89,14 @@ class LosesKeyGroupOnRescale(ReferenceKeyedStateBackend):
         super().restore(handles)
 
 
+class KeepsTheLastKeyWhenHandedAGroup(ReferenceKeyedStateBackend):
+    """Made current with its key group (the Spark runner's per-record switch), a key does not replace
+    the last one: reads of handed-over keys go to the key read before."""
+
+    def set_current_key_in_group(self, key: Any, key_group: int) -> None:
+        self._kg = key_group  # the bug: self._key stays the previous key
+
+
 class _Lenient:
     """A TTL handle whose reads strip timestamps without checking them; everything else delegates."""
 
@@ -386,6 +394,16 @@ def test_a_backend_that_loses_a_key_group_on_rescale_fails_key_group_ownership()
     assert "state = RescaleMachine()" in s
     assert "state.rescale(" in s and "(new parallelism):" in s
     assert len([line for line in s.splitlines() if line.startswith("state.") and "agrees" not in line]) <= 6
+
+
+def test_a_backend_whose_key_switch_with_a_group_keeps_the_last_key_disagrees_with_the_model() -> None:
+    """The kit reads restored copies through set_current_key_in_group, as the Spark runner does."""
+    target = _target(broken(KeepsTheLastKeyWhenHandedAGroup), ReferenceCheckpointStorage, {})
+    with pytest.raises((PropertyViolation, BaseExceptionGroup)) as e:
+        run_property("all", target, CI)
+    found = [v for v in _violations(e.value) if v.property == "backend_agrees_with_model"]
+    assert found, _violations(e.value)
+    assert "in a restored copy" in str(found[0])
 
 
 def test_a_backend_that_ignores_ttl_fails_never_returns_expired() -> None:

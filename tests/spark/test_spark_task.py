@@ -385,6 +385,14 @@ def test_a_task_takes_the_key_groups_the_routing_computed(
         return key_group_for_bytes(raw, max_parallelism)
 
     monkeypatch.setattr(_keyed, "key_group_for_bytes", counted)
+    switches = [0]  # keys made current by set_current_key in the tasks
+    base_switch = _keyed.KeyedBackendBase.set_current_key
+
+    def switch(self: Any, key: Any) -> None:
+        switches[0] += in_task[0]
+        base_switch(self, key)
+
+    monkeypatch.setattr(_keyed.KeyedBackendBase, "set_current_key", switch)
     for marker in (False, True):  # rows of one subtask alone, then with a marker (the general loops)
         reset_cache()
         driver = Driver(tmp_path / f"routed-{marker}", function, **kw)
@@ -400,11 +408,38 @@ def test_a_task_takes_the_key_groups_the_routing_computed(
 
         driver.run_task = in_a_task  # type: ignore[method-assign]
         hashed.clear()
+        switches[0] = 0
         assert two_batches(records, driver) == want
         if not marker:
             assert hashed == []
+            # The per-record loop makes each key current with its group (hand_over_key_groups).
+            assert (switches[0] == 0) == (form == "records")
         else:  # the general loops compute them as before
             assert len(set(hashed)) == len({r["url"] for r in records})
+
+
+def test_a_backend_with_its_own_key_switch_sees_every_key_of_routed_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of one subtask with their key groups make each key current through the backend's own
+    set_current_key when its class replaces the base's (the key groups are then only remembered)."""
+    from statekit_heap import HeapKeyedStateBackend
+
+    records = make_records(FLUSH_ROWS + 300)
+    want = two_batches(records, Driver(tmp_path / "plain"))
+    switched: list[Any] = []
+    base_switch = HeapKeyedStateBackend.set_current_key
+
+    def watching(self: HeapKeyedStateBackend, key: Any) -> None:
+        switched.append(key)
+        base_switch(self, key)
+
+    monkeypatch.setattr(HeapKeyedStateBackend, "set_current_key", watching)
+    reset_cache()
+    driver = Driver(tmp_path / "watched")
+    driver.marker, driver.key_groups = False, True
+    assert two_batches(records, driver) == want
+    assert switched[: len(records)] == [r["url"] for r in records]
 
 
 def test_only_the_attempt_whose_snapshot_completed_is_reused(tmp_path: Path) -> None:

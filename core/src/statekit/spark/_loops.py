@@ -13,8 +13,9 @@ or below the watermark are late: counted, and handed to the late-records sink
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -146,15 +147,20 @@ def _records_of_one_subtask(run: TaskRun, batch: Any, index: int, started: float
     phases["convert"] += t_loop - started
     restoring = phases["restore"]  # a restore inside the loop is the restore's time
     st = run.subtask(index)
-    _remember_key_groups(st, [record[key_column] for record in records], batch)
+    keys = [record[key_column] for record in records]
+    groups = _hand_over_key_groups(st, keys, batch, key_column)
     counts = run.counts[index]
-    set_key, pctx, process = st.keyed.set_current_key, st.pctx, st.function.process
+    keyed = st.keyed
+    set_key, pctx, process = keyed.set_current_key, st.pctx, st.function.process
+    set_key_in_group = keyed.set_current_key_in_group if isinstance(keyed, KeyedBackendBase) else _groupless
     pctx.timestamp = None
     outputs = 0
     done = 0
-    for record in records:
-        key = record[key_column]
-        set_key(key)
+    for record, key, group in zip(records, keys, groups):
+        if group is None:
+            set_key(key)
+        else:
+            set_key_in_group(key, group)
         pctx.current_key = key
         done += 1
         result = process(record, pctx)
@@ -326,6 +332,32 @@ def _remember_key_groups(st: Subtask, keys: list[Any], batch: Any) -> None:
     keyed = st.keyed
     if isinstance(keyed, KeyedBackendBase) and batch.schema.get_field_index(KEY_GROUP_COLUMN) >= 0:
         keyed.remember_key_groups(keys, batch.column(KEY_GROUP_COLUMN).to_pylist())
+
+
+def _groupless(key: Any, group: int) -> None:
+    """The key switch with a group of a backend not on KeyedBackendBase: never called (it gets no groups)."""
+    raise AssertionError(f"key group {group} of key {key!r} handed to a backend that takes none")
+
+
+def _hand_over_key_groups(st: Subtask, keys: list[Any], batch: Any, key_column: str) -> Iterable[int | None]:
+    """The routing's key group of each of ``keys`` (one subtask's rows of ``batch``), or None for each.
+
+    Groups where the subtask's backend took them
+    (:meth:`~statekit.state._keyed.KeyedBackendBase.hand_over_key_groups`):
+    the loop then makes each key current with its group, at no cost per row
+    beyond the call. Only str and int keys are handed over (they hash). Else
+    Nones: the loop calls ``set_current_key``, the groups remembered for it
+    where the backend takes them (:func:`_remember_key_groups`).
+    """
+    keyed = st.keyed
+    if isinstance(keyed, KeyedBackendBase) and batch.schema.get_field_index(KEY_GROUP_COLUMN) >= 0:
+        groups = batch.column(KEY_GROUP_COLUMN).to_pylist()
+        typ = batch.schema.field(key_column).type
+        hashable = pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_integer(typ)
+        if hashable and keyed.hand_over_key_groups(keys, groups):
+            return groups  # type: ignore[no-any-return]
+        keyed.remember_key_groups(keys, groups)
+    return itertools.repeat(None, len(keys))
 
 
 def _routed_rows(run: TaskRun, batch: Any) -> tuple[list[Any], set[int], list[Any], Sequence[int], list[int]]:

@@ -304,28 +304,60 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
         self._kg_cache[key] = kg
         return kg
 
-    def remember_key_groups(self, keys: Sequence[Any], key_groups: Sequence[int]) -> None:
-        """Remember ``key_groups[i]`` as the key group of ``keys[i]``: key groups a runner computed.
+    def set_current_key_in_group(self, key: Any, key_group: int) -> None:
+        """Make ``key`` current, ``key_group`` its key group: a pair :meth:`hand_over_key_groups` took.
+
+        What :meth:`set_current_key` does, without finding the key's group: no
+        cache lookup, no serializing or hashing, no check. Only for a pair the
+        backend took in the last :meth:`hand_over_key_groups` that returned True
+        (the Spark runner uses it for each routed row); anything else is
+        :meth:`set_current_key`'s.
+        """
+        self._key = key
+        self._kg = key_group
+
+    def hand_over_key_groups(self, keys: Sequence[Any], key_groups: Sequence[int]) -> bool:
+        """Take ``key_groups[i]`` as the key group of ``keys[i]`` for the records that follow; True if taken.
 
         A runner that routed each record here by its key group (the Spark runner
         computes it in the JVM, from this key serializer's bytes, with the same
-        formula) hands them over with the records it routed, so that a switch to
-        a key not seen before costs no serializing and hashing. Nothing is
-        remembered when one of them is outside :attr:`key_group_range` (the
-        records did not come by key group): :meth:`set_current_key` then
-        computes each key's and refuses one this backend does not own, naming
-        it. Keys that cannot be hashed are left to it too, as is a closed backend.
+        formula) hands them over with the records it routed. When this returns
+        True it may make each of those keys current with
+        :meth:`set_current_key_in_group` and its group, which costs no lookup
+        at all. The keys must be hashable (the Spark runner hands over str and
+        int keys only).
+
+        Returns False, taking nothing, when one of the groups is outside
+        :attr:`key_group_range` or null (the records did not come by key group),
+        the lists differ in length or are empty, the backend is closed, or its
+        class replaces :meth:`set_current_key` (a switch of key must then go
+        through it). The runner then uses :meth:`remember_key_groups` or
+        :meth:`set_current_key`, which compute each key's group and refuse one
+        this backend does not own, naming it.
         """
-        n = len(keys)
-        if self._closed or not n or n != len(key_groups):
-            return
-        kgr = self.key_group_range
-        try:
-            if min(key_groups) < kgr.start or max(key_groups) > kgr.end:
-                return
-        except TypeError:  # a null key group: the records did not all come by key group
+        if type(self).set_current_key is not KeyedBackendBase.set_current_key:
+            return False
+        if not self._own_key_groups(keys, key_groups):
+            return False
+        self._keys_ahead(keys, key_groups)
+        return True
+
+    def remember_key_groups(self, keys: Sequence[Any], key_groups: Sequence[int]) -> None:
+        """Remember ``key_groups[i]`` as the key group of ``keys[i]``: key groups a runner computed.
+
+        As :meth:`hand_over_key_groups` takes them, for keys made current by
+        :meth:`set_current_key` (a function's own calls, a runner's per-key
+        loop): the key cache gets them, so a switch to a key not seen before
+        costs no serializing and hashing. Nothing is remembered where
+        :meth:`hand_over_key_groups` would take nothing (a class replacing
+        :meth:`set_current_key` aside): :meth:`set_current_key` then computes
+        each key's and refuses one this backend does not own, naming it. Keys
+        that cannot be hashed are left to it too.
+        """
+        if not self._own_key_groups(keys, key_groups):
             return
         self._keys_ahead(keys, key_groups)
+        n = len(keys)
         if n > self._key_cache_size:
             return
         cache = self._kg_cache
@@ -336,15 +368,27 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
         except TypeError:  # an unhashable key: set_current_key names it
             return
 
+    def _own_key_groups(self, keys: Sequence[Any], key_groups: Sequence[int]) -> bool:
+        """Whether ``key_groups`` (one per key of ``keys``, some) are all this open backend's."""
+        n = len(keys)
+        if self._closed or not n or n != len(key_groups):
+            return False
+        kgr = self.key_group_range
+        try:
+            return not (min(key_groups) < kgr.start or max(key_groups) > kgr.end)
+        except TypeError:  # a null key group: the records did not all come by key group
+            return False
+
     def _keys_ahead(self, keys: Sequence[Any], key_groups: Sequence[int]) -> None:
         """Optional: the keys the next records are keyed by, with their key groups (all this backend's).
 
-        Called by :meth:`remember_key_groups` once the key groups are checked
-        to be this backend's, before the records are processed; a key may
-        repeat, and a record may still read a key not handed over. A backend
-        that finds keys faster together (the heap, in key groups still held as
-        restored bytes) may look them up now or at its first read. Nothing
-        here may change what a read returns. The default does nothing.
+        Called by :meth:`hand_over_key_groups` and :meth:`remember_key_groups`
+        once the key groups are checked to be this backend's, before the
+        records are processed; a key may repeat, and a record may still read a
+        key not handed over. A backend that finds keys faster together (the
+        heap, in key groups still held as restored bytes) may look them up now
+        or at its first read. Nothing here may change what a read returns. The
+        default does nothing.
         """
 
     def get_current_key(self) -> Any:

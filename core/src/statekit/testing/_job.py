@@ -360,6 +360,8 @@ class Job:
         self.key_serializer = key_serializer or StrSerializer()
         self.subtasks: list[DeclaredSubtask] = []
         self.native_checkpoints = NativeCheckpoints()
+        # Per subtask that took keys from hand_over: its key switch with a group, and those keys' groups.
+        self._handed: dict[int, tuple[Callable[[Any, int], None], dict[Any, int]]] = {}
         self._closed = False
         scratch.mkdir(parents=True, exist_ok=True)
         self._dir = tempfile.mkdtemp(prefix=f"{backend_name}-p{parallelism}-", dir=scratch)
@@ -401,8 +403,11 @@ class Job:
     def hand_over(self, keys: Sequence[Any]) -> None:
         """Hand each subtask its keys, with their key groups, before reading them (as Spark's routing does).
 
-        ``remember_key_groups`` of a backend on ``KeyedBackendBase``, which passes them to its
+        ``hand_over_key_groups`` of a backend on ``KeyedBackendBase``, which passes them to its
         ``_keys_ahead``: a backend that looks keys up together then serves the reads that follow.
+        Where it takes them, :meth:`at` makes those keys current as the Spark runner's per-record
+        loop does (``set_current_key_in_group``); where not, they are remembered for
+        ``set_current_key`` (``remember_key_groups``).
         """
         mine: dict[int, tuple[list[Any], list[int]]] = {}
         for key in keys:
@@ -410,15 +415,30 @@ class Job:
             ks, gs = mine.setdefault(self._index(kg), ([], []))
             ks.append(key)
             gs.append(kg)
+        self._handed = {}
         for i, (ks, gs) in mine.items():
-            remember = getattr(self.subtasks[i].keyed, "remember_key_groups", None)
+            keyed = self.subtasks[i].keyed
+            hand = getattr(keyed, "hand_over_key_groups", None)
+            if hand is not None and hand(ks, gs):
+                self._handed[i] = (keyed.set_current_key_in_group, dict(zip(ks, gs)))  # type: ignore[attr-defined]
+                continue
+            remember = getattr(keyed, "remember_key_groups", None)
             if remember is not None:
                 remember(ks, gs)
 
     def at(self, key: Any, ns: Any, name: str) -> Any:
-        """The handle of state ``name`` at ``key``'s subtask, with ``key`` and ``ns`` current."""
-        st = self.owner(key)
-        st.keyed.set_current_key(key)
+        """The handle of state ``name`` at ``key``'s subtask, with ``key`` and ``ns`` current.
+
+        A key the subtask took from :meth:`hand_over` is made current with its key group.
+        """
+        kg = self.key_group(key)
+        index = self._index(kg)
+        st = self.subtasks[index]
+        handed = self._handed.get(index)
+        if handed is not None and key in handed[1]:
+            handed[0](key, kg)
+        else:
+            st.keyed.set_current_key(key)
         h = st.handles[name]
         h.set_current_namespace(ns)
         return h
