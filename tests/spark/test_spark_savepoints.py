@@ -240,3 +240,37 @@ def test_a_restore_that_drops_a_field_says_so_in_batch_info_and_the_history(
     assert [dict(i.dropped_fields) for i in infos] == [{"hits": [change]}]
     history = read_checkpoint_history(processed.checkpoint_storage(), job_id)
     assert history[-1].dropped_fields == {"hits": [change]} and history[0].dropped_fields == {}
+
+
+def test_a_savepoint_asked_of_a_query_that_has_stopped_fails_at_once_naming_the_way_out(
+    session: Any, tmp_path: Path, job_id: str
+) -> None:
+    """An availableNow query stops when its input is read: nothing would answer, so nothing is asked;
+    the message names its newest checkpoint and the conversion, which restores exactly."""
+    ckpt = tmp_path / "statekit"
+    configure(session, ckpt, 2)
+    write_inputs(tmp_path / "in", RECORDS[:600], 2)
+    processed = counting(session, tmp_path / "in", job_id, [])
+    run_to_end(processed, tmp_path / "spark")
+    storage = processed.checkpoint_storage()
+    latest = storage.latest_checkpoint(job_id)
+    started = time.monotonic()
+    with pytest.raises(Exception, match="has stopped") as e:
+        processed.savepoint(str(tmp_path / "sp"), timeout=300)
+    assert time.monotonic() - started < 60  # not the 300 s a request would have waited
+    message = str(e.value)
+    assert f"statekit savepoint convert {latest} --target {tmp_path / 'sp'}" in message
+    assert "statekit savepoint trigger" in message
+    assert not (tmp_path / "sp").exists()
+    from statekit.checkpoints._savepoint_requests import REQUEST_FILE, job_files
+
+    assert job_files(storage).read_job_file(job_id, REQUEST_FILE) is None  # nothing was requested
+    command = ["savepoint", "convert", str(latest), "--target", str(tmp_path / "sp"), "--no-progress"]
+    converted = subprocess.run(
+        [sys.executable, "-m", "statekit", *command], capture_output=True, text=True, env=driver_env()
+    )
+    assert converted.returncode == 0, converted.stderr
+    savepoint = next(p for p in (tmp_path / "sp").iterdir() if p.is_dir())
+    more = make_records(300, urls=40, seed=9)
+    restored = restore_elsewhere(session, tmp_path, str(savepoint), more, 3)
+    assert_exact_state(restored, "restored", RECORDS[:600] + more)

@@ -455,7 +455,10 @@ class ProcessedStream:
             CheckpointError: If no query of the job answered within ``timeout``
                 (none runs, or it has completed no checkpoint of the job yet and
                 gets no input), or the savepoint failed (with the reason; the
-                query goes on).
+                query goes on). At once, requesting nothing, if the query this
+                stream started has stopped (an ``availableNow`` trigger stops
+                when its input is read): the message names its newest
+                checkpoint and the command that converts it to a savepoint.
         """
         return self._savepoint(target_dir, stop=False, timeout=timeout)
 
@@ -475,6 +478,23 @@ class ProcessedStream:
         return self._savepoint(target_dir, stop=True, timeout=timeout)
 
     def _savepoint(self, target_dir: str | None, *, stop: bool, timeout: float) -> str:
+        query = self._query
+        if query is not None and not query.isActive:
+            # Nothing would answer in this process: fail now, not after ``timeout`` seconds.
+            latest = self.checkpoint_storage().latest_checkpoint(self.job_id)
+            out = "DIR" if target_dir is None else target_dir
+            way = (
+                f"its newest checkpoint is {latest}: `statekit savepoint convert {latest} --target {out}` "
+                "writes it as a savepoint that a new query restores from (with the source position "
+                "while the query's checkpoint location is kept)"
+                if latest is not None
+                else "it completed no checkpoint of the job"
+            )
+            raise CheckpointError(
+                f"the query this stream started for job {self.job_id!r} has stopped (an availableNow or once "
+                f"trigger stops when its input is read), so it takes no savepoint; nothing was requested: "
+                f"{way}. To ask a query of the job that runs elsewhere, use `statekit savepoint trigger`"
+            )
         response = request_savepoint(
             self.checkpoint_storage(), self.job_id, target_dir, stop=stop, timeout=timeout
         )
