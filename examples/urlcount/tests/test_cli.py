@@ -125,3 +125,17 @@ def test_progress_says_what_runs_while_a_batch_takes_long_off_a_terminal(tmp_pat
         "0 s: Processing new data (0 batches done)",
         f"{5 + progress.STATUS_EVERY:.0f} s: Processing new data (0 batches done)",
     ]
+
+
+def test_a_statekit_error_is_one_message_and_exit_status_2_not_a_traceback(tmp_path, capsys, monkeypatch):
+    """A typo in a backend's name (or any statekit error) reads as statekit's message, the way out in it."""
+    from statekit.errors import UnknownPluginError
+    from statekit_urlcount import _cli
+
+    def refused(args, console):
+        raise UnknownPluginError("backend 'rockdb' is not installed.\n Did you mean 'rocksdb'?")
+
+    monkeypatch.setattr(_cli, "_run", refused)
+    assert main(["run", "--logs", str(tmp_path), "--backend", "rockdb"]) == 2
+    err = capsys.readouterr().err
+    assert err == "statekit-urlcount: error: backend 'rockdb' is not installed. Did you mean 'rocksdb'?\n"

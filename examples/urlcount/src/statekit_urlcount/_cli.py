@@ -23,6 +23,8 @@ from typing import Any
 
 from rich.console import Console
 
+from statekit.errors import StateError
+
 from ._generate import GenerateResult, generate_logs
 from ._job import JobSettings, RunReport, run_job
 from ._progress import ProgressDisplay, top_urls_table, top_windows_table
@@ -495,13 +497,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             if getattr(args, name, None):
                 setattr(args, name, os.path.abspath(getattr(args, name)))
     console = Console()
-    if args.command == "generate":
-        return _generate(args, console)
-    if args.command == "run":
-        return _run(args, console)
-    if args.command == "windowed":
-        return _windowed(args, console)
-    return 0 if demo(args, console).ok else 1
+    try:
+        if args.command == "generate":
+            return _generate(args, console)
+        if args.command == "run":
+            return _run(args, console)
+        if args.command == "windowed":
+            return _windowed(args, console)
+        return 0 if demo(args, console).ok else 1
+    except StateError as exc:  # statekit's message names what was wrong and the way out: no traceback
+        print(f"statekit-urlcount: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
