@@ -13,9 +13,8 @@ or below the watermark are late: counted, and handed to the late-records sink
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -148,19 +147,19 @@ def _records_of_one_subtask(run: TaskRun, batch: Any, index: int, started: float
     restoring = phases["restore"]  # a restore inside the loop is the restore's time
     st = run.subtask(index)
     keys = [record[key_column] for record in records]
-    groups = _hand_over_key_groups(st, keys, batch, key_column)
     counts = run.counts[index]
     keyed = st.keyed
-    set_key, pctx, process = keyed.set_current_key, st.pctx, st.function.process
-    set_key_in_group = keyed.set_current_key_in_group if isinstance(keyed, KeyedBackendBase) else _groupless
+    pctx, process = st.pctx, st.function.process
+    groups = _key_groups_to_backend(st, keys, batch, key_column)
+    if groups is None:
+        groups, switch = keys, _key_switch_without_group(keyed.set_current_key)
+    else:  # on KeyedBackendBase
+        switch = keyed.set_current_key_in_group  # type: ignore[attr-defined]
     pctx.timestamp = None
     outputs = 0
     done = 0
     for record, key, group in zip(records, keys, groups):
-        if group is None:
-            set_key(key)
-        else:
-            set_key_in_group(key, group)
+        switch(key, group)
         pctx.current_key = key
         done += 1
         result = process(record, pctx)
@@ -317,47 +316,50 @@ def _routed(run: TaskRun, batch: Any) -> tuple[list[Any], set[int], list[Any], S
     n = batch.num_rows
     run.bad_keys.rows_read += n
     keys = values_of(batch.column(plan.key_column))
-    _remember_key_groups(run.subtask(only), keys, batch)
+    _key_groups_to_backend(run.subtask(only), keys, batch)
     return [only] * n, {only}, keys, range(n), []
 
 
-def _remember_key_groups(st: Subtask, keys: list[Any], batch: Any) -> None:
+def _key_groups_to_backend(
+    st: Subtask, keys: list[Any], batch: Any, key_column: str | None = None
+) -> list[int] | None:
     """Hands the routing's key groups of ``keys`` (one subtask's rows of ``batch``) to its backend.
 
-    The JVM computed them to route the rows here; the backend then hashes no
-    new key again (:meth:`~statekit.state._keyed.KeyedBackendBase.remember_key_groups`,
-    which checks they are the subtask's). A backend of its own making, not on
-    the base, computes them itself.
+    The JVM computed them to route the rows here, so the backend hashes no key
+    again. With ``key_column`` (the per-record loop) they are handed over where
+    the backend takes them
+    (:meth:`~statekit.state._keyed.KeyedBackendBase.hand_over_key_groups`) and
+    returned: the loop then makes each key current with its group, at no cost
+    per row beyond the call. Only str and int keys are handed over (they hash).
+    Otherwise they are remembered
+    (:meth:`~statekit.state._keyed.KeyedBackendBase.remember_key_groups`, which
+    checks they are the subtask's) for ``set_current_key`` to find, and None is
+    returned. A backend of its own making, not on the base, computes them
+    itself: it gets nothing.
     """
     keyed = st.keyed
-    if isinstance(keyed, KeyedBackendBase) and batch.schema.get_field_index(KEY_GROUP_COLUMN) >= 0:
-        keyed.remember_key_groups(keys, batch.column(KEY_GROUP_COLUMN).to_pylist())
+    if not isinstance(keyed, KeyedBackendBase) or batch.schema.get_field_index(KEY_GROUP_COLUMN) < 0:
+        return None
+    groups: list[int] = batch.column(KEY_GROUP_COLUMN).to_pylist()
+    hashes = key_column is not None and _hashes(batch.schema.field(key_column).type)
+    if hashes and keyed.hand_over_key_groups(keys, groups):
+        return groups
+    keyed.remember_key_groups(keys, groups)
+    return None
 
 
-def _groupless(key: Any, group: int) -> None:
-    """The key switch with a group of a backend not on KeyedBackendBase: never called (it gets no groups)."""
-    raise AssertionError(f"key group {group} of key {key!r} handed to a backend that takes none")
+def _hashes(typ: Any) -> bool:
+    """Whether every value of an Arrow column of ``typ`` converts to a hashable Python value."""
+    return bool(pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_integer(typ))
 
 
-def _hand_over_key_groups(st: Subtask, keys: list[Any], batch: Any, key_column: str) -> Iterable[int | None]:
-    """The routing's key group of each of ``keys`` (one subtask's rows of ``batch``), or None for each.
+def _key_switch_without_group(set_current_key: Any) -> Any:
+    """The per-record loop's key switch ``(key, group)`` where no group was handed over."""
 
-    Groups where the subtask's backend took them
-    (:meth:`~statekit.state._keyed.KeyedBackendBase.hand_over_key_groups`):
-    the loop then makes each key current with its group, at no cost per row
-    beyond the call. Only str and int keys are handed over (they hash). Else
-    Nones: the loop calls ``set_current_key``, the groups remembered for it
-    where the backend takes them (:func:`_remember_key_groups`).
-    """
-    keyed = st.keyed
-    if isinstance(keyed, KeyedBackendBase) and batch.schema.get_field_index(KEY_GROUP_COLUMN) >= 0:
-        groups = batch.column(KEY_GROUP_COLUMN).to_pylist()
-        typ = batch.schema.field(key_column).type
-        hashable = pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_integer(typ)
-        if hashable and keyed.hand_over_key_groups(keys, groups):
-            return groups  # type: ignore[no-any-return]
-        keyed.remember_key_groups(keys, groups)
-    return itertools.repeat(None, len(keys))
+    def switch(key: Any, _group: Any) -> None:
+        set_current_key(key)
+
+    return switch
 
 
 def _routed_rows(run: TaskRun, batch: Any) -> tuple[list[Any], set[int], list[Any], Sequence[int], list[int]]:
