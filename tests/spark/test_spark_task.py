@@ -309,6 +309,34 @@ def two_batches(records: list[dict[str, Any]], driver: Driver) -> list[tuple[lis
     return got
 
 
+@pytest.mark.parametrize("width", [1, 3])
+def test_rows_of_a_batch_are_arrow_s_rows_with_an_unconvertible_value_in_its_place(width: int) -> None:
+    """The records a per-record function gets: Arrow's own rows (one column: built apart, faster), and
+    where a value has no Python form, its row holds an Unconvertible naming it and the batch says so."""
+    from statekit.spark._arrow_values import Unconvertible, rows_of
+
+    late = 6_307_200_000_000_000_000  # microseconds: past the year 9999, no datetime holds it
+    columns = {
+        "at": pa.array([0, 7, 5, None], pa.timestamp("us")),
+        "url": pa.array(["/a", None, "/b", "/a"]),
+        "n": pa.array([1, 2, None, 4], pa.int64()),
+    }
+    names = list(columns)[:width]
+    batch = pa.RecordBatch.from_pydict({name: columns[name] for name in names})
+    rows, whole = rows_of(batch)
+    assert (rows, whole) == (batch.to_pylist(), True)
+    assert rows == [dict(zip(names, values)) for values in zip(*(columns[n].to_pylist() for n in names))]
+
+    columns["at"] = pa.array([0, late, 5, None], pa.timestamp("us"))
+    rows, whole = rows_of(pa.RecordBatch.from_pydict({name: columns[name] for name in names}))
+    assert not whole and len(rows) == 4 and [list(r) for r in rows] == [names] * 4
+    bad = rows[1]["at"]
+    assert isinstance(bad, Unconvertible) and f"{late} (timestamp[us])" in repr(bad), bad
+    assert [rows[i]["at"] for i in (0, 2, 3)] == [columns["at"][i].as_py() for i in (0, 2, 3)]
+    if width == 3:
+        assert [(r["url"], r["n"]) for r in rows] == [("/a", 1), (None, 2), ("/b", None), ("/a", 4)]
+
+
 def test_rows_of_one_subtask_take_the_short_loop_with_the_general_loop_s_outcome(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
