@@ -38,8 +38,7 @@ $(VENV)/.installed: pyproject.toml core/pyproject.toml core/hatch_build.py backe
 # critical path (0.6-0.7 s of a worker's 1.8-2.0 s start; docs/spark.md#compiled-ahead). Python still
 # checks each file against its source: an edited module is compiled again, in memory.
 install: $(VENV)/.installed
-	$(PY) -m compileall -q core/src backends/heap/src backends/rocksdb/src backends/lmdb/src storage/src \
-		examples/statekit-sqlite/src examples/urlcount/src
+	$(PY) -m compileall -q $(addsuffix /src,$(filter-out .,$(DISTRIBUTIONS)))
 
 ## A wheel of every distribution into $(WHEELHOUSE) (statekit is not on PyPI); then, in any environment:
 ##   pip install --find-links wheelhouse "statekit[rocksdb,spark]"
