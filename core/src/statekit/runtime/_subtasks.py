@@ -3,8 +3,9 @@
 The :class:`~statekit.LocalRunner` runs one operator over ``p`` logical
 subtasks in its process. :class:`OperatorSubtasks` keeps them: each a
 :class:`~statekit.runtime._subtask.Subtask` with a fresh working directory
-below one directory this process owns (removed by a later run if this one
-is killed), the key of a record routed to the subtask that owns its key
+below one directory this process owns (removed when they close, when a
+runner never closed is collected or the interpreter exits, and by a later
+run if this one is killed), the key of a record routed to the subtask that owns its key
 group (remembered for ``statekit.key-cache-size`` keys), a checkpoint's
 state restored into fresh subtasks before they replace the running ones,
 every subtask's state written into a checkpoint, and the backends told when
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -77,6 +79,8 @@ class OperatorSubtasks:
         self.subtasks: list[Subtask] = []
         self._route: dict[Any, int] = {}
         self._local_root: str | None = None
+        # Removes the local root once: at close, or when a runner never closed is collected.
+        self._remove_root: weakref.finalize[Any, Any] | None = None
 
     # --- making them -----------------------------------------------------------------
 
@@ -126,7 +130,11 @@ class OperatorSubtasks:
         """A fresh working directory for subtask ``index``'s keyed backend (removed when it closes)."""
         if self._local_root is None:
             # Owned by this process: a later run removes it if this one is killed.
-            self._local_root = create_instance_dir(self.local_dir_parent, f"statekit-{self.job_id}-")
+            root = create_instance_dir(self.local_dir_parent, f"statekit-{self.job_id}-")
+            self._local_root = root
+            # A runner dropped without close() (no ``with``) must not leave its directory, with
+            # its backends' files, until the process ends: removed when this is collected.
+            self._remove_root = weakref.finalize(self, shutil.rmtree, root, ignore_errors=True)
         return tempfile.mkdtemp(prefix=f"{self.operator_id}-{index}-", dir=self._local_root)
 
     # --- restoring -------------------------------------------------------------------
@@ -215,8 +223,8 @@ class OperatorSubtasks:
                 st.close()
             except BaseException as e:  # noqa: BLE001 - raised below, once every subtask is closed
                 failure = failure or e
-        if self._local_root is not None:
-            shutil.rmtree(self._local_root, ignore_errors=True)
-            self._local_root = None
+        if self._remove_root is not None:
+            self._remove_root()  # removes the directory, once
+            self._remove_root = self._local_root = None
         if failure is not None:
             raise failure
