@@ -307,7 +307,8 @@ def test_long_ascii_str_column_whose_lengths_do_not_add_up_is_refused() -> None:
 
     from statekit.serialization._serializers import pack_parts
 
-    for lengths in ([1] * 299 + [2], [1] * 299 + [0]):  # one byte short, one byte over
+    # One byte short, one byte over, and lengths whose sum is the text's size modulo 2**32 only.
+    for lengths in ([1] * 299 + [2], [1] * 299 + [0], [2**32 - 1, 3] + [1] * 298):
         data = pack_parts([array("I", lengths).tobytes(), b"x" * 300])
         with pytest.raises(SerializationError, match="lengths do not add up"):
             StrSerializer().decode_column(data, 300)

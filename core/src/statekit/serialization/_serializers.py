@@ -122,10 +122,16 @@ def _ascii_offsets(np: Any, lengths: Any, size: int) -> Any:
         SerializationError: If the lengths do not add up to the text.
     """
     counts = np.frombuffer(lengths, dtype="<u4")
-    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    if int(offsets[-1]) != size:
+    if int(counts.sum(dtype=np.uint64)) != size:  # exact: a u64 sum of u32s cannot wrap
         raise SerializationError("malformed str column: lengths do not add up to the text")
+    offsets = np.empty(len(counts) + 1, dtype=np.int64)
+    offsets[0] = 0
+    if size < 1 << 32:
+        # Every partial sum is at most ``size``, so u32 sums do not wrap; numpy sums in the
+        # input's own type about 2.5 times faster than into int64 (a cast per element).
+        offsets[1:] = np.cumsum(counts, dtype=np.uint32)
+    else:
+        np.cumsum(counts, dtype=np.int64, out=offsets[1:])
     return offsets
 
 
