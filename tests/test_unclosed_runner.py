@@ -79,3 +79,31 @@ def test_a_runner_still_referenced_at_exit_removes_its_directory(backend: str, t
     assert done.stdout.strip() == "1"  # there while the runner lived
     assert done.stderr == ""
     assert os.listdir(local_dir) == []
+
+
+def test_a_forked_child_leaves_its_parents_directory_alone(tmp_path: Path) -> None:
+    local_dir = tmp_path / "local"
+    child = textwrap.dedent(
+        f"""
+        import os, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_unclosed_runner import RECORDS, _runner
+        from pathlib import Path
+        from statekit import RecordSource
+        local = Path({str(local_dir)!r})
+        runner = _runner("rocksdb", local, Path({str(tmp_path / "ckpt")!r}))
+        runner.run(RecordSource(RECORDS))
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)  # the interpreter's exit runs the finalizers: the directory is the parent's
+        os.waitpid(pid, 0)
+        print(len(list(local.iterdir())))
+        runner.process(RECORDS[0])
+        assert runner.checkpoint() is not None  # a native checkpoint of its files: all there
+        runner.close()
+        print(len(list(local.iterdir())))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "0"]

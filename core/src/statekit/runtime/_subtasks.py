@@ -14,6 +14,7 @@ a native checkpoint completed or never will.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import weakref
@@ -35,6 +36,12 @@ from ._function import KeyedProcessFunction
 from ._subtask import Subtask
 
 __all__ = ["OperatorSubtasks"]
+
+
+def _remove_own_dir(path: str, owner: int) -> None:
+    """Remove ``path`` if this is the process that made it (a forked child leaves its parent's alone)."""
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class OperatorSubtasks:
@@ -134,7 +141,7 @@ class OperatorSubtasks:
             self._local_root = root
             # A runner dropped without close() (no ``with``) must not leave its directory, with
             # its backends' files, until the process ends: removed when this is collected.
-            self._remove_root = weakref.finalize(self, shutil.rmtree, root, ignore_errors=True)
+            self._remove_root = weakref.finalize(self, _remove_own_dir, root, os.getpid())
         return tempfile.mkdtemp(prefix=f"{self.operator_id}-{index}-", dir=self._local_root)
 
     # --- restoring -------------------------------------------------------------------
