@@ -266,6 +266,11 @@ class LocalRunner:
                     "statekit.checkpoint.interval-records": 10_000},
         )
         result = runner.run(FileSource("logs/", parse=json.loads), restore="latest")
+        runner.close()  # or ``with LocalRunner(...) as runner:``
+
+    :meth:`close` closes the backends and removes their working directories; a
+    runner never closed has its directories removed when it is garbage-collected
+    or the interpreter exits.
 
     A restore that migrates a state's entries (see docs/state.md) logs its
     progress at INFO (logger ``statekit.state``); ``on_migration_progress``
