@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs import count_urls_runner, make_records
+from jobs import count_urls_runner, make_records, model_state, state_of_runner
 from statekit import CheckpointInfo, RecordSource
 from statekit.checkpoints._history import read_checkpoint_history
+from statekit.errors import SourceError
 from statekit.state_processor import SavepointReader
 
 RECORDS = make_records(1000, urls=30)
@@ -199,3 +200,42 @@ def test_a_list_handed_again_after_a_restore_says_what_its_position_skipped(
     result = grown.run(RECORDS[:250], restore="latest")
     grown.close()
     assert (result.records, result.skipped_records) == (50, 200)
+
+
+def test_a_list_shorter_than_its_position_is_refused_and_one_after_a_savepoint_can_say_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A list that cannot be the input its position counts is refused, nothing read; the ways out work."""
+    first, later = RECORDS[:200], RECORDS[200:260]
+    runner = count_urls_runner(str(tmp_path / "ckpt"))
+    assert runner.run(first).records == 200
+    savepoint = runner.savepoint(str(tmp_path / "savepoints"))
+    # The same runner handed a shorter list: its previous run's position (200) is past it.
+    refused = r"position 200 \(left by this runner's previous run.*has 60 records"
+    with pytest.raises(SourceError, match=refused):
+        runner.run(later)
+    runner.close()
+    # A savepoint restored by restore() before run(): the same refusal, naming the way out; nothing read.
+    again = count_urls_runner(str(tmp_path / "ckpt-2"))
+    again.restore(savepoint)
+    with pytest.raises(SourceError, match=r"position 200 \(restored.*input_begins_after_savepoint=True"):
+        again.run(later)
+    # The whole input goes on after the position, with nothing counted twice.
+    assert again.run(first + later).records == 60
+    assert state_of_runner(again) == model_state(first + later)
+    again.close()
+    # A list of only what came after the savepoint, said so: read from its first record.
+    after = count_urls_runner(str(tmp_path / "ckpt-3"))
+    result = after.run(later, restore=savepoint, input_begins_after_savepoint=True)
+    assert (result.records, result.skipped_records) == (60, 0)
+    assert state_of_runner(after) == model_state(first + later)
+    after.close()
+    # restore() then a longer list without saying so: it goes on at the position, with a WARNING.
+    longer = count_urls_runner(str(tmp_path / "ckpt-4"))
+    longer.restore(savepoint)
+    with caplog.at_level(logging.INFO, logger="statekit"):
+        result = longer.run(RECORDS[:300])
+    longer.close()
+    assert (result.records, result.skipped_records) == (100, 200)
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("position 200 (restored)" in r.getMessage() for r in warned)

@@ -35,7 +35,7 @@ from .._contracts import (
     CheckpointWriter,
     StateBackend,
 )
-from .._errors import CheckpointError
+from .._errors import CheckpointError, SourceError
 from ..checkpoints._coordinator import CheckpointCoordinator, CheckpointPolicy, start_point
 from ..checkpoints._fencing import RunFence
 from ..checkpoints._honour import SavepointRequests
@@ -134,26 +134,46 @@ class RunResult:
     skipped_records: int = 0
     """Records of a list (a :class:`RecordSource`) the run did not read because the position it
     went on from (restored, or left by the runner's previous run) was past them: a list is
-    positional, as Flink's ``fromElements``. Also said in a WARNING on the ``statekit`` logger."""
+    positional, as Flink's ``fromElements``. Also said in a WARNING on the ``statekit`` logger when the
+    position was restored. A list that is not empty and shorter than the position is refused
+    (``SourceError``, before anything is read); one that holds only records after the restored
+    checkpoint or savepoint is read from its start with ``input_begins_after_savepoint=True``."""
 
 
 def _positional_skip(src: RecordSource, position: Any, job: str, *, restored: bool) -> int:
     """How many records of ``src`` the run skips from ``position``; the log says so when any.
 
-    A WARNING when the position was restored by this run; INFO when it is the one the
-    runner's previous run left (going on over a grown list is what ``max_records`` is for).
+    A WARNING when the position was restored (by this run, or by ``restore()`` before it);
+    INFO when it is the one the runner's previous run left (going on over a grown list is what
+    ``max_records`` is for).
+
+    Raises:
+        SourceError: If the list is not empty and shorter than the position: it cannot be the
+            input the position counts, and none of it would be read. Nothing was read.
     """
+    total = len(src.records)
+    start = int(position or 0)
+    whence = "restored" if restored else "left by this runner's previous run"
+    if 0 < total < start:
+        raise SourceError(
+            f"statekit job {job!r}: the run would go on from position {start} ({whence}: the records "
+            f"of the input read so far), but the list it was given has {total} records, so none of "
+            "them would be read (a list is positional, as Flink's fromElements: the position is an "
+            "index into the list). Hand over the whole input: the records read before, then the new "
+            "ones. If the list holds only records after the restored checkpoint or savepoint, say so: "
+            "run(..., restore=..., input_begins_after_savepoint=True) reads it from its first record. "
+            "Nothing was read"
+        )
     skipped = src.skipped_by(position)
     if skipped:
-        total = len(src.records)
         LOGGER.log(
             logging.WARNING if restored else logging.INFO,
-            "statekit job %r: the run goes on from position %s, so it skipped the first %d of the %d "
-            "records of the list it was given (a list is positional, as Flink's fromElements: the "
-            "position restored, or left by the runner's previous run, is an index into the list). "
-            "To read them, run without restore= (a new job id, or delete its checkpoints), or hand "
-            "over only the records after the ones already processed",
-            job, position, skipped, total,
+            "statekit job %r: the run goes on from position %s (%s), so it skipped the first %d of "
+            "the %d records of the list it was given (a list is positional, as Flink's fromElements: "
+            "the position is an index into the list). To read them as new input, run without restore= "
+            "(a new job id, or delete its checkpoints); if the list holds only records after the "
+            "restored checkpoint or savepoint, run(..., input_begins_after_savepoint=True)",
+            job, position, whence, skipped, total,
         )  # fmt: skip
     return skipped
 
@@ -348,6 +368,7 @@ class LocalRunner:
         self._origin: dict[str, Any] | None = None  # the explicit restore the job's history descends from
         self._foreign_position: CompletedCheckpoint | None = None  # a restored Spark checkpoint
         self._input_begins_after = False  # the user said the source begins after the restored one
+        self._position_restored = False  # the source position was restored and no run read from it yet
         self._letters = JobDeadLetters(conf, job_id)
         self.skipped_checkpoints: list[tuple[str, str]] = []
         """What the last ``restore("latest")`` skipped: ``(location, reason)`` of each damaged checkpoint."""
@@ -385,7 +406,12 @@ class LocalRunner:
         position, not this runner's: :meth:`run` refuses to read a source
         after it unless ``input_begins_after_savepoint`` states that the
         source begins after it (it is then read from its start). Restoring
-        it only to read its state (as tests and tools do) is fine.
+        it only to read its state (as tests and tools do) is fine. A list
+        (:class:`RecordSource`) is positional: the next run goes on at the
+        restored index of the list it is given, refuses a non-empty list
+        shorter than that index (``SourceError``: none of it would be read),
+        and reads the list from its first record when
+        ``input_begins_after_savepoint`` says it holds only what came after.
 
         Returns the location restored from (None when ``"latest"`` finds none).
         Every check runs and every byte is verified before the runner's state
@@ -431,6 +457,7 @@ class LocalRunner:
             raise
         self._operator.replace(fresh)
         self._source.adopt(source_state, position)
+        self._position_restored = True
         self._time.restored(cp.metadata.properties)
         self._restored_from = cp.location
         self.dropped_fields = self._declared.dropped(cp) if self._declared is not None else {}
@@ -635,6 +662,15 @@ class LocalRunner:
                 self._foreign_position, self.job_id, input_begins_after_savepoint or self._input_begins_after
             )
             self._foreign_position = None  # stated once: the run's checkpoints hold this runner's position
+        src = source if isinstance(source, ReplayableSource) else RecordSource(list(source))
+        if isinstance(src, RecordSource):  # before anything is read: a list that cannot follow stops here
+            if self._position_restored and (input_begins_after_savepoint or self._input_begins_after):
+                self._source.position = None  # the list begins after the restored position
+            else:
+                result.skipped_records = _positional_skip(
+                    src, self._source.position, self.job_id, restored=self._position_restored
+                )
+        self._position_restored = False
         if self._origin is not None:
             result.restore_origin = str(self._origin.get("location"))
         # A store that is down now fails the first checkpoint instead (which claims again).
@@ -647,11 +683,6 @@ class LocalRunner:
         letters = self._letters.staged()
         time = self._time
         late_before, fired_before = time.start_run()
-        src = source if isinstance(source, ReplayableSource) else RecordSource(list(source))
-        if isinstance(src, RecordSource):
-            result.skipped_records = _positional_skip(
-                src, self._source.position, self.job_id, restored=result.restored_from is not None
-            )
         if isinstance(src, LogSource):
             src.configure(self.config)  # statekit.source.*, for what the source was not given
         policy = BadRecordPolicy.from_config(
