@@ -7,13 +7,16 @@ size in them is what the state processor reads from the same checkpoint.
 
 from __future__ import annotations
 
+import json
 import logging
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from jobs import count_urls_runner, make_records, model_state, state_of_runner
-from statekit import CheckpointInfo, RecordSource
+from statekit import CheckpointInfo, LogSource, RecordSource
 from statekit.checkpoints._history import read_checkpoint_history
 from statekit.errors import SourceError
 from statekit.state_processor import SavepointReader
@@ -239,3 +242,55 @@ def test_a_list_shorter_than_its_position_is_refused_and_one_after_a_savepoint_c
     assert (result.records, result.skipped_records) == (100, 200)
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert any("position 200 (restored)" in r.getMessage() for r in warned)
+
+
+class _Segment:
+    """A user's replayable source: one segment of a log of records, its position an offset in it."""
+
+    def __init__(self, records: list[dict[str, object]]) -> None:
+        self.records = records
+
+    def read(self, position: dict[str, int] | None) -> Iterator[tuple[object, object]]:
+        start = position["offset"] if position else 0
+        for offset in range(start, len(self.records)):
+            yield self.records[offset], {"offset": offset + 1}
+
+
+def test_input_begins_after_savepoint_drops_the_restored_position_of_every_source(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The statement is honoured for a user's source and a LogSource as for a list: read from the start."""
+    first, later = RECORDS[:200], RECORDS[200:260]
+    runner = count_urls_runner(str(tmp_path / "ckpt"))
+    assert runner.run(_Segment(first)).records == 200
+    savepoint = runner.savepoint(str(tmp_path / "savepoints"))
+    runner.close()
+    # A new segment of only what came after: its offsets restart at 0, below the restored 200.
+    after = count_urls_runner(str(tmp_path / "ckpt-2"))
+    with caplog.at_level(logging.INFO, logger="statekit"):
+        result = after.run(_Segment(later), restore=savepoint, input_begins_after_savepoint=True)
+    assert result.records == 60
+    assert state_of_runner(after) == model_state(first + later)
+    after.close()
+    assert any("{'offset': 200}" in r.getMessage() and "dropped" in r.getMessage() for r in caplog.records)
+    # A log file read whole, then replaced at its path by one of only the new lines (its inode
+    # reused): said so, it is read from its start with no report of input lost.
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    access = logs / "access.log"
+    access.write_text("".join(json.dumps(r) + "\n" for r in first))
+    v1 = count_urls_runner(str(tmp_path / "ckpt-3"))
+    assert v1.run(LogSource(str(logs), parse=json.loads)).records == 200
+    log_savepoint = v1.savepoint(str(tmp_path / "savepoints"))
+    v1.close()
+    access.unlink()
+    access.write_text("".join(json.dumps(r) + "\n" for r in later))
+    v2 = count_urls_runner(str(tmp_path / "ckpt-4"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an InputLostWarning would be a false report here
+        result = v2.run(
+            LogSource(str(logs), parse=json.loads), restore=log_savepoint, input_begins_after_savepoint=True
+        )
+    assert (result.records, result.input_lost) == (60, [])
+    assert state_of_runner(v2) == model_state(first + later)
+    v2.close()

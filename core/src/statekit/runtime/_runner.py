@@ -178,6 +178,26 @@ def _positional_skip(src: RecordSource, position: Any, job: str, *, restored: bo
     return skipped
 
 
+def _drop_restored_position(source: SourceReader, job: str, restored_from: str | None) -> None:
+    """The user's statement that the input begins after the restored checkpoint: read it from its start.
+
+    One place for every source (a list, a :class:`~statekit.LogSource`, one of the user's): the
+    position restored is of the input before, so it is dropped, and said so at INFO.
+    """
+    if source.position is not None:
+        LOGGER.info(
+            "statekit job %r: the input begins after %s (input_begins_after_savepoint=True), so the "
+            "source position restored from it (%s) is dropped and the source is read from its start",
+            job, restored_from, _cut(repr(source.position)),
+        )  # fmt: skip
+    source.position = None
+
+
+def _cut(text: str, limit: int = 300) -> str:
+    """``text`` for a log line, cut to ``limit`` characters (a LogSource's position names every file)."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
 def _parallelisms(conf: Configuration, parallelism: int | None) -> tuple[int, int]:
     """``(parallelism, max parallelism)``: as given, else as configured, else 1 and Flink's default."""
     # `is None`, not `or`: parallelism=0 must fail in validate_parallelism, not mean 1.
@@ -409,9 +429,11 @@ class LocalRunner:
         it only to read its state (as tests and tools do) is fine. A list
         (:class:`RecordSource`) is positional: the next run goes on at the
         restored index of the list it is given, refuses a non-empty list
-        shorter than that index (``SourceError``: none of it would be read),
-        and reads the list from its first record when
-        ``input_begins_after_savepoint`` says it holds only what came after.
+        shorter than that index (``SourceError``: none of it would be read).
+        ``input_begins_after_savepoint`` says the source given to the next
+        run holds only what came after: the restored position is dropped
+        and that source (a list, a LogSource, one of your own) is read
+        from its start.
 
         Returns the location restored from (None when ``"latest"`` finds none).
         Every check runs and every byte is verified before the runner's state
@@ -657,19 +679,17 @@ class LocalRunner:
                 restore, input_begins_after_savepoint=input_begins_after_savepoint
             )
             result.skipped_checkpoints = list(self.skipped_checkpoints)
+        begins_after = input_begins_after_savepoint or self._input_begins_after
         if self._foreign_position is not None:
-            _check_source_position(
-                self._foreign_position, self.job_id, input_begins_after_savepoint or self._input_begins_after
-            )
+            _check_source_position(self._foreign_position, self.job_id, begins_after)
             self._foreign_position = None  # stated once: the run's checkpoints hold this runner's position
         src = source if isinstance(source, ReplayableSource) else RecordSource(list(source))
-        if isinstance(src, RecordSource):  # before anything is read: a list that cannot follow stops here
-            if self._position_restored and (input_begins_after_savepoint or self._input_begins_after):
-                self._source.position = None  # the list begins after the restored position
-            else:
-                result.skipped_records = _positional_skip(
-                    src, self._source.position, self.job_id, restored=self._position_restored
-                )
+        if self._position_restored and begins_after:
+            _drop_restored_position(self._source, self.job_id, self._restored_from)
+        elif isinstance(src, RecordSource):  # before anything is read: a list that cannot follow stops here
+            result.skipped_records = _positional_skip(
+                src, self._source.position, self.job_id, restored=self._position_restored
+            )
         self._position_restored = False
         if self._origin is not None:
             result.restore_origin = str(self._origin.get("location"))
