@@ -9,7 +9,10 @@ job restarted after a crash, and keeps the latest count of every URL.
 :class:`Logrotate` runs Debian's real ``logrotate`` binary over a LogDir and
 :class:`Writer` appends to a log from a thread, as a server does, while it
 rotates; :class:`SeqJob` then checks line by line against
-:func:`lines_in_files`, every line the files hold.
+:func:`lines_in_files`, every line the files hold. :class:`SteppedLogrotate`
+takes logrotate's steps one at a time, and :func:`rotate_inside_reads` runs them
+inside a source's listings and opens (:func:`at_contact_points`), where a busy
+machine interleaves them.
 """
 
 from __future__ import annotations
@@ -17,13 +20,17 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 import shutil
 import subprocess
 import threading
+import warnings
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from statekit import (
     KeyedProcessFunction,
@@ -298,3 +305,157 @@ class Logrotate:
     def start(self) -> subprocess.Popen[str]:
         """A rotation in the background, to read the files while it copies and truncates."""
         return subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+_COPY_BLOCK = 8192  # logrotate's sparse_copy reads and writes BUFSIZ bytes at a time
+
+
+class SteppedLogrotate:
+    """logrotate 3.21 (rotate 1000, copytruncate, compress, delaycompress) over ``access.log``, step by step.
+
+    Its order: compress the previous rotation's ``.1`` (delaycompress) and
+    remove it, shift the ``.N.gz`` files up by one, create ``.1`` and copy the
+    log into it in 8 KiB writes, then truncate the log. :meth:`step` takes the
+    next step of a rotation :meth:`start` began; :attr:`window` is true between
+    the copy's end and the truncation, where a line written is lost by
+    logrotate itself (as its manual says).
+    """
+
+    def __init__(self, logs: LogDir, rnd: random.Random) -> None:
+        self.logs = logs
+        self.rnd = rnd
+        self.steps: Iterator[None] | None = None
+        self.window = False
+
+    def start(self) -> None:
+        self.steps = self._rotate()
+
+    def step(self) -> None:
+        if self.steps is not None and next(self.steps, "done") == "done":
+            self.steps = None
+
+    def _rotate(self) -> Iterator[None]:
+        d = self.logs.dir
+        one = d / "access.log.1"
+        if one.exists():
+            data = one.read_bytes()
+            with open(d / "access.log.1.gz", "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb") as z:
+                for i in range(0, len(data), 65536):
+                    z.write(data[i : i + 65536])
+                    z.flush()
+                    yield
+            yield
+            one.unlink()
+            yield
+        for n in sorted((int(p.name.split(".")[2]) for p in d.glob("access.log.*.gz")), reverse=True):
+            os.rename(d / f"access.log.{n}.gz", d / f"access.log.{n + 1}.gz")
+            yield
+        log = os.open(d / "access.log", os.O_RDWR)
+        copy = os.open(one, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            yield
+            while block := os.read(log, _COPY_BLOCK):
+                os.write(copy, block)
+                if self.rnd.random() < 0.1:
+                    yield
+            self.window = True
+            yield  # logrotate's fsync of the copy
+            os.ftruncate(log, 0)
+            self.window = False
+        finally:
+            os.close(copy)
+            os.close(log)
+        yield
+
+    def busy(self, busy: float) -> Callable[[], None]:
+        """What happens at a contact point with probability ``busy``: maybe lines written, the next step."""
+
+        def at_contact() -> None:
+            if self.rnd.random() >= busy:
+                return
+            if not self.window and self.rnd.random() < 0.3:
+                self.logs.write("access.log", self.rnd.randint(1, 30))
+            self.step()
+
+        return at_contact
+
+    def write_padded(self, n: int) -> None:
+        """``n`` long lines: a log whose copy takes many blocks."""
+        with open(self.logs.path("access.log"), "a") as f:
+            for _ in range(n):
+                text, _ = self.logs.line()
+                f.write(text[:-1] + ', "pad": "' + "p" * 300 + '"}\n')
+
+
+def rotate_inside_reads(
+    logs: LogDir,
+    seed: int,
+    busy: float,
+    read: Callable[[random.Random], None],
+    settle: Callable[[], None] = lambda: None,
+) -> None:
+    """Three rotations whose steps land inside ``read``'s listings and opens; then asserts every line once.
+
+    ``read`` reads what is new (given the drawn numbers); it is called at drawn
+    points between the steps too, and once more after the rotations with the
+    files as they stay. ``settle`` runs before each rotation starts and at the end.
+    No ``InputLostWarning`` may be raised: nothing is written between a copy's
+    end and its truncation, so nothing is lost, and a report would be false.
+    """
+    from statekit import InputLostWarning
+
+    rnd = random.Random(seed)
+    rotate = SteppedLogrotate(logs, rnd)
+    at_contact = rotate.busy(busy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputLostWarning)
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            at_contact_points(monkeypatch, at_contact)
+            for _ in range(3):
+                rotate.write_padded(rnd.randint(50, 600))
+                read(rnd)
+                settle()
+                rotate.start()
+                while rotate.steps is not None:
+                    if rnd.random() < 0.5:
+                        read(rnd)
+                    else:
+                        at_contact()
+                read(rnd)
+        read(rnd)  # the files as they stay
+        settle()
+
+
+def assert_every_line_once(logs: LogDir, seqs: Counter[int]) -> None:
+    """Every line the files hold was read, none twice."""
+    held = lines_in_files(logs.dir)
+    twice = sorted(s for s, n in seqs.items() if n > 1)
+    assert not twice, f"{len(twice)} lines read twice, the first: {twice[:5]}"
+    unread = sorted(set(held) - set(seqs))
+    assert not unread, f"{len(unread)} lines in the files never read, the first: {unread[:5]}"
+
+
+def at_contact_points(monkeypatch: pytest.MonkeyPatch, at_contact: Callable[[], None]) -> None:
+    """``at_contact`` runs before a source looks at a listed file and before it opens one.
+
+    Those are the points where another process's rename, copy or truncation
+    lands between what the source saw and what it reads next.
+    """
+    import statekit.sources._files as files
+    import statekit.sources._locating as locating
+    import statekit.sources._logsource as logsource
+
+    listed, opened = files._listed, files.open_candidate
+
+    def _listed(*args: Any, **kwargs: Any) -> Any:
+        at_contact()
+        return listed(*args, **kwargs)
+
+    def open_candidate(*args: Any, **kwargs: Any) -> Any:
+        at_contact()
+        return opened(*args, **kwargs)
+
+    monkeypatch.setattr(files, "_listed", _listed)
+    for module in (files, locating, logsource):
+        if hasattr(module, "open_candidate"):
+            monkeypatch.setattr(module, "open_candidate", open_candidate)

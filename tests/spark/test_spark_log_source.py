@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import shutil
 import threading
 import time
 import tracemalloc
@@ -21,9 +23,21 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pyspark.sql import types as T
 
-from logfiles import LOGROTATE, CountAndSeq, CountPerUrl, LogDir, Logrotate, Writer, lines_in_files
+from logfiles import (
+    LOGROTATE,
+    CountAndSeq,
+    CountPerUrl,
+    LogDir,
+    Logrotate,
+    Writer,
+    assert_every_line_once,
+    lines_in_files,
+    rotate_inside_reads,
+)
 from statekit import InputLostWarning
 from statekit.errors import BadRecordError, SourceError
 from statekit.spark import keyed, read_logs
@@ -126,6 +140,30 @@ def test_a_file_gone_between_planning_and_reading_fails_under_on_lost_fail(tmp_p
     _, parts = plan(r, r.initialOffset())
     logs.move_away("access.log")
     with pytest.raises(SourceError, match="could not be found by inode or fingerprint"):
+        read_all(r, parts)
+
+
+def test_bytes_written_between_a_copy_and_its_truncation_are_reported_as_what_they_are(
+    tmp_path: Path,
+) -> None:
+    """Planned after copytruncate's copy, truncated before the task: lost by logrotate, and said so."""
+    logs = LogDir(tmp_path)
+    logs.write("access.log", 5)
+    r = reader(logs, onLost="fail")
+    offset, parts = plan(r, r.initialOffset())
+    assert len(read_all(r, parts)) == 5
+    shutil.copyfile(logs.path("access.log"), logs.path("access.log.1"))  # the copy
+    logs.write("access.log", 3)  # between the copy and the truncation
+    _, parts = plan(r, offset)
+    with open(logs.path("access.log"), "r+b") as f:
+        f.truncate(0)
+    copy_end = logs.path("access.log.1").stat().st_size
+    with pytest.raises(
+        SourceError,
+        match=rf"access\.log \(bytes {copy_end}-\d+, after line 5\) was truncated .* copy "
+        rf".*access\.log\.1 ends at byte {copy_end}, before this range: these bytes were written to it "
+        "after the copy was made",
+    ):
         read_all(r, parts)
 
 
@@ -507,6 +545,45 @@ def test_logrotate_copytruncate_planned_in_a_tight_loop_is_exact(tmp_path: Path)
     batch()
     held = lines_in_files(logs.dir)
     assert max(seqs.values()) == 1 and not set(held) - set(seqs)
+
+
+@settings(
+    max_examples=max(40, 2 * settings.default.max_examples),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(seed=st.integers(0, 2**32 - 1), busy=st.sampled_from([0.15, 0.4, 0.7]))
+def test_copytruncate_inside_planning_and_reading_reads_every_line_once(
+    tmp_path_factory: pytest.TempPathFactory, seed: int, busy: float
+) -> None:
+    """logrotate's steps inside the driver's listings and the tasks' opens (as test_log_rotation_races)."""
+    logs = LogDir(tmp_path_factory.mktemp("races"))
+    r = reader(logs)
+    offset = r.initialOffset()
+    planned: list[LogRange] = []
+    seqs: Counter[int] = Counter()
+
+    def task() -> None:
+        for b in r.read(planned.pop()):
+            seqs.update(b.column("seq").to_pylist())
+
+    def batch(rnd: random.Random) -> None:
+        """Plans a micro-batch, and reads ranges planned so far in a drawn order (tasks run late)."""
+        nonlocal offset
+        offset, parts = plan(r, offset)
+        assert "lost" not in offset, offset["lost"]
+        planned.extend(parts)
+        rnd.shuffle(planned)
+        while planned and rnd.random() < 0.7:
+            task()
+
+    def drain() -> None:
+        """A task late by a whole rotation would find its copy compressed: a true loss, not drawn."""
+        while planned:
+            task()
+
+    rotate_inside_reads(logs, seed, busy, batch, settle=drain)
+    assert_every_line_once(logs, seqs)
 
 
 def _bulk(logs: LogDir, writer: Writer, n: int) -> None:

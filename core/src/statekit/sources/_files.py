@@ -619,26 +619,57 @@ def is_copy(c: Candidate, head: bytes, original: Candidate, original_head: bytes
     truncated: the copy's bytes are the original's at the same offsets, and it
     is no longer than the original. Checked by the first bytes and by the
     last :data:`_TAIL` bytes of the copy against the original's at the same
-    offset, so a file that merely starts with the same header is no copy. If
-    the original was truncated in the meantime, its first bytes decide.
+    offset, so a file that merely starts with the same header is no copy. The
+    lengths compared are the files' lengths now, not the listing's: a listing
+    takes the original's length before the copy's, and the copy can pass that
+    length in between (the writer appending, the copy catching up). If the
+    original was truncated or rewritten in the meantime (its first bytes are
+    no longer ``original_head``), the first bytes decide.
 
     On a copy shorter than ``t``'s fingerprint, the fingerprint is cut to the
     copy's length: once the original is truncated, the copy is still recognised
     (:func:`find_prefix_copy`), also if it holds less than was read.
     """
-    if c.size > original.size or head != original_head[: len(head)]:
+    if head != original_head[: len(head)]:
         return False
-    if c.size > len(head):
-        n = min(_TAIL, c.size - len(head))
-        mine = _read_at(c, c.size - n, n)
-        if mine is None:
-            return False  # gone since the listing
-        theirs = _read_at(original, c.size - n, n)
-        if theirs is not None and theirs != mine:
+    # The copy's length first, then the original's: a copy being made never passes its original.
+    size = _length(c)
+    if size is None:
+        return False  # gone since the listing
+    now = _whole_length(original, original_head)
+    if now is not None:  # the original as it is now: the copy is no longer, and ends as it does there
+        if size > now:
             return False
+        if size > len(head):
+            n = min(_TAIL, size - len(head))
+            mine = _read_at(c, size - n, n)
+            if mine is None:
+                return False  # gone since
+            theirs = _read_at(original, size - n, n)  # None: truncated since, the first bytes decide
+            if theirs is not None and theirs != mine:
+                return False
     if len(head) < t.fp_len:
         t.fp_len, t.fp = len(head), fingerprint(head)
     return True
+
+
+def _length(c: Candidate) -> int | None:
+    """The length of ``c`` now; None if it is gone or another file has its path."""
+    f = open_candidate(c)
+    if f is None:
+        return None
+    with f:
+        return os.fstat(f.fileno()).st_size
+
+
+def _whole_length(c: Candidate, head: bytes) -> int | None:
+    """The length of ``c`` now if it still begins with ``head``; None if gone, truncated or rewritten."""
+    f = open_candidate(c)
+    if f is None:
+        return None
+    with f:
+        size = os.fstat(f.fileno()).st_size  # before the head: a truncation after it changes the head
+        return size if f.read(len(head)) == head else None
 
 
 def count_lines(c: Candidate, end: int) -> tuple[int, bool] | None:

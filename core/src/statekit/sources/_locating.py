@@ -38,8 +38,6 @@ from ._files import (
 
 __all__ = ["FileLocator", "InputLostWarning", "LostInput", "unreadable_at"]
 
-_LISTINGS = 3  # listings a scan takes at most before it decides a known file is gone
-
 _log = logging.getLogger("statekit.sources")
 
 
@@ -164,8 +162,19 @@ class FileLocator:
         return plan + _new_files(cands, claimed, owners)
 
     def _bind(self, tracked: list[Tracked], watches: Sequence[Watch]) -> _Binding:
-        """Lists the files and binds the known ones found whole or copied; lists again if some are missing."""
-        for _ in range(_LISTINGS):
+        """Lists the files and binds the known ones found whole or copied; lists again if some are missing.
+
+        A known file is taken as missing (gone, or truncated with no copy found) only from a
+        listing taken after it was first found missing. Its check reads the file after the
+        listing was taken, so it can fail on a truncation that came after the listing, which then
+        shows the copy half written or not yet made. logrotate truncates (and deletes a file it
+        compressed) only once the copy is complete, so a listing taken after the failure shows
+        where the content is, at its full length. Each file is first found missing once, so this
+        takes at most one listing more than there are known files; usually one, or two when a
+        file has gone.
+        """
+        missing_before: set[int] = set()  # known files found missing in an earlier listing
+        while True:
             cands = list_candidates(watches, follow_symlinks=self.follow_symlinks)
             by_inode = {(c.dev, c.ino): c for c in cands}
             claimed: set[tuple[int, int]] = set()
@@ -185,12 +194,10 @@ class FileLocator:
                 if c is not None:
                     bound[i] = copies[i] = c
                     claimed.add((c.dev, c.ino))
-            if len(bound) == len(tracked):
-                break
-            # A file changed or went after the listing was taken: logrotate truncates (and
-            # deletes a file it compressed) only once the copy is complete, so a listing taken
-            # now shows where its content is. List again before deciding it is gone.
-        return _Binding(cands, by_inode, claimed, bound, heads, copies)
+            missing = set(range(len(tracked))) - bound.keys()
+            if missing <= missing_before:
+                return _Binding(cands, by_inode, claimed, bound, heads, copies)
+            missing_before |= missing
 
     def _fully_read_copy(self, t: Tracked, p: Candidate) -> None:
         """Moves ``t`` to ``p``, a copy of its first bytes, as read to its end: ``t`` was read past its end.

@@ -79,6 +79,7 @@ from ..sources._files import (
     open_candidate,
     watches_for,
 )
+from ..sources._locating import InputLostWarning
 from ..sources._logsource import LogSource
 from ._input_lost import note_log_source
 from ._letter_tally import batch_job_id, tally_letters, watch_directory
@@ -623,18 +624,10 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         watches = self.options.watches()
         opened = _open_by_identity(t, watches, self.options.follow_symlinks, partition.start)
         if opened is None:
-            z = find_compressed(t, watches)
-            went = f"; its content is in {z.path}, and compressed files are not read" if z is not None else ""
             self._lost(
-                partition,
-                letters,
-                f"{t.path} (bytes {partition.start}-{t.offset}, after line {partition.start_line}) could "
-                "not be found by inode or fingerprint when its micro-batch ran: it was moved out of the "
-                f"watched files, deleted or compressed after the batch was planned{went}; its lines of this "
-                "range were not read",
-                partition.start,
-                partition.start_line,
-            )
+                partition, letters, _not_found(t, watches, self.options.follow_symlinks, partition),
+                partition.start, partition.start_line,
+            )  # fmt: skip
             return
         f, path, stop = opened
         key = self.options.key
@@ -698,7 +691,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """
         if self.options.on_lost == "fail":
             raise SourceError(f"input lost: {lost}")
-        warnings.warn(f"input lost: {lost}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"input lost: {lost}", InputLostWarning, stacklevel=3)
         if self.options.dead_letter_path is not None:
             letters.append(BadRecord("lost", lost, partition.entry[0], offset, line, ""))
         if letters:
@@ -824,6 +817,27 @@ def _open_by_identity(
             return f, c.path, t.offset
         f.close()
     return None
+
+
+def _not_found(t: Tracked, watches: Sequence[Watch], follow: bool, partition: LogRange) -> str:
+    """Why no file holds ``partition``'s range of ``t``, for the report of its loss."""
+    where = f"{t.path} (bytes {partition.start}-{t.offset}, after line {partition.start_line})"
+    copy = find_prefix_copy(t, list_candidates(watches, follow_symlinks=follow))
+    if copy is not None and copy.size <= partition.start:
+        # The bytes came after the copy's end: written between copytruncate's copy and its
+        # truncation, which logrotate loses (its manual says so); the plan saw them in between.
+        return (
+            f"{where} was truncated (as by logrotate's copytruncate) before its micro-batch ran, and its "
+            f"copy {copy.path} ends at byte {copy.size}, before this range: these bytes were written to it "
+            "after the copy was made and were truncated away with it; its lines of this range were not read"
+        )
+    z = find_compressed(t, watches)
+    went = f"; its content is in {z.path}, and compressed files are not read" if z is not None else ""
+    return (
+        f"{where} could not be found by inode or fingerprint when its micro-batch ran: it was moved out "
+        f"of the watched files, deleted or compressed after the batch was planned{went}; its lines of "
+        "this range were not read"
+    )
 
 
 def _stat(path: str, follow: bool) -> Candidate | None:
