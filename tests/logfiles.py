@@ -311,21 +311,30 @@ _COPY_BLOCK = 8192  # logrotate's sparse_copy reads and writes BUFSIZ bytes at a
 
 
 class SteppedLogrotate:
-    """logrotate 3.21 (rotate 1000, copytruncate, compress, delaycompress) over ``access.log``, step by step.
+    """logrotate 3.21 (rotate 1000, compress, delaycompress, and ``mode``) over ``access.log``, step by step.
 
     Its order: compress the previous rotation's ``.1`` (delaycompress) and
-    remove it, shift the ``.N.gz`` files up by one, create ``.1`` and copy the
-    log into it in 8 KiB writes, then truncate the log. :meth:`step` takes the
+    remove it, shift the ``.N.gz`` files up by one, then rotate the log. With
+    ``copytruncate``: create ``.1``, copy the log into it in 8 KiB writes,
+    truncate the log. With ``create`` (logrotate's default): rename the log to
+    ``.1``, create a new empty log, and the server reopens it (postrotate);
+    until then its lines go to ``.1``. Lines are written as a server does,
+    through one ``O_APPEND`` descriptor (:meth:`write`). :meth:`step` takes the
     next step of a rotation :meth:`start` began; :attr:`window` is true between
-    the copy's end and the truncation, where a line written is lost by
-    logrotate itself (as its manual says).
+    a copy's end and the truncation, where a line written is lost by logrotate
+    itself (as its manual says).
     """
 
-    def __init__(self, logs: LogDir, rnd: random.Random) -> None:
+    def __init__(self, logs: LogDir, rnd: random.Random, mode: str = "copytruncate") -> None:
         self.logs = logs
         self.rnd = rnd
+        self.mode = mode
         self.steps: Iterator[None] | None = None
         self.window = False
+        self.fd = os.open(logs.path("access.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def close(self) -> None:
+        os.close(self.fd)
 
     def start(self) -> None:
         self.steps = self._rotate()
@@ -333,6 +342,14 @@ class SteppedLogrotate:
     def step(self) -> None:
         if self.steps is not None and next(self.steps, "done") == "done":
             self.steps = None
+
+    def write(self, n: int, *, pad: int = 0) -> None:
+        """``n`` lines through the server's descriptor; ``pad`` bytes more each (a copy of many blocks)."""
+        for _ in range(n):
+            text, _ = self.logs.line()
+            if pad:
+                text = text[:-1] + ', "pad": "' + "p" * pad + '"}'
+            os.write(self.fd, (text + "\n").encode())
 
     def _rotate(self) -> Iterator[None]:
         d = self.logs.dir
@@ -350,6 +367,15 @@ class SteppedLogrotate:
         for n in sorted((int(p.name.split(".")[2]) for p in d.glob("access.log.*.gz")), reverse=True):
             os.rename(d / f"access.log.{n}.gz", d / f"access.log.{n + 1}.gz")
             yield
+        if self.mode == "create":
+            os.rename(d / "access.log", one)
+            yield
+            os.close(os.open(d / "access.log", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            yield
+            os.close(self.fd)  # postrotate: the server reopens its log
+            self.fd = os.open(d / "access.log", os.O_WRONLY | os.O_APPEND)
+            yield
+            return
         log = os.open(d / "access.log", os.O_RDWR)
         copy = os.open(one, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
@@ -374,17 +400,27 @@ class SteppedLogrotate:
             if self.rnd.random() >= busy:
                 return
             if not self.window and self.rnd.random() < 0.3:
-                self.logs.write("access.log", self.rnd.randint(1, 30))
+                self.write(self.rnd.randint(1, 30))
             self.step()
 
         return at_contact
 
-    def write_padded(self, n: int) -> None:
-        """``n`` long lines: a log whose copy takes many blocks."""
-        with open(self.logs.path("access.log"), "a") as f:
-            for _ in range(n):
-                text, _ = self.logs.line()
-                f.write(text[:-1] + ', "pad": "' + "p" * 300 + '"}\n')
+
+def drawn_rotations(test: Callable[..., None]) -> Callable[..., None]:
+    """``test`` run with drawn ``seed``, ``busy`` and ``mode`` for :func:`rotate_inside_reads` (40 in ci)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    drawn = given(
+        seed=st.integers(0, 2**32 - 1),
+        busy=st.sampled_from([0.15, 0.4, 0.7]),
+        mode=st.sampled_from(["copytruncate", "create"]),
+    )(test)
+    return settings(
+        max_examples=max(40, 2 * settings.default.max_examples),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )(drawn)
 
 
 def rotate_inside_reads(
@@ -393,8 +429,9 @@ def rotate_inside_reads(
     busy: float,
     read: Callable[[random.Random], None],
     settle: Callable[[], None] = lambda: None,
+    mode: str = "copytruncate",
 ) -> None:
-    """Three rotations whose steps land inside ``read``'s listings and opens; then asserts every line once.
+    """Three rotations (``mode``: ``copytruncate`` or ``create``) with steps inside ``read``'s file accesses.
 
     ``read`` reads what is new (given the drawn numbers); it is called at drawn
     points between the steps too, and once more after the rotations with the
@@ -405,14 +442,14 @@ def rotate_inside_reads(
     from statekit import InputLostWarning
 
     rnd = random.Random(seed)
-    rotate = SteppedLogrotate(logs, rnd)
+    rotate = SteppedLogrotate(logs, rnd, mode)
     at_contact = rotate.busy(busy)
     with warnings.catch_warnings():
         warnings.simplefilter("error", InputLostWarning)
         with pytest.MonkeyPatch.context() as monkeypatch:
             at_contact_points(monkeypatch, at_contact)
             for _ in range(3):
-                rotate.write_padded(rnd.randint(50, 600))
+                rotate.write(rnd.randint(50, 600), pad=300)
                 read(rnd)
                 settle()
                 rotate.start()
@@ -424,6 +461,7 @@ def rotate_inside_reads(
                 read(rnd)
         read(rnd)  # the files as they stay
         settle()
+    rotate.close()
 
 
 def assert_every_line_once(logs: LogDir, seqs: Counter[int]) -> None:

@@ -1,11 +1,12 @@
-"""logrotate's copytruncate run *inside* a LogSource's read: the interleavings a busy machine gives.
+"""logrotate run *inside* a LogSource's read: the interleavings a busy machine gives.
 
 The real ``logrotate`` tests (test_log_rotation.py) race a rotation against a
 reader and meet a bad interleaving only now and then, under load. Here
-logrotate's steps (:class:`~logfiles.SteppedLogrotate`: ``copytruncate``,
-``compress``, ``delaycompress``) run on real files at the source's own points
-of contact with the file system (:func:`~logfiles.at_contact_points`): before
-each file of a listing is looked at and before each file is opened. A drawn
+logrotate's steps (:class:`~logfiles.SteppedLogrotate`: ``copytruncate`` or
+``create``, with ``compress`` and ``delaycompress``) run on real files at the
+source's own points of contact with the file system
+(:func:`~logfiles.at_contact_points`): before each file of a listing is looked
+at and before each file is opened. A drawn
 number decides at each point whether the rotation takes its next step and
 whether lines are written. So a log can be truncated between the listing
 that saw it whole and the check that reads it, and a copy can grow past the
@@ -25,21 +26,14 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from logfiles import LogDir, assert_every_line_once, rotate_inside_reads
+from logfiles import LogDir, assert_every_line_once, drawn_rotations, rotate_inside_reads
 from statekit import LogSource
 
 
-@settings(
-    max_examples=max(40, 2 * settings.default.max_examples),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-@given(seed=st.integers(0, 2**32 - 1), busy=st.sampled_from([0.15, 0.4, 0.7]))
-def test_copytruncate_inside_the_reads_of_a_log_source_reads_every_line_once(
-    tmp_path_factory: pytest.TempPathFactory, seed: int, busy: float
+@drawn_rotations
+def test_rotations_inside_the_reads_of_a_log_source_read_every_line_once(
+    tmp_path_factory: pytest.TempPathFactory, seed: int, busy: float, mode: str
 ) -> None:
     logs = LogDir(tmp_path_factory.mktemp("races"))
     src = LogSource(str(logs.path("access.log")), parse=json.loads)
@@ -51,5 +45,5 @@ def test_copytruncate_inside_the_reads_of_a_log_source_reads_every_line_once(
         for record, position in src.read(position):  # noqa: B007 - the position after the last one
             seqs[record["seq"]] += 1
 
-    rotate_inside_reads(logs, seed, busy, read)
+    rotate_inside_reads(logs, seed, busy, read, mode=mode)
     assert_every_line_once(logs, seqs)

@@ -23,8 +23,6 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from pyspark.sql import types as T
 
 from logfiles import (
@@ -35,6 +33,7 @@ from logfiles import (
     Logrotate,
     Writer,
     assert_every_line_once,
+    drawn_rotations,
     lines_in_files,
     rotate_inside_reads,
 )
@@ -547,14 +546,9 @@ def test_logrotate_copytruncate_planned_in_a_tight_loop_is_exact(tmp_path: Path)
     assert max(seqs.values()) == 1 and not set(held) - set(seqs)
 
 
-@settings(
-    max_examples=max(40, 2 * settings.default.max_examples),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-@given(seed=st.integers(0, 2**32 - 1), busy=st.sampled_from([0.15, 0.4, 0.7]))
-def test_copytruncate_inside_planning_and_reading_reads_every_line_once(
-    tmp_path_factory: pytest.TempPathFactory, seed: int, busy: float
+@drawn_rotations
+def test_rotations_inside_planning_and_reading_read_every_line_once(
+    tmp_path_factory: pytest.TempPathFactory, seed: int, busy: float, mode: str
 ) -> None:
     """logrotate's steps inside the driver's listings and the tasks' opens (as test_log_rotation_races)."""
     logs = LogDir(tmp_path_factory.mktemp("races"))
@@ -582,7 +576,7 @@ def test_copytruncate_inside_planning_and_reading_reads_every_line_once(
         while planned:
             task()
 
-    rotate_inside_reads(logs, seed, busy, batch, settle=drain)
+    rotate_inside_reads(logs, seed, busy, batch, settle=drain, mode=mode)
     assert_every_line_once(logs, seqs)
 
 
