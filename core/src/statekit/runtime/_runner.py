@@ -188,14 +188,9 @@ def _drop_restored_position(source: SourceReader, job: str, restored_from: str |
         LOGGER.info(
             "statekit job %r: the input begins after %s (input_begins_after_savepoint=True), so the "
             "source position restored from it (%s) is dropped and the source is read from its start",
-            job, restored_from, _cut(repr(source.position)),
+            job, restored_from, repr(source.position)[:300],  # a LogSource's names every file
         )  # fmt: skip
     source.position = None
-
-
-def _cut(text: str, limit: int = 300) -> str:
-    """``text`` for a log line, cut to ``limit`` characters (a LogSource's position names every file)."""
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 def _parallelisms(conf: Configuration, parallelism: int | None) -> tuple[int, int]:

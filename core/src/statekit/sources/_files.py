@@ -633,43 +633,52 @@ def is_copy(c: Candidate, head: bytes, original: Candidate, original_head: bytes
     if head != original_head[: len(head)]:
         return False
     # The copy's length first, then the original's: a copy being made never passes its original.
-    size = _length(c)
-    if size is None:
+    end = _end_of(c, len(head))
+    if end is None:
         return False  # gone since the listing
-    now = _whole_length(original, original_head)
-    if now is not None:  # the original as it is now: the copy is no longer, and ends as it does there
-        if size > now:
-            return False
-        if size > len(head):
-            n = min(_TAIL, size - len(head))
-            mine = _read_at(c, size - n, n)
-            if mine is None:
-                return False  # gone since
-            theirs = _read_at(original, size - n, n)  # None: truncated since, the first bytes decide
-            if theirs is not None and theirs != mine:
-                return False
+    size, mine = end
+    whole = _whole_at(original, original_head, size - len(mine), len(mine))
+    if whole is not None:  # the original as it is now: the copy is no longer, and ends as it does there
+        now, theirs = whole
+        if size > now or (theirs is not None and theirs != mine):
+            return False  # (theirs None: truncated since, the first bytes decide)
     if len(head) < t.fp_len:
         t.fp_len, t.fp = len(head), fingerprint(head)
     return True
 
 
-def _length(c: Candidate) -> int | None:
-    """The length of ``c`` now; None if it is gone or another file has its path."""
+def _end_of(c: Candidate, head_len: int) -> tuple[int, bytes] | None:
+    """``c``'s length now and its last bytes after the first ``head_len`` (at most :data:`_TAIL`).
+
+    None if it is gone, replaced, or shorter by the time they are read.
+    """
     f = open_candidate(c)
     if f is None:
         return None
     with f:
-        return os.fstat(f.fileno()).st_size
+        size = os.fstat(f.fileno()).st_size
+        n = min(_TAIL, max(0, size - head_len))
+        f.seek(size - n)
+        data = f.read(n)
+    return (size, data) if len(data) == n else None
 
 
-def _whole_length(c: Candidate, head: bytes) -> int | None:
-    """The length of ``c`` now if it still begins with ``head``; None if gone, truncated or rewritten."""
+def _whole_at(c: Candidate, head: bytes, offset: int, n: int) -> tuple[int, bytes | None] | None:
+    """``c``'s length now and its ``n`` bytes at ``offset`` (None if shorter), if it begins with ``head``.
+
+    None if it is gone, truncated or rewritten: no longer beginning with ``head``.
+    The length is taken before the head is read, so a truncation after it shows in the head.
+    """
     f = open_candidate(c)
     if f is None:
         return None
     with f:
-        size = os.fstat(f.fileno()).st_size  # before the head: a truncation after it changes the head
-        return size if f.read(len(head)) == head else None
+        size = os.fstat(f.fileno()).st_size
+        if f.read(len(head)) != head:
+            return None
+        f.seek(offset)
+        data = f.read(n)
+    return size, data if len(data) == n else None
 
 
 def count_lines(c: Candidate, end: int) -> tuple[int, bool] | None:
