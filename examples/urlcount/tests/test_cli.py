@@ -24,6 +24,26 @@ def test_generate_appends_new_files(tmp_path, capsys):
     assert "wrote 1,000 lines in 2 files" in capsys.readouterr().out
 
 
+def test_generate_refuses_values_out_of_range_with_the_option_named(tmp_path, capsys):
+    for option, value, said in [
+        ("--malformed", "3", "from 0 to 1"),
+        ("--late", "-0.5", "from 0 to 1"),
+        ("--records", "-5", "must be 0 or more"),
+        ("--files", "0", "must be at least 1"),
+        ("--urls", "0", "must be at least 1"),
+        ("--first-file", "-1", "must be 0 or more"),
+    ]:
+        try:
+            main(["generate", "--out", str(tmp_path / "logs"), option, value])
+        except SystemExit as exc:
+            assert exc.code == 2
+        else:
+            raise AssertionError(f"{option} {value} was taken")
+        err = capsys.readouterr().err
+        assert f"argument {option}" in err and said in err and "Traceback" not in err
+    assert not (tmp_path / "logs").exists()
+
+
 def test_next_file_index_of_a_missing_or_foreign_directory(tmp_path):
     assert next_file_index(str(tmp_path / "nope")) == 0
     (tmp_path / "notes.txt").write_text("x")

@@ -57,14 +57,21 @@ def next_file_index(logs_dir: str) -> int:
 
 
 def _add_generate_options(p: argparse.ArgumentParser, *, records: int, files: int) -> None:
-    p.add_argument("--records", type=int, default=records, help=f"log lines to write (default {records:,})")
-    p.add_argument("--files", type=int, default=files, help=f"files to spread them over (default {files})")
-    p.add_argument("--urls", type=int, default=1000, help="distinct URLs (default 1000)")
     p.add_argument(
-        "--malformed", type=float, default=0.001, help="fraction of malformed lines (default 0.001)"
+        "--records", type=_non_negative, default=records, help=f"log lines to write (default {records:,})"
     )
     p.add_argument(
-        "--late", type=float, default=0.01, help="fraction of lines stamped 1-5 minutes late (default 0.01)"
+        "--files", type=_positive, default=files, help=f"files to spread them over (default {files})"
+    )
+    p.add_argument("--urls", type=_positive, default=1000, help="distinct URLs (default 1000)")
+    p.add_argument(
+        "--malformed", type=_fraction, default=0.001, help="fraction of malformed lines (default 0.001)"
+    )
+    p.add_argument(
+        "--late",
+        type=_fraction,
+        default=0.01,
+        help="fraction of lines stamped 1-5 minutes late (default 0.01)",
     )
     p.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
 
@@ -74,6 +81,20 @@ def _positive(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
     return n
+
+
+def _non_negative(text: str) -> int:
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {n}")
+    return n
+
+
+def _fraction(text: str) -> float:
+    x = float(text)
+    if not 0 <= x <= 1:
+        raise argparse.ArgumentTypeError(f"a fraction of the lines, from 0 to 1 (0.01 is 1 %), not {text}")
+    return x
 
 
 def _add_run_options(
@@ -137,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", default="logs", help="directory to write into (default ./logs)")
     g.add_argument(
         "--first-file",
-        type=int,
+        type=_non_negative,
         default=None,
         help="index of the first file (default: after the files already there, so new files are added)",
     )
