@@ -166,6 +166,30 @@ def test_bytes_written_between_a_copy_and_its_truncation_are_reported_as_what_th
         read_all(r, parts)
 
 
+def test_a_file_truncated_while_its_task_reads_it_is_finished_from_its_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """copytruncate between the task's open and its reads: the rest of the range comes from the copy."""
+    import statekit.spark._log_source as log_source
+
+    logs = LogDir(tmp_path)
+    logs.write("access.log", 60_000)  # over 2 MiB: read in more than one block
+    r = reader(logs, onLost="fail")
+    _, parts = plan(r, r.initialOffset())
+
+    class TruncatedMidway(log_source.LineReader):  # type: ignore[misc, name-defined]
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for i, piece in enumerate(super().__iter__()):
+                yield piece
+                if i == 0 and not logs.path("access.log.1").exists():
+                    logs.copytruncate("access.log", "access.log.1")
+
+    monkeypatch.setattr(log_source, "LineReader", TruncatedMidway)
+    seqs = Counter(s for p in parts for b in r.read(p) for s in b.column("seq").to_pylist())
+    assert logs.path("access.log").stat().st_size == 0  # it was truncated under the task
+    assert sorted(seqs) == list(range(1, 60_001)) and max(seqs.values()) == 1
+
+
 def test_a_partial_last_line_waits_for_its_newline_or_the_inactivity_time(tmp_path: Path) -> None:
     logs = LogDir(tmp_path)
     logs.write("access.log", 2)

@@ -634,37 +634,46 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         rows: list[Any] = []
         places: list[tuple[int, int, bytes]] = []
         lines = 0
-        with f:
-            reader = LineReader(f, partition.start, max_line=limit, end=stop, skipping=partition.skip)
-            for start, line, raw in _lines(reader, partition.start_line, tail=stop == t.offset):
-                lines += 1
-                if raw.__class__ is LongLine:
-                    assert isinstance(raw, LongLine)
-                    head = raw.head.decode("utf-8", "surrogateescape")
-                    policy.handle(BadRecord("too-long", raw.describe(limit), path, start, line, head))
-                    continue
-                assert isinstance(raw, bytes)
-                try:
-                    text = raw.decode()
-                    record = text if self.parse is None else self.parse(text)
-                except Exception as exc:  # noqa: BLE001 - invalid UTF-8, or any parse failure: a bad record
-                    stage = "decode" if isinstance(exc, UnicodeDecodeError) else "parse"
-                    policy.handle(BadRecord.from_line(stage, exc, path, start, line, raw))
-                    continue
-                if key is not None and _key_of(record, self.schema.names, key) is None:
-                    # Here the line's place is known; keyed() past the shuffle would know only the row.
-                    null = ValueError(f"null key in column {key!r}: every record needs a key")
-                    policy.handle(BadRecord.from_line("key", null, path, start, line, raw))
-                    continue
-                rows.append(record)
-                places.append((start, line, raw))
-                if len(rows) >= _ROWS_PER_BATCH:
-                    yield from _to_arrow(rows, places, arrow_schema, policy, path)
-                    rows, places = [], []
-            if reader.pos < stop:
+        pos, first, skip = partition.start, partition.start_line, partition.skip
+        while True:
+            line = first
+            with f:
+                reader = LineReader(f, pos, max_line=limit, end=stop, skipping=skip)
+                for start, line, raw in _lines(reader, first, tail=stop == t.offset, end=stop):
+                    lines += 1
+                    if raw.__class__ is LongLine:
+                        assert isinstance(raw, LongLine)
+                        head = raw.head.decode("utf-8", "surrogateescape")
+                        policy.handle(BadRecord("too-long", raw.describe(limit), path, start, line, head))
+                        continue
+                    assert isinstance(raw, bytes)
+                    try:
+                        text = raw.decode()
+                        record = text if self.parse is None else self.parse(text)
+                    except Exception as exc:  # noqa: BLE001 - invalid UTF-8, or any parse failure: a bad record
+                        stage = "decode" if isinstance(exc, UnicodeDecodeError) else "parse"
+                        policy.handle(BadRecord.from_line(stage, exc, path, start, line, raw))
+                        continue
+                    if key is not None and _key_of(record, self.schema.names, key) is None:
+                        # Here the line's place is known; keyed() past the shuffle would know only the row.
+                        null = ValueError(f"null key in column {key!r}: every record needs a key")
+                        policy.handle(BadRecord.from_line("key", null, path, start, line, raw))
+                        continue
+                    rows.append(record)
+                    places.append((start, line, raw))
+                    if len(rows) >= _ROWS_PER_BATCH:
+                        yield from _to_arrow(rows, places, arrow_schema, policy, path)
+                        rows, places = [], []
+            if reader.pos >= stop:
+                break
+            # Truncated while this task read it (copytruncate): its copy holds the rest of the range.
+            pos, first, skip = reader.offset, line, reader.skipping
+            again = _open_by_identity(t, watches, self.options.follow_symlinks, pos)
+            if again is None or again[1] == path:
                 raise SourceError(
                     f"{path}: ended at byte {reader.pos}, before byte {stop} its micro-batch reads"
                 )
+            f, path, stop = again
         if rows:
             yield from _to_arrow(rows, places, arrow_schema, policy, path)
         policy.check_ratio(lines)
@@ -854,11 +863,14 @@ def _stat(path: str, follow: bool) -> Candidate | None:
     return Candidate(path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, link)
 
 
-def _lines(reader: LineReader, line: int, *, tail: bool) -> Iterator[tuple[int, int, bytes | LongLine]]:
+def _lines(
+    reader: LineReader, line: int, *, tail: bool, end: int
+) -> Iterator[tuple[int, int, bytes | LongLine]]:
     """``(offset, line number, bytes without newline)`` of each line ``reader`` reads, or a :class:`LongLine`.
 
     With ``tail``, a last piece without a newline is a line: the range ends
-    there only when the file's last line was taken without one.
+    there only when the file's last line was taken without one, at ``end``
+    (a file that ended before it was truncated meanwhile: its piece is not a line).
     """
     for piece in reader:
         if piece.__class__ is LongLine:
@@ -871,7 +883,7 @@ def _lines(reader: LineReader, line: int, *, tail: bool) -> Iterator[tuple[int, 
             line += 1
             yield start, line, raw
             start += len(raw) + 1
-    if tail and reader.tail:
+    if tail and reader.tail and reader.pos >= end:
         yield reader.offset, line + 1, reader.tail
 
 
