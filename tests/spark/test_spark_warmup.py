@@ -138,3 +138,72 @@ def test_a_worker_under_statekit_s_daemon_collects_the_young_generations_after_a
     assert {r["collector"] for r in rows} == {"_YoungCollections"}
     assert not any(r["full"] for r in rows)
     assert all(r["gc_names"] for r in rows)  # the rest of the gc module is gc's own
+
+
+def test_a_query_that_ends_before_its_warm_up_waits_for_it(
+    session: Any, tmp_path: Any, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``availableNow`` query with nothing to read ends first; its end waits for the warm-up's job.
+
+    Both cores are held by a job whose tasks wait for a file, so the warm-up's
+    tasks wait too. Without the wait, the application's stop that follows kills
+    the warm-up's workers mid-task (Spark logs "Python worker exited
+    unexpectedly (crashed)").
+    """
+    from sparkutil import OUTPUT, stream_of
+
+    from jobs import CountUrls
+    from statekit.spark import _warmup, keyed
+
+    monkeypatch.setattr(_warmup, "_warmed", set())
+    sc = session.sparkContext
+    release, started = tmp_path / "release", tmp_path / "started"
+    started.mkdir()
+
+    def hold(i: int) -> int:
+        import os
+        import time
+
+        open(os.path.join(str(started), str(i)), "w").close()
+        while not os.path.exists(str(release)):
+            time.sleep(0.05)
+        return i
+
+    slots = sc.defaultParallelism
+    holder = threading.Thread(target=lambda: sc.parallelize(range(slots), slots).map(hold).collect())
+    holder.start()
+    try:
+        wait_until(lambda: len(os.listdir(started)) == slots, "the holding job's tasks to start")
+        session.conf.set("spark.statekit.checkpoints.dir", str(tmp_path / "statekit"))
+        (tmp_path / "in").mkdir()
+        query = (
+            keyed(stream_of(session, tmp_path / "in"), "url")
+            .process(CountUrls, OUTPUT, job_id=job_id)
+            .write_files(str(tmp_path / "out"))
+            .start(checkpoint_location=str(tmp_path / "cp"), trigger={"availableNow": True})
+        )
+        assert isinstance(query, _warmup.QueryAfterWarmUp)
+        returned = threading.Event()
+        waiter = threading.Thread(target=lambda: (query.awaitTermination(), returned.set()))
+        waiter.start()
+        wait_until(lambda: not query.isActive, "the query over an empty folder to end")
+        # The query has ended; its warm-up cannot have (its tasks wait for the cores).
+        assert not returned.wait(1.0), "awaitTermination returned while the warm-up's job was waiting"
+        assert query._warm_up.is_alive()
+    finally:
+        release.touch()
+        holder.join(timeout=600)
+    assert returned.wait(600), "awaitTermination did not return once the warm-up could run"
+    waiter.join(timeout=60)
+    assert not query._warm_up.is_alive()
+    assert list(sc.statusTracker().getActiveJobsIds()) == []  # nothing left for a stop to kill
+
+
+def wait_until(condition: Any, what: str, timeout: float = 300) -> None:
+    """Wait for ``condition()`` to hold (a generous bound: the machine may be busy)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)

@@ -42,6 +42,7 @@ from ._upgrade import (
     prepare_location,
     streaming_sources,
 )
+from ._warmup import QueryAfterWarmUp, settle
 
 __all__ = ["KeyedDataFrame", "ProcessedStream", "keyed"]
 
@@ -329,6 +330,8 @@ class ProcessedStream:
         writer = self._writer(streamed, on_micro_batch, checkpoint_location, trigger, query_name)
         with aqe_off_for_the_query(spec.df.sparkSession):  # the query's clone of the session keeps it
             query: StreamingQuery = writer.start()
+        if driver.warm_up is not None:
+            query = QueryAfterWarmUp(query, driver.warm_up, spec.job_id)  # its end waits for the warm-up
         query_ids.append(str(query.id))
         started.set()
         driver.savepoints.watch(query)  # savepoint requests of an idle query, answered at once
@@ -559,3 +562,4 @@ class ProcessedStream:
             return driver.process_batch(spec.df, batch_id, STATIC_QUERY, end_of_input=end_of_input)
         finally:
             driver.fence.end()  # a static run ends here; a streaming one runs until killed
+            settle(driver.warm_up, spec.job_id)  # the application's stop, next, would kill its workers

@@ -203,7 +203,8 @@ class MicroBatchDriver:
         self.session = session
         self.registry = default_registry()
         self.config = conf = _configuration(spec, session, self.registry)
-        start_warm_up(session, conf, spec.job_id)  # the workers start while the rest of this runs
+        # The workers start while the rest of this runs; the query's end waits for it (settle).
+        self.warm_up = start_warm_up(session, conf, spec.job_id)
         function = _made_function(spec)
         self.vectorized = isinstance(function, KeyedBatchFunction)
         self.columns = isinstance(function, KeyedColumnsFunction)

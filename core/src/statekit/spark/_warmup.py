@@ -21,9 +21,19 @@ The warm-up touches no state and no output: a warm-up that fails (a plugin
 missing on an executor, the application stopping) changes nothing but the
 first batch's speed. Its error goes to the ``statekit.spark`` logger at
 WARNING, naming the job; the first batch's tasks meet the same cause with
-their own error. Off with ``statekit.spark.warm-up=false``; never from a Spark
-Connect client (its driver has no SparkContext; the server's workers start
-with the first batch).
+their own error.
+
+A query that ends before its warm-up does (an ``availableNow`` query with
+nothing to read ends in well under a second) waits for it when it ends: the
+query ``start()`` returns does so in ``awaitTermination`` and ``stop``, and a
+static ``run()`` before it returns. Otherwise the application's stop, which
+usually follows, kills workers in the middle of the warm-up's task, and Spark
+logs each as an executor's ERROR ("Python worker exited unexpectedly
+(crashed)"): true of the warm-up, but read as a crash of the job.
+
+Off with ``statekit.spark.warm-up=false``; never from a Spark Connect client
+(its driver has no SparkContext; the server's workers start with the first
+batch).
 """
 
 from __future__ import annotations
@@ -36,11 +46,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
 
 from ..plugins._config import Configuration
 from ._sparkconf import app_setting, is_connect
 
-__all__ = ["start_warm_up", "warm_up"]
+__all__ = ["SETTLE_SECONDS", "QueryAfterWarmUp", "settle", "start_warm_up", "warm_up"]
 
 _log = logging.getLogger("statekit.spark")
 
@@ -50,6 +61,10 @@ _RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt): ")
 #: The applications whose workers a warm-up was started for (their ids).
 _warmed: set[str] = set()
 _lock = threading.Lock()
+
+#: How long a query's end waits for its warm-up: a warm-up takes seconds; one that is stuck (an
+#: executor lost) is not waited for longer, and its job ends with the application.
+SETTLE_SECONDS = 120.0
 
 
 def start_warm_up(session: SparkSession, config: Configuration, job_id: str) -> threading.Thread | None:
@@ -110,6 +125,58 @@ def _run(session: SparkSession, job_id: str, backend: str, storage: str) -> None
             job_id,
             _cause(e),
         )
+
+
+def settle(thread: threading.Thread | None, job_id: str, timeout: float = SETTLE_SECONDS) -> None:
+    """Wait for the warm-up ``thread`` (None: none was started) to end, at most ``timeout`` seconds.
+
+    Called where a query or a static run ends, so that stopping the application
+    next does not kill the workers in the middle of the warm-up's task. A
+    warm-up still running after ``timeout`` is said at WARNING and left.
+    """
+    if thread is None or not thread.is_alive():
+        return
+    thread.join(timeout)
+    if thread.is_alive():
+        _log.warning(
+            "statekit job %r: the query ended, and its job starting the Python workers has run for more "
+            "than %.0f s since; not waiting longer. Stopping the application ends that job (Spark then "
+            "reports its workers as crashed); it touches no state and no output",
+            job_id,
+            timeout,
+        )
+
+
+class QueryAfterWarmUp(StreamingQuery):
+    """A streaming query that, when it ends, waits for the Python workers' warm-up it started.
+
+    The query ``ProcessedStream.start()`` returns, where a warm-up was started:
+    ``awaitTermination`` (once the query has ended, also by an error) and
+    ``stop`` wait for the warm-up (see :func:`settle`). Everything else is
+    Spark's ``StreamingQuery``.
+    """
+
+    def __init__(self, query: StreamingQuery, warm_up: threading.Thread, job_id: str) -> None:
+        """``query``, whose end waits for ``warm_up``, the warm-up of job ``job_id``."""
+        super().__init__(query._jsq)
+        self._warm_up = warm_up
+        self._job_id = job_id
+
+    def awaitTermination(self, timeout: int | None = None) -> bool | None:
+        """Spark's ``awaitTermination``; once the query has ended, the warm-up's end too."""
+        try:
+            ended = super().awaitTermination(timeout)
+        except Exception:  # the query failed: it has ended (an interrupt does not wait)
+            settle(self._warm_up, self._job_id)
+            raise
+        if ended is not False:
+            settle(self._warm_up, self._job_id)
+        return ended
+
+    def stop(self) -> None:
+        """Spark's ``stop``, then the warm-up's end."""
+        super().stop()
+        settle(self._warm_up, self._job_id)
 
 
 def _cause(e: Exception) -> str:
