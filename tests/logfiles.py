@@ -307,6 +307,21 @@ class Logrotate:
         return subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def rotated_away_unseen(logs: LogDir, rotate: Logrotate, n: int, *, counted: bool = True) -> tuple[Path, int]:
+    """``n`` lines into an empty ``access.log``, rotated twice (``delaycompress``; 10 lines between).
+
+    The ``n`` lines end up only in ``access.log.2.gz``, the 10 in
+    ``access.log.1``. Returns the ``.gz`` and its decompressed length.
+    """
+    logs.write("access.log", n, counted=counted)
+    rotate.rotate()
+    logs.write("access.log", 10)
+    rotate.rotate()
+    gz = logs.path("access.log.2.gz")
+    with gzip.open(gz, "rb") as z:
+        return gz, len(z.read())
+
+
 _COPY_BLOCK = 8192  # logrotate's sparse_copy reads and writes BUFSIZ bytes at a time
 
 

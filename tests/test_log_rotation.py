@@ -29,7 +29,16 @@ from typing import Any
 
 import pytest
 
-from logfiles import LOGROTATE, CountJob, LogDir, Logrotate, SeqJob, Writer, lines_in_files
+from logfiles import (
+    LOGROTATE,
+    CountJob,
+    LogDir,
+    Logrotate,
+    SeqJob,
+    Writer,
+    lines_in_files,
+    rotated_away_unseen,
+)
 from statekit import BadRecord, InputLostWarning, LocalRunner, LogSource
 from statekit.errors import BadRecordError, SourceError
 from statekit.sources import LONG_LINE_HEAD, POSITION_TAG
@@ -505,7 +514,7 @@ def test_a_long_line_is_a_bad_record_cut_short_in_bounded_memory(logs: LogDir) -
     assert (bad.file, bad.offset, bad.line) == (str(logs.path("a.log")), start, 4)
     assert bad.raw.encode() == big[:LONG_LINE_HEAD]  # its first 64 KiB
     assert f"a line of {len(big)} bytes, more than statekit.source.max-line-bytes={limit}" in bad.error
-    assert out[3][1][3:] == [start + len(big) + 1, 4]  # the position is past it
+    assert out[3][1][3:5] == [start + len(big) + 1, 4]  # the position is past it
     # The line is never held: a block or two, and at most the limit of an unfinished line.
     assert peak < limit + (3 << 20) < len(big)
 
@@ -759,6 +768,66 @@ def test_logrotate_compress_reports_only_what_was_not_read(logs: LogDir, job: Co
     ):
         job.run()
     assert job.exact()
+
+
+@pytest.mark.skipif(LOGROTATE is None, reason="logrotate is not installed (apt-get install logrotate)")
+def test_lines_written_rotated_and_compressed_between_two_reads_are_reported(
+    logs: LogDir, job: CountJob
+) -> None:
+    """The log's new generation, empty at a read, filled, rotated and compressed before the next: reported.
+
+    copytruncate, compress, delaycompress, two rotations between two reads:
+    the 40 lines written between them are only in ``access.log.2.gz``.
+    """
+    rotate = Logrotate(logs, "copytruncate", "compress", "delaycompress")
+    logs.write("access.log", 300)
+    run_quiet(job)
+    rotate.rotate()
+    run_quiet(job)  # the copy is known; the truncated log is empty, so not tracked
+    gz, held = rotated_away_unseen(logs, rotate, 40, counted=False)
+    with pytest.warns(InputLostWarning) as caught:
+        job.run()
+    (lost,) = [str(w.message) for w in caught if w.category is InputLostWarning]
+    assert lost.startswith(f"input lost: {gz} appeared, compressed, since the source last looked, and "), lost
+    assert lost.endswith(f"; bytes 0-{held} ({held} bytes) were not read"), lost
+    assert job.exact()  # the 10 lines of the last generation were read; the 300 are in .3.gz, known
+    logs.write("access.log", 5)
+    run_quiet(job)  # said once: the position now knows it
+    assert job.exact()
+
+
+def test_compressed_files_new_since_the_position_are_looked_into_and_an_old_position_starts_afresh(
+    logs: LogDir,
+) -> None:
+    """Archives there before the first read are no loss; a new one is, unless it holds a file read."""
+    logs.write("access.log", 20)
+    logs.write("old.log", 5)
+    logs.compress("old.log")  # an archive older than the source
+    src = LogSource(logs.dir, parse=json.loads)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputLostWarning)
+        out = list(src.read(None))
+    position = out[-1][1]
+    assert position[0] == POSITION_TAG and len(position) == 6
+    assert len(position[5]) == 1  # old.log.gz, as listed
+    logs.write("other.log", 7)
+    logs.compress("other.log")  # never read
+    logs.write("access.log", 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputLostWarning)
+        assert len(list(src.read(position[:5]))) == 3  # an older statekit's position: nothing to compare
+    with pytest.warns(InputLostWarning, match=r"other\.log\.gz appeared, compressed"):
+        assert len(list(src.read(position))) == 3
+    assert [x.path for x in src.lost] == [str(logs.path("other.log.gz"))]
+    with pytest.raises(SourceError, match=r"input lost: .*other\.log\.gz appeared"):
+        list(LogSource(logs.dir, parse=json.loads, on_lost="fail").read(position))
+    # A copy of a file the source has read, compressed, is no loss.
+    logs.path("other.log.gz").unlink()
+    (logs.dir / "access.log.1").write_bytes(logs.path("access.log").read_bytes())
+    logs.compress("access.log.1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputLostWarning)
+        assert len(list(src.read(position))) == 3
 
 
 def test_a_file_truncated_below_the_offset_to_a_non_zero_length_names_the_bytes_read_twice(

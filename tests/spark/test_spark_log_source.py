@@ -17,6 +17,7 @@ import shutil
 import threading
 import time
 import tracemalloc
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from logfiles import (
     drawn_rotations,
     lines_in_files,
     rotate_inside_reads,
+    rotated_away_unseen,
 )
 from statekit import InputLostWarning
 from statekit.errors import BadRecordError, SourceError
@@ -533,6 +535,41 @@ def test_spark_lost_input_names_what_was_never_planned_and_where_it_went(tmp_pat
     logs.write("access.log", 1)
     end, _ = plan(r, end)
     assert "lost" not in end  # planned to its end: its range's task reported what it could not read
+
+
+@needs_logrotate
+def test_lines_rotated_and_compressed_between_two_plans_are_reported_once(tmp_path: Path) -> None:
+    """The log's new generation, empty at a plan, filled, rotated and compressed before the next: named.
+
+    The offset keeps the compressed files its plan listed (``gz``): the next
+    plan looks into those new since; one whose content is no file the source
+    has planned is reported, once; an offset without the list (an older
+    statekit's) starts the list afresh.
+    """
+    logs = LogDir(tmp_path)
+    rotate = Logrotate(logs, "copytruncate", "compress", "delaycompress")
+    logs.write("access.log", 300)
+    r = reader(logs)
+    end, urls = plan_and_read(r, r.initialOffset())
+    assert len(urls) == 300 and end["gz"] == []
+    rotate.rotate()
+    assert plan(r, end)[0] == end  # the copy is known, the truncated log empty: nothing to plan
+    gz, held = rotated_away_unseen(logs, rotate, 40)  # never planned: rotated and compressed in between
+    older = {k: v for k, v in end.items() if k != "gz"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputLostWarning)
+        plan(reader(logs), older)  # an older statekit's offset: no listing to compare with
+    with pytest.warns(InputLostWarning, match=r"access\.log\.2\.gz appeared, compressed"):
+        end, urls = plan_and_read(r, end)
+    assert len(urls) == 10
+    (lost,) = end["lost"]
+    assert lost.startswith(f"{gz} appeared, compressed, since the source last looked"), lost
+    assert lost.endswith(f"bytes 0-{held} ({held} bytes) were not read"), lost
+    logs.write("access.log", 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputLostWarning)
+        end, urls = plan_and_read(reader(logs), end)  # a restarted query: its offset knows it
+    assert len(urls) == 3 and "lost" not in end
 
 
 @needs_logrotate

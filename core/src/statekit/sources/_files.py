@@ -49,7 +49,7 @@ import os
 import stat
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from .._errors import SourceError
 
@@ -62,13 +62,18 @@ __all__ = [
     "PARTIAL_END",
     "Candidate",
     "CompressedCopy",
+    "CompressedFile",
     "LineReader",
     "LongLine",
     "Tracked",
     "UnreadableFileError",
     "Watch",
     "check_watches",
+    "compressed_head",
+    "compressed_identities",
     "count_lines",
+    "decompressed_length",
+    "decompressible",
     "find_compressed",
     "find_copy",
     "find_prefix_copy",
@@ -77,6 +82,7 @@ __all__ = [
     "holds",
     "is_copy",
     "list_candidates",
+    "list_compressed",
     "matched_head",
     "matches",
     "open_candidate",
@@ -95,6 +101,8 @@ MAX_LINE_BYTES = 4 << 20
 
 #: Bytes of a longer line kept in its dead letter (fewer if the limit is lower).
 LONG_LINE_HEAD = 64 << 10
+
+_T = TypeVar("_T")
 
 _BLOCK = 1 << 20  # bytes read at once
 _TAIL = 4096  # bytes at a copy's end compared with its original's at the same offset
@@ -723,32 +731,134 @@ def find_compressed(t: Tracked, watches: Sequence[Watch]) -> CompressedCopy | No
         except OSError:
             continue
         for name in names:
-            opener = _OPENERS.get(os.path.splitext(name)[1])
-            if opener is None or name.startswith(".") or not name.startswith(w.prefix):
+            if not decompressible(name) or name.startswith(".") or not name.startswith(w.prefix):
                 continue
-            size = _decompressed_size(os.path.join(w.directory, name), opener, t)
+            size = _decompressed_size(os.path.join(w.directory, name), t)
             if size is not None:
                 return CompressedCopy(os.path.join(w.directory, name), size)
     return None
 
 
-def _decompressed_size(path: str, opener: Callable[[IO[bytes]], Any], t: Tracked) -> int | None:
+@dataclass(frozen=True, slots=True)
+class CompressedFile:
+    """A compressed file among the watched ones (a name of a watch's, with a compressed suffix), as listed.
+
+    ``identity`` tells it from any other: a rename (logrotate's ``.2.gz`` to
+    ``.3.gz``) keeps it; a new file made on the inode of one deleted (which
+    ext4 hands out again at once) has another modification time.
+    """
+
+    path: str
+    dev: int
+    ino: int
+    mtime_ns: int
+
+    @property
+    def identity(self) -> tuple[int, int, int]:
+        """Device, inode and modification time (ns)."""
+        return (self.dev, self.ino, self.mtime_ns)
+
+
+def list_compressed(watches: Sequence[Watch]) -> list[CompressedFile]:
+    """The compressed files in the watched directories whose names start with a watch's prefix, by path.
+
+    Symlinks and what is not a regular file are left out (logrotate writes
+    neither), as is a name that starts with a dot.
+    """
+    found: dict[str, CompressedFile] = {}
+    for w in watches:
+        try:
+            names = os.listdir(w.directory)
+        except OSError:
+            continue  # unreadable: the listing of the files to read says why
+        for name in names:
+            if (
+                name.startswith(".")
+                or not name.startswith(w.prefix)
+                or not name.endswith(COMPRESSED_SUFFIXES)
+            ):
+                continue
+            path = os.path.join(w.directory, name)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue  # removed since the listing
+            if stat.S_ISREG(st.st_mode):
+                found[path] = CompressedFile(path, st.st_dev, st.st_ino, st.st_mtime_ns)
+    return [found[p] for p in sorted(found)]
+
+
+def compressed_identities(data: Any) -> set[tuple[int, int, int]]:
+    """The identities of a position's list of compressed files (``[[dev, ino, mtime_ns], ...]``).
+
+    Raises:
+        ValueError: If ``data`` is not of that form.
+    """
+    if not isinstance(data, list):
+        raise ValueError(f"not a list of compressed files: {str(data)[:200]}")
+    out: set[tuple[int, int, int]] = set()
+    for e in data:
+        if not (isinstance(e, list) and len(e) == 3 and all(type(x) is int for x in e)):
+            raise ValueError(f"not a compressed file's identity: {e!r}")
+        out.add((e[0], e[1], e[2]))
+    return out
+
+
+def decompressible(path: str) -> bool:
+    """Whether ``path``'s compression is one the standard library reads (``.gz``, ``.bz2``, ``.xz``)."""
+    return os.path.splitext(path)[1] in _OPENERS
+
+
+def compressed_head(path: str, n: int) -> bytes | None:
+    """The first ``n`` bytes of ``path`` decompressed (fewer if it holds fewer).
+
+    None for a format the standard library does not read (``.zst``, ``.zip``,
+    ``.lz4``, ``.Z``), a file gone or replaced by what is not a regular file,
+    and one damaged or still being written.
+    """
+    head: bytes | None = _decompressing(path, lambda z: z.read(n))
+    return head
+
+
+def decompressed_length(path: str) -> int | None:
+    """How many bytes ``path`` holds decompressed (a stream: memory bounded by a block); None as above."""
+    return _decompressing(path, _length_of_rest)
+
+
+def _decompressed_size(path: str, t: Tracked) -> int | None:
     """The decompressed length of ``path`` if its first bytes carry ``t``'s fingerprint, else None."""
+
+    def size(z: Any) -> int | None:
+        head = z.read(t.fp_len)
+        if len(head) != t.fp_len or fingerprint(head) != t.fp:
+            return None
+        return len(head) + _length_of_rest(z)
+
+    return _decompressing(path, size)
+
+
+def _decompressing(path: str, read: Callable[[Any], _T]) -> _T | None:
+    """``read`` of ``path``'s decompressed stream; None where :func:`compressed_head` says."""
+    opener = _OPENERS.get(os.path.splitext(path)[1])
+    if opener is None:
+        return None
     try:
         raw = open_regular(path)
     except (OSError, SourceError):
         return None  # gone, a symlink, or not a regular file: not where logrotate put the content
     try:
         with raw, opener(raw) as z:
-            head = z.read(t.fp_len)
-            if len(head) != t.fp_len or fingerprint(head) != t.fp:
-                return None
-            size = len(head)
-            while block := z.read(_BLOCK):
-                size += len(block)
-            return size
+            return read(z)
     except (OSError, EOFError, lzma.LZMAError, ValueError):
         return None  # damaged, or still being written
+
+
+def _length_of_rest(z: Any) -> int:
+    """The bytes left in the stream ``z``, read a block at a time."""
+    size = 0
+    while block := z.read(_BLOCK):
+        size += len(block)
+    return size
 
 
 # --- reading lines ------------------------------------------------------------------------

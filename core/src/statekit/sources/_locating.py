@@ -24,7 +24,10 @@ from ._files import (
     UnreadableFileError,
     Watch,
     check_watches,
+    compressed_head,
     count_lines,
+    decompressed_length,
+    decompressible,
     find_compressed,
     find_copy,
     find_prefix_copy,
@@ -32,6 +35,7 @@ from ._files import (
     head_of,
     is_copy,
     list_candidates,
+    list_compressed,
     matched_head,
     watches_for,
 )
@@ -58,7 +62,8 @@ class LostInput:
             ``offset`` to ``end``); None when the source cannot know whether
             anything was written after ``offset``.
         progress: How the source got to ``offset``: ``read to``, or
-            ``planned to`` (Spark's driver, which plans ranges that tasks read).
+            ``planned to`` (Spark's driver, which plans ranges that tasks read);
+            empty for a file the source never had (nothing of it was read).
     """
 
     path: str
@@ -74,7 +79,8 @@ class LostInput:
             unread = f"bytes {self.offset}-{self.end} ({self.end - self.offset} bytes) were not read"
         else:
             unread = "lines written to it after that point, if any, were not read"
-        return f"{self.path} ({self.progress} byte {self.offset}{line}) {self.reason}; {unread}"
+        where = f" ({self.progress} byte {self.offset}{line})" if self.progress else ""
+        return f"{self.path}{where} {self.reason}; {unread}"
 
 
 class FileLocator:
@@ -90,6 +96,11 @@ class FileLocator:
     on_lost: str
     lost: list[LostInput]
     _progress = "read to"  # how LostInput describes the offset; the Spark driver's plans
+    #: The compressed files (:attr:`CompressedFile.identity`) the last scan of the position listed;
+    #: None where not known (no position yet, or one of a statekit before it kept them).
+    compressed_seen: set[tuple[int, int, int]] | None = None
+    #: What this scan listed, for the next position.
+    compressed_now: list[tuple[int, int, int]]
 
     def watches(self) -> list[Watch]:
         """What the source watches, from its paths and pattern."""
@@ -128,6 +139,8 @@ class FileLocator:
         """
         watches = self.watches()
         check_watches(watches, tracked)
+        known = {(t.fp_len, t.fp) for t in tracked}  # what the source has read: the heads it saw
+        explained: set[str] = set()  # compressed files found to hold a known file's content
         cands, by_inode, claimed, bound, heads, copies = self._bind(tracked, watches)
         for i, c in copies.items():
             t = tracked[i]
@@ -148,7 +161,9 @@ class FileLocator:
                 bound[i] = p
                 claimed.add((p.dev, p.ino))
                 continue
-            self._gone(t, by_inode.get((t.dev, t.ino)), watches)
+            z = self._gone(t, by_inode.get((t.dev, t.ino)), watches)
+            if z is not None:
+                explained.add(z)
         plan: list[tuple[Tracked, Candidate]] = []
         for i, t in enumerate(tracked):
             found = bound.get(i)
@@ -159,7 +174,51 @@ class FileLocator:
         # original, which is then already here to compare it with (the original and its copy can
         # both be new: a job that starts between copytruncate's copy and its truncation).
         owners = [(bound[i], head, tracked[i]) for i, head in heads.items() if head is not None]
-        return plan + _new_files(cands, claimed, owners)
+        new = _new_files(cands, claimed, owners)
+        known.update((t.fp_len, t.fp) for t, _ in new)
+        self._compressed_unseen(watches, known, explained)
+        return plan + new
+
+    def _compressed_unseen(
+        self, watches: Sequence[Watch], known: set[tuple[int, str]], explained: set[str]
+    ) -> None:
+        """Reports a compressed file new since the position whose content is no file the source has had.
+
+        Its lines were written, rotated and compressed between two scans (the
+        log's new generation was empty at the last one, so not tracked): the
+        one trace left of them. A compressed file is new when its
+        :attr:`~statekit.sources._files.CompressedFile.identity` was not listed
+        by the position's scan (:attr:`compressed_seen`); it is a known file's
+        when its decompressed first bytes carry a fingerprint of a file the
+        source has tracked. Only the formats the standard library reads
+        (``.gz``, ``.bz2``, ``.xz``) can be looked into.
+        """
+        listed = list_compressed(watches)
+        seen = self.compressed_seen
+        if seen is None:  # no earlier listing to compare with: what is here now is where the source starts
+            self.compressed_now = [c.identity for c in listed]
+            return
+        self.compressed_now = []
+        longest = max((n for n, _ in known), default=0)
+        for c in listed:
+            if c.identity in seen or c.path in explained or not decompressible(c.path):
+                self.compressed_now.append(c.identity)
+                continue
+            head = compressed_head(c.path, max(longest, 1))
+            if head is None:
+                continue  # gone, damaged or still being written: looked into again at the next scan
+            self.compressed_now.append(c.identity)
+            if not head or any(len(head) >= n and fingerprint(head[:n]) == fp for n, fp in known):
+                continue
+            size = decompressed_length(c.path)
+            self._lose(LostInput(
+                c.path, 0, None,
+                "appeared, compressed, since the source last looked, and holds lines of no file the source "
+                "has read: they were written, rotated and compressed between two reads (compressed files "
+                "are not read; decompress it into a file the source watches under a new name to read "
+                "them, and run the job at least once between two rotations)",
+                end=size, progress="",
+            ))  # fmt: skip
 
     def _bind(self, tracked: list[Tracked], watches: Sequence[Watch]) -> _Binding:
         """Lists the files and binds the known ones found whole or copied; lists again if some are missing.
@@ -220,8 +279,11 @@ class FileLocator:
         t.offset, t.line = p.size, lines + (not ends_with_newline)
         t.flags = 0 if ends_with_newline else PARTIAL_END
 
-    def _gone(self, t: Tracked, same: Candidate | None, watches: Sequence[Watch]) -> None:
-        """Reports ``t``, found nowhere, if anything of it was not read; says where its content went."""
+    def _gone(self, t: Tracked, same: Candidate | None, watches: Sequence[Watch]) -> str | None:
+        """Reports ``t``, found nowhere, if anything of it was not read; returns where it went compressed.
+
+        That is the compressed file that holds its content, None if none does.
+        """
         if same is not None and same.path == t.path:
             reason = (
                 "was truncated or rewritten in place (as by logrotate's copytruncate), with no copy of it "
@@ -254,7 +316,8 @@ class FileLocator:
                 ))  # fmt: skip
             else:
                 _log.debug("%s was read to its end, then compressed to %s", t.describe(), z.path)
-        elif t.size > t.offset:
+            return z.path
+        if t.size > t.offset:
             self._lose(LostInput(
                 t.path, t.offset, t.line, f"{reason}; it was {t.size} bytes long when the source last looked",
                 end=t.size, progress=self._progress,
@@ -267,6 +330,7 @@ class FileLocator:
             _log.debug(
                 "%s was read to its end as last seen, then %s", t.describe(), reason.removeprefix("is ")
             )
+        return None
 
     def _lose(self, lost: LostInput) -> None:
         self.lost.append(lost)

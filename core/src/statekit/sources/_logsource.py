@@ -2,14 +2,17 @@
 
 The position, kept in statekit's checkpoints, is JSON::
 
-    ["statekit.LogSource/1", files, cur, offset, line]
+    ["statekit.LogSource/1", files, cur, offset, line, compressed]
 
 ``files`` lists every watched file the source knows, in the order it found
 them, each ``[path, dev, ino, fp_len, fp, offset, line, flags, size]``
 (:class:`~statekit.sources._files.Tracked`); ``cur`` is the index of the file
-being read, whose ``offset`` (bytes) and ``line`` (lines) are the last two
-elements (``-1``: none). One ``files`` list is shared by the positions of a
-file's records, so a record costs one small list.
+being read, whose ``offset`` (bytes) and ``line`` (lines) are the next two
+elements (``-1``: none). ``compressed`` lists the compressed files the read's
+scan found, each ``[dev, ino, mtime_ns]``, so that the next read can tell one
+that appeared since (a position of a statekit before it has five elements,
+and no such list). The two lists are shared by the positions of a read's
+records, so a record costs one small list.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from ._files import (
     LongLine,
     Tracked,
     UnreadableFileError,
+    compressed_identities,
     fingerprint,
     holds,
     list_candidates,
@@ -93,6 +97,9 @@ class LogSource(FileLocator):
       bytes not read when they are known), or fails the read with
       ``on_lost="fail"``. A file read to its end (as the source last saw it)
       and then deleted or compressed is no loss (logged at debug level);
+    - a compressed file (``.gz``, ``.bz2``, ``.xz``) that appeared since the
+      position's read and holds no file the source has tracked: lines
+      written, rotated and compressed between two reads, reported as above;
     - a last line without a newline is read once the file has not been
       modified for ``inactive_after`` seconds; until then it waits for its newline;
     - a line longer than ``max_line_bytes`` is a bad record (stage
@@ -151,6 +158,7 @@ class LogSource(FileLocator):
         """Whether symlinks are followed out of the watched files."""
         self.lost: list[LostInput] = []
         """What the last :meth:`read` found lost (also warned about)."""
+        self._compressed: list[list[int]] = []  # the positions' compressed files, from the last scan
 
     def configure(self, config: Any) -> None:
         """Take ``statekit.source.*`` from a job's configuration, for what the constructor was not given.
@@ -193,6 +201,7 @@ class LogSource(FileLocator):
         tracked = known
         try:
             plan = self._scan(known)
+            self._compressed = [list(c) for c in self.compressed_now]
             tracked = [t for t, _ in plan]
             for i, (t, c) in enumerate(plan):
                 if c.size > t.offset:
@@ -205,6 +214,7 @@ class LogSource(FileLocator):
     ) -> Iterator[tuple[Any, Any]]:
         t = tracked[i]
         files = [x.to_json() for x in tracked]
+        gz = self._compressed
         f = open_candidate(c)
         if f is None:
             return  # renamed, removed or replaced since the scan: the next read finds it by identity
@@ -240,9 +250,9 @@ class LogSource(FileLocator):
                             )
                             if not mark_bad:
                                 raise bad_record_error(bad) from exc
-                            yield bad, [tag, files, i, offset, line]
+                            yield bad, [tag, files, i, offset, line, gz]
                             continue
-                        yield record, [tag, files, i, offset, line]
+                        yield record, [tag, files, i, offset, line, gz]
                 else:
                     for raw in body.split(b"\n"):
                         offset += len(raw) + 1
@@ -260,9 +270,9 @@ class LogSource(FileLocator):
                             )
                             if not mark_bad:
                                 raise bad_record_error(bad) from exc
-                            yield bad, [tag, files, i, offset, line]
+                            yield bad, [tag, files, i, offset, line, gz]
                             continue
-                        yield record, [tag, files, i, offset, line]
+                        yield record, [tag, files, i, offset, line, gz]
             yield from self._finish_file(f, reader, tracked, t, line, mark_bad)
 
     def _too_long(
@@ -271,11 +281,11 @@ class LogSource(FileLocator):
         """The bad record of a line longer than the limit, with its position; raised unless ``mark_bad``."""
         t = tracked[i]
         if piece.ended:
-            position: Any = [POSITION_TAG, files, i, piece.offset + piece.length + 1, line]
+            position: Any = [POSITION_TAG, files, i, piece.offset + piece.length + 1, line, self._compressed]
         else:  # no newline yet: the rest of it is skipped when it comes
             t.offset, t.line = piece.offset + piece.length, line
             t.flags = (t.flags | IN_LONG_LINE) & ~PARTIAL_END
-            position = [POSITION_TAG, [x.to_json() for x in tracked], -1, 0, 0]
+            position = [POSITION_TAG, [x.to_json() for x in tracked], -1, 0, 0, self._compressed]
         bad = BadRecord(
             "too-long", piece.describe(self.max_line_bytes), t.path, piece.offset, line,
             piece.head.decode("utf-8", "surrogateescape"),
@@ -300,7 +310,7 @@ class LogSource(FileLocator):
             # A last line without its newline, in a file idle long enough: read it as a line.
             line += 1
             t.offset, t.line, t.flags = reader.offset + len(pending), line, t.flags | PARTIAL_END
-            position = [POSITION_TAG, [x.to_json() for x in tracked], -1, 0, 0]
+            position = [POSITION_TAG, [x.to_json() for x in tracked], -1, 0, 0, self._compressed]
             yield from self._one(pending, t.offset, line, t.path, position, mark_bad)
 
     def _one(
@@ -327,12 +337,16 @@ class LogSource(FileLocator):
     # --- positions ------------------------------------------------------------------
 
     def _load(self, position: Any) -> list[Tracked]:
+        """The known files of ``position``; sets :attr:`compressed_seen` from it."""
+        self.compressed_seen = None
         if position is None:
             return []
-        if isinstance(position, list) and len(position) == 5 and position[0] == POSITION_TAG:
+        if isinstance(position, list) and len(position) in (5, 6) and position[0] == POSITION_TAG:
             try:
                 tracked = [Tracked.from_json(e) for e in position[1]]
                 cur, offset, line = int(position[2]), int(position[3]), int(position[4])
+                if len(position) == 6:
+                    self.compressed_seen = compressed_identities(position[5])
             except (TypeError, ValueError) as e:
                 raise SourceError(f"a damaged LogSource position: {e}") from e
             if cur >= 0:
@@ -412,7 +426,7 @@ class LogSource(FileLocator):
         computed, a column that clashes); ``stage`` and ``error`` are empty.
         None when the position says nothing of a file.
         """
-        if not (isinstance(position, list) and len(position) == 5 and position[0] == POSITION_TAG):
+        if not (isinstance(position, list) and len(position) in (5, 6) and position[0] == POSITION_TAG):
             return None
         files, cur, end, line = position[1], position[2], position[3], position[4]
         if cur < 0:

@@ -9,13 +9,17 @@ its position where any Spark source keeps it: in the query's offset log.
 An offset is JSON::
 
     {"v": 1, "next": 3, "files": [[id, [path, dev, ino, fp_len, fp, offset, line, flags, size]], ...],
+     "gz": [[dev, ino, mtime_ns], ...],
      "lost": ["<file> (planned to byte …) is no longer among the watched files …"]}
 
 ``files`` lists every watched file the source knows, each with an id given
 when it was found and how far it is planned (the
 :class:`~statekit.sources._files.Tracked` form: offsets are what micro-batches
-were given to read, not what a task has read); ``lost`` names the files the
-planning of this offset found gone with bytes never planned. A micro-batch ``[start, end)`` is one
+were given to read, not what a task has read); ``gz`` the compressed files
+the planning of this offset listed, so that the next can tell one that
+appeared since (absent from an offset of a statekit before it); ``lost``
+names the files the planning of this offset found gone with bytes never
+planned, and compressed files that appeared holding lines never planned. A micro-batch ``[start, end)`` is one
 range of bytes per file whose offset grew, ``[start offset, end offset)``,
 and a task re-reads exactly those bytes from what the end offset records:
 the file is opened by its path if that still holds the same inode and
@@ -71,6 +75,7 @@ from ..sources._files import (
     Tracked,
     Watch,
     check_watches,
+    compressed_identities,
     find_compressed,
     find_copy,
     find_prefix_copy,
@@ -468,8 +473,8 @@ class _File:
     tracked: Tracked
 
 
-def _load(offset: Mapping[str, Any]) -> tuple[list[_File], int]:
-    """The files of an offset and the next id.
+def _load(offset: Mapping[str, Any]) -> tuple[list[_File], int, set[tuple[int, int, int]] | None]:
+    """The files of an offset, the next id, and the compressed files listed (None: not recorded).
 
     Raises:
         SourceError: If ``offset`` is not this source's.
@@ -478,7 +483,8 @@ def _load(offset: Mapping[str, Any]) -> tuple[list[_File], int]:
         if offset.get("v") != _VERSION:
             raise ValueError(f"version {offset.get('v')!r}")
         files = [_File(int(i), Tracked.from_json(e)) for i, e in offset["files"]]
-        return files, int(offset["next"])
+        gz = offset.get("gz")
+        return files, int(offset["next"]), None if gz is None else compressed_identities(gz)
     except (KeyError, TypeError, ValueError) as e:
         raise SourceError(
             f"{LOG_SOURCE_NAME}: the offset in Spark's offset log is not one of this source's ({e}): "
@@ -486,12 +492,19 @@ def _load(offset: Mapping[str, Any]) -> tuple[list[_File], int]:
         ) from e
 
 
-def _dump(files: Sequence[_File], next_id: int, lost: Sequence[str] = ()) -> dict[str, Any]:
+def _dump(
+    files: Sequence[_File],
+    next_id: int,
+    lost: Sequence[str] = (),
+    compressed: Sequence[tuple[int, int, int]] | None = None,
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "v": _VERSION,
         "next": next_id,
         "files": [[f.id, f.tracked.to_json()] for f in files],
     }
+    if compressed is not None:
+        out["gz"] = [list(c) for c in compressed]
     if lost:
         out["lost"] = list(lost)
     return out
@@ -519,6 +532,9 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.parse = parse
         self.clock = clock
         self._target: dict[tuple[int, int], int] | None = None
+        # Compressed files an earlier plan of this reader listed and looked into: a plan that
+        # moves nothing keeps its start offset (and its list), and need not look into them again.
+        self._compressed_listed: set[tuple[int, int, int]] = set()
 
     # --- the driver: offsets and partitions ----------------------------------------------
 
@@ -553,7 +569,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             budget = None
         else:
             raise SourceError(f"{LOG_SOURCE_NAME}: read limit {limit!r} is not supported")
-        files, next_id = _load(start)
+        files, next_id, compressed = _load(start)
         by_tracked = {id(f.tracked): f for f in files}
         source = _PlanningSource(
             list(self.options.paths),
@@ -564,7 +580,10 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             max_line_bytes=self.options.max_line,
             follow_symlinks=self.options.follow_symlinks,
         )
+        if compressed is not None:
+            source.compressed_seen = compressed | self._compressed_listed
         plan = source.locate_files([f.tracked for f in files])
+        self._compressed_listed.update(source.compressed_now)
         moved = False
         out: list[_File] = []
         for t, c in plan:
@@ -589,7 +608,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         lost = [str(x) for x in source.lost]
         if not moved and not lost:
             return start  # nothing new: Spark runs no batch
-        return _dump(out, next_id, lost)
+        return _dump(out, next_id, lost, source.compressed_now)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """One partition per file whose offset grew from ``start`` to ``end``."""
