@@ -279,6 +279,8 @@ def _run_once(args: argparse.Namespace, console: Console, settings: JobSettings,
         f"{settings.dead_letter_dir}",
         highlight=False,
     )
+    for lost in (x for b in report.batches for x in b.input_lost):
+        console.print(f"{title}: input lost: {lost}", highlight=False)
     done = [b for b in report.batches if b.state_entries is not None]
     if done:
         last = done[-1]

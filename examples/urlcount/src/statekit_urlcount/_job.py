@@ -192,6 +192,8 @@ class BatchStats:
         state_entries_exact: False when the backend's native snapshot only estimates them.
         checkpoint_bytes: Bytes the batch's checkpoint wrote.
         checkpoint_seconds: How long the checkpoint took.
+        input_lost: The log source's reports of lines it could not read (see
+            docs/operations.md, "What is reported").
     """
 
     batch_id: int
@@ -212,6 +214,7 @@ class BatchStats:
     state_entries_exact: bool = True
     checkpoint_bytes: int = 0
     checkpoint_seconds: float = 0.0
+    input_lost: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -400,6 +403,7 @@ class Sink:
             restored_from=info.restored_from if info.restored_subtasks else None,
             started_from=info.restored_from,
             skipped=info.skipped,
+            input_lost=list(info.input_lost),
             **_checkpoint_numbers(info),
         )
         self._last = now
