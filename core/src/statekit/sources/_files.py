@@ -725,17 +725,9 @@ def find_compressed(t: Tracked, watches: Sequence[Watch]) -> CompressedCopy | No
     decompressed as a stream (memory bounded by a block), once for each file
     the source finds gone.
     """
-    for w in watches:
-        try:
-            names = sorted(os.listdir(w.directory))
-        except OSError:
-            continue
-        for name in names:
-            if not decompressible(name) or name.startswith(".") or not name.startswith(w.prefix):
-                continue
-            size = _decompressed_size(os.path.join(w.directory, name), t)
-            if size is not None:
-                return CompressedCopy(os.path.join(w.directory, name), size)
+    for c in list_compressed(watches):
+        if decompressible(c.path) and (size := _decompressed_size(c.path, t)) is not None:
+            return CompressedCopy(c.path, size)
     return None
 
 
