@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -59,6 +60,27 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "nightly: depth that runs under the nightly Hypothesis profile only (skipped under ci)"
     )
+    if not hasattr(config, "workerinput"):  # once, in the process that starts the test processes
+        import jvmarchive  # tests/, on pytest's pythonpath
+
+        path, said, making = jvmarchive.ensure()
+        _JVM_ARCHIVE.update(said=said, making=making)
+        if path is not None:
+            jvmarchive.use(path)  # the test processes inherit the environment
+
+
+#: What :mod:`jvmarchive` did for this run: the header's line, and the archive's making if it ran.
+_JVM_ARCHIVE: dict[str, Any] = {}
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    return f"Spark JVM class-data archive: {_JVM_ARCHIVE['said']}" if _JVM_ARCHIVE else None
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    making = _JVM_ARCHIVE.get("making")
+    if making is not None:  # made during this run: say how it went (a failure only slows the JVMs)
+        terminalreporter.write_line(f"Spark JVM class-data archive: {making.wait(600)}")
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m deselected: a twin must be in the run

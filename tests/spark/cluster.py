@@ -14,6 +14,8 @@ from typing import Any
 
 from sparkutil import driver_env
 
+from jvmarchive import executor_options
+
 #: The JVM options of the tests' short-lived drivers and executors: start fast rather than run fast.
 FAST_START_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
@@ -120,5 +122,5 @@ def cluster_app_builder(master: str, app: str) -> Any:
         .config("spark.cores.max", "2")
         .config("spark.pyspark.python", sys.executable)
         .config("spark.driver.extraJavaOptions", FAST_START_JVM)
-        .config("spark.executor.extraJavaOptions", FAST_START_JVM)
+        .config("spark.executor.extraJavaOptions", f"{FAST_START_JVM} {executor_options()}".strip())
     )
