@@ -470,6 +470,31 @@ def test_a_backend_with_its_own_key_switch_sees_every_key_of_routed_rows(
     assert switched[: len(records)] == [r["url"] for r in records]
 
 
+def test_a_backend_with_its_own_switch_in_group_is_called_for_every_routed_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The per-record loop makes a routed row's key current with the base's two writes itself; a class
+    that replaces set_current_key_in_group is called instead, for every row, in order."""
+    from statekit_heap import HeapKeyedStateBackend
+
+    records = make_records(FLUSH_ROWS + 300)
+    want = two_batches(records, Driver(tmp_path / "plain"))
+    switched: list[Any] = []
+    base_switch = HeapKeyedStateBackend.set_current_key_in_group
+
+    def watching(self: HeapKeyedStateBackend, key: Any, key_group: int) -> None:
+        switched.append((key, key_group))
+        base_switch(self, key, key_group)
+
+    monkeypatch.setattr(HeapKeyedStateBackend, "set_current_key_in_group", watching)
+    reset_cache()
+    driver = Driver(tmp_path / "watched")
+    driver.marker, driver.key_groups = False, True
+    assert two_batches(records, driver) == want
+    assert [key for key, _ in switched] == [r["url"] for r in records]
+    assert all(group == key_group_for_bytes(key.encode(), 128) for key, group in switched)
+
+
 def test_only_the_attempt_whose_snapshot_completed_is_reused(tmp_path: Path) -> None:
     """Two attempts of one task may both succeed (speculation, zombie tasks): one of them is checkpointed."""
     driver = Driver(tmp_path)

@@ -311,7 +311,10 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
         cache lookup, no serializing or hashing, no check. Only for a pair the
         backend took in the last :meth:`hand_over_key_groups` that returned True
         (the Spark runner uses it for each routed row); anything else is
-        :meth:`set_current_key`'s.
+        :meth:`set_current_key`'s. Where a class keeps this method as the base
+        defines it, the Spark runner's per-record loop makes its two writes
+        itself (a call per row costs more than the writes); a class that must
+        see each switch replaces the method, and then it is called.
         """
         self._key = key
         self._kg = key_group
