@@ -26,13 +26,21 @@ changing what it measures (restores); checkpoints are taken once per round
 (the second one's cost depends on the first). Run it twice and report the
 load (``uptime``) printed with each table, since the machine is shared.
 
-Run: ``python bench/bench_checkpoint_scaling.py [--keys 1000000,4000000] [--backends heap,rocksdb]``.
+``--change K`` changes ``K`` keys each time instead of 1 %: with one ``K`` for
+every size the checkpoint after the change should cost the same at every
+size. The table's columns keep their names; after it, per backend, the growth
+exponent of that checkpoint's bytes and time between the smallest and the
+largest size (0: flat in the state's size, 1: in proportion to it).
+
+Run: ``python bench/bench_checkpoint_scaling.py [--keys 1000000,4000000] [--backends heap,rocksdb]
+[--change 10000]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import random
 import shutil
@@ -113,7 +121,7 @@ def build(factory: Any, n: int, local: str) -> tuple[list[str], list[bool], list
     return keys, low, subtasks
 
 
-def run(name: str, n: int, repeats: int, root: str) -> dict[str, float]:
+def run(name: str, n: int, repeats: int, root: str, change: int = 0) -> dict[str, float]:
     factory = default_registry().create_backend(name, {})
     local = tempfile.mkdtemp(dir=root)
     storage = FileSystemCheckpointStorage(os.path.join(root, f"{name}-{n}"))
@@ -125,7 +133,7 @@ def run(name: str, n: int, repeats: int, root: str) -> dict[str, float]:
         b.notify_checkpoint_complete(1)
     canonical, r["canonical_bytes"], r["canonical_s"] = checkpoint(storage, 2, subtasks, native=False)
     rng = random.Random(11)
-    changed = rng.sample(range(n), n // 100)
+    changed = rng.sample(range(n), change or n // 100)
     for i, b in enumerate(subtasks):
         s = b.get_state(DESC)
         s.update_batch([keys[j] for j in changed if low[j] == (i == 0)], lambda v: v + 1)
@@ -143,7 +151,7 @@ def run(name: str, n: int, repeats: int, root: str) -> dict[str, float]:
     _, rescaled = restore(storage, loc, factory, 3, local)
     for b in rescaled:
         b.notify_checkpoint_complete(3)
-    again = rng.sample(range(n), n // 100)
+    again = rng.sample(range(n), change or n // 100)
     for i, b in enumerate(rescaled):
         mine = b.key_group_range
         s = b.get_state(DESC)
@@ -186,6 +194,13 @@ def main() -> None:
     ap.add_argument("--keys", default="1000000,4000000")
     ap.add_argument("--backends", default="heap")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument(
+        "--change",
+        type=int,
+        default=0,
+        help="keys changed between checkpoints (default 0: 1 %% of --keys); a fixed count shows whether a "
+        "checkpoint's cost stays flat as the state grows, with the growth exponent over the sizes",
+    )
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="statekit-scaling-")
     try:
@@ -196,10 +211,12 @@ def main() -> None:
             "rescale/restore | load before / after |"
         )
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        seen: dict[str, list[tuple[int, dict[str, float]]]] = {}
         for name in args.backends.split(","):
             for n in (int(x) for x in args.keys.split(",")):
                 before = load()
-                r = run(name, n, args.repeats, root)
+                r = run(name, n, args.repeats, root, args.change)
+                seen.setdefault(name, []).append((n, r))
                 print(
                     f"| {name} | {n / 1e6:g}M | {r['full_bytes'] / 1e6:.1f} | {r['full_s']:.2f} | "
                     f"{r['canonical_s']:.2f} | {r['delta_bytes'] / 1e6:.2f} | "
@@ -212,6 +229,15 @@ def main() -> None:
                     f"{r['restore3_s']:.2f} | {r['rescale32_s']:.2f} | "
                     f"{r['rescale32_s'] / r['restore3_s']:.2f} | {before} / {load()} |",
                     flush=True,
+                )
+        for name, sizes in seen.items():  # growth exponents between the smallest and the largest size
+            if len(sizes) > 1:
+                (n0, a), (n1, b) = sizes[0], sizes[-1]
+                span = math.log(n1 / n0)
+                print(
+                    f"{name}, growth exponent {n0 / 1e6:g}M -> {n1 / 1e6:g}M after the change: "
+                    f"bytes {math.log(b['delta_bytes'] / a['delta_bytes']) / span:.2f}, "
+                    f"time {math.log(b['delta_s'] / a['delta_s']) / span:.2f} (0: flat in the state's size)"
                 )
     finally:
         shutil.rmtree(root, ignore_errors=True)
