@@ -105,7 +105,8 @@ class Making:
     def _make(self) -> None:
         path = self.path
         path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in path.parent.glob("spark-*.jsa"):  # another PySpark's or JDK's: never mapped again
+        # Another PySpark's or JDK's archive is never mapped again; a making that died left its .tmp.
+        for stale in [*path.parent.glob("spark-*.jsa"), *path.parent.glob("spark-*.tmp")]:
             stale.unlink(missing_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
         os.close(fd)
@@ -156,9 +157,13 @@ def ensure() -> tuple[Path | None, str, Making | None]:
     return path, making.said, making
 
 
+def _flag(path: Path | str) -> str:
+    return f"-XX:SharedArchiveFile={path}"
+
+
 def use(path: Path) -> None:
     """Hand the archive ``path`` to the JVMs this process and its children start (see the module)."""
-    flag = f"-XX:SharedArchiveFile={path}"
+    flag = _flag(path)
     for name in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
         current = os.environ.get(name, "")
         if flag not in current:
@@ -169,4 +174,4 @@ def use(path: Path) -> None:
 def executor_options() -> str:
     """The archive flag for executors' Java options (a standalone cluster's), or "" without one."""
     path = os.environ.get("STATEKIT_TEST_JVM_ARCHIVE_FILE")
-    return f"-XX:SharedArchiveFile={path}" if path else ""
+    return _flag(path) if path else ""
