@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from logfiles import CountJob, LogDir
+from logfiles import CountJob, CountPerUrl, LogDir
 from statekit import (
     BadRecord,
     KeyedBatchFunction,
@@ -136,6 +136,32 @@ def test_the_ratio_budget_stops_the_job(logs: LogDir) -> None:
     logs.write("a.log", 1)
     with pytest.raises(BadRecordError, match=r"1 bad records of 2 .*max-ratio=0\.1"):
         ok.run()
+
+
+class TypoJob(CountJob):
+    """The URL count with a typo in its key selector: every record is a bad record of stage key."""
+
+    def runner(self) -> LocalRunner:
+        return LocalRunner(
+            CountPerUrl, key_selector=lambda r: r["ulr"], config=self.conf, job_id="logs", sink=self.sink
+        )
+
+
+def test_the_ratio_budget_names_the_commonest_bad_record_so_a_code_typo_is_found(logs: LogDir) -> None:
+    logs.write("a.log", 120)
+    logs.write_raw("a.log", b"oops\n")  # 1 of 121: under 1 %
+    conf = dead_letter_conf(logs, **{"statekit.bad-records.max-ratio": 0.01})
+    commonest = (
+        r"121 bad records of 121 read .*max-ratio=0\.01.* The commonest \(120 of them\): stage key, "
+        r"KeyError: 'ulr', the first at .*a\.log, byte 0, line 1\. .*job's code .* fix it and run again"
+    )
+    with pytest.raises(BadRecordError, match=commonest):
+        TypoJob(logs, conf, interval=1000).run()
+    assert letters(logs) == []  # the run completed no checkpoint: nothing published, nothing read past
+    job = CountJob(logs, conf, interval=1000)  # the typo fixed: the run starts before them
+    job.run()
+    assert job.exact()
+    assert [x["raw"] for x in letters(logs)] == ["oops"]
 
 
 def test_a_key_that_cannot_be_computed_names_the_line(logs: LogDir) -> None:

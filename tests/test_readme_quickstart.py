@@ -73,7 +73,7 @@ def test_the_quickstart_counts_generated_logs_and_resumes_after_rotation(tmp_pat
     out = run_quickstart(tmp_path)
     counts, malformed = expected(tmp_path)
     assert malformed > 0
-    assert f"{sum(counts.values())} lines counted, {malformed} malformed" in out
+    assert f"{sum(counts.values())} lines counted, {malformed} bad records" in out
     top = [line.split() for line in out.splitlines()[1:]]
     assert len(top) == 5
     assert all(int(n) == counts[url] for n, url in top)
@@ -92,6 +92,26 @@ def test_the_quickstart_counts_generated_logs_and_resumes_after_rotation(tmp_pat
     for line in out.splitlines()[1:]:
         n, url = line.split()
         assert int(n) == total[url]
+
+
+def test_a_typo_in_the_quickstarts_key_stops_it_naming_the_error_and_the_fix_counts_every_line(
+    tmp_path: Path,
+) -> None:
+    """Every record a bad one is a bug, not bad data: the share budget stops the run, names the error."""
+    generate(tmp_path, "--records", "3000", "--files", "1", "--malformed", "0.002")
+    code = quickstart_code()
+    assert code.count('r["url"]') == 1
+    (tmp_path / "quickstart.py").write_text(code.replace('r["url"]', 'r["ulr"]'), encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "quickstart.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode != 0
+    assert "The commonest" in done.stderr and "stage key, KeyError: 'ulr'" in done.stderr, done.stderr
+    assert letters(tmp_path) == []  # no checkpoint completed: nothing published
+    out = run_quickstart(tmp_path)  # the code as the README has it
+    counts, malformed = expected(tmp_path)
+    assert f"{sum(counts.values())} lines counted, {malformed} bad records" in out
+    assert len(letters(tmp_path)) == malformed
 
 
 def test_the_quickstart_killed_with_sigkill_and_run_again_is_exact(tmp_path: Path) -> None:

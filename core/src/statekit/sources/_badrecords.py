@@ -23,6 +23,8 @@ __all__ = ["RAW_TEXT_LIMIT", "BadRecord", "BadRecordPolicy", "bad_record_error"]
 
 #: Characters of the raw line shown in an error message (dead letters keep the whole line).
 RAW_TEXT_LIMIT = 200
+#: Kinds of bad record (stage, error type) a policy tallies for its share error; later new kinds are not.
+_KINDS_KEPT = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +169,7 @@ class BadRecordPolicy:
         self.job_id = job_id
         self.count = 0
         """Bad records met since this policy was made (one run)."""
+        self._kinds: dict[tuple[str, str], list[Any]] = {}  # (stage, error type): [count, first one]
         if letters is None and self.dead_letter_path is not None and policy == "dead-letter":
             letters = StagedDeadLetters(self.dead_letter_path, job_id or "job")
         self.letters = letters
@@ -202,6 +205,12 @@ class BadRecordPolicy:
         self.count += 1
         if self.policy == "fail":
             raise bad_record_error(bad)
+        kind = (bad.stage, bad.error.partition(":")[0])
+        seen = self._kinds.get(kind)
+        if seen is not None:
+            seen[0] += 1
+        elif len(self._kinds) < _KINDS_KEPT:
+            self._kinds[kind] = [1, bad]
         if self.max_bad is not None and self.count > self.max_bad:
             raise bad_record_error(
                 bad,
@@ -223,8 +232,21 @@ class BadRecordPolicy:
             raise BadRecordError(
                 f"{self.count} bad records of {records} read in this run, more than "
                 f"statekit.bad-records.max-ratio={self.max_ratio}: the job stops (the bad ones are dead "
-                "letters, published with the checkpoint that covers them)"
+                f"letters, published with the checkpoint that covers them). {self._most_common()}"
             )
+
+    def _most_common(self) -> str:
+        """The commonest kind of bad record met (stage and error type), its first one, and the ways out."""
+        if not self._kinds:
+            return ""
+        (stage, _), (n, first) = max(self._kinds.items(), key=lambda kv: kv[1][0])
+        share = "all of them" if n == self.count else f"{n} of them"
+        return (
+            f"The commonest ({share}): stage {stage}, {first.error}, the first at {first.place()}. "
+            "When most bad records share one error, the job's code (its parser or key selector) is "
+            "the likelier cause: fix it and run again, from the last checkpoint completed before them; "
+            "if the input is that bad, raise statekit.bad-records.max-ratio"
+        )
 
     def letter(self, bad: BadRecord) -> dict[str, Any]:
         """The dead letter of ``bad``: its fields, the job id and the time."""
