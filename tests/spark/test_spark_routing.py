@@ -66,19 +66,34 @@ def test_jvm_key_groups_equal_statekit_key_groups(spark: Any, max_parallelism: i
         assert got == {**expected, None: None}, sql_type
 
 
-def _partitions_hold_their_subtasks(spark: Any, df: Any, serializer: Any, p: int, maxp: int) -> None:
+def _partitions_hold_their_subtasks(
+    spark: Any, df: Any, serializer: Any, p: int, maxp: int, in_plan: bool = False
+) -> None:
+    """``in_plan``: routed as in a query's plan, the task adding the subtask column from its partition."""
     import pyarrow as pa
     from pyspark import TaskContext
 
-    from statekit.spark._routing import MARKER_COLUMN, SUBTASK_COLUMN, Router, routing_values
+    from statekit.spark._routing import (
+        MARKER_COLUMN,
+        SUBTASK_COLUMN,
+        Router,
+        routes_by_id,
+        routing_values,
+        with_partition_columns,
+    )
 
     routed = Router(spark, df.schema, key_column="k", serializer=serializer, parallelism=p,
-                    max_parallelism=maxp, route_values=routing_values(p)).route(df)  # fmt: skip
+                    max_parallelism=maxp, route_values=routing_values(p), markers=not in_plan,
+                    partition_columns=not in_plan).route(df)  # fmt: skip
+    carried = {SUBTASK_COLUMN, MARKER_COLUMN} <= set(routed.columns)
+    assert carried == (not in_plan or not routes_by_id(spark)), routed.columns
 
     def check(batches: Any) -> Any:
         part = TaskContext.get().partitionId()
         rows = markers = 0
         ok = True
+        if in_plan:
+            batches = with_partition_columns(batches, part)
         for b in batches:
             subtasks = b.column(SUBTASK_COLUMN).to_pylist()
             ok = ok and all(s == part for s in subtasks)
@@ -93,8 +108,8 @@ def _partitions_hold_their_subtasks(spark: Any, df: Any, serializer: Any, p: int
 
     result = sorted(routed.mapInArrow(check, "part int, ok boolean, markers long, rows long").collect())
     assert [r["part"] for r in result] == list(range(p))
-    assert all(r["ok"] for r in result) and all(r["markers"] == 1 for r in result)
-    assert sum(r["rows"] for r in result) == df.count() + p
+    assert all(r["ok"] for r in result) and all(r["markers"] == (0 if in_plan else 1) for r in result)
+    assert sum(r["rows"] for r in result) == df.count() + (0 if in_plan else p)
     # Each key's rows went to the owner of its key group.
     owners = {k: operator_index_for_key_group(maxp, p, key_group_for_bytes(serializer.serialize(k), maxp))
               for (k,) in df.collect()}  # fmt: skip
@@ -113,39 +128,58 @@ def placement(request: Any, spark: Any, monkeypatch: pytest.MonkeyPatch) -> str:
     return str(request.param)
 
 
+@pytest.mark.parametrize("in_plan", [False, True], ids=["per-batch", "in-plan"])
 @pytest.mark.parametrize("p", [1, 3, 7])
-def test_partition_i_holds_subtask_i_with_sql_routing(spark: Any, p: int, placement: str) -> None:
+def test_partition_i_holds_subtask_i_with_sql_routing(
+    spark: Any, p: int, placement: str, in_plan: bool
+) -> None:
     df = spark.createDataFrame([(k,) for k in STR_KEYS[:500]], "k string")
-    _partitions_hold_their_subtasks(spark, df, StrSerializer(), p, 128)
+    _partitions_hold_their_subtasks(spark, df, StrSerializer(), p, 128, in_plan)
 
 
-def test_partition_i_holds_subtask_i_with_python_routing(spark: Any, placement: str) -> None:
+@pytest.mark.parametrize("in_plan", [False, True], ids=["per-batch", "in-plan"])
+def test_partition_i_holds_subtask_i_with_python_routing(spark: Any, placement: str, in_plan: bool) -> None:
     """Keys Spark SQL cannot serialize (here bytes) take the Python pass."""
     df = spark.createDataFrame([(k.encode(),) for k in STR_KEYS[:500]], "k binary")
     from statekit.spark._routing import supports_sql_routing
 
     assert not supports_sql_routing(BytesSerializer(), df.schema["k"].dataType)
-    _partitions_hold_their_subtasks(spark, df, BytesSerializer(), 3, 128)
+    _partitions_hold_their_subtasks(spark, df, BytesSerializer(), 3, 128, in_plan)
 
 
-def test_rows_without_a_key_group_land_in_one_partition(spark: Any, placement: str) -> None:
+@pytest.mark.parametrize("in_plan", [False, True], ids=["per-batch", "in-plan"])
+def test_rows_without_a_key_group_land_in_one_partition(spark: Any, placement: str, in_plan: bool) -> None:
     """Null keys get no subtask: every such row of a batch goes to one task, the bad-records policy's."""
     from pyspark import TaskContext
 
-    from statekit.spark._routing import KEY_GROUP_COLUMN, Router, routing_values
+    from statekit.spark._routing import (
+        KEY_GROUP_COLUMN,
+        SUBTASK_COLUMN,
+        Router,
+        routing_values,
+        with_partition_columns,
+    )
 
     df = spark.createDataFrame([(k,) for k in [*STR_KEYS[:200], *([None] * 50)]], "k string")
     routed = Router(spark, df.schema, key_column="k", serializer=StrSerializer(), parallelism=3,
-                    max_parallelism=128, route_values=routing_values(3), markers=False).route(df)  # fmt: skip
+                    max_parallelism=128, route_values=routing_values(3), markers=False,
+                    partition_columns=not in_plan).route(df)  # fmt: skip
 
     def nulls(batches: Any) -> Any:
         import pyarrow as pa
 
-        n = sum(b.column(KEY_GROUP_COLUMN).null_count for b in batches)
-        yield pa.RecordBatch.from_pylist([{"part": TaskContext.get().partitionId(), "n": n}])
+        part = TaskContext.get().partitionId()
+        if in_plan:
+            batches = with_partition_columns(batches, part)
+        n = without = 0
+        for b in batches:
+            n += b.column(KEY_GROUP_COLUMN).null_count
+            without += b.column(SUBTASK_COLUMN).null_count  # what the task hands to the bad-records policy
+        yield pa.RecordBatch.from_pylist([{"part": part, "n": n, "without": without}])
 
-    got = {r["part"]: r["n"] for r in routed.mapInArrow(nulls, "part long, n long").collect() if r["n"]}
-    assert list(got.values()) == [50], got
+    rows = routed.mapInArrow(nulls, "part long, n long, without long").collect()
+    got = {r["part"]: (r["n"], r["without"]) for r in rows if r["n"] or r["without"]}
+    assert list(got.values()) == [(50, 50)], got
 
 
 def test_int_keys_count_exactly(spark: Any, tmp_path: Any) -> None:

@@ -284,12 +284,15 @@ class MicroBatchDriver:
         self._query_plan = self._make_query_plan()
 
     def _router(self, *, markers: bool) -> Router:
-        """The routing of this run's input: with marker rows for per-batch routing, without in the plan."""
+        """The routing of this run's input: with marker rows for per-batch routing, without in the plan.
+
+        In the plan the tasks add the subtask and marker columns from their partition id.
+        """
         spec = self.spec
         return Router(
             self.session, spec.df.schema, key_column=spec.key_column, serializer=spec.key_serializer,
             parallelism=self.parallelism, max_parallelism=self.max_parallelism,
-            route_values=routing_values(self.parallelism), markers=markers,
+            route_values=routing_values(self.parallelism), markers=markers, partition_columns=markers,
         )  # fmt: skip
 
     @functools.cached_property

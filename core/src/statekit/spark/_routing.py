@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
@@ -65,6 +66,7 @@ __all__ = [
     "sql_key_group",
     "supports_sql_routing",
     "with_key_group",
+    "with_partition_columns",
 ]
 
 KEY_GROUP_COLUMN = "__statekit_kg"
@@ -297,6 +299,14 @@ class Router:
     ``repartition``) on a classic session, not the parsing and analysis of
     freshly written expressions. The key group is one call into statekit's
     JVM helper (:func:`jvm_key_group`) where it is loaded, else Spark SQL.
+
+    ``partition_columns=False`` (without ``markers``) is for a routing in the
+    query's plan, where partition ``i`` is subtask ``i``: on a Spark that places
+    rows by id, the shuffle places them by the subtask's expression and the rows
+    do not carry the subtask and marker columns through it; the task adds both
+    from its partition id (:func:`with_partition_columns`): two columns fewer in
+    every shuffled and converted row (measured in docs/spark.md, "Where the
+    JVM's extra goes").
     """
 
     def __init__(
@@ -310,6 +320,7 @@ class Router:
         max_parallelism: int,
         route_values: list[int],
         markers: bool = True,
+        partition_columns: bool = True,
     ) -> None:
         self.key_column = key_column
         self.serializer = serializer
@@ -322,6 +333,10 @@ class Router:
         )
         #: Rows placed by their subtask index itself (no routing value: see the module doc).
         self.by_id = routes_by_id(session)
+        if not partition_columns and markers:
+            raise ValueError("a routing without partition columns has no marker rows")
+        #: The rows carry their subtask and marker columns (else the task adds them: by id only).
+        self.partition_columns = partition_columns or not self.by_id
         # bigint, as in routing_values: Spark hashes an int and a bigint of one value differently.
         values = ", ".join(f"CAST({v} AS BIGINT)" for v in route_values)
         # Flink's operator index kg * p // maxp, in integer arithmetic.
@@ -329,17 +344,20 @@ class Router:
         # Read before the shuffle, where the scan still knows its file; only for rows without a key.
         place = f"CASE WHEN {KEY_GROUP_COLUMN} IS NULL THEN {{file}} END AS {PLACE_COLUMN}"
         route = [] if self.by_id else [f"element_at(array({values}), {SUBTASK_COLUMN} + 1) AS {ROUTE_COLUMN}"]
+        #: The subtask of a row, an expression of its key group (Flink's operator index).
+        self.index = index
+        partition = (
+            [f"{index} AS {SUBTASK_COLUMN}", f"false AS {MARKER_COLUMN}"] if self.partition_columns else []
+        )
         self.tail = [
-            f"{index} AS {SUBTASK_COLUMN}",
-            f"false AS {MARKER_COLUMN}",
+            *partition,
             *route,
             place.format(file="nullif(input_file_name(), '')" if self.sql else _FILE_COLUMN),
         ]
         self.keep = [
             *self.columns,
             KEY_GROUP_COLUMN,
-            SUBTASK_COLUMN,
-            MARKER_COLUMN,
+            *([SUBTASK_COLUMN, MARKER_COLUMN] if self.partition_columns else []),
             *([] if self.by_id else [ROUTE_COLUMN]),
             PLACE_COLUMN,
         ]
@@ -381,7 +399,9 @@ class Router:
             self._select = jvm_seq(sc, [functions.expr(e) for e in exprs])
             self._keep = jvm_seq(sc, [functions.col(c) for c in self.keep])
         self._route = (
-            functions.col(SUBTASK_COLUMN) if self.by_id else jvm_seq(sc, [functions.col(ROUTE_COLUMN)])
+            (functions.col(SUBTASK_COLUMN) if self.partition_columns else functions.expr(self.index))
+            if self.by_id
+            else jvm_seq(sc, [functions.col(ROUTE_COLUMN)])
         )
 
     def route(self, df: DataFrame) -> DataFrame:
@@ -405,8 +425,36 @@ class Router:
         if self.marker_rows is not None:
             rows = rows.union(self.marker_rows)
         if self.by_id:
-            return rows.repartitionById(self.parallelism, SUBTASK_COLUMN)
+            from pyspark.sql import functions as F  # the driver's: tasks import this module too
+
+            by = SUBTASK_COLUMN if self.partition_columns else F.expr(self.index)
+            return rows.repartitionById(self.parallelism, by)
         return rows.repartition(self.parallelism, ROUTE_COLUMN)
+
+
+def with_partition_columns(batches: Iterator[Any], partition: int) -> Iterator[Any]:
+    """The rows of partition ``partition`` of a routing in the query's plan, with subtask and marker columns.
+
+    A routing without partition columns (see :class:`Router`) leaves them to the
+    task: a row's subtask is its partition, or null where it has no key group
+    (every such row lands in partition 0, see the module doc), and no row is a
+    marker. Batches that carry them already pass as they are.
+    """
+    subtask = pa.scalar(partition, pa.int32())
+    for batch in batches:
+        if batch.schema.get_field_index(SUBTASK_COLUMN) >= 0:
+            yield batch
+            continue
+        n = batch.num_rows
+        groups = batch.column(KEY_GROUP_COLUMN)
+        subtasks = (
+            pa.repeat(subtask, n)
+            if not groups.null_count
+            else pc.if_else(pc.is_valid(groups), subtask, pa.scalar(None, pa.int32()))
+        )
+        yield batch.append_column(SUBTASK_COLUMN, subtasks).append_column(
+            MARKER_COLUMN, pa.repeat(pa.scalar(False), n)
+        )
 
 
 def jvm_seq(sc: Any, columns: list[Any]) -> Any:

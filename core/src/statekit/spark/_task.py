@@ -26,6 +26,7 @@ from ._loops import fire_timers, process_columns, process_groups, process_record
 from ._output import OutputDigest
 from ._plan import PLAN_PROPERTY, TaskPlan, batch_plan
 from ._report_channel import send_handles
+from ._routing import with_partition_columns
 from ._run import TaskRun
 from ._snapshots import task_reports, write_snapshots
 from ._task_handoff import announce, hand_off
@@ -63,6 +64,8 @@ class _PartitionTask:
         if plan.partition_subtask:  # in the query's plan: the batch's part comes with the job
             plan, metadata = batch_plan(plan, tc.getLocalProperty(PLAN_PROPERTY) if tc is not None else None)
             partition = tc.partitionId() if tc is not None else None
+            if partition is not None:  # the rows' subtask is the partition (see Router)
+                batches = with_partition_columns(batches, partition)
         if self.reports is None:
             yield from _batches(plan, metadata, partition, batches, tc)
             return
