@@ -152,7 +152,9 @@ def test_the_ratio_budget_names_the_commonest_bad_record_so_a_code_typo_is_found
     logs.write_raw("a.log", b"oops\n")  # 1 of 121: under 1 %
     conf = dead_letter_conf(logs, **{"statekit.bad-records.max-ratio": 0.01})
     commonest = (
-        r"121 bad records of 121 read .*max-ratio=0\.01.* The commonest \(120 of them\): stage key, "
+        r"121 bad records of 121 read .*max-ratio=0\.01: the job stops \(the bad records that a completed "
+        r"checkpoint covers are in the dead letters; the run that goes on from that checkpoint reads the "
+        r"others again\)\. The commonest \(120 of them\): stage key, "
         r"KeyError: 'ulr', the first at .*a\.log, byte 0, line 1\. .*job's code .* fix it and run again"
     )
     with pytest.raises(BadRecordError, match=commonest):

@@ -231,8 +231,9 @@ class BadRecordPolicy:
         if self.count > self.max_ratio * records:
             raise BadRecordError(
                 f"{self.count} bad records of {records} read in this run, more than "
-                f"statekit.bad-records.max-ratio={self.max_ratio}: the job stops (the bad ones are dead "
-                f"letters, published with the checkpoint that covers them). {self._most_common()}"
+                f"statekit.bad-records.max-ratio={self.max_ratio}: the job stops (the bad records that a "
+                "completed checkpoint covers are in the dead letters; the run that goes on from that "
+                f"checkpoint reads the others again). {self._most_common()}"
             )
 
     def _most_common(self) -> str:
