@@ -117,6 +117,33 @@ def test_an_installed_jar_that_is_not_the_one_its_build_recorded_is_never_loaded
     assert marker.exists()
 
 
+def test_a_jar_checked_once_is_checked_again_when_it_is_replaced_or_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_helper: _jvm.Helper
+) -> None:
+    """helper_jar does not hash an unchanged jar again within a process; any change is hashed."""
+    jar = Path(real_helper.jar).read_bytes()
+    package = _installed(tmp_path / "jvm", jar, sha256=hashlib.sha256(jar).hexdigest(), spark_version="4.3.0")
+    monkeypatch.setattr(_jvm, "_INSTALLED", package)
+    hashed: list[str] = []
+    verified = _jvm._verified
+    monkeypatch.setattr(_jvm, "_verified", lambda m, v: (hashed.append(str(m)), verified(m, v))[1])
+    first = _jvm.helper_jar("4.3.0")
+    assert _jvm.helper_jar("4.3.0") == first and len(hashed) == 1  # unchanged: not read again
+    replacement = package / "planted.jar"
+    replacement.write_bytes(jar[:-1] + bytes([jar[-1] ^ 1]))  # one bit off, same size
+    os.replace(replacement, package / JAR_NAME)  # a new inode under the same name
+    with pytest.raises(_jvm.LocalityUnavailable, match="is not the jar its build recorded"):
+        _jvm.helper_jar("4.3.0")
+    (package / JAR_NAME).write_bytes(jar)  # the same inode, written back
+    assert _jvm.helper_jar("4.3.0") == first
+    with open(package / JAR_NAME, "r+b") as f:  # written in place, size kept
+        f.seek(len(jar) - 1)
+        f.write(bytes([jar[-1] ^ 1]))
+    with pytest.raises(_jvm.LocalityUnavailable, match="is not the jar its build recorded"):
+        _jvm.helper_jar("4.3.0")
+    assert len(hashed) == 4
+
+
 def test_a_helper_compiled_for_another_spark_minor_version_is_not_loaded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_helper: _jvm.Helper
 ) -> None:

@@ -49,6 +49,7 @@ import hashlib
 import json
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,19 +184,59 @@ def _built_in_tree(core: Path) -> Path:
         ) from e
 
 
+#: helper_jar's answers, by where it looked, with the files they were read from as they were then.
+_CHECKED: dict[tuple[str, ...], tuple[Helper, tuple[tuple[int, ...], ...]]] = {}
+
+
+def _signature(paths: list[Path]) -> tuple[tuple[int, ...], ...]:
+    """What changes when any of ``paths`` is written, replaced, moved, or its owner or mode changes."""
+    out = []
+    for path in paths:
+        st = os.stat(path)
+        out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_uid))
+    return tuple(out)
+
+
 def helper_jar(spark_version: str) -> Helper:
     """The installed helper's jar, checked against its manifest and Spark ``spark_version``.
 
     An installed wheel has it in ``statekit/spark/jvm/``; an editable install
     compiles it on first use into its source tree's ``build/jvm/``.
 
+    A helper once checked in this process is not read and hashed again while
+    its manifest and jar (and, in an editable install, its Java sources) are
+    the same files, unchanged (device, inode, size, times, mode, owner): a
+    query's start asks for it several times.
+
     Raises:
         LocalityUnavailable: If there is none, or it does not fit (see :func:`_verified`).
     """
+    core = _source_tree()
+    where = (spark_version, str(_INSTALLED), str(core), os.environ.get("SPARK_HOME", ""))
+    known = _CHECKED.get(where)
+    sources = _java_sources_of(core)
+    if known is not None:
+        helper, signature = known
+        with contextlib.suppress(OSError):
+            if _signature([Path(helper.manifest), Path(helper.jar), *sources]) == signature:
+                return helper
+    helper = _helper_jar(spark_version, core)
+    # Taken after the check: a file changed in between is checked again next time.
+    _CHECKED[where] = (helper, _signature([Path(helper.manifest), Path(helper.jar), *sources]))
+    return helper
+
+
+def _java_sources_of(core: Path | None) -> list[Path]:
+    """The helper's Java sources an editable install compiles (none for a wheel's jar)."""
+    if core is None or (_INSTALLED / MANIFEST_NAME).is_file():
+        return []
+    return sorted(SOURCES.rglob("*.java"))
+
+
+def _helper_jar(spark_version: str, core: Path | None) -> Helper:
     manifest = _INSTALLED / MANIFEST_NAME
     if manifest.is_file():
         return _verified(manifest, spark_version)
-    core = _source_tree()
     if core is not None:
         return _verified(_built_in_tree(core), spark_version)
     raise LocalityUnavailable(
@@ -323,8 +364,27 @@ def _single_executor(sc: Any) -> str | None:
 _LOADERS: dict[tuple[int, str], Any] = {}
 
 
+#: The classes _load_class checked, per SparkContext (a new one must ship the jar again), jar and name.
+_CLASSES: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], Any]] = weakref.WeakKeyDictionary()
+
+
 def _load_class(sc: Any, jar: str, name: str) -> Any:
-    """Class ``name`` of the helper ``jar``, through the JVM's one loader of that jar (Py4J errors raise)."""
+    """Class ``name`` of the helper ``jar``, through the JVM's one loader of that jar (Py4J errors raise).
+
+    Once per SparkContext, jar and class: loading and checking it again costs
+    some ten Py4J calls, and a query's start loads several classes.
+    """
+    with _LOCK:
+        known = _CLASSES.get(sc, {}).get((jar, name))
+    if known is not None:
+        return known
+    cls = _load_and_check(sc, jar, name)
+    with _LOCK:
+        _CLASSES.setdefault(sc, {})[(jar, name)] = cls
+    return cls
+
+
+def _load_and_check(sc: Any, jar: str, name: str) -> Any:
     jvm: Any = sc._jvm
     gateway: Any = sc._gateway
     jsc: Any = sc._jsc.sc()

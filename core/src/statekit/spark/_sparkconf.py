@@ -12,7 +12,8 @@ from __future__ import annotations
 import difflib
 import re
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
@@ -52,25 +53,68 @@ def spark_configuration(
     """
     if is_connect(session):
         # The server's session configuration starts as a copy of its SparkConf: one source holds both.
-        app: dict[str, object] = {}
+        app: dict[str, str] = {}
         redaction = session.conf.get("spark.redaction.regex", SPARK_DEFAULT_REDACTION)
     else:
-        # The JVM's copy, read once (SparkContext.getConf() would copy it entry by entry first).
+        # The JVM's copy (SparkContext.getConf() would copy it entry by entry first).
         jconf = session.sparkContext._jsc.getConf()
-        entries = [(str(e._1()), str(e._2())) for e in jconf.getAll()]
-        _refuse_misspelt_daemon_key(k for k, _ in entries)
-        app = {k: v for k, v in entries if _ours(k)}
+        app = _app_settings(jconf)
         redaction = jconf.get("spark.redaction.regex", SPARK_DEFAULT_REDACTION)
-    runtime_conf = session.conf.getAll
-    runtime = runtime_conf() if callable(runtime_conf) else runtime_conf
-    _refuse_misspelt_daemon_key(runtime)
-    runtime = {k: v for k, v in runtime.items() if _ours(k)}
+    runtime = _runtime_settings(session)
     _warn_of_shown_secrets({**app, **runtime}, redaction or SPARK_DEFAULT_REDACTION)
     conf = Configuration.from_mapping(app).with_options(runtime)
     if overrides:
         extra = overrides.as_dict() if isinstance(overrides, Configuration) else dict(overrides)
         conf = conf.with_options(extra)
     return conf
+
+
+def _app_settings(jconf: Any) -> dict[str, str]:
+    """statekit's keys of a classic application's SparkConf (the JVM's copy), near misses included.
+
+    Its keys come in one Py4J call (``toDebugString``, whose values Spark
+    redacts, hence a call per statekit key for its value), where reading every
+    entry costs three calls each (some 60 in a small application, 40 ms warm
+    and twice that in the cold JVM of a restart). Should the keys not read back
+    exactly (a value with a line break, a key with ``=``), every entry is read.
+    """
+    count = len(jconf.getAll())
+    text = str(jconf.toDebugString())
+    keys = [line.partition("=")[0] for line in text.split("\n")] if text else []
+    if _read_back(keys, count, jconf.contains):
+        _refuse_misspelt_daemon_key(keys)
+        return {k: str(jconf.get(k)) for k in keys if _ours(k)}
+    entries = [(str(e._1()), str(e._2())) for e in jconf.getAll()]
+    _refuse_misspelt_daemon_key(k for k, _ in entries)
+    return {k: v for k, v in entries if _ours(k)}
+
+
+def _read_back(keys: list[str], count: int, contains: Callable[[str], Any]) -> bool:
+    """Whether ``keys``, split from one string, are the ``count`` keys held, statekit's among them."""
+    return len(keys) == count and len(set(keys)) == count and all(contains(k) for k in keys if _ours(k))
+
+
+def _runtime_settings(session: SparkSession) -> dict[str, str]:
+    """statekit's keys of ``session``'s runtime configuration (``spark.conf``), near misses included.
+
+    On a classic session, the keys come in one Py4J call and each statekit
+    key's value in one more (``spark.conf.getAll`` reads every entry with
+    several calls); keys that do not read back exactly (a line break in one)
+    fall back to that.
+    """
+    if not is_connect(session):
+        jruntime = session._jsparkSession.conf()
+        settings = jruntime.getAll()
+        count = int(settings.size())
+        text = str(settings.keys().mkString("\n"))
+        keys = text.split("\n") if text else []
+        if _read_back(keys, count, jruntime.contains):
+            _refuse_misspelt_daemon_key(keys)
+            return {k: str(jruntime.get(k)) for k in keys if _ours(k)}
+    runtime_conf = session.conf.getAll
+    runtime = runtime_conf() if callable(runtime_conf) else runtime_conf
+    _refuse_misspelt_daemon_key(runtime)
+    return {k: v for k, v in runtime.items() if _ours(k)}
 
 
 def is_connect(session: SparkSession) -> bool:
