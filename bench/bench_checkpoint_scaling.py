@@ -202,6 +202,12 @@ def main() -> None:
         "checkpoint's cost stays flat as the state grows, with the growth exponent over the sizes",
     )
     args = ap.parse_args()
+    sizes = [int(x) for x in args.keys.split(",")]
+    if args.change < 0 or args.change > min(sizes):
+        ap.error(
+            f"--change {args.change}: the keys changed between checkpoints must be between 0 (1 % of each "
+            f"size) and the smallest --keys ({min(sizes):,}); lower it or leave out the smaller sizes"
+        )
     root = tempfile.mkdtemp(prefix="statekit-scaling-")
     try:
         print(
@@ -213,7 +219,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         seen: dict[str, list[tuple[int, dict[str, float]]]] = {}
         for name in args.backends.split(","):
-            for n in (int(x) for x in args.keys.split(",")):
+            for n in sizes:
                 before = load()
                 r = run(name, n, args.repeats, root, args.change)
                 seen.setdefault(name, []).append((n, r))
