@@ -17,7 +17,10 @@ what the tests use (JSON and Parquet, a shuffle, Arrow to Python, a streaming
 query). :func:`use` hands it to every JVM that ``spark-submit`` starts, through
 ``SPARK_SUBMIT_OPTS`` (the drivers, the Spark Connect servers), and to the
 standalone cluster's daemons, through ``SPARK_DAEMON_JAVA_OPTS``; the cluster's
-executors get it in their Java options (tests/spark/cluster.py).
+executors get it in their Java options (tests/spark/cluster.py). Two test
+runs started together in one environment make it once: the making holds a
+lock beside the archives (``.making.lock``), and a run that finds it held runs
+without the archive rather than delete the other's half-written file.
 
 The archive changes how fast a JVM starts, never what it runs. A JVM whose JDK
 or class path differs from the archive's (a test that puts a jar on the
@@ -30,6 +33,7 @@ summary's last lines say how that went.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -41,6 +45,9 @@ import time
 from pathlib import Path
 
 __all__ = ["Making", "ensure", "executor_options", "use"]
+
+#: The lock file beside the archives that one making holds at a time.
+_LOCK_NAME = ".making.lock"
 
 #: The application whose classes go into the archive: what the tests' Spark JVMs load.
 _DUMP = textwrap.dedent(
@@ -105,6 +112,21 @@ class Making:
     def _make(self) -> None:
         path = self.path
         path.parent.mkdir(parents=True, exist_ok=True)
+        # One making at a time per environment (two test runs started together): the other's
+        # JVMs start without the archive, and its .tmp is not taken for a dead making's.
+        with open(path.parent / _LOCK_NAME, "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.said = f"not made here: another test run is making it in {path.parent}"
+                return
+            self._make_locked()
+
+    def _make_locked(self) -> None:
+        path = self.path
+        if path.exists():  # made by a run that held the lock before this one
+            self.said = str(path)
+            return
         # Another PySpark's or JDK's archive is never mapped again; a making that died left its .tmp.
         for stale in [*path.parent.glob("spark-*.jsa"), *path.parent.glob("spark-*.tmp")]:
             stale.unlink(missing_ok=True)
