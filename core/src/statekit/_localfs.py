@@ -51,14 +51,27 @@ from typing import IO
 from ._errors import UnsafeLocalPathError
 
 __all__ = [
+    "HASH_SETTLE_NS",
     "check_private_dir",
     "create_exclusive",
     "open_exclusive",
     "private_dir",
     "read_no_follow",
     "replace_atomically",
+    "settled_before",
     "write_atomically",
 ]
+
+#: How long before a file was hashed it must have last changed for the hash to stand for the file
+#: while it stays the same file: file times tick coarsely (a few ms), so a write right after the
+#: hash could leave them as they were.
+HASH_SETTLE_NS = 2_000_000_000
+
+
+def settled_before(changed_ns: int, hashed_at_ns: int) -> bool:
+    """Whether a file last changed at ``changed_ns`` did so well before ``hashed_at_ns``."""
+    return hashed_at_ns - changed_ns > HASH_SETTLE_NS
+
 
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC

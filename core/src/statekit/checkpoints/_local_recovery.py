@@ -60,7 +60,7 @@ from typing import Any
 
 from .._contracts import CheckpointOutputStream, CheckpointStorage, CheckpointWriter
 from .._errors import CorruptSnapshotError
-from .._localfs import create_exclusive, open_exclusive, private_dir, write_atomically
+from .._localfs import create_exclusive, open_exclusive, private_dir, settled_before, write_atomically
 from ..snapshots._digest import FileDigest, fd_has_digest, recorded_digest
 from ..snapshots._snapshot import BytesStreamHandle, StreamStateHandle, describe_stream
 
@@ -83,7 +83,6 @@ _MAX_REASONS = 10
 # its mtime, a replacement its inode; either is hashed anew.
 _VERIFIED: dict[str, _Checked] = {}
 _VERIFIED_LOCK = threading.Lock()
-_MTIME_MARGIN_NS = 2_000_000_000
 
 
 def _key(description: Mapping[str, Any]) -> str | None:
@@ -256,7 +255,7 @@ class LocalCopies:
             raise _Rejected("the local copy changed while it was checked")
         # Remembered only if its mtime was well before the hash: file times tick coarsely (a few ms),
         # so a write right after an early hash could leave the mtime as it was.
-        if hashed_at - after.st_mtime_ns > _MTIME_MARGIN_NS:
+        if settled_before(after.st_mtime_ns, hashed_at):
             with _VERIFIED_LOCK:
                 _VERIFIED[path] = checked
         return checked
