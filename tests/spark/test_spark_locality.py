@@ -124,6 +124,7 @@ def test_a_jar_checked_once_is_checked_again_when_it_is_replaced_or_written(
     jar = Path(real_helper.jar).read_bytes()
     package = _installed(tmp_path / "jvm", jar, sha256=hashlib.sha256(jar).hexdigest(), spark_version="4.3.0")
     monkeypatch.setattr(_jvm, "_INSTALLED", package)
+    _written_long_ago(package)  # as an installed wheel's files are
     hashed: list[str] = []
     verified = _jvm._verified
     monkeypatch.setattr(_jvm, "_verified", lambda m, v: (hashed.append(str(m)), verified(m, v))[1])
@@ -135,6 +136,7 @@ def test_a_jar_checked_once_is_checked_again_when_it_is_replaced_or_written(
     with pytest.raises(_jvm.LocalityUnavailable, match="is not the jar its build recorded"):
         _jvm.helper_jar("4.3.0")
     (package / JAR_NAME).write_bytes(jar)  # the same inode, written back
+    _written_long_ago(package)
     assert _jvm.helper_jar("4.3.0") == first
     with open(package / JAR_NAME, "r+b") as f:  # written in place, size kept
         f.seek(len(jar) - 1)
@@ -142,6 +144,29 @@ def test_a_jar_checked_once_is_checked_again_when_it_is_replaced_or_written(
     with pytest.raises(_jvm.LocalityUnavailable, match="is not the jar its build recorded"):
         _jvm.helper_jar("4.3.0")
     assert len(hashed) == 4
+
+
+def test_a_jar_written_just_before_its_check_is_checked_every_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_helper: _jvm.Helper
+) -> None:
+    """File times tick coarsely: a check just after a write is not remembered (a later write may not show)."""
+    jar = Path(real_helper.jar).read_bytes()
+    package = _installed(tmp_path / "jvm", jar, sha256=hashlib.sha256(jar).hexdigest(), spark_version="4.3.0")
+    monkeypatch.setattr(_jvm, "_INSTALLED", package)
+    hashed: list[str] = []
+    verified = _jvm._verified
+    monkeypatch.setattr(_jvm, "_verified", lambda m, v: (hashed.append(str(m)), verified(m, v))[1])
+    first = _jvm.helper_jar("4.3.0")
+    assert _jvm.helper_jar("4.3.0") == first and len(hashed) == 2
+    _written_long_ago(package)
+    assert _jvm.helper_jar("4.3.0") == first and _jvm.helper_jar("4.3.0") == first and len(hashed) == 3
+
+
+def _written_long_ago(directory: Path) -> None:
+    """Set the modification time of every file in ``directory`` a minute back."""
+    for path in directory.iterdir():
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - 60_000_000_000))
 
 
 def test_a_helper_compiled_for_another_spark_minor_version_is_not_loaded(

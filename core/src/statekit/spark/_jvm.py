@@ -49,6 +49,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +58,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from .._errors import ConfigurationError, UnsafeLocalPathError
-from .._localfs import private_dir
+from .._localfs import private_dir, settled_before
 from ._jvm_build import (
     MANIFEST_NAME,
     SOURCES,
@@ -206,23 +207,29 @@ def helper_jar(spark_version: str) -> Helper:
     A helper once checked in this process is not read and hashed again while
     its manifest and jar (and, in an editable install, its Java sources) are
     the same files, unchanged (device, inode, size, times, mode, owner): a
-    query's start asks for it several times.
+    query's start asks for it several times. As for local copies, a check is
+    remembered only if the files were last written well before it
+    (:func:`statekit._localfs.settled_before`): a write right after it could
+    leave a coarse file time as it was.
 
     Raises:
         LocalityUnavailable: If there is none, or it does not fit (see :func:`_verified`).
     """
     core = _source_tree()
     where = (spark_version, str(_INSTALLED), str(core), os.environ.get("SPARK_HOME", ""))
-    known = _CHECKED.get(where)
     sources = _java_sources_of(core)
+    known = _CHECKED.get(where)
     if known is not None:
         helper, signature = known
         with contextlib.suppress(OSError):
             if _signature([Path(helper.manifest), Path(helper.jar), *sources]) == signature:
                 return helper
+    checked_at = time.time_ns()
     helper = _helper_jar(spark_version, core)
-    # Taken after the check: a file changed in between is checked again next time.
-    _CHECKED[where] = (helper, _signature([Path(helper.manifest), Path(helper.jar), *sources]))
+    with contextlib.suppress(OSError):
+        after = _signature([Path(helper.manifest), Path(helper.jar), *sources])
+        if all(settled_before(mtime_ns, checked_at) for _, _, _, mtime_ns, *_ in after):
+            _CHECKED[where] = (helper, after)
     return helper
 
 

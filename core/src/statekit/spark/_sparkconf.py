@@ -81,17 +81,29 @@ def _app_settings(jconf: Any) -> dict[str, str]:
     count = len(jconf.getAll())
     text = str(jconf.toDebugString())
     keys = [line.partition("=")[0] for line in text.split("\n")] if text else []
-    if _read_back(keys, count, jconf.contains):
-        _refuse_misspelt_daemon_key(keys)
-        return {k: str(jconf.get(k)) for k in keys if _ours(k)}
+    found = _by_keys(keys, count, jconf.contains, jconf.get)
+    if found is not None:
+        return found
     entries = [(str(e._1()), str(e._2())) for e in jconf.getAll()]
     _refuse_misspelt_daemon_key(k for k, _ in entries)
     return {k: v for k, v in entries if _ours(k)}
 
 
-def _read_back(keys: list[str], count: int, contains: Callable[[str], Any]) -> bool:
-    """Whether ``keys``, split from one string, are the ``count`` keys held, statekit's among them."""
-    return len(keys) == count and len(set(keys)) == count and all(contains(k) for k in keys if _ours(k))
+def _by_keys(
+    keys: list[str], count: int, contains: Callable[[str], Any], get: Callable[[str], Any]
+) -> dict[str, str] | None:
+    """statekit's keys among ``keys`` with their values, read one by one, or None.
+
+    None where ``keys``, split from one string, are not exactly the ``count``
+    keys held (a line break or an ``=`` misplaced one).
+    """
+    if len(keys) != count or len(set(keys)) != count:
+        return None
+    ours = [k for k in keys if _ours(k)]
+    if not all(contains(k) for k in ours):
+        return None
+    _refuse_misspelt_daemon_key(keys)
+    return {k: str(get(k)) for k in ours}
 
 
 def _runtime_settings(session: SparkSession) -> dict[str, str]:
@@ -108,9 +120,9 @@ def _runtime_settings(session: SparkSession) -> dict[str, str]:
         count = int(settings.size())
         text = str(settings.keys().mkString("\n"))
         keys = text.split("\n") if text else []
-        if _read_back(keys, count, jruntime.contains):
-            _refuse_misspelt_daemon_key(keys)
-            return {k: str(jruntime.get(k)) for k in keys if _ours(k)}
+        found = _by_keys(keys, count, jruntime.contains, jruntime.get)
+        if found is not None:
+            return found
     runtime_conf = session.conf.getAll
     runtime = runtime_conf() if callable(runtime_conf) else runtime_conf
     _refuse_misspelt_daemon_key(runtime)
