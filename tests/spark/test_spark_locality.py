@@ -121,13 +121,8 @@ def test_a_jar_checked_once_is_checked_again_when_it_is_replaced_or_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_helper: _jvm.Helper
 ) -> None:
     """helper_jar does not hash an unchanged jar again within a process; any change is hashed."""
-    jar = Path(real_helper.jar).read_bytes()
-    package = _installed(tmp_path / "jvm", jar, sha256=hashlib.sha256(jar).hexdigest(), spark_version="4.3.0")
-    monkeypatch.setattr(_jvm, "_INSTALLED", package)
+    jar, package, hashed = _installed_and_counted(tmp_path, monkeypatch, real_helper)
     _written_long_ago(package)  # as an installed wheel's files are
-    hashed: list[str] = []
-    verified = _jvm._verified
-    monkeypatch.setattr(_jvm, "_verified", lambda m, v: (hashed.append(str(m)), verified(m, v))[1])
     first = _jvm.helper_jar("4.3.0")
     assert _jvm.helper_jar("4.3.0") == first and len(hashed) == 1  # unchanged: not read again
     replacement = package / "planted.jar"
@@ -150,16 +145,24 @@ def test_a_jar_written_just_before_its_check_is_checked_every_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_helper: _jvm.Helper
 ) -> None:
     """File times tick coarsely: a check just after a write is not remembered (a later write may not show)."""
+    jar, package, hashed = _installed_and_counted(tmp_path, monkeypatch, real_helper)
+    first = _jvm.helper_jar("4.3.0")
+    assert _jvm.helper_jar("4.3.0") == first and len(hashed) == 2
+    _written_long_ago(package)
+    assert _jvm.helper_jar("4.3.0") == first and _jvm.helper_jar("4.3.0") == first and len(hashed) == 3
+
+
+def _installed_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_helper: _jvm.Helper
+) -> tuple[bytes, Path, list[str]]:
+    """The real helper installed as a wheel's (for Spark 4.3.0), and the list each check of it appends to."""
     jar = Path(real_helper.jar).read_bytes()
     package = _installed(tmp_path / "jvm", jar, sha256=hashlib.sha256(jar).hexdigest(), spark_version="4.3.0")
     monkeypatch.setattr(_jvm, "_INSTALLED", package)
     hashed: list[str] = []
     verified = _jvm._verified
     monkeypatch.setattr(_jvm, "_verified", lambda m, v: (hashed.append(str(m)), verified(m, v))[1])
-    first = _jvm.helper_jar("4.3.0")
-    assert _jvm.helper_jar("4.3.0") == first and len(hashed) == 2
-    _written_long_ago(package)
-    assert _jvm.helper_jar("4.3.0") == first and _jvm.helper_jar("4.3.0") == first and len(hashed) == 3
+    return jar, package, hashed
 
 
 def _written_long_ago(directory: Path) -> None:
