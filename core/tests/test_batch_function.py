@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 pa = pytest.importorskip("pyarrow")
 
@@ -36,7 +38,7 @@ from statekit import (  # noqa: E402
     ValueStateDescriptor,
 )
 from statekit.errors import ConfigurationError  # noqa: E402
-from statekit.runtime._columnar import group_runs, output_columns, output_rows  # noqa: E402
+from statekit.runtime._columnar import arrow_group_runs, group_runs, output_columns, output_rows  # noqa: E402
 from statekit.testing._semantics_state import Mean  # noqa: E402
 
 COUNT = ValueStateDescriptor("count", int, default=0)
@@ -362,6 +364,46 @@ def test_group_runs_keeps_first_appearance_and_arrival_order() -> None:
     # Unhashable keys group by a stand-in, and come back as they were.
     order, runs = group_runs([{"k": 1}, {"k": 2}, {"k": 1}], fallback=repr)
     assert order == [0, 2, 1] and runs == [({"k": 1}, 0, 2), ({"k": 2}, 2, 1)]
+
+
+_FEW_STRINGS = st.lists(st.sampled_from(["", "a", "b", "ab", "é", "日本", "a\x00", "A"]), max_size=60)
+_STRINGS = st.lists(st.text(max_size=6), max_size=60)
+_INTS = st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(-3, 3), max_size=60)
+
+
+@given(st.one_of(_FEW_STRINGS, _STRINGS, _INTS), st.sampled_from([None, "large", "chunked"]))
+def test_arrow_groups_a_key_column_as_group_runs_groups_its_python_values(
+    keys: list[Any], form: str | None
+) -> None:
+    """Arrow's grouping (the Spark runner's, for a batch function) is group_runs' over the same values."""
+    strings = all(isinstance(k, str) for k in keys) and bool(keys)
+    typ = (pa.large_string() if form == "large" else pa.string()) if strings else pa.int64()
+    column = pa.array(keys, typ)
+    if form == "chunked":
+        half = len(keys) // 2
+        column = pa.chunked_array([column.slice(0, half), column.slice(half)], typ)
+    grouped = arrow_group_runs(column)
+    assert grouped is not None
+    order, distinct, offsets, lengths = grouped
+    want_order, want_runs = group_runs(keys)
+    assert order.to_pylist() == want_order
+    assert list(zip(distinct, offsets, lengths)) == want_runs
+    assert all(type(k) is type(w) for k, (w, _, _) in zip(distinct, want_runs))
+
+
+def test_arrow_leaves_columns_whose_equality_is_not_python_s_to_group_runs() -> None:
+    """Nulls, floats (NaN, -0.0), binary and dictionary columns are not grouped by Arrow."""
+    for column in (
+        pa.array(["a", None, "a"]),
+        pa.array([0.0, -0.0, float("nan")]),
+        pa.array([b"a", b"a"]),
+        pa.array(["a", "b", "a"]).dictionary_encode(),
+        pa.array([1, None], pa.int32()),
+    ):
+        assert arrow_group_runs(column) is None, column.type
+    assert arrow_group_runs(pa.array([], pa.string())) is not None
+    order, keys, offsets, lengths = arrow_group_runs(pa.array([7, 5, 7], pa.uint8()))  # type: ignore[misc]
+    assert (order.to_pylist(), keys, offsets, lengths) == ([0, 2, 1], [7, 5], [0, 2], [2, 1])
 
 
 def test_output_columns_of_every_form() -> None:

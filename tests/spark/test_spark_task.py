@@ -364,6 +364,34 @@ def test_rows_of_one_subtask_take_the_short_loop_with_the_general_loop_s_outcome
     assert [r["records"] for _, r in want] == [FLUSH_ROWS, FLUSH_ROWS + 300]
 
 
+def test_a_batch_function_s_rows_of_one_subtask_are_grouped_by_arrow_with_the_general_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A KeyedBatchFunction's batch of one subtask's records and no marker is grouped by key in Arrow,
+    in one or several arriving chunks, with or without the routing's key groups: the same outputs in
+    the same order, the same counts and state as the general loop's grouping in Python."""
+    records = make_records(2 * FLUSH_ROWS + 300)
+    by_arrow: list[bool] = []
+    original = _loops._grouped_by_arrow
+
+    def counted(run: Any, batch: Any) -> Any:
+        grouped = original(run, batch)
+        by_arrow.append(grouped is not None)
+        return grouped
+
+    monkeypatch.setattr(_loops, "_grouped_by_arrow", counted)
+    want = two_batches(records, Driver(tmp_path / "general", CountUrlsBatch, vectorized=True))
+    assert by_arrow == [False, False]  # a marker row in every batch: grouped in Python
+    for chunks, key_groups in ((1, False), (3, True)):
+        by_arrow.clear()
+        reset_cache()  # the drivers' subtasks have the same cache key
+        driver = Driver(tmp_path / f"arrow-{chunks}", CountUrlsBatch, vectorized=True)
+        driver.marker, driver.chunks, driver.key_groups = False, chunks, key_groups
+        assert two_batches(records, driver) == want
+        assert by_arrow == [True, True]
+    assert [r["records"] for _, r in want] == [FLUSH_ROWS, FLUSH_ROWS + 300]
+
+
 def test_columns_of_one_subtask_skip_the_per_row_routing_with_the_same_outcome(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

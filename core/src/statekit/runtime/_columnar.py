@@ -20,7 +20,15 @@ from typing import Any
 
 from .._errors import install_hint
 
-__all__ = ["group_runs", "is_columnar", "output_columns", "output_rows", "require_pyarrow", "subtask_runs"]
+__all__ = [
+    "arrow_group_runs",
+    "group_runs",
+    "is_columnar",
+    "output_columns",
+    "output_rows",
+    "require_pyarrow",
+    "subtask_runs",
+]
 
 
 def require_pyarrow() -> Any:
@@ -70,6 +78,45 @@ def group_runs(
         runs.append((firsts[gkey], len(order), len(group)))
         order.extend(group)
     return order, runs
+
+
+def arrow_group_runs(column: Any) -> tuple[Any, list[Any], list[int], list[int]] | None:
+    """:func:`group_runs` of an Arrow key column, computed by Arrow: ``(order, keys, offsets, lengths)``.
+
+    ``order`` is an Arrow array of row indices, ``keys`` the distinct keys as
+    Python values in order of first appearance, and key ``i``'s rows are
+    ``order[offsets[i] : offsets[i] + lengths[i]]``, in arrival order: the same
+    grouping as :func:`group_runs` gives over the column's Python values,
+    without a Python step per row. Arrow numbers the distinct keys in order of
+    first appearance (``dictionary_encode``), sorts the rows by that number
+    (``sort_indices`` is stable) and finds where each number's run ends.
+
+    None where Arrow's equality may not be Python's or a value does not
+    convert: only a column of strings or ints without nulls is grouped here.
+    """
+    pa = require_pyarrow()
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+    typ = column.type
+    if column.null_count or not (
+        pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_integer(typ)
+    ):
+        return None
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    encoded = column.dictionary_encode()
+    try:
+        keys = encoded.dictionary.to_pylist()
+    except (ValueError, OverflowError, ArithmeticError, TypeError, pa.ArrowException):
+        return None  # a value Python cannot hold: the caller's Python path names it
+    codes = encoded.indices
+    order = pc.sort_indices(codes)
+    if not keys:
+        return order, [], [], []
+    # Sorted, the numbers run 0, 1, ... k - 1, each at least once: run i holds key i's rows.
+    ends: list[int] = pc.run_end_encode(codes.take(order)).run_ends.to_pylist()
+    offsets = [0, *ends[:-1]]
+    return order, keys, offsets, [end - offset for offset, end in zip(offsets, ends)]
 
 
 def subtask_runs(indexes: Sequence[int]) -> tuple[list[int], list[tuple[int, int, int]]]:

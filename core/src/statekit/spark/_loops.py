@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from ..runtime._columnar import group_runs, subtask_runs
+from ..runtime._columnar import arrow_group_runs, group_runs, subtask_runs
 from ..runtime._function import ColumnsContext, KeyedBatchFunction, KeyedColumnsFunction, fire_timer_results
 from ..runtime._subtask import Subtask
 from ..state._keyed import KeyedBackendBase
@@ -36,6 +36,7 @@ from ._run import SubtaskCounts, TaskRun
 __all__ = ["event_times", "fire_timers", "process_columns", "process_groups", "process_records"]
 
 _NO_SUBTASK = object()
+_Runs = Iterable[tuple[tuple[int, Any], int, int]]  # ((subtask, key), offset, length) per key, in order
 
 
 def process_records(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
@@ -224,18 +225,24 @@ def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
     t = clock()
     restoring = phases["restore"]
     batch = pa.Table.from_batches(received).combine_chunks().to_batches()[0]
-    subtasks, served, keys, rows, late_rows = _routed(run, batch)
-    serialize = plan.key_serializer.serialize
-    runs: list[tuple[tuple[int, Any], int, int]]  # (subtask, key), offset, length
-    if len(served) == 1:  # the usual case: one subtask per partition, group on the key alone
-        (only,) = served
-        order, key_runs = group_runs(keys, rows, fallback=serialize)
-        runs = [((only, key), offset, length) for key, offset, length in key_runs]
+    runs: _Runs
+    late_rows: list[int] = []
+    by_arrow = _grouped_by_arrow(run, batch)
+    if by_arrow is not None:  # the usual batch: grouped in C
+        order, runs = by_arrow
     else:
-        order, runs = group_runs(
-            list(zip(subtasks, keys)), rows, fallback=lambda sk: (sk[0], serialize(sk[1]))
-        )
-    grouped = batch.select(list(plan.input_columns)).take(pa.array(order, pa.int64()))
+        subtasks, served, keys, rows, late_rows = _routed(run, batch)
+        serialize = plan.key_serializer.serialize
+        if len(served) == 1:  # one subtask's rows, among markers or late rows: group on the key alone
+            (only,) = served
+            listed, key_runs = group_runs(keys, rows, fallback=serialize)
+            runs = [((only, key), offset, length) for key, offset, length in key_runs]
+        else:
+            listed, runs = group_runs(
+                list(zip(subtasks, keys)), rows, fallback=lambda sk: (sk[0], serialize(sk[1]))
+            )
+        order = pa.array(listed, pa.int64())
+    grouped = batch.select(list(plan.input_columns)).take(order)
     t_loop = clock()
     phases["convert"] += t_loop - t - (phases["restore"] - restoring)
     cur: Any = _NO_SUBTASK
@@ -263,6 +270,33 @@ def process_groups(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
     phases["records"] += clock() - t_loop
     if late_rows:
         yield out.late(batch, late_rows)
+
+
+def _grouped_by_arrow(run: TaskRun, batch: Any) -> tuple[Any, _Runs] | None:
+    """:func:`process_groups`' order and runs of the usual batch, computed by Arrow; None for any other.
+
+    The usual batch: one subtask's records without a marker (the routing in the
+    query's plan), no event time, and a key column Arrow can group as Python
+    would (:func:`~statekit.runtime._columnar.arrow_group_runs`). Only the
+    distinct keys become Python values, and only their key groups go to the
+    backend.
+    """
+    plan = run.plan
+    if plan.event_time is not None:
+        return None
+    only = _one_subtask(batch)
+    if only is None:
+        return None
+    grouped = arrow_group_runs(batch.column(plan.key_column))
+    if grouped is None:
+        return None
+    order, keys, offsets, lengths = grouped
+    run.bad_keys.rows_read += batch.num_rows
+    st = run.subtask(only)
+    if isinstance(st.keyed, KeyedBackendBase) and batch.schema.get_field_index(KEY_GROUP_COLUMN) >= 0:
+        firsts = order.take(pa.array(offsets, pa.int64()))  # each key's first row
+        st.keyed.remember_key_groups(keys, batch.column(KEY_GROUP_COLUMN).take(firsts).to_pylist())
+    return order, zip(zip(itertools.repeat(only), keys), offsets, lengths)
 
 
 def process_columns(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
