@@ -15,10 +15,10 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
-__all__ = ["CONVERSION_ERRORS", "Unconvertible", "rows_of", "values_of"]
+__all__ = ["Unconvertible", "rows_of", "values_of"]
 
 #: What Arrow's conversion to Python raises for a value Python cannot hold.
-CONVERSION_ERRORS = (ValueError, OverflowError, ArithmeticError, TypeError, pa.ArrowException)
+_CONVERSION_ERRORS = (ValueError, OverflowError, ArithmeticError, TypeError, pa.ArrowException)
 
 
 class Unconvertible:
@@ -45,7 +45,7 @@ def values_of(column: Any) -> list[Any]:
     """The Python values of an Arrow array; an :class:`Unconvertible` where one cannot be converted."""
     try:
         return column.to_pylist()  # type: ignore[no-any-return]
-    except CONVERSION_ERRORS:
+    except _CONVERSION_ERRORS:
         return [_value(column, i) for i in range(len(column))]
 
 
@@ -59,7 +59,7 @@ def rows_of(batch: Any) -> tuple[list[dict[str, Any]], bool]:
             name = batch.schema.names[0]
             return [{name: value} for value in batch.column(0).to_pylist()], True
         return batch.to_pylist(), True
-    except CONVERSION_ERRORS:
+    except _CONVERSION_ERRORS:
         names = batch.schema.names
         columns = [values_of(batch.column(i)) for i in range(batch.num_columns)]
         return [dict(zip(names, values)) for values in zip(*columns)], False
@@ -68,7 +68,7 @@ def rows_of(batch: Any) -> tuple[list[dict[str, Any]], bool]:
 def _value(column: Any, i: int) -> Any:
     try:
         return column[i].as_py()
-    except CONVERSION_ERRORS as e:
+    except _CONVERSION_ERRORS as e:
         return Unconvertible(_text(column, i), e)
 
 
@@ -79,5 +79,5 @@ def _text(column: Any, i: int) -> str:
         if pa.types.is_temporal(value.type):
             return f"{value.cast(pa.int64())[0].as_py()} ({value.type})"
         return f"{value.cast(pa.string())[0].as_py()} ({value.type})"
-    except CONVERSION_ERRORS:
+    except _CONVERSION_ERRORS:
         return f"a {value.type} value"
