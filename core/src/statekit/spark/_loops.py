@@ -292,10 +292,8 @@ def _grouped_by_arrow(run: TaskRun, batch: Any) -> tuple[Any, _Runs] | None:
         return None
     order, keys, offsets, lengths = grouped
     run.bad_keys.rows_read += batch.num_rows
-    st = run.subtask(only)
-    if isinstance(st.keyed, KeyedBackendBase) and batch.schema.get_field_index(KEY_GROUP_COLUMN) >= 0:
-        firsts = order.take(pa.array(offsets, pa.int64()))  # each key's first row
-        st.keyed.remember_key_groups(keys, batch.column(KEY_GROUP_COLUMN).take(firsts).to_pylist())
+    firsts = order.take(pa.array(offsets, pa.int64()))  # each key's first row
+    _key_groups_to_backend(run.subtask(only), keys, batch, rows=firsts)
     return order, zip(zip(itertools.repeat(only), keys), offsets, lengths)
 
 
@@ -370,7 +368,7 @@ def _routed(run: TaskRun, batch: Any) -> tuple[list[Any], set[int], list[Any], S
 
 
 def _key_groups_to_backend(
-    st: Subtask, keys: list[Any], batch: Any, key_column: str | None = None
+    st: Subtask, keys: list[Any], batch: Any, key_column: str | None = None, *, rows: Any = None
 ) -> list[int] | None:
     """Hands the routing's key groups of ``keys`` (one subtask's rows of ``batch``) to its backend.
 
@@ -384,12 +382,14 @@ def _key_groups_to_backend(
     (:meth:`~statekit.state._keyed.KeyedBackendBase.remember_key_groups`, which
     checks they are the subtask's) for ``set_current_key`` to find, and None is
     returned. A backend of its own making, not on the base, computes them
-    itself: it gets nothing.
+    itself: it gets nothing. ``rows`` (Arrow indices into ``batch``) says which
+    rows ``keys`` are the keys of, where they are not all of its rows.
     """
     keyed = st.keyed
     if not isinstance(keyed, KeyedBackendBase) or batch.schema.get_field_index(KEY_GROUP_COLUMN) < 0:
         return None
-    groups: list[int] = batch.column(KEY_GROUP_COLUMN).to_pylist()
+    column = batch.column(KEY_GROUP_COLUMN)
+    groups: list[int] = (column if rows is None else column.take(rows)).to_pylist()
     hashes = key_column is not None and _hashes(batch.schema.field(key_column).type)
     if hashes and keyed.hand_over_key_groups(keys, groups):
         return groups
