@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
 import tempfile
 import threading
@@ -27,7 +28,7 @@ from sparkutil import (
 from jobs import SEEN, CountUrls, make_records, model_state
 from statekit import LocalRunner, default_registry
 from statekit.checkpointing import load_checkpoint
-from statekit.errors import ConfigurationError, UnknownPluginError
+from statekit.errors import CheckpointError, ConfigurationError, UnknownPluginError
 from statekit.spark import BatchInfo, keyed
 
 RECORDS = make_records(2400)
@@ -470,6 +471,12 @@ def test_a_new_query_must_say_where_its_state_comes_from(session: Any, tmp_path:
     )
     with pytest.raises(Exception, match="already has state"):
         run_to_end(second, tmp_path / "spark2")
+    # The refused query left its first batch's offsets there: taking the state over on that location
+    # would read that batch's input again from its own position. Refused before Spark starts.
+    offsets = sorted(os.listdir(tmp_path / "spark2" / "offsets"))
+    with pytest.raises(CheckpointError, match=r"spark2 belongs to query .*no committed micro-batch"):
+        run_to_end(second, tmp_path / "spark2", restore="latest")
+    assert sorted(os.listdir(tmp_path / "spark2" / "offsets")) == offsets
     shutil.rmtree(tmp_path / "spark2")
     run_to_end(second, tmp_path / "spark2", restore="latest")
     assert_exact_state(second.checkpoint_storage(), job_id, RECORDS)

@@ -285,6 +285,13 @@ def prepare_latest(
     query continues right after it, as a restart on that location would. When
     the position is gone, the query's sources start from their configured
     start, as before, and a warning says why. Returns the seeded query's id.
+
+    A location that already holds another query (one that never committed a
+    batch, say, after its start was refused) is refused: Spark would go on
+    from its own position with state that counts another query's input.
+
+    Raises:
+        CheckpointError: If ``location`` holds a query other than the latest checkpoint's.
     """
     if latest is None:
         return None
@@ -293,6 +300,20 @@ def prepare_latest(
         return None  # a LocalRunner's or a static run's: no Spark position to continue from
     loc = SparkLocation(location)
     if not loc.is_empty():
+        here = loc.query_id()
+        if here is not None and here != query:
+            # Spark would go on from this location's own offsets (from its first file, for a query
+            # that never committed a batch) with state that already counts another query's input.
+            offsets, commits = loc.batches("offsets"), loc.batches("commits")
+            raise CheckpointError(
+                f"statekit job {job_id!r}: restore='latest' takes {latest.location}, made by Spark query "
+                f"{query}, but the checkpoint location {location} belongs to query {here} (offset log "
+                f"{_span(offsets)}, commit log {_span(commits)}): Spark would go on from that location's "
+                "own source position, and the input the state already counts would be read again. "
+                "Start on a new checkpoint location (restore='latest' then continues right after the "
+                "checkpoint), or on the query's own location"
+                + ("; this one holds no committed micro-batch and may be deleted" if not commits else "")
+            )
         return None
     position = position_of(storage, latest.location, latest.metadata.properties)
     if isinstance(position, SparkPosition):
@@ -307,3 +328,10 @@ def prepare_latest(
         stacklevel=3,
     )
     return None
+
+
+def _span(batches: list[int]) -> str:
+    """Micro-batches ``batches`` of a Spark log as a message names them."""
+    if not batches:
+        return "empty"
+    return f"batch {batches[0]}" if len(batches) == 1 else f"batches {batches[0]}-{batches[-1]}"
