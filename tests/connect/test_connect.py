@@ -30,6 +30,7 @@ from sparkutil import (
 )
 
 from jobs import make_records, model_state
+from statekit_storage import FileSystemCheckpointStorage
 
 HERE = Path(__file__).resolve().parent
 CLIENT = HERE / "connect_client.py"
@@ -197,6 +198,40 @@ def test_a_savepoint_restored_from_a_connect_client_continues_after_its_source_p
     second = [*base, "--out", str(tmp_path / "out-2"), "--spark-checkpoint", str(tmp_path / "spark-2")]
     finish(start_client(connect_server, [*second, "--job-id", "after", "--restore", savepoint], log), log)
     assert_exact_state(storage, "after", records)
+
+
+@pytest.mark.nightly  # three Connect clients (~40 s): tests/spark covers the driver's refusal in ci
+def test_restore_latest_from_a_connect_client_on_a_relative_location_is_refused_at_its_first_batch(
+    connect_server: ConnectServer, tmp_path: Path
+) -> None:
+    """``start(restore='latest')`` from a client given a relative location (the server's): the client
+    cannot seed it with the checkpoint's source position, so Spark would read every file again; the
+    server's driver refuses the first batch before any state is touched, saying what to give instead."""
+    records = make_records(500, seed=25)
+    write_inputs(tmp_path / "in", records[:300], 2)
+    checkpoints = tmp_path / "statekit"
+    base = ["stream", "--input", str(tmp_path / "in"), "--checkpoints-dir", str(checkpoints), "--job-id", "l"]
+    log = tmp_path / "client-1.log"
+    first = [*base, "--out", str(tmp_path / "out-1"), "--spark-checkpoint", str(tmp_path / "spark-1")]
+    finish(start_client(connect_server, first, log), log)
+    write_inputs(tmp_path / "in", records[300:], 1, start=2)
+    relative = os.path.relpath(tmp_path / "spark-2", connect_server.workdir)
+    log = tmp_path / "client-2.log"
+    refused = start_client(
+        connect_server,
+        [*base, "--out", str(tmp_path / "out-2"), "--spark-checkpoint", relative, "--restore", "latest"],
+        log,
+    )
+    assert refused.wait(timeout=300) != 0
+    text = log.read_text()
+    assert (
+        "runs micro-batch 0 of query" in text and "absolute path or a URL that the client reaches" in text
+    ), text[-3000:]
+    assert_exact_state(FileSystemCheckpointStorage(str(checkpoints)), "l", records[:300])
+    log = tmp_path / "client-3.log"
+    third = [*base, "--out", str(tmp_path / "out-3"), "--spark-checkpoint", str(tmp_path / "spark-3")]
+    finish(start_client(connect_server, [*third, "--restore", "latest"], log), log)
+    assert_exact_state(FileSystemCheckpointStorage(str(checkpoints)), "l", records)
 
 
 def test_server_killed_between_sink_and_checkpoint_then_restarted_counts_exactly(

@@ -30,6 +30,7 @@ from statekit import LocalRunner, default_registry
 from statekit.checkpointing import load_checkpoint
 from statekit.errors import CheckpointError, ConfigurationError, UnknownPluginError
 from statekit.spark import BatchInfo, keyed
+from statekit.spark._upgrade import prepare_latest
 
 RECORDS = make_records(2400)
 BACKENDS = sorted(default_registry().backends())
@@ -456,7 +457,9 @@ def test_lost_jobmanager_checkpoints_stop_the_query_with_a_clear_error(
         run_to_end(counting(session, tmp_path, job_id, []), tmp_path / "spark")
 
 
-def test_a_new_query_must_say_where_its_state_comes_from(session: Any, tmp_path: Path, job_id: str) -> None:
+def test_a_new_query_must_say_where_its_state_comes_from(
+    session: Any, tmp_path: Path, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     configure(
         session, {"spark.statekit.checkpoints.dir": tmp_path / "statekit", "spark.statekit.parallelism": 2}
     )
@@ -477,9 +480,22 @@ def test_a_new_query_must_say_where_its_state_comes_from(session: Any, tmp_path:
     with pytest.raises(CheckpointError, match=r"spark2 belongs to query .*no committed micro-batch"):
         run_to_end(second, tmp_path / "spark2", restore="latest")
     assert sorted(os.listdir(tmp_path / "spark2" / "offsets")) == offsets
+    storage = second.checkpoint_storage()
+    first_state = restored_state(storage, job_id)
+    # Where start() cannot see the location (a Spark Connect client given a relative path: it is the
+    # server's), the driver refuses the query's first batch, before any state is touched.
+    with monkeypatch.context() as m:
+        m.setattr("statekit.spark._api.prepare_latest", lambda *a, **kw: None)
+        with pytest.raises(Exception, match=r"spark2 runs micro-batch 0 of query .*not micro-batch 2 after"):
+            run_to_end(second, tmp_path / "spark2", restore="latest")
+    assert restored_state(storage, job_id) == first_state
     shutil.rmtree(tmp_path / "spark2")
+    # A location start() seeded from the checkpoint is the new query's own: started again (after a crash
+    # before its first checkpoint, say) it goes on from the seeded position.
+    latest = load_checkpoint(storage, storage.latest_checkpoint(job_id))
+    assert prepare_latest(str(tmp_path / "spark2"), latest, storage, job_id=job_id) is not None
     run_to_end(second, tmp_path / "spark2", restore="latest")
-    assert_exact_state(second.checkpoint_storage(), job_id, RECORDS)
+    assert_exact_state(storage, job_id, RECORDS)
 
 
 def test_static_dataframe_runs_as_resumable_batches(session: Any, tmp_path: Path, job_id: str) -> None:

@@ -107,7 +107,14 @@ from ._routing import Router, jvm_seq, quote, routing_values
 from ._savepoint_request import SparkSavepointRequests
 from ._sparkconf import application, default_parallelism, is_connect, local_dir, spark_configuration
 from ._task import make_task
-from ._upgrade import Decision, absolute_location, decide, no_position_error, restore_origin
+from ._upgrade import (
+    Decision,
+    absolute_location,
+    check_latest_taken_over,
+    decide,
+    no_position_error,
+    restore_origin,
+)
 from ._warmup import start_warm_up
 
 __all__ = [
@@ -474,6 +481,12 @@ class MicroBatchDriver:
                     "to go on from empty state"
                 )
             return False, None
+        if latest is not None and self.spark_location is not None:
+            # restore="latest" takes another query's checkpoint only right after its source position.
+            check_latest_taken_over(
+                latest, self.storage, job_id=job, location=self.spark_location, query=query, batch=batch_id,
+                connect=self.connect,
+            )  # fmt: skip
         return False, latest  # restore="latest"
 
     def position(self) -> SparkPosition | str:

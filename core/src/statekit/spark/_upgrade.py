@@ -52,6 +52,7 @@ from ..checkpoints._source_position import (
 
 __all__ = [
     "Decision",
+    "check_latest_taken_over",
     "checkpoint_location_of",
     "decide",
     "no_position_error",
@@ -288,7 +289,9 @@ def prepare_latest(
 
     A location that already holds another query (one that never committed a
     batch, say, after its start was refused) is refused: Spark would go on
-    from its own position with state that counts another query's input.
+    from its own position with state that counts another query's input. One
+    seeded from this checkpoint before (the same start again, after a crash
+    before its first checkpoint) is the query's own and goes on.
 
     Raises:
         CheckpointError: If ``location`` holds a query other than the latest checkpoint's.
@@ -301,19 +304,10 @@ def prepare_latest(
     loc = SparkLocation(location)
     if not loc.is_empty():
         here = loc.query_id()
-        if here is not None and here != query:
+        if here is not None and here != query and not _seeded_from(loc, storage, latest):
             # Spark would go on from this location's own offsets (from its first file, for a query
             # that never committed a batch) with state that already counts another query's input.
-            offsets, commits = loc.batches("offsets"), loc.batches("commits")
-            raise CheckpointError(
-                f"statekit job {job_id!r}: restore='latest' takes {latest.location}, made by Spark query "
-                f"{query}, but the checkpoint location {location} belongs to query {here} (offset log "
-                f"{_span(offsets)}, commit log {_span(commits)}): Spark would go on from that location's "
-                "own source position, and the input the state already counts would be read again. "
-                "Start on a new checkpoint location (restore='latest' then continues right after the "
-                "checkpoint), or on the query's own location"
-                + ("; this one holds no committed micro-batch and may be deleted" if not commits else "")
-            )
+            raise _elsewhere(job_id, latest, location, f"belongs to query {here}", loc)
         return None
     position = position_of(storage, latest.location, latest.metadata.properties)
     if isinstance(position, SparkPosition):
@@ -328,6 +322,84 @@ def prepare_latest(
         stacklevel=3,
     )
     return None
+
+
+def check_latest_taken_over(
+    latest: CompletedCheckpoint,
+    storage: Any,
+    *,
+    job_id: str,
+    location: str,
+    query: str,
+    batch: int,
+    connect: bool = False,
+) -> None:
+    """A batch of a query that ``restore='latest'`` started on another Spark query's checkpoint.
+
+    The driver's check at the batch, for both runners: :func:`prepare_latest`
+    refuses a location of another query at ``start()``, but a Spark Connect
+    client may not reach the location (a relative path is the server's), and
+    a location can change between ``start()`` and Spark's first batch. The
+    batch is taken only where :func:`prepare_latest` put the query: right
+    after the checkpoint's source position (the micro-batch after the seeded
+    one, on a location whose offset log holds that position). A checkpoint
+    without a Spark position (``start()`` warned: the sources start from their
+    configured start) and a LocalRunner's or static run's pass.
+
+    Args:
+        connect: The query was started from a Spark Connect client (the way
+            out then says how the client brings the position along).
+
+    Raises:
+        CheckpointError: If the batch does not continue from the checkpoint's source position.
+    """
+    other = latest.metadata.properties.get("spark_query_id")
+    if other is None or other == "static" or other == query:
+        return
+    position = position_of(storage, latest.location, latest.metadata.properties)
+    if not isinstance(position, SparkPosition):
+        return
+    loc = SparkLocation(location)
+    if batch == position.seeded_batch + 1 and matches(loc, position):
+        return
+    error = _elsewhere(
+        job_id,
+        latest,
+        location,
+        f"runs micro-batch {batch} of query {query}, not micro-batch {position.seeded_batch + 1} after "
+        "that checkpoint's source position",
+        loc,
+    )
+    if connect:
+        # start() on a Connect client seeds only a location it reaches under the same name.
+        error = CheckpointError(
+            f"{error}. From a Spark Connect client, give the new checkpoint location as an absolute path "
+            "or a URL that the client reaches too (a relative one is the server's): start() writes the "
+            "checkpoint's source position into it before the query starts"
+        )
+    raise error
+
+
+def _seeded_from(loc: SparkLocation, storage: Any, latest: CompletedCheckpoint) -> bool:
+    """Whether ``loc`` was seeded with ``latest``'s source position (its offset log holds it)."""
+    position = position_of(storage, latest.location, latest.metadata.properties)
+    return isinstance(position, SparkPosition) and matches(loc, position)
+
+
+def _elsewhere(
+    job_id: str, latest: CompletedCheckpoint, location: str, what: str, loc: SparkLocation
+) -> CheckpointError:
+    """``restore='latest'`` refused: Spark's location ``location`` does not continue from ``latest``."""
+    offsets, commits = loc.batches("offsets"), loc.batches("commits")
+    query = latest.metadata.properties.get("spark_query_id")
+    return CheckpointError(
+        f"statekit job {job_id!r}: restore='latest' takes {latest.location}, made by Spark query "
+        f"{query}, but the checkpoint location {location} {what} (offset log {_span(offsets)}, commit log "
+        f"{_span(commits)}): Spark would go on from that location's own source position, and the input the "
+        "state already counts would be read again. Start on a new checkpoint location (restore='latest' "
+        "then continues right after the checkpoint), or on the query's own location"
+        + ("; this one holds no committed micro-batch and may be deleted" if not commits else "")
+    )
 
 
 def _span(batches: list[int]) -> str:
