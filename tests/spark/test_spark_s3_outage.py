@@ -94,7 +94,8 @@ def test_endpoint_stops_mid_upload_the_batch_fails_and_the_restarted_query_is_ex
     assert orphans, stored  # the failed attempt's SST uploads, which it could not delete
 
     # The user restarts the query, same checkpoint location: Spark runs micro-batch 2 again, into
-    # chk-4 (the failed query never recorded an end: chk-3 is skipped, as on the LocalRunner).
+    # chk-4 (the failed query could not record its end, the endpoint being down when it ended: chk-3 is
+    # skipped, as on the LocalRunner).
     query = start()
     query.awaitTermination()
     assert storage.latest_checkpoint(job) == f"s3://{BUCKET}/{prefix}/{job}/chk-6"

@@ -154,6 +154,7 @@ def test_a_query_that_ends_before_its_warm_up_waits_for_it(
 
     from jobs import CountUrls
     from statekit.spark import _warmup, keyed
+    from statekit.spark._query import StartedQuery
 
     monkeypatch.setattr(_warmup, "_warmed", set())
     sc = session.sparkContext
@@ -182,20 +183,21 @@ def test_a_query_that_ends_before_its_warm_up_waits_for_it(
             .write_files(str(tmp_path / "out"))
             .start(checkpoint_location=str(tmp_path / "cp"), trigger={"availableNow": True})
         )
-        assert isinstance(query, _warmup.QueryAfterWarmUp)
+        assert isinstance(query, StartedQuery)
+        warm_up = query._on_end.__self__.warm_up  # type: ignore[attr-defined]  # the query's driver's
         returned = threading.Event()
         waiter = threading.Thread(target=lambda: (query.awaitTermination(), returned.set()))
         waiter.start()
         wait_until(lambda: not query.isActive, "the query over an empty folder to end")
         # The query has ended; its warm-up cannot have (its tasks wait for the cores).
         assert not returned.wait(1.0), "awaitTermination returned while the warm-up's job was waiting"
-        assert query._warm_up.is_alive()
+        assert warm_up.is_alive()
     finally:
         release.touch()
         holder.join(timeout=600)
     assert returned.wait(600), "awaitTermination did not return once the warm-up could run"
     waiter.join(timeout=60)
-    assert not query._warm_up.is_alive()
+    assert not warm_up.is_alive()
     assert list(sc.statusTracker().getActiveJobsIds()) == []  # nothing left for a stop to kill
 
 

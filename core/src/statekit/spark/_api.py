@@ -33,6 +33,7 @@ from ._driver import (
     aqe_off_for_the_query,
 )
 from ._jobspec import JobSpec, Sink, check_columns, check_key_type, driver_storage, resolve_dead_letters
+from ._query import StartedQuery
 from ._shipping import ship_by_value
 from ._sparkconf import is_connect, spark_configuration
 from ._upgrade import (
@@ -42,7 +43,7 @@ from ._upgrade import (
     prepare_location,
     streaming_sources,
 )
-from ._warmup import QueryAfterWarmUp, settle
+from ._warmup import settle
 
 __all__ = ["KeyedDataFrame", "ProcessedStream", "keyed"]
 
@@ -330,11 +331,11 @@ class ProcessedStream:
         writer = self._writer(streamed, on_micro_batch, checkpoint_location, trigger, query_name)
         with aqe_off_for_the_query(spec.df.sparkSession):  # the query's clone of the session keeps it
             query: StreamingQuery = writer.start()
-        if driver.warm_up is not None:
-            query = QueryAfterWarmUp(query, driver.warm_up, spec.job_id)  # its end waits for the warm-up
+        query = StartedQuery(query, driver.query_ended)  # its end: the warm-up's, the run's
         query_ids.append(str(query.id))
         started.set()
-        driver.savepoints.watch(query)  # savepoint requests of an idle query, answered at once
+        # Savepoint requests of an idle query, answered at once; the end of a query nobody waits on.
+        driver.savepoints.watch(query, on_end=driver.query_ended)
         self._query = query
         return query
 

@@ -36,6 +36,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import threading
 import time
 import uuid
 import warnings
@@ -115,7 +116,7 @@ from ._upgrade import (
     no_position_error,
     restore_origin,
 )
-from ._warmup import start_warm_up
+from ._warmup import settle, start_warm_up
 
 __all__ = [
     "ATTEMPTS_PROPERTY",
@@ -138,6 +139,9 @@ STATIC_QUERY = "static"
 
 #: Checkpoint metadata up to this size is shipped inside the tasks, larger as a broadcast.
 _INLINE_METADATA = 256 * 1024
+#: How long an ended query's run waits for a micro-batch or idle savepoint in progress before it
+#: records its end (it then records none).
+QUIESCE_SECONDS = 60.0
 
 
 def _parallelism_of(cp: CompletedCheckpoint, operator_id: str) -> int | None:
@@ -289,6 +293,8 @@ class MicroBatchDriver:
             self.coordinator, conf.get("statekit.savepoints.dir"), self._stop
         )
         self._query_plan = self._make_query_plan()
+        self._end_lock = threading.Lock()
+        self._ended = False  # query_ended ran
 
     def _router(self, *, markers: bool) -> Router:
         """The routing of this run's input: with marker rows for per-batch routing, without in the plan.
@@ -350,6 +356,22 @@ class MicroBatchDriver:
             # The user said the input begins after it: dropped.
             rules = dataclasses.replace(rules, other_operators={SOURCE_OPERATOR: 1})
         self.coordinator.validate(cp, rules)
+
+    def query_ended(self) -> None:
+        """The streaming query has ended: wait for the warm-up, then record the run's end (once).
+
+        Best effort, as :meth:`RunFence.end`: a run whose micro-batch or idle
+        savepoint is still in progress after a minute, or whose store fails,
+        records no end (a later run then assumes it may still be writing). See
+        :mod:`._query`.
+        """
+        with self._end_lock:  # a second caller returns once the first is done (its warm-up too)
+            if self._ended:
+                return
+            settle(self.warm_up, self.spec.job_id)
+            if self.savepoints.quiesce(timeout=QUIESCE_SECONDS):
+                self.coordinator.end()
+            self._ended = True
 
     def latest(self) -> CompletedCheckpoint | None:
         """The job's latest completed checkpoint, if any.
@@ -581,6 +603,7 @@ class MicroBatchDriver:
         query = self.session.streams.get(query_id)
         if query is not None:
             query.stop()
+        self.query_ended()  # stopped (or gone already)
 
     def _plan(self, batch: _Batch) -> TaskPlan:
         """What every task of ``batch`` is told: the query run's plan with the batch's fields."""

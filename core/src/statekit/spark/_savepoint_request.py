@@ -83,17 +83,20 @@ class SparkSavepointRequests:
             with self._cond:
                 self._in_batch = False
 
-    def watch(self, query: Any, interval: float = WATCH_INTERVAL) -> threading.Thread | None:
+    def watch(
+        self, query: Any, interval: float = WATCH_INTERVAL, on_end: Callable[[], None] | None = None
+    ) -> threading.Thread | None:
         """Answer requests of the running streaming ``query`` while it is idle (a thread of its own).
 
-        The thread ends with the query (or :meth:`end_watch`). None if the
-        storage keeps no job files (then no request can reach the query).
+        The thread ends with the query (or :meth:`end_watch`); when it finds
+        the query no longer active, it calls ``on_end``. None if the storage
+        keeps no job files (then no request can reach the query).
         """
         if not isinstance(self.requests.storage, SupportsJobFiles):
             return None
         thread = threading.Thread(
             target=self._watch,
-            args=(query, str(query.id), interval),
+            args=(query, str(query.id), interval, on_end),
             name=f"statekit-savepoints-{self.requests.coordinator.job_id}",
             daemon=True,
         )
@@ -107,13 +110,26 @@ class SparkSavepointRequests:
         """
         self._watching.set()
 
-    def _watch(self, query: Any, query_id: str, interval: float) -> None:
+    def quiesce(self, timeout: float) -> bool:
+        """The query has ended: end the watcher, wait for a savepoint it writes; False if one still runs.
+
+        Waits at most ``timeout`` seconds for a micro-batch or an idle savepoint
+        in progress, and returns whether none is.
+        """
+        self.end_watch()
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._in_batch and not self._idle_savepoint, timeout)
+
+    def _watch(self, query: Any, query_id: str, interval: float, on_end: Callable[[], None] | None) -> None:
         failing = False
         while not self._watching.wait(interval) and self.stopped_after is None:
             try:
-                if not query.isActive:
-                    return
-            except Exception:  # noqa: BLE001 - the session is gone: so is the query
+                active = query.isActive
+            except Exception:  # noqa: BLE001 - the session is gone: so is the query (and its driver)
+                return
+            if not active:
+                if on_end is not None:
+                    on_end()
                 return
             try:
                 self.when_idle(query_id)

@@ -25,8 +25,8 @@ their own error.
 
 A query that ends before its warm-up does (an ``availableNow`` query with
 nothing to read ends in well under a second) waits for it when it ends: the
-query ``start()`` returns does so in ``awaitTermination`` and ``stop``, and a
-static ``run()`` before it returns. Otherwise the application's stop, which
+query ``start()`` returns does so in ``awaitTermination`` and ``stop`` (see
+:mod:`._query`), and a static ``run()`` before it returns. Otherwise the application's stop, which
 usually follows, kills workers in the middle of the warm-up's task, and Spark
 logs each as an executor's ERROR ("Python worker exited unexpectedly
 (crashed)"): true of the warm-up, but read as a crash of the job.
@@ -46,12 +46,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming.query import StreamingQuery
 
 from ..plugins._config import Configuration
 from ._sparkconf import app_setting, is_connect
 
-__all__ = ["SETTLE_SECONDS", "QueryAfterWarmUp", "settle", "start_warm_up", "warm_up"]
+__all__ = ["SETTLE_SECONDS", "settle", "start_warm_up", "warm_up"]
 
 _log = logging.getLogger("statekit.spark")
 
@@ -145,38 +144,6 @@ def settle(thread: threading.Thread | None, job_id: str, timeout: float = SETTLE
             job_id,
             timeout,
         )
-
-
-class QueryAfterWarmUp(StreamingQuery):
-    """A streaming query that, when it ends, waits for the Python workers' warm-up it started.
-
-    The query ``ProcessedStream.start()`` returns, where a warm-up was started:
-    ``awaitTermination`` (once the query has ended, also by an error) and
-    ``stop`` wait for the warm-up (see :func:`settle`). Everything else is
-    Spark's ``StreamingQuery``.
-    """
-
-    def __init__(self, query: StreamingQuery, warm_up: threading.Thread, job_id: str) -> None:
-        """``query``, whose end waits for ``warm_up``, the warm-up of job ``job_id``."""
-        super().__init__(query._jsq)
-        self._warm_up = warm_up
-        self._job_id = job_id
-
-    def awaitTermination(self, timeout: int | None = None) -> bool | None:
-        """Spark's ``awaitTermination``; once the query has ended, the warm-up's end too."""
-        try:
-            ended = super().awaitTermination(timeout)
-        except Exception:  # the query failed: it has ended (an interrupt does not wait)
-            settle(self._warm_up, self._job_id)
-            raise
-        if ended is not False:
-            settle(self._warm_up, self._job_id)
-        return ended
-
-    def stop(self) -> None:
-        """Spark's ``stop``, then the warm-up's end."""
-        super().stop()
-        settle(self._warm_up, self._job_id)
 
 
 def _cause(e: Exception) -> str:
