@@ -179,7 +179,14 @@ def test_savepoint_target_dir_and_missing_dir(root: Root, job_id: str) -> None:
         storage.begin_savepoint(job_id)
     writer = storage.begin_savepoint(job_id, root.sub("target"))
     assert writer.location.startswith(root.sub("target", f"savepoint-{job_id[:6]}-"))
-    assert storage.read_metadata(writer.complete(b"sp")) == b"sp"
+    location = writer.complete(b"sp")
+    assert storage.read_metadata(location) == b"sp"
+    # The target directory given where the savepoint is meant: the error names the savepoint in it.
+    with pytest.raises(CheckpointNotFoundError) as info:
+        storage.read_metadata(root.sub("target"))
+    assert str(info.value).endswith(
+        f"; it holds one that does, {location.rsplit('/', 1)[-1]}: pass {location}"
+    )
 
 
 def test_checkpoint_without_metadata_does_not_exist(root: Root, job_id: str) -> None:
@@ -195,6 +202,14 @@ def test_checkpoint_without_metadata_does_not_exist(root: Root, job_id: str) -> 
     with pytest.raises(CheckpointNotFoundError, match=re.escape(missing + "/_metadata")) as info:
         storage.read_metadata(missing)
     assert isinstance(info.value, FileNotFoundError)
+    assert "holds" not in str(info.value)  # nothing completed inside chk-2: nothing more to say
+    # A job's directory given where a checkpoint is meant: the completed ones, the newest named.
+    with pytest.raises(CheckpointNotFoundError) as info:
+        storage.read_metadata(root.sub("chk", job_id))
+    newest = root.sub("chk", job_id, "chk-10")
+    assert str(info.value).endswith(
+        f"; 2 directories in it do (chk-1, chk-10): pass one of them, such as {newest}"
+    )
     assert storage.list_checkpoints("nobody") == [] and storage.latest_checkpoint("nobody") is None
 
 

@@ -73,6 +73,34 @@ def list_names(fs: Any, path: str) -> list[str]:
     return sorted(posixpath.basename(str(entry).rstrip("/")) for entry in entries)
 
 
+#: How many entries of a directory without ``_metadata`` are looked into for one that has it.
+_LOOK_INSIDE = 50
+
+
+def _completed_inside(fs: Any, path: str, location: str) -> str:
+    """What a directory without ``_metadata`` holds that has one, as the rest of an error message.
+
+    A savepoint's target directory (the savepoint is a directory inside it) and
+    a job's checkpoint directory (``chk-<n>`` inside) are the usual mistakes:
+    the message names what to pass instead. ``""`` when there is nothing such.
+    """
+    try:
+        names = list_names(fs, path)[:_LOOK_INSIDE]
+        found = [n for n in names if fs.exists(f"{path}/{n}/{METADATA_FILE}")]
+    except fs_errors():
+        return ""
+    if not found:
+        return ""
+    number = {n: int(m[1]) for n in found if (m := CHECKPOINT_DIR.fullmatch(n))}
+    found.sort(key=lambda n: (n in number, number.get(n, 0), n))
+    last = join_url(location, found[-1])
+    if len(found) == 1:
+        return f"; it holds one that does, {found[0]}: pass {last}"
+    shown = ", ".join(found[-3:])
+    more = "…, " if len(found) > 3 else ""
+    return f"; {len(found)} directories in it do ({more}{shown}): pass one of them, such as {last}"
+
+
 class Files:
     """File access shared by both storages: opening URLs, savepoints, metadata, handles."""
 
@@ -163,7 +191,7 @@ class Files:
         except (FileNotFoundError, NotADirectoryError):
             raise CheckpointNotFoundError(
                 f"no completed checkpoint or savepoint at {location}: "
-                f"{join_url(location, METADATA_FILE)} does not exist"
+                f"{join_url(location, METADATA_FILE)} does not exist{_completed_inside(fs, path, location)}"
             ) from None
         except fs_errors() as exc:
             raise CheckpointError(f"cannot read {join_url(location, METADATA_FILE)}: {exc}") from exc
