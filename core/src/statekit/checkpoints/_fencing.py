@@ -63,9 +63,11 @@ def takeover_note(storage: CheckpointStorage, job_id: str, last_written_ms: int 
     if newest is None:
         return when.strip()
     epoch, run_id, description = newest
+    ended = description.get("ended_ms")
+    if ended is not None:
+        who = describe_run(run_id, {k: v for k, v in description.items() if k != "ended_ms"}, epoch)
+        return f"Its newest {who} ended at {_when(int(ended))}.{when}"
     who = describe_run(run_id, description, epoch)
-    if description.get("ended_ms") is not None:
-        return f"Its newest {who} has ended.{when}"
     return (
         f"Its newest {who} never recorded an end: it may still be running (or was killed).{when} "
         "Taking the job over (restore='latest') fences that run off: it stops with a FencedError at its "
