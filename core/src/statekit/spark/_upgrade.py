@@ -362,22 +362,17 @@ def check_latest_taken_over(
     loc = SparkLocation(location)
     if batch == position.seeded_batch + 1 and matches(loc, position):
         return
-    error = _elsewhere(
-        job_id,
-        latest,
-        location,
+    what = (
         f"runs micro-batch {batch} of query {query}, not micro-batch {position.seeded_batch + 1} after "
-        "that checkpoint's source position",
-        loc,
+        "that checkpoint's source position"
     )
-    if connect:
-        # start() on a Connect client seeds only a location it reaches under the same name.
-        error = CheckpointError(
-            f"{error}. From a Spark Connect client, give the new checkpoint location as an absolute path "
-            "or a URL that the client reaches too (a relative one is the server's): start() writes the "
-            "checkpoint's source position into it before the query starts"
-        )
-    raise error
+    # start() on a Connect client seeds only a location it reaches under the same name.
+    connect_way_out = (
+        ". From a Spark Connect client, give the new checkpoint location as an absolute path or a URL that "
+        "the client reaches too (a relative one is the server's): start() writes the checkpoint's source "
+        "position into it before the query starts"
+    )
+    raise _elsewhere(job_id, latest, location, what, loc, more=connect_way_out if connect else "")
 
 
 def _seeded_from(loc: SparkLocation, storage: Any, latest: CompletedCheckpoint) -> bool:
@@ -387,7 +382,7 @@ def _seeded_from(loc: SparkLocation, storage: Any, latest: CompletedCheckpoint) 
 
 
 def _elsewhere(
-    job_id: str, latest: CompletedCheckpoint, location: str, what: str, loc: SparkLocation
+    job_id: str, latest: CompletedCheckpoint, location: str, what: str, loc: SparkLocation, more: str = ""
 ) -> CheckpointError:
     """``restore='latest'`` refused: Spark's location ``location`` does not continue from ``latest``."""
     offsets, commits = loc.batches("offsets"), loc.batches("commits")
@@ -399,6 +394,7 @@ def _elsewhere(
         "state already counts would be read again. Start on a new checkpoint location (restore='latest' "
         "then continues right after the checkpoint), or on the query's own location"
         + ("; this one holds no committed micro-batch and may be deleted" if not commits else "")
+        + more
     )
 
 
