@@ -6,7 +6,9 @@ started with PySpark's own ``bin/spark-submit`` (its jar ships with PySpark),
 interface. A test that kills it (the driver lost mid-query) restarts it on
 the same port, so the tests after it find it running. Its Python workers
 (tasks, and the server-side process that runs each query's ``foreachBatch``)
-run this interpreter.
+run this interpreter, through a small shell script: a test may make the next
+``foreachBatch`` process late (:meth:`ConnectServer.delay_next_foreach_batch_process`),
+as a busy server makes it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,20 @@ __all__ = ["ConnectServer"]
 
 #: Seconds a server gets to start (a cold JVM on two shared cores takes about ten).
 START_TIMEOUT = 180
+
+#: The server's Python: this interpreter, unless a test left delays for the next ``foreachBatch``
+#: processes (Spark starts one as ``<python> -m <module>``): each takes one file and sleeps its seconds.
+_PYTHON = """#!/bin/sh
+case "$*" in
+  *foreach_batch_worker*)
+    for f in "{late}"/*; do
+      if mv "$f" "{late}-taken.$$" 2>/dev/null; then
+        sleep "$(cat "{late}-taken.$$")"; rm -f "{late}-taken.$$"; break
+      fi
+    done;;
+esac
+exec "{python}" "$@"
+"""
 
 
 def _free_port() -> int:
@@ -60,10 +76,14 @@ class ConnectServer:
         import pyspark
 
         home = Path(pyspark.__file__).resolve().parent
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        python = self.workdir / "python"
+        python.write_text(_PYTHON.format(late=self.workdir / "late-foreach-batch", python=sys.executable))
+        python.chmod(0o755)
         env = {
             **os.environ,
             "SPARK_HOME": str(home),
-            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_PYTHON": str(python),
             "PYSPARK_DRIVER_PYTHON": sys.executable,
             "SPARK_LOCAL_IP": "127.0.0.1",
         }
@@ -86,7 +106,6 @@ class ConnectServer:
         args += ["--name", "statekit-connect-tests"]
         args += ["--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
         self.starts += 1
-        self.workdir.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 args,
@@ -104,6 +123,14 @@ class ConnectServer:
                 self.kill()
                 raise RuntimeError(f"the Spark Connect server did not start; {self.log}:\n{tail}")
             time.sleep(0.3)
+
+    def delay_next_foreach_batch_process(self, seconds: float, times: int = 1) -> None:
+        """Make the next ``times`` server-side ``foreachBatch`` processes start ``seconds`` late."""
+        late = self.workdir / "late-foreach-batch"
+        late.mkdir(exist_ok=True)
+        for i in range(times):
+            (self.workdir / "late.tmp").write_text(str(seconds))
+            (self.workdir / "late.tmp").rename(late / str(i))
 
     def kill(self) -> None:
         """SIGKILL the server, its executors' Python workers and its ``foreachBatch`` processes."""

@@ -378,3 +378,54 @@ def test_the_demo_from_a_connect_client(connect_server: ConnectServer, tmp_path:
     assert "✔ second run resumed from the checkpoint" in printed
     # The batches the server-side sink reported reached the client: one per run.
     assert "read 500 new lines in 1 batch" in printed
+
+
+
+def late_args(tmp_path: Path, job_id: str) -> list[str]:
+    return [
+        "stream", "--input", str(tmp_path / "in"), "--out", str(tmp_path / "out"),
+        "--spark-checkpoint", str(tmp_path / "spark"), "--job-id", job_id, "--trigger", "available-now",
+        "--checkpoints-dir", str(tmp_path / "statekit"),
+    ]  # fmt: skip
+
+
+def test_a_query_whose_foreach_batch_process_starts_late_starts_all_the_same(
+    connect_server: ConnectServer, tmp_path: Path
+) -> None:
+    """Spark gives the server-side process of a query's ``foreachBatch`` ten seconds (fixed) to connect
+    back; on a busy server it takes longer and ``writeStream.start()`` fails before any query exists.
+    statekit's ``start()`` starts it again, says so, and the query counts exactly."""
+    records = make_records(300, seed=24)
+    write_inputs(tmp_path / "in", records, 2)
+    connect_server.delay_next_foreach_batch_process(11)
+    log = tmp_path / "client.log"
+    finish(start_client(connect_server, late_args(tmp_path, "late"), log), log)
+    assert "did not connect back within Spark's ten seconds (attempt 1 of 3" in log.read_text()
+    storage = FileSystemCheckpointStorage(str(tmp_path / "statekit"))
+    assert_exact_state(storage, "late", records)
+    assert_exact_outputs(tmp_path / "out", records)
+
+
+@pytest.mark.nightly  # three late processes (~40 s); the test above covers one in ci
+def test_a_query_whose_foreach_batch_process_is_always_late_is_not_started_and_says_why(
+    connect_server: ConnectServer, tmp_path: Path
+) -> None:
+    """After three late processes, ``start()`` raises Spark's error with what happened and what to do;
+    nothing was written, and the same start once the server keeps up counts exactly."""
+    records = make_records(300, seed=25)
+    write_inputs(tmp_path / "in", records, 2)
+    connect_server.delay_next_foreach_batch_process(11, times=3)
+    log = tmp_path / "client-1.log"
+    proc = start_client(connect_server, late_args(tmp_path, "always-late"), log)
+    proc.wait(timeout=300)
+    said = log.read_text()
+    assert proc.returncode != 0, said
+    assert "Python worker failed to connect back" in said
+    assert "statekit asked the Spark Connect server 3 times to start the query" in said, said[-3000:]
+    assert "attempt 2 of 3" in said and "No query started and nothing was written" in said
+    assert completed(tmp_path / "statekit", "always-late") == [] and not (tmp_path / "out").exists()
+    log = tmp_path / "client-2.log"
+    finish(start_client(connect_server, late_args(tmp_path, "always-late"), log), log)
+    storage = FileSystemCheckpointStorage(str(tmp_path / "statekit"))
+    assert_exact_state(storage, "always-late", records)
+    assert_exact_outputs(tmp_path / "out", records)

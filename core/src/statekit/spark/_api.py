@@ -23,7 +23,7 @@ from ..runtime._function import KeyedProcessFunction
 from ..serialization._serializers import serializer_for
 from ..timers._eventtime import EventTime
 from ._batchinfo import BatchInfo
-from ._connect import ConnectBatches
+from ._connect import ConnectBatches, start_on_server
 from ._driver import (
     BATCH_PROPERTY,
     QUERY_PROPERTY,
@@ -433,7 +433,7 @@ class ProcessedStream:
             client_session_id=getattr(session, "session_id", None),
         )  # fmt: skip
         writer = self._writer(self._spec.df, batches, checkpoint_location, trigger, query_name)
-        query: StreamingQuery = writer.start()
+        query = start_on_server(writer)
         self._query = query
         return query
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import threading
 import time
@@ -12,6 +13,8 @@ import warnings
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 from .._errors import CheckpointError
 from ..checkpoints._coordinator import CheckpointCoordinator, CheckpointPolicy, newest_checkpoint
@@ -22,10 +25,53 @@ from ._jobspec import JobSpec, driver_storage
 from ._savepoint_request import WATCH_INTERVAL, SparkSavepointRequests
 from ._sparkconf import application, is_connect, spark_configuration
 
-__all__ = ["RUN_START_WAIT", "ConnectBatches", "query_id_at"]
+__all__ = ["RUN_START_WAIT", "START_ATTEMPTS", "ConnectBatches", "query_id_at", "start_on_server"]
 
 #: Seconds the watcher made before the first batch waits to see its query run started (then gives up).
 RUN_START_WAIT = 120.0
+
+#: Times :func:`start_on_server` asks the server to start a query whose process came too late.
+START_ATTEMPTS = 3
+
+#: How the server says that the process it started for a query's ``foreachBatch`` came too late.
+_LATE_PROCESS = ("failed to connect back", "Timed out while waiting for the Python worker")
+
+_LOG = logging.getLogger("statekit.spark")
+
+
+def start_on_server(writer: DataStreamWriter) -> StreamingQuery:
+    """``writer.start()`` from a Connect client; again if the query's server-side process came too late.
+
+    To start a query with ``foreachBatch``, the Connect server starts a Python
+    process for it and gives it ten seconds (fixed in Spark) to connect back:
+    it imports PySpark first, which takes longer on a busy server. Spark then
+    fails the start before any query exists (nothing ran, no state, checkpoint
+    or source position was touched), so starting it again is exact. After
+    :data:`START_ATTEMPTS` such failures, Spark's error is raised, with a note
+    that says what happened and what to do.
+    """
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            return writer.start()
+        except Exception as e:
+            if not any(late in str(e) for late in _LATE_PROCESS):
+                raise
+            if attempt == START_ATTEMPTS:
+                e.add_note(
+                    f"statekit asked the Spark Connect server {START_ATTEMPTS} times to start the query; "
+                    "each time the Python process the server starts for the query's foreachBatch did not "
+                    "connect back within the ten seconds Spark gives it (fixed in Spark): the server's "
+                    "machine is too busy to import PySpark in that time. No query started and nothing was "
+                    "written: start it again once the server is less busy, or give the server more CPU"
+                )
+                raise
+            _LOG.warning(
+                "statekit: the Spark Connect server's Python process for the query's foreachBatch did not "
+                "connect back within Spark's ten seconds (attempt %d of %d; a busy server): no query "
+                "started, so statekit starts it again",
+                attempt, START_ATTEMPTS,
+            )  # fmt: skip
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 class ConnectBatches:
