@@ -422,7 +422,7 @@ def test_a_query_whose_foreach_batch_process_is_always_late_is_not_started_and_s
     assert proc.returncode != 0, said
     assert "Python worker failed to connect back" in said
     assert "statekit asked the Spark Connect server 3 times to start the query" in said, said[-3000:]
-    assert "attempt 2 of 3" in said and "No query started and nothing was written" in said
+    assert "attempt 2 of 3" in said and "No query started and no state was touched" in said
     assert completed(tmp_path / "statekit", "always-late") == [] and not (tmp_path / "out").exists()
     log = tmp_path / "client-2.log"
     finish(start_client(connect_server, late_args(tmp_path, "always-late"), log), log)

@@ -45,8 +45,9 @@ def start_on_server(writer: DataStreamWriter) -> StreamingQuery:
     To start a query with ``foreachBatch``, the Connect server starts a Python
     process for it and gives it ten seconds (fixed in Spark) to connect back:
     it imports PySpark first, which takes longer on a busy server. Spark then
-    fails the start before any query exists (nothing ran, no state, checkpoint
-    or source position was touched), so starting it again is exact. After
+    fails the start before any query exists (nothing ran: no state, checkpoint
+    or output was touched; a location seeded for ``restore=`` holds the source
+    position it starts from, as before), so starting it again is exact. After
     :data:`START_ATTEMPTS` such failures, Spark's error is raised, with a note
     that says what happened and what to do.
     """
@@ -61,8 +62,10 @@ def start_on_server(writer: DataStreamWriter) -> StreamingQuery:
                     f"statekit asked the Spark Connect server {START_ATTEMPTS} times to start the query; "
                     "each time the Python process the server starts for the query's foreachBatch did not "
                     "connect back within the ten seconds Spark gives it (fixed in Spark): the server's "
-                    "machine is too busy to import PySpark in that time. No query started and nothing was "
-                    "written: start it again once the server is less busy, or give the server more CPU"
+                    "machine is too busy to import PySpark in that time. No query started and no state was "
+                    "touched (for restore=, the checkpoint location holds only the source position start() "
+                    "wrote, which the same start uses again): start it again once the server is less busy, "
+                    "or give the server more CPU"
                 )
                 raise
             _LOG.warning(
