@@ -96,6 +96,24 @@ def latest_batch(checkpoints: Path, job_id: str) -> int | None:
     return int(load_checkpoint(storage, latest).metadata.properties["spark_batch_id"])
 
 
+def run_records(checkpoints: Path, job_id: str) -> list[dict[str, Any]]:
+    """The job's run records (``<job>/runs/run-<epoch>-<run id>.json``), oldest first."""
+    paths = (checkpoints / job_id / "runs").glob("run-*.json")
+    return [json.loads(p.read_text()) for p in sorted(paths, key=lambda p: int(p.name.split("-")[1]))]
+
+
+def wait_for_run_end(checkpoints: Path, job_id: str, timeout: float = 180) -> dict[str, Any]:
+    """The job's newest run record once it says the run ended: Spark ends the query's server-side
+    process (whose handler records it) shortly after the query terminated, not before the client returns."""
+    deadline = time.monotonic() + timeout
+    while True:
+        newest = run_records(checkpoints, job_id)[-1]
+        if "ended_ms" in newest:
+            return newest
+        assert time.monotonic() < deadline, f"the run never recorded its end: {newest}"
+        time.sleep(0.5)
+
+
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -161,6 +179,8 @@ def test_client_killed_then_restarted_with_another_parallelism_counts_exactly(
     assert saved.kind == "savepoint" and saved.properties["spark_batch_id"] == 3
     assert_exact_state(storage, "restarted", records)
     assert_exact_outputs(tmp_path / "out", records)
+    # Stopped between micro-batches, the run records its end when Spark ends its server-side process.
+    wait_for_run_end(checkpoints, "restarted")
 
     # 4. The query restarted on its location with no new input: Spark runs no batch, and the process it
     #    starts for the query (the driver side) answers a stop-with-savepoint at once all the same.
@@ -263,6 +283,9 @@ def test_server_killed_between_sink_and_checkpoint_then_restarted_counts_exactly
     # Batches 1 and 2 again, then the end; read from the checkpoint, not its id: the new
     # query skips the one id the killed driver (which never recorded its end) might still write.
     assert latest_batch(checkpoints, "server-killed") == 2
+    # The second run, done with its input, records its end; the first, killed in a batch, none.
+    wait_for_run_end(checkpoints, "server-killed")
+    assert ["ended_ms" in r for r in run_records(checkpoints, "server-killed")] == [False, True]
 
     from statekit_storage import FileSystemCheckpointStorage
 
@@ -378,7 +401,6 @@ def test_the_demo_from_a_connect_client(connect_server: ConnectServer, tmp_path:
     assert "✔ second run resumed from the checkpoint" in printed
     # The batches the server-side sink reported reached the client: one per run.
     assert "read 500 new lines in 1 batch" in printed
-
 
 
 def late_args(tmp_path: Path, job_id: str) -> list[str]:

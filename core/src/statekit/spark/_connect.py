@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import json
 import logging
 import os
+import signal
 import threading
 import time
 import warnings
@@ -139,11 +141,13 @@ class ConnectBatches:
         self._idle_lock = threading.Lock()
         self._idle: SparkSavepointRequests | None = None  # the watcher's before the first batch
         self._idle_ended = False  # set by the first batch: no watcher of its own starts after it
+        self._in_batch = False  # __call__ runs (on this process's main thread)
+        self._ending = False  # _process_ends ran
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled once, by the client, before any batch: no driver, no watcher to carry.
         state = {**self.__dict__, "_driver": None, "_query_id": None}
-        for name in ("_idle_lock", "_idle", "_idle_ended"):
+        for name in ("_idle_lock", "_idle", "_idle_ended", "_in_batch", "_ending"):
             state.pop(name, None)
         return state
 
@@ -154,6 +158,13 @@ class ConnectBatches:
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         """Process one micro-batch (on the Connect server's Python process)."""
+        self._in_batch = True
+        try:
+            self._batch(batch_df, batch_id)
+        finally:
+            self._in_batch = False
+
+    def _batch(self, batch_df: DataFrame, batch_id: int) -> None:
         with contextlib.ExitStack() as stack:
             idle = self._end_idle_watch()
             if idle is not None:  # waits for the savepoint it writes; refuses the batch after its stop
@@ -170,8 +181,63 @@ class ConnectBatches:
                 self._driver.savepoints.stop_query = self._stop
                 # Requests of the query while it is idle, answered at once (a daemon thread of this process).
                 self._driver.savepoints.watch(_ServerSideQuery(query_id))
+                self._end_with_process()
             stack.enter_context(self._driver.savepoints.batch(batch_id))  # no idle savepoint meanwhile
             self._driver.process_batch(batch_df, batch_id, self._query_id)
+
+    def _end_with_process(self) -> None:
+        """Record the run's end when Spark ends this process, as a classic driver does when its query ends.
+
+        Spark ends the query's ``foreachBatch`` process when the query
+        terminates (stopped, failed, or done with its available input): with
+        SIGTERM, or by closing its connection, after which the process returns.
+        Either way the run's end is recorded (:meth:`MicroBatchDriver.query_ended`:
+        after an idle savepoint being written) unless a micro-batch was running:
+        its checkpoint may be half written, so, as for a killed classic driver,
+        no end is recorded and the next run skips the id it may have been writing.
+        Then SIGTERM does what it did before (ends the process). Installed once,
+        from the first batch, on the process's main thread (where Spark calls it).
+        """
+        atexit.register(self._process_ends)
+        if threading.current_thread() is not threading.main_thread():
+            return  # a signal handler can only be set there: the process's return records it
+        before = signal.getsignal(signal.SIGTERM)
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            # Spark may send a second SIGTERM at once: ignored while the end is recorded (a nested
+            # handler would wait for the first's lock in the same thread, and the end never be written).
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            try:
+                self._process_ends()
+            finally:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
+            if callable(before):
+                before(signum, frame)
+            elif before != signal.SIG_IGN:
+                os.kill(os.getpid(), signal.SIGTERM)  # the default: the process ends, as before
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _process_ends(self) -> None:
+        """Spark ends this process: record the run's end (once), unless a micro-batch is running."""
+        driver = self._driver
+        if driver is None or self._ending:
+            return
+        self._ending = True
+        if self._in_batch:
+            _LOG.warning(
+                "statekit job %r: Spark ended the query's foreachBatch process in the middle of a "
+                "micro-batch; the run records no end, so the next run of the job skips the checkpoint id "
+                "it may have been writing",
+                self._spec.job_id,
+            )
+            return
+        try:
+            driver.query_ended()
+        except Exception:  # noqa: BLE001 - best effort, as RunFence.end: the next run then skips an id
+            _LOG.warning(
+                "statekit job %r: the run's end could not be recorded", self._spec.job_id, exc_info=True
+            )
 
     def _end_idle_watch(self) -> SparkSavepointRequests | None:
         """Ends the watcher that answers before the first batch (its requests object, if it started one).
