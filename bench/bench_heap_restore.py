@@ -236,6 +236,8 @@ def main() -> None:
     if "by key" not in modes:
         print("pyarrow or numpy not installed: the 'by key' and 'handed over' modes are left out")
     sizes = [int(x) for x in args.keys.split(",")]
+    if args.root is not None:
+        os.makedirs(args.root, exist_ok=True)
     root = tempfile.mkdtemp(dir=args.root)
     results: dict[int, dict[str, list[dict[str, float]]]] = {}
     try:
