@@ -109,3 +109,12 @@ def assert_exact_outputs(out_dir: Path, records: list[dict[str, Any]]) -> None:
         seen[url].append(n)
     counts = Counter(r["url"] for r in records)
     assert {u: sorted(ns) for u, ns in seen.items()} == {u: list(range(1, c + 1)) for u, c in counts.items()}
+
+
+def wait_until(condition: Any, what: str, timeout: float = 300) -> None:
+    """Wait for ``condition()`` to hold, for at most ``timeout`` seconds (a generous bound: CI
+    machines run at load 10); fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sparkutil import OUTPUT, assert_exact_state, driver_env, run_to_end, stream_of, write_inputs
+from sparkutil import OUTPUT, assert_exact_state, driver_env, run_to_end, stream_of, wait_until, write_inputs
 
 from jobs import COUNT, CountUrls, make_records
 from statekit import (
@@ -49,13 +49,6 @@ def counting(session: Any, inputs: Path, job_id: str, infos: list[BatchInfo]) ->
     )
 
 
-def wait_for(condition: Any, what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def restore_elsewhere(
     session: Any, tmp_path: Path, savepoint: str, more: list[dict[str, Any]], p: int
 ) -> Any:
@@ -80,7 +73,7 @@ def test_cli_savepoint_of_an_idle_query_is_answered_at_once_and_restores_exactly
     processed = counting(session, tmp_path / "in", job_id, infos)
     query = processed.start(checkpoint_location=str(tmp_path / "spark"), trigger="0.5 seconds")
     try:
-        wait_for(lambda: len(infos) >= 2, "the first two micro-batches")
+        wait_until(lambda: len(infos) >= 2, "the first two micro-batches")
         done = subprocess.run(
             [sys.executable, "-m", "statekit", "savepoint", "trigger", str(ckpt), "--job", job_id,
              "--target", str(tmp_path / "sp"), "--timeout", "300", "--json"],
@@ -93,7 +86,7 @@ def test_cli_savepoint_of_an_idle_query_is_answered_at_once_and_restores_exactly
         assert [i.batch_id for i in infos] == [0, 1]
         assert query.isActive  # a savepoint without --stop: the query goes on
         write_inputs(tmp_path / "in", RECORDS[600:700], 1, start=2)
-        wait_for(lambda: len(infos) >= 3, "a micro-batch after the savepoint")
+        wait_until(lambda: len(infos) >= 3, "a micro-batch after the savepoint")
     finally:
         query.stop()
     savepoint = answer["location"]
@@ -136,10 +129,10 @@ def test_stop_with_savepoint_processes_nothing_after_it_and_restores_exactly(
     infos: list[BatchInfo] = []
     processed = counting(session, tmp_path / "in", job_id, infos)
     query = processed.start(checkpoint_location=str(tmp_path / "spark"), trigger="0.5 seconds")
-    wait_for(lambda: len(infos) >= 1, "the first micro-batch")
+    wait_until(lambda: len(infos) >= 1, "the first micro-batch")
     # The query is idle: the savepoint is its newest checkpoint, and the query stops at once.
     location = processed.stop_with_savepoint(str(tmp_path / "sp"), timeout=300)
-    wait_for(lambda: not query.isActive, "the stop")
+    wait_until(lambda: not query.isActive, "the stop")
     write_inputs(tmp_path / "in", RECORDS[500:800], 1, start=1)  # arrives after the stop: never processed
     storage = processed.checkpoint_storage()
     latest = load_checkpoint(storage, storage.latest_checkpoint(job_id)).metadata

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sparkutil import OUTPUT, run_to_end, stream_of, write_inputs
+from sparkutil import OUTPUT, run_to_end, stream_of, wait_until, write_inputs
 
 from jobs import CountUrls, make_records
 from statekit import LocalRunner
@@ -46,13 +44,6 @@ def model(records: list[dict[str, Any]]) -> dict[str, int]:
 def latest_counts(processed: Any, job_id: str) -> dict[str, int]:
     storage = processed.checkpoint_storage()
     return counts(storage.latest_checkpoint(job_id))
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 class JsonInput:
@@ -102,11 +93,11 @@ def stop_with_savepoint(source: Any, job_id: str, location: Path, target: Path, 
     infos: list[BatchInfo] = []
     processed = counting(source, job_id, infos)
     query = processed.start(checkpoint_location=str(location), trigger="0.3 seconds")
-    wait_for(lambda: len(infos) >= 1, "the first micro-batch")
+    wait_until(lambda: len(infos) >= 1, "the first micro-batch")
     source.add(more)
-    wait_for(lambda: len(infos) >= 2, "the micro-batch of the records added")
+    wait_until(lambda: len(infos) >= 2, "the micro-batch of the records added")
     saved = processed.stop_with_savepoint(str(target), timeout=180)
-    wait_for(lambda: not query.isActive, "the query's stop")
+    wait_until(lambda: not query.isActive, "the query's stop")
     return str(saved)
 
 

@@ -150,7 +150,7 @@ def test_a_query_that_ends_before_its_warm_up_waits_for_it(
     the warm-up's workers mid-task (Spark logs "Python worker exited
     unexpectedly (crashed)").
     """
-    from sparkutil import OUTPUT, stream_of
+    from sparkutil import OUTPUT, stream_of, wait_until
 
     from jobs import CountUrls
     from statekit.spark import _warmup, keyed
@@ -199,13 +199,3 @@ def test_a_query_that_ends_before_its_warm_up_waits_for_it(
     waiter.join(timeout=60)
     assert not warm_up.is_alive()
     assert list(sc.statusTracker().getActiveJobsIds()) == []  # nothing left for a stop to kill
-
-
-def wait_until(condition: Any, what: str, timeout: float = 300) -> None:
-    """Wait for ``condition()`` to hold (a generous bound: the machine may be busy)."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
