@@ -26,6 +26,7 @@ from sparkutil import (
     assert_exact_state,
     driver_env,
     restored_state,
+    wait_until,
     write_inputs,
 )
 
@@ -102,16 +103,12 @@ def run_records(checkpoints: Path, job_id: str) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(paths, key=lambda p: int(p.name.split("-")[1]))]
 
 
-def wait_for_run_end(checkpoints: Path, job_id: str, timeout: float = 180) -> dict[str, Any]:
-    """The job's newest run record once it says the run ended: Spark ends the query's server-side
+def wait_for_run_end(checkpoints: Path, job_id: str) -> None:
+    """Until the job's newest run record says the run ended: Spark ends the query's server-side
     process (whose handler records it) shortly after the query terminated, not before the client returns."""
-    deadline = time.monotonic() + timeout
-    while True:
-        newest = run_records(checkpoints, job_id)[-1]
-        if "ended_ms" in newest:
-            return newest
-        assert time.monotonic() < deadline, f"the run never recorded its end: {newest}"
-        time.sleep(0.5)
+    wait_until(
+        lambda: "ended_ms" in run_records(checkpoints, job_id)[-1], f"job {job_id!r}'s run to record its end"
+    )
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -142,12 +142,11 @@ class ConnectBatches:
         self._idle: SparkSavepointRequests | None = None  # the watcher's before the first batch
         self._idle_ended = False  # set by the first batch: no watcher of its own starts after it
         self._in_batch = False  # __call__ runs (on this process's main thread)
-        self._ending = False  # _process_ends ran
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled once, by the client, before any batch: no driver, no watcher to carry.
         state = {**self.__dict__, "_driver": None, "_query_id": None}
-        for name in ("_idle_lock", "_idle", "_idle_ended", "_in_batch", "_ending"):
+        for name in ("_idle_lock", "_idle", "_idle_ended", "_in_batch"):
             state.pop(name, None)
         return state
 
@@ -219,11 +218,14 @@ class ConnectBatches:
         signal.signal(signal.SIGTERM, on_sigterm)
 
     def _process_ends(self) -> None:
-        """Spark ends this process: record the run's end (once), unless a micro-batch is running."""
+        """Spark ends this process: record the run's end unless a micro-batch is running.
+
+        Once however often it is called: ``query_ended`` records it once, and
+        the SIGTERM handler ignores a second SIGTERM while it runs.
+        """
         driver = self._driver
-        if driver is None or self._ending:
+        if driver is None:
             return
-        self._ending = True
         if self._in_batch:
             _LOG.warning(
                 "statekit job %r: Spark ended the query's foreachBatch process in the middle of a "
