@@ -114,14 +114,47 @@ def test_remembered_key_groups_keep_the_cache_bound_and_end_with_the_backend() -
                                    max_parallelism=128, key_cache_size=4)  # fmt: skip
     keys = [(i, "k") for i in range(6)]
     b.remember_key_groups(keys[:3], _groups(keys[:3]))
-    b.remember_key_groups(keys[3:], _groups(keys[3:]))  # 3 + 3 > 4: the cache starts over
-    assert len(b._kg_cache) == 3
+    assert b._kg_cache == {}  # into the cache at the first key it misses
+    b.set_current_key(keys[0])
+    assert set(b._kg_cache) == set(keys[:3])
+    b.remember_key_groups(keys[3:], _groups(keys[3:]))
+    b.set_current_key(keys[3])  # 3 + 3 > 4: the cache starts over
+    assert set(b._kg_cache) == set(keys[3:])
     b.remember_key_groups(keys, _groups(keys))  # more than it holds: not remembered
-    assert len(b._kg_cache) == 3
+    assert b._remembered_groups(keys) is None
+    b.set_current_key(keys[0])
+    assert len(b._kg_cache) == 4
     b.close()
     b.remember_key_groups(keys[:2], _groups(keys[:2]))
     with pytest.raises(StateAccessError, match="closed"):
         b.set_current_key(keys[0])
+
+
+def test_remembered_groups_are_given_for_the_remembered_keys_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bulk update takes the groups as remembered, for an equal list only: a list changed since is not."""
+    b = ReferenceKeyedStateBackend(key_serializer=KEYS, key_group_range=KeyGroupRange.of(0, 127),
+                                   max_parallelism=128, key_cache_size=100)  # fmt: skip
+    keys = [(i, "k") for i in range(10)]
+    hashed = _hashes(monkeypatch)
+    b.remember_key_groups(keys, _groups(keys))
+    assert b._remembered_groups(keys) == _groups(keys)
+    assert b._remembered_groups(list(keys)) == _groups(keys)  # equal keys: the same groups
+    assert b._remembered_groups(tuple(keys)) is None  # a list only
+    assert b._remembered_groups(keys[:-1]) is None
+    changed = list(keys)
+    changed[3] = (99, "new")
+    assert b._remembered_groups(changed) is None
+    keys[3] = (99, "new")  # the runner's list changed in place after remembering: not taken
+    assert b._remembered_groups(keys) is None
+    assert hashed == []
+    b.set_current_key((99, "new"))  # not remembered: computed
+    assert hashed == [KEYS.serialize((99, "new"))]
+    assert b._remembered_groups(keys) is None  # in the cache now, no longer remembered apart
+    b.remember_key_groups(keys, _groups(keys)[:-1])  # lengths differ: nothing remembered
+    assert b._remembered_groups(keys) is None
+    b.remember_key_groups(keys, _groups(keys))
+    b.close()
+    assert b._remembered_groups(keys) is None
 
 
 def test_handed_over_key_groups_make_keys_current_without_computing_or_caching_them(
@@ -175,4 +208,5 @@ def test_a_backend_with_its_own_set_current_key_is_handed_no_key_groups() -> Non
     keys = [(i, "k") for i in range(3)]
     assert not b.hand_over_key_groups(keys, _groups(keys))
     b.remember_key_groups(keys, _groups(keys))
+    b.set_current_key(keys[0])
     assert set(b._kg_cache) == set(keys)

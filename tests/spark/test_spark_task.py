@@ -420,6 +420,58 @@ def test_columns_of_one_subtask_skip_the_per_row_routing_with_the_same_outcome(
     assert [r["records"] for _, r in want] == [FLUSH_ROWS, FLUSH_ROWS + 300]
 
 
+class RenamingColumns(CountUrlsColumns):
+    """Rewrites the keys list it gets in place (after counting) and returns that list as the URLs."""
+
+    def process_columns(self, rows: Any, keys: list[Any], ctx: ColumnsContext) -> Any:
+        out = super().process_columns(rows, keys, ctx)
+        keys[0] = keys[-1] = "renamed"
+        return out
+
+
+def _running_counts(records: list[dict[str, Any]]) -> list[int]:
+    """Each record's URL count so far, as CountUrls emits it."""
+    seen: dict[str, int] = {}
+    out = []
+    for r in records:
+        seen[r["url"]] = n = seen.get(r["url"], 0) + 1
+        out.append(n)
+    return out
+
+
+@pytest.mark.parametrize("key_groups", [False, True])
+def test_keys_a_columns_function_returns_as_they_came_are_emitted_from_arrow_and_changed_ones_as_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key_groups: bool
+) -> None:
+    """Its keys list returned unchanged is the batch's own Arrow key column in the output (no conversion
+    back); one rewritten in place since the call is emitted as rewritten."""
+    records = make_records(500)
+    taken: list[bool] = []
+    original = _loops._keys_back
+
+    def spied(result: dict[str, Any], *args: Any) -> dict[str, Any]:
+        back = original(result, *args)
+        taken.append(back is not result)
+        return back
+
+    monkeypatch.setattr(_loops, "_keys_back", spied)
+    for function, urls in (
+        (CountUrlsColumns, [r["url"] for r in records]),
+        (RenamingColumns, ["renamed", *(r["url"] for r in records[1:-1]), "renamed"]),
+    ):
+        reset_cache()
+        taken.clear()
+        driver = Driver(tmp_path / function.__name__, function, columns=True)
+        driver.marker, driver.key_groups = False, key_groups
+        plan = driver.plan()
+        out, report = driver.run_task(plan, records)
+        assert [u for u, _ in out] == urls
+        assert [n for _, n in out] == _running_counts(records)
+        assert taken == [function is CountUrlsColumns]
+        driver.complete(plan, report)
+        assert driver.state() == model_state(records)
+
+
 @pytest.mark.parametrize("form", ["records", "batch", "columns"])
 def test_a_task_takes_the_key_groups_the_routing_computed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str

@@ -436,12 +436,17 @@ def test_states_with_a_ttl_are_decoded_at_restore(make_backend, clock):
     assert s2.value() == 7
 
 
-def test_update_batch_decodes_the_key_groups_it_reaches(make_backend):
+@pytest.mark.parametrize("remembered", [False, True], ids=["looked-up", "remembered"])
+def test_update_batch_decodes_the_key_groups_it_reaches(make_backend, remembered):
     h, model = chain_of(make_backend, 15, 1)
     b = make_backend()
     b.restore_native([h])
     s = declare(b)["v"]
     keys = sorted(k for st, _, k in model if st == "v")[:5]
+    if remembered:  # as the Spark runner hands a batch's keys over: their groups taken as they are
+        groups = [key_group_for_bytes(b.key_serializer.serialize(k), b.max_parallelism) for k in keys]
+        b.remember_key_groups(keys, groups)
+        assert b._remembered_groups(keys) is not None
     before = lazy_groups(b)["v"]
     got = s.update_batch(keys, lambda v: (v or 0) + 1000)
     assert got == [model["v", None, k] + 1000 for k in keys]

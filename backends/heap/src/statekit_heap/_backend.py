@@ -388,7 +388,22 @@ class HeapValueState(_Handle):
             dflt = self._default
             restored = self._b._heap_update
             ch = t.changed if self._ns is VOID_NAMESPACE else None
-            if t.changed is not None and ch is None:
+            # The keys a runner remembered with their groups (the Spark runner's batch, its changes
+            # tracked for the next checkpoint's delta): no lookup.
+            if ch is not None and (groups := b._remembered_groups(keys)) is not None:
+                for key, kg in zip(keys, groups):
+                    ch[kg].add(key)
+                    d = maps[kg]
+                    if d is None:  # as below
+                        append(restored(t, kg, key, fn, dflt))
+                        continue
+                    new = fn(d.get(key, dflt))
+                    if new is None:
+                        d.pop(key, None)
+                    else:
+                        d[key] = new
+                    append(new)
+            elif t.changed is not None and ch is None:
                 ns = self._ns
                 for key in keys:
                     kg = cache.get(key)

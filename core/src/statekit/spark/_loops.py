@@ -308,6 +308,7 @@ def process_columns(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
     plan, out, phases = run.plan, run.out, run.phases
     clock = time.perf_counter
     columns = list(plan.input_columns)
+    key_column = plan.key_column
     for batch in _arriving(batches, phases):
         if not batch.num_rows:
             continue
@@ -333,8 +334,12 @@ def process_columns(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
             ctx.timestamp = None
             run.counts[index].records += length
             some = keys if order is None else [keys[row] for row in order[offset : offset + length]]
+            # Kept to see whether the keys come back unchanged as an output column (see _keys_back).
+            given = some.copy() if order is None else None
             result = function.process_columns(chosen.slice(offset, length), some, ctx)
             if result is not None:
+                if given is not None and type(result) is dict:
+                    result = _keys_back(result, some, given, batch, key_column, offset, length)
                 run.counts[index].outputs += out.add_columns(result)
         phases["records"] += clock() - t_loop
         if out.size >= FLUSH_ROWS:
@@ -344,6 +349,25 @@ def process_columns(run: TaskRun, batches: Iterator[Any]) -> Iterator[Any]:
             yield flushed
         if late_rows:
             yield out.late(batch, late_rows)
+
+
+def _keys_back(result: dict[str, Any], some: list[Any], given: list[Any], batch: Any, key_column: str,
+               offset: int, length: int) -> dict[str, Any]:  # fmt: skip
+    """``result`` with the batch's own Arrow key column where a column is the keys list it was given.
+
+    A function that emits each row's key returns the list it got (``{"url":
+    keys, ...}``); converting those Python values back to Arrow would cost more
+    than anything else in its output. Taken only while the list still equals
+    ``given`` (a copy made before the call; the elements are compared by
+    identity first, so this costs a pointer comparison per key), and for str
+    and int keys, whose values always converted.
+    """
+    for name, column in result.items():
+        if column is some:
+            if some != given or not _hashes(batch.schema.field(key_column).type):
+                return result
+            return {**result, name: batch.column(key_column).slice(offset, length)}
+    return result
 
 
 def _routed(run: TaskRun, batch: Any) -> tuple[list[Any], set[int], list[Any], Sequence[int], list[int]]:

@@ -186,6 +186,7 @@ RESERVED_ATTRIBUTES = frozenset(
         "_kg",
         "_kg_cache",
         "_key_cache_size",
+        "_remembered",
         "_bytes_key",
         "_key_bytes",
         "_closed",
@@ -263,6 +264,8 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
         self._kg: Any = None  # None until a key is set: indexing with it fails loudly
         self._kg_cache: dict[Any, int] = {}
         self._key_cache_size = max(1, key_cache_size)
+        #: The last remember_key_groups' keys (a copy) and groups, not in the key cache yet.
+        self._remembered: tuple[list[Any], Sequence[int]] | None = None
         self._bytes_key: Any = _NO_KEY  # the key whose bytes _key_bytes holds
         self._key_bytes = b""
         self._states: dict[str, RegisteredState] = {}
@@ -291,6 +294,10 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
     def _assign(self, key: Any) -> int:
         if self._closed:
             raise StateAccessError("the backend is closed")
+        if self._remembered is not None:  # a key the cache misses: the remembered ones go in first
+            kg = self._cache_remembered(key)
+            if kg is not None:
+                return kg
         raw = self.key_serializer.serialize(key)
         self._bytes_key, self._key_bytes = key, raw  # a key-value backend asks for them next
         kg = key_group_for_bytes(raw, self.max_parallelism)
@@ -350,26 +357,58 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
 
         As :meth:`hand_over_key_groups` takes them, for keys made current by
         :meth:`set_current_key` (a function's own calls, a runner's per-key
-        loop): the key cache gets them, so a switch to a key not seen before
-        costs no serializing and hashing. Nothing is remembered where
+        loop): the key cache gets them at the first key it misses, so a switch
+        to a key not seen before costs no serializing and hashing; a bulk
+        update over these keys takes them as they are (:meth:`_remembered_groups`).
+        Nothing is remembered where
         :meth:`hand_over_key_groups` would take nothing (a class replacing
         :meth:`set_current_key` aside): :meth:`set_current_key` then computes
         each key's and refuses one this backend does not own, naming it. Keys
         that cannot be hashed are left to it too.
         """
+        self._remembered = None
         if not self._own_key_groups(keys, key_groups):
             return
         self._keys_ahead(keys, key_groups)
-        n = len(keys)
-        if n > self._key_cache_size:
+        if len(keys) > self._key_cache_size:
             return
+        # Into the cache at the first key it misses (_assign), not now: a function that
+        # switches no key one by one (update_batch takes them with their groups, see
+        # _remembered_groups) pays nothing per key for them.
+        self._remembered = (list(keys), key_groups)
+
+    def _remembered_groups(self, keys: Any) -> Sequence[int] | None:
+        """The key groups :meth:`remember_key_groups` last took, if ``keys`` are its keys; else None.
+
+        For a bulk update (a heap value state's ``update_batch``) over the
+        keys a runner remembered: their groups without a cache lookup per key.
+        ``keys`` must be a list equal to the remembered one, element by
+        element (a copy was kept: a list changed since is not taken); the
+        check costs a pointer comparison per key where the elements are the
+        same objects.
+        """
+        remembered = self._remembered
+        if remembered is None or type(keys) is not list:
+            return None
+        kept, groups = remembered
+        if len(keys) != len(kept):
+            return None
+        return groups if keys == kept else None
+
+    def _cache_remembered(self, key: Any) -> int | None:
+        """The remembered keys and groups into the key cache (once); ``key``'s group, if among them."""
+        remembered, self._remembered = self._remembered, None
+        if remembered is None:
+            return None
+        keys, key_groups = remembered
         cache = self._kg_cache
-        if len(cache) + n > self._key_cache_size:
+        if len(cache) + len(keys) > self._key_cache_size:
             cache.clear()  # as _assign does when the cache is full
         try:
             cache.update(zip(keys, key_groups))
         except TypeError:  # an unhashable key: set_current_key names it
-            return
+            return None
+        return cache.get(key)
 
     def _own_key_groups(self, keys: Sequence[Any], key_groups: Sequence[int]) -> bool:
         """Whether ``key_groups`` (one per key of ``keys``, some) are all this open backend's."""
@@ -699,6 +738,7 @@ class KeyedBackendBase(KeyedSnapshots, ABC):
         self._closed = True
         self._cancel_pending_snapshots()
         self._kg_cache.clear()
+        self._remembered = None
 
     @property
     def closed(self) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from .._contracts import SupportsBatchUpdate
+from .._contracts import SupportsBatchUpdate, SupportsNativeSnapshot
 from .._errors import StateAccessError, StateMigrationError
 from ..serialization._keygroups import KeyGroupRange, key_group_for_bytes
 from ..serialization._serializers import StrSerializer, serializer_for
@@ -27,6 +27,7 @@ from ..state._state import (
     StateDescriptor,
     ValueStateDescriptor,
 )
+from ._job import native_snapshot_handle
 
 __all__ = ["KeyedStateSemantics", "Mean", "batch_update_or_skip", "key_with_group"]
 
@@ -732,6 +733,42 @@ class KeyedStateSemantics:
                 d[k] = s.value()
             dump.append(d)
         assert dump[0] == dump[1]
+        assert batched.num_entries() == looped.num_entries()
+
+    @pytest.mark.parametrize("changed", [False, True], ids=["as-remembered", "changed-since"])
+    def test_update_batch_over_keys_a_runner_remembered_equals_per_key_path(
+        self, make_backend: Any, changed: bool
+    ) -> None:
+        """The Spark runner remembers a batch's keys with their groups before the function's bulk update.
+
+        A backend may take the groups as remembered for that list; a list changed
+        in place since (a function rewriting its keys) must get each key's own.
+        """
+        batched, looped = make_backend(), make_backend()
+        sb = batch_update_or_skip(batched.get_state(_value(default=0)))
+        sl = looped.get_state(_value(default=0))
+        native = isinstance(batched, SupportsNativeSnapshot)
+        if native:  # as in the runner, where every batch ends in one
+            native_snapshot_handle(batched)
+        keys = [f"r{i % 7}" for i in range(30)]
+        ser = batched.key_serializer
+        remember = getattr(batched, "remember_key_groups", None)
+        if remember is not None:
+            remember(keys, [key_group_for_bytes(ser.serialize(k), batched.max_parallelism) for k in keys])
+        if changed:
+            keys[4] = keys[5] = "elsewhere"
+        out_b = sb.update_batch(keys, lambda v: v + 1)
+        out_l = []
+        for k in keys:
+            looped.set_current_key(k)
+            sl.update(sl.value() + 1)
+            out_l.append(sl.value())
+        assert out_b == out_l
+        assert batched.get_current_key() == keys[-1]
+        for k in sorted(set(keys)):
+            batched.set_current_key(k)
+            looped.set_current_key(k)
+            assert sb.value() == sl.value(), k
         assert batched.num_entries() == looped.num_entries()
 
     def test_update_batch_outside_key_group_range_raises(self, make_backend: Any) -> None:
