@@ -388,22 +388,7 @@ class HeapValueState(_Handle):
             dflt = self._default
             restored = self._b._heap_update
             ch = t.changed if self._ns is VOID_NAMESPACE else None
-            # The keys a runner remembered with their groups (the Spark runner's batch, its changes
-            # tracked for the next checkpoint's delta): no lookup.
-            if ch is not None and (groups := b._remembered_groups(keys)) is not None:
-                for key, kg in zip(keys, groups):
-                    ch[kg].add(key)
-                    d = maps[kg]
-                    if d is None:  # as below
-                        append(restored(t, kg, key, fn, dflt))
-                        continue
-                    new = fn(d.get(key, dflt))
-                    if new is None:
-                        d.pop(key, None)
-                    else:
-                        d[key] = new
-                    append(new)
-            elif t.changed is not None and ch is None:
+            if t.changed is not None and ch is None:
                 ns = self._ns
                 for key in keys:
                     kg = cache.get(key)
@@ -418,8 +403,12 @@ class HeapValueState(_Handle):
                         d[key] = new
                     append(new)
             elif ch is not None:
-                for key in keys:
-                    kg = cache.get(key)
+                # The keys a runner remembered with their groups (the Spark runner's batch) come
+                # with them: no lookup. Others are looked up, each once, as they go.
+                if type(keys) is not list:
+                    keys = list(keys)  # iterated twice below
+                groups = b._remembered_groups(keys)
+                for key, kg in zip(keys, map(cache.get, keys) if groups is None else groups):
                     if kg is None:
                         kg = b._assign(key)
                     ch[kg].add(key)
