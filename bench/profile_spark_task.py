@@ -5,7 +5,10 @@ batches shaped as Spark hands them to ``mapInArrow`` (routed rows of one
 subtask, 10,000 rows a batch), several micro-batches in a row so the subtask
 is reused from the cache as on an executor, and times its phases with
 cProfile: converting input rows, the record loop, state access, the user
-function, building output rows and Arrow batches, the snapshot.
+function, building output rows and Arrow batches, the snapshot. Each
+micro-batch's checkpoint is completed before the next, as Spark's driver
+does, so a backend with deltas writes one per batch (a base every batch,
+before 2026-12-03, overstated the snapshot).
 
     python bench/profile_spark_task.py [--records 100000] [--urls 100000] [--batches 3]
         [--no-profile | --callgrind] [--vectorized | --columns] [--backend heap|rocksdb|lmdb|...]
@@ -46,8 +49,10 @@ from typing import Any
 import pyarrow as pa
 
 from statekit import Configuration
+from statekit.backend_api import SupportsNativeSnapshot
 from statekit.serialization._keygroups import key_group_for_bytes, operator_index_for_key_group
 from statekit.serialization._serializers import StrSerializer
+from statekit.spark import _cache
 from statekit.spark._plan import TaskPlan
 from statekit.spark._routing import KEY_GROUP_COLUMN, MARKER_COLUMN, SUBTASK_COLUMN
 from statekit.spark._task import make_task, reset_cache
@@ -145,10 +150,20 @@ def run_task(
     data: list[pa.RecordBatch],
     attempts: dict[int, str],
 ) -> list[Any]:
-    """Micro-batch ``b``: the task over ``data`` as an executor runs it; ``attempts`` gets its snapshot's."""
+    """Micro-batch ``b``: the task over ``data`` as an executor runs it; ``attempts`` gets its snapshot's.
+
+    Its checkpoint is then completed, as on Spark, where the driver completes it
+    and the next batch's task learns so when it reuses the subtask
+    (``notify_checkpoint_complete``): a backend with deltas writes the next
+    snapshot as one, not a base every batch.
+    """
     out: list[Any] = list(make_task(plan(b, attempts), None)(iter(data)))
     handle = out[-1].column("__statekit_handle").to_pylist()[-1]
     attempts[0] = json.loads(handle)["attempt"]
+    for entry in _cache._CACHE.values():
+        keyed = entry.subtask.keyed
+        if isinstance(keyed, SupportsNativeSnapshot):
+            keyed.notify_checkpoint_complete(b + 1)
     return out
 
 
