@@ -157,11 +157,15 @@ def main() -> None:
     parser.add_argument("--stop-file", help="with --trigger continuous: stop the query once it exists")
     parser.add_argument("--report", required=True)
     parser.add_argument("--restore", help="restore= of start()")
+    parser.add_argument("--conf", action="append", default=[], help="KEY=VALUE for spark.conf.set")
     args = parser.parse_args()
 
     from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.remote(args.remote).getOrCreate()
+    for setting in args.conf:
+        key, _, value = setting.partition("=")
+        spark.conf.set(key, value)
     try:
         (stream if args.mode == "stream" else static)(args, spark)
     except Exception as e:  # noqa: BLE001 - reported to the test

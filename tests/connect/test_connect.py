@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
-from connectserver import ConnectServer
+from connectserver import START_ATTEMPTS, ConnectServer
 from sparkutil import (
     assert_exact_outputs,
     assert_exact_state,
@@ -419,7 +419,9 @@ def test_a_query_whose_foreach_batch_process_starts_late_starts_all_the_same(
     connect_server.delay_next_foreach_batch_process(11)
     log = tmp_path / "client.log"
     finish(start_client(connect_server, late_args(tmp_path, "late"), log), log)
-    assert "did not connect back within Spark's ten seconds (attempt 1 of 3" in log.read_text()
+    # The server's own configuration sets the attempts (ConnectServer.START_ATTEMPTS): the client reads it.
+    said = log.read_text()
+    assert f"did not connect back within Spark's ten seconds (attempt 1 of {START_ATTEMPTS}" in said
     storage = FileSystemCheckpointStorage(str(tmp_path / "statekit"))
     assert_exact_state(storage, "late", records)
     assert_exact_outputs(tmp_path / "out", records)
@@ -429,13 +431,15 @@ def test_a_query_whose_foreach_batch_process_starts_late_starts_all_the_same(
 def test_a_query_whose_foreach_batch_process_is_always_late_is_not_started_and_says_why(
     connect_server: ConnectServer, tmp_path: Path
 ) -> None:
-    """After three late processes, ``start()`` raises Spark's error with what happened and what to do;
-    nothing was written, and the same start once the server keeps up counts exactly."""
+    """After as many late processes as ``statekit.spark.connect.start-attempts`` allows (three here, set
+    on the client's session over the server's eight), ``start()`` raises Spark's error with what happened
+    and what to do; nothing was written, and the same start once the server keeps up counts exactly."""
     records = make_records(300, seed=25)
     write_inputs(tmp_path / "in", records, 2)
     connect_server.delay_next_foreach_batch_process(11, times=3)
     log = tmp_path / "client-1.log"
-    proc = start_client(connect_server, late_args(tmp_path, "always-late"), log)
+    attempts = ["--conf", "spark.statekit.spark.connect.start-attempts=3"]
+    proc = start_client(connect_server, [*late_args(tmp_path, "always-late"), *attempts], log)
     proc.wait(timeout=300)
     said = log.read_text()
     assert proc.returncode != 0, said

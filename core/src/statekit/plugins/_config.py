@@ -288,6 +288,11 @@ CORE_OPTIONS: tuple[ConfigOption, ...] = (
         "the worker; Spark's retry then restores the subtask from the checkpoint. Guards against "
         "a sibling that is stopped or hung; the sibling waits as long for the task's rows, then "
         "drops the subtask and logs it.", minimum=0.1),
+    ConfigOption("statekit.spark.connect.start-attempts", int, 3,
+        "From a Spark Connect client: times start() asks the server to start a query whose "
+        "foreachBatch process did not connect back within the ten seconds Spark gives it (a busy "
+        "server; no query started, so asking again is exact). Read from the client's session, "
+        "which holds the server's configuration too.", minimum=1),
     ConfigOption("statekit.metrics.enabled", bool, True,
         "Report each completed checkpoint (on Spark: each micro-batch) where operators look: one "
         "line at INFO on the statekit logger, and on Spark a source in the driver's metrics system "

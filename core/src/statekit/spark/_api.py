@@ -433,7 +433,7 @@ class ProcessedStream:
             client_session_id=getattr(session, "session_id", None),
         )  # fmt: skip
         writer = self._writer(self._spec.df, batches, checkpoint_location, trigger, query_name)
-        query = start_on_server(writer)
+        query = start_on_server(writer, conf.get("statekit.spark.connect.start-attempts"))
         self._query = query
         return query
 

@@ -32,7 +32,8 @@ __all__ = ["RUN_START_WAIT", "START_ATTEMPTS", "ConnectBatches", "query_id_at", 
 #: Seconds the watcher made before the first batch waits to see its query run started (then gives up).
 RUN_START_WAIT = 120.0
 
-#: Times :func:`start_on_server` asks the server to start a query whose process came too late.
+#: Times :func:`start_on_server` asks the server to start a query whose process came too late, unless
+#: ``statekit.spark.connect.start-attempts`` says otherwise.
 START_ATTEMPTS = 3
 
 #: How the server says that the process it started for a query's ``foreachBatch`` came too late.
@@ -41,7 +42,7 @@ _LATE_PROCESS = ("failed to connect back", "Timed out while waiting for the Pyth
 _LOG = logging.getLogger("statekit.spark")
 
 
-def start_on_server(writer: DataStreamWriter) -> StreamingQuery:
+def start_on_server(writer: DataStreamWriter, attempts: int = START_ATTEMPTS) -> StreamingQuery:
     """``writer.start()`` from a Connect client; again if the query's server-side process came too late.
 
     To start a query with ``foreachBatch``, the Connect server starts a Python
@@ -50,18 +51,19 @@ def start_on_server(writer: DataStreamWriter) -> StreamingQuery:
     fails the start before any query exists (nothing ran: no state, checkpoint
     or output was touched; a location seeded for ``restore=`` holds the source
     position it starts from, as before), so starting it again is exact. After
-    :data:`START_ATTEMPTS` such failures, Spark's error is raised, with a note
-    that says what happened and what to do.
+    ``attempts`` such failures (``statekit.spark.connect.start-attempts``),
+    Spark's error is raised, with a note that says what happened and what to do.
     """
-    for attempt in range(1, START_ATTEMPTS + 1):
+    for attempt in range(1, attempts + 1):
         try:
             return writer.start()
         except Exception as e:
             if not any(late in str(e) for late in _LATE_PROCESS):
                 raise
-            if attempt == START_ATTEMPTS:
+            if attempt == attempts:
                 e.add_note(
-                    f"statekit asked the Spark Connect server {START_ATTEMPTS} times to start the query; "
+                    f"statekit asked the Spark Connect server {attempts} time{'s' * (attempts > 1)} to start "
+                    "the query; "
                     "each time the Python process the server starts for the query's foreachBatch did not "
                     "connect back within the ten seconds Spark gives it (fixed in Spark): the server's "
                     "machine is too busy to import PySpark in that time, or the server's Python "
@@ -69,14 +71,15 @@ def start_on_server(writer: DataStreamWriter) -> StreamingQuery:
                     "and no state was "
                     "touched (for restore=, the checkpoint location holds only the source position start() "
                     "wrote, which the same start uses again): start it again once the server is less busy, "
-                    "or give the server more CPU"
+                    "give the server more CPU, or let statekit ask more times "
+                    "(spark.statekit.spark.connect.start-attempts)"
                 )
                 raise
             _LOG.warning(
                 "statekit: the Spark Connect server's Python process for the query's foreachBatch did not "
                 "connect back within Spark's ten seconds (attempt %d of %d; a busy server): no query "
                 "started, so statekit starts it again",
-                attempt, START_ATTEMPTS,
+                attempt, attempts,
             )  # fmt: skip
     raise AssertionError("unreachable")  # pragma: no cover
 
