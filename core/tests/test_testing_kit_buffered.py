@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 
 from statekit.backend_api import (
     KeyedBackendParameters,
@@ -313,6 +313,11 @@ CI = kit_settings(
 )
 
 
+#: What ``caught_by_the_kit`` needs: whether a run finds a violation, not its shortest steps (the kit's
+#: shrinking, what an author sees, is test_testing_kit.py's), so nothing is shrunk.
+CI_FIND = settings(CI, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+
+
 #: Every target's scratch directory lives under this one, removed when the test process exits
 #: (they were left in the temporary directory: some 500 a test run).
 _SCRATCH = tempfile.TemporaryDirectory(prefix="kit-buffered-")
@@ -331,22 +336,27 @@ def _target(factory: Callable[[], Any], others: dict[str, Any]) -> ConformanceTa
     return ConformanceTarget(factory, factory().name, others, ReferenceCheckpointStorage, scratch)
 
 
-def caught_by_the_kit(prop: str, factory: Callable[[], Any], others: dict[str, Any]) -> dict[Any, str]:
-    """Run ``prop`` as the kit does, once per write buffer of WRITE_BUFFERS; what each run reported.
+def caught_by_the_kit(
+    prop: str, factory: Callable[[], Any], others: dict[str, Any], *, until_caught: bool = False
+) -> dict[Any, str]:
+    """Run ``prop`` as the kit does (unshrunk), once per write buffer of WRITE_BUFFERS; what each reported.
 
     Returns, by buffer size, ``"violation"`` (of ``prop``), ``"passed"``, or the
-    other properties a run reported instead.
+    other properties a run reported instead; ``until_caught``: no buffer after
+    the first whose run reported a violation of ``prop``.
     """
     out: dict[Any, str] = {}
     for size in WRITE_BUFFERS:
         try:
-            run_property(prop, _target(with_write_buffer(factory, size), others), CI)
+            run_property(prop, _target(with_write_buffer(factory, size), others), CI_FIND)
         except (PropertyViolation, BaseExceptionGroup) as e:
             found = _violations(e)
             if not found:
                 raise
             hit = any(v.property == prop for v in found)
             out[size] = "violation" if hit else repr([v.property for v in found])
+            if hit and until_caught:
+                break
         else:
             out[size] = "passed"
     return out
@@ -363,7 +373,7 @@ def test_the_kit_catches_a_buffered_backend_breaking_only(prop: str) -> None:
     factory, others = BROKEN[prop], {}
     if prop == "savepoint_portability":  # the backend a savepoint moves into is the broken one
         factory, others = dictkv(), {"picky": BROKEN[prop]}
-    outcome = caught_by_the_kit(prop, factory, others)
+    outcome = caught_by_the_kit(prop, factory, others, until_caught=True)
     assert "violation" in outcome.values(), f"{prop} missed its violation at every write buffer: {outcome}"
 
 
