@@ -27,14 +27,10 @@ from ._jobspec import JobSpec, driver_storage
 from ._savepoint_request import WATCH_INTERVAL, SparkSavepointRequests
 from ._sparkconf import application, is_connect, spark_configuration
 
-__all__ = ["RUN_START_WAIT", "START_ATTEMPTS", "ConnectBatches", "query_id_at", "start_on_server"]
+__all__ = ["RUN_START_WAIT", "ConnectBatches", "query_id_at", "start_on_server"]
 
 #: Seconds the watcher made before the first batch waits to see its query run started (then gives up).
 RUN_START_WAIT = 120.0
-
-#: Times :func:`start_on_server` asks the server to start a query whose process came too late, unless
-#: ``statekit.spark.connect.start-attempts`` says otherwise.
-START_ATTEMPTS = 3
 
 #: How the server says that the process it started for a query's ``foreachBatch`` came too late.
 _LATE_PROCESS = ("failed to connect back", "Timed out while waiting for the Python worker")
@@ -42,7 +38,7 @@ _LATE_PROCESS = ("failed to connect back", "Timed out while waiting for the Pyth
 _LOG = logging.getLogger("statekit.spark")
 
 
-def start_on_server(writer: DataStreamWriter, attempts: int = START_ATTEMPTS) -> StreamingQuery:
+def start_on_server(writer: DataStreamWriter, attempts: int) -> StreamingQuery:
     """``writer.start()`` from a Connect client; again if the query's server-side process came too late.
 
     To start a query with ``foreachBatch``, the Connect server starts a Python
@@ -61,10 +57,11 @@ def start_on_server(writer: DataStreamWriter, attempts: int = START_ATTEMPTS) ->
             if not any(late in str(e) for late in _LATE_PROCESS):
                 raise
             if attempt == attempts:
+                asked = "once" if attempts == 1 else f"{attempts} times"
                 e.add_note(
-                    f"statekit asked the Spark Connect server {attempts} time{'s' * (attempts > 1)} to start "
-                    "the query; "
-                    "each time the Python process the server starts for the query's foreachBatch did not "
+                    f"statekit asked the Spark Connect server {asked} to start the query; "
+                    f"{'each time ' if attempts > 1 else ''}the Python process the server starts for the "
+                    "query's foreachBatch did not "
                     "connect back within the ten seconds Spark gives it (fixed in Spark): the server's "
                     "machine is too busy to import PySpark in that time, or the server's Python "
                     "(PYSPARK_PYTHON) fails to start (the server's log shows its error). No query started "
