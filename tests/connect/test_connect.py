@@ -340,6 +340,23 @@ def quickstart_function() -> str:
     return code[start : code.index("\ncounts = ", start)]
 
 
+def test_a_connect_servers_default_parallelism_is_read_from_a_scan(connect_server: ConnectServer) -> None:
+    """Without ``statekit.parallelism`` or ``spark.default.parallelism`` (this server sets it, so the
+    scan is called directly), a query's parallelism is the partitions of a ``range`` scan: the query
+    runs on the server (Spark 4.3 refused its first form, an aggregate of ``spark_partition_id()``)."""
+    script = (
+        "from pyspark.sql import SparkSession\n"
+        "from statekit.spark._sparkconf import scanned_parallelism\n"
+        f"spark = SparkSession.builder.remote({connect_server.url!r}).getOrCreate()\n"
+        "print(scanned_parallelism(spark))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=driver_env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "2"  # local[2,4]: two cores, spark.default.parallelism 2
+
+
 def test_the_readmes_spark_job_from_a_connect_client(connect_server: ConnectServer, tmp_path: Path) -> None:
     """The README's Spark snippet, changed only to a remote session, counts exactly across a restart.
 

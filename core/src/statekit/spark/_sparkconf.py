@@ -29,6 +29,7 @@ __all__ = [
     "default_parallelism",
     "is_connect",
     "local_dir",
+    "scanned_parallelism",
     "spark_configuration",
 ]
 
@@ -152,7 +153,17 @@ def default_parallelism(session: SparkSession) -> int:
     configured = session.conf.get("spark.default.parallelism", None)
     if configured:
         return int(configured)
-    row = session.range(0, 1 << 16).agg(F.max(F.spark_partition_id()).alias("last")).first()
+    return scanned_parallelism(session)
+
+
+def scanned_parallelism(session: SparkSession) -> int:
+    """The number of partitions of a ``range`` scan without an explicit count: one small job.
+
+    The partition id is projected first, then aggregated: Spark 4.3's analyzer
+    refuses it as an aggregate's argument (``AGGREGATE_FUNCTION_WITH_NONDETERMINISTIC_EXPRESSION``).
+    """
+    scan = session.range(0, 1 << 16).select(F.spark_partition_id().alias("partition"))
+    row = scan.agg(F.max("partition").alias("last")).first()
     return int(row["last"]) + 1 if row is not None and row["last"] is not None else 1
 
 
