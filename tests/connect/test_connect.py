@@ -88,13 +88,19 @@ def subtasks_of_latest(checkpoints: Path, job_id: str) -> int:
 def latest_batch(checkpoints: Path, job_id: str) -> int | None:
     """The Spark batch id whose state the job's latest checkpoint holds."""
     from statekit.checkpointing import load_checkpoint
+    from statekit.errors import CheckpointNotFoundError
     from statekit_storage import FileSystemCheckpointStorage
 
     storage = FileSystemCheckpointStorage(str(checkpoints))
-    latest = storage.latest_checkpoint(job_id)
-    if latest is None:
-        return None
-    return int(load_checkpoint(storage, latest).metadata.properties["spark_batch_id"])
+    while True:  # read while the job runs: its retention may remove the listed newest before the read
+        latest = storage.latest_checkpoint(job_id)
+        if latest is None:
+            return None
+        try:
+            return int(load_checkpoint(storage, latest).metadata.properties["spark_batch_id"])
+        except CheckpointNotFoundError:
+            if storage.latest_checkpoint(job_id) == latest:
+                raise  # still listed, yet gone: not retention
 
 
 def run_records(checkpoints: Path, job_id: str) -> list[dict[str, Any]]:

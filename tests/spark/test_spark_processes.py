@@ -59,12 +59,20 @@ def latest_batch(checkpoints: Path, job_id: str) -> int:
     recorded its end (a killed one) numbers its checkpoints one further.
     """
     from statekit.checkpointing import load_checkpoint
+    from statekit.errors import CheckpointNotFoundError
     from statekit.spark._driver import BATCH_PROPERTY
     from statekit_storage import FileSystemCheckpointStorage
 
     storage = FileSystemCheckpointStorage(str(checkpoints))
-    latest = storage.latest_checkpoint(job_id)
-    return -1 if latest is None else int(load_checkpoint(storage, latest).metadata.properties[BATCH_PROPERTY])
+    while True:  # read while the job runs: its retention may remove the listed newest before the read
+        latest = storage.latest_checkpoint(job_id)
+        if latest is None:
+            return -1
+        try:
+            return int(load_checkpoint(storage, latest).metadata.properties[BATCH_PROPERTY])
+        except CheckpointNotFoundError:
+            if storage.latest_checkpoint(job_id) == latest:
+                raise  # still listed, yet gone: not retention
 
 
 @pytest.mark.parametrize(
