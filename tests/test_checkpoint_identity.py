@@ -24,7 +24,7 @@ from statekit.checkpoints._coordinator import newest_checkpoint
 from statekit.checkpoints._restore import load_checkpoint
 from statekit.checkpoints._verify import KIND_UNCHECKED, verify_checkpoint
 from statekit.cli._cli import main
-from statekit.errors import CorruptCheckpointError
+from statekit.errors import CheckpointNotFoundError, CorruptCheckpointError
 from statekit_storage import FileSystemCheckpointStorage
 
 RECORDS = make_records(600, urls=12)
@@ -171,3 +171,38 @@ def test_metadata_of_an_early_build_without_its_kind_restores_and_verify_says_so
     shutil.copyfile(newest / "_metadata", two_jobs / "mine" / "chk-1" / "_metadata")
     (problem,) = verify_checkpoint(storage, str(two_jobs / "mine" / "chk-1"))
     assert "records checkpoint id" in problem.problem
+
+
+
+class _RemovedAfterListing(FileSystemCheckpointStorage):
+    """A reader's first listing names a checkpoint that is deleted before the reader reads it.
+
+    ``newer_completed``: the job completed ``chk-3`` after that listing and its
+    retention deleted the listed ``chk-2`` (the first listing shows the job as it
+    was: ``chk-3`` not yet there). Otherwise someone deleted the newest, ``chk-3``.
+    """
+
+    def __init__(self, root: Path, *, newer_completed: bool) -> None:
+        super().__init__(str(root))
+        self.root, self.newer_completed, self.listings = root, newer_completed, 0
+
+    def latest_checkpoint(self, job_id: str) -> str | None:
+        self.listings += 1
+        if self.listings > 1:
+            return super().latest_checkpoint(job_id)
+        *_, before, newest = self.list_checkpoints(job_id)
+        listed = before if self.newer_completed else newest
+        shutil.rmtree(listed)
+        return listed
+
+
+def test_a_newest_retention_removed_before_it_was_read_gives_way_to_the_newer_one(two_jobs: Path) -> None:
+    storage = _RemovedAfterListing(two_jobs, newer_completed=True)
+    cp = newest_checkpoint(storage, "mine")
+    assert cp is not None and cp.location == str(two_jobs / "mine" / "chk-3") and storage.listings == 2
+
+
+def test_a_listed_newest_that_is_gone_with_nothing_newer_is_an_error_naming_it(two_jobs: Path) -> None:
+    storage = _RemovedAfterListing(two_jobs, newer_completed=False)
+    with pytest.raises(CheckpointNotFoundError, match="chk-3"):
+        newest_checkpoint(storage, "mine")  # not chk-2: an older checkpoint is never taken in its place

@@ -25,6 +25,7 @@ from sparkutil import (
     assert_exact_outputs,
     assert_exact_state,
     driver_env,
+    latest_batch,
     restored_state,
     wait_until,
     write_inputs,
@@ -85,24 +86,6 @@ def subtasks_of_latest(checkpoints: Path, job_id: str) -> int:
     return len(load_checkpoint(storage, latest).metadata.operators["process"])
 
 
-def latest_batch(checkpoints: Path, job_id: str) -> int | None:
-    """The Spark batch id whose state the job's latest checkpoint holds."""
-    from statekit.checkpointing import load_checkpoint
-    from statekit.errors import CheckpointNotFoundError
-    from statekit_storage import FileSystemCheckpointStorage
-
-    storage = FileSystemCheckpointStorage(str(checkpoints))
-    while True:  # read while the job runs: its retention may remove the listed newest before the read
-        latest = storage.latest_checkpoint(job_id)
-        if latest is None:
-            return None
-        try:
-            return int(load_checkpoint(storage, latest).metadata.properties["spark_batch_id"])
-        except CheckpointNotFoundError:
-            if storage.latest_checkpoint(job_id) == latest:
-                raise  # still listed, yet gone: not retention
-
-
 def run_records(checkpoints: Path, job_id: str) -> list[dict[str, Any]]:
     """The job's run records (``<job>/runs/run-<epoch>-<run id>.json``), oldest first."""
     paths = (checkpoints / job_id / "runs").glob("run-*.json")
@@ -149,7 +132,7 @@ def test_client_killed_then_restarted_with_another_parallelism_counts_exactly(
     # 1. A client starts a query that runs until stopped, and is killed after two batches.
     log = tmp_path / "client-1.log"
     first = start_client(connect_server, [*args, "--parallelism", "2", "--trigger", "continuous"], log)
-    wait_for(lambda: (latest_batch(checkpoints, "restarted") or 0) >= 1, first, log)
+    wait_for(lambda: latest_batch(checkpoints, "restarted") >= 1, first, log)
     kill_group(first)
     assert subtasks_of_latest(checkpoints, "restarted") == 2
 

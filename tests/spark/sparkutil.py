@@ -118,3 +118,19 @@ def wait_until(condition: Any, what: str, timeout: float = 300) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def latest_batch(checkpoints: Path, job_id: str) -> int:
+    """The Spark micro-batch whose state the job's newest checkpoint holds (-1: none yet).
+
+    Not the checkpoint id less one: a driver that took over from one that never
+    recorded its end (a killed one) numbers its checkpoints one further. Read
+    while the job runs, as its restore reads it (a retention that removes the
+    listed newest before the read gives way to the newer one).
+    """
+    from statekit.checkpoints._coordinator import newest_checkpoint
+    from statekit.spark._driver import BATCH_PROPERTY
+    from statekit_storage import FileSystemCheckpointStorage
+
+    newest = newest_checkpoint(FileSystemCheckpointStorage(str(checkpoints)), job_id)
+    return -1 if newest is None else int(newest.metadata.properties[BATCH_PROPERTY])

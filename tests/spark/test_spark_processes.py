@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 from cluster import Cluster, standalone_cluster
-from sparkutil import assert_exact_outputs, assert_exact_state, driver_env, restored_state, write_inputs
+from sparkutil import (
+    assert_exact_outputs,
+    assert_exact_state,
+    driver_env,
+    latest_batch,
+    restored_state,
+    write_inputs,
+)
 
 from jobs import make_records, model_state
 
@@ -50,29 +57,6 @@ def finish(proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> li
 def latest_id(checkpoints: Path, job_id: str) -> int:
     done = [int(p.parent.name[4:]) for p in (checkpoints / job_id).glob("chk-*/_metadata")]
     return max(done, default=0)
-
-
-def latest_batch(checkpoints: Path, job_id: str) -> int:
-    """The micro-batch whose state the job's latest checkpoint holds (-1: none yet).
-
-    Not the checkpoint id less one: a driver that took over from one that never
-    recorded its end (a killed one) numbers its checkpoints one further.
-    """
-    from statekit.checkpointing import load_checkpoint
-    from statekit.errors import CheckpointNotFoundError
-    from statekit.spark._driver import BATCH_PROPERTY
-    from statekit_storage import FileSystemCheckpointStorage
-
-    storage = FileSystemCheckpointStorage(str(checkpoints))
-    while True:  # read while the job runs: its retention may remove the listed newest before the read
-        latest = storage.latest_checkpoint(job_id)
-        if latest is None:
-            return -1
-        try:
-            return int(load_checkpoint(storage, latest).metadata.properties[BATCH_PROPERTY])
-        except CheckpointNotFoundError:
-            if storage.latest_checkpoint(job_id) == latest:
-                raise  # still listed, yet gone: not retention
 
 
 @pytest.mark.parametrize(

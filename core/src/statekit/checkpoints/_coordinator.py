@@ -39,7 +39,7 @@ from ._history import CheckpointHistory
 from ._metadata import SubtaskState
 from ._restore import CompletedCheckpoint, load_checkpoint
 from ._restore_rules import RestoreRules, check_raw_state_claimed
-from ._retention import apply_retention, highest_checkpoint_id
+from ._retention import apply_retention, highest_checkpoint_id, named_checkpoint_id
 from ._timing import CheckpointTiming, TimedWriter
 from ._verify import verify_loaded
 from ._writing import complete_checkpoint, discard_native_uploads
@@ -109,16 +109,34 @@ def newest_checkpoint(
 ) -> CompletedCheckpoint | None:
     """The newest completed checkpoint of ``job_id`` (its metadata read), if any.
 
+    Read while the job runs (a driver's restore beside a still-running one, a
+    client's ``restore="latest"``), the listed newest can be removed by the
+    job's retention before its metadata is read: then a newer one is listed,
+    and that one is read. A listed checkpoint that cannot be found, with no
+    newer one listed, is an error.
+
     Raises:
+        CheckpointNotFoundError: If the listed newest is gone and no newer one is listed.
         CorruptCheckpointError: If its metadata is damaged, with ``ways_out`` appended.
     """
     location = storage.latest_checkpoint(job_id)
-    if location is None:
-        return None
-    try:
-        return load_checkpoint(storage, location)
-    except CorruptCheckpointError as e:
-        raise CorruptCheckpointError(e.location, e.problem + ways_out) from e
+    while location is not None:
+        try:
+            return load_checkpoint(storage, location)
+        except CorruptCheckpointError as e:
+            raise CorruptCheckpointError(e.location, e.problem + ways_out) from e
+        except CheckpointNotFoundError:
+            listed = storage.latest_checkpoint(job_id)
+            if listed is None or not _newer(listed, location):
+                raise  # not retention, which removes only what a newer one replaced
+            location = listed
+    return None
+
+
+def _newer(listed: str, than: str) -> bool:
+    """Whether ``listed`` is a newer checkpoint than ``than``, by their ``chk-<n>`` names."""
+    new, old = named_checkpoint_id(listed), named_checkpoint_id(than)
+    return new is not None and old is not None and new > old
 
 
 def _problem_of(e: Exception) -> str:

@@ -24,9 +24,15 @@ from .._errors import (
 )
 from ._restore import load_checkpoint
 
-__all__ = ["apply_retention", "highest_checkpoint_id"]
+__all__ = ["apply_retention", "highest_checkpoint_id", "named_checkpoint_id"]
 
 _CHECKPOINT_NAME = re.compile(r"chk-(0|[1-9][0-9]*)/?$")
+
+
+def named_checkpoint_id(location: str) -> int | None:
+    """The id a location's ``chk-<n>`` name gives, or None where the storage names it otherwise."""
+    match = _CHECKPOINT_NAME.search(location)
+    return None if match is None else int(match[1])
 
 
 def highest_checkpoint_id(storage: CheckpointStorage, job_id: str) -> int:
@@ -39,9 +45,9 @@ def highest_checkpoint_id(storage: CheckpointStorage, job_id: str) -> int:
     """
     highest = 0
     for location in storage.list_checkpoints(job_id):
-        match = _CHECKPOINT_NAME.search(location)
-        if match is not None:
-            highest = max(highest, int(match[1]))
+        named = named_checkpoint_id(location)
+        if named is not None:
+            highest = max(highest, named)
             continue
         with contextlib.suppress(CorruptSnapshotError, CheckpointError):
             highest = max(highest, load_checkpoint(storage, location).checkpoint_id)
