@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import pytest
 
 from jobs import expected_counts, make_records
 from statekit import LocalRunner, RecordSource
-from statekit.checkpoints._coordinator import newest_checkpoint
+from statekit.checkpoints._coordinator import newest_checkpoint, start_point
 from statekit.checkpoints._restore import load_checkpoint
 from statekit.checkpoints._verify import KIND_UNCHECKED, verify_checkpoint
 from statekit.cli._cli import main
@@ -173,7 +174,6 @@ def test_metadata_of_an_early_build_without_its_kind_restores_and_verify_says_so
     assert "records checkpoint id" in problem.problem
 
 
-
 class _RemovedAfterListing(FileSystemCheckpointStorage):
     """A reader's first listing names a checkpoint that is deleted before the reader reads it.
 
@@ -184,15 +184,16 @@ class _RemovedAfterListing(FileSystemCheckpointStorage):
 
     def __init__(self, root: Path, *, newer_completed: bool) -> None:
         super().__init__(str(root))
-        self.root, self.newer_completed, self.listings = root, newer_completed, 0
+        self.newer_completed, self.listings = newer_completed, 0
 
-    def latest_checkpoint(self, job_id: str) -> str | None:
+    def list_checkpoints(self, job_id: str) -> list[str]:
         self.listings += 1
+        listed = super().list_checkpoints(job_id)
         if self.listings > 1:
-            return super().latest_checkpoint(job_id)
-        *_, before, newest = self.list_checkpoints(job_id)
-        listed = before if self.newer_completed else newest
-        shutil.rmtree(listed)
+            return listed
+        if self.newer_completed:
+            *listed, _ = listed  # chk-3: not completed yet at this listing
+        shutil.rmtree(listed[-1])
         return listed
 
 
@@ -202,7 +203,28 @@ def test_a_newest_retention_removed_before_it_was_read_gives_way_to_the_newer_on
     assert cp is not None and cp.location == str(two_jobs / "mine" / "chk-3") and storage.listings == 2
 
 
+@pytest.mark.parametrize("fallback", [True, False])
+def test_restore_latest_takes_the_newer_one_too_without_counting_a_skip(
+    two_jobs: Path, fallback: bool
+) -> None:
+    storage = _RemovedAfterListing(two_jobs, newer_completed=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "restore skipped": nothing was damaged
+        start = start_point(storage, "mine", "latest", fallback=fallback, ways_out=" WAYS OUT")
+    assert start.checkpoint is not None and start.checkpoint.location == str(two_jobs / "mine" / "chk-3")
+    assert start.skipped == []
+
+
 def test_a_listed_newest_that_is_gone_with_nothing_newer_is_an_error_naming_it(two_jobs: Path) -> None:
-    storage = _RemovedAfterListing(two_jobs, newer_completed=False)
+    def removing() -> _RemovedAfterListing:  # each removes the newest left
+        return _RemovedAfterListing(two_jobs, newer_completed=False)
+
     with pytest.raises(CheckpointNotFoundError, match="chk-3"):
-        newest_checkpoint(storage, "mine")  # not chk-2: an older checkpoint is never taken in its place
+        newest_checkpoint(removing(), "mine")
+    # restore="latest" calls it damage, as any missing newest: the LocalRunner's way falls back past
+    # it with a warning (chk-2 removed, chk-1 taken), Spark's refuses naming it (chk-1 removed).
+    with pytest.warns(RuntimeWarning, match="restore skipped .*chk-2"):
+        start = start_point(removing(), "mine", "latest", fallback=True, ways_out="")
+    assert start.checkpoint is not None and start.checkpoint.location == str(two_jobs / "mine" / "chk-1")
+    with pytest.raises(CorruptCheckpointError, match="chk-1.*WAYS OUT"):
+        start_point(removing(), "mine", "latest", fallback=False, ways_out=" WAYS OUT")

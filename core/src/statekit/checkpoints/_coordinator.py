@@ -613,17 +613,26 @@ def start_point(
     candidates = storage.list_checkpoints(job_id)
     skipped: list[tuple[str, str]] = []
     damage: list[str] = []  # what is wrong with each skipped one, for the final error
-    for candidate in reversed(candidates):
+    queue = list(candidates)  # newest last
+    while queue:
+        candidate = queue.pop()
         try:
             cp = _checked(load_checkpoint(storage, candidate))
             if take is not None:
                 take(cp)
         except (CorruptCheckpointError, CheckpointNotFoundError) as e:
+            listed = storage.list_checkpoints(job_id)
+            if candidate not in listed and listed and _newer(listed[-1], candidate):
+                # Not damage: the job still runs, completed a newer one, and its retention removed
+                # this one while it was read. Start again from the newest (as newest_checkpoint).
+                tried = {location for location, _ in skipped}
+                candidates, queue = listed, [c for c in listed if c not in tried]
+                continue
             skipped.append((candidate, str(e)))
             damage.append(_problem_of(e))
             if not fallback:
                 raise CorruptCheckpointError(candidate, _problem_of(e) + ways_out) from e
-            older = len(candidates) - len(skipped)
+            older = len(queue)
             if older:  # with none older, the error below says it all
                 warnings.warn(
                     f"restore skipped {e}; trying the next older of {older} retained checkpoints",
